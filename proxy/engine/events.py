@@ -1,0 +1,107 @@
+"""What a run emits as it goes; telemetry observes these and nothing else."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from proxy.engine.stop import Stop
+from proxy.engine.usage import Usage
+
+if TYPE_CHECKING:
+    from proxy.engine.ports import ModelReply, ModelRequest, ToolCall, ToolResult
+
+
+@dataclass(frozen=True, slots=True)
+class RunStarted:
+    run_id: str
+    agent: str | None
+    model: str
+    thread_id: str | None
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class StepStarted:
+    run_id: str
+    step: int
+    request: ModelRequest
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class ModelReplied:
+    run_id: str
+    step: int
+    reply: ModelReply
+    cost_usd: float | None
+    duration_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class ModelFailed:
+    run_id: str
+    step: int
+    error: BaseException
+    duration_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class ToolExecuted:
+    run_id: str
+    step: int
+    call: ToolCall
+    result: ToolResult
+    duration_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class CallBlocked:
+    run_id: str
+    step: int
+    call: ToolCall
+    outcome: str  # blocked_rule | blocked_limit
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Nudged:
+    run_id: str
+    step: int
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class ConditionHeld:
+    run_id: str
+    step: int
+    details: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class RunFinished:
+    run_id: str
+    agent: str | None
+    model: str
+    stop: Stop
+    steps: int
+    tool_calls: int
+    usage: Usage
+    cost_usd: float | None
+    duration_s: float
+    upstream_s: float
+    tools_s: float
+    error: BaseException | None = field(default=None)
+
+
+RunEvent = (
+    RunStarted
+    | StepStarted
+    | ModelReplied
+    | ModelFailed
+    | ToolExecuted
+    | CallBlocked
+    | Nudged
+    | ConditionHeld
+    | RunFinished
+)

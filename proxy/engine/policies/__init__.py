@@ -1,0 +1,1 @@
+"""One module per loop feature; each implements the checkpoints of `Policy`."""

@@ -1,0 +1,56 @@
+"""The checkpoints every loop policy may implement (ARCHITECTURE: checkpoints, not ifs)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from proxy.engine.ports import ModelReply, ToolCall, ToolResult
+from proxy.engine.state import RunState
+from proxy.engine.stop import Stop
+
+
+@dataclass(slots=True)
+class StepPlan:
+    """What the next upstream call will offer; policies narrow it in `before_step`."""
+
+    tools: list[dict[str, Any]]
+    tool_choice: Any = None
+    max_completion_tokens: int | None = None
+    extra_messages: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class Block:
+    """A call that is not executed; the model reads `message` as the tool's result."""
+
+    message: str
+    outcome: str = "blocked_rule"
+    stop: Stop | None = None  # a block that also ends the run
+
+
+@dataclass(frozen=True, slots=True)
+class Nudge:
+    message: str
+
+
+class Policy:
+    """No-op checkpoints; a policy overrides the ones it needs."""
+
+    def before_step(self, run: RunState, plan: StepPlan) -> Stop | None:
+        return None
+
+    def after_reply(self, run: RunState, plan: StepPlan, reply: ModelReply) -> Stop | None:
+        return None
+
+    def review_call(self, run: RunState, call: ToolCall) -> Block | None:
+        return None
+
+    def after_tool(self, run: RunState, call: ToolCall, result: ToolResult) -> Stop | None:
+        return None
+
+    def after_reply_without_tools(self, run: RunState, reply: ModelReply) -> Nudge | Stop | None:
+        return None
+
+    async def after_step(self, run: RunState) -> Stop | None:
+        return None

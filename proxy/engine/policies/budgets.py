@@ -1,0 +1,87 @@
+"""Budgets hold (SPEC §6.2): stop before a step the run cannot afford, cap what it may spend."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+
+from proxy.engine.policies.base import Policy, StepPlan
+from proxy.engine.policies.stop_conditions import Condition
+from proxy.engine.ports import ModelReply, Prices
+from proxy.engine.state import RunState
+from proxy.engine.stop import Stop, StopReason
+
+
+def estimate_prompt_tokens(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> int:
+    """A conservative prompt size: a token is never counted as more than 4 bytes."""
+    size = len(orjson.dumps(messages)) + (len(orjson.dumps(tools)) if tools else 0)
+    return math.ceil(size / 4)
+
+
+class Budgets(Policy):
+    """Enforces the token and cost conditions that hold on their own (top level or in `any`)."""
+
+    def __init__(self, conditions: Sequence[Condition], prices: Prices | None) -> None:
+        leaves = [leaf for cond in conditions for leaf in cond.walk_any()]
+        self.tokens = [c for c in leaves if c.kind == "max_tokens_used"]
+        self.costs = [c for c in leaves if c.kind == "max_cost"]
+        self.prices = prices
+        self._cap_by: Condition | None = None
+
+    def before_step(self, run: RunState, plan: StepPlan) -> Stop | None:
+        self._cap_by = None
+        if not self.tokens and not (self.costs and self.prices):
+            return None
+        prompt = estimate_prompt_tokens(run.messages + plan.extra_messages, plan.tools)
+        cap: int | None = None
+        cap_by: Condition | None = None
+        for cond in self.tokens:
+            room = int(cond.value) - run.usage.total_tokens - prompt
+            if room < 1:
+                return self._stop(cond, run, run.usage.total_tokens, prompt)
+            if cap is None or room < cap:
+                cap, cap_by = room, cond
+        if self.prices is not None:
+            spent = run.cost_usd or 0.0
+            for cond in self.costs:
+                left = cond.value - spent - prompt * self.prices.input
+                room = math.floor(left / self.prices.output) if self.prices.output > 0 else None
+                if left <= 0 or (room is not None and room < 1):
+                    return self._stop(cond, run, round(spent, 10), prompt)
+                if room is not None and (cap is None or room < cap):
+                    cap, cap_by = room, cond
+        if cap is not None and (plan.max_completion_tokens is None or cap < plan.max_completion_tokens):
+            plan.max_completion_tokens = cap
+            self._cap_by = cap_by
+        return None
+
+    def after_reply(self, run: RunState, plan: StepPlan, reply: ModelReply) -> Stop | None:
+        """A reply cut short at the cap a budget imposed ends the run with that budget."""
+        cond = self._cap_by
+        if cond is None or reply.finish_reason != "length":
+            return None
+        if cond.kind == "max_tokens_used":
+            observed: float = run.usage.total_tokens
+        else:
+            observed = round(run.cost_usd or 0.0, 10)
+        return self._stop(cond, run, observed, None)
+
+    @staticmethod
+    def _stop(cond: Condition, run: RunState, observed: float, prompt: int | None) -> Stop:
+        reason = StopReason.TOKEN_BUDGET if cond.kind == "max_tokens_used" else StopReason.COST_BUDGET
+        details: dict[str, Any] = {
+            "condition": cond.path,
+            "kind": cond.kind,
+            "threshold": cond.value,
+            "observed": observed,
+            "step": run.step_count,
+        }
+        if cond.id is not None:
+            details["id"] = cond.id
+        if prompt is not None:
+            details["before_step"] = True
+            details["estimated_prompt_tokens"] = prompt
+        return Stop(reason, details)

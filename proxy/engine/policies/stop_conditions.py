@@ -1,0 +1,233 @@
+"""Stop conditions (SPEC §6): `stop_when` entries, parsed once and evaluated after each step."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import cel
+
+from proxy.engine.policies.base import Policy
+from proxy.engine.ports import ConditionChecks
+from proxy.engine.state import RunState
+from proxy.engine.stop import Stop, StopReason
+from proxy.errors import SpecError
+
+_REASONS = {
+    "step_count_is": StopReason.MAX_STEPS,
+    "has_tool_call": StopReason.TOOL_CALLED,
+    "max_tokens_used": StopReason.TOKEN_BUDGET,
+    "max_cost": StopReason.COST_BUDGET,
+    "finish_reason_is": StopReason.FINISH_REASON,
+    "max_duration_s": StopReason.TIME_BUDGET,
+}
+_CUSTOM = ("expr", "webhook", "python")
+_COMBINATORS = ("any", "all", "not")
+KINDS = (*_REASONS, *_CUSTOM, *_COMBINATORS)
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    reason: StopReason
+    details: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Condition:
+    """One `stop_when` entry. `value` is the threshold, names, expression or children."""
+
+    path: str
+    kind: str
+    value: Any
+    id: str | None = None
+    program: Any = None  # the compiled CEL program of an `expr`
+
+    def _held(self, reason: StopReason, observed: Any, run: RunState) -> Held:
+        details: dict[str, Any] = {"condition": self.path, "kind": self.kind}
+        if self.id is not None:
+            details["id"] = self.id
+        if self.kind not in _COMBINATORS:
+            details["threshold"] = self.value
+        details["observed"] = observed
+        details["step"] = run.step_count
+        return Held(reason, details)
+
+    async def evaluate(self, run: RunState, checks: ConditionChecks | None) -> Held | None:
+        kind, value = self.kind, self.value
+        if kind == "step_count_is":
+            return self._held(_REASONS[kind], run.step_count, run) if run.step_count >= value else None
+        if kind == "has_tool_call":
+            called = sorted(run.called_tools() & set(value))
+            return self._held(_REASONS[kind], called, run) if called else None
+        if kind == "max_tokens_used":
+            used = run.usage.total_tokens
+            return self._held(_REASONS[kind], used, run) if used >= value else None
+        if kind == "max_cost":
+            cost = run.cost_usd or 0.0
+            return self._held(_REASONS[kind], round(cost, 10), run) if cost >= value else None
+        if kind == "finish_reason_is":
+            seen = [s.finish_reason for s in run.steps if s.finish_reason == value]
+            return self._held(_REASONS[kind], value, run) if seen else None
+        if kind == "max_duration_s":
+            elapsed = run.elapsed_s
+            return self._held(_REASONS[kind], round(elapsed, 3), run) if elapsed >= value else None
+        if kind == "any":
+            for child in value:
+                held = await child.evaluate(run, checks)
+                if held is not None:
+                    return held
+            return None
+        if kind == "all":
+            for child in value:
+                if await child.evaluate(run, checks) is None:
+                    return None
+            return self._held(StopReason.CUSTOM_CONDITION, True, run)
+        if kind == "not":
+            if await value.evaluate(run, checks) is None:
+                return self._held(StopReason.CUSTOM_CONDITION, True, run)
+            return None
+        if kind == "expr":
+            try:
+                result = self.program.execute(run.snapshot())
+            except Exception:  # an expression that cannot evaluate does not hold
+                return None
+            return self._held(StopReason.CUSTOM_CONDITION, True, run) if result is True else None
+        if checks is None:
+            return None
+        if await checks.check(kind, value, run.snapshot()):
+            return self._held(StopReason.CUSTOM_CONDITION, True, run)
+        return None
+
+    def walk_any(self) -> list[Condition]:
+        """This condition and, through `any`, the entries that hold on their own."""
+        if self.kind == "any":
+            return [leaf for child in self.value for leaf in child.walk_any()]
+        return [self]
+
+
+def parse_stop_when(raw: Any, path: str) -> list[Condition]:
+    if not isinstance(raw, list):
+        raise SpecError("must be a list of conditions", param=path)
+    return [parse_condition(entry, f"{path}[{i}]") for i, entry in enumerate(raw)]
+
+
+def parse_condition(raw: Any, path: str) -> Condition:
+    if not isinstance(raw, dict):
+        raise SpecError("a stop condition must be an object", param=path)
+    cid = raw.get("id")
+    if cid is not None and not isinstance(cid, str):
+        raise SpecError("must be a string", param=f"{path}.id")
+    keys = [k for k in raw if k != "id"]
+    unknown = [k for k in keys if k not in KINDS]
+    if unknown:
+        raise SpecError(
+            f"unknown stop condition {unknown[0]!r}; expected one of {', '.join(KINDS)}",
+            param=f"{path}.{unknown[0]}",
+        )
+    if len(keys) != 1:
+        raise SpecError("a stop condition has exactly one kind", param=path)
+    kind = keys[0]
+    value = raw[kind]
+    where = f"{path}.{kind}"
+    if kind == "step_count_is":
+        return Condition(path, kind, _positive_int(value, where), cid)
+    if kind == "max_tokens_used":
+        return Condition(path, kind, _positive_int(value, where), cid)
+    if kind in ("max_cost", "max_duration_s"):
+        return Condition(path, kind, _positive_number(value, where), cid)
+    if kind == "has_tool_call":
+        names = [value] if isinstance(value, str) else value
+        if not names or not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
+            raise SpecError("must be a tool name or a non-empty list of tool names", param=where)
+        return Condition(path, kind, tuple(names), cid)
+    if kind == "finish_reason_is":
+        if not isinstance(value, str) or not value:
+            raise SpecError("must be a finish_reason string", param=where)
+        return Condition(path, kind, value, cid)
+    if kind in ("any", "all"):
+        if not isinstance(value, list) or not value:
+            raise SpecError("must be a non-empty list of conditions", param=where)
+        children = tuple(parse_condition(c, f"{where}[{i}]") for i, c in enumerate(value))
+        return Condition(path, kind, children, cid)
+    if kind == "not":
+        return Condition(path, kind, parse_condition(value, where), cid)
+    if not isinstance(value, str) or not value:
+        raise SpecError("must be a non-empty string", param=where)
+    if kind == "expr":
+        try:
+            program = cel.compile(value)
+        except ValueError as exc:
+            raise SpecError(f"invalid CEL expression: {exc}", param=where) from None
+        return Condition(path, kind, value, cid, program)
+    return Condition(path, kind, value, cid)
+
+
+def _positive_int(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise SpecError("must be a positive integer", param=where)
+    return value
+
+
+def _positive_number(value: Any, where: str) -> float:
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if not ok or not math.isfinite(value) or value <= 0:
+        raise SpecError("must be a positive number", param=where)
+    return float(value)
+
+
+def custom_names(conditions: Sequence[Condition]) -> list[tuple[str, str, str]]:
+    """(kind, name, path) of every `webhook` and `python` condition, for validation."""
+    found: list[tuple[str, str, str]] = []
+    for cond in conditions:
+        if cond.kind in ("webhook", "python"):
+            found.append((cond.kind, cond.value, cond.path))
+        elif cond.kind in ("any", "all"):
+            found.extend(custom_names(cond.value))
+        elif cond.kind == "not":
+            found.extend(custom_names([cond.value]))
+    return found
+
+
+def named_tools(conditions: Sequence[Condition]) -> list[tuple[str, str]]:
+    """(tool name, path) of every `has_tool_call`, for validation."""
+    found: list[tuple[str, str]] = []
+    for cond in conditions:
+        if cond.kind == "has_tool_call":
+            found.extend((name, f"{cond.path}.has_tool_call") for name in cond.value)
+        elif cond.kind in ("any", "all"):
+            found.extend(named_tools(cond.value))
+        elif cond.kind == "not":
+            found.extend(named_tools([cond.value]))
+    return found
+
+
+class StopConditions(Policy):
+    """`stop_when` plus the run's `max_steps` safety cap."""
+
+    def __init__(
+        self,
+        conditions: Sequence[Condition],
+        max_steps: int | None,
+        checks: ConditionChecks | None,
+    ) -> None:
+        self.conditions = list(conditions)
+        self.max_steps = max_steps
+        self.checks = checks
+
+    async def after_step(self, run: RunState) -> Stop | None:
+        for cond in self.conditions:
+            held = await cond.evaluate(run, self.checks)
+            if held is not None:
+                return Stop(held.reason, held.details)
+        if self.max_steps is not None and run.step_count >= self.max_steps:
+            details = {
+                "condition": "max_steps",
+                "kind": "max_steps",
+                "threshold": self.max_steps,
+                "observed": run.step_count,
+                "step": run.step_count,
+            }
+            return Stop(StopReason.MAX_STEPS, details)
+        return None

@@ -1,0 +1,93 @@
+"""The live state of one run: its conversation, its steps and its running totals."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from proxy.engine.ports import ToolCall
+from proxy.engine.usage import Usage
+
+
+@dataclass(slots=True)
+class StepRecord:
+    index: int
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    tool_results: list[dict[str, Any]] = field(default_factory=list)
+    usage: Usage = field(default_factory=Usage)
+    cost_usd: float | None = None
+    finish_reason: str | None = None
+    text: str = ""
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "tool_calls": [{"name": c.name, "arguments": c.arguments} for c in self.tool_calls],
+            "tool_results": list(self.tool_results),
+            "usage": {
+                "prompt_tokens": self.usage.prompt_tokens,
+                "completion_tokens": self.usage.completion_tokens,
+                "total_tokens": self.usage.total_tokens,
+            },
+            "cost_usd": self.cost_usd if self.cost_usd is not None else 0.0,
+            "finish_reason": self.finish_reason or "",
+            "text": self.text,
+        }
+
+
+@dataclass(slots=True)
+class RunState:
+    run_id: str
+    model: str
+    started_at: float
+    messages: list[dict[str, Any]]
+    thread_id: str | None = None
+    now: float = 0.0  # the clock's last reading, for time-based conditions
+    generated: list[dict[str, Any]] = field(default_factory=list)
+    steps: list[StepRecord] = field(default_factory=list)
+    usage: Usage = field(default_factory=Usage)
+    cost_usd: float | None = None
+    invocations: int = 0
+    tool_calls: int = 0
+    tools_ran: bool = False
+    upstream_s: float = 0.0
+    tools_s: float = 0.0
+
+    @property
+    def step_count(self) -> int:
+        return len(self.steps)
+
+    @property
+    def elapsed_s(self) -> float:
+        return max(0.0, self.now - self.started_at)
+
+    @property
+    def last_text(self) -> str:
+        for step in reversed(self.steps):
+            if step.text:
+                return step.text
+        return ""
+
+    def called_tools(self) -> set[str]:
+        return {call.name for step in self.steps for call in step.tool_calls}
+
+    def add_cost(self, cost: float | None) -> None:
+        if cost is not None:
+            self.cost_usd = (self.cost_usd or 0.0) + cost
+
+    def append(self, message: dict[str, Any]) -> None:
+        self.messages.append(message)
+        self.generated.append(message)
+
+    def snapshot(self) -> dict[str, Any]:
+        """The variables a custom condition sees (SPEC §6 `expr`)."""
+        return {
+            "steps": [step.snapshot() for step in self.steps],
+            "usage": {
+                "prompt_tokens": self.usage.prompt_tokens,
+                "completion_tokens": self.usage.completion_tokens,
+                "total_tokens": self.usage.total_tokens,
+            },
+            "cost_usd": self.cost_usd or 0.0,
+            "elapsed_s": self.elapsed_s,
+        }

@@ -1,0 +1,68 @@
+"""Stop reasons: the closed set of SPEC §5.2, and the value a policy returns to end a run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+class StopReason(StrEnum):
+    COMPLETED = "completed"
+    TERMINAL_TOOL = "terminal_tool"
+    CLIENT_TOOL_CALL = "client_tool_call"
+    TOOL_CALLED = "tool_called"
+    MAX_STEPS = "max_steps"
+    TOKEN_BUDGET = "token_budget"
+    COST_BUDGET = "cost_budget"
+    TIME_BUDGET = "time_budget"
+    FINISH_REASON = "finish_reason"
+    CUSTOM_CONDITION = "custom_condition"
+    TOOL_CALL_LIMIT = "tool_call_limit"
+    MAX_INVOCATIONS = "max_invocations"
+    NUDGES_EXHAUSTED = "nudges_exhausted"
+    CONTENT_FILTER = "content_filter"
+    UPSTREAM_ERROR = "upstream_error"
+    CANCELLED = "cancelled"
+    INTERNAL_ERROR = "internal_error"
+
+
+# Stops imposed by a limit rather than by the model: their final message is the last assistant
+# text, or a final answer when the policy asks for one (SPEC §5.3).
+LIMIT_STOPS = frozenset(
+    {
+        StopReason.MAX_STEPS,
+        StopReason.TOKEN_BUDGET,
+        StopReason.COST_BUDGET,
+        StopReason.TIME_BUDGET,
+        StopReason.TOOL_CALLED,
+        StopReason.CUSTOM_CONDITION,
+        StopReason.TOOL_CALL_LIMIT,
+    }
+)
+
+# finish_reason reported to the client for stops that do not keep the upstream's.
+FINISH_REASONS: dict[StopReason, str] = {
+    StopReason.TERMINAL_TOOL: "stop",
+    StopReason.CLIENT_TOOL_CALL: "tool_calls",
+    StopReason.TOOL_CALLED: "stop",
+    StopReason.MAX_STEPS: "length",
+    StopReason.TOKEN_BUDGET: "length",
+    StopReason.COST_BUDGET: "length",
+    StopReason.TIME_BUDGET: "length",
+    StopReason.CUSTOM_CONDITION: "stop",
+    StopReason.TOOL_CALL_LIMIT: "stop",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """Ends a run. `error_code` marks a stop that fails the run (HTTP 422, SPEC §4.4)."""
+
+    reason: StopReason
+    details: dict[str, Any] = field(default_factory=dict)
+    error_code: str | None = None
+
+    @property
+    def is_failure(self) -> bool:
+        return self.error_code is not None

@@ -1,0 +1,98 @@
+"""The exception hierarchy and the OpenAI-shaped error body.
+
+Every error the proxy returns to a client is built from a `ProxyError`, so the body is always
+`{"error": {"message", "type", "param", "code"}}`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ProxyError(Exception):
+    """An error with an HTTP status and an OpenAI-shaped body."""
+
+    status = 500
+    type = "server_error"
+    code: str | None = None
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+class InvalidRequest(ProxyError):
+    """Bad input: `param` is the JSON path of the offending field."""
+
+    status = 400
+    type = "invalid_request_error"
+
+
+class BodyTooLarge(InvalidRequest):
+    status = 413
+    code = "request_too_large"
+
+
+class AuthenticationFailed(ProxyError):
+    status = 401
+    type = "authentication_error"
+    code = "invalid_api_key"
+
+
+class PermissionDenied(ProxyError):
+    status = 403
+    type = "permission_error"
+    code = "model_not_allowed"
+
+
+class NotFound(ProxyError):
+    status = 404
+    type = "invalid_request_error"
+    code = "not_found"
+
+
+class UpstreamFailure(ProxyError):
+    """The upstream could not give a usable answer (stop reason `upstream_error`)."""
+
+
+class UpstreamUnavailable(UpstreamFailure):
+    """The upstream could not be reached."""
+
+    status = 502
+    code = "upstream_unavailable"
+
+
+class UpstreamTimeout(UpstreamFailure):
+    status = 504
+    code = "upstream_timeout"
+
+
+class UpstreamStatusError(UpstreamFailure):
+    """The upstream answered with an error status; its body is relayed as it came."""
+
+    def __init__(self, status: int, content: bytes, content_type: str | None) -> None:
+        super().__init__(f"upstream returned HTTP {status}", code="upstream_error")
+        self.status = status  # type: ignore[misc]
+        self.content = content
+        self.content_type = content_type
+
+
+class SpecError(InvalidRequest):
+    """A policy (stop conditions, terminating config, …) that does not validate.
+
+    Raised by the parsers shared by the config file and the request's `loop` object; `param`
+    is the path inside whichever document was parsed.
+    """

@@ -1,0 +1,144 @@
+"""The loop itself: steps, tool results fed back, client tools, events, failures."""
+
+from __future__ import annotations
+
+import json
+
+from proxy.engine import events as ev
+from proxy.engine.stop import StopReason
+from proxy.errors import UpstreamUnavailable
+from tests.fakes import reply
+from tests.unit.harness import Harness
+
+
+async def test_answer_without_tools_completes_in_one_step() -> None:
+    h = Harness([reply("hello")])
+    result = await h.run()
+    assert result.stop.reason is StopReason.COMPLETED
+    assert result.message == {"role": "assistant", "content": "hello"}
+    assert result.finish_reason == "stop"
+    assert (result.steps, result.tool_calls) == (1, 0)
+
+
+async def test_tool_results_are_fed_back_and_usage_is_summed() -> None:
+    h = Harness(
+        [reply(calls=[("add", '{"a": 2, "b": 3}')], prompt=10, completion=4), reply("it is 5")],
+        {"add": lambda a: str(a["a"] + a["b"])},
+    )
+    result = await h.run()
+    assert result.stop.reason is StopReason.COMPLETED
+    assert result.message["content"] == "it is 5"
+    second = h.model.requests[1].messages
+    assert second[-2]["tool_calls"][0]["function"]["name"] == "add"
+    assert second[-1]["role"] == "tool" and second[-1]["content"] == "5"
+    assert second[-1]["tool_call_id"] == second[-2]["tool_calls"][0]["id"]
+    assert (result.usage.prompt_tokens, result.usage.completion_tokens) == (20, 9)
+    assert result.usage.total_tokens == 29
+    assert (result.steps, result.tool_calls) == (2, 1)
+
+
+async def test_tool_error_goes_to_the_model_and_the_loop_goes_on() -> None:
+    def boom(_: dict[str, object]) -> str:
+        raise RuntimeError("disk on fire")
+
+    h = Harness([reply(calls=[("t", "{}")]), reply("sorry")], {"t": boom})
+    result = await h.run()
+    tool_msg = h.model.requests[1].messages[-1]
+    assert json.loads(tool_msg["content"]) == {"error": "disk on fire"}
+    assert result.stop.reason is StopReason.COMPLETED
+    executed = h.observer.of(ev.ToolExecuted)
+    assert [e.result.outcome for e in executed] == ["error"]
+
+
+async def test_client_tool_call_returns_only_client_calls_after_running_server_calls() -> None:
+    h = Harness(
+        [reply("", calls=[("lookup", "{}"), ("ask_user", '{"q": "?"}')])],
+        {"lookup": lambda a: "found"},
+        client_tools=["ask_user"],
+    )
+    result = await h.run()
+    assert result.stop.reason is StopReason.CLIENT_TOOL_CALL
+    assert result.finish_reason == "tool_calls"
+    names = [c["function"]["name"] for c in result.message["tool_calls"]]
+    assert names == ["ask_user"]
+    assert h.tools.calls == [("lookup", {})]
+
+
+async def test_unknown_tool_gets_an_error_message_naming_the_tools() -> None:
+    h = Harness([reply(calls=[("nope", "{}")]), reply("ok")], {"real": lambda a: "x"})
+    await h.run()
+    content = json.loads(h.model.requests[1].messages[-1]["content"])
+    assert "Unknown tool 'nope'" in content["error"] and "real" in content["error"]
+
+
+async def test_parallel_tool_calls_all_run_and_keep_their_order() -> None:
+    h = Harness(
+        [reply(calls=[("a", "{}"), ("b", "{}"), ("a", "{}")]), reply("done")],
+        {"a": lambda _: "A", "b": lambda _: "B"},
+        parallel=True,
+    )
+    await h.run()
+    msgs = h.model.requests[1].messages
+    assert [m["content"] for m in msgs[-3:]] == ["A", "B", "A"]
+
+
+async def test_upstream_failure_is_an_upstream_error_stop_with_finished_event() -> None:
+    def fail(_: object) -> object:
+        raise UpstreamUnavailable("no route")
+
+    h = Harness([fail])
+    result = await h.run()
+    assert result.stop.reason is StopReason.UPSTREAM_ERROR
+    assert isinstance(result.error, UpstreamUnavailable)
+    finished = h.observer.of(ev.RunFinished)
+    assert [f.stop.reason for f in finished] == [StopReason.UPSTREAM_ERROR]
+
+
+async def test_events_follow_the_run() -> None:
+    h = Harness([reply(calls=[("t", "{}")]), reply("done")], {"t": lambda _: "x"})
+    await h.run()
+    kinds = [type(e).__name__ for e in h.observer.events]
+    assert kinds == [
+        "RunStarted", "StepStarted", "ModelReplied", "ToolExecuted",
+        "StepStarted", "ModelReplied", "RunFinished",
+    ]
+
+
+async def test_system_prompt_and_terminal_hint_lead_the_conversation() -> None:
+    h = Harness([reply("x")], {"done": lambda _: "ok"}, terminal=("done",), system_prompt="Be brief.")
+    await h.run()
+    first = h.model.requests[0].messages[0]
+    assert first["role"] == "system"
+    assert first["content"].startswith("Be brief.")
+    assert "Calling `done` ends your turn" in first["content"]
+
+
+async def test_an_observer_that_raises_does_not_break_the_run() -> None:
+    class Broken:
+        def on_event(self, event: object) -> None:
+            raise ValueError("bad observer")
+
+    h = Harness([reply("fine")])
+    h.deps.observers = [Broken(), h.observer]
+    result = await h.run()
+    assert result.stop.reason is StopReason.COMPLETED
+    assert len(h.observer.of(ev.RunFinished)) == 1
+
+
+async def test_streaming_sends_content_and_loop_events() -> None:
+    class Sink:
+        def __init__(self) -> None:
+            self.items: list[object] = []
+
+        async def content(self, text: str) -> None:
+            self.items.append(text)
+
+        async def loop_event(self, event: dict[str, object]) -> None:
+            self.items.append(event["type"])
+
+    h = Harness([reply("thinking", calls=[("t", "{}")]), reply("answer")], {"t": lambda _: "x"})
+    sink = Sink()
+    await h.run(stream=sink)
+    assert sink.items == [
+        "step_started", "thinking", "tool_call", "tool_result", "step_started", "answer",
+    ]
