@@ -1,0 +1,72 @@
+"""SPEC §6.2: budgets hold before and during each step."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from proxy.engine.policies.budgets import estimate_prompt_tokens
+from proxy.engine.ports import ModelRequest, Prices
+from proxy.engine.stop import StopReason
+from tests.fakes import reply
+from tests.unit.harness import Harness
+
+TOOLS = {"search": lambda _: "r" * 40}
+
+
+def honouring(prompt_tokens: int, wants: int) -> Any:
+    """A model that honours max_completion_tokens and reports an exact prompt size."""
+
+    def answer(request: ModelRequest) -> Any:
+        cap = request.max_completion_tokens
+        if cap is not None and cap < wants:
+            return reply("cut", prompt=prompt_tokens, completion=cap, finish="length")
+        return reply(calls=[("search", "{}")], prompt=prompt_tokens, completion=wants)
+
+    return answer
+
+
+def test_estimate_counts_four_bytes_a_token_rounded_up() -> None:
+    messages = [{"role": "user", "content": "x"}]
+    assert estimate_prompt_tokens(messages, []) == 8  # 31 bytes of compact JSON
+
+
+async def test_token_budget_caps_the_completion_and_never_passes() -> None:
+    h = Harness([honouring(20, 60)] * 20, TOOLS, stop_when=[{"max_tokens_used": 200}])
+    result = await h.run()
+    assert result.stop.reason is StopReason.TOKEN_BUDGET
+    assert result.usage.total_tokens <= 200
+    caps = [r.max_completion_tokens for r in h.model.requests]
+    assert all(c is not None for c in caps)
+
+
+async def test_budget_stop_before_a_step_it_cannot_afford_makes_no_call() -> None:
+    h = Harness([reply(calls=[("search", "{}")], prompt=90, completion=5)] * 3, TOOLS,
+                stop_when=[{"max_tokens_used": 100}])
+    result = await h.run()
+    assert result.stop.reason is StopReason.TOKEN_BUDGET
+    assert len(h.model.requests) == 1
+    assert result.stop.details["before_step"] is True
+    assert result.usage.total_tokens == 95
+
+
+async def test_cost_budget_caps_with_known_prices() -> None:
+    prices = Prices(input=1e-6, output=1e-5)
+    h = Harness([honouring(50, 400)] * 30, TOOLS, stop_when=[{"max_cost": 0.01}], prices=prices)
+    result = await h.run()
+    assert result.stop.reason is StopReason.COST_BUDGET
+    assert result.cost_usd is not None and result.cost_usd <= 0.01
+
+
+async def test_client_cap_wins_when_smaller() -> None:
+    h = Harness([reply("ok")], TOOLS, stop_when=[{"max_tokens_used": 10_000}],
+                max_completion_tokens=7)
+    await h.run()
+    assert h.model.requests[0].max_completion_tokens == 7
+
+
+async def test_budget_inside_all_is_not_a_hard_cap() -> None:
+    cond = {"all": [{"max_tokens_used": 10}, {"step_count_is": 2}]}
+    h = Harness([reply(calls=[("search", "{}")])] * 3, TOOLS, stop_when=[cond])
+    result = await h.run()
+    assert h.model.requests[0].max_completion_tokens is None
+    assert result.stop.reason is StopReason.CUSTOM_CONDITION

@@ -1,0 +1,216 @@
+"""SPEC §6: every stop condition, alone and combined, with its stop_details."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from proxy.engine.policies.stop_conditions import parse_condition, parse_stop_when
+from proxy.engine.ports import Prices
+from proxy.engine.stop import StopReason
+from proxy.errors import SpecError
+from tests.fakes import FakeChecks, reply
+from tests.unit.harness import Harness
+
+TOOLS = {"search": lambda _: "r", "fetch": lambda _: "f"}
+
+
+def looping(n: int = 10, name: str = "search", **kw: Any) -> list[Any]:
+    return [reply(calls=[(name, "{}")], **kw) for _ in range(n)]
+
+
+async def test_step_count_is() -> None:
+    h = Harness(looping(), TOOLS, stop_when=[{"step_count_is": 3}])
+    result = await h.run()
+    assert result.stop.reason is StopReason.MAX_STEPS
+    assert result.steps == 3
+    assert result.finish_reason == "length"
+    assert result.stop.details == {
+        "condition": "stop_when[0]", "kind": "step_count_is", "threshold": 3,
+        "observed": 3, "step": 3,
+    }
+
+
+async def test_agent_max_steps_caps_the_run() -> None:
+    h = Harness(looping(), TOOLS, max_steps=2)
+    result = await h.run()
+    assert (result.stop.reason, result.steps) == (StopReason.MAX_STEPS, 2)
+    assert result.stop.details["condition"] == "max_steps"
+
+
+async def test_default_max_steps_is_25_when_server_tools_exist() -> None:
+    h = Harness(looping(30), TOOLS)
+    result = await h.run()
+    assert (result.stop.reason, result.steps) == (StopReason.MAX_STEPS, 25)
+
+
+async def test_has_tool_call_accepts_a_name_or_a_list() -> None:
+    script = [reply(calls=[("search", "{}")]), reply(calls=[("fetch", "{}")]), *looping()]
+    h = Harness(script, TOOLS, stop_when=[{"has_tool_call": ["fetch", "other"]}])
+    result = await h.run()
+    assert result.stop.reason is StopReason.TOOL_CALLED
+    assert result.stop.details["observed"] == ["fetch"]
+    assert result.steps == 2
+    assert result.finish_reason == "stop"
+
+
+async def test_max_tokens_used() -> None:
+    h = Harness(looping(prompt=1000, completion=500), TOOLS, stop_when=[{"max_tokens_used": 2000}])
+    result = await h.run()
+    assert result.stop.reason is StopReason.TOKEN_BUDGET
+    assert result.stop.details["observed"] == 3000
+    assert result.stop.details["threshold"] == 2000
+
+
+async def test_max_cost_uses_reported_cost_first() -> None:
+    h = Harness(looping(cost=0.004), TOOLS, stop_when=[{"max_cost": 0.01}])
+    result = await h.run()
+    assert result.stop.reason is StopReason.COST_BUDGET
+    assert result.steps == 3
+    assert result.cost_usd == pytest.approx(0.012)
+
+
+async def test_max_cost_with_prices() -> None:
+    prices = Prices(input=1e-6, output=1e-6)  # 2,000 tokens a step -> 0.002 USD
+    script = looping(prompt=1000, completion=1000)
+    h = Harness(script, TOOLS, stop_when=[{"max_cost": 0.005}], prices=prices)
+    result = await h.run()
+    assert result.stop.reason is StopReason.COST_BUDGET
+    assert result.steps == 3
+    assert result.cost_usd == pytest.approx(0.006)
+
+
+async def test_finish_reason_is() -> None:
+    script = [reply(calls=[("search", "{}")]), reply(calls=[("search", "{}")], finish="length")]
+    h = Harness([*script, *looping()], TOOLS, stop_when=[{"finish_reason_is": "length"}])
+    result = await h.run()
+    assert result.stop.reason is StopReason.FINISH_REASON
+    assert result.finish_reason == "length"
+    assert result.steps == 2
+
+
+async def test_max_duration_s_uses_the_clock() -> None:
+    h = Harness([], TOOLS, stop_when=[{"max_duration_s": 5}])
+
+    def slow(_: object) -> Any:
+        h.clock.now += 2
+        return reply(calls=[("search", "{}")])
+
+    h.model.script = [slow] * 10
+    result = await h.run()
+    assert result.stop.reason is StopReason.TIME_BUDGET
+    assert result.steps == 3
+    assert result.stop.details["observed"] == 6.0
+
+
+async def test_any_reports_the_entry_that_held() -> None:
+    cond = {"any": [{"step_count_is": 9}, {"has_tool_call": "fetch", "id": "fetched"}]}
+    script = [reply(calls=[("fetch", "{}")]), *looping()]
+    h = Harness(script, TOOLS, stop_when=[{"step_count_is": 20}, cond])
+    result = await h.run()
+    assert result.stop.reason is StopReason.TOOL_CALLED
+    assert result.stop.details["condition"] == "stop_when[1].any[1]"
+    assert result.stop.details["id"] == "fetched"
+
+
+async def test_all_needs_every_entry_and_is_a_custom_condition() -> None:
+    cond = {"all": [{"step_count_is": 2}, {"has_tool_call": "fetch"}]}
+    script = [*looping(2), reply(calls=[("fetch", "{}")]), *looping()]
+    h = Harness(script, TOOLS, stop_when=[cond])
+    result = await h.run()
+    assert result.stop.reason is StopReason.CUSTOM_CONDITION
+    assert result.steps == 3
+    assert result.stop.details["kind"] == "all"
+
+
+async def test_not_holds_when_its_entry_does_not() -> None:
+    cond = {"not": {"has_tool_call": "search"}}
+    h = Harness([reply(calls=[("fetch", "{}")]), *looping()], TOOLS, stop_when=[cond])
+    result = await h.run()
+    assert (result.stop.reason, result.steps) == (StopReason.CUSTOM_CONDITION, 1)
+
+
+async def test_cel_expression_over_steps() -> None:
+    expr = "size(steps) >= 2 && steps.exists(s, s.tool_calls.exists(c, c.name == 'fetch'))"
+    script = [reply(calls=[("fetch", "{}")]), *looping()]
+    h = Harness(script, TOOLS, stop_when=[{"expr": expr}])
+    result = await h.run()
+    assert (result.stop.reason, result.steps) == (StopReason.CUSTOM_CONDITION, 2)
+    assert result.stop.details["threshold"] == expr
+
+
+async def test_cel_sees_tool_results_usage_and_cost() -> None:
+    expr = "steps[0].tool_results[0].output == 'r' && usage.total_tokens >= 30 && cost_usd == 0.0"
+    h = Harness(looping(), TOOLS, stop_when=[{"expr": expr}])
+    result = await h.run()
+    assert (result.stop.reason, result.steps) == (StopReason.CUSTOM_CONDITION, 2)
+
+
+async def test_webhook_and_python_conditions_ask_the_checks_port() -> None:
+    checks = FakeChecks({"stop-now": True, "never": False})
+    h = Harness(
+        looping(), TOOLS, stop_when=[{"python": "never"}, {"webhook": "stop-now"}], checks=checks
+    )
+    result = await h.run()
+    assert (result.stop.reason, result.steps) == (StopReason.CUSTOM_CONDITION, 1)
+    assert result.stop.details["kind"] == "webhook"
+    assert checks.seen[0]["steps"][0]["tool_calls"] == [{"name": "search", "arguments": "{}"}]
+
+
+async def test_a_reply_without_tools_keeps_its_own_stop_reason() -> None:
+    h = Harness([reply("done")], TOOLS, stop_when=[{"step_count_is": 1}])
+    result = await h.run()
+    assert result.stop.reason is StopReason.COMPLETED
+
+
+async def test_final_answer_turns_a_limit_stop_into_one_tool_free_call() -> None:
+    h = Harness([*looping(2), reply("summary")], TOOLS, max_steps=2, final_answer=True)
+    result = await h.run()
+    assert result.stop.reason is StopReason.MAX_STEPS
+    assert result.message == {"role": "assistant", "content": "summary"}
+    assert result.stop.details["final_answer"] is True
+    last = h.model.requests[-1]
+    assert last.tool_choice == "none"
+    assert "cannot call tools" in last.messages[-1]["content"]
+    assert result.usage.total_tokens == 45  # three calls counted
+
+
+async def test_limit_stop_without_final_answer_returns_last_text() -> None:
+    script = [reply("step one", calls=[("search", "{}")]), reply(calls=[("search", "{}")])]
+    h = Harness(script, TOOLS, max_steps=2)
+    result = await h.run()
+    assert result.message == {"role": "assistant", "content": "step one"}
+
+
+@pytest.mark.parametrize(
+    ("raw", "param"),
+    [
+        ({"step_count_is": 0}, "s[0].step_count_is"),
+        ({"step_count_is": True}, "s[0].step_count_is"),
+        ({"max_cost": "1"}, "s[0].max_cost"),
+        ({"max_cost": -1}, "s[0].max_cost"),
+        ({"max_tokens": 5}, "s[0].max_tokens"),
+        ({"any": []}, "s[0].any"),
+        ({"any": [{"max_cost": 0}]}, "s[0].any[0].max_cost"),
+        ({"not": {"expr": "size("}}, "s[0].not.expr"),
+        ({"has_tool_call": []}, "s[0].has_tool_call"),
+        ({"step_count_is": 1, "max_cost": 1}, "s[0]"),
+        ({"id": 3, "step_count_is": 1}, "s[0].id"),
+        ("step_count_is", "s[0]"),
+    ],
+)
+def test_bad_conditions_name_their_path(raw: Any, param: str) -> None:
+    with pytest.raises(SpecError) as err:
+        parse_stop_when([raw], "s")
+    assert err.value.param == param
+
+
+def test_stop_when_must_be_a_list() -> None:
+    with pytest.raises(SpecError) as err:
+        parse_stop_when({"step_count_is": 1}, "loop.stop_when")
+    assert err.value.param == "loop.stop_when"
+
+
+def test_parsed_condition_keeps_its_id() -> None:
+    assert parse_condition({"max_cost": 1, "id": "cap"}, "x").id == "cap"
