@@ -96,3 +96,7 @@ class SpecError(InvalidRequest):
     Raised by the parsers shared by the config file and the request's `loop` object; `param`
     is the path inside whichever document was parsed.
     """
+
+
+class ClientDisconnected(Exception):
+    """The client went away while its run was going (stop reason `cancelled`)."""

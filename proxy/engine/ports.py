@@ -83,6 +83,7 @@ class ToolContext:
     run_id: str
     thread_id: str | None
     step: int
+    call_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)

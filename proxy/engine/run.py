@@ -31,7 +31,7 @@ from proxy.engine.ports import (
 from proxy.engine.state import RunState, StepRecord
 from proxy.engine.stop import FINISH_REASONS, LIMIT_STOPS, Stop, StopReason
 from proxy.engine.usage import Usage
-from proxy.errors import UpstreamFailure
+from proxy.errors import ClientDisconnected, UpstreamFailure
 
 log = logging.getLogger(__name__)
 
@@ -111,8 +111,10 @@ class Run:
         try:
             stop, message, finish = await self._loop(state)
         except asyncio.CancelledError:
-            stop = Stop(StopReason.CANCELLED)
+            stop = Stop(StopReason.CANCELLED, {"step": state.step_count})
             raise
+        except ClientDisconnected as exc:
+            stop, error = Stop(StopReason.CANCELLED, {"step": state.step_count}), exc
         except Exception as exc:
             error = exc
             if isinstance(exc, UpstreamFailure):
@@ -320,7 +322,7 @@ class Run:
         started = clock()
         try:
             result = await self.deps.tools.execute(
-                call, ToolContext(run.run_id, run.thread_id, run.step_count)
+                call, ToolContext(run.run_id, run.thread_id, run.step_count, call.id)
             )
         except Exception as exc:  # an executor bug is still only a tool error for the model
             log.exception("tool %s raised", call.name)

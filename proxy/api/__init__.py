@@ -1,0 +1,1 @@
+"""The HTTP app: parse, run, render."""

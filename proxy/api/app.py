@@ -1,0 +1,129 @@
+"""The starlette app: routes, the lifespan that wires the gateway, errors in one place."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import httpx
+import orjson
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from proxy.api.chat import ChatCompletions
+from proxy.api.gateway import Gateway, build_gateway
+from proxy.config import Config
+from proxy.engine.ports import RunObserver
+from proxy.errors import NotFound, ProxyError
+
+MODELS_CACHE_S = 60.0
+
+
+class JSONResponse(Response):
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return orjson.dumps(content)
+
+
+def error_response(error: ProxyError) -> Response:
+    return JSONResponse(error.body(), status_code=error.status)
+
+
+def make_client(transport: httpx.AsyncBaseTransport | None) -> httpx.AsyncClient:
+    if transport is None:
+        from httpx_aiohttp import AiohttpTransport
+
+        limits = httpx.Limits(max_connections=1000, max_keepalive_connections=200)
+        transport = AiohttpTransport(limits=limits)
+    return httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(120.0, connect=10.0))
+
+
+def create_app(
+    config: Config,
+    *,
+    transport: httpx.AsyncBaseTransport | None = None,
+    observers: Sequence[RunObserver] = (),
+) -> Starlette:
+    """The proxy as an ASGI app. `transport` replaces the network (tests)."""
+    holder: dict[str, Gateway] = {}
+    models_cache: dict[str, Any] = {}
+
+    def gateway() -> Gateway:
+        return holder["gateway"]
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with make_client(transport) as client:
+            holder["gateway"] = build_gateway(config, client, observers)
+            yield
+        holder.clear()
+
+    async def models(request: Request) -> Response:
+        gw = gateway()
+        try:
+            gw.keys.caller(request.headers.get("authorization"))
+        except ProxyError as exc:
+            return error_response(exc)
+        now = int(time.time())
+        data = [
+            {"id": name, "object": "model", "created": now, "owned_by": "loopwarden"}
+            for name in [*gw.config.agents, *gw.config.models]
+        ]
+        seen = {entry["id"] for entry in data}
+        for entry in await upstream_models(gw, models_cache):
+            if entry.get("id") not in seen:
+                data.append(entry)
+        return JSONResponse({"object": "list", "data": data})
+
+    async def healthz(request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def readyz(request: Request) -> Response:
+        if "gateway" not in holder:
+            return JSONResponse({"status": "starting"}, status_code=503)
+        return JSONResponse({"status": "ready"})
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        if isinstance(exc, HTTPException) and exc.status_code == 405:
+            err = ProxyError(f"{request.method} is not allowed on {request.url.path}")
+            err.status, err.type, err.code = 405, "invalid_request_error", "method_not_allowed"
+            return error_response(err)
+        return error_response(NotFound(f"no route {request.method} {request.url.path}"))
+
+    chat = ChatCompletions(gateway)
+    routes = [
+        Route("/v1/chat/completions", chat, methods=["POST"]),
+        Route("/chat/completions", chat, methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/readyz", readyz, methods=["GET"]),
+    ]
+    return Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={404: not_found, 405: not_found},
+    )
+
+
+async def upstream_models(gw: Gateway, cache: dict[str, Any]) -> list[dict[str, Any]]:
+    """The default upstream's models, cached; an upstream that fails lists none."""
+    if cache.get("until", 0.0) > time.monotonic():
+        return list(cache["data"])
+    upstream = gw.upstreams[gw.config.default_upstream]
+    headers = {"authorization": f"Bearer {upstream.api_key}"} if upstream.api_key else {}
+    data: list[dict[str, Any]] = []
+    try:
+        response = await gw.client.get(f"{upstream.base_url}/models", headers=headers, timeout=5.0)
+        if response.status_code == 200:
+            body = orjson.loads(response.content)
+            data = [m for m in body.get("data", []) if isinstance(m, dict)]
+    except (httpx.HTTPError, orjson.JSONDecodeError, AttributeError):
+        data = []
+    cache.update(data=data, until=time.monotonic() + MODELS_CACHE_S)
+    return data

@@ -1,0 +1,67 @@
+"""The `loop` run report and the bodies built from a run's result (SPEC §4.2, §4.4)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from proxy.engine.run import RunResult
+from proxy.engine.stop import StopReason
+from proxy.errors import (
+    ProxyError,
+    UpstreamFailure,
+    UpstreamStatusError,
+    UpstreamUnavailable,
+)
+
+
+def loop_report(result: RunResult, include_messages: bool) -> dict[str, Any]:
+    report: dict[str, Any] = {
+        "run_id": result.run_id,
+        "stop_reason": result.stop.reason.value,
+        "steps": result.steps,
+        "tool_calls": result.tool_calls,
+        "cost_usd": round(result.cost_usd, 10) if result.cost_usd is not None else None,
+    }
+    if result.stop.details:
+        report["stop_details"] = result.stop.details
+    if include_messages:
+        report["messages"] = result.generated
+    return report
+
+
+def completion_body(
+    result: RunResult, model: str, report: dict[str, Any], passthrough: bool
+) -> dict[str, Any]:
+    reply = result.last_reply
+    raw = reply.raw if reply is not None and reply.raw is not None else None
+    body: dict[str, Any] = dict(raw) if raw else {}
+    body.setdefault("id", f"chatcmpl-{result.run_id.removeprefix('run_')}")
+    body["object"] = "chat.completion"
+    body.setdefault("created", int(time.time()))
+    body.setdefault("model", model)
+    if not (passthrough and raw and result.stop.reason is StopReason.COMPLETED):
+        message = dict(result.message)
+        message.setdefault("content", None)
+        message.setdefault("refusal", None)
+        body["choices"] = [
+            {"index": 0, "message": message, "finish_reason": result.finish_reason, "logprobs": None}
+        ]
+    body["usage"] = result.usage.to_openai()
+    body["loop"] = report
+    return body
+
+
+def failure_error(result: RunResult) -> ProxyError:
+    """The error a failed run answers with."""
+    stop, error = result.stop, result.error
+    if stop.is_failure:
+        err = ProxyError(f"the run stopped: {stop.reason.value}", code=stop.error_code)
+        err.status = 422
+        err.type = "loop_error"
+        return err
+    if isinstance(error, UpstreamStatusError) and result.tools_ran:
+        return UpstreamUnavailable(f"{error.message} after tools ran", code="upstream_error")
+    if isinstance(error, UpstreamFailure):
+        return error
+    return ProxyError("internal error", code="internal_error")

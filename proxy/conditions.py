@@ -1,0 +1,58 @@
+"""Custom stop conditions that run outside the engine: `webhook` and `python` (SPEC §6)."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+import orjson
+
+from proxy.config import ConditionConfig
+from proxy.tools.python_tool import load_callable
+
+log = logging.getLogger(__name__)
+
+
+class ConfiguredChecks:
+    """Implements the engine's `ConditionChecks`. A check that fails does not hold."""
+
+    def __init__(self, conditions: Mapping[str, ConditionConfig], client: httpx.AsyncClient) -> None:
+        self.conditions = dict(conditions)
+        self.client = client
+        self.functions = {
+            name: load_callable(cfg.callable)
+            for name, cfg in conditions.items()
+            if cfg.kind == "python" and cfg.callable
+        }
+
+    async def check(self, kind: str, name: str, snapshot: Mapping[str, Any]) -> bool:
+        cfg = self.conditions[name]
+        try:
+            if kind == "python":
+                return await asyncio.wait_for(self._python(name, snapshot), cfg.timeout_s)
+            return await self._webhook(cfg, snapshot)
+        except Exception as exc:
+            log.warning("stop condition %s %r failed: %s", kind, name, exc)
+            return False
+
+    async def _python(self, name: str, snapshot: Mapping[str, Any]) -> bool:
+        func = self.functions[name]
+        if inspect.iscoroutinefunction(func):
+            return bool(await func(dict(snapshot)))
+        return bool(await asyncio.to_thread(func, dict(snapshot)))
+
+    async def _webhook(self, cfg: ConditionConfig, snapshot: Mapping[str, Any]) -> bool:
+        assert cfg.url is not None
+        headers = {h: os.environ.get(env, "") for h, env in cfg.headers_env.items()}
+        headers["content-type"] = "application/json"
+        response = await self.client.post(
+            cfg.url, content=orjson.dumps(dict(snapshot)), headers=headers, timeout=cfg.timeout_s
+        )
+        response.raise_for_status()
+        body = orjson.loads(response.content)
+        return isinstance(body, dict) and body.get("stop") is True

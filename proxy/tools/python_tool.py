@@ -1,0 +1,68 @@
+"""`kind: python`: a sync or async callable; its type hints give the parameters schema."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import ConfigDict, ValidationError, create_model
+
+from proxy.engine.ports import ToolContext
+from proxy.tools.base import BadArguments, Invoke
+
+
+def load_callable(ref: str) -> Callable[..., Any]:
+    """`package.module:function` -> the function; raises ValueError with the reason."""
+    module_name, _, attr = ref.partition(":")
+    try:
+        target: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"cannot import {module_name!r}: {exc}") from None
+    for part in attr.split("."):
+        target = getattr(target, part, None)
+        if target is None:
+            raise ValueError(f"{module_name!r} has no attribute {attr!r}")
+    if not callable(target):
+        raise ValueError(f"{ref!r} is not callable")
+    return target  # type: ignore[no-any-return]
+
+
+def _arguments_model(func: Callable[..., Any]) -> Any:
+    fields: dict[str, Any] = {}
+    for name, param in inspect.signature(func).parameters.items():
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            continue
+        annotation = Any if param.annotation is inspect.Parameter.empty else param.annotation
+        default = ... if param.default is inspect.Parameter.empty else param.default
+        fields[name] = (annotation, default)
+    config = ConfigDict(extra="forbid")
+    return create_model(f"{func.__name__}_arguments", __config__=config, **fields)
+
+
+def python_tool(
+    func: Callable[..., Any],
+) -> tuple[Invoke, dict[str, Any], Callable[[dict[str, Any]], dict[str, Any]]]:
+    """The invoke, the parameters schema and the argument validator of a callable."""
+    model = _arguments_model(func)
+    schema = model.model_json_schema()
+    schema.pop("title", None)
+    for prop in schema.get("properties", {}).values():
+        prop.pop("title", None)
+
+    def validate(arguments: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return dict(model.model_validate(arguments))
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "arguments"
+            raise BadArguments(f"invalid arguments at {where}: {first['msg']}") from None
+
+    async def invoke(arguments: dict[str, Any], ctx: ToolContext) -> Any:
+        if inspect.iscoroutinefunction(func):
+            return await func(**arguments)
+        return await asyncio.to_thread(func, **arguments)
+
+    return invoke, schema, validate

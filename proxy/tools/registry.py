@@ -1,0 +1,103 @@
+"""The server tools of a config, and the executor the engine calls."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+import orjson
+
+from proxy.config import Config, ToolConfig
+from proxy.engine.ports import ToolCall, ToolContext, ToolResult, ToolSpec
+from proxy.tools.base import Tool, ToolFailed, as_text, definition
+from proxy.tools.builtin import BUILTINS, builtin_invoke
+from proxy.tools.http_tool import http_invoke
+from proxy.tools.python_tool import load_callable, python_tool
+from proxy.tools.schema import check_schema, schema_validator
+
+OPEN_SCHEMA: dict[str, Any] = {"type": "object", "properties": {}}
+
+
+class ToolRegistry:
+    """Runs server tools. Tool failures become error results, never exceptions."""
+
+    def __init__(self, tools: Mapping[str, Tool]) -> None:
+        self.tools = dict(tools)
+
+    def spec(self, name: str) -> ToolSpec:
+        return self.tools[name].spec
+
+    async def execute(self, call: ToolCall, ctx: ToolContext) -> ToolResult:
+        tool = self.tools.get(call.name)
+        if tool is None:
+            return ToolResult(f"unknown tool {call.name!r}", "error")
+        try:
+            arguments = orjson.loads(call.arguments or "{}")
+        except orjson.JSONDecodeError as exc:
+            return ToolResult(f"arguments are not valid JSON: {exc}", "error")
+        if not isinstance(arguments, dict):
+            return ToolResult("arguments must be a JSON object", "error")
+        try:
+            arguments = tool.validate(arguments)
+            output = await asyncio.wait_for(tool.invoke(arguments, ctx), tool.timeout_s)
+        except TimeoutError:
+            return ToolResult(f"tool timed out after {tool.timeout_s:g}s", "timeout")
+        except ToolFailed as exc:
+            return ToolResult(str(exc), "error")
+        except Exception as exc:
+            return ToolResult(f"{type(exc).__name__}: {exc}", "error")
+        return ToolResult(as_text(output))
+
+
+def build_tool(name: str, cfg: ToolConfig, client: httpx.AsyncClient) -> Tool:
+    """One configured tool; raises ValueError when it cannot be built."""
+    terminal = cfg.terminal
+    if cfg.kind == "builtin":
+        which = cfg.builtin or name
+        builtin = BUILTINS.get(which)
+        if builtin is None:
+            raise ValueError(f"no builtin tool {which!r}; builtins: {', '.join(BUILTINS)}")
+        parameters = cfg.parameters or builtin.parameters
+        invoke = builtin_invoke(builtin)
+        validate = schema_validator(parameters)
+        description = cfg.description or builtin.description
+        terminal = terminal or builtin.terminal
+    elif cfg.kind == "python":
+        assert cfg.callable is not None
+        invoke, inferred, validate = python_tool(load_callable(cfg.callable))
+        parameters = cfg.parameters or inferred
+        if cfg.parameters:
+            validate = schema_validator(cfg.parameters)
+        description = cfg.description or None
+    else:
+        assert cfg.url is not None
+        headers = {}
+        for header, env in cfg.headers_env.items():
+            value = os.environ.get(env)
+            if value is None:
+                raise ValueError(f"environment variable {env} (header {header}) is not set")
+            headers[header] = value
+        invoke = http_invoke(name, cfg.url, headers, client, cfg.timeout_s)
+        parameters = cfg.parameters or OPEN_SCHEMA
+        validate = schema_validator(parameters)
+        description = cfg.description
+    check_schema(parameters)
+    spec = ToolSpec(name, definition(name, description, parameters), terminal, cfg.id)
+    # The registry's own timeout backs up the transport's, a little later.
+    return Tool(spec, invoke, cfg.timeout_s + (1.0 if cfg.kind == "http" else 0.0), validate)
+
+
+def build_registry(config: Config, client: httpx.AsyncClient) -> ToolRegistry:
+    tools: dict[str, Tool] = {}
+    problems: list[str] = []
+    for name, cfg in config.tools.items():
+        try:
+            tools[name] = build_tool(name, cfg, client)
+        except ValueError as exc:
+            problems.append(f"tools.{name}: {exc}")
+    if problems:
+        raise ValueError("\n".join(problems))
+    return ToolRegistry(tools)

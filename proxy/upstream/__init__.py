@@ -1,0 +1,1 @@
+"""OpenAI-compatible upstreams over a shared, pooled HTTP client."""
