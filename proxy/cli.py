@@ -1,0 +1,71 @@
+"""`loopwarden serve | check | demo` (SPEC §3)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+import httpx
+
+from proxy.config import ConfigError, load_config
+
+
+def _check(path: str | None) -> int:
+    try:
+        config = load_config(path)
+        from proxy.api.gateway import build_gateway
+
+        build_gateway(config, httpx.AsyncClient())
+    except ConfigError as exc:
+        for where, message in exc.problems:
+            print(f"{where}: {message}", file=sys.stderr)
+        return 1
+    except ValueError as exc:
+        print(str(exc), file=sys.stderr)
+        return 1
+    print("config OK")
+    return 0
+
+
+def _serve(path: str | None, host: str | None, port: int | None) -> int:
+    import uvicorn
+
+    from proxy.api.app import create_app
+
+    try:
+        config = load_config(path)
+    except ConfigError as exc:
+        for where, message in exc.problems:
+            print(f"{where}: {message}", file=sys.stderr)
+        return 1
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    uvicorn.run(
+        create_app(config),
+        host=host or config.server.host,
+        port=port if port is not None else config.server.port,
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=30,
+    )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="loopwarden")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="serve the proxy")
+    serve.add_argument("--config")
+    serve.add_argument("--host")
+    serve.add_argument("--port", type=int)
+    check = sub.add_parser("check", help="validate a config file")
+    check.add_argument("--config")
+    sub.add_parser("demo", help="run sample runs against a scripted model, offline")
+    args = parser.parse_args(argv)
+    if args.command == "serve":
+        return _serve(args.config, args.host, args.port)
+    if args.command == "check":
+        return _check(args.config)
+    from proxy.demo.runner import main as demo
+
+    return demo()

@@ -1,0 +1,95 @@
+"""Runs the demo: the scripted model and the proxy on 127.0.0.1, then the sample runs."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import uvicorn
+
+from proxy.api.app import create_app
+from proxy.config import parse_config
+from proxy.demo.scenes import DEMO_CONFIG, SCENES, Scene
+from proxy.demo.scripted_model import scripted_app
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def serve_in_thread(app: Any, port: int) -> Iterator[str]:
+    """Serves an ASGI app with uvicorn on 127.0.0.1 until the block ends."""
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError(f"server on port {port} did not start")
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+def demo_config(upstream_url: str) -> dict[str, Any]:
+    config = dict(DEMO_CONFIG)
+    config["upstreams"] = {"scripted": {"base_url": f"{upstream_url}/v1", "max_retries": 0}}
+    return config
+
+
+def run_scene(client: httpx.Client, scene: Scene) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": scene.model,
+        "messages": [{"role": "user", "content": scene.prompt}],
+    }
+    if scene.loop:
+        body["loop"] = scene.loop
+    response = client.post("/v1/chat/completions", json=body)
+    data: dict[str, Any] = response.json()
+    data["_status"] = response.status_code
+    return data
+
+
+def describe(scene: Scene, data: dict[str, Any]) -> str:
+    loop = data.get("loop", {})
+    if data.get("choices"):
+        answer = data["choices"][0]["message"].get("content")
+    else:
+        answer = f"HTTP {data['_status']} {data.get('error', {}).get('code')}"
+    lines = [
+        f"── {scene.title} " + "─" * max(0, 60 - len(scene.title)),
+        f"  model/agent : {scene.model}",
+        f"  prompt      : {scene.prompt}",
+        f"  answer      : {answer}",
+        f"  stop_reason : {loop.get('stop_reason')}   steps: {loop.get('steps')}   "
+        f"tool_calls: {loop.get('tool_calls')}   cost_usd: {loop.get('cost_usd')}",
+    ]
+    details = loop.get("stop_details")
+    if details:
+        lines.append(f"  stop_details: {details}")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    with serve_in_thread(scripted_app(), free_port()) as upstream:
+        app = create_app(parse_config(demo_config(upstream)))
+        with serve_in_thread(app, free_port()) as proxy, httpx.Client(
+            base_url=proxy, timeout=30
+        ) as client:
+            print(f"Loopwarden demo: proxy at {proxy}, scripted model at {upstream}\n")
+            for scene in SCENES:
+                print(describe(scene, run_scene(client, scene)))
+                print()
+    return 0

@@ -1,0 +1,62 @@
+"""The demo's embedded config and its sample runs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+DEMO_CONFIG: dict[str, Any] = {
+    "upstreams": {"scripted": {"base_url": "http://127.0.0.1:0/v1", "max_retries": 0}},
+    "default_upstream": "scripted",
+    "pricing": {"scripted": {"input": 2.0, "output": 8.0}},
+    "tools": {
+        "get_weather": {"kind": "python", "callable": "proxy.demo.tools:get_weather"},
+        "to_fahrenheit": {"kind": "python", "callable": "proxy.demo.tools:to_fahrenheit"},
+        "search_notes": {"kind": "python", "callable": "proxy.demo.tools:search_notes"},
+        "final_answer": {"kind": "builtin"},
+    },
+    "agents": {
+        "weather": {
+            "model": "scripted",
+            "system_prompt": "You answer questions about the weather.",
+            "tools": ["get_weather", "to_fahrenheit"],
+        },
+        "reporter": {
+            "model": "scripted",
+            "tools": ["get_weather", "final_answer"],
+        },
+        "researcher": {
+            "model": "scripted",
+            "tools": ["search_notes"],
+            "stop_when": [{"max_cost": 0.004}],
+        },
+    },
+}
+
+
+@dataclass(frozen=True)
+class Scene:
+    title: str
+    model: str
+    prompt: str
+    loop: dict[str, Any] = field(default_factory=dict)
+
+
+SCENES = [
+    Scene("A tool loop", "weather",
+          "What is the weather in Paris? Use get_weather, then to_fahrenheit."),
+    Scene("A terminal tool", "reporter",
+          "Check get_weather in Oslo and give it with final_answer."),
+    Scene("A budget stop (max_cost)", "researcher",
+          "Settle the question: keep calling search_notes until sure."),
+    Scene("A step-limit stop", "scripted",
+          "Keep going: keep calling search_notes.",
+          {"tools": ["search_notes"], "max_steps": 3}),
+    Scene("A nudge, then a terminating tool", "scripted",
+          "Just say hello.",
+          {"tools": ["final_answer"], "terminating_config": {"tool_ids": ["final_answer"]}}),
+    Scene("Nudges exhausted (422)", "scripted",
+          "Just say hello.",
+          {"tools": ["final_answer", "search_notes"],
+           "terminating_config": {"tool_ids": ["search_notes"], "consecutive_nudges": 0}}),
+]
