@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 import orjson
 
+from proxy.callables import load_callable
 from proxy.config import ConditionConfig
-from proxy.tools.python_tool import load_callable
 
 log = logging.getLogger(__name__)
 
@@ -21,7 +21,9 @@ log = logging.getLogger(__name__)
 class ConfiguredChecks:
     """Implements the engine's `ConditionChecks`. A check that fails does not hold."""
 
-    def __init__(self, conditions: Mapping[str, ConditionConfig], client: httpx.AsyncClient) -> None:
+    def __init__(
+        self, conditions: Mapping[str, ConditionConfig], client: httpx.AsyncClient
+    ) -> None:
         self.conditions = dict(conditions)
         self.client = client
         self.functions = {

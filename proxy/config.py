@@ -190,7 +190,9 @@ class Config(_Model):
             raise ValueError("; ".join(f"{path}: {msg}" for path, msg in errors))
         return self
 
-    def _agent_errors(self, name: str, agent: AgentConfig, ids: dict[str, str]) -> list[tuple[str, str]]:
+    def _agent_errors(
+        self, name: str, agent: AgentConfig, ids: dict[str, str]
+    ) -> list[tuple[str, str]]:
         errors: list[tuple[str, str]] = []
         where = f"agents.{name}"
         if name in self.models:
@@ -212,8 +214,10 @@ class Config(_Model):
                 for i, tool in enumerate(terminating.tool_ids):
                     if tool not in enabled and ids.get(tool) not in enabled:
                         errors.append(
-                            (f"{where}.terminating_config.tool_ids[{i}]",
-                             f"{tool!r} is not one of the agent's tools")
+                            (
+                                f"{where}.terminating_config.tool_ids[{i}]",
+                                f"{tool!r} is not one of the agent's tools",
+                            )
                         )
         except SpecError as exc:
             errors.append((f"{where}.{exc.param}", exc.message))

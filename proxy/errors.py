@@ -85,7 +85,7 @@ class UpstreamStatusError(UpstreamFailure):
 
     def __init__(self, status: int, content: bytes, content_type: str | None) -> None:
         super().__init__(f"upstream returned HTTP {status}", code="upstream_error")
-        self.status = status  # type: ignore[misc]
+        self.status = status
         self.content = content
         self.content_type = content_type
 

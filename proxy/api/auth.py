@@ -30,7 +30,9 @@ class KeyRing:
                 assert key.key_env is not None
                 secret = os.environ.get(key.key_env)
                 if not secret:
-                    raise ValueError(f"auth.keys.{key.name}: environment variable {key.key_env} is not set")
+                    raise ValueError(
+                        f"auth.keys.{key.name}: environment variable {key.key_env} is not set"
+                    )
                 digest = hashlib.sha256(secret.encode()).digest()
             self.keys.append((digest, Caller(key.name, frozenset(key.agents))))
 
@@ -53,6 +55,4 @@ class KeyRing:
     @staticmethod
     def check(caller: Caller | None, model: str) -> None:
         if caller is not None and not caller.allows(model):
-            raise PermissionDenied(
-                f"key {caller.name!r} may not use {model!r}", param="model"
-            )
+            raise PermissionDenied(f"key {caller.name!r} may not use {model!r}", param="model")

@@ -99,7 +99,10 @@ class ChatCompletions:
         headers = {"x-loopwarden-run-id": spec.run_id}
         if req.stream:
             writer = SSEWriter(
-                send, f"chatcmpl-{spec.run_id.removeprefix('run_')}", spec.model, headers,
+                send,
+                f"chatcmpl-{spec.run_id.removeprefix('run_')}",
+                spec.model,
+                headers,
                 req.loop.include_loop_events,
             )
             await self._stream(Run(spec, deps, writer), writer, req, receive, gw)
@@ -113,7 +116,9 @@ class ChatCompletions:
             await self._send_failure(send, result, report, headers)
             return
         passthrough = not spec.policy.tools and not req.has_loop
-        await send_json(send, 200, completion_body(result, spec.model, report, passthrough), headers)
+        await send_json(
+            send, 200, completion_body(result, spec.model, report, passthrough), headers
+        )
 
     @staticmethod
     async def _send_failure(

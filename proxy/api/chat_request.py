@@ -13,12 +13,29 @@ from proxy.errors import InvalidRequest
 
 # Body fields the proxy owns; every other field goes upstream as the client sent it.
 OWN_FIELDS = frozenset(
-    {"model", "messages", "tools", "tool_choice", "stream", "stream_options", "loop",
-     "max_completion_tokens"}
+    {
+        "model",
+        "messages",
+        "tools",
+        "tool_choice",
+        "stream",
+        "stream_options",
+        "loop",
+        "max_completion_tokens",
+    }
 )
 LOOP_FIELDS = (
-    "agent", "tools", "stop_when", "terminating_config", "tool_rules", "tool_call_limits",
-    "max_steps", "final_answer", "thread_id", "parallel_tool_calls", "include_messages",
+    "agent",
+    "tools",
+    "stop_when",
+    "terminating_config",
+    "tool_rules",
+    "tool_call_limits",
+    "max_steps",
+    "final_answer",
+    "thread_id",
+    "parallel_tool_calls",
+    "include_messages",
     "include_loop_events",
 )
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
@@ -83,8 +100,16 @@ def parse_chat_request(raw: bytes) -> ChatRequest:
     has_loop = body.get("loop") is not None
     loop = parse_loop(body["loop"]) if has_loop else LoopOptions()
     return ChatRequest(
-        model, messages, stream, include_usage, tools, body.get("tool_choice"), cap, params,
-        loop, has_loop,
+        model,
+        messages,
+        stream,
+        include_usage,
+        tools,
+        body.get("tool_choice"),
+        cap,
+        params,
+        loop,
+        has_loop,
     )
 
 

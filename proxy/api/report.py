@@ -45,7 +45,12 @@ def completion_body(
         message.setdefault("content", None)
         message.setdefault("refusal", None)
         body["choices"] = [
-            {"index": 0, "message": message, "finish_reason": result.finish_reason, "logprobs": None}
+            {
+                "index": 0,
+                "message": message,
+                "finish_reason": result.finish_reason,
+                "logprobs": None,
+            }
         ]
     body["usage"] = result.usage.to_openai()
     body["loop"] = report

@@ -24,7 +24,10 @@ async def send_json(
 
 
 async def send_bytes(
-    send: Send, status: int, content: bytes, content_type: bytes,
+    send: Send,
+    status: int,
+    content: bytes,
+    content_type: bytes,
     headers: dict[str, str] | None = None,
 ) -> None:
     raw = [(b"content-type", content_type), (b"content-length", str(len(content)).encode())]
@@ -35,7 +38,9 @@ async def send_bytes(
 
 
 async def send_error(
-    send: Send, error: ProxyError, headers: dict[str, str] | None = None,
+    send: Send,
+    error: ProxyError,
+    headers: dict[str, str] | None = None,
     extra: dict[str, Any] | None = None,
 ) -> None:
     body = error.body()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import Any
 
@@ -21,7 +22,11 @@ class SSEWriter:
     a run that fails before then still gets a plain HTTP error."""
 
     def __init__(
-        self, send: Send, completion_id: str, model: str, headers: dict[str, str],
+        self,
+        send: Send,
+        completion_id: str,
+        model: str,
+        headers: dict[str, str],
         include_loop_events: bool,
     ) -> None:
         self._send = send
@@ -34,8 +39,12 @@ class SSEWriter:
         self.role_sent = False
         self.last_write = time.monotonic()
         self._prefix = (
-            b'{"id":' + orjson.dumps(completion_id) + b',"object":"chat.completion.chunk","created":'
-            + str(self.created).encode() + b',"model":' + orjson.dumps(model)
+            b'{"id":'
+            + orjson.dumps(completion_id)
+            + b',"object":"chat.completion.chunk","created":'
+            + str(self.created).encode()
+            + b',"model":'
+            + orjson.dumps(model)
         )
 
     async def _write(self, data: bytes) -> None:
@@ -61,8 +70,11 @@ class SSEWriter:
         if not self.role_sent:
             self.role_sent = True
             delta = {"role": "assistant", **delta}
-        return {"choices": [{"index": 0, "delta": delta, "logprobs": None,
-                             "finish_reason": finish_reason}]}
+        return {
+            "choices": [
+                {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            ]
+        }
 
     async def content(self, text: str) -> None:
         await self._write(self._chunk(self._delta({"content": text})))
@@ -87,14 +99,14 @@ class SSEWriter:
         await self.close()
 
     async def fail(self, error: dict[str, Any], report: dict[str, Any]) -> None:
-        await self._write(self._chunk({"choices": [], "error": error["error"], "loop": report}) + DONE)
+        await self._write(
+            self._chunk({"choices": [], "error": error["error"], "loop": report}) + DONE
+        )
         await self.close()
 
     async def close(self) -> None:
-        try:
+        with contextlib.suppress(OSError):
             await self._send({"type": "http.response.body", "body": b"", "more_body": False})
-        except OSError:
-            pass
 
     async def keepalive(self, interval_s: float) -> None:
         """Sends an SSE comment whenever nothing was written for `interval_s`."""

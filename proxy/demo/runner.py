@@ -85,9 +85,10 @@ def describe(scene: Scene, data: dict[str, Any]) -> str:
 def main() -> int:
     with serve_in_thread(scripted_app(), free_port()) as upstream:
         app = create_app(parse_config(demo_config(upstream)))
-        with serve_in_thread(app, free_port()) as proxy, httpx.Client(
-            base_url=proxy, timeout=30
-        ) as client:
+        with (
+            serve_in_thread(app, free_port()) as proxy,
+            httpx.Client(base_url=proxy, timeout=30) as client,
+        ):
             print(f"Loopwarden demo: proxy at {proxy}, scripted model at {upstream}\n")
             for scene in SCENES:
                 print(describe(scene, run_scene(client, scene)))

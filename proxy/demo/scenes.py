@@ -43,20 +43,38 @@ class Scene:
 
 
 SCENES = [
-    Scene("A tool loop", "weather",
-          "What is the weather in Paris? Use get_weather, then to_fahrenheit."),
-    Scene("A terminal tool", "reporter",
-          "Check get_weather in Oslo and give it with final_answer."),
-    Scene("A budget stop (max_cost)", "researcher",
-          "Settle the question: keep calling search_notes until sure."),
-    Scene("A step-limit stop", "scripted",
-          "Keep going: keep calling search_notes.",
-          {"tools": ["search_notes"], "max_steps": 3}),
-    Scene("A nudge, then a terminating tool", "scripted",
-          "Just say hello.",
-          {"tools": ["final_answer"], "terminating_config": {"tool_ids": ["final_answer"]}}),
-    Scene("Nudges exhausted (422)", "scripted",
-          "Just say hello.",
-          {"tools": ["final_answer", "search_notes"],
-           "terminating_config": {"tool_ids": ["search_notes"], "consecutive_nudges": 0}}),
+    Scene(
+        "A tool loop",
+        "weather",
+        "What is the weather in Paris? Use get_weather, then to_fahrenheit.",
+    ),
+    Scene(
+        "A terminal tool", "reporter", "Check get_weather in Oslo and give it with final_answer."
+    ),
+    Scene(
+        "A budget stop (max_cost)",
+        "researcher",
+        "Settle the question: keep calling search_notes until sure.",
+    ),
+    Scene(
+        "A step-limit stop",
+        "scripted",
+        "Keep going: keep calling search_notes.",
+        {"tools": ["search_notes"], "max_steps": 3},
+    ),
+    Scene(
+        "A nudge, then a terminating tool",
+        "scripted",
+        "Just say hello.",
+        {"tools": ["final_answer"], "terminating_config": {"tool_ids": ["final_answer"]}},
+    ),
+    Scene(
+        "Nudges exhausted (422)",
+        "scripted",
+        "Just say hello.",
+        {
+            "tools": ["final_answer", "search_notes"],
+            "terminating_config": {"tool_ids": ["search_notes"], "consecutive_nudges": 0},
+        },
+    ),
 ]

@@ -52,16 +52,17 @@ def decide(body: dict[str, Any]) -> tuple[str | None, list[dict[str, Any]]]:
     tools = {t["function"]["name"]: t for t in body.get("tools", []) or []}
     last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=-1)
     text = str(messages[last_user].get("content", "")) if last_user >= 0 else ""
-    since = messages[last_user + 1:]
+    since = messages[last_user + 1 :]
     results = [m for m in since if m.get("role") == "tool"]
     done = sum(len(m.get("tool_calls") or []) for m in since if m.get("role") == "assistant")
     allowed = body.get("tool_choice") != "none"
     found = str(results[-1].get("content")) if results else None
-    plan = sorted(
-        (n for n in tools if n in text), key=lambda n: text.index(n)
-    )
-    if allowed and since and since[-1].get("role") == "system" and "terminat" in str(
-        since[-1].get("content", "")
+    plan = sorted((n for n in tools if n in text), key=lambda n: text.index(n))
+    if (
+        allowed
+        and since
+        and since[-1].get("role") == "system"
+        and "terminat" in str(since[-1].get("content", ""))
     ):
         first_system = str(messages[0].get("content", "")) if messages else ""
         ending = re.findall(r"`([^`]+)`", first_system.split("ends your turn")[0])
@@ -88,7 +89,9 @@ def _call(tool: dict[str, Any], text: str, found: str | None) -> dict[str, Any]:
 
 def complete(body: dict[str, Any]) -> dict[str, Any]:
     content, calls = decide(body)
-    prompt = _tokens(body.get("messages", [])) + (_tokens(body["tools"]) if body.get("tools") else 0)
+    prompt = _tokens(body.get("messages", [])) + (
+        _tokens(body["tools"]) if body.get("tools") else 0
+    )
     completion = _tokens(calls) if calls else _tokens(content)
     cap = body.get("max_completion_tokens") or body.get("max_tokens")
     finish = "tool_calls" if calls else "stop"
@@ -127,10 +130,25 @@ async def _chunks(reply: dict[str, Any], include_usage: bool) -> AsyncIterator[b
     for i in range(0, len(content), 8):
         yield chunk({"content": content[i : i + 8]})
     for index, call in enumerate(message.get("tool_calls") or []):
-        yield chunk({"tool_calls": [{"index": index, "id": call["id"], "type": "function",
-                                     "function": {"name": call["function"]["name"], "arguments": ""}}]})
-        yield chunk({"tool_calls": [{"index": index,
-                                     "function": {"arguments": call["function"]["arguments"]}}]})
+        yield chunk(
+            {
+                "tool_calls": [
+                    {
+                        "index": index,
+                        "id": call["id"],
+                        "type": "function",
+                        "function": {"name": call["function"]["name"], "arguments": ""},
+                    }
+                ]
+            }
+        )
+        yield chunk(
+            {
+                "tool_calls": [
+                    {"index": index, "function": {"arguments": call["function"]["arguments"]}}
+                ]
+            }
+        )
     yield chunk({}, choice["finish_reason"])
     if include_usage:
         data = {**head, "choices": [], "usage": reply["usage"]}

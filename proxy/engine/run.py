@@ -118,7 +118,9 @@ class Run:
         except Exception as exc:
             error = exc
             if isinstance(exc, UpstreamFailure):
-                stop = Stop(StopReason.UPSTREAM_ERROR, {"error": str(exc), "step": state.step_count})
+                stop = Stop(
+                    StopReason.UPSTREAM_ERROR, {"error": str(exc), "step": state.step_count}
+                )
             else:
                 log.exception("run %s failed", spec.run_id)
                 stop = Stop(StopReason.INTERNAL_ERROR, {"step": state.step_count})
@@ -126,14 +128,33 @@ class Run:
             state.now = clock()
             self._emit(
                 ev.RunFinished(
-                    spec.run_id, spec.agent, spec.model, stop, state.step_count,
-                    state.tool_calls, state.usage, state.cost_usd, state.elapsed_s,
-                    state.upstream_s, state.tools_s, error,
+                    spec.run_id,
+                    spec.agent,
+                    spec.model,
+                    stop,
+                    state.step_count,
+                    state.tool_calls,
+                    state.usage,
+                    state.cost_usd,
+                    state.elapsed_s,
+                    state.upstream_s,
+                    state.tools_s,
+                    error,
                 )
             )
         return RunResult(
-            spec.run_id, stop, message, finish, state.usage, state.cost_usd, state.step_count,
-            state.tool_calls, state.generated, state.tools_ran, self.last_reply, error,
+            spec.run_id,
+            stop,
+            message,
+            finish,
+            state.usage,
+            state.cost_usd,
+            state.step_count,
+            state.tool_calls,
+            state.generated,
+            state.tools_ran,
+            self.last_reply,
+            error,
         )
 
     async def _loop(self, run: RunState) -> tuple[Stop, dict[str, Any], str | None]:
@@ -274,7 +295,9 @@ class Run:
                 continue
             if block is not None:
                 outputs[call.id] = _error_content(block.message)
-                self._emit(ev.CallBlocked(run.run_id, run.step_count, call, block.outcome, block.message))
+                self._emit(
+                    ev.CallBlocked(run.run_id, run.step_count, call, block.outcome, block.message)
+                )
                 stop = stop or block.stop
                 continue
             terminal = call.name in self.policy.terminal_tools
@@ -337,8 +360,13 @@ class Run:
         self._emit(ev.ToolExecuted(run.run_id, run.step_count, call, result, elapsed))
         if self.stream is not None:
             await self.stream.loop_event(
-                {"type": "tool_result", "step": run.step_count, "tool": call.name,
-                 "call_id": call.id, "outcome": result.outcome}
+                {
+                    "type": "tool_result",
+                    "step": run.step_count,
+                    "tool": call.name,
+                    "call_id": call.id,
+                    "outcome": result.outcome,
+                }
             )
         return result
 
@@ -356,7 +384,9 @@ class Run:
         if stop.reason in LIMIT_STOPS and self.policy.final_answer:
             directive = {"role": "system", "content": FINAL_ANSWER_DIRECTIVE}
             run.append(directive)
-            tools = [spec.definition for spec in self.policy.tools.values()] + self.spec.client_tools
+            tools = [
+                spec.definition for spec in self.policy.tools.values()
+            ] + self.spec.client_tools
             plan = StepPlan(tools, "none" if tools else None, self.spec.max_completion_tokens)
             reply = await self._call_model(run, plan, final_answer=True)
             message = _without_tool_calls(reply.message)

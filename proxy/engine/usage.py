@@ -31,9 +31,7 @@ class Usage:
         prompt = _int(raw.get("prompt_tokens"))
         completion = _int(raw.get("completion_tokens"))
         total = _int(raw.get("total_tokens")) or prompt + completion
-        details = {
-            k: v for k, v in raw.items() if k.endswith("_details") and isinstance(v, dict)
-        }
+        details = {k: v for k, v in raw.items() if k.endswith("_details") and isinstance(v, dict)}
         return cls(prompt, completion, total, details)
 
     def add(self, other: Usage) -> None:

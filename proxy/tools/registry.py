@@ -10,12 +10,12 @@ from typing import Any
 import httpx
 import orjson
 
+from proxy.callables import load_callable, python_tool
 from proxy.config import Config, ToolConfig
 from proxy.engine.ports import ToolCall, ToolContext, ToolResult, ToolSpec
 from proxy.tools.base import Tool, ToolFailed, as_text, definition
 from proxy.tools.builtin import BUILTINS, builtin_invoke
 from proxy.tools.http_tool import http_invoke
-from proxy.tools.python_tool import load_callable, python_tool
 from proxy.tools.schema import check_schema, schema_validator
 
 OPEN_SCHEMA: dict[str, Any] = {"type": "object", "properties": {}}
@@ -55,6 +55,7 @@ class ToolRegistry:
 def build_tool(name: str, cfg: ToolConfig, client: httpx.AsyncClient) -> Tool:
     """One configured tool; raises ValueError when it cannot be built."""
     terminal = cfg.terminal
+    description = cfg.description
     if cfg.kind == "builtin":
         which = cfg.builtin or name
         builtin = BUILTINS.get(which)
@@ -63,7 +64,7 @@ def build_tool(name: str, cfg: ToolConfig, client: httpx.AsyncClient) -> Tool:
         parameters = cfg.parameters or builtin.parameters
         invoke = builtin_invoke(builtin)
         validate = schema_validator(parameters)
-        description = cfg.description or builtin.description
+        description = description or builtin.description
         terminal = terminal or builtin.terminal
     elif cfg.kind == "python":
         assert cfg.callable is not None
@@ -71,7 +72,6 @@ def build_tool(name: str, cfg: ToolConfig, client: httpx.AsyncClient) -> Tool:
         parameters = cfg.parameters or inferred
         if cfg.parameters:
             validate = schema_validator(cfg.parameters)
-        description = cfg.description or None
     else:
         assert cfg.url is not None
         headers = {}
@@ -83,7 +83,6 @@ def build_tool(name: str, cfg: ToolConfig, client: httpx.AsyncClient) -> Tool:
         invoke = http_invoke(name, cfg.url, headers, client, cfg.timeout_s)
         parameters = cfg.parameters or OPEN_SCHEMA
         validate = schema_validator(parameters)
-        description = cfg.description
     check_schema(parameters)
     spec = ToolSpec(name, definition(name, description, parameters), terminal, cfg.id)
     # The registry's own timeout backs up the transport's, a little later.

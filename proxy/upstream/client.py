@@ -111,8 +111,10 @@ class Upstream:
             raise UpstreamTimeout(f"upstream {self.name} timed out") from None
         except httpx.HTTPError as exc:
             self._count("connect_error")
-            error = UpstreamUnavailable(f"upstream {self.name} unreachable: {type(exc).__name__}")
-            raise _Retry(error) from None
+            unreachable = UpstreamUnavailable(
+                f"upstream {self.name} unreachable: {type(exc).__name__}"
+            )
+            raise _Retry(unreachable) from None
         self._count(status_class(response.status_code))
         if response.status_code >= 400:
             body = await response.aread()
@@ -134,13 +136,17 @@ class Upstream:
         except httpx.TimeoutException:
             raise UpstreamTimeout(f"upstream {self.name} timed out") from None
         except httpx.HTTPError as exc:
-            raise UpstreamUnavailable(f"upstream {self.name} failed: {type(exc).__name__}") from None
+            raise UpstreamUnavailable(
+                f"upstream {self.name} failed: {type(exc).__name__}"
+            ) from None
         finally:
             await response.aclose()
         try:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError:
-            raise UpstreamUnavailable(f"upstream {self.name} sent a body that is not JSON") from None
+            raise UpstreamUnavailable(
+                f"upstream {self.name} sent a body that is not JSON"
+            ) from None
         if not isinstance(body, dict):
             raise UpstreamUnavailable(f"upstream {self.name} sent an unexpected body")
         return reply_from_body(body)
@@ -174,7 +180,9 @@ class Upstream:
         except httpx.TimeoutException:
             raise UpstreamTimeout(f"upstream {self.name} timed out") from None
         except httpx.HTTPError as exc:
-            raise UpstreamUnavailable(f"upstream {self.name} failed: {type(exc).__name__}") from None
+            raise UpstreamUnavailable(
+                f"upstream {self.name} failed: {type(exc).__name__}"
+            ) from None
         finally:
             await response.aclose()
         return acc.reply()
@@ -195,4 +203,4 @@ class _Retry(Exception):
                 return min(max(float(self.retry_after), 0.0), MAX_RETRY_AFTER_S)
             except ValueError:
                 pass
-        return base_s * 2 ** (attempt - 1) * (0.5 + random.random() / 2)
+        return float(base_s * 2 ** (attempt - 1) * (0.5 + random.random() / 2))

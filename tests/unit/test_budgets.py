@@ -40,8 +40,11 @@ async def test_token_budget_caps_the_completion_and_never_passes() -> None:
 
 
 async def test_budget_stop_before_a_step_it_cannot_afford_makes_no_call() -> None:
-    h = Harness([reply(calls=[("search", "{}")], prompt=90, completion=5)] * 3, TOOLS,
-                stop_when=[{"max_tokens_used": 100}])
+    h = Harness(
+        [reply(calls=[("search", "{}")], prompt=90, completion=5)] * 3,
+        TOOLS,
+        stop_when=[{"max_tokens_used": 100}],
+    )
     result = await h.run()
     assert result.stop.reason is StopReason.TOKEN_BUDGET
     assert len(h.model.requests) == 1
@@ -54,12 +57,14 @@ async def test_cost_budget_caps_with_known_prices() -> None:
     h = Harness([honouring(50, 400)] * 30, TOOLS, stop_when=[{"max_cost": 0.01}], prices=prices)
     result = await h.run()
     assert result.stop.reason is StopReason.COST_BUDGET
-    assert result.cost_usd is not None and result.cost_usd <= 0.01
+    assert result.cost_usd is not None
+    assert result.cost_usd <= 0.01
 
 
 async def test_client_cap_wins_when_smaller() -> None:
-    h = Harness([reply("ok")], TOOLS, stop_when=[{"max_tokens_used": 10_000}],
-                max_completion_tokens=7)
+    h = Harness(
+        [reply("ok")], TOOLS, stop_when=[{"max_tokens_used": 10_000}], max_completion_tokens=7
+    )
     await h.run()
     assert h.model.requests[0].max_completion_tokens == 7
 

@@ -30,7 +30,8 @@ async def test_tool_results_are_fed_back_and_usage_is_summed() -> None:
     assert result.message["content"] == "it is 5"
     second = h.model.requests[1].messages
     assert second[-2]["tool_calls"][0]["function"]["name"] == "add"
-    assert second[-1]["role"] == "tool" and second[-1]["content"] == "5"
+    assert second[-1]["role"] == "tool"
+    assert second[-1]["content"] == "5"
     assert second[-1]["tool_call_id"] == second[-2]["tool_calls"][0]["id"]
     assert (result.usage.prompt_tokens, result.usage.completion_tokens) == (20, 9)
     assert result.usage.total_tokens == 29
@@ -68,7 +69,8 @@ async def test_unknown_tool_gets_an_error_message_naming_the_tools() -> None:
     h = Harness([reply(calls=[("nope", "{}")]), reply("ok")], {"real": lambda a: "x"})
     await h.run()
     content = json.loads(h.model.requests[1].messages[-1]["content"])
-    assert "Unknown tool 'nope'" in content["error"] and "real" in content["error"]
+    assert "Unknown tool 'nope'" in content["error"]
+    assert "real" in content["error"]
 
 
 async def test_parallel_tool_calls_all_run_and_keep_their_order() -> None:
@@ -99,13 +101,20 @@ async def test_events_follow_the_run() -> None:
     await h.run()
     kinds = [type(e).__name__ for e in h.observer.events]
     assert kinds == [
-        "RunStarted", "StepStarted", "ModelReplied", "ToolExecuted",
-        "StepStarted", "ModelReplied", "RunFinished",
+        "RunStarted",
+        "StepStarted",
+        "ModelReplied",
+        "ToolExecuted",
+        "StepStarted",
+        "ModelReplied",
+        "RunFinished",
     ]
 
 
 async def test_system_prompt_and_terminal_hint_lead_the_conversation() -> None:
-    h = Harness([reply("x")], {"done": lambda _: "ok"}, terminal=("done",), system_prompt="Be brief.")
+    h = Harness(
+        [reply("x")], {"done": lambda _: "ok"}, terminal=("done",), system_prompt="Be brief."
+    )
     await h.run()
     first = h.model.requests[0].messages[0]
     assert first["role"] == "system"
@@ -140,5 +149,10 @@ async def test_streaming_sends_content_and_loop_events() -> None:
     sink = Sink()
     await h.run(stream=sink)
     assert sink.items == [
-        "step_started", "thinking", "tool_call", "tool_result", "step_started", "answer",
+        "step_started",
+        "thinking",
+        "tool_call",
+        "tool_result",
+        "step_started",
+        "answer",
     ]

@@ -27,8 +27,11 @@ async def test_step_count_is() -> None:
     assert result.steps == 3
     assert result.finish_reason == "length"
     assert result.stop.details == {
-        "condition": "stop_when[0]", "kind": "step_count_is", "threshold": 3,
-        "observed": 3, "step": 3,
+        "condition": "stop_when[0]",
+        "kind": "step_count_is",
+        "threshold": 3,
+        "observed": 3,
+        "step": 3,
     }
 
 

@@ -105,8 +105,11 @@ async def test_a_tool_call_resets_the_nudge_counter() -> None:
 
 
 async def test_zero_nudges_fails_on_the_first_content_reply() -> None:
-    h = Harness([reply("a")], {"done": lambda _: "ok"},
-                terminating={"tool_ids": ["done"], "consecutive_nudges": 0})
+    h = Harness(
+        [reply("a")],
+        {"done": lambda _: "ok"},
+        terminating={"tool_ids": ["done"], "consecutive_nudges": 0},
+    )
     result = await h.run()
     assert result.stop.reason is StopReason.NUDGES_EXHAUSTED
 

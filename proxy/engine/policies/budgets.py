@@ -48,12 +48,18 @@ class Budgets(Policy):
             spent = run.cost_usd or 0.0
             for cond in self.costs:
                 left = cond.value - spent - prompt * self.prices.input
-                room = math.floor(left / self.prices.output) if self.prices.output > 0 else None
-                if left <= 0 or (room is not None and room < 1):
+                if self.prices.output <= 0:
+                    if left <= 0:
+                        return self._stop(cond, run, round(spent, 10), prompt)
+                    continue
+                afford = math.floor(left / self.prices.output)
+                if afford < 1:
                     return self._stop(cond, run, round(spent, 10), prompt)
-                if room is not None and (cap is None or room < cap):
-                    cap, cap_by = room, cond
-        if cap is not None and (plan.max_completion_tokens is None or cap < plan.max_completion_tokens):
+                if cap is None or afford < cap:
+                    cap, cap_by = afford, cond
+        if cap is not None and (
+            plan.max_completion_tokens is None or cap < plan.max_completion_tokens
+        ):
             plan.max_completion_tokens = cap
             self._cap_by = cap_by
         return None
@@ -71,7 +77,9 @@ class Budgets(Policy):
 
     @staticmethod
     def _stop(cond: Condition, run: RunState, observed: float, prompt: int | None) -> Stop:
-        reason = StopReason.TOKEN_BUDGET if cond.kind == "max_tokens_used" else StopReason.COST_BUDGET
+        reason = (
+            StopReason.TOKEN_BUDGET if cond.kind == "max_tokens_used" else StopReason.COST_BUDGET
+        )
         details: dict[str, Any] = {
             "condition": cond.path,
             "kind": cond.kind,

@@ -57,7 +57,9 @@ class Condition:
     async def evaluate(self, run: RunState, checks: ConditionChecks | None) -> Held | None:
         kind, value = self.kind, self.value
         if kind == "step_count_is":
-            return self._held(_REASONS[kind], run.step_count, run) if run.step_count >= value else None
+            return (
+                self._held(_REASONS[kind], run.step_count, run) if run.step_count >= value else None
+            )
         if kind == "has_tool_call":
             called = sorted(run.called_tools() & set(value))
             return self._held(_REASONS[kind], called, run) if called else None
@@ -75,7 +77,7 @@ class Condition:
             return self._held(_REASONS[kind], round(elapsed, 3), run) if elapsed >= value else None
         if kind == "any":
             for child in value:
-                held = await child.evaluate(run, checks)
+                held: Held | None = await child.evaluate(run, checks)
                 if held is not None:
                     return held
             return None
@@ -94,7 +96,7 @@ class Condition:
             except Exception:  # an expression that cannot evaluate does not hold
                 return None
             return self._held(StopReason.CUSTOM_CONDITION, True, run) if result is True else None
-        if checks is None:
+        if checks is None:  # pragma: no cover - a run with custom conditions always has checks
             return None
         if await checks.check(kind, value, run.snapshot()):
             return self._held(StopReason.CUSTOM_CONDITION, True, run)
@@ -139,7 +141,11 @@ def parse_condition(raw: Any, path: str) -> Condition:
         return Condition(path, kind, _positive_number(value, where), cid)
     if kind == "has_tool_call":
         names = [value] if isinstance(value, str) else value
-        if not names or not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
+        if (
+            not names
+            or not isinstance(names, list)
+            or not all(isinstance(n, str) and n for n in names)
+        ):
             raise SpecError("must be a tool name or a non-empty list of tool names", param=where)
         return Condition(path, kind, tuple(names), cid)
     if kind == "finish_reason_is":

@@ -34,7 +34,9 @@ def parse_terminating_config(raw: Any, path: str) -> TerminatingConfig:
         raise SpecError("must be an object", param=path)
     for key in raw:
         if key not in _FIELDS:
-            raise SpecError(f"unknown field; expected one of {', '.join(_FIELDS)}", param=f"{path}.{key}")
+            raise SpecError(
+                f"unknown field; expected one of {', '.join(_FIELDS)}", param=f"{path}.{key}"
+            )
     ids = raw.get("tool_ids")
     if not isinstance(ids, list) or not ids:
         raise SpecError("must be a non-empty list of tool names or ids", param=f"{path}.tool_ids")
