@@ -10,7 +10,8 @@ from typing import Any
 import httpx
 import orjson
 
-from proxy.callables import load_callable, python_tool
+from proxy.callables import load_callable
+from proxy.tools.python_tool import python_tool
 from proxy.config import Config, ToolConfig
 from proxy.engine.ports import ToolCall, ToolContext, ToolResult, ToolSpec
 from proxy.tools.base import Tool, ToolFailed, as_text, definition
