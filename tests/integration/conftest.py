@@ -1,0 +1,100 @@
+"""The app in-process: the scripted model as the upstream, respx for everything else."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+import pytest
+import respx
+
+from proxy.api.app import create_app
+from proxy.config import parse_config
+from proxy.demo.scripted_model import scripted_app
+from tests.fakes import RecordingObserver
+
+UPSTREAM = "http://upstream.test/v1"
+
+BASE_CONFIG: dict[str, Any] = {
+    "upstreams": {"main": {"base_url": UPSTREAM, "max_retries": 0}},
+    "default_upstream": "main",
+    "pricing": {"scripted": {"input": 1.0, "output": 4.0}},
+    "tools": {
+        "get_weather": {"kind": "python", "callable": "proxy.demo.tools:get_weather"},
+        "to_fahrenheit": {"kind": "python", "callable": "proxy.demo.tools:to_fahrenheit"},
+        "search_notes": {"kind": "python", "callable": "proxy.demo.tools:search_notes"},
+        "final_answer": {"kind": "builtin"},
+    },
+    "agents": {
+        "weather": {"model": "scripted", "tools": ["get_weather", "to_fahrenheit"]},
+    },
+}
+
+
+class Routing(httpx.AsyncBaseTransport):
+    """Sends upstream traffic to the scripted model and the rest to a respx router."""
+
+    def __init__(self, upstream: Any, router: respx.MockRouter) -> None:
+        self.upstream = httpx.ASGITransport(upstream)
+        self.other = httpx.MockTransport(router.async_handler)
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if request.url.host == "upstream.test":
+            return await self.upstream.handle_async_request(request)
+        return await self.other.handle_async_request(request)
+
+
+class Proxy:
+    def __init__(self, client: httpx.AsyncClient, model: Any, observer: RecordingObserver) -> None:
+        self.client = client
+        self.model = model
+        self.observer = observer
+
+    @property
+    def upstream_requests(self) -> list[dict[str, Any]]:
+        return list(self.model.state.requests)
+
+    async def chat(self, **body: Any) -> httpx.Response:
+        body.setdefault("messages", [{"role": "user", "content": "hi"}])
+        return await self.client.post("/v1/chat/completions", json=body)
+
+
+ProxyFactory = Callable[..., Any]
+
+
+@pytest.fixture
+def router() -> respx.MockRouter:
+    return respx.MockRouter(assert_all_called=False)
+
+
+@pytest.fixture
+def proxy_for(router: respx.MockRouter) -> ProxyFactory:
+    @asynccontextmanager
+    async def make(
+        overrides: dict[str, Any] | None = None, upstream: Any = None
+    ) -> AsyncIterator[Proxy]:
+        config = dict(BASE_CONFIG)
+        for key, value in (overrides or {}).items():
+            merged = isinstance(value, dict) and isinstance(config.get(key), dict)
+            config[key] = {**config[key], **value} if merged else value
+        model = scripted_app()
+        observer = RecordingObserver()
+        if upstream is None:
+            transport: httpx.AsyncBaseTransport = Routing(model, router)
+        else:
+            transport = httpx.MockTransport(upstream)
+        app = create_app(parse_config(config), transport=transport, observers=[observer])
+        async with app.router.lifespan_context(app), httpx.AsyncClient(
+            transport=httpx.ASGITransport(app), base_url="http://proxy.test"
+        ) as client:
+            yield Proxy(client, model, observer)
+
+    return make
+
+
+@pytest.fixture
+async def proxy(proxy_for: ProxyFactory) -> AsyncIterator[Proxy]:
+    async with proxy_for() as p:
+        yield p

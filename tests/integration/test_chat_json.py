@@ -1,0 +1,233 @@
+"""Chat Completions in JSON mode through the ASGI app."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import respx
+
+from proxy.engine import events as ev
+from tests.integration.conftest import Proxy, ProxyFactory
+
+WEATHER = "What is the weather in Paris? Use get_weather, then to_fahrenheit."
+
+
+async def test_pass_through_relays_the_body_and_adds_the_loop_report(proxy: Proxy) -> None:
+    r = await proxy.chat(model="scripted", temperature=0.2)
+    assert r.status_code == 200
+    body = r.json()
+    assert body["choices"][0]["message"]["content"] == "You said: hi"
+    assert body["id"].startswith("chatcmpl-scripted-")
+    assert body["loop"]["stop_reason"] == "completed"
+    assert r.headers["x-loopwarden-stop-reason"] == "completed"
+    assert r.headers["x-loopwarden-run-id"] == body["loop"]["run_id"]
+    sent = proxy.upstream_requests
+    assert len(sent) == 1
+    assert sent[0]["temperature"] == 0.2
+    assert "loop" not in sent[0]
+    assert "tools" not in sent[0]
+
+
+async def test_an_agent_runs_the_tool_loop(proxy: Proxy) -> None:
+    r = await proxy.chat(model="weather", messages=[{"role": "user", "content": WEATHER}])
+    body = r.json()
+    assert body["choices"][0]["message"]["content"] == "Here is what I found: 69.8°F"
+    assert body["loop"]["steps"] == 3
+    assert body["loop"]["tool_calls"] == 2
+    sent = proxy.upstream_requests
+    assert [m["role"] for m in sent[2]["messages"]][-4:] == ["assistant", "tool", "assistant", "tool"]
+    prompt = sum(1 for _ in sent)
+    assert prompt == 3
+    usage = body["usage"]
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    assert body["loop"]["cost_usd"] > 0
+    assert len(proxy.observer.of(ev.ToolExecuted)) == 2
+
+
+async def test_loop_on_any_model_adds_server_tools_and_returns_messages(proxy: Proxy) -> None:
+    r = await proxy.chat(
+        model="scripted",
+        messages=[{"role": "user", "content": "get_weather in Oslo"}],
+        loop={"tools": ["get_weather"], "include_messages": True},
+    )
+    loop = r.json()["loop"]
+    assert loop["stop_reason"] == "completed"
+    roles = [m["role"] for m in loop["messages"]]
+    assert roles == ["assistant", "tool", "assistant"]
+    assert json.loads(loop["messages"][1]["content"])["city"] == "Oslo"
+
+
+async def test_terminal_tool_by_id_in_terminating_config(proxy_for: ProxyFactory) -> None:
+    tools = {"done": {"kind": "builtin", "builtin": "complete_task", "id": "tool-123"}}
+    async with proxy_for({"tools": tools}) as proxy:
+        r = await proxy.chat(
+            model="scripted",
+            messages=[{"role": "user", "content": "hello"}],
+            loop={"tools": ["tool-123"], "terminating_config": {"tool_ids": ["tool-123"]}},
+        )
+    body = r.json()
+    assert body["loop"]["stop_reason"] == "terminal_tool"
+    assert body["choices"][0]["message"]["content"] == "Task completed: Hello!"
+    nudge = proxy.upstream_requests[1]["messages"][-1]
+    assert nudge["role"] == "system"
+    assert "terminating tools" in nudge["content"]
+
+
+async def test_nudges_exhausted_is_a_422_with_the_loop_report(proxy: Proxy) -> None:
+    r = await proxy.chat(
+        model="scripted",
+        loop={
+            "tools": ["final_answer"],
+            "terminating_config": {"tool_ids": ["final_answer"], "consecutive_nudges": 0},
+        },
+    )
+    assert r.status_code == 422
+    body = r.json()
+    assert body["error"]["code"] == "max_consecutive_nudges_exceeded"
+    assert body["error"]["type"] == "loop_error"
+    assert body["loop"]["stop_reason"] == "nudges_exhausted"
+    assert r.headers["x-loopwarden-stop-reason"] == "nudges_exhausted"
+
+
+async def test_max_invocations_is_a_422(proxy: Proxy) -> None:
+    r = await proxy.chat(
+        model="scripted",
+        messages=[{"role": "user", "content": "keep calling search_notes"}],
+        loop={
+            "tools": ["search_notes", "final_answer"],
+            "terminating_config": {"tool_ids": ["final_answer"], "max_invocations": 2},
+        },
+    )
+    assert r.status_code == 422
+    assert r.json()["error"]["code"] == "max_invocations_exceeded"
+    assert r.headers["x-should-retry"] == "false"
+    assert len(proxy.upstream_requests) == 2
+
+
+async def test_token_budget_holds_through_http(proxy: Proxy) -> None:
+    r = await proxy.chat(
+        model="scripted",
+        messages=[{"role": "user", "content": "keep calling search_notes"}],
+        loop={"tools": ["search_notes"], "stop_when": [{"max_tokens_used": 900}]},
+    )
+    body = r.json()
+    assert body["loop"]["stop_reason"] == "token_budget"
+    assert body["choices"][0]["finish_reason"] == "length"
+    assert body["usage"]["total_tokens"] <= 900
+    assert all("max_completion_tokens" in sent for sent in proxy.upstream_requests)
+
+
+async def test_cost_budget_holds_with_config_prices(proxy: Proxy) -> None:
+    r = await proxy.chat(
+        model="scripted",
+        messages=[{"role": "user", "content": "keep calling search_notes"}],
+        loop={"tools": ["search_notes"], "stop_when": [{"max_cost": 0.002}], "max_steps": 50},
+    )
+    loop = r.json()["loop"]
+    assert loop["stop_reason"] == "cost_budget"
+    assert loop["cost_usd"] <= 0.002
+    assert loop["stop_details"]["threshold"] == 0.002
+
+
+async def test_final_answer_after_a_limit_stop(proxy: Proxy) -> None:
+    r = await proxy.chat(
+        model="scripted",
+        messages=[{"role": "user", "content": "keep calling search_notes"}],
+        loop={"tools": ["search_notes"], "max_steps": 2, "final_answer": True},
+    )
+    body = r.json()
+    assert body["loop"]["stop_reason"] == "max_steps"
+    assert body["loop"]["stop_details"]["final_answer"] is True
+    assert body["choices"][0]["message"]["content"].startswith("Here is what I found: 3 notes")
+    assert proxy.upstream_requests[-1]["tool_choice"] == "none"
+
+
+async def test_client_tools_come_back_to_the_client(proxy: Proxy) -> None:
+    client_tool = {
+        "type": "function",
+        "function": {"name": "ask_user", "parameters": {"type": "object", "properties": {}}},
+    }
+    r = await proxy.chat(
+        model="scripted",
+        messages=[{"role": "user", "content": "get_weather in Lima then ask_user"}],
+        tools=[client_tool],
+        loop={"tools": ["get_weather"]},
+    )
+    body = r.json()
+    choice = body["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    assert [c["function"]["name"] for c in choice["message"]["tool_calls"]] == ["ask_user"]
+    assert body["loop"]["stop_reason"] == "client_tool_call"
+    call_id = choice["message"]["tool_calls"][0]["id"]
+    follow_up = [
+        {"role": "user", "content": "now ask_user"},
+        choice["message"],
+        {"role": "tool", "tool_call_id": call_id, "content": "the user says thanks"},
+    ]
+    r2 = await proxy.chat(
+        model="scripted", messages=follow_up, tools=[client_tool], loop={"tools": ["get_weather"]}
+    )
+    assert r2.json()["loop"]["stop_reason"] == "completed"
+    assert r2.json()["choices"][0]["message"]["content"] == (
+        "Here is what I found: the user says thanks"
+    )
+
+
+async def test_http_tool_gets_the_call_and_its_errors_reach_the_model(
+    proxy_for: ProxyFactory, router: respx.MockRouter
+) -> None:
+    route = router.post("http://tools.test/lookup").mock(
+        side_effect=[httpx.Response(200, json={"hits": 2}), httpx.Response(503, text="down")]
+    )
+    tools = {"lookup": {"kind": "http", "url": "http://tools.test/lookup",
+                        "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}}
+    async with proxy_for({"tools": tools}) as proxy:
+        r = await proxy.chat(
+            model="scripted",
+            messages=[{"role": "user", "content": "keep calling lookup"}],
+            loop={"tools": ["lookup"], "max_steps": 2, "include_messages": True,
+                  "thread_id": "t-1"},
+        )
+    posted = json.loads(route.calls[0].request.content)
+    assert posted["name"] == "lookup"
+    assert posted["arguments"] == {"q": "keep calling lookup"}
+    assert posted["thread_id"] == "t-1"
+    assert posted["run_id"] == r.json()["loop"]["run_id"]
+    tool_messages = [m for m in r.json()["loop"]["messages"] if m["role"] == "tool"]
+    assert tool_messages[0]["content"] == '{"hits":2}'
+    assert "HTTP 503" in json.loads(tool_messages[1]["content"])["error"]
+
+
+async def test_webhook_condition_stops_the_run(
+    proxy_for: ProxyFactory, router: respx.MockRouter
+) -> None:
+    hook = router.post("http://checks.test/stop").mock(
+        side_effect=[httpx.Response(200, json={"stop": False}), httpx.Response(200, json={"stop": True})]
+    )
+    conditions = {"enough": {"kind": "webhook", "url": "http://checks.test/stop"}}
+    async with proxy_for({"conditions": conditions}) as proxy:
+        r = await proxy.chat(
+            model="scripted",
+            messages=[{"role": "user", "content": "keep calling search_notes"}],
+            loop={"tools": ["search_notes"], "stop_when": [{"webhook": "enough"}]},
+        )
+    loop = r.json()["loop"]
+    assert loop["stop_reason"] == "custom_condition"
+    assert loop["steps"] == 2
+    assert json.loads(hook.calls[0].request.content)["steps"][0]["index"] == 1
+
+
+async def test_models_lists_agents_aliases_and_upstream_models(proxy_for: ProxyFactory) -> None:
+    async with proxy_for({"models": {"fast": {"model": "scripted"}}}) as proxy:
+        r = await proxy.client.get("/v1/models")
+    ids = [m["id"] for m in r.json()["data"]]
+    assert ids == ["weather", "fast", "scripted"]
+
+
+async def test_health_and_readiness(proxy: Proxy) -> None:
+    assert (await proxy.client.get("/healthz")).json() == {"status": "ok"}
+    assert (await proxy.client.get("/readyz")).status_code == 200
+    r = await proxy.client.get("/nope")
+    assert r.status_code == 404
+    assert r.json()["error"]["code"] == "not_found"
