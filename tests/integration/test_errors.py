@@ -1,0 +1,197 @@
+"""SPEC §4.4: bad input, auth, upstream failures — OpenAI-shaped, never a 500."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.integration.conftest import Proxy, ProxyFactory
+
+USER = [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"messages": USER}, "model"),
+        ({"model": "scripted"}, "messages"),
+        ({"model": "scripted", "messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
+        ({"model": "scripted", "messages": USER, "stream": "yes"}, "stream"),
+        ({"model": "scripted", "messages": USER, "max_completion_tokens": 0}, "max_completion_tokens"),
+        ({"model": "scripted", "messages": USER, "tools": [{"type": "function"}]}, "tools[0].function"),
+        ({"model": "scripted", "messages": USER, "loop": []}, "loop"),
+        ({"model": "scripted", "messages": USER, "loop": {"bogus": 1}}, "loop.bogus"),
+        ({"model": "scripted", "messages": USER, "loop": {"max_steps": -1}}, "loop.max_steps"),
+        ({"model": "scripted", "messages": USER, "loop": {"tools": ["nope"]}}, "loop.tools[0]"),
+        ({"model": "scripted", "messages": USER, "loop": {"agent": "nope"}}, "loop.agent"),
+        (
+            {"model": "scripted", "messages": USER, "loop": {"stop_when": [{"max_cost": "1"}]}},
+            "loop.stop_when[0].max_cost",
+        ),
+        (
+            {"model": "scripted", "messages": USER,
+             "loop": {"stop_when": [{"any": [{"step_count_is": 1}, {"expr": "size("}]}]}},
+            "loop.stop_when[0].any[1].expr",
+        ),
+        (
+            {"model": "scripted", "messages": USER,
+             "loop": {"stop_when": [{"has_tool_call": "get_weather"}]}},
+            "loop.stop_when[0].has_tool_call",
+        ),
+        (
+            {"model": "scripted", "messages": USER,
+             "loop": {"stop_when": [{"webhook": "undefined"}]}},
+            "loop.stop_when[0]",
+        ),
+        (
+            {"model": "scripted", "messages": USER,
+             "loop": {"terminating_config": {"tool_ids": ["final_answer"]}}},
+            "loop.terminating_config.tool_ids[0]",
+        ),
+        (
+            {"model": "weather", "messages": USER,
+             "tools": [{"type": "function", "function": {"name": "get_weather"}}]},
+            "tools[0].function.name",
+        ),
+        ({"model": "weather", "messages": USER, "n": 2}, "n"),
+        ({"model": "scripted", "messages": USER, "loop": {"tool_rules": [{"type": "x"}]}},
+         "loop.tool_rules"),
+    ],
+)
+async def test_bad_input_is_a_400_naming_the_field_and_calls_no_upstream(
+    proxy: Proxy, body: dict[str, Any], param: str
+) -> None:
+    r = await proxy.client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    assert error["param"] == param
+    assert error["message"]
+    assert proxy.upstream_requests == []
+
+
+async def test_malformed_json_is_a_400(proxy: Proxy) -> None:
+    r = await proxy.client.post("/v1/chat/completions", content=b"{not json")
+    assert r.status_code == 400
+    assert "not valid JSON" in r.json()["error"]["message"]
+
+
+async def test_a_body_over_the_limit_is_a_413(proxy_for: ProxyFactory) -> None:
+    async with proxy_for({"server": {"max_body_bytes": 2048}}) as proxy:
+        r = await proxy.chat(model="scripted", messages=[{"role": "user", "content": "x" * 4096}])
+    assert r.status_code == 413
+    assert r.json()["error"]["code"] == "request_too_large"
+
+
+async def test_cost_condition_on_a_model_without_price_is_refused(proxy: Proxy) -> None:
+    r = await proxy.chat(model="unpriced-model-x", loop={"stop_when": [{"max_cost": 1}]})
+    assert r.status_code == 400
+    assert r.json()["error"]["code"] == "unknown_model_price"
+    assert proxy.upstream_requests == []
+
+
+async def test_proxy_keys(proxy_for: ProxyFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TEAM_KEY", "sk-team")
+    auth = {"keys": [{"name": "team", "key_env": "TEAM_KEY", "agents": ["weather"]}]}
+    async with proxy_for({"auth": auth}) as proxy:
+        missing = await proxy.chat(model="weather")
+        wrong = await proxy.client.post(
+            "/v1/chat/completions", json={"model": "weather", "messages": USER},
+            headers={"authorization": "Bearer sk-wrong"},
+        )
+        denied = await proxy.client.post(
+            "/v1/chat/completions", json={"model": "scripted", "messages": USER},
+            headers={"authorization": "Bearer sk-team"},
+        )
+        allowed = await proxy.client.post(
+            "/v1/chat/completions", json={"model": "weather", "messages": USER},
+            headers={"authorization": "Bearer sk-team"},
+        )
+    assert (missing.status_code, wrong.status_code) == (401, 401)
+    assert missing.json()["error"]["type"] == "authentication_error"
+    assert denied.status_code == 403
+    assert allowed.status_code == 200
+    assert "authorization" not in proxy.upstream_requests[0]
+
+
+def _error_upstream(status: int, calls: list[int]) -> Any:
+    def handle(request: httpx.Request) -> httpx.Response:
+        calls.append(1)
+        return httpx.Response(
+            status, json={"error": {"message": "slow down", "type": "rate_limit", "code": "x"}},
+            headers={"retry-after": "0"},
+        )
+
+    return handle
+
+
+async def test_upstream_errors_are_relayed_after_retries(proxy_for: ProxyFactory) -> None:
+    calls: list[int] = []
+    upstreams = {"main": {"base_url": "http://upstream.test/v1", "max_retries": 2}}
+    async with proxy_for({"upstreams": upstreams}, upstream=_error_upstream(429, calls)) as proxy:
+        r = await proxy.chat(model="scripted")
+    assert r.status_code == 429
+    assert r.json()["error"]["message"] == "slow down"
+    assert r.headers["x-loopwarden-stop-reason"] == "upstream_error"
+    assert len(calls) == 3
+
+
+async def test_a_client_error_is_not_retried(proxy_for: ProxyFactory) -> None:
+    calls: list[int] = []
+    upstreams = {"main": {"base_url": "http://upstream.test/v1", "max_retries": 2}}
+    async with proxy_for({"upstreams": upstreams}, upstream=_error_upstream(400, calls)) as proxy:
+        r = await proxy.chat(model="scripted")
+    assert (r.status_code, len(calls)) == (400, 1)
+
+
+async def test_unreachable_upstream_is_a_502(proxy_for: ProxyFactory) -> None:
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("refused", request=request)
+
+    async with proxy_for(upstream=refuse) as proxy:
+        r = await proxy.chat(model="scripted")
+    assert r.status_code == 502
+    assert r.json()["error"] == {
+        "message": "upstream main unreachable: ConnectError", "type": "server_error",
+        "param": None, "code": "upstream_unavailable",
+    }
+
+
+async def test_upstream_timeout_is_a_504(proxy_for: ProxyFactory) -> None:
+    def slow(request: httpx.Request) -> httpx.Response:
+        raise httpx.ReadTimeout("slow", request=request)
+
+    async with proxy_for(upstream=slow) as proxy:
+        r = await proxy.chat(model="scripted")
+    assert r.status_code == 504
+    assert r.json()["error"]["code"] == "upstream_timeout"
+
+
+async def test_errors_after_a_tool_ran_say_do_not_retry(proxy_for: ProxyFactory) -> None:
+    from proxy.demo.scripted_model import complete
+
+    def flaky(request: httpx.Request) -> httpx.Response:
+        import json
+
+        body = json.loads(request.content)
+        if any(m["role"] == "tool" for m in body["messages"]):
+            return httpx.Response(500, json={"error": {"message": "boom"}})
+        return httpx.Response(200, json=complete(body))
+
+    async with proxy_for(upstream=flaky) as proxy:
+        r = await proxy.chat(
+            model="weather", messages=[{"role": "user", "content": "get_weather in Oslo"}]
+        )
+    assert r.status_code == 502
+    assert r.headers["x-should-retry"] == "false"
+    assert r.json()["error"]["code"] == "upstream_error"
+    assert r.json()["loop"]["tool_calls"] == 1
+
+
+async def test_the_process_survives_garbage(proxy: Proxy) -> None:
+    for content in (b"", b"null", b"[]", b'{"model": 1}', b"\xff\xfe"):
+        r = await proxy.client.post("/v1/chat/completions", content=content)
+        assert r.status_code == 400
+    assert (await proxy.chat(model="scripted")).status_code == 200
