@@ -1,0 +1,163 @@
+"""SPEC §4.3: streaming runs the same loop."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import httpx
+
+from tests.integration.conftest import Proxy, ProxyFactory
+
+
+def events(text: str) -> list[Any]:
+    out: list[Any] = []
+    for block in text.split("\n\n"):
+        if block.startswith("data: "):
+            data = block[6:]
+            out.append(data if data == "[DONE]" else json.loads(data))
+    return out
+
+
+def content(chunks: list[Any]) -> str:
+    return "".join(
+        c["choices"][0]["delta"].get("content") or ""
+        for c in chunks
+        if isinstance(c, dict) and c.get("choices")
+    )
+
+
+async def test_stream_of_a_tool_loop(proxy: Proxy) -> None:
+    r = await proxy.chat(
+        model="weather",
+        stream=True,
+        messages=[{"role": "user", "content": "get_weather in Paris"}],
+    )
+    assert r.headers["content-type"].startswith("text/event-stream")
+    chunks = events(r.text)
+    assert chunks[-1] == "[DONE]"
+    data = chunks[:-1]
+    assert len({c["id"] for c in data}) == 1
+    assert len({c["created"] for c in data}) == 1
+    assert content(data) == 'Here is what I found: {"city":"Paris","celsius":18.0,"sky":"clear"}'
+    assert not any("tool_calls" in c["choices"][0]["delta"] for c in data if c["choices"])
+    finishes = [c["choices"][0]["finish_reason"] for c in data if c["choices"]]
+    assert [f for f in finishes if f] == ["stop"]
+    assert data[-1]["loop"]["stop_reason"] == "completed"
+    assert data[-1]["loop"]["steps"] == 2
+    assert all("usage" not in c for c in data)
+    assert all(sent["stream"] is True for sent in proxy.upstream_requests)
+    assert all(sent["stream_options"] == {"include_usage": True} for sent in proxy.upstream_requests)
+
+
+async def test_usage_chunk_when_asked(proxy: Proxy) -> None:
+    r = await proxy.chat(
+        model="weather",
+        stream=True,
+        stream_options={"include_usage": True},
+        messages=[{"role": "user", "content": "get_weather in Paris"}],
+    )
+    data = events(r.text)[:-1]
+    last = data[-1]
+    assert last["choices"] == []
+    usage = last["usage"]
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    assert usage["prompt_tokens"] > 0
+    assert data[-2]["loop"]["steps"] == 2
+
+
+async def test_terminal_output_arrives_as_content(proxy: Proxy) -> None:
+    r = await proxy.chat(
+        model="scripted",
+        stream=True,
+        messages=[{"role": "user", "content": "say it with final_answer"}],
+        loop={"tools": ["final_answer"]},
+    )
+    data = events(r.text)[:-1]
+    assert content(data) == "Hello!"
+    assert data[-1]["choices"][0]["finish_reason"] == "stop"
+    assert data[-1]["loop"]["stop_reason"] == "terminal_tool"
+
+
+async def test_client_tool_calls_are_streamed_as_tool_call_deltas(proxy: Proxy) -> None:
+    tool = {"type": "function", "function": {"name": "ask_user", "parameters": {
+        "type": "object", "properties": {"question": {"type": "string"}}}}}
+    r = await proxy.chat(
+        model="scripted", stream=True, tools=[tool],
+        messages=[{"role": "user", "content": "get_weather in Oslo, then ask_user"}],
+        loop={"tools": ["get_weather"]},
+    )
+    data = events(r.text)[:-1]
+    deltas = [c["choices"][0]["delta"] for c in data if c["choices"]]
+    calls = [call for d in deltas for call in d.get("tool_calls", [])]
+    assert [c["function"]["name"] for c in calls] == ["ask_user"]
+    assert calls[0]["index"] == 0
+    assert json.loads(calls[0]["function"]["arguments"]) == {
+        "question": "get_weather in Oslo, then ask_user"
+    }
+    assert data[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+async def test_loop_events_mark_progress(proxy: Proxy) -> None:
+    r = await proxy.chat(
+        model="weather", stream=True,
+        messages=[{"role": "user", "content": "get_weather in Paris"}],
+        loop={"include_loop_events": True},
+    )
+    kinds = [c["loop_event"]["type"] for c in events(r.text)[:-1] if "loop_event" in c]
+    assert kinds == ["step_started", "tool_call", "tool_result", "step_started"]
+
+
+async def test_keepalive_comments_while_a_tool_runs(
+    proxy_for: ProxyFactory, monkeypatch: Any
+) -> None:
+    import proxy.demo.tools as demo_tools
+
+    async def slow_search(query: str) -> str:
+        await asyncio.sleep(0.35)
+        return "slow result"
+
+    monkeypatch.setattr(demo_tools, "search_notes", slow_search)
+    async with proxy_for({"server": {"keepalive_interval_s": 0.1}}) as proxy:
+        r = await proxy.chat(
+            model="scripted", stream=True,
+            messages=[{"role": "user", "content": "search_notes please"}],
+            loop={"tools": ["search_notes"]},
+        )
+    assert r.text.count(": keep-alive\n\n") >= 2
+    assert content(events(r.text)[:-1]) == "Here is what I found: slow result"
+
+
+async def test_a_failure_before_the_first_byte_is_a_plain_error(proxy_for: ProxyFactory) -> None:
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("refused", request=request)
+
+    async with proxy_for(upstream=refuse) as proxy:
+        r = await proxy.chat(model="scripted", stream=True)
+    assert r.status_code == 502
+    assert r.json()["error"]["code"] == "upstream_unavailable"
+
+
+async def test_a_failure_after_the_first_byte_is_an_error_chunk(proxy_for: ProxyFactory) -> None:
+    from proxy.demo.scripted_model import complete
+
+    def flaky(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        if any(m["role"] == "tool" for m in body["messages"]):
+            return httpx.Response(500, json={"error": {"message": "boom"}})
+        reply = complete(body)
+        reply["choices"][0]["message"]["content"] = "Let me check."
+        return httpx.Response(200, json=reply)
+
+    async with proxy_for(upstream=flaky) as proxy:
+        r = await proxy.chat(
+            model="weather", stream=True,
+            messages=[{"role": "user", "content": "get_weather in Oslo"}],
+        )
+    assert r.status_code == 200
+    chunks = events(r.text)
+    assert chunks[-1] == "[DONE]"
+    assert content(chunks[:-1]) == "Let me check."
+    assert chunks[-2]["error"]["code"] == "upstream_error"
+    assert chunks[-2]["loop"]["stop_reason"] == "upstream_error"
