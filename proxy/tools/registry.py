@@ -11,12 +11,12 @@ import httpx
 import orjson
 
 from proxy.callables import load_callable
-from proxy.tools.python_tool import python_tool
 from proxy.config import Config, ToolConfig
 from proxy.engine.ports import ToolCall, ToolContext, ToolResult, ToolSpec
 from proxy.tools.base import Tool, ToolFailed, as_text, definition
 from proxy.tools.builtin import BUILTINS, builtin_invoke
 from proxy.tools.http_tool import http_invoke
+from proxy.tools.python_tool import python_tool
 from proxy.tools.schema import check_schema, schema_validator
 
 OPEN_SCHEMA: dict[str, Any] = {"type": "object", "properties": {}}

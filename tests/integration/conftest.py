@@ -86,9 +86,12 @@ def proxy_for(router: respx.MockRouter) -> ProxyFactory:
         else:
             transport = httpx.MockTransport(upstream)
         app = create_app(parse_config(config), transport=transport, observers=[observer])
-        async with app.router.lifespan_context(app), httpx.AsyncClient(
-            transport=httpx.ASGITransport(app), base_url="http://proxy.test"
-        ) as client:
+        async with (
+            app.router.lifespan_context(app),
+            httpx.AsyncClient(
+                transport=httpx.ASGITransport(app), base_url="http://proxy.test"
+            ) as client,
+        ):
             yield Proxy(client, model, observer)
 
     return make

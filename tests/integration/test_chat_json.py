@@ -36,7 +36,12 @@ async def test_an_agent_runs_the_tool_loop(proxy: Proxy) -> None:
     assert body["loop"]["steps"] == 3
     assert body["loop"]["tool_calls"] == 2
     sent = proxy.upstream_requests
-    assert [m["role"] for m in sent[2]["messages"]][-4:] == ["assistant", "tool", "assistant", "tool"]
+    assert [m["role"] for m in sent[2]["messages"]][-4:] == [
+        "assistant",
+        "tool",
+        "assistant",
+        "tool",
+    ]
     prompt = sum(1 for _ in sent)
     assert prompt == 3
     usage = body["usage"]
@@ -180,14 +185,23 @@ async def test_http_tool_gets_the_call_and_its_errors_reach_the_model(
     route = router.post("http://tools.test/lookup").mock(
         side_effect=[httpx.Response(200, json={"hits": 2}), httpx.Response(503, text="down")]
     )
-    tools = {"lookup": {"kind": "http", "url": "http://tools.test/lookup",
-                        "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}}
+    tools = {
+        "lookup": {
+            "kind": "http",
+            "url": "http://tools.test/lookup",
+            "parameters": {"type": "object", "properties": {"q": {"type": "string"}}},
+        }
+    }
     async with proxy_for({"tools": tools}) as proxy:
         r = await proxy.chat(
             model="scripted",
             messages=[{"role": "user", "content": "keep calling lookup"}],
-            loop={"tools": ["lookup"], "max_steps": 2, "include_messages": True,
-                  "thread_id": "t-1"},
+            loop={
+                "tools": ["lookup"],
+                "max_steps": 2,
+                "include_messages": True,
+                "thread_id": "t-1",
+            },
         )
     posted = json.loads(route.calls[0].request.content)
     assert posted["name"] == "lookup"
@@ -203,7 +217,10 @@ async def test_webhook_condition_stops_the_run(
     proxy_for: ProxyFactory, router: respx.MockRouter
 ) -> None:
     hook = router.post("http://checks.test/stop").mock(
-        side_effect=[httpx.Response(200, json={"stop": False}), httpx.Response(200, json={"stop": True})]
+        side_effect=[
+            httpx.Response(200, json={"stop": False}),
+            httpx.Response(200, json={"stop": True}),
+        ]
     )
     conditions = {"enough": {"kind": "webhook", "url": "http://checks.test/stop"}}
     async with proxy_for({"conditions": conditions}) as proxy:

@@ -48,7 +48,9 @@ async def test_stream_of_a_tool_loop(proxy: Proxy) -> None:
     assert data[-1]["loop"]["steps"] == 2
     assert all("usage" not in c for c in data)
     assert all(sent["stream"] is True for sent in proxy.upstream_requests)
-    assert all(sent["stream_options"] == {"include_usage": True} for sent in proxy.upstream_requests)
+    assert all(
+        sent["stream_options"] == {"include_usage": True} for sent in proxy.upstream_requests
+    )
 
 
 async def test_usage_chunk_when_asked(proxy: Proxy) -> None:
@@ -81,10 +83,17 @@ async def test_terminal_output_arrives_as_content(proxy: Proxy) -> None:
 
 
 async def test_client_tool_calls_are_streamed_as_tool_call_deltas(proxy: Proxy) -> None:
-    tool = {"type": "function", "function": {"name": "ask_user", "parameters": {
-        "type": "object", "properties": {"question": {"type": "string"}}}}}
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "ask_user",
+            "parameters": {"type": "object", "properties": {"question": {"type": "string"}}},
+        },
+    }
     r = await proxy.chat(
-        model="scripted", stream=True, tools=[tool],
+        model="scripted",
+        stream=True,
+        tools=[tool],
         messages=[{"role": "user", "content": "get_weather in Oslo, then ask_user"}],
         loop={"tools": ["get_weather"]},
     )
@@ -101,7 +110,8 @@ async def test_client_tool_calls_are_streamed_as_tool_call_deltas(proxy: Proxy) 
 
 async def test_loop_events_mark_progress(proxy: Proxy) -> None:
     r = await proxy.chat(
-        model="weather", stream=True,
+        model="weather",
+        stream=True,
         messages=[{"role": "user", "content": "get_weather in Paris"}],
         loop={"include_loop_events": True},
     )
@@ -121,7 +131,8 @@ async def test_keepalive_comments_while_a_tool_runs(
     monkeypatch.setattr(demo_tools, "search_notes", slow_search)
     async with proxy_for({"server": {"keepalive_interval_s": 0.1}}) as proxy:
         r = await proxy.chat(
-            model="scripted", stream=True,
+            model="scripted",
+            stream=True,
             messages=[{"role": "user", "content": "search_notes please"}],
             loop={"tools": ["search_notes"]},
         )
@@ -152,7 +163,8 @@ async def test_a_failure_after_the_first_byte_is_an_error_chunk(proxy_for: Proxy
 
     async with proxy_for(upstream=flaky) as proxy:
         r = await proxy.chat(
-            model="weather", stream=True,
+            model="weather",
+            stream=True,
             messages=[{"role": "user", "content": "get_weather in Oslo"}],
         )
     assert r.status_code == 200

@@ -17,10 +17,19 @@ USER = [{"role": "user", "content": "hi"}]
     [
         ({"messages": USER}, "model"),
         ({"model": "scripted"}, "messages"),
-        ({"model": "scripted", "messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
+        (
+            {"model": "scripted", "messages": [{"role": "wizard", "content": "x"}]},
+            "messages[0].role",
+        ),
         ({"model": "scripted", "messages": USER, "stream": "yes"}, "stream"),
-        ({"model": "scripted", "messages": USER, "max_completion_tokens": 0}, "max_completion_tokens"),
-        ({"model": "scripted", "messages": USER, "tools": [{"type": "function"}]}, "tools[0].function"),
+        (
+            {"model": "scripted", "messages": USER, "max_completion_tokens": 0},
+            "max_completion_tokens",
+        ),
+        (
+            {"model": "scripted", "messages": USER, "tools": [{"type": "function"}]},
+            "tools[0].function",
+        ),
         ({"model": "scripted", "messages": USER, "loop": []}, "loop"),
         ({"model": "scripted", "messages": USER, "loop": {"bogus": 1}}, "loop.bogus"),
         ({"model": "scripted", "messages": USER, "loop": {"max_steps": -1}}, "loop.max_steps"),
@@ -31,33 +40,50 @@ USER = [{"role": "user", "content": "hi"}]
             "loop.stop_when[0].max_cost",
         ),
         (
-            {"model": "scripted", "messages": USER,
-             "loop": {"stop_when": [{"any": [{"step_count_is": 1}, {"expr": "size("}]}]}},
+            {
+                "model": "scripted",
+                "messages": USER,
+                "loop": {"stop_when": [{"any": [{"step_count_is": 1}, {"expr": "size("}]}]},
+            },
             "loop.stop_when[0].any[1].expr",
         ),
         (
-            {"model": "scripted", "messages": USER,
-             "loop": {"stop_when": [{"has_tool_call": "get_weather"}]}},
+            {
+                "model": "scripted",
+                "messages": USER,
+                "loop": {"stop_when": [{"has_tool_call": "get_weather"}]},
+            },
             "loop.stop_when[0].has_tool_call",
         ),
         (
-            {"model": "scripted", "messages": USER,
-             "loop": {"stop_when": [{"webhook": "undefined"}]}},
+            {
+                "model": "scripted",
+                "messages": USER,
+                "loop": {"stop_when": [{"webhook": "undefined"}]},
+            },
             "loop.stop_when[0]",
         ),
         (
-            {"model": "scripted", "messages": USER,
-             "loop": {"terminating_config": {"tool_ids": ["final_answer"]}}},
+            {
+                "model": "scripted",
+                "messages": USER,
+                "loop": {"terminating_config": {"tool_ids": ["final_answer"]}},
+            },
             "loop.terminating_config.tool_ids[0]",
         ),
         (
-            {"model": "weather", "messages": USER,
-             "tools": [{"type": "function", "function": {"name": "get_weather"}}]},
+            {
+                "model": "weather",
+                "messages": USER,
+                "tools": [{"type": "function", "function": {"name": "get_weather"}}],
+            },
             "tools[0].function.name",
         ),
         ({"model": "weather", "messages": USER, "n": 2}, "n"),
-        ({"model": "scripted", "messages": USER, "loop": {"tool_rules": [{"type": "x"}]}},
-         "loop.tool_rules"),
+        (
+            {"model": "scripted", "messages": USER, "loop": {"tool_rules": [{"type": "x"}]}},
+            "loop.tool_rules",
+        ),
     ],
 )
 async def test_bad_input_is_a_400_naming_the_field_and_calls_no_upstream(
@@ -98,15 +124,18 @@ async def test_proxy_keys(proxy_for: ProxyFactory, monkeypatch: pytest.MonkeyPat
     async with proxy_for({"auth": auth}) as proxy:
         missing = await proxy.chat(model="weather")
         wrong = await proxy.client.post(
-            "/v1/chat/completions", json={"model": "weather", "messages": USER},
+            "/v1/chat/completions",
+            json={"model": "weather", "messages": USER},
             headers={"authorization": "Bearer sk-wrong"},
         )
         denied = await proxy.client.post(
-            "/v1/chat/completions", json={"model": "scripted", "messages": USER},
+            "/v1/chat/completions",
+            json={"model": "scripted", "messages": USER},
             headers={"authorization": "Bearer sk-team"},
         )
         allowed = await proxy.client.post(
-            "/v1/chat/completions", json={"model": "weather", "messages": USER},
+            "/v1/chat/completions",
+            json={"model": "weather", "messages": USER},
             headers={"authorization": "Bearer sk-team"},
         )
     assert (missing.status_code, wrong.status_code) == (401, 401)
@@ -120,7 +149,8 @@ def _error_upstream(status: int, calls: list[int]) -> Any:
     def handle(request: httpx.Request) -> httpx.Response:
         calls.append(1)
         return httpx.Response(
-            status, json={"error": {"message": "slow down", "type": "rate_limit", "code": "x"}},
+            status,
+            json={"error": {"message": "slow down", "type": "rate_limit", "code": "x"}},
             headers={"retry-after": "0"},
         )
 
@@ -154,8 +184,10 @@ async def test_unreachable_upstream_is_a_502(proxy_for: ProxyFactory) -> None:
         r = await proxy.chat(model="scripted")
     assert r.status_code == 502
     assert r.json()["error"] == {
-        "message": "upstream main unreachable: ConnectError", "type": "server_error",
-        "param": None, "code": "upstream_unavailable",
+        "message": "upstream main unreachable: ConnectError",
+        "type": "server_error",
+        "param": None,
+        "code": "upstream_unavailable",
     }
 
 
