@@ -1,0 +1,51 @@
+"""`loopwarden check` and `loopwarden demo`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from proxy.cli import main
+
+
+def test_check_reports_every_error_with_its_path(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "bad.yaml"
+    config.write_text(
+        "default_upstream: nowhere\n"
+        "agents:\n"
+        "  a: {model: m, tools: [ghost], stop_when: [{max_cost: -1}]}\n"
+    )
+    assert main(["check", "--config", str(config)]) == 1
+    err = capsys.readouterr().err
+    assert "default_upstream: no upstream named 'nowhere'" in err
+    assert "agents.a.tools[0]: no tool named 'ghost'" in err
+    assert "agents.a.stop_when[0].max_cost: must be a positive number" in err
+
+
+def test_check_rejects_unknown_keys(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "bad.yaml"
+    config.write_text("server: {port: 8080, colour: blue}\n")
+    assert main(["check", "--config", str(config)]) == 1
+    assert "server.colour: Extra inputs are not permitted" in capsys.readouterr().err
+
+
+def test_check_accepts_a_good_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "ok.yaml"
+    config.write_text(
+        "tools:\n  final_answer: {kind: builtin}\n"
+        "agents:\n  a: {model: gpt-4o-mini, tools: [final_answer], "
+        "terminating_config: {tool_ids: [final_answer]}}\n"
+    )
+    assert main(["check", "--config", str(config)]) == 0
+    assert "config OK" in capsys.readouterr().out
+
+
+def test_demo_shows_each_stop_reason(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo"]) == 0
+    out = capsys.readouterr().out
+    for reason in ("completed", "terminal_tool", "cost_budget", "max_steps", "nudges_exhausted"):
+        assert f"stop_reason : {reason}" in out
+    assert "Here is what I found: 69.8°F" in out

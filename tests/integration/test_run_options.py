@@ -1,0 +1,142 @@
+"""Request and agent options: python conditions, parallel tool calls, cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+from proxy.engine import events as ev
+from proxy.engine.stop import StopReason
+from tests.integration.conftest import ProxyFactory
+
+SEEN: list[int] = []
+
+
+def two_steps(snapshot: Mapping[str, Any]) -> bool:
+    SEEN.append(len(snapshot["steps"]))
+    return len(snapshot["steps"]) >= 2
+
+
+async def test_python_condition_from_the_config(proxy_for: ProxyFactory) -> None:
+    conditions = {
+        "two": {"kind": "python", "callable": "tests.integration.test_run_options:two_steps"}
+    }
+    agents = {
+        "r": {"model": "scripted", "tools": ["search_notes"], "stop_when": [{"python": "two"}]}
+    }
+    async with proxy_for({"conditions": conditions, "agents": agents}) as proxy:
+        r = await proxy.chat(model="r", messages=[{"role": "user", "content": "keep search_notes"}])
+    loop = r.json()["loop"]
+    assert loop["stop_reason"] == "custom_condition"
+    assert loop["stop_details"]["condition"] == "stop_when[0]"
+    assert loop["steps"] == 2
+
+
+async def test_parallel_tool_calls_run_concurrently(
+    proxy_for: ProxyFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import proxy.demo.tools as demo_tools
+
+    async def slow(query: str) -> str:
+        await asyncio.sleep(0.2)
+        return "slow"
+
+    monkeypatch.setattr(demo_tools, "search_notes", slow)
+
+    def two_calls(request: Any) -> Any:
+        import httpx
+        import orjson
+
+        body = orjson.loads(request.content)
+        done = any(m["role"] == "tool" for m in body["messages"])
+        message: dict[str, Any] = {"role": "assistant", "content": "done" if done else None}
+        if not done:
+            message["tool_calls"] = [
+                {
+                    "id": f"c{i}",
+                    "type": "function",
+                    "function": {"name": "search_notes", "arguments": '{"query": "q"}'},
+                }
+                for i in range(3)
+            ]
+        return httpx.Response(
+            200,
+            json={
+                "id": "x",
+                "object": "chat.completion",
+                "created": 1,
+                "model": "scripted",
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": message,
+                        "finish_reason": "stop" if done else "tool_calls",
+                    }
+                ],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+            },
+        )
+
+    async with proxy_for(upstream=two_calls) as proxy:
+        started = time.monotonic()
+        r = await proxy.chat(
+            model="scripted", loop={"tools": ["search_notes"], "parallel_tool_calls": True}
+        )
+        elapsed = time.monotonic() - started
+    assert r.json()["loop"]["tool_calls"] == 3
+    assert elapsed < 0.5  # three 0.2 s calls, side by side
+
+
+async def test_a_client_that_goes_away_cancels_the_run(
+    proxy_for: ProxyFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import orjson
+
+    import proxy.demo.tools as demo_tools
+
+    async def forever(query: str) -> str:
+        await asyncio.sleep(30)
+        return "never"
+
+    monkeypatch.setattr(demo_tools, "search_notes", forever)
+    async with proxy_for() as proxy:
+        app = proxy.client._transport.app  # type: ignore[attr-defined]
+        body = orjson.dumps(
+            {
+                "model": "scripted",
+                "loop": {"tools": ["search_notes"]},
+                "messages": [{"role": "user", "content": "search_notes"}],
+            }
+        )
+        messages = [{"type": "http.request", "body": body, "more_body": False}]
+
+        async def receive() -> dict[str, Any]:
+            if messages:
+                return messages.pop()
+            await asyncio.sleep(0.1)
+            return {"type": "http.disconnect"}
+
+        sent: list[dict[str, Any]] = []
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        scope = {
+            "type": "http",
+            "method": "POST",
+            "path": "/v1/chat/completions",
+            "headers": [],
+            "query_string": b"",
+            "root_path": "",
+            "scheme": "http",
+            "server": ("t", 80),
+            "http_version": "1.1",
+        }
+        await asyncio.wait_for(app(scope, receive, send), 5)
+    finished = proxy.observer.of(ev.RunFinished)
+    assert [f.stop.reason for f in finished] == [StopReason.CANCELLED]
+    assert sent == []

@@ -1,0 +1,29 @@
+"""SPEC §6.1: config prices first, then the bundled price data."""
+
+from __future__ import annotations
+
+import pytest
+
+from proxy.config import Price
+from proxy.engine.usage import Usage
+from proxy.pricing import PriceTable
+
+
+def test_config_price_wins_and_is_per_million_tokens() -> None:
+    table = PriceTable({"gpt-4o-mini": Price(input=1.0, output=2.0)})
+    assert table.cost("gpt-4o-mini", Usage(1_000_000, 500_000, 1_500_000)) == pytest.approx(2.0)
+
+
+def test_bundled_prices_know_common_models() -> None:
+    table = PriceTable({})
+    prices = table.prices("gpt-4o-mini")
+    assert prices is not None
+    assert prices.output > prices.input > 0
+    cost = table.cost("gpt-4o-mini", Usage(1000, 1000, 2000))
+    assert cost == pytest.approx(1000 * prices.input + 1000 * prices.output)
+
+
+def test_unknown_models_have_no_price() -> None:
+    table = PriceTable({})
+    assert table.prices("surely-not-a-model-xyz") is None
+    assert table.cost("surely-not-a-model-xyz", Usage(1, 1, 2)) is None

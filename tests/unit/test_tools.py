@@ -1,0 +1,113 @@
+"""Server tools: argument checks, python schemas, builtins, timeouts, outputs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+
+from proxy.config import ToolConfig
+from proxy.engine.ports import ToolCall, ToolContext
+from proxy.tools.registry import ToolRegistry, build_tool
+
+CTX = ToolContext("run_1", None, 1, "call_1")
+
+
+async def slow_echo(text: str, times: int = 1) -> str:
+    await asyncio.sleep(0.01)
+    return text * times
+
+
+async def sleepy() -> str:
+    await asyncio.sleep(5)
+    return "late"
+
+
+def registry(**tools: ToolConfig) -> ToolRegistry:
+    client = httpx.AsyncClient()
+    return ToolRegistry({name: build_tool(name, cfg, client) for name, cfg in tools.items()})
+
+
+def test_python_tool_schema_comes_from_type_hints() -> None:
+    reg = registry(echo=ToolConfig(kind="python", callable="tests.unit.test_tools:slow_echo"))
+    params = reg.spec("echo").definition["function"]["parameters"]
+    assert params["required"] == ["text"]
+    assert params["properties"]["text"] == {"type": "string"}
+    assert params["properties"]["times"]["default"] == 1
+
+
+async def test_python_tool_runs_and_validates_arguments() -> None:
+    reg = registry(echo=ToolConfig(kind="python", callable="tests.unit.test_tools:slow_echo"))
+    ok = await reg.execute(ToolCall("c", "echo", '{"text": "ab", "times": 2}'), CTX)
+    assert (ok.output, ok.outcome) == ("abab", "ok")
+    bad = await reg.execute(ToolCall("c", "echo", '{"times": "many"}'), CTX)
+    assert bad.outcome == "error"
+    assert "invalid arguments" in bad.output
+    broken = await reg.execute(ToolCall("c", "echo", '{"text": '), CTX)
+    assert broken.outcome == "error"
+    assert "not valid JSON" in broken.output
+
+
+async def test_a_tool_that_takes_too_long_times_out() -> None:
+    cfg = ToolConfig(kind="python", callable="tests.unit.test_tools:sleepy", timeout_s=0.05)
+    result = await registry(s=cfg).execute(ToolCall("c", "s", "{}"), CTX)
+    assert result.outcome == "timeout"
+
+
+async def test_builtins() -> None:
+    reg = registry(
+        final_answer=ToolConfig(kind="builtin"), complete_task=ToolConfig(kind="builtin")
+    )
+    assert reg.spec("final_answer").terminal
+    answer = await reg.execute(ToolCall("c", "final_answer", '{"answer": "42"}'), CTX)
+    assert answer.output == "42"
+    done = await reg.execute(ToolCall("c", "complete_task", '{"result": "shipped"}'), CTX)
+    assert done.output == "Task completed: shipped"
+    missing = await reg.execute(ToolCall("c", "final_answer", "{}"), CTX)
+    assert missing.outcome == "error"
+
+
+def test_unknown_builtin_and_bad_callable_fail_at_build() -> None:
+    client = httpx.AsyncClient()
+    with pytest.raises(ValueError, match="no builtin tool"):
+        build_tool("nope", ToolConfig(kind="builtin"), client)
+    with pytest.raises(ValueError, match="cannot import"):
+        build_tool("x", ToolConfig(kind="python", callable="no_such_module:f"), client)
+
+
+def test_http_tool_parameters_must_be_a_valid_schema() -> None:
+    cfg = ToolConfig(kind="http", url="http://t/x", parameters={"type": "object", "properties": 3})
+    with pytest.raises(ValueError, match="not a valid JSON schema"):
+        build_tool("x", cfg, httpx.AsyncClient())
+
+
+async def test_http_tool_posts_and_maps_failures() -> None:
+    seen: list[dict[str, object]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(json.loads(request.content))
+        if request.url.path == "/down":
+            raise httpx.ConnectError("refused", request=request)
+        return httpx.Response(200, text="plain result")
+
+    client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+    reg = ToolRegistry(
+        {
+            "up": build_tool("up", ToolConfig(kind="http", url="http://t/up"), client),
+            "down": build_tool("down", ToolConfig(kind="http", url="http://t/down"), client),
+        }
+    )
+    ok = await reg.execute(ToolCall("c9", "up", '{"q": 1}'), CTX)
+    assert ok.output == "plain result"
+    assert seen[0] == {
+        "name": "up",
+        "arguments": {"q": 1},
+        "call_id": "call_1",
+        "run_id": "run_1",
+        "thread_id": None,
+    }
+    down = await reg.execute(ToolCall("c", "down", "{}"), CTX)
+    assert down.outcome == "error"
+    assert "unreachable" in down.output
