@@ -159,6 +159,7 @@ async def _chunks(reply: dict[str, Any], include_usage: bool) -> AsyncIterator[b
 async def chat_completions(request: Request) -> Response:
     body = orjson.loads(await request.body())
     request.app.state.requests.append(body)
+    request.app.state.authorizations.append(request.headers.get("authorization"))
     reply = complete(body)
     if body.get("stream"):
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
@@ -172,7 +173,8 @@ async def models(request: Request) -> Response:
 
 
 def scripted_app() -> Starlette:
-    """The scripted model as an ASGI app; `app.state.requests` records every request body."""
+    """The scripted model as an ASGI app; `app.state` records every request body and its
+    Authorization header."""
     app = Starlette(
         routes=[
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
@@ -180,4 +182,5 @@ def scripted_app() -> Starlette:
         ]
     )
     app.state.requests = []
+    app.state.authorizations = []
     return app

@@ -142,7 +142,25 @@ async def test_proxy_keys(proxy_for: ProxyFactory, monkeypatch: pytest.MonkeyPat
     assert missing.json()["error"]["type"] == "authentication_error"
     assert denied.status_code == 403
     assert allowed.status_code == 200
-    assert "authorization" not in proxy.upstream_requests[0]
+    assert proxy.model.state.authorizations == [None]  # the proxy key never goes upstream
+
+
+async def test_upstream_key_comes_from_the_config(
+    proxy_for: ProxyFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("UP_KEY", "sk-upstream")
+    upstreams = {
+        "main": {"base_url": "http://upstream.test/v1", "api_key_env": "UP_KEY"},
+        "own": {"base_url": "http://upstream.test/v1", "forward_client_key": True},
+    }
+    models = {"via-own": {"upstream": "own", "model": "scripted"}}
+    async with proxy_for({"upstreams": upstreams, "models": models}) as proxy:
+        headers = {"authorization": "Bearer sk-client"}
+        body = {"model": "scripted", "messages": USER}
+        await proxy.client.post("/v1/chat/completions", json=body, headers=headers)
+        body["model"] = "via-own"
+        await proxy.client.post("/v1/chat/completions", json=body, headers=headers)
+    assert proxy.model.state.authorizations == ["Bearer sk-upstream", "Bearer sk-client"]
 
 
 def _error_upstream(status: int, calls: list[int]) -> Any:

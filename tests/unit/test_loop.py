@@ -156,3 +156,10 @@ async def test_streaming_sends_content_and_loop_events() -> None:
         "step_started",
         "answer",
     ]
+
+
+async def test_content_filter_stops_the_run() -> None:
+    h = Harness([reply("", finish="content_filter")], {"t": lambda _: "x"})
+    result = await h.run()
+    assert result.stop.reason is StopReason.CONTENT_FILTER
+    assert result.finish_reason == "content_filter"
