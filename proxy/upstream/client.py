@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -130,9 +131,11 @@ class Upstream:
     async def _json(self, content: bytes) -> ModelReply:
         return await self._read_json(await self._send(content))
 
-    async def _read_json(self, response: httpx.Response) -> ModelReply:
+    @contextlib.asynccontextmanager
+    async def _reading(self, response: httpx.Response) -> AsyncIterator[None]:
+        """Maps failures while reading a response body; closes the response."""
         try:
-            raw = await response.aread()
+            yield
         except httpx.TimeoutException:
             raise UpstreamTimeout(f"upstream {self.name} timed out") from None
         except httpx.HTTPError as exc:
@@ -141,6 +144,10 @@ class Upstream:
             ) from None
         finally:
             await response.aclose()
+
+    async def _read_json(self, response: httpx.Response) -> ModelReply:
+        async with self._reading(response):
+            raw = await response.aread()
         try:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError:
@@ -161,7 +168,7 @@ class Upstream:
             reply.raw = None
             return reply
         acc = ChunkAccumulator()
-        try:
+        async with self._reading(response):
             async for data in sse_data(response.aiter_raw()):
                 if data == b"[DONE]":
                     break
@@ -177,14 +184,6 @@ class Upstream:
                 delta = acc.add(chunk)
                 if delta and on_delta is not None:
                     await on_delta(delta)
-        except httpx.TimeoutException:
-            raise UpstreamTimeout(f"upstream {self.name} timed out") from None
-        except httpx.HTTPError as exc:
-            raise UpstreamUnavailable(
-                f"upstream {self.name} failed: {type(exc).__name__}"
-            ) from None
-        finally:
-            await response.aclose()
         return acc.reply()
 
     def _count(self, outcome: str) -> None:

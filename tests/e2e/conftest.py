@@ -20,6 +20,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from proxy.demo.runner import free_port, serve_in_thread
+from proxy.demo.scenes import DEMO_CONFIG
 
 
 def wait_healthy(url: str, proc: subprocess.Popen[bytes]) -> None:
@@ -103,9 +104,7 @@ def proxy_url(
                     "required": ["item"],
                 },
             },
-            "get_weather": {"kind": "python", "callable": "proxy.demo.tools:get_weather"},
-            "search_notes": {"kind": "python", "callable": "proxy.demo.tools:search_notes"},
-            "final_answer": {"kind": "builtin"},
+            **DEMO_CONFIG["tools"],
         },
         "agents": {
             "stock": {

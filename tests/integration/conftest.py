@@ -12,6 +12,7 @@ import respx
 
 from proxy.api.app import create_app
 from proxy.config import parse_config
+from proxy.demo.scenes import DEMO_CONFIG
 from proxy.demo.scripted_model import scripted_app
 from tests.fakes import RecordingObserver
 
@@ -21,12 +22,7 @@ BASE_CONFIG: dict[str, Any] = {
     "upstreams": {"main": {"base_url": UPSTREAM, "max_retries": 0}},
     "default_upstream": "main",
     "pricing": {"scripted": {"input": 1.0, "output": 4.0}},
-    "tools": {
-        "get_weather": {"kind": "python", "callable": "proxy.demo.tools:get_weather"},
-        "to_fahrenheit": {"kind": "python", "callable": "proxy.demo.tools:to_fahrenheit"},
-        "search_notes": {"kind": "python", "callable": "proxy.demo.tools:search_notes"},
-        "final_answer": {"kind": "builtin"},
-    },
+    "tools": DEMO_CONFIG["tools"],
     "agents": {
         "weather": {"model": "scripted", "tools": ["get_weather", "to_fahrenheit"]},
     },
