@@ -16,7 +16,7 @@ def _check(path: str | None) -> int:
         config = load_config(path)
         from proxy.api.gateway import build_gateway
 
-        build_gateway(config, httpx.AsyncClient())
+        build_gateway(config, httpx.AsyncClient(), httpx.AsyncHTTPTransport())
     except ConfigError as exc:
         for where, message in exc.problems:
             print(f"{where}: {message}", file=sys.stderr)
@@ -40,6 +40,7 @@ def _serve(path: str | None, host: str | None, port: int | None) -> int:
             print(f"{where}: {message}", file=sys.stderr)
         return 1
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per upstream call is noise
     uvicorn.run(
         create_app(config),
         host=host or config.server.host,

@@ -35,13 +35,12 @@ def error_response(error: ProxyError) -> Response:
     return JSONResponse(error.body(), status_code=error.status)
 
 
-def make_client(transport: httpx.AsyncBaseTransport | None) -> httpx.AsyncClient:
-    if transport is None:
-        from httpx_aiohttp import AiohttpTransport
+def default_transport() -> httpx.AsyncBaseTransport:
+    """The fast path: the httpx API over aiohttp's connection pool."""
+    from httpx_aiohttp import AiohttpTransport
 
-        limits = httpx.Limits(max_connections=1000, max_keepalive_connections=200)
-        transport = AiohttpTransport(limits=limits)
-    return httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(120.0, connect=10.0))
+    limits = httpx.Limits(max_connections=1000, max_keepalive_connections=200)
+    return AiohttpTransport(limits=limits)
 
 
 def create_app(
@@ -59,8 +58,10 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        async with make_client(transport) as client:
-            holder["gateway"] = build_gateway(config, client, observers)
+        network = transport or default_transport()
+        timeout = httpx.Timeout(120.0, connect=10.0)
+        async with httpx.AsyncClient(transport=network, timeout=timeout) as client:
+            holder["gateway"] = build_gateway(config, client, network, observers)
             yield
         holder.clear()
 

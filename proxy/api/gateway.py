@@ -34,6 +34,7 @@ class Gateway:
 def build_gateway(
     config: Config,
     client: httpx.AsyncClient,
+    transport: httpx.AsyncBaseTransport,
     observers: Sequence[RunObserver] = (),
     on_attempt: AttemptHook | None = None,
     inject_headers: HeadersHook | None = None,
@@ -43,7 +44,7 @@ def build_gateway(
         name: Upstream(
             name=name,
             base_url=cfg.base_url,
-            client=client,
+            transport=transport,
             api_key=os.environ.get(cfg.api_key_env) if cfg.api_key_env else None,
             timeout_s=cfg.timeout_s,
             connect_timeout_s=cfg.connect_timeout_s,

@@ -2,28 +2,29 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable, AsyncIterator
 
+class SSEDecoder:
+    """Feeds on bytes as they arrive; returns each complete event's data (multi-line data
+    joined with newlines). `done` turns true at `data: [DONE]`, which is not returned."""
 
-async def sse_data(chunks: AsyncIterable[bytes]) -> AsyncIterator[bytes]:
-    """Yields each event's data (multi-line data joined with newlines), `[DONE]` included."""
-    buffer = b""
-    data: list[bytes] = []
-    async for chunk in chunks:
-        buffer += chunk
-        *lines, buffer = buffer.split(b"\n")
+    def __init__(self) -> None:
+        self._buffer = b""
+        self._data: list[bytes] = []
+        self.done = False
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        events: list[bytes] = []
+        *lines, self._buffer = (self._buffer + chunk).split(b"\n")
         for raw in lines:
             line = raw.rstrip(b"\r")
             if not line:
-                if data:
-                    yield b"\n".join(data)
-                    data = []
+                if self._data:
+                    events.append(b"\n".join(self._data))
+                    self._data = []
             elif line.startswith(b"data:"):
                 value = line[5:]
-                data.append(value[1:] if value.startswith(b" ") else value)
-    tail = buffer.rstrip(b"\r")
-    if tail.startswith(b"data:"):
-        value = tail[5:]
-        data.append(value[1:] if value.startswith(b" ") else value)
-    if data:
-        yield b"\n".join(data)
+                self._data.append(value[1:] if value.startswith(b" ") else value)
+        if events and events[-1] == b"[DONE]":
+            self.done = True
+            events.pop()
+        return events

@@ -27,3 +27,14 @@ def test_unknown_models_have_no_price() -> None:
     table = PriceTable({})
     assert table.prices("surely-not-a-model-xyz") is None
     assert table.cost("surely-not-a-model-xyz", Usage(1, 1, 2)) is None
+
+
+def test_cached_prompt_tokens_cost_the_cached_rate() -> None:
+    import genai_prices
+
+    usage = Usage(1000, 200, 1200, {"prompt_tokens_details": {"cached_tokens": 400}})
+    expected = genai_prices.calc_price(
+        genai_prices.Usage(input_tokens=1000, cache_read_tokens=400, output_tokens=200),
+        "gpt-4o-mini",
+    ).total_price
+    assert PriceTable({}).cost("gpt-4o-mini", usage) == pytest.approx(float(expected))

@@ -2,26 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import httpx
 
 from proxy.engine.ports import ModelRequest
 from proxy.upstream.client import Upstream
 from proxy.upstream.reply import ChunkAccumulator
-from proxy.upstream.sse import sse_data
+from proxy.upstream.sse import SSEDecoder
 
 
-async def _pieces(*parts: bytes) -> AsyncIterator[bytes]:
-    for part in parts:
-        yield part
-
-
-async def test_sse_events_split_across_reads() -> None:
-    stream = _pieces(
-        b'data: {"a"', b":1}\n\n: comment\n\ndata: x\r\ndata: y\r\n\r\n", b"data: [DONE]"
-    )
-    assert [d async for d in sse_data(stream)] == [b'{"a":1}', b"x\ny", b"[DONE]"]
+def test_sse_events_split_across_reads() -> None:
+    decoder = SSEDecoder()
+    assert decoder.feed(b'data: {"a"') == []
+    tail = b":1}\n\n: comment\n\ndata: x\r\ndata: y\r\n\r\n"
+    assert decoder.feed(tail) == [b'{"a":1}', b"x\ny"]
+    assert not decoder.done
+    assert decoder.feed(b"data: [DONE]\n\n") == []
+    assert decoder.done
 
 
 def test_chunks_accumulate_content_tool_calls_and_usage() -> None:
@@ -69,7 +65,7 @@ def test_chunks_accumulate_content_tool_calls_and_usage() -> None:
 
 
 def test_upstream_body_caps_tokens_and_drops_tool_fields_without_tools() -> None:
-    up = Upstream("u", "http://u/v1", httpx.AsyncClient())
+    up = Upstream("u", "http://u/v1", httpx.AsyncHTTPTransport())
     request = ModelRequest(
         model="m",
         messages=[{"role": "user", "content": "x"}],
