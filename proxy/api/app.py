@@ -14,6 +14,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from proxy.api.chat import ChatCompletions
 from proxy.api.gateway import Gateway, build_gateway
@@ -33,6 +34,22 @@ class JSONResponse(Response):
 
 def error_response(error: ProxyError) -> Response:
     return JSONResponse(error.body(), status_code=error.status)
+
+
+CHAT_PATHS = frozenset({"/v1/chat/completions", "/chat/completions"})
+
+
+class ProxyApp(Starlette):
+    """Chat completions skip starlette's middleware and router: they are the hot path and
+    handle their own errors."""
+
+    chat: ChatCompletions
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in CHAT_PATHS:
+            await self.chat(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
 
 
 def default_transport() -> httpx.AsyncBaseTransport:
@@ -105,11 +122,13 @@ def create_app(
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
     ]
-    return Starlette(
+    app = ProxyApp(
         routes=routes,
         lifespan=lifespan,
         exception_handlers={404: not_found, 405: not_found},
     )
+    app.chat = chat
+    return app
 
 
 async def upstream_models(gw: Gateway, cache: dict[str, Any]) -> list[dict[str, Any]]:

@@ -8,7 +8,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from proxy.api.chat_request import ChatRequest, parse_chat_request
 from proxy.api.gateway import Gateway
@@ -78,6 +78,22 @@ class ChatCompletions:
         self.gateway = gateway
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = True
+            await send(message)
+
+        try:
+            await self._handle(scope, receive, tracking_send)
+        except Exception:
+            log.exception("chat completion failed")
+            if not started:
+                error = ProxyError("internal error", code="internal_error")
+                await send_error(send, error)
+
+    async def _handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         gw = self.gateway()
         try:
             caller = gw.keys.caller(header(scope, b"authorization"))
