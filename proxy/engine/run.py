@@ -89,6 +89,7 @@ class Run:
         self.deps = deps
         self.stream = stream
         self.policy = spec.policy
+        self.terminal = spec.policy.terminal_tools
         self.policies: list[Policy] = spec.policy.build(deps.prices.prices(spec.model), deps.checks)
         self.client_names = {
             t["function"]["name"] for t in spec.client_tools if isinstance(t.get("function"), dict)
@@ -206,9 +207,8 @@ class Run:
 
     def _initial_messages(self) -> list[dict[str, Any]]:
         parts = [self.spec.system_prompt] if self.spec.system_prompt else []
-        terminal = self.policy.terminal_tools
-        if terminal:
-            parts.append(terminal_hint(terminal))
+        if self.terminal:
+            parts.append(terminal_hint(self.terminal))
         messages = list(self.spec.messages)
         if parts:
             messages.insert(0, {"role": "system", "content": "\n\n".join(parts)})
@@ -300,7 +300,7 @@ class Run:
                 )
                 stop = stop or block.stop
                 continue
-            terminal = call.name in self.policy.terminal_tools
+            terminal = call.name in self.terminal
             if self.policy.parallel_tool_calls and not terminal:
                 batch.append(call)
                 continue
