@@ -250,25 +250,63 @@ def _loc(loc: tuple[int | str, ...]) -> str:
     return out
 
 
+# Valid stand-ins for entries that failed validation, so that a second pass can still find
+# the cross-reference errors of everything else (`loopwarden check` reports every error).
+_STAND_INS: dict[str, dict[str, Any]] = {
+    "upstreams": {"base_url": "http://stand-in"},
+    "models": {"model": "stand-in"},
+    "pricing": {"input": 0, "output": 0},
+    "tools": {"kind": "builtin"},
+    "conditions": {"kind": "python", "callable": "stand.in:check"},
+    "agents": {"model": "stand-in"},
+}
+
+
+def _problems(exc: ValidationError) -> list[tuple[str, str, tuple[int | str, ...]]]:
+    found: list[tuple[str, str, tuple[int | str, ...]]] = []
+    for err in exc.errors():
+        message = err["msg"].removeprefix("Value error, ")
+        path = _loc(err["loc"])
+        if "; " in message and ": " in message and not path:
+            for part in message.split("; "):
+                where, _, msg = part.partition(": ")
+                found.append((where, msg, ()))
+        else:
+            found.append((path or "(root)", message, tuple(err["loc"])))
+    return found
+
+
 def parse_config(data: Any) -> Config:
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError([("", "the config must be a mapping")])
-    try:
-        return Config.model_validate(data)
-    except ValidationError as exc:
-        problems: list[tuple[str, str]] = []
-        for err in exc.errors():
-            message = err["msg"].removeprefix("Value error, ")
-            path = _loc(err["loc"])
-            if "; " in message and ": " in message and not path:
-                for part in message.split("; "):
-                    where, _, msg = part.partition(": ")
-                    problems.append((where, msg))
-            else:
-                problems.append((path or "(root)", message))
-        raise ConfigError(problems) from None
+    problems: list[tuple[str, str]] = []
+    current = dict(data)
+    for _ in range(3):
+        try:
+            config = Config.model_validate(current)
+        except ValidationError as exc:
+            found = _problems(exc)
+            problems.extend((p, m) for p, m, _ in found if (p, m) not in problems)
+            replaced = False
+            for _, _, loc in found:
+                section = loc[0] if loc else None
+                if not isinstance(section, str) or section not in current:
+                    continue
+                entries = current[section]
+                if section in _STAND_INS and len(loc) > 1 and isinstance(entries, dict):
+                    current[section] = {**entries, loc[1]: _STAND_INS[section]}
+                else:
+                    current.pop(section)
+                replaced = True
+            if not replaced:
+                break
+        else:
+            if not problems:
+                return config
+            break
+    raise ConfigError(problems)
 
 
 def load_config(path: str | os.PathLike[str] | None) -> Config:

@@ -15,6 +15,7 @@ def test_check_reports_every_error_with_its_path(
     config = tmp_path / "bad.yaml"
     config.write_text(
         "default_upstream: nowhere\n"
+        "tools:\n  t: {kind: http}\n"
         "agents:\n"
         "  a: {model: m, tools: [ghost], stop_when: [{max_cost: -1}]}\n"
     )
@@ -23,6 +24,7 @@ def test_check_reports_every_error_with_its_path(
     assert "default_upstream: no upstream named 'nowhere'" in err
     assert "agents.a.tools[0]: no tool named 'ghost'" in err
     assert "agents.a.stop_when[0].max_cost: must be a positive number" in err
+    assert "tools.t: an http tool needs url" in err
 
 
 def test_check_rejects_unknown_keys(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
