@@ -115,10 +115,7 @@ class SSEWriter:
             if wait > 0:
                 await asyncio.sleep(wait)
                 continue
-            if self.started:
-                try:
-                    await self._write(KEEPALIVE)
-                except ClientDisconnected:
-                    return
-            else:
+            try:
                 await self._write(KEEPALIVE)
+            except ClientDisconnected:
+                return
