@@ -7,6 +7,7 @@ from typing import Any
 
 import orjson
 
+from proxy.engine.fields import boolean, int_at_least, text
 from proxy.engine.policies.stop_conditions import Condition, parse_stop_when
 from proxy.engine.policies.terminal import TerminatingConfig, parse_terminating_config
 from proxy.errors import InvalidRequest
@@ -80,22 +81,22 @@ def parse_chat_request(raw: bytes) -> ChatRequest:
     if not isinstance(model, str) or not model:
         raise InvalidRequest("model is required and must be a string", param="model")
     messages = _messages(body.get("messages"))
-    stream = _bool(body.get("stream", False), "stream")
+    stream = boolean(body.get("stream", False), "stream")
     options = body.get("stream_options")
     include_usage = False
     if options is not None:
         if not isinstance(options, dict):
             raise InvalidRequest("must be an object", param="stream_options")
-        include_usage = _bool(options.get("include_usage", False), "stream_options.include_usage")
+        include_usage = boolean(options.get("include_usage", False), "stream_options.include_usage")
     tools = _tools(body.get("tools"))
     cap = body.get("max_completion_tokens")
     if cap is not None:
-        cap = _positive_int(cap, "max_completion_tokens")
+        cap = int_at_least(cap, "max_completion_tokens")
     if body.get("max_tokens") is not None:
-        _positive_int(body["max_tokens"], "max_tokens")
+        int_at_least(body["max_tokens"], "max_tokens")
     n = body.get("n")
     if n is not None:
-        _positive_int(n, "n")
+        int_at_least(n, "n")
     params = {k: v for k, v in body.items() if k not in OWN_FIELDS}
     has_loop = body.get("loop") is not None
     loop = parse_loop(body["loop"]) if has_loop else LoopOptions()
@@ -165,12 +166,12 @@ def parse_loop(value: Any) -> LoopOptions:
             raise InvalidRequest(f"{key} are not available in this version", param=f"loop.{key}")
     out = LoopOptions()
     if value.get("agent") is not None:
-        out.agent = _str(value["agent"], "loop.agent")
+        out.agent = text(value["agent"], "loop.agent")
     tools = value.get("tools")
     if tools is not None:
         if not isinstance(tools, list):
             raise InvalidRequest("must be a list of tool names", param="loop.tools")
-        out.tools = [_str(t, f"loop.tools[{i}]") for i, t in enumerate(tools)]
+        out.tools = [text(t, f"loop.tools[{i}]") for i, t in enumerate(tools)]
     if value.get("stop_when") is not None:
         out.stop_when = parse_stop_when(value["stop_when"], "loop.stop_when")
     if value.get("terminating_config") is not None:
@@ -178,33 +179,15 @@ def parse_loop(value: Any) -> LoopOptions:
             value["terminating_config"], "loop.terminating_config"
         )
     if value.get("max_steps") is not None:
-        out.max_steps = _positive_int(value["max_steps"], "loop.max_steps")
+        out.max_steps = int_at_least(value["max_steps"], "loop.max_steps")
     if value.get("final_answer") is not None:
-        out.final_answer = _bool(value["final_answer"], "loop.final_answer")
+        out.final_answer = boolean(value["final_answer"], "loop.final_answer")
     if value.get("thread_id") is not None:
-        out.thread_id = _str(value["thread_id"], "loop.thread_id")
+        out.thread_id = text(value["thread_id"], "loop.thread_id")
     if value.get("parallel_tool_calls") is not None:
-        out.parallel_tool_calls = _bool(value["parallel_tool_calls"], "loop.parallel_tool_calls")
-    out.include_messages = _bool(value.get("include_messages", False), "loop.include_messages")
-    out.include_loop_events = _bool(
+        out.parallel_tool_calls = boolean(value["parallel_tool_calls"], "loop.parallel_tool_calls")
+    out.include_messages = boolean(value.get("include_messages", False), "loop.include_messages")
+    out.include_loop_events = boolean(
         value.get("include_loop_events", False), "loop.include_loop_events"
     )
     return out
-
-
-def _bool(value: Any, param: str) -> bool:
-    if not isinstance(value, bool):
-        raise InvalidRequest("must be a boolean", param=param)
-    return value
-
-
-def _str(value: Any, param: str) -> str:
-    if not isinstance(value, str) or not value:
-        raise InvalidRequest("must be a non-empty string", param=param)
-    return value
-
-
-def _positive_int(value: Any, param: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidRequest("must be a positive integer", param=param)
-    return value

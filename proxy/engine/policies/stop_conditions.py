@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import cel
 
+from proxy.engine.fields import int_at_least, positive_number, text
 from proxy.engine.policies.base import Policy
 from proxy.engine.ports import ConditionChecks
 from proxy.engine.state import RunState
@@ -134,11 +134,11 @@ def parse_condition(raw: Any, path: str) -> Condition:
     value = raw[kind]
     where = f"{path}.{kind}"
     if kind == "step_count_is":
-        return Condition(path, kind, _positive_int(value, where), cid)
+        return Condition(path, kind, int_at_least(value, where), cid)
     if kind == "max_tokens_used":
-        return Condition(path, kind, _positive_int(value, where), cid)
+        return Condition(path, kind, int_at_least(value, where), cid)
     if kind in ("max_cost", "max_duration_s"):
-        return Condition(path, kind, _positive_number(value, where), cid)
+        return Condition(path, kind, positive_number(value, where), cid)
     if kind == "has_tool_call":
         names = [value] if isinstance(value, str) else value
         if (
@@ -159,8 +159,7 @@ def parse_condition(raw: Any, path: str) -> Condition:
         return Condition(path, kind, children, cid)
     if kind == "not":
         return Condition(path, kind, parse_condition(value, where), cid)
-    if not isinstance(value, str) or not value:
-        raise SpecError("must be a non-empty string", param=where)
+    text(value, where)
     if kind == "expr":
         try:
             program = cel.compile(value)
@@ -168,19 +167,6 @@ def parse_condition(raw: Any, path: str) -> Condition:
             raise SpecError(f"invalid CEL expression: {exc}", param=where) from None
         return Condition(path, kind, value, cid, program)
     return Condition(path, kind, value, cid)
-
-
-def _positive_int(value: Any, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise SpecError("must be a positive integer", param=where)
-    return value
-
-
-def _positive_number(value: Any, where: str) -> float:
-    ok = isinstance(value, int | float) and not isinstance(value, bool)
-    if not ok or not math.isfinite(value) or value <= 0:
-        raise SpecError("must be a positive number", param=where)
-    return float(value)
 
 
 def custom_names(conditions: Sequence[Condition]) -> list[tuple[str, str, str]]:

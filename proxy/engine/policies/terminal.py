@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from proxy.engine.fields import int_at_least
 from proxy.engine.policies.base import Block, Nudge, Policy, StepPlan
 from proxy.engine.ports import ModelReply, ToolCall, ToolResult
 from proxy.engine.state import RunState
@@ -43,15 +44,11 @@ def parse_terminating_config(raw: Any, path: str) -> TerminatingConfig:
     for i, tool in enumerate(ids):
         if not isinstance(tool, str) or not tool:
             raise SpecError("must be a tool name or id", param=f"{path}.tool_ids[{i}]")
-    nudges = raw.get("consecutive_nudges", 1)
-    if isinstance(nudges, bool) or not isinstance(nudges, int) or nudges < 0:
-        raise SpecError("must be an integer ≥ 0", param=f"{path}.consecutive_nudges")
+    nudges = int_at_least(raw.get("consecutive_nudges", 1), f"{path}.consecutive_nudges", 0)
     message = raw.get("nudge_message", DEFAULT_NUDGE)
     if not isinstance(message, str) or not message.strip():
         raise SpecError("must be a non-empty string", param=f"{path}.nudge_message")
-    invocations = raw.get("max_invocations", 64)
-    if isinstance(invocations, bool) or not isinstance(invocations, int) or invocations < 1:
-        raise SpecError("must be a positive integer", param=f"{path}.max_invocations")
+    invocations = int_at_least(raw.get("max_invocations", 64), f"{path}.max_invocations")
     return TerminatingConfig(tuple(ids), nudges, message, invocations)
 
 
