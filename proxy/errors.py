@@ -58,6 +58,19 @@ class PermissionDenied(ProxyError):
     code = "model_not_allowed"
 
 
+class MethodNotAllowed(ProxyError):
+    status = 405
+    type = "invalid_request_error"
+    code = "method_not_allowed"
+
+
+class LoopFailed(ProxyError):
+    """A run that a loop rule failed (SPEC §4.4: 422 `loop_error`)."""
+
+    status = 422
+    type = "loop_error"
+
+
 class NotFound(ProxyError):
     status = 404
     type = "invalid_request_error"

@@ -20,7 +20,7 @@ from proxy.api.chat import ChatCompletions
 from proxy.api.gateway import Gateway, build_gateway
 from proxy.config import Config
 from proxy.engine.ports import RunObserver
-from proxy.errors import NotFound, ProxyError
+from proxy.errors import MethodNotAllowed, NotFound, ProxyError
 
 MODELS_CACHE_S = 60.0
 
@@ -109,9 +109,8 @@ def create_app(
 
     async def not_found(request: Request, exc: Exception) -> Response:
         if isinstance(exc, HTTPException) and exc.status_code == 405:
-            err = ProxyError(f"{request.method} is not allowed on {request.url.path}")
-            err.status, err.type, err.code = 405, "invalid_request_error", "method_not_allowed"
-            return error_response(err)
+            message = f"{request.method} is not allowed on {request.url.path}"
+            return error_response(MethodNotAllowed(message))
         return error_response(NotFound(f"no route {request.method} {request.url.path}"))
 
     chat = ChatCompletions(gateway)

@@ -12,7 +12,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from proxy.api.chat_request import ChatRequest, parse_chat_request
 from proxy.api.gateway import Gateway
-from proxy.api.report import completion_body, failure_error, loop_report
+from proxy.api.report import completion_body, completion_id, failed, failure_error, loop_report
 from proxy.api.responses import send_bytes, send_error, send_json
 from proxy.api.sse import SSEWriter
 from proxy.engine.run import Deps, Run, RunResult
@@ -115,20 +115,16 @@ class ChatCompletions:
         headers = {"x-loopwarden-run-id": spec.run_id}
         if req.stream:
             writer = SSEWriter(
-                send,
-                f"chatcmpl-{spec.run_id.removeprefix('run_')}",
-                spec.model,
-                headers,
-                req.loop.include_loop_events,
+                send, completion_id(spec.run_id), spec.model, headers, req.loop.include_loop_events
             )
-            await self._stream(Run(spec, deps, writer), writer, req, receive, gw)
+            await self._stream(Run(spec, deps, writer), writer, req, receive, send, gw)
             return
         result = await run_or_cancel(Run(spec, deps).execute, receive)
         if result is None:
             return
         headers["x-loopwarden-stop-reason"] = result.stop.reason.value
         report = loop_report(result, req.loop.include_messages)
-        if result.stop.is_failure or result.stop.reason in _ERRORS:
+        if failed(result):
             await self._send_failure(send, result, report, headers)
             return
         passthrough = not spec.policy.tools and not req.has_loop
@@ -150,7 +146,13 @@ class ChatCompletions:
         await send_error(send, failure_error(result), headers, {"loop": report})
 
     async def _stream(
-        self, run: Run, writer: SSEWriter, req: ChatRequest, receive: Receive, gw: Gateway
+        self,
+        run: Run,
+        writer: SSEWriter,
+        req: ChatRequest,
+        receive: Receive,
+        send: Send,
+        gw: Gateway,
     ) -> None:
         keepalive = asyncio.ensure_future(writer.keepalive(gw.config.server.keepalive_interval_s))
         try:
@@ -162,9 +164,9 @@ class ChatCompletions:
         writer.headers["x-loopwarden-stop-reason"] = result.stop.reason.value
         report = loop_report(result, req.loop.include_messages)
         try:
-            if result.stop.is_failure or result.stop.reason in _ERRORS:
+            if failed(result):
                 if not writer.started:
-                    await self._send_failure(writer._send, result, report, writer.headers)
+                    await self._send_failure(send, result, report, writer.headers)
                     return
                 await writer.fail(failure_error(result).body(), report)
                 return
@@ -176,6 +178,3 @@ class ChatCompletions:
             await writer.finish(result.finish_reason, report, usage)
         except ClientDisconnected:
             return
-
-
-_ERRORS = frozenset({StopReason.UPSTREAM_ERROR, StopReason.INTERNAL_ERROR})

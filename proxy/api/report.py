@@ -8,11 +8,24 @@ from typing import Any
 from proxy.engine.run import RunResult
 from proxy.engine.stop import StopReason
 from proxy.errors import (
+    LoopFailed,
     ProxyError,
     UpstreamFailure,
     UpstreamStatusError,
     UpstreamUnavailable,
 )
+
+# Stops that answer with an error rather than a completion.
+_ERRORS = frozenset({StopReason.UPSTREAM_ERROR, StopReason.INTERNAL_ERROR})
+
+
+def completion_id(run_id: str) -> str:
+    """The `id` of a run's completion (and of all its chunks)."""
+    return f"chatcmpl-{run_id.removeprefix('run_')}"
+
+
+def failed(result: RunResult) -> bool:
+    return result.stop.is_failure or result.stop.reason in _ERRORS
 
 
 def loop_report(result: RunResult, include_messages: bool) -> dict[str, Any]:
@@ -36,7 +49,7 @@ def completion_body(
     reply = result.last_reply
     raw = reply.raw if reply is not None and reply.raw is not None else None
     body: dict[str, Any] = dict(raw) if raw else {}
-    body.setdefault("id", f"chatcmpl-{result.run_id.removeprefix('run_')}")
+    body.setdefault("id", completion_id(result.run_id))
     body["object"] = "chat.completion"
     body.setdefault("created", int(time.time()))
     body.setdefault("model", model)
@@ -61,10 +74,7 @@ def failure_error(result: RunResult) -> ProxyError:
     """The error a failed run answers with."""
     stop, error = result.stop, result.error
     if stop.is_failure:
-        err = ProxyError(f"the run stopped: {stop.reason.value}", code=stop.error_code)
-        err.status = 422
-        err.type = "loop_error"
-        return err
+        return LoopFailed(f"the run stopped: {stop.reason.value}", code=stop.error_code)
     if isinstance(error, UpstreamStatusError) and result.tools_ran:
         return UpstreamUnavailable(f"{error.message} after tools ran", code="upstream_error")
     if isinstance(error, UpstreamFailure):

@@ -30,9 +30,6 @@ class SSEWriter:
         include_loop_events: bool,
     ) -> None:
         self._send = send
-        self.id = completion_id
-        self.model = model
-        self.created = int(time.time())
         self.headers = headers
         self.include_loop_events = include_loop_events
         self.started = False
@@ -42,7 +39,7 @@ class SSEWriter:
             b'{"id":'
             + orjson.dumps(completion_id)
             + b',"object":"chat.completion.chunk","created":'
-            + str(self.created).encode()
+            + str(int(time.time())).encode()
             + b',"model":'
             + orjson.dumps(model)
         )
