@@ -10,7 +10,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from proxy.engine.policies.stop_conditions import Condition, parse_stop_when
+from proxy.engine.policies.stop_conditions import Condition, custom_names, parse_stop_when
 from proxy.engine.policies.terminal import TerminatingConfig, parse_terminating_config
 from proxy.errors import SpecError
 
@@ -202,8 +202,6 @@ class Config(_Model):
                 errors.append((f"{where}.tools[{i}]", f"no tool named {tool!r}"))
         try:
             conditions = agent.conditions()
-            from proxy.engine.policies.stop_conditions import custom_names
-
             for kind, cname, path in custom_names(conditions):
                 cond = self.conditions.get(cname)
                 if cond is None or cond.kind != kind:
@@ -223,13 +221,11 @@ class Config(_Model):
             errors.append((f"{where}.{exc.param}", exc.message))
         return errors
 
-    def tool_name(self, name_or_id: str) -> str | None:
-        if name_or_id in self.tools:
-            return name_or_id
-        for name, tool in self.tools.items():
-            if tool.id == name_or_id:
-                return name
-        return None
+    def tool_names(self) -> dict[str, str]:
+        """Every tool's name and id, each mapped to the tool's name."""
+        names = {tool.id: name for name, tool in self.tools.items() if tool.id is not None}
+        names.update((name, name) for name in self.tools)
+        return names
 
 
 class ConfigError(Exception):

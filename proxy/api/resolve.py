@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from proxy.api.chat_request import ChatRequest
-from proxy.config import AgentConfig, Config
+from proxy.config import Config
 from proxy.engine.policies.stop_conditions import Condition, custom_names, named_tools
 from proxy.engine.policies.terminal import TerminatingConfig
 from proxy.engine.policy import LoopPolicy
@@ -41,6 +41,10 @@ class Resolver:
         self.prices = prices
         self.agent_conditions = {n: tuple(a.conditions()) for n, a in config.agents.items()}
         self.agent_terminating = {n: a.terminating() for n, a in config.agents.items()}
+        self.tool_names = config.tool_names()
+        self.agent_tools = {
+            n: tuple(self.tool_names.get(t, t) for t in a.tools) for n, a in config.agents.items()
+        }
 
     def target(self, model: str) -> Target:
         alias = self.config.models.get(model)
@@ -59,7 +63,7 @@ class Resolver:
         name = self.agent_name(req)
         agent = self.config.agents.get(name) if name else None
         target = self.target(agent.model if agent else req.model)
-        tools = self._tools(agent, req)
+        tools = self._tools(name, req)
         client_names = {t["function"]["name"] for t in req.tools}
         for i, tool in enumerate(req.tools):
             if tool["function"]["name"] in tools:
@@ -98,10 +102,10 @@ class Resolver:
         )
         return Resolved(spec, target.upstream, name)
 
-    def _tools(self, agent: AgentConfig | None, req: ChatRequest) -> dict[str, ToolSpec]:
-        names = [self.config.tool_name(t) or t for t in (agent.tools if agent else [])]
+    def _tools(self, agent: str | None, req: ChatRequest) -> dict[str, ToolSpec]:
+        names = list(self.agent_tools[agent]) if agent else []
         for i, ref in enumerate(req.loop.tools):
-            resolved = self.config.tool_name(ref)
+            resolved = self.tool_names.get(ref)
             if resolved is None:
                 raise InvalidRequest(f"no server tool named {ref!r}", param=f"loop.tools[{i}]")
             names.append(resolved)
@@ -127,7 +131,7 @@ class Resolver:
             return None
         names = []
         for i, ref in enumerate(config.tool_ids):
-            name = self.config.tool_name(ref)
+            name = self.tool_names.get(ref)
             if name is None or name not in tools:
                 raise InvalidRequest(
                     f"{ref!r} is not a server tool enabled for this run",
