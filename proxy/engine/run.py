@@ -90,6 +90,8 @@ class Run:
         self.stream = stream
         self.policy = spec.policy
         self.terminal = spec.policy.terminal_tools
+        # Every tool the model may see: the server's, then the client's.
+        self.offered = [t.definition for t in spec.policy.tools.values()] + spec.client_tools
         self.policies: list[Policy] = spec.policy.build(deps.prices.prices(spec.model), deps.checks)
         self.client_names = {
             t["function"]["name"] for t in spec.client_tools if isinstance(t.get("function"), dict)
@@ -201,9 +203,8 @@ class Run:
                     return await self._finish(run, stop)
 
     def _plan(self, run: RunState) -> StepPlan:
-        tools = [spec.definition for spec in self.policy.tools.values()] + self.spec.client_tools
         choice = self.spec.client_tool_choice if run.step_count == 0 else None
-        return StepPlan(tools, choice, self.spec.max_completion_tokens)
+        return StepPlan(list(self.offered), choice, self.spec.max_completion_tokens)
 
     def _initial_messages(self) -> list[dict[str, Any]]:
         parts = [self.spec.system_prompt] if self.spec.system_prompt else []
@@ -384,10 +385,8 @@ class Run:
         if stop.reason in LIMIT_STOPS and self.policy.final_answer:
             directive = {"role": "system", "content": FINAL_ANSWER_DIRECTIVE}
             run.append(directive)
-            tools = [
-                spec.definition for spec in self.policy.tools.values()
-            ] + self.spec.client_tools
-            plan = StepPlan(tools, "none" if tools else None, self.spec.max_completion_tokens)
+            choice = "none" if self.offered else None
+            plan = StepPlan(list(self.offered), choice, self.spec.max_completion_tokens)
             reply = await self._call_model(run, plan, final_answer=True)
             message = _without_tool_calls(reply.message)
             run.append(message)
