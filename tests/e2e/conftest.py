@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
-import os
 import subprocess
 import sys
 import time
@@ -23,6 +23,18 @@ from proxy.demo.runner import free_port, serve_in_thread
 from proxy.demo.scenes import DEMO_CONFIG
 
 
+@contextlib.contextmanager
+def running(args: list[str], health_url: str) -> Iterator[None]:
+    """A process on 127.0.0.1, from when `health_url` answers until the block ends."""
+    proc = subprocess.Popen([sys.executable, *args])
+    try:
+        wait_healthy(health_url, proc)
+        yield
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
+
+
 def wait_healthy(url: str, proc: subprocess.Popen[bytes]) -> None:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -40,27 +52,10 @@ def wait_healthy(url: str, proc: subprocess.Popen[bytes]) -> None:
 @pytest.fixture(scope="session")
 def scripted_upstream() -> Iterator[str]:
     port = free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "uvicorn",
-            "proxy.demo.scripted_model:scripted_app",
-            "--factory",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--log-level",
-            "warning",
-        ],
-    )
-    try:
-        wait_healthy(f"http://127.0.0.1:{port}/v1/models", proc)
+    args = ["-m", "uvicorn", "proxy.demo.scripted_model:scripted_app", "--factory"]
+    args += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
+    with running(args, f"http://127.0.0.1:{port}/v1/models"):
         yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 class ToolServer:
@@ -123,14 +118,6 @@ def proxy_url(
     path = Path(tmp_path_factory.mktemp("e2e")) / "loopwarden.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     port = free_port()
-    env = dict(os.environ)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "proxy", "serve", "--config", str(path), "--port", str(port)],
-        env=env,
-    )
-    try:
-        wait_healthy(f"http://127.0.0.1:{port}/healthz", proc)
+    args = ["-m", "proxy", "serve", "--config", str(path), "--port", str(port)]
+    with running(args, f"http://127.0.0.1:{port}/healthz"):
         yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=15)
