@@ -125,8 +125,8 @@ class Upstream:
             raise _Retry(unreachable) from None
         self._count(status_class(response.status_code))
         if response.status_code >= 400:
-            body = await response.aread()
-            await response.aclose()
+            async with self._reading(response):
+                body = await response.aread()
             error = UpstreamStatusError(
                 response.status_code, body, response.headers.get("content-type")
             )
