@@ -11,6 +11,11 @@ import httpx
 from proxy.config import ConfigError, load_config
 
 
+def _report(exc: ConfigError) -> None:
+    for where, message in exc.problems:
+        print(f"{where}: {message}", file=sys.stderr)
+
+
 def _check(path: str | None) -> int:
     try:
         config = load_config(path)
@@ -18,8 +23,7 @@ def _check(path: str | None) -> int:
 
         build_gateway(config, httpx.AsyncClient(), httpx.AsyncHTTPTransport())
     except ConfigError as exc:
-        for where, message in exc.problems:
-            print(f"{where}: {message}", file=sys.stderr)
+        _report(exc)
         return 1
     except ValueError as exc:
         print(str(exc), file=sys.stderr)
@@ -36,8 +40,7 @@ def _serve(path: str | None, host: str | None, port: int | None) -> int:
     try:
         config = load_config(path)
     except ConfigError as exc:
-        for where, message in exc.problems:
-            print(f"{where}: {message}", file=sys.stderr)
+        _report(exc)
         return 1
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per upstream call is noise
