@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import importlib
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -21,3 +23,10 @@ def load_callable(ref: str) -> Callable[..., Any]:
     if not callable(target):
         raise ValueError(f"{ref!r} is not callable")
     return target  # type: ignore[no-any-return]
+
+
+async def call(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Awaits an async callable; runs a sync one in a worker thread, off the event loop."""
+    if inspect.iscoroutinefunction(func):
+        return await func(*args, **kwargs)
+    return await asyncio.to_thread(func, *args, **kwargs)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import os
 from collections.abc import Mapping
@@ -12,7 +11,7 @@ from typing import Any
 import httpx
 import orjson
 
-from proxy.callables import load_callable
+from proxy.callables import call, load_callable
 from proxy.config import ConditionConfig
 
 log = logging.getLogger(__name__)
@@ -43,10 +42,7 @@ class ConfiguredChecks:
             return False
 
     async def _python(self, name: str, snapshot: Mapping[str, Any]) -> bool:
-        func = self.functions[name]
-        if inspect.iscoroutinefunction(func):
-            return bool(await func(dict(snapshot)))
-        return bool(await asyncio.to_thread(func, dict(snapshot)))
+        return bool(await call(self.functions[name], dict(snapshot)))
 
     async def _webhook(self, cfg: ConditionConfig, snapshot: Mapping[str, Any]) -> bool:
         assert cfg.url is not None

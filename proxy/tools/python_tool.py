@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 from collections.abc import Callable
 from typing import Any
 
 from pydantic import ConfigDict, ValidationError, create_model
 
+from proxy.callables import call
 from proxy.engine.ports import ToolContext
 from proxy.tools.base import BadArguments, Invoke
 
@@ -44,8 +44,6 @@ def python_tool(
             raise BadArguments(f"invalid arguments at {where}: {first['msg']}") from None
 
     async def invoke(arguments: dict[str, Any], ctx: ToolContext) -> Any:
-        if inspect.iscoroutinefunction(func):
-            return await func(**arguments)
-        return await asyncio.to_thread(func, **arguments)
+        return await call(func, **arguments)
 
     return invoke, schema, validate
