@@ -5,11 +5,10 @@ from __future__ import annotations
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any
 
 from proxy.api.chat_request import ChatRequest
 from proxy.config import Config
-from proxy.engine.policies.stop_conditions import Condition, custom_names, named_tools
+from proxy.engine.policies.stop_conditions import Condition, custom_names, named_tools, walk
 from proxy.engine.policies.terminal import TerminatingConfig
 from proxy.engine.policy import LoopPolicy
 from proxy.engine.ports import PriceBook, ToolSpec
@@ -150,7 +149,10 @@ class Resolver:
             cfg = self.config.conditions.get(name)
             if cfg is None or cfg.kind != kind:
                 raise InvalidRequest(f"no {kind} condition named {name!r}", param=_param(path))
-        if _has_cost(conditions) and self.prices.prices(target.model) is None:
+        if (
+            any(c.kind == "max_cost" for c in walk(conditions))
+            and self.prices.prices(target.model) is None
+        ):
             upstream = self.config.upstreams[target.upstream]
             if not upstream.reports_cost:
                 raise InvalidRequest(
@@ -163,17 +165,6 @@ class Resolver:
 
 def _param(path: str) -> str:
     return path if path.startswith("loop.") else f"agent.{path}"
-
-
-def _has_cost(conditions: tuple[Condition, ...] | list[Any]) -> bool:
-    for cond in conditions:
-        if cond.kind == "max_cost":
-            return True
-        if cond.kind in ("any", "all") and _has_cost(cond.value):
-            return True
-        if cond.kind == "not" and _has_cost([cond.value]):
-            return True
-    return False
 
 
 def _tighter(a: int | None, b: int | None) -> int | None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -169,30 +169,29 @@ def parse_condition(raw: Any, path: str) -> Condition:
     return Condition(path, kind, value, cid)
 
 
+def walk(conditions: Sequence[Condition]) -> Iterator[Condition]:
+    """Every condition of a tree, combinators and the entries inside them."""
+    for cond in conditions:
+        yield cond
+        if cond.kind in ("any", "all"):
+            yield from walk(cond.value)
+        elif cond.kind == "not":
+            yield from walk([cond.value])
+
+
 def custom_names(conditions: Sequence[Condition]) -> list[tuple[str, str, str]]:
     """(kind, name, path) of every `webhook` and `python` condition, for validation."""
-    found: list[tuple[str, str, str]] = []
-    for cond in conditions:
-        if cond.kind in ("webhook", "python"):
-            found.append((cond.kind, cond.value, cond.path))
-        elif cond.kind in ("any", "all"):
-            found.extend(custom_names(cond.value))
-        elif cond.kind == "not":
-            found.extend(custom_names([cond.value]))
-    return found
+    return [(c.kind, c.value, c.path) for c in walk(conditions) if c.kind in ("webhook", "python")]
 
 
 def named_tools(conditions: Sequence[Condition]) -> list[tuple[str, str]]:
     """(tool name, path) of every `has_tool_call`, for validation."""
-    found: list[tuple[str, str]] = []
-    for cond in conditions:
-        if cond.kind == "has_tool_call":
-            found.extend((name, f"{cond.path}.has_tool_call") for name in cond.value)
-        elif cond.kind in ("any", "all"):
-            found.extend(named_tools(cond.value))
-        elif cond.kind == "not":
-            found.extend(named_tools([cond.value]))
-    return found
+    return [
+        (name, f"{c.path}.has_tool_call")
+        for c in walk(conditions)
+        if c.kind == "has_tool_call"
+        for name in c.value
+    ]
 
 
 class StopConditions(Policy):
