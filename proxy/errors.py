@@ -58,6 +58,15 @@ class PermissionDenied(ProxyError):
     code = "model_not_allowed"
 
 
+class InternalError(ProxyError):
+    """A bug (stop reason `internal_error`); the message never carries its details."""
+
+    code = "internal_error"
+
+    def __init__(self) -> None:
+        super().__init__("internal error")
+
+
 class MethodNotAllowed(ProxyError):
     status = 405
     type = "invalid_request_error"

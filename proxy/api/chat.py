@@ -17,7 +17,13 @@ from proxy.api.responses import send_bytes, send_error, send_json
 from proxy.api.sse import SSEWriter
 from proxy.engine.run import Deps, Run, RunResult
 from proxy.engine.stop import StopReason
-from proxy.errors import BodyTooLarge, ClientDisconnected, ProxyError, UpstreamStatusError
+from proxy.errors import (
+    BodyTooLarge,
+    ClientDisconnected,
+    InternalError,
+    ProxyError,
+    UpstreamStatusError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -90,8 +96,7 @@ class ChatCompletions:
         except Exception:
             log.exception("chat completion failed")
             if not started:
-                error = ProxyError("internal error", code="internal_error")
-                await send_error(send, error)
+                await send_error(send, InternalError())
 
     async def _handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         gw = self.gateway()

@@ -8,6 +8,7 @@ from typing import Any
 from proxy.engine.run import RunResult
 from proxy.engine.stop import StopReason
 from proxy.errors import (
+    InternalError,
     LoopFailed,
     ProxyError,
     UpstreamFailure,
@@ -79,4 +80,4 @@ def failure_error(result: RunResult) -> ProxyError:
         return UpstreamUnavailable(f"{error.message} after tools ran", code="upstream_error")
     if isinstance(error, UpstreamFailure):
         return error
-    return ProxyError("internal error", code="internal_error")
+    return InternalError()
