@@ -145,9 +145,11 @@ class AgentConfig(_Model):
 
 
 class StateConfig(_Model):
-    backend: Literal["memory", "sqlite", "redis"] = "memory"
+    backend: Literal["memory", "sqlite", "redis"] = "sqlite"
     path: str = "./loopwarden.db"
     url_env: str = "REDIS_URL"
+    key_prefix: str = "loopwarden:"  # redis
+    context_ttl_s: float | None = Field(None, gt=0)  # redis: contexts expire when left alone
 
 
 class TelemetryConfig(_Model):

@@ -122,6 +122,19 @@ class ConditionChecks(Protocol):
     async def check(self, kind: str, name: str, snapshot: Mapping[str, Any]) -> bool: ...
 
 
+class ThreadCounters(Protocol):
+    """Thread-scoped call counters in the state backend (SPEC §9), exact across replicas."""
+
+    async def reserve(
+        self, thread_id: str, limits: Mapping[str, int]
+    ) -> tuple[bool, dict[str, int]]:
+        """Atomically: when every counter is below its limit, add one to each.
+
+        Returns whether it did, and the counters after (or as they are, when it did not).
+        """
+        ...
+
+
 class RunObserver(Protocol):
     def on_event(self, event: RunEvent) -> None: ...
 

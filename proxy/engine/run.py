@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 
 from proxy.engine import events as ev
-from proxy.engine.policies.base import Nudge, Policy, StepPlan
+from proxy.engine.policies.base import Block, Nudge, Policy, StepPlan
 from proxy.engine.policies.terminal import terminal_hint
 from proxy.engine.policy import LoopPolicy
 from proxy.engine.ports import (
@@ -23,6 +23,7 @@ from proxy.engine.ports import (
     PriceBook,
     RunObserver,
     RunStream,
+    ThreadCounters,
     ToolCall,
     ToolContext,
     ToolExecutor,
@@ -65,6 +66,7 @@ class Deps:
     observers: Sequence[RunObserver] = ()
     checks: ConditionChecks | None = None
     clock: Callable[[], float] = time.monotonic
+    threads: ThreadCounters | None = None
 
 
 @dataclass(slots=True)
@@ -92,7 +94,9 @@ class Run:
         self.terminal = spec.policy.terminal_tools
         # Every tool the model may see: the server's, then the client's.
         self.offered = [t.definition for t in spec.policy.tools.values()] + spec.client_tools
-        self.policies: list[Policy] = spec.policy.build(deps.prices.prices(spec.model), deps.checks)
+        self.policies: list[Policy] = spec.policy.build(
+            deps.prices.prices(spec.model), deps.checks, deps.threads
+        )
         self.client_names = {
             t["function"]["name"] for t in spec.client_tools if isinstance(t.get("function"), dict)
         }
@@ -273,33 +277,28 @@ class Run:
         server = [c for c in reply.tool_calls if not self._is_client_call(c)]
         client = [c for c in reply.tool_calls if self._is_client_call(c)]
         outputs: dict[str, str] = {}
-        executed: list[ToolCall] = []
         batch: list[ToolCall] = []
         stop: Stop | None = None
 
         async def flush() -> None:
+            nonlocal stop
             results = await asyncio.gather(*(self._execute(run, c) for c in batch))
             for call, result in zip(batch, results, strict=True):
                 outputs[call.id] = _tool_content(result)
+                stop = self._after_tool(run, call, result) or stop
             batch.clear()
 
-        for call in server:
-            executed.append(call)
-            block = None
-            for policy in self.policies:
-                block = policy.review_call(run, call)
-                if block is not None:
-                    break
-            if block is None and call.name not in self.policy.tools:
-                allowed = ", ".join(sorted(self.policy.tools))
-                outputs[call.id] = _error_content(f"Unknown tool '{call.name}'. Tools: {allowed}.")
+        for index, call in enumerate(server):
+            if stop is not None:  # an earlier call of this reply ended the run
+                outputs[call.id] = _error_content("Not executed: the run has stopped.")
                 continue
+            block = await self._review(run, call)
             if block is not None:
                 outputs[call.id] = _error_content(block.message)
                 self._emit(
                     ev.CallBlocked(run.run_id, run.step_count, call, block.outcome, block.message)
                 )
-                stop = stop or block.stop
+                stop = block.stop
                 continue
             terminal = call.name in self.terminal
             if self.policy.parallel_tool_calls and not terminal:
@@ -308,18 +307,18 @@ class Run:
             await flush()
             result = await self._execute(run, call)
             outputs[call.id] = _tool_content(result)
-            for policy in self.policies:
-                stop = policy.after_tool(run, call, result) or stop
+            stop = self._after_tool(run, call, result) or stop
             if stop is not None and stop.reason is StopReason.TERMINAL_TOOL:
+                server = server[: index + 1]
                 client = []  # the later calls of this reply are dropped, client ones too
                 break
         await flush()
 
-        if executed:
+        if server:
             message = dict(reply.message)
-            message["tool_calls"] = [c.to_openai() for c in executed]
+            message["tool_calls"] = [c.to_openai() for c in server]
             run.append(message)
-            for call in executed:
+            for call in server:
                 run.append({"role": "tool", "tool_call_id": call.id, "content": outputs[call.id]})
         if stop is not None and stop.reason is StopReason.TERMINAL_TOOL:
             output = run.messages[-1]["content"]
@@ -330,12 +329,30 @@ class Run:
             return await self._finish(run, stop)
         if client:
             message = dict(reply.message)
-            if executed:
+            if server:
                 message["content"] = None
             message["tool_calls"] = [c.to_openai() for c in client]
             run.generated.append(message)
             return Stop(StopReason.CLIENT_TOOL_CALL), message, "tool_calls"
         return None
+
+    async def _review(self, run: RunState, call: ToolCall) -> Block | None:
+        if call.name not in self.policy.tools:
+            allowed = ", ".join(sorted(self.policy.tools))
+            return Block(f"Unknown tool '{call.name}'. Tools: {allowed}.", outcome="error")
+        for policy in self.policies:
+            block = await policy.review_call(run, call)
+            if block is not None:
+                return block
+        for policy in self.policies:
+            policy.admit(run, call)
+        return None
+
+    def _after_tool(self, run: RunState, call: ToolCall, result: ToolResult) -> Stop | None:
+        stop = None
+        for policy in self.policies:
+            stop = policy.after_tool(run, call, result) or stop
+        return stop
 
     async def _execute(self, run: RunState, call: ToolCall) -> ToolResult:
         clock = self.deps.clock
@@ -393,7 +410,10 @@ class Run:
             details = dict(stop.details, final_answer=True)
             stop = Stop(stop.reason, details, stop.error_code)
             return stop, message, FINISH_REASONS[stop.reason]
-        message = {"role": "assistant", "content": run.last_text}
+        text = run.last_text
+        if stop.reason is StopReason.TOOL_CALL_LIMIT:
+            text = stop.details.get("message", text)  # the final message states the limit hit
+        message = {"role": "assistant", "content": text}
         if stop.reason in FINISH_REASONS:
             return stop, message, FINISH_REASONS[stop.reason]
         return stop, message, self.last_reply.finish_reason if self.last_reply else None

@@ -7,8 +7,10 @@ from typing import Any
 
 from proxy.engine.policies.stop_conditions import parse_stop_when
 from proxy.engine.policies.terminal import parse_terminating_config
+from proxy.engine.policies.tool_call_limits import parse_tool_call_limits
+from proxy.engine.policies.tool_rules import parse_tool_rules
 from proxy.engine.policy import LoopPolicy
-from proxy.engine.ports import ConditionChecks, Prices, RunStream, ToolSpec
+from proxy.engine.ports import ConditionChecks, Prices, RunStream, ThreadCounters, ToolSpec
 from proxy.engine.run import Deps, Run, RunResult, RunSpec
 from tests.fakes import FakeTools, FixedPrices, ManualClock, RecordingObserver, ScriptedModel
 
@@ -38,6 +40,10 @@ class Harness:
         client_tools: list[str] = (),  # type: ignore[assignment]
         max_completion_tokens: int | None = None,
         system_prompt: str | None = None,
+        tool_rules: list[Any] | None = None,
+        tool_call_limits: list[Any] | None = None,
+        threads: ThreadCounters | None = None,
+        thread_id: str | None = None,
     ) -> None:
         self.model = ScriptedModel(list(script))
         self.tools = FakeTools(tools or {})
@@ -51,6 +57,8 @@ class Harness:
             terminating=parse_terminating_config(terminating, "terminating_config")
             if terminating
             else None,
+            tool_rules=parse_tool_rules(tool_rules or [], "tool_rules"),
+            tool_call_limits=parse_tool_call_limits(tool_call_limits or [], "tool_call_limits"),
             final_answer=final_answer,
             parallel_tool_calls=parallel,
         )
@@ -61,7 +69,9 @@ class Harness:
             [self.observer],
             checks,
             self.clock,
+            threads,
         )
+        self.thread_id = thread_id
         self.client_tools = [
             {"type": "function", "function": {"name": n, "parameters": {"type": "object"}}}
             for n in client_tools
@@ -79,5 +89,6 @@ class Harness:
             client_tools=self.client_tools,
             max_completion_tokens=self.max_completion_tokens,
             system_prompt=self.system_prompt,
+            thread_id=self.thread_id,
         )
         return await Run(spec, self.deps, stream).execute()

@@ -43,8 +43,11 @@ class Policy:
     def after_reply(self, run: RunState, plan: StepPlan, reply: ModelReply) -> Stop | None:
         return None
 
-    def review_call(self, run: RunState, call: ToolCall) -> Block | None:
+    async def review_call(self, run: RunState, call: ToolCall) -> Block | None:
         return None
+
+    def admit(self, run: RunState, call: ToolCall) -> None:
+        """The call passed every review and will be executed."""
 
     def after_tool(self, run: RunState, call: ToolCall, result: ToolResult) -> Stop | None:
         return None

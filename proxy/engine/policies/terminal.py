@@ -79,7 +79,7 @@ class TerminalTools(Policy):
             return Stop(StopReason.MAX_INVOCATIONS, details, "max_invocations_exceeded")
         return None
 
-    def review_call(self, run: RunState, call: ToolCall) -> Block | None:
+    async def review_call(self, run: RunState, call: ToolCall) -> Block | None:
         self.nudges = 0  # any tool call resets the nudge counter
         if call.name in self.terminal and self._failed_at_step == run.step_count:
             return Block(

@@ -1,0 +1,177 @@
+"""Tool call limits (SPEC §9): caps on executed calls per run and per thread."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from proxy.engine.fields import int_at_least, text
+from proxy.engine.policies.base import Block, Policy
+from proxy.engine.ports import ThreadCounters, ToolCall
+from proxy.engine.state import RunState
+from proxy.engine.stop import Stop, StopReason
+from proxy.errors import SpecError
+
+EXIT_BEHAVIORS = ("continue", "error", "end")
+ALL_TOOLS = "*"  # the counter key of a limit on every tool
+_FIELDS = ("tool_name", "thread_limit", "run_limit", "exit_behavior")
+_SEVERITY = {"continue": 0, "end": 1, "error": 2}
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallLimit:
+    tool_name: str | None
+    thread_limit: int | None
+    run_limit: int | None
+    exit_behavior: str
+    path: str
+
+    @property
+    def key(self) -> str:
+        return self.tool_name or ALL_TOOLS
+
+    def applies_to(self, tool: str) -> bool:
+        return self.tool_name is None or self.tool_name == tool
+
+
+def parse_tool_call_limits(raw: Any, path: str) -> tuple[ToolCallLimit, ...]:
+    if not isinstance(raw, list):
+        raise SpecError("must be a list of limits", param=path)
+    return tuple(_limit(entry, f"{path}[{i}]") for i, entry in enumerate(raw))
+
+
+def _limit(raw: Any, path: str) -> ToolCallLimit:
+    if not isinstance(raw, dict):
+        raise SpecError("a limit must be an object", param=path)
+    for key in raw:
+        if key not in _FIELDS:
+            raise SpecError(
+                f"unknown field; expected one of {', '.join(_FIELDS)}", param=f"{path}.{key}"
+            )
+    tool = raw.get("tool_name")
+    name = None if tool is None else text(tool, f"{path}.tool_name")
+    thread = raw.get("thread_limit")
+    run = raw.get("run_limit")
+    thread = None if thread is None else int_at_least(thread, f"{path}.thread_limit", 0)
+    run = None if run is None else int_at_least(run, f"{path}.run_limit", 0)
+    if thread is None and run is None:
+        raise SpecError("set run_limit, thread_limit or both", param=path)
+    if thread is not None and run is not None and run > thread:
+        raise SpecError(
+            f"run_limit ({run}) cannot be larger than thread_limit ({thread})",
+            param=f"{path}.run_limit",
+        )
+    behavior = raw.get("exit_behavior", "continue")
+    if behavior not in EXIT_BEHAVIORS:
+        raise SpecError(
+            f"must be one of {', '.join(EXIT_BEHAVIORS)}", param=f"{path}.exit_behavior"
+        )
+    return ToolCallLimit(name, thread, run, behavior, path)
+
+
+def validate_limits(limits: Iterable[ToolCallLimit], server_tools: Iterable[str]) -> None:
+    """Raises SpecError for a limit on a tool the run lacks, or an `end` that cannot hold."""
+    tools = set(server_tools)
+    for limit in limits:
+        if limit.tool_name is None:
+            continue
+        if limit.tool_name not in tools:
+            raise SpecError(
+                f"{limit.tool_name!r} is not a server tool of this run",
+                param=f"{limit.path}.tool_name",
+            )
+        others = sorted(tools - {limit.tool_name})
+        if limit.exit_behavior == "end" and others:
+            raise SpecError(
+                f"exit_behavior 'end' on {limit.tool_name!r} cannot stop other tools of the "
+                f"same reply ({', '.join(others)}); limit every tool (no tool_name) or use "
+                "'continue' or 'error'",
+                param=f"{limit.path}.exit_behavior",
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class _Hit:
+    limit: ToolCallLimit
+    scope: str  # "run" | "thread"
+    run_count: int
+    thread_count: int | None
+
+
+class ToolCallLimits(Policy):
+    """Counts executed calls; a call that would pass a limit is blocked.
+
+    Its review reserves thread counts in the state backend, so it must be the last policy
+    that may block a call.
+    """
+
+    def __init__(self, limits: tuple[ToolCallLimit, ...], threads: ThreadCounters | None) -> None:
+        self.limits = limits
+        self.threads = threads
+        self.run_counts: Counter[str] = Counter()
+
+    async def review_call(self, run: RunState, call: ToolCall) -> Block | None:
+        limits = [lim for lim in self.limits if lim.applies_to(call.name)]
+        if not limits:
+            return None
+        hits = [
+            _Hit(lim, "run", self.run_counts[lim.key], None)
+            for lim in limits
+            if lim.run_limit is not None and self.run_counts[lim.key] >= lim.run_limit
+        ]
+        thread_limits = [lim for lim in limits if lim.thread_limit is not None]
+        thread_counts: dict[str, int] = {}
+        if not hits and thread_limits:
+            if run.thread_id is None or self.threads is None:  # the thread is the run
+                thread_counts = {lim.key: self.run_counts[lim.key] for lim in thread_limits}
+                ok = all(thread_counts[lim.key] < (lim.thread_limit or 0) for lim in thread_limits)
+            else:
+                caps: dict[str, int] = {}
+                for lim in thread_limits:
+                    caps[lim.key] = min(
+                        caps.get(lim.key, lim.thread_limit or 0), lim.thread_limit or 0
+                    )
+                ok, thread_counts = await self.threads.reserve(run.thread_id, caps)
+            if not ok:
+                hits = [
+                    _Hit(lim, "thread", self.run_counts[lim.key], thread_counts[lim.key])
+                    for lim in thread_limits
+                    if thread_counts[lim.key] >= (lim.thread_limit or 0)
+                ]
+        if not hits:
+            for key in {lim.key for lim in limits}:
+                self.run_counts[key] += 1
+            return None
+        hit = max(hits, key=lambda h: _SEVERITY[h.limit.exit_behavior])
+        message = limit_message(hit.limit, call.name, hit.run_count, hit.thread_count)
+        return Block(message, "blocked_limit", self._stop(hit, call, run, message))
+
+    @staticmethod
+    def _stop(hit: _Hit, call: ToolCall, run: RunState, message: str) -> Stop | None:
+        behavior = hit.limit.exit_behavior
+        if behavior == "continue":
+            return None
+        threshold = hit.limit.run_limit if hit.scope == "run" else hit.limit.thread_limit
+        details = {
+            "condition": hit.limit.path,
+            "kind": f"{hit.scope}_limit",
+            "tool": call.name,
+            "threshold": threshold,
+            "observed": hit.run_count if hit.scope == "run" else hit.thread_count,
+            "step": run.step_count,
+            "message": message,
+        }
+        code = "tool_call_limit_exceeded" if behavior == "error" else None
+        return Stop(StopReason.TOOL_CALL_LIMIT, details, code)
+
+
+def limit_message(limit: ToolCallLimit, tool: str, run_count: int, thread_count: int | None) -> str:
+    parts = []
+    if limit.thread_limit is not None:
+        shown = run_count if thread_count is None else thread_count
+        parts.append(f"thread: {shown}/{limit.thread_limit}")
+    if limit.run_limit is not None:
+        parts.append(f"run: {run_count}/{limit.run_limit}")
+    return f"Tool call limit exceeded ({', '.join(parts)}). Do not call '{tool}' again."

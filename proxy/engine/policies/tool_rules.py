@@ -1,0 +1,320 @@
+"""Tool rules (SPEC §8, after Letta): which tools each step may call, and when a call is forced.
+
+Rules of one type are joined the way Letta joins them (several `run_first` rules offer any of
+their tools; several `constrain_child_tools` rules on one tool offer any of their children);
+rules of different types intersect.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from proxy.engine.fields import boolean, int_at_least, text
+from proxy.engine.policies.base import Block, Nudge, Policy, StepPlan
+from proxy.engine.ports import ModelReply, ToolCall, ToolResult
+from proxy.engine.state import RunState
+from proxy.engine.stop import Stop
+from proxy.errors import SpecError
+
+# Letta's class names, accepted as `type` aliases.
+ALIASES = {
+    "InitToolRule": "run_first",
+    "TerminalToolRule": "exit_loop",
+    "ContinueToolRule": "continue_loop",
+    "ChildToolRule": "constrain_child_tools",
+    "ParentToolRule": "parent_last_tool",
+    "ConditionalToolRule": "conditional",
+    "MaxCountPerStepToolRule": "max_count_per_step",
+    "RequiredBeforeExitToolRule": "required_before_exit",
+}
+# Each type and the fields it takes besides `type` and `tool_name`.
+RULE_FIELDS: dict[str, tuple[str, ...]] = {
+    "run_first": (),
+    "exit_loop": (),
+    "continue_loop": (),
+    "constrain_child_tools": ("children",),
+    "parent_last_tool": ("children",),
+    "conditional": ("child_output_mapping", "default_child", "require_output_mapping"),
+    "max_count_per_step": ("max_count_limit",),
+    "required_before_exit": (),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ToolRule:
+    type: str
+    tool_name: str
+    path: str
+    children: tuple[str, ...] = ()
+    child_output_mapping: Mapping[str, str] = field(default_factory=dict)
+    default_child: str | None = None
+    require_output_mapping: bool = False
+    max_count_limit: int = 0
+
+    def named_tools(self) -> list[tuple[str, str]]:
+        """Every tool the rule names, with the JSON path that names it."""
+        names = [(self.tool_name, f"{self.path}.tool_name")]
+        names += [(c, f"{self.path}.children[{i}]") for i, c in enumerate(self.children)]
+        names += [
+            (c, f"{self.path}.child_output_mapping.{k}")
+            for k, c in self.child_output_mapping.items()
+        ]
+        if self.default_child is not None:
+            names.append((self.default_child, f"{self.path}.default_child"))
+        return names
+
+
+def parse_tool_rules(raw: Any, path: str) -> tuple[ToolRule, ...]:
+    if not isinstance(raw, list):
+        raise SpecError("must be a list of rules", param=path)
+    return tuple(_rule(entry, f"{path}[{i}]") for i, entry in enumerate(raw))
+
+
+def _rule(raw: Any, path: str) -> ToolRule:
+    if not isinstance(raw, dict):
+        raise SpecError("a rule must be an object", param=path)
+    kind = raw.get("type")
+    kind = ALIASES.get(kind, kind) if isinstance(kind, str) else kind
+    if kind not in RULE_FIELDS:
+        raise SpecError(
+            f"unknown rule type; expected one of {', '.join(RULE_FIELDS)}", param=f"{path}.type"
+        )
+    allowed = ("type", "tool_name", *RULE_FIELDS[kind])
+    for key in raw:
+        if key not in allowed:
+            raise SpecError(
+                f"unknown field for a {kind} rule; expected {', '.join(allowed)}",
+                param=f"{path}.{key}",
+            )
+    rule = ToolRule(kind, text(raw.get("tool_name"), f"{path}.tool_name"), path)
+    if kind in ("constrain_child_tools", "parent_last_tool"):
+        children = raw.get("children")
+        if not isinstance(children, list) or not children:
+            raise SpecError("must be a non-empty list of tool names", param=f"{path}.children")
+        names = tuple(text(c, f"{path}.children[{i}]") for i, c in enumerate(children))
+        return _with(rule, children=names)
+    if kind == "conditional":
+        mapping = raw.get("child_output_mapping")
+        if not isinstance(mapping, dict) or not mapping:
+            raise SpecError(
+                "must be a non-empty object of output → tool name",
+                param=f"{path}.child_output_mapping",
+            )
+        checked = {str(k): text(v, f"{path}.child_output_mapping.{k}") for k, v in mapping.items()}
+        default = raw.get("default_child")
+        return _with(
+            rule,
+            child_output_mapping=checked,
+            default_child=None if default is None else text(default, f"{path}.default_child"),
+            require_output_mapping=boolean(
+                raw.get("require_output_mapping", False), f"{path}.require_output_mapping"
+            ),
+        )
+    if kind == "max_count_per_step":
+        limit = int_at_least(raw.get("max_count_limit"), f"{path}.max_count_limit")
+        return _with(rule, max_count_limit=limit)
+    return rule
+
+
+def _with(rule: ToolRule, **changes: Any) -> ToolRule:
+    return ToolRule(**{**{f: getattr(rule, f) for f in ToolRule.__dataclass_fields__}, **changes})
+
+
+@dataclass(frozen=True, slots=True)
+class RuleBook:
+    """A run's rules, indexed by what each checkpoint asks of them."""
+
+    rules: tuple[ToolRule, ...]
+
+    def of(self, kind: str) -> list[ToolRule]:
+        return [r for r in self.rules if r.type == kind]
+
+    @property
+    def run_first(self) -> frozenset[str]:
+        return frozenset(r.tool_name for r in self.of("run_first"))
+
+    @property
+    def exit_tools(self) -> frozenset[str]:
+        return frozenset(r.tool_name for r in self.of("exit_loop"))
+
+    def children_of(self, kind: str) -> dict[str, frozenset[str]]:
+        joined: dict[str, set[str]] = {}
+        for rule in self.of(kind):
+            joined.setdefault(rule.tool_name, set()).update(rule.children)
+        return {tool: frozenset(kids) for tool, kids in joined.items()}
+
+    def max_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for rule in self.of("max_count_per_step"):
+            counts[rule.tool_name] = min(
+                counts.get(rule.tool_name, rule.max_count_limit), rule.max_count_limit
+            )
+        return counts
+
+    def validate(self, tools: Iterable[str]) -> None:
+        """Raises SpecError, with the rule's path, for a tool the run lacks or a contradiction."""
+        enabled = set(tools)
+        for rule in self.rules:
+            for name, path in rule.named_tools():
+                if name not in enabled:
+                    raise SpecError(f"{name!r} is not a tool of this run", param=path)
+        both = self.exit_tools & {r.tool_name for r in self.of("continue_loop")}
+        for rule in self.of("continue_loop"):
+            if rule.tool_name in both:
+                raise SpecError(
+                    f"{rule.tool_name!r} cannot both end the run (exit_loop) and continue it",
+                    param=rule.path,
+                )
+        guarded = self.children_of("parent_last_tool")
+
+        def reachable_after(last: str | None, names: Iterable[str]) -> set[str]:
+            return {
+                n for n in names if all(n not in kids or p == last for p, kids in guarded.items())
+            }
+
+        first = self.of("run_first")
+        if first and not reachable_after(None, self.run_first):
+            raise SpecError(
+                "no run_first tool can be called first: each may only follow its parent "
+                "(parent_last_tool)",
+                param=first[0].path,
+            )
+        for rule in self.of("constrain_child_tools"):
+            if not reachable_after(rule.tool_name, rule.children):
+                raise SpecError(
+                    f"none of the children of {rule.tool_name!r} may follow it: each is "
+                    "limited to another parent (parent_last_tool)",
+                    param=f"{rule.path}.children",
+                )
+        for rule in self.of("conditional"):
+            for name, path in rule.named_tools()[1:]:
+                if not reachable_after(rule.tool_name, [name]):
+                    raise SpecError(
+                        f"{name!r} may not follow {rule.tool_name!r}: it is limited to another "
+                        "parent (parent_last_tool)",
+                        param=path,
+                    )
+
+
+def output_value(output: str) -> str:
+    """What a conditional rule matches: the JSON `message` field, a JSON scalar, or the text."""
+    try:
+        value = orjson.loads(output)
+    except orjson.JSONDecodeError:
+        return output.strip()
+    if isinstance(value, dict) and "message" in value:
+        value = value["message"]
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return value.strip()
+    return orjson.dumps(value).decode() if isinstance(value, dict | list) else str(value)
+
+
+def forced_choice(allowed: list[str]) -> Any:
+    """`tool_choice` for a forced call: a single allowed tool is named explicitly."""
+    if len(allowed) == 1:
+        return {"type": "function", "function": {"name": allowed[0]}}
+    return "required"
+
+
+class ToolRules(Policy):
+    """Narrows each step's tools, blocks calls the rules forbid, nudges unmet requirements."""
+
+    def __init__(self, book: RuleBook) -> None:
+        self.book = book
+        self.run_first = book.run_first
+        self.children = book.children_of("constrain_child_tools")
+        self.guarded = book.children_of("parent_last_tool")
+        self.conditional = {r.tool_name: r for r in book.of("conditional")}
+        self.max_counts = book.max_counts()
+        self.continuing = frozenset(r.tool_name for r in book.of("continue_loop"))
+        self.required = [r.tool_name for r in book.of("required_before_exit")]
+        self.history: list[str] = []  # executed tool calls, in order
+        self.counts: Counter[str] = Counter()
+        self.last_output: str | None = None
+        self.offered: list[str] = []
+
+    def allowed(self, names: Iterable[str]) -> tuple[list[str], bool]:
+        """Of `names`, those the rules allow next, and whether a call is forced."""
+        allowed = list(names)
+        forced = False
+        last = self.history[-1] if self.history else None
+        if last is None and self.run_first:
+            allowed, forced = [n for n in allowed if n in self.run_first], True
+        if last in self.children:
+            allowed, forced = [n for n in allowed if n in self.children[last]], True
+        picked = self._conditional_children(last)
+        if picked is not None:
+            allowed, forced = [n for n in allowed if n in picked], True
+        allowed = [
+            n
+            for n in allowed
+            if all(n not in kids or parent == last for parent, kids in self.guarded.items())
+            and self.counts[n] < self.max_counts.get(n, self.counts[n] + 1)
+        ]
+        return allowed, forced
+
+    def _conditional_children(self, last: str | None) -> frozenset[str] | None:
+        rule = self.conditional.get(last) if last is not None else None
+        if rule is None or self.last_output is None:
+            return None
+        value = output_value(self.last_output)
+        for key, child in rule.child_output_mapping.items():
+            if key == value:
+                return frozenset({child})
+        if rule.default_child is not None:
+            return frozenset({rule.default_child})
+        if rule.require_output_mapping:
+            return frozenset(rule.child_output_mapping.values())
+        return None
+
+    def before_step(self, run: RunState, plan: StepPlan) -> Stop | None:
+        names = [t["function"]["name"] for t in plan.tools]
+        allowed, forced = self.allowed(names)
+        self.offered = allowed
+        if len(allowed) == len(names) and not forced:
+            return None
+        keep = set(allowed)
+        plan.tools = [t for t in plan.tools if t["function"]["name"] in keep]
+        if not plan.tools:
+            plan.tool_choice = None
+        elif forced:
+            plan.tool_choice = forced_choice(allowed)
+        return None
+
+    async def review_call(self, run: RunState, call: ToolCall) -> Block | None:
+        allowed, _ = self.allowed([call.name])
+        if allowed:
+            return None
+        now, _ = self.allowed(self.offered)
+        listed = ", ".join(now) if now else "none; answer without tools"
+        return Block(
+            f"Tool '{call.name}' is not allowed now by the tool rules. Allowed tools: {listed}."
+        )
+
+    def admit(self, run: RunState, call: ToolCall) -> None:
+        self.history.append(call.name)
+        self.counts[call.name] += 1
+        self.last_output = None
+
+    def after_tool(self, run: RunState, call: ToolCall, result: ToolResult) -> Stop | None:
+        if self.history and self.history[-1] == call.name:
+            self.last_output = result.output
+        return None
+
+    def after_reply_without_tools(self, run: RunState, reply: ModelReply) -> Nudge | Stop | None:
+        missing = [name for name in self.required if self.counts[name] == 0]
+        if missing:
+            listed = ", ".join(f"'{name}'" for name in missing)
+            return Nudge(f"You may not finish yet: first call {listed}.")
+        if self.history and self.history[-1] in self.continuing:
+            return Nudge(
+                f"You must continue after '{self.history[-1]}': call a tool before you answer."
+            )
+        return None

@@ -1,0 +1,29 @@
+"""Opens the state backend the config names."""
+
+from __future__ import annotations
+
+import os
+
+from proxy.config import StateConfig
+from proxy.state.store import StateStore
+
+
+def open_store(config: StateConfig) -> StateStore:
+    """Raises ValueError when the backend cannot be set up from the config."""
+    if config.backend == "memory":
+        from proxy.state.memory import MemoryStore
+
+        return MemoryStore()
+    if config.backend == "sqlite":
+        from proxy.state.sqlite import SqliteStore
+
+        try:
+            return SqliteStore(config.path)
+        except Exception as exc:  # sqlite3.Error or OSError: an unusable path
+            raise ValueError(f"state.path: cannot open {config.path!r}: {exc}") from None
+    from proxy.state.redis import RedisStore
+
+    url = os.environ.get(config.url_env)
+    if not url:
+        raise ValueError(f"state.url_env: environment variable {config.url_env} is not set")
+    return RedisStore(url, prefix=config.key_prefix, context_ttl_s=config.context_ttl_s)

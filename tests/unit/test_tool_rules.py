@@ -1,0 +1,364 @@
+"""SPEC §8: tool rules narrow each step's tools, force calls, block and nudge."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from proxy.engine import events as ev
+from proxy.engine.policies.tool_rules import RuleBook, output_value, parse_tool_rules
+from proxy.engine.ports import ModelRequest
+from proxy.engine.stop import StopReason
+from proxy.errors import SpecError
+from tests.fakes import reply
+from tests.unit.harness import Harness
+
+TOOLS = {
+    name: (lambda n: lambda _: f"{n} ok")(name) for name in ("plan", "search", "fetch", "write")
+}
+
+
+def offered(request: ModelRequest) -> list[str]:
+    return [t["function"]["name"] for t in request.tools]
+
+
+def named(tool: str) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": tool}}
+
+
+async def test_run_first_offers_only_its_tool_and_forces_it_on_the_first_step() -> None:
+    h = Harness(
+        [reply(calls=[("plan", "{}")]), reply("done")],
+        TOOLS,
+        tool_rules=[{"type": "run_first", "tool_name": "plan"}],
+    )
+    result = await h.run()
+    first, second = h.model.requests
+    assert offered(first) == ["plan"] and first.tool_choice == named("plan")
+    assert offered(second) == ["plan", "search", "fetch", "write"]
+    assert second.tool_choice is None
+    assert result.stop.reason is StopReason.COMPLETED
+
+
+async def test_several_run_first_rules_offer_any_of_their_tools_with_required() -> None:
+    h = Harness(
+        [reply(calls=[("search", "{}")]), reply("done")],
+        TOOLS,
+        tool_rules=[
+            {"type": "InitToolRule", "tool_name": "plan"},
+            {"type": "run_first", "tool_name": "search"},
+        ],
+    )
+    await h.run()
+    assert offered(h.model.requests[0]) == ["plan", "search"]
+    assert h.model.requests[0].tool_choice == "required"
+
+
+async def test_a_disallowed_call_is_blocked_with_the_allowed_tools_and_the_run_goes_on() -> None:
+    h = Harness(
+        [reply(calls=[("write", "{}")]), reply(calls=[("plan", "{}")]), reply("done")],
+        TOOLS,
+        tool_rules=[{"type": "run_first", "tool_name": "plan"}],
+    )
+    result = await h.run()
+    assert [c[0] for c in h.tools.calls] == ["plan"]
+    blocked = json.loads(result.generated[1]["content"])["error"]
+    assert "'write' is not allowed" in blocked and "Allowed tools: plan." in blocked
+    (event,) = h.observer.of(ev.CallBlocked)
+    assert event.call.name == "write" and event.outcome == "blocked_rule"
+    assert result.stop.reason is StopReason.COMPLETED and result.tool_calls == 1
+
+
+async def test_exit_loop_ends_the_run_with_the_tool_output() -> None:
+    h = Harness(
+        [reply(calls=[("search", "{}")]), reply(calls=[("write", "{}")])],
+        TOOLS,
+        tool_rules=[{"type": "TerminalToolRule", "tool_name": "write"}],
+    )
+    result = await h.run()
+    assert result.stop.reason is StopReason.TERMINAL_TOOL
+    assert result.message["content"] == "write ok"
+    assert "`write` ends your turn" in h.model.requests[0].messages[0]["content"]
+
+
+async def test_constrain_child_tools_forces_a_child_after_the_tool() -> None:
+    h = Harness(
+        [reply(calls=[("plan", "{}")]), reply(calls=[("fetch", "{}")]), reply("done")],
+        TOOLS,
+        tool_rules=[{"type": "constrain_child_tools", "tool_name": "plan", "children": ["fetch"]}],
+    )
+    await h.run()
+    first, second, third = h.model.requests
+    assert first.tool_choice is None and len(offered(first)) == 4
+    assert offered(second) == ["fetch"] and second.tool_choice == named("fetch")
+    assert len(offered(third)) == 4 and third.tool_choice is None
+
+
+async def test_parent_last_tool_offers_children_only_right_after_the_parent() -> None:
+    h = Harness(
+        [
+            reply(calls=[("plan", "{}")]),
+            reply(calls=[("write", "{}")]),
+            reply(calls=[("write", "{}")]),
+            reply("done"),
+        ],
+        TOOLS,
+        tool_rules=[{"type": "ParentToolRule", "tool_name": "plan", "children": ["write"]}],
+    )
+    result = await h.run()
+    assert [offered(r) for r in h.model.requests[:3]] == [
+        ["plan", "search", "fetch"],
+        ["plan", "search", "fetch", "write"],
+        ["plan", "search", "fetch"],
+    ]
+    assert [c[0] for c in h.tools.calls] == ["plan", "write"]  # the second write is blocked
+    assert len(h.observer.of(ev.CallBlocked)) == 1
+    assert result.stop.reason is StopReason.COMPLETED
+
+
+@pytest.mark.parametrize(
+    ("output", "expected"),
+    [
+        ('{"message": "found"}', ["fetch"]),
+        ("missing", ["write"]),
+        ("12", ["search"]),
+        ("nothing matches", ["search"]),  # default_child
+    ],
+)
+async def test_conditional_picks_the_next_tool_by_the_output(
+    output: str, expected: list[str]
+) -> None:
+    tools = dict(TOOLS, plan=lambda _: output)
+    h = Harness(
+        [reply(calls=[("plan", "{}")]), reply("done")],
+        tools,
+        tool_rules=[
+            {
+                "type": "conditional",
+                "tool_name": "plan",
+                "child_output_mapping": {"found": "fetch", "missing": "write", "12": "search"},
+                "default_child": "search",
+            }
+        ],
+    )
+    await h.run()
+    assert offered(h.model.requests[1]) == expected
+    assert h.model.requests[1].tool_choice == named(expected[0])
+
+
+async def test_conditional_without_a_match_is_free_unless_the_mapping_is_required() -> None:
+    rule = {
+        "type": "ConditionalToolRule",
+        "tool_name": "plan",
+        "child_output_mapping": {"a": "fetch", "b": "write"},
+    }
+    free = Harness([reply(calls=[("plan", "{}")]), reply("done")], TOOLS, tool_rules=[rule])
+    await free.run()
+    assert len(offered(free.model.requests[1])) == 4 and free.model.requests[1].tool_choice is None
+    strict = Harness(
+        [reply(calls=[("plan", "{}")]), reply("done")],
+        TOOLS,
+        tool_rules=[dict(rule, require_output_mapping=True)],
+    )
+    await strict.run()
+    assert offered(strict.model.requests[1]) == ["fetch", "write"]
+    assert strict.model.requests[1].tool_choice == "required"
+
+
+async def test_max_count_per_step_hides_the_tool_once_used_up_and_blocks_more_calls() -> None:
+    h = Harness(
+        [
+            reply(calls=[("search", "{}"), ("search", "{}"), ("search", "{}")]),
+            reply(calls=[("search", "{}")]),
+            reply("done"),
+        ],
+        TOOLS,
+        tool_rules=[{"type": "max_count_per_step", "tool_name": "search", "max_count_limit": 2}],
+    )
+    result = await h.run()
+    assert [c[0] for c in h.tools.calls] == ["search", "search"]
+    assert "search" not in offered(h.model.requests[1])
+    assert len(h.observer.of(ev.CallBlocked)) == 2
+    assert "Allowed tools: plan, fetch, write." in result.generated[3]["content"]
+
+
+async def test_required_before_exit_nudges_until_the_tool_has_run() -> None:
+    h = Harness(
+        [reply("early"), reply(calls=[("write", "{}")]), reply("done")],
+        TOOLS,
+        tool_rules=[{"type": "RequiredBeforeExitToolRule", "tool_name": "write"}],
+    )
+    result = await h.run()
+    (nudge,) = h.observer.of(ev.Nudged)
+    assert "first call 'write'" in nudge.message
+    assert result.stop.reason is StopReason.COMPLETED and result.message["content"] == "done"
+
+
+async def test_required_before_exit_caps_at_max_steps_when_never_met() -> None:
+    h = Harness(
+        [reply("no")] * 3,
+        TOOLS,
+        max_steps=3,
+        tool_rules=[{"type": "required_before_exit", "tool_name": "write"}],
+    )
+    result = await h.run()
+    assert result.stop.reason is StopReason.MAX_STEPS
+    assert len(h.observer.of(ev.Nudged)) == 3
+
+
+async def test_continue_loop_nudges_a_content_only_reply_after_the_tool() -> None:
+    h = Harness(
+        [
+            reply(calls=[("search", "{}")]),
+            reply("premature"),
+            reply(calls=[("fetch", "{}")]),
+            reply("done"),
+        ],
+        TOOLS,
+        tool_rules=[{"type": "continue_loop", "tool_name": "search"}],
+    )
+    result = await h.run()
+    (nudge,) = h.observer.of(ev.Nudged)
+    assert "continue after 'search'" in nudge.message
+    assert result.stop.reason is StopReason.COMPLETED and result.message["content"] == "done"
+
+
+async def test_calls_of_one_reply_are_reviewed_in_order_against_the_updated_state() -> None:
+    h = Harness(
+        [reply(calls=[("plan", "{}"), ("fetch", "{}"), ("write", "{}")]), reply("done")],
+        TOOLS,
+        tool_rules=[
+            {"type": "run_first", "tool_name": "plan"},
+            {"type": "constrain_child_tools", "tool_name": "plan", "children": ["fetch"]},
+        ],
+    )
+    await h.run()
+    assert [c[0] for c in h.tools.calls] == ["plan", "fetch", "write"]
+
+
+async def test_an_empty_allowed_set_at_run_time_offers_no_tools() -> None:
+    h = Harness(
+        [reply(calls=[("plan", "{}")]), reply(calls=[("fetch", "{}")]), reply("done")],
+        TOOLS,
+        tool_rules=[
+            {"type": "constrain_child_tools", "tool_name": "plan", "children": ["fetch"]},
+            {"type": "max_count_per_step", "tool_name": "fetch", "max_count_limit": 1},
+            {"type": "constrain_child_tools", "tool_name": "fetch", "children": ["fetch"]},
+        ],
+    )
+    await h.run()
+    third = h.model.requests[2]
+    assert third.tools == [] and third.tool_choice is None
+
+
+async def test_parallel_calls_are_counted_when_admitted() -> None:
+    h = Harness(
+        [reply(calls=[("search", "{}")] * 3), reply("done")],
+        TOOLS,
+        parallel=True,
+        tool_rules=[{"type": "max_count_per_step", "tool_name": "search", "max_count_limit": 2}],
+    )
+    await h.run()
+    assert len(h.tools.calls) == 2
+
+
+@pytest.mark.parametrize(
+    ("rules", "param", "message"),
+    [
+        ([{"type": "sometimes", "tool_name": "a"}], "r[0].type", "unknown rule type"),
+        ([{"type": "run_first"}], "r[0].tool_name", "string"),
+        (
+            [{"type": "run_first", "tool_name": "a", "children": ["b"]}],
+            "r[0].children",
+            "unknown field",
+        ),
+        ([{"type": "ChildToolRule", "tool_name": "a"}], "r[0].children", "non-empty list"),
+        (
+            [{"type": "conditional", "tool_name": "a", "child_output_mapping": {}}],
+            "r[0].child_output_mapping",
+            "non-empty",
+        ),
+        (
+            [{"type": "max_count_per_step", "tool_name": "a", "max_count_limit": 0}],
+            "r[0].max_count_limit",
+            ">= 1",
+        ),
+        ("run_first", "r", "list"),
+        ([7], "r[0]", "object"),
+    ],
+)
+def test_malformed_rules_name_the_bad_field(rules: Any, param: str, message: str) -> None:
+    with pytest.raises(SpecError) as err:
+        parse_tool_rules(rules, "r")
+    assert err.value.param == param and message in err.value.message
+
+
+@pytest.mark.parametrize(
+    ("rules", "param", "message"),
+    [
+        ([{"type": "run_first", "tool_name": "nope"}], "r[0].tool_name", "not a tool of this run"),
+        (
+            [{"type": "constrain_child_tools", "tool_name": "a", "children": ["b", "zz"]}],
+            "r[0].children[1]",
+            "not a tool",
+        ),
+        (
+            [
+                {
+                    "type": "conditional",
+                    "tool_name": "a",
+                    "child_output_mapping": {"x": "b"},
+                    "default_child": "q",
+                }
+            ],
+            "r[0].default_child",
+            "not a tool",
+        ),
+        (
+            [
+                {"type": "run_first", "tool_name": "b"},
+                {"type": "parent_last_tool", "tool_name": "a", "children": ["b"]},
+            ],
+            "r[0]",
+            "no run_first tool can be called first",
+        ),
+        (
+            [
+                {"type": "constrain_child_tools", "tool_name": "c", "children": ["b"]},
+                {"type": "parent_last_tool", "tool_name": "a", "children": ["b"]},
+            ],
+            "r[0].children",
+            "none of the children",
+        ),
+        (
+            [
+                {"type": "conditional", "tool_name": "c", "child_output_mapping": {"x": "b"}},
+                {"type": "parent_last_tool", "tool_name": "a", "children": ["b"]},
+            ],
+            "r[0].child_output_mapping.x",
+            "may not follow",
+        ),
+        (
+            [{"type": "exit_loop", "tool_name": "a"}, {"type": "continue_loop", "tool_name": "a"}],
+            "r[1]",
+            "cannot both end",
+        ),
+    ],
+)
+def test_rules_that_name_missing_tools_or_contradict_are_refused(
+    rules: list[Any], param: str, message: str
+) -> None:
+    book = RuleBook(parse_tool_rules(rules, "r"))
+    with pytest.raises(SpecError) as err:
+        book.validate(["a", "b", "c"])
+    assert err.value.param == param and message in err.value.message
+
+
+@pytest.mark.parametrize(
+    ("output", "value"),
+    [('{"message": true}', "true"), ('{"message": " x "}', "x"), ("3.5", "3.5"), ("raw", "raw")],
+)
+def test_output_value_reads_the_message_field_or_the_text(output: str, value: str) -> None:
+    assert output_value(output) == value
