@@ -283,7 +283,7 @@ async def test_parallel_calls_are_counted_when_admitted() -> None:
         (
             [{"type": "max_count_per_step", "tool_name": "a", "max_count_limit": 0}],
             "r[0].max_count_limit",
-            ">= 1",
+            "positive integer",
         ),
         ("run_first", "r", "list"),
         ([7], "r[0]", "object"),

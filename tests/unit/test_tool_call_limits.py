@@ -1,0 +1,206 @@
+"""SPEC §9: tool call limits per run and per thread, with each exit behaviour."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+
+from proxy.engine import events as ev
+from proxy.engine.policies.tool_call_limits import parse_tool_call_limits, validate_limits
+from proxy.engine.stop import StopReason
+from proxy.errors import SpecError
+from proxy.state.memory import MemoryStore
+from tests.fakes import reply
+from tests.unit.harness import Harness
+
+TOOLS = {"search": lambda _: "s", "fetch": lambda _: "f"}
+
+
+def searches(n: int) -> list[Any]:
+    return [reply(calls=[("search", "{}")]) for _ in range(n)]
+
+
+def errors(generated: list[dict[str, Any]]) -> list[str]:
+    return [
+        json.loads(m["content"])["error"]
+        for m in generated
+        if m["role"] == "tool" and m["content"].startswith('{"error"')
+    ]
+
+
+async def test_continue_blocks_the_call_past_the_run_limit_and_goes_on() -> None:
+    h = Harness(
+        [*searches(3), reply("done")],
+        TOOLS,
+        tool_call_limits=[{"tool_name": "search", "run_limit": 2}],
+    )
+    result = await h.run()
+    assert len(h.tools.calls) == 2
+    assert errors(result.generated) == [
+        "Tool call limit exceeded (run: 2/2). Do not call 'search' again."
+    ]
+    (blocked,) = h.observer.of(ev.CallBlocked)
+    assert blocked.outcome == "blocked_limit"
+    assert result.stop.reason is StopReason.COMPLETED and result.tool_calls == 2
+
+
+async def test_error_fails_the_run_and_skips_the_rest_of_the_reply() -> None:
+    h = Harness(
+        [reply(calls=[("search", "{}"), ("search", "{}"), ("fetch", "{}")])],
+        TOOLS,
+        tool_call_limits=[{"run_limit": 1, "exit_behavior": "error"}],
+    )
+    result = await h.run()
+    assert result.stop.reason is StopReason.TOOL_CALL_LIMIT
+    assert result.stop.error_code == "tool_call_limit_exceeded" and result.stop.is_failure
+    assert [c[0] for c in h.tools.calls] == ["search"]
+    assert errors(result.generated)[1] == "Not executed: the run has stopped."
+    assert result.stop.details["kind"] == "run_limit"
+    assert result.stop.details["threshold"] == 1 and result.stop.details["observed"] == 1
+
+
+async def test_end_stops_the_run_with_a_message_stating_the_limit() -> None:
+    h = Harness(
+        searches(3),
+        {"search": lambda _: "s"},
+        tool_call_limits=[{"tool_name": "search", "run_limit": 2, "exit_behavior": "end"}],
+    )
+    result = await h.run()
+    assert result.stop.reason is StopReason.TOOL_CALL_LIMIT and not result.stop.is_failure
+    assert result.finish_reason == "stop"
+    assert result.message["content"] == (
+        "Tool call limit exceeded (run: 2/2). Do not call 'search' again."
+    )
+    assert result.stop.details["condition"] == "tool_call_limits[0]"
+
+
+async def test_end_with_final_answer_asks_the_model_once_more() -> None:
+    h = Harness(
+        [*searches(2), reply("summary")],
+        {"search": lambda _: "s"},
+        final_answer=True,
+        tool_call_limits=[{"run_limit": 1, "exit_behavior": "end"}],
+    )
+    result = await h.run()
+    assert result.message["content"] == "summary"
+    assert result.stop.details["final_answer"] is True
+    assert h.model.requests[-1].tool_choice == "none"
+
+
+async def test_thread_counts_persist_across_runs_on_one_thread() -> None:
+    store = MemoryStore()
+    limits = [{"tool_name": "search", "thread_limit": 3}]
+    first = Harness(
+        [*searches(2), reply("a")], TOOLS, tool_call_limits=limits, threads=store, thread_id="t1"
+    )
+    await first.run()
+    second = Harness(
+        [*searches(2), reply("b")], TOOLS, tool_call_limits=limits, threads=store, thread_id="t1"
+    )
+    result = await second.run()
+    assert len(second.tools.calls) == 1
+    assert errors(result.generated) == [
+        "Tool call limit exceeded (thread: 3/3). Do not call 'search' again."
+    ]
+    other = Harness(
+        [*searches(2), reply("c")], TOOLS, tool_call_limits=limits, threads=store, thread_id="t2"
+    )
+    await other.run()
+    assert len(other.tools.calls) == 2
+    assert await store.thread_counts("t1") == {"search": 3}
+
+
+async def test_without_a_thread_id_the_thread_is_the_run() -> None:
+    store = MemoryStore()
+    limits = [{"thread_limit": 2, "run_limit": 1}]
+    h = Harness([*searches(2), reply("a")], TOOLS, tool_call_limits=limits, threads=store)
+    result = await h.run()
+    assert len(h.tools.calls) == 1
+    assert errors(result.generated) == [
+        "Tool call limit exceeded (thread: 1/2, run: 1/1). Do not call 'search' again."
+    ]
+    assert await store.thread_counts("run_test") == {}
+
+
+async def test_a_limit_without_tool_name_counts_every_tool() -> None:
+    h = Harness(
+        [reply(calls=[("search", "{}"), ("fetch", "{}"), ("fetch", "{}")]), reply("done")],
+        TOOLS,
+        tool_call_limits=[{"run_limit": 2}],
+    )
+    result = await h.run()
+    assert [c[0] for c in h.tools.calls] == ["search", "fetch"]
+    assert errors(result.generated) == [
+        "Tool call limit exceeded (run: 2/2). Do not call 'fetch' again."
+    ]
+
+
+async def test_calls_blocked_by_a_rule_do_not_count() -> None:
+    h = Harness(
+        [reply(calls=[("fetch", "{}")]), *searches(2), reply(calls=[("fetch", "{}")]), reply("x")],
+        TOOLS,
+        tool_rules=[{"type": "run_first", "tool_name": "search"}],
+        tool_call_limits=[{"run_limit": 3}],
+    )
+    await h.run()
+    assert [c[0] for c in h.tools.calls] == ["search", "search", "fetch"]
+
+
+async def test_concurrent_runs_on_one_thread_never_pass_the_thread_limit() -> None:
+    store = MemoryStore()
+    harnesses = [
+        Harness(
+            [*searches(4), reply("x")],
+            TOOLS,
+            tool_call_limits=[{"tool_name": "search", "thread_limit": 7}],
+            threads=store,
+            thread_id="shared",
+        )
+        for _ in range(6)
+    ]
+    await asyncio.gather(*(h.run() for h in harnesses))
+    assert sum(len(h.tools.calls) for h in harnesses) == 7
+    assert await store.thread_counts("shared") == {"search": 7}
+
+
+@pytest.mark.parametrize(
+    ("limits", "param", "message"),
+    [
+        ([{"tool_name": "search"}], "l[0]", "set run_limit, thread_limit or both"),
+        ([{"run_limit": 5, "thread_limit": 2}], "l[0].run_limit", "cannot be larger"),
+        ([{"run_limit": 1, "exit_behavior": "stop"}], "l[0].exit_behavior", "continue, error, end"),
+        ([{"run_limit": 1, "per": "day"}], "l[0].per", "unknown field"),
+        ([{"run_limit": -1}], "l[0].run_limit", "≥ 0"),
+        ([{"run_limit": "3"}], "l[0].run_limit", "integer"),
+        ({"run_limit": 1}, "l", "list"),
+    ],
+)
+def test_malformed_limits_name_the_bad_field(limits: Any, param: str, message: str) -> None:
+    with pytest.raises(SpecError) as err:
+        parse_tool_call_limits(limits, "l")
+    assert err.value.param == param and message in err.value.message
+
+
+@pytest.mark.parametrize(
+    ("limit", "param", "message"),
+    [
+        ({"tool_name": "nope", "run_limit": 1}, "l[0].tool_name", "not a server tool"),
+        (
+            {"tool_name": "search", "run_limit": 1, "exit_behavior": "end"},
+            "l[0].exit_behavior",
+            "cannot stop other tools of the same reply (fetch)",
+        ),
+    ],
+)
+def test_limits_are_checked_against_the_run_tools(
+    limit: dict[str, Any], param: str, message: str
+) -> None:
+    with pytest.raises(SpecError) as err:
+        validate_limits(parse_tool_call_limits([limit], "l"), ["search", "fetch"])
+    assert err.value.param == param and message in err.value.message
+    validate_limits(
+        parse_tool_call_limits([{"run_limit": 1, "exit_behavior": "end"}], "l"), ["search", "fetch"]
+    )
