@@ -20,8 +20,10 @@ def _check(path: str | None) -> int:
     try:
         config = load_config(path)
         from proxy.api.gateway import build_gateway
+        from proxy.state.memory import MemoryStore
 
-        build_gateway(config, httpx.AsyncClient(), httpx.AsyncHTTPTransport())
+        # Wires everything but the state backend, which `serve` opens (and `/readyz` checks).
+        build_gateway(config, httpx.AsyncClient(), httpx.AsyncHTTPTransport(), MemoryStore())
     except ConfigError as exc:
         _report(exc)
         return 1

@@ -12,6 +12,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from proxy.engine.policies.stop_conditions import Condition, custom_names, parse_stop_when
 from proxy.engine.policies.terminal import TerminatingConfig, parse_terminating_config
+from proxy.engine.policies.tool_call_limits import (
+    ToolCallLimit,
+    parse_tool_call_limits,
+    validate_limits,
+)
+from proxy.engine.policies.tool_rules import RuleBook, ToolRule, parse_tool_rules
 from proxy.errors import SpecError
 
 
@@ -128,13 +134,6 @@ class AgentConfig(_Model):
     final_answer: bool = False
     parallel_tool_calls: bool = False
 
-    @field_validator("tool_rules", "tool_call_limits")
-    @classmethod
-    def _not_yet(cls, value: list[Any]) -> list[Any]:
-        if value:
-            raise ValueError("not available in this version")
-        return value
-
     def conditions(self) -> list[Condition]:
         return parse_stop_when(self.stop_when, "stop_when")
 
@@ -142,6 +141,12 @@ class AgentConfig(_Model):
         if self.terminating_config is None:
             return None
         return parse_terminating_config(self.terminating_config, "terminating_config")
+
+    def rules(self) -> tuple[ToolRule, ...]:
+        return parse_tool_rules(self.tool_rules, "tool_rules")
+
+    def limits(self) -> tuple[ToolCallLimit, ...]:
+        return parse_tool_call_limits(self.tool_call_limits, "tool_call_limits")
 
 
 class StateConfig(_Model):
@@ -208,9 +213,11 @@ class Config(_Model):
                 cond = self.conditions.get(cname)
                 if cond is None or cond.kind != kind:
                     errors.append((f"{where}.{path}", f"no {kind} condition named {cname!r}"))
+            enabled = {ids.get(t, t) for t in agent.tools}
+            RuleBook(agent.rules()).validate(enabled)
+            validate_limits(agent.limits(), enabled)
             terminating = agent.terminating()
             if terminating is not None:
-                enabled = set(agent.tools) | {ids.get(t, t) for t in agent.tools}
                 for i, tool in enumerate(terminating.tool_ids):
                     if tool not in enabled and ids.get(tool) not in enabled:
                         errors.append(

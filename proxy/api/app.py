@@ -21,6 +21,8 @@ from proxy.api.gateway import Gateway, build_gateway
 from proxy.config import Config
 from proxy.engine.ports import RunObserver
 from proxy.errors import MethodNotAllowed, NotFound, ProxyError
+from proxy.state.backend import open_store
+from proxy.state.store import StateStore
 
 MODELS_CACHE_S = 60.0
 
@@ -65,8 +67,10 @@ def create_app(
     *,
     transport: httpx.AsyncBaseTransport | None = None,
     observers: Sequence[RunObserver] = (),
+    store: StateStore | None = None,
 ) -> Starlette:
-    """The proxy as an ASGI app. `transport` replaces the network (tests)."""
+    """The proxy as an ASGI app. `transport` replaces the network and `store` the configured
+    state backend (tests)."""
     holder: dict[str, Gateway] = {}
     models_cache: dict[str, Any] = {}
 
@@ -77,10 +81,15 @@ def create_app(
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         network = transport or default_transport()
         timeout = httpx.Timeout(120.0, connect=10.0)
-        async with httpx.AsyncClient(transport=network, timeout=timeout) as client:
-            holder["gateway"] = build_gateway(config, client, network, observers)
-            yield
-        holder.clear()
+        state = store or open_store(config.state)
+        try:
+            async with httpx.AsyncClient(transport=network, timeout=timeout) as client:
+                holder["gateway"] = build_gateway(config, client, network, state, observers)
+                yield
+        finally:
+            holder.clear()
+            if store is None:
+                await state.close()
 
     async def models(request: Request) -> Response:
         gw = gateway()
@@ -105,6 +114,11 @@ def create_app(
     async def readyz(request: Request) -> Response:
         if "gateway" not in holder:
             return JSONResponse({"status": "starting"}, status_code=503)
+        try:
+            await holder["gateway"].store.ping()
+        except Exception as exc:  # any failure of the backend means not ready
+            detail = f"state backend unreachable: {type(exc).__name__}"
+            return JSONResponse({"status": "unavailable", "detail": detail}, status_code=503)
         return JSONResponse({"status": "ready"})
 
     async def not_found(request: Request, exc: Exception) -> Response:

@@ -115,7 +115,7 @@ class ChatCompletions:
         if gw.config.upstreams[resolved.upstream].forward_client_key:
             auth = header(scope, b"authorization") or ""
             upstream = upstream.with_key(auth[7:].strip() or None)
-        deps = Deps(upstream, gw.registry, gw.prices, gw.observers, gw.checks)
+        deps = Deps(upstream, gw.registry, gw.prices, gw.observers, gw.checks, threads=gw.store)
         spec = resolved.spec
         headers = {"x-loopwarden-run-id": spec.run_id}
         if req.stream:

@@ -10,6 +10,8 @@ import orjson
 from proxy.engine.fields import boolean, int_at_least, text
 from proxy.engine.policies.stop_conditions import Condition, parse_stop_when
 from proxy.engine.policies.terminal import TerminatingConfig, parse_terminating_config
+from proxy.engine.policies.tool_call_limits import ToolCallLimit, parse_tool_call_limits
+from proxy.engine.policies.tool_rules import ToolRule, parse_tool_rules
 from proxy.errors import InvalidRequest
 
 # Body fields the proxy owns; every other field goes upstream as the client sent it.
@@ -48,6 +50,8 @@ class LoopOptions:
     tools: list[str] = field(default_factory=list)
     stop_when: list[Condition] = field(default_factory=list)
     terminating: TerminatingConfig | None = None
+    tool_rules: tuple[ToolRule, ...] = ()
+    tool_call_limits: tuple[ToolCallLimit, ...] = ()
     max_steps: int | None = None
     final_answer: bool | None = None
     thread_id: str | None = None
@@ -161,9 +165,6 @@ def parse_loop(value: Any) -> LoopOptions:
             raise InvalidRequest(
                 f"unknown loop field; expected one of {', '.join(LOOP_FIELDS)}", param=f"loop.{key}"
             )
-    for key in ("tool_rules", "tool_call_limits"):
-        if value.get(key):
-            raise InvalidRequest(f"{key} are not available in this version", param=f"loop.{key}")
     out = LoopOptions()
     if value.get("agent") is not None:
         out.agent = text(value["agent"], "loop.agent")
@@ -177,6 +178,12 @@ def parse_loop(value: Any) -> LoopOptions:
     if value.get("terminating_config") is not None:
         out.terminating = parse_terminating_config(
             value["terminating_config"], "loop.terminating_config"
+        )
+    if value.get("tool_rules") is not None:
+        out.tool_rules = parse_tool_rules(value["tool_rules"], "loop.tool_rules")
+    if value.get("tool_call_limits") is not None:
+        out.tool_call_limits = parse_tool_call_limits(
+            value["tool_call_limits"], "loop.tool_call_limits"
         )
     if value.get("max_steps") is not None:
         out.max_steps = int_at_least(value["max_steps"], "loop.max_steps")

@@ -14,6 +14,7 @@ from proxy.conditions import ConfiguredChecks
 from proxy.config import Config
 from proxy.engine.ports import RunObserver
 from proxy.pricing import PriceTable
+from proxy.state.store import StateStore
 from proxy.tools.registry import ToolRegistry, build_registry
 from proxy.upstream.client import AttemptHook, HeadersHook, Upstream
 
@@ -28,6 +29,7 @@ class Gateway:
     prices: PriceTable
     checks: ConfiguredChecks
     keys: KeyRing
+    store: StateStore
     observers: Sequence[RunObserver] = field(default_factory=list)
 
 
@@ -35,6 +37,7 @@ def build_gateway(
     config: Config,
     client: httpx.AsyncClient,
     transport: httpx.AsyncBaseTransport,
+    store: StateStore,
     observers: Sequence[RunObserver] = (),
     on_attempt: AttemptHook | None = None,
     inject_headers: HeadersHook | None = None,
@@ -66,5 +69,6 @@ def build_gateway(
         prices=prices,
         checks=ConfiguredChecks(config.conditions, client),
         keys=KeyRing(config.auth),
+        store=store,
         observers=list(observers),
     )

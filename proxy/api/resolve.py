@@ -10,10 +10,12 @@ from proxy.api.chat_request import ChatRequest
 from proxy.config import Config
 from proxy.engine.policies.stop_conditions import Condition, custom_names, named_tools, walk
 from proxy.engine.policies.terminal import TerminatingConfig
+from proxy.engine.policies.tool_call_limits import validate_limits
+from proxy.engine.policies.tool_rules import RuleBook
 from proxy.engine.policy import LoopPolicy
 from proxy.engine.ports import PriceBook, ToolSpec
 from proxy.engine.run import RunSpec
-from proxy.errors import InvalidRequest
+from proxy.errors import InvalidRequest, SpecError
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +42,8 @@ class Resolver:
         self.prices = prices
         self.agent_conditions = {n: tuple(a.conditions()) for n, a in config.agents.items()}
         self.agent_terminating = {n: a.terminating() for n, a in config.agents.items()}
+        self.agent_rules = {n: a.rules() for n, a in config.agents.items()}
+        self.agent_limits = {n: a.limits() for n, a in config.agents.items()}
         self.tool_names = config.tool_names()
         self.agent_tools = {
             n: tuple(self.tool_names.get(t, t) for t in a.tools) for n, a in config.agents.items()
@@ -73,12 +77,21 @@ class Resolver:
         stop_when = (self.agent_conditions[name] if name else ()) + tuple(req.loop.stop_when)
         self._check_conditions(stop_when, set(tools) | client_names, target)
         terminating = self._terminating(name, req, tools)
+        rules = (self.agent_rules[name] if name else ()) + req.loop.tool_rules
+        limits = (self.agent_limits[name] if name else ()) + req.loop.tool_call_limits
+        try:
+            RuleBook(rules).validate(set(tools) | client_names)
+            validate_limits(limits, tools)
+        except SpecError as exc:
+            raise InvalidRequest(exc.message, param=_param(exc.param or "")) from None
         max_steps = _tighter(agent.max_steps if agent else None, req.loop.max_steps)
         policy = LoopPolicy(
             tools=tools,
             stop_when=stop_when,
             max_steps=max_steps,
             terminating=terminating,
+            tool_rules=rules,
+            tool_call_limits=limits,
             final_answer=bool(req.loop.final_answer or (agent and agent.final_answer)),
             parallel_tool_calls=_first(
                 req.loop.parallel_tool_calls, agent.parallel_tool_calls if agent else False

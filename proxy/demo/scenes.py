@@ -9,6 +9,7 @@ DEMO_CONFIG: dict[str, Any] = {
     "upstreams": {"scripted": {"base_url": "http://127.0.0.1:0/v1", "max_retries": 0}},
     "default_upstream": "scripted",
     "pricing": {"scripted": {"input": 2.0, "output": 8.0}},
+    "state": {"backend": "memory"},
     "tools": {
         "get_weather": {"kind": "python", "callable": "proxy.demo.tools:get_weather"},
         "to_fahrenheit": {"kind": "python", "callable": "proxy.demo.tools:to_fahrenheit"},

@@ -58,7 +58,7 @@ class RedisStore:
 
     async def thread_counts(self, thread_id: str) -> dict[str, int]:
         found = await self._redis.hgetall(self._thread(thread_id))
-        return {key.decode(): int(value) for key, value in found.items()}
+        return {_text(key): int(value) for key, value in found.items()}
 
     async def load_context(self, context_id: str) -> StoredContext | None:
         data = await self._redis.get(self._context(context_id))
@@ -87,3 +87,7 @@ class RedisStore:
 
     async def close(self) -> None:
         await self._redis.aclose()
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

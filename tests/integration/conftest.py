@@ -23,6 +23,7 @@ BASE_CONFIG: dict[str, Any] = {
     "default_upstream": "main",
     "pricing": {"scripted": {"input": 1.0, "output": 4.0}},
     "tools": DEMO_CONFIG["tools"],
+    "state": {"backend": "memory"},
     "agents": {
         "weather": {"model": "scripted", "tools": ["get_weather", "to_fahrenheit"]},
     },

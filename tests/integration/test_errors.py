@@ -82,7 +82,7 @@ USER = [{"role": "user", "content": "hi"}]
         ({"model": "weather", "messages": USER, "n": 2}, "n"),
         (
             {"model": "scripted", "messages": USER, "loop": {"tool_rules": [{"type": "x"}]}},
-            "loop.tool_rules",
+            "loop.tool_rules[0].type",
         ),
     ],
 )

@@ -44,7 +44,8 @@ async def test_continue_blocks_the_call_past_the_run_limit_and_goes_on() -> None
     ]
     (blocked,) = h.observer.of(ev.CallBlocked)
     assert blocked.outcome == "blocked_limit"
-    assert result.stop.reason is StopReason.COMPLETED and result.tool_calls == 2
+    assert result.stop.reason is StopReason.COMPLETED
+    assert result.tool_calls == 2
 
 
 async def test_error_fails_the_run_and_skips_the_rest_of_the_reply() -> None:
@@ -55,11 +56,13 @@ async def test_error_fails_the_run_and_skips_the_rest_of_the_reply() -> None:
     )
     result = await h.run()
     assert result.stop.reason is StopReason.TOOL_CALL_LIMIT
-    assert result.stop.error_code == "tool_call_limit_exceeded" and result.stop.is_failure
+    assert result.stop.error_code == "tool_call_limit_exceeded"
+    assert result.stop.is_failure
     assert [c[0] for c in h.tools.calls] == ["search"]
     assert errors(result.generated)[1] == "Not executed: the run has stopped."
     assert result.stop.details["kind"] == "run_limit"
-    assert result.stop.details["threshold"] == 1 and result.stop.details["observed"] == 1
+    assert result.stop.details["threshold"] == 1
+    assert result.stop.details["observed"] == 1
 
 
 async def test_end_stops_the_run_with_a_message_stating_the_limit() -> None:
@@ -69,7 +72,8 @@ async def test_end_stops_the_run_with_a_message_stating_the_limit() -> None:
         tool_call_limits=[{"tool_name": "search", "run_limit": 2, "exit_behavior": "end"}],
     )
     result = await h.run()
-    assert result.stop.reason is StopReason.TOOL_CALL_LIMIT and not result.stop.is_failure
+    assert result.stop.reason is StopReason.TOOL_CALL_LIMIT
+    assert not result.stop.is_failure
     assert result.finish_reason == "stop"
     assert result.message["content"] == (
         "Tool call limit exceeded (run: 2/2). Do not call 'search' again."
@@ -181,7 +185,8 @@ async def test_concurrent_runs_on_one_thread_never_pass_the_thread_limit() -> No
 def test_malformed_limits_name_the_bad_field(limits: Any, param: str, message: str) -> None:
     with pytest.raises(SpecError) as err:
         parse_tool_call_limits(limits, "l")
-    assert err.value.param == param and message in err.value.message
+    assert err.value.param == param
+    assert message in err.value.message
 
 
 @pytest.mark.parametrize(
@@ -200,7 +205,8 @@ def test_limits_are_checked_against_the_run_tools(
 ) -> None:
     with pytest.raises(SpecError) as err:
         validate_limits(parse_tool_call_limits([limit], "l"), ["search", "fetch"])
-    assert err.value.param == param and message in err.value.message
+    assert err.value.param == param
+    assert message in err.value.message
     validate_limits(
         parse_tool_call_limits([{"run_limit": 1, "exit_behavior": "end"}], "l"), ["search", "fetch"]
     )

@@ -36,7 +36,8 @@ async def test_run_first_offers_only_its_tool_and_forces_it_on_the_first_step() 
     )
     result = await h.run()
     first, second = h.model.requests
-    assert offered(first) == ["plan"] and first.tool_choice == named("plan")
+    assert offered(first) == ["plan"]
+    assert first.tool_choice == named("plan")
     assert offered(second) == ["plan", "search", "fetch", "write"]
     assert second.tool_choice is None
     assert result.stop.reason is StopReason.COMPLETED
@@ -65,10 +66,13 @@ async def test_a_disallowed_call_is_blocked_with_the_allowed_tools_and_the_run_g
     result = await h.run()
     assert [c[0] for c in h.tools.calls] == ["plan"]
     blocked = json.loads(result.generated[1]["content"])["error"]
-    assert "'write' is not allowed" in blocked and "Allowed tools: plan." in blocked
+    assert "'write' is not allowed" in blocked
+    assert "Allowed tools: plan." in blocked
     (event,) = h.observer.of(ev.CallBlocked)
-    assert event.call.name == "write" and event.outcome == "blocked_rule"
-    assert result.stop.reason is StopReason.COMPLETED and result.tool_calls == 1
+    assert event.call.name == "write"
+    assert event.outcome == "blocked_rule"
+    assert result.stop.reason is StopReason.COMPLETED
+    assert result.tool_calls == 1
 
 
 async def test_exit_loop_ends_the_run_with_the_tool_output() -> None:
@@ -91,9 +95,12 @@ async def test_constrain_child_tools_forces_a_child_after_the_tool() -> None:
     )
     await h.run()
     first, second, third = h.model.requests
-    assert first.tool_choice is None and len(offered(first)) == 4
-    assert offered(second) == ["fetch"] and second.tool_choice == named("fetch")
-    assert len(offered(third)) == 4 and third.tool_choice is None
+    assert first.tool_choice is None
+    assert len(offered(first)) == 4
+    assert offered(second) == ["fetch"]
+    assert second.tool_choice == named("fetch")
+    assert len(offered(third)) == 4
+    assert third.tool_choice is None
 
 
 async def test_parent_last_tool_offers_children_only_right_after_the_parent() -> None:
@@ -156,7 +163,8 @@ async def test_conditional_without_a_match_is_free_unless_the_mapping_is_require
     }
     free = Harness([reply(calls=[("plan", "{}")]), reply("done")], TOOLS, tool_rules=[rule])
     await free.run()
-    assert len(offered(free.model.requests[1])) == 4 and free.model.requests[1].tool_choice is None
+    assert len(offered(free.model.requests[1])) == 4
+    assert free.model.requests[1].tool_choice is None
     strict = Harness(
         [reply(calls=[("plan", "{}")]), reply("done")],
         TOOLS,
@@ -193,7 +201,8 @@ async def test_required_before_exit_nudges_until_the_tool_has_run() -> None:
     result = await h.run()
     (nudge,) = h.observer.of(ev.Nudged)
     assert "first call 'write'" in nudge.message
-    assert result.stop.reason is StopReason.COMPLETED and result.message["content"] == "done"
+    assert result.stop.reason is StopReason.COMPLETED
+    assert result.message["content"] == "done"
 
 
 async def test_required_before_exit_caps_at_max_steps_when_never_met() -> None:
@@ -222,7 +231,8 @@ async def test_continue_loop_nudges_a_content_only_reply_after_the_tool() -> Non
     result = await h.run()
     (nudge,) = h.observer.of(ev.Nudged)
     assert "continue after 'search'" in nudge.message
-    assert result.stop.reason is StopReason.COMPLETED and result.message["content"] == "done"
+    assert result.stop.reason is StopReason.COMPLETED
+    assert result.message["content"] == "done"
 
 
 async def test_calls_of_one_reply_are_reviewed_in_order_against_the_updated_state() -> None:
@@ -250,7 +260,8 @@ async def test_an_empty_allowed_set_at_run_time_offers_no_tools() -> None:
     )
     await h.run()
     third = h.model.requests[2]
-    assert third.tools == [] and third.tool_choice is None
+    assert third.tools == []
+    assert third.tool_choice is None
 
 
 async def test_parallel_calls_are_counted_when_admitted() -> None:
@@ -292,7 +303,8 @@ async def test_parallel_calls_are_counted_when_admitted() -> None:
 def test_malformed_rules_name_the_bad_field(rules: Any, param: str, message: str) -> None:
     with pytest.raises(SpecError) as err:
         parse_tool_rules(rules, "r")
-    assert err.value.param == param and message in err.value.message
+    assert err.value.param == param
+    assert message in err.value.message
 
 
 @pytest.mark.parametrize(
@@ -353,7 +365,8 @@ def test_rules_that_name_missing_tools_or_contradict_are_refused(
     book = RuleBook(parse_tool_rules(rules, "r"))
     with pytest.raises(SpecError) as err:
         book.validate(["a", "b", "c"])
-    assert err.value.param == param and message in err.value.message
+    assert err.value.param == param
+    assert message in err.value.message
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,163 @@
+"""The state backends against one contract: memory, sqlite (a file) and a real redis-server."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from proxy.config import StateConfig
+from proxy.state.backend import open_store
+from proxy.state.redis import RedisStore
+from proxy.state.sqlite import SqliteStore
+from proxy.state.store import StateStore, StoredContext
+
+
+@pytest.fixture(params=["memory", "sqlite", "redis"])
+async def store(
+    request: pytest.FixtureRequest, tmp_path: Path, redis_url: str
+) -> AsyncIterator[StateStore]:
+    kind = request.param
+    prefix = f"test-{secrets.token_hex(4)}:"
+    os.environ["LOOPWARDEN_TEST_REDIS"] = redis_url
+    config = StateConfig(
+        backend=kind,
+        path=str(tmp_path / "state.db"),
+        url_env="LOOPWARDEN_TEST_REDIS",
+        key_prefix=prefix,
+    )
+    opened = open_store(config)
+    yield opened
+    await opened.close()
+
+
+async def test_reserve_adds_one_to_every_counter_or_to_none(store: StateStore) -> None:
+    assert await store.reserve("t", {"search": 2, "*": 3}) == (True, {"search": 1, "*": 1})
+    assert await store.reserve("t", {"search": 2, "*": 3}) == (True, {"search": 2, "*": 2})
+    assert await store.reserve("t", {"search": 2, "*": 3}) == (False, {"search": 2, "*": 2})
+    assert await store.reserve("t", {"fetch": 5, "*": 3}) == (True, {"fetch": 1, "*": 3})
+    assert await store.reserve("t", {"fetch": 5, "*": 3}) == (False, {"fetch": 1, "*": 3})
+    assert await store.thread_counts("t") == {"search": 2, "*": 3, "fetch": 1}
+    assert await store.thread_counts("other") == {}
+
+
+async def test_concurrent_reservations_are_exact(store: StateStore) -> None:
+    results = await asyncio.gather(*(store.reserve("busy", {"x": 25}) for _ in range(80)))
+    assert sum(ok for ok, _ in results) == 25
+    assert await store.thread_counts("busy") == {"x": 25}
+
+
+async def test_contexts_round_trip_and_delete(store: StateStore) -> None:
+    assert await store.load_context("c1") is None
+    ctx = StoredContext("c1", agent="a", messages=[{"role": "user", "content": "hé"}])
+    await store.save_context(ctx)
+    loaded = await store.load_context("c1")
+    assert loaded == ctx
+    assert loaded is not ctx
+    assert await store.delete_context("c1") is True
+    assert await store.delete_context("c1") is False
+    assert await store.load_context("c1") is None
+
+
+async def test_hold_serialises_work_on_one_context(store: StateStore) -> None:
+    inside: list[str] = []
+    overlaps = 0
+
+    async def work(name: str, context: str) -> None:
+        nonlocal overlaps
+        async with store.hold(context):
+            overlaps += any(c == context for c in inside)
+            inside.append(context)
+            await asyncio.sleep(0.01)
+            inside.remove(context)
+
+    await asyncio.gather(*(work(str(i), "same") for i in range(5)), work("x", "other"))
+    assert overlaps == 0
+
+
+async def test_ping_succeeds_on_a_reachable_backend(store: StateStore) -> None:
+    await store.ping()
+
+
+async def test_sqlite_counts_and_contexts_survive_a_restart(tmp_path: Path) -> None:
+    first = SqliteStore(tmp_path / "db.sqlite")
+    await first.reserve("t", {"search": 9})
+    await first.save_context(StoredContext("c", model="m"))
+    await first.close()
+    second = SqliteStore(tmp_path / "db.sqlite")
+    assert await second.thread_counts("t") == {"search": 1}
+    loaded = await second.load_context("c")
+    assert loaded is not None
+    assert loaded.model == "m"
+    await second.close()
+
+
+async def test_redis_contexts_expire_after_their_ttl(redis_url: str) -> None:
+    store = RedisStore(redis_url, prefix=f"ttl-{secrets.token_hex(4)}:", context_ttl_s=0.2)
+    await store.save_context(StoredContext("c", agent="a"))
+    assert await store.load_context("c") is not None
+    await asyncio.sleep(0.4)
+    assert await store.load_context("c") is None
+    await store.close()
+
+
+async def test_redis_ping_fails_when_the_server_is_down() -> None:
+    from proxy.demo.runner import free_port
+
+    store = RedisStore(f"redis://127.0.0.1:{free_port()}/0")
+    with pytest.raises(Exception, match=r"(?i)connect"):
+        await store.ping()
+    await store.close()
+
+
+def test_open_store_names_a_missing_redis_url() -> None:
+    with pytest.raises(ValueError, match=r"state\.url_env: environment variable NO_SUCH_URL"):
+        open_store(StateConfig(backend="redis", url_env="NO_SUCH_URL"))
+
+
+_HAMMER = """
+import asyncio, sys
+from proxy.config import StateConfig
+from proxy.state.backend import open_store
+
+async def main():
+    store = open_store(StateConfig.model_validate_json(sys.argv[1]))
+    results = await asyncio.gather(*(store.reserve("shared", {"x": 60}) for _ in range(50)))
+    print(sum(ok for ok, _ in results))
+    await store.close()
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "redis"])
+def test_two_processes_share_one_exact_thread_limit(
+    backend: str, tmp_path: Path, redis_url: str
+) -> None:
+    config = StateConfig(
+        backend=backend,  # type: ignore[arg-type]
+        path=str(tmp_path / "shared.db"),
+        url_env="LOOPWARDEN_TEST_REDIS",
+        key_prefix=f"mp-{secrets.token_hex(4)}:",
+    )
+    env = dict(os.environ, LOOPWARDEN_TEST_REDIS=redis_url)
+    if backend == "sqlite":
+        SqliteStore(config.path)  # create the schema once before both start
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _HAMMER, config.model_dump_json()],
+            stdout=subprocess.PIPE,
+            env=env,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    granted = [int(p.communicate(timeout=60)[0]) for p in procs]
+    assert sum(granted) == 60
+    assert all(g > 0 for g in granted)
