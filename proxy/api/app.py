@@ -17,6 +17,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from proxy.api.chat import ChatCompletions
+from proxy.api.contexts import ContextRuns, context_body, read_context
 from proxy.api.gateway import Gateway, build_gateway
 from proxy.config import Config
 from proxy.engine.ports import RunObserver
@@ -127,8 +128,27 @@ def create_app(
             return error_response(MethodNotAllowed(message))
         return error_response(NotFound(f"no route {request.method} {request.url.path}"))
 
+    async def context(request: Request) -> Response:
+        gw = gateway()
+        context_id = request.path_params["context_id"]
+        try:
+            async with gw.store.hold(context_id):  # not while a run holds it
+                found = await read_context(gw, context_id, request.headers.get("authorization"))
+                if request.method == "DELETE":
+                    await gw.store.delete_context(found.id)
+                    body = {"id": found.id, "object": "loopwarden.context.deleted", "deleted": True}
+                    return JSONResponse(body)
+                return JSONResponse(await context_body(gw, found))
+        except ProxyError as exc:
+            return error_response(exc)
+
     chat = ChatCompletions(gateway)
+    runs = ContextRuns(gateway)
     routes = [
+        Route("/chat", runs, methods=["POST"]),
+        Route("/chat/invoke", runs, methods=["POST"]),
+        Route("/chat/add-ai-message", runs, methods=["POST"]),
+        Route("/v1/contexts/{context_id}", context, methods=["GET", "DELETE"]),
         Route("/v1/chat/completions", chat, methods=["POST"]),
         Route("/chat/completions", chat, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),

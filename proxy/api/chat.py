@@ -6,23 +6,28 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from starlette.types import Message, Receive, Scope, Send
 
 from proxy.api.chat_request import ChatRequest, parse_chat_request
 from proxy.api.gateway import Gateway
-from proxy.api.report import completion_body, completion_id, failed, failure_error, loop_report
-from proxy.api.responses import send_bytes, send_error, send_json
+from proxy.api.report import (
+    completion_body,
+    completion_id,
+    failed,
+    failure_error,
+    loop_report,
+    send_failure,
+)
+from proxy.api.responses import send_error, send_json
 from proxy.api.sse import SSEWriter
-from proxy.engine.run import Deps, Run, RunResult
+from proxy.engine.run import Run, RunResult
 from proxy.engine.stop import StopReason
 from proxy.errors import (
     BodyTooLarge,
     ClientDisconnected,
     InternalError,
     ProxyError,
-    UpstreamStatusError,
 )
 
 log = logging.getLogger(__name__)
@@ -111,11 +116,7 @@ class ChatCompletions:
         except ProxyError as exc:
             await send_error(send, exc)
             return
-        upstream = gw.upstreams[resolved.upstream]
-        if gw.config.upstreams[resolved.upstream].forward_client_key:
-            auth = header(scope, b"authorization") or ""
-            upstream = upstream.with_key(auth[7:].strip() or None)
-        deps = Deps(upstream, gw.registry, gw.prices, gw.observers, gw.checks, threads=gw.store)
+        deps = gw.deps(resolved.upstream, header(scope, b"authorization"))
         spec = resolved.spec
         headers = {"x-loopwarden-run-id": spec.run_id}
         if req.stream:
@@ -130,25 +131,12 @@ class ChatCompletions:
         headers["x-loopwarden-stop-reason"] = result.stop.reason.value
         report = loop_report(result, req.loop.include_messages)
         if failed(result):
-            await self._send_failure(send, result, report, headers)
+            await send_failure(send, result, report, headers)
             return
         passthrough = not spec.policy.tools and not req.has_loop
         await send_json(
             send, 200, completion_body(result, spec.model, report, passthrough), headers
         )
-
-    @staticmethod
-    async def _send_failure(
-        send: Send, result: RunResult, report: dict[str, Any], headers: dict[str, str]
-    ) -> None:
-        if result.tools_ran:
-            headers["x-should-retry"] = "false"
-        error = result.error
-        if isinstance(error, UpstreamStatusError) and not result.tools_ran:
-            content_type = (error.content_type or "application/json").encode("latin-1")
-            await send_bytes(send, error.status, error.content, content_type, headers)
-            return
-        await send_error(send, failure_error(result), headers, {"loop": report})
 
     async def _stream(
         self,
@@ -171,7 +159,7 @@ class ChatCompletions:
         try:
             if failed(result):
                 if not writer.started:
-                    await self._send_failure(send, result, report, writer.headers)
+                    await send_failure(send, result, report, writer.headers)
                     return
                 await writer.fail(failure_error(result).body(), report)
                 return

@@ -13,6 +13,7 @@ from proxy.api.resolve import Resolver
 from proxy.conditions import ConfiguredChecks
 from proxy.config import Config
 from proxy.engine.ports import RunObserver
+from proxy.engine.run import Deps
 from proxy.pricing import PriceTable
 from proxy.state.store import StateStore
 from proxy.tools.registry import ToolRegistry, build_registry
@@ -31,6 +32,15 @@ class Gateway:
     keys: KeyRing
     store: StateStore
     observers: Sequence[RunObserver] = field(default_factory=list)
+
+    def deps(self, upstream: str, authorization: str | None) -> Deps:
+        """What a run on `upstream` needs; the caller's key goes upstream only when allowed."""
+        model = self.upstreams[upstream]
+        if self.config.upstreams[upstream].forward_client_key:
+            model = model.with_key((authorization or "")[7:].strip() or None)
+        return Deps(
+            model, self.registry, self.prices, self.observers, self.checks, threads=self.store
+        )
 
 
 def build_gateway(

@@ -5,6 +5,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from starlette.types import Send
+
+from proxy.api.responses import send_bytes, send_error
 from proxy.engine.run import RunResult
 from proxy.engine.stop import StopReason
 from proxy.errors import (
@@ -81,3 +84,17 @@ def failure_error(result: RunResult) -> ProxyError:
     if isinstance(error, UpstreamFailure):
         return error
     return InternalError()
+
+
+async def send_failure(
+    send: Send, result: RunResult, report: dict[str, Any], headers: dict[str, str]
+) -> None:
+    """A failed run's response: the upstream's own error while no tool has run, else ours."""
+    if result.tools_ran:
+        headers["x-should-retry"] = "false"
+    error = result.error
+    if isinstance(error, UpstreamStatusError) and not result.tools_ran:
+        content_type = (error.content_type or "application/json").encode("latin-1")
+        await send_bytes(send, error.status, error.content, content_type, headers)
+        return
+    await send_error(send, failure_error(result), headers, {"loop": report})

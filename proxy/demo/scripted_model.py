@@ -1,8 +1,10 @@
 """A deterministic OpenAI-compatible model server, for the demo and tests only.
 
 It reads its plan from the conversation: the tools named in the last user message are
-called in the order they are mentioned, one per step; with the word "keep" the last one is
-called forever. After a nudge it calls the tool the system prompt names as ending the turn.
+called in the order they are mentioned, one per step (all in the first reply with the word
+"together"); with the word "keep" the last one is called forever; `!name` calls a tool even when
+it is not offered. A forced `tool_choice` is obeyed. After a nudge it calls the tool the system
+prompt names as ending the turn.
 When the plan is done it answers from the last tool result. Usage is counted honestly (four
 bytes a token) and `max_completion_tokens` is honoured, cutting the reply short.
 """
@@ -55,9 +57,13 @@ def decide(body: dict[str, Any]) -> tuple[str | None, list[dict[str, Any]]]:
     since = messages[last_user + 1 :]
     results = [m for m in since if m.get("role") == "tool"]
     done = sum(len(m.get("tool_calls") or []) for m in since if m.get("role") == "assistant")
-    allowed = body.get("tool_choice") != "none"
+    choice = body.get("tool_choice")
+    allowed = choice != "none"
     found = str(results[-1].get("content")) if results else None
-    plan = sorted((n for n in tools if n in text), key=lambda n: text.index(n))
+    named = {m for m in re.findall(r"!(\w+)", text)}  # called even when not offered
+    plan = sorted({n for n in tools if n in text} | named, key=text.index)
+    if isinstance(choice, dict) and choice.get("function", {}).get("name") in tools:
+        return None, [_call(tools[choice["function"]["name"]], text, found)]
     if (
         allowed
         and since
@@ -68,12 +74,22 @@ def decide(body: dict[str, Any]) -> tuple[str | None, list[dict[str, Any]]]:
         ending = re.findall(r"`([^`]+)`", first_system.split("ends your turn")[0])
         if ending and ending[0] in tools:
             return None, [_call(tools[ending[0]], text, found)]
+    if allowed and plan and "together" in text and not done:
+        return None, [_call(tools.get(n, _unknown(n)), text, found) for n in plan]
     if allowed and plan and ("keep" in text or done < len(plan)):
         name = plan[-1] if done >= len(plan) else plan[done]
-        return None, [_call(tools[name], text, found)]
+        if choice == "required" and name not in tools:
+            name = next(iter(tools))
+        return None, [_call(tools.get(name, _unknown(name)), text, found)]
+    if choice == "required" and tools:
+        return None, [_call(next(iter(tools.values())), text, found)]
     if results:
         return f"Here is what I found: {results[-1].get('content')}", []
     return f"You said: {text}", []
+
+
+def _unknown(name: str) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": name}}
 
 
 def _call(tool: dict[str, Any], text: str, found: str | None) -> dict[str, Any]:
@@ -167,6 +183,14 @@ async def chat_completions(request: Request) -> Response:
     return Response(orjson.dumps(reply), media_type="application/json")
 
 
+async def recorded(request: Request) -> Response:
+    """The request bodies received so far (`DELETE` forgets them), for tests across processes."""
+    if request.method == "DELETE":
+        request.app.state.requests.clear()
+        return Response(status_code=204)
+    return Response(orjson.dumps(request.app.state.requests), media_type="application/json")
+
+
 async def models(request: Request) -> Response:
     data = [{"id": "scripted", "object": "model", "created": 0, "owned_by": "loopwarden-demo"}]
     return Response(orjson.dumps({"object": "list", "data": data}), media_type="application/json")
@@ -179,6 +203,7 @@ def scripted_app() -> Starlette:
         routes=[
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
             Route("/v1/models", models, methods=["GET"]),
+            Route("/v1/recorded", recorded, methods=["GET", "DELETE"]),
         ]
     )
     app.state.requests = []
