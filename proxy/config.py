@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from proxy.engine.policies.stop_conditions import Condition, custom_names, parse_stop_when
 from proxy.engine.policies.terminal import TerminatingConfig, parse_terminating_config
@@ -194,7 +195,10 @@ class Config(_Model):
         for name, agent in self.agents.items():
             errors.extend(self._agent_errors(name, agent, ids))
         if errors:
-            raise ValueError("; ".join(f"{path}: {msg}" for path, msg in errors))
+            summary = "; ".join(f"{path}: {msg}" for path, msg in errors)
+            raise PydanticCustomError(
+                "references", "{summary}", {"summary": summary, "problems": errors}
+            )
         return self
 
     def _agent_errors(
@@ -272,10 +276,8 @@ def _problems(exc: ValidationError) -> list[tuple[str, str, tuple[int | str, ...
     for err in exc.errors():
         message = err["msg"].removeprefix("Value error, ")
         path = _loc(err["loc"])
-        if "; " in message and ": " in message and not path:
-            for part in message.split("; "):
-                where, _, msg = part.partition(": ")
-                found.append((where, msg, ()))
+        if err["type"] == "references":
+            found.extend((where, msg, ()) for where, msg in err["ctx"]["problems"])
         else:
             found.append((path or "(root)", message, tuple(err["loc"])))
     return found

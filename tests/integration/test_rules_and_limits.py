@@ -1,0 +1,233 @@
+"""Tool rules (SPEC §8) and tool call limits (SPEC §9) through the HTTP API."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from proxy.config import ConfigError, parse_config
+from proxy.engine import events as ev
+from tests.integration.conftest import BASE_CONFIG, ProxyFactory
+
+ALL = ["get_weather", "to_fahrenheit", "search_notes"]
+RULED = {
+    "agents": {
+        "ruled": {
+            "model": "scripted",
+            "tools": ALL,
+            "tool_rules": [
+                {"type": "run_first", "tool_name": "get_weather"},
+                {
+                    "type": "ChildToolRule",
+                    "tool_name": "get_weather",
+                    "children": ["to_fahrenheit"],
+                },
+            ],
+        }
+    }
+}
+
+
+def offered(body: dict[str, Any]) -> list[str]:
+    return [t["function"]["name"] for t in body.get("tools") or []]
+
+
+def user(content: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": content}]
+
+
+async def test_an_agent_offers_each_step_only_the_allowed_tools(proxy_for: ProxyFactory) -> None:
+    async with proxy_for(RULED) as proxy:
+        r = await proxy.chat(model="ruled", messages=user("search_notes about Lima"))
+        assert r.status_code == 200
+        sent = proxy.upstream_requests
+    assert [offered(b) for b in sent] == [["get_weather"], ["to_fahrenheit"], ALL]
+    assert [b.get("tool_choice") for b in sent] == [
+        {"type": "function", "function": {"name": "get_weather"}},
+        {"type": "function", "function": {"name": "to_fahrenheit"}},
+        None,
+    ]
+    messages = sent[-1]["messages"]
+    called = [m["tool_calls"][0]["function"]["name"] for m in messages if m.get("tool_calls")]
+    assert called == ["get_weather", "to_fahrenheit"]  # forced, not the model's own plan
+
+
+async def test_a_disallowed_call_is_blocked_and_the_model_reads_why(
+    proxy_for: ProxyFactory,
+) -> None:
+    async with proxy_for(RULED) as proxy:
+        r = await proxy.chat(
+            model="ruled",
+            messages=user("!search_notes please"),
+            loop={"include_messages": True},
+        )
+        blocked = proxy.observer.of(ev.CallBlocked)
+    body = r.json()
+    assert r.status_code == 200
+    assert body["loop"]["stop_reason"] == "completed"
+    tool_message = body["loop"]["messages"][1]
+    assert json.loads(tool_message["content"]) == {
+        "error": "Tool 'search_notes' is not allowed now by the tool rules. "
+        "Allowed tools: get_weather."
+    }
+    assert [b.outcome for b in blocked] == ["blocked_rule"]
+    assert body["loop"]["tool_calls"] == 2  # then the forced get_weather and its child
+
+
+async def test_request_rules_are_added_to_the_agent_s(proxy_for: ProxyFactory) -> None:
+    async with proxy_for() as proxy:
+        r = await proxy.chat(
+            model="weather",
+            messages=user("get_weather in Oslo then to_fahrenheit"),
+            loop={"tool_rules": [{"type": "exit_loop", "tool_name": "get_weather"}]},
+        )
+    body = r.json()
+    assert body["loop"]["stop_reason"] == "terminal_tool"
+    assert json.loads(body["choices"][0]["message"]["content"])["city"] == "Oslo"
+
+
+@pytest.mark.parametrize(
+    ("loop", "param", "message"),
+    [
+        (
+            {"tool_rules": [{"type": "run_first", "tool_name": "search_notes"}]},
+            "loop.tool_rules[0].tool_name",
+            "not a tool of this run",
+        ),
+        (
+            {
+                "tool_rules": [
+                    {
+                        "type": "ParentToolRule",
+                        "tool_name": "get_weather",
+                        "children": ["to_fahrenheit"],
+                    },
+                    {"type": "run_first", "tool_name": "to_fahrenheit"},
+                ]
+            },
+            "loop.tool_rules[1]",
+            "no run_first tool can be called first",
+        ),
+        (
+            {"tool_rules": [{"type": "max_count_per_step", "tool_name": "get_weather"}]},
+            "loop.tool_rules[0].max_count_limit",
+            "positive integer",
+        ),
+        (
+            {"tool_call_limits": [{"tool_name": "get_weather", "run_limit": 3, "thread_limit": 1}]},
+            "loop.tool_call_limits[0].run_limit",
+            "cannot be larger",
+        ),
+        (
+            {
+                "tool_call_limits": [
+                    {"tool_name": "get_weather", "run_limit": 1, "exit_behavior": "end"}
+                ]
+            },
+            "loop.tool_call_limits[0].exit_behavior",
+            "cannot stop other tools",
+        ),
+        (
+            {"tool_call_limits": [{"tool_name": "nope", "run_limit": 1}]},
+            "loop.tool_call_limits[0].tool_name",
+            "not a server tool",
+        ),
+    ],
+)
+async def test_bad_rules_and_limits_are_a_400_with_the_path(
+    proxy_for: ProxyFactory, loop: dict[str, Any], param: str, message: str
+) -> None:
+    async with proxy_for() as proxy:
+        r = await proxy.chat(model="weather", loop=loop)
+        assert proxy.upstream_requests == []
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert error["param"] == param
+    assert message in error["message"]
+    assert error["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize(
+    ("agent", "path"),
+    [
+        (
+            {"tool_rules": [{"type": "run_first", "tool_name": "search_notes"}]},
+            "agents.a.tool_rules[0].tool_name",
+        ),
+        (
+            {"tool_rules": [{"type": "later", "tool_name": "get_weather"}]},
+            "agents.a.tool_rules[0].type",
+        ),
+        ({"tool_call_limits": [{"tool_name": "get_weather"}]}, "agents.a.tool_call_limits[0]"),
+    ],
+)
+def test_bad_agent_rules_and_limits_are_start_up_errors(agent: dict[str, Any], path: str) -> None:
+    config = dict(BASE_CONFIG, agents={"a": {"model": "m", "tools": ["get_weather"], **agent}})
+    with pytest.raises(ConfigError) as err:
+        parse_config(config)
+    assert [p for p, _ in err.value.problems] == [path]
+
+
+async def test_a_limit_with_error_is_a_422_with_the_loop_report(proxy_for: ProxyFactory) -> None:
+    async with proxy_for() as proxy:
+        r = await proxy.chat(
+            model="weather",
+            messages=user("keep calling get_weather in Lima"),
+            loop={"tool_call_limits": [{"run_limit": 2, "exit_behavior": "error"}]},
+        )
+    assert r.status_code == 422
+    body = r.json()
+    assert body["error"]["code"] == "tool_call_limit_exceeded"
+    assert body["error"]["type"] == "loop_error"
+    assert body["loop"]["stop_reason"] == "tool_call_limit"
+    assert body["loop"]["tool_calls"] == 2
+    assert r.headers["x-should-retry"] == "false"
+    assert r.headers["x-loopwarden-stop-reason"] == "tool_call_limit"
+
+
+async def test_a_limit_with_end_stops_with_a_message_stating_it(proxy_for: ProxyFactory) -> None:
+    async with proxy_for() as proxy:
+        r = await proxy.chat(
+            model="weather",
+            messages=user("keep calling get_weather in Lima"),
+            loop={"tool_call_limits": [{"run_limit": 3, "exit_behavior": "end"}]},
+        )
+    body = r.json()
+    assert r.status_code == 200
+    assert body["loop"]["stop_reason"] == "tool_call_limit"
+    assert body["choices"][0]["finish_reason"] == "stop"
+    assert body["choices"][0]["message"]["content"] == (
+        "Tool call limit exceeded (run: 3/3). Do not call 'get_weather' again."
+    )
+    assert body["loop"]["stop_details"]["kind"] == "run_limit"
+
+
+async def test_thread_limits_count_across_requests_by_header_or_loop_thread_id(
+    proxy_for: ProxyFactory,
+) -> None:
+    limits = {
+        "agents": {
+            "capped": {
+                "model": "scripted",
+                "tools": ["get_weather"],
+                "tool_call_limits": [{"tool_name": "get_weather", "thread_limit": 3}],
+            }
+        }
+    }
+    async with proxy_for(limits) as proxy:
+        by_loop = await proxy.chat(
+            model="capped", messages=user("get_weather keep"), loop={"thread_id": "t-1"}
+        )
+        by_header = await proxy.client.post(
+            "/v1/chat/completions",
+            json={"model": "capped", "messages": user("get_weather keep")},
+            headers={"x-loopwarden-thread-id": "t-1"},
+        )
+        calls = [by_loop.json()["loop"]["tool_calls"], by_header.json()["loop"]["tool_calls"]]
+        fresh = await proxy.chat(
+            model="capped", messages=user("get_weather keep"), loop={"thread_id": "t-2"}
+        )
+    assert calls == [3, 0]
+    assert fresh.json()["loop"]["tool_calls"] == 3
