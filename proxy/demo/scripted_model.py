@@ -60,10 +60,10 @@ def decide(body: dict[str, Any]) -> tuple[str | None, list[dict[str, Any]]]:
     choice = body.get("tool_choice")
     allowed = choice != "none"
     found = str(results[-1].get("content")) if results else None
-    named = {m for m in re.findall(r"!(\w+)", text)}  # called even when not offered
+    named: set[str] = set(re.findall(r"!(\w+)", text))  # called even when not offered
     plan = sorted({n for n in tools if n in text} | named, key=text.index)
     upcoming = plan[min(done, len(plan) - 1)] if plan and allowed else None
-    if upcoming in named and ("keep" in text or done < len(plan)):
+    if upcoming is not None and upcoming in named and ("keep" in text or done < len(plan)):
         return None, [_call(tools.get(upcoming, _unknown(upcoming)), text, found)]
     if isinstance(choice, dict) and choice.get("function", {}).get("name") in tools:
         return None, [_call(tools[choice["function"]["name"]], text, found)]
