@@ -168,6 +168,9 @@ class ContextRuns:
         send: Send,
         body: dict[str, Any],
     ) -> None:
+        agent = body.get("agent")
+        if agent is not None and agent not in gw.config.agents:
+            raise InvalidRequest(f"no agent named {agent!r}", param="agent")
         context = _open(body, await gw.store.load_context(body["context_id"]))
         messages = list(context.messages)
         if body.get("message") is not None:

@@ -1,0 +1,206 @@
+"""Stored contexts (SPEC §10) through the HTTP API."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from tests.integration.conftest import Proxy, ProxyFactory
+
+REPORTER = {
+    "agents": {
+        "reporter": {"model": "scripted", "tools": ["get_weather", "final_answer"]},
+        "capped": {
+            "model": "scripted",
+            "tools": ["get_weather"],
+            "tool_call_limits": [{"thread_limit": 2}],
+        },
+    }
+}
+
+
+async def post(proxy: Proxy, path: str, **body: Any) -> Any:
+    return await proxy.client.post(path, json=body)
+
+
+async def test_chat_creates_a_context_runs_the_loop_and_reports_the_messages(
+    proxy_for: ProxyFactory,
+) -> None:
+    async with proxy_for(REPORTER) as proxy:
+        r = await post(
+            proxy, "/chat", context_id="c1", agent="reporter", message="get_weather in Oslo"
+        )
+        stored = (await proxy.client.get("/v1/contexts/c1")).json()
+    assert r.status_code == 200
+    body = r.json()
+    assert body["saved_ai_messages"] is True
+    assert body["response"].startswith("Here is what I found:")
+    assert body["loop"]["stop_reason"] == "completed"
+    assert r.headers["x-loopwarden-stop-reason"] == "completed"
+    human, call, result, ai = body["generated_messages"]
+    assert human == {"sender": "human", "message": "get_weather in Oslo"}
+    assert call["type"] == "tool_call"
+    assert call["tool_name"] == "get_weather"
+    assert call["tool_input"] == {"city": "Oslo"}
+    assert result["type"] == "tool_response"
+    assert result["tool_call_id"] == call["tool_call_id"]
+    assert '"celsius":4.0' in result["tool_output"]
+    assert ai == {"sender": "ai", "message": body["response"]}
+    assert stored["object"] == "loopwarden.context"
+    assert stored["agent"] == "reporter"
+    assert [m["role"] for m in stored["messages"]] == ["user", "assistant", "tool", "assistant"]
+
+
+async def test_a_second_chat_sees_the_history(proxy_for: ProxyFactory) -> None:
+    async with proxy_for(REPORTER) as proxy:
+        await post(proxy, "/chat", context_id="c2", model="scripted", message="first")
+        r = await post(proxy, "/chat", context_id="c2", message="second")
+        sent = proxy.upstream_requests[-1]["messages"]
+    assert r.json()["response"] == "You said: second"
+    assert [(m["role"], m["content"]) for m in sent] == [
+        ("user", "first"),
+        ("assistant", "You said: first"),
+        ("user", "second"),
+    ]
+
+
+async def test_invoke_runs_without_a_new_message(proxy_for: ProxyFactory) -> None:
+    async with proxy_for(REPORTER) as proxy:
+        await post(proxy, "/chat", context_id="c3", model="scripted", message="hello")
+        r = await post(proxy, "/chat/invoke", context_id="c3")
+        stored = (await proxy.client.get("/v1/contexts/c3")).json()
+    body = r.json()
+    assert body["generated_messages"] == [{"sender": "ai", "message": "You said: hello"}]
+    assert len(stored["messages"]) == 3
+
+
+async def test_add_ai_message_prompt_applies_to_that_run_only(proxy_for: ProxyFactory) -> None:
+    async with proxy_for(REPORTER) as proxy:
+        await post(proxy, "/chat", context_id="c4", model="scripted", message="hello")
+        await post(proxy, "/chat/add-ai-message", context_id="c4", prompt="Greet warmly.")
+        sent = proxy.upstream_requests[-1]["messages"]
+        stored = (await proxy.client.get("/v1/contexts/c4")).json()
+    assert sent[-1] == {"role": "system", "content": "Greet warmly."}
+    assert all(m["role"] != "system" for m in stored["messages"])
+    assert len(stored["messages"]) == 3
+
+
+async def test_terminating_config_nudges_to_the_terminal_tool(proxy_for: ProxyFactory) -> None:
+    async with proxy_for(REPORTER) as proxy:
+        r = await post(
+            proxy,
+            "/chat",
+            context_id="c5",
+            agent="reporter",
+            message="just say hi",
+            terminating_config={"tool_ids": ["final_answer"]},
+        )
+    body = r.json()
+    assert body["loop"]["stop_reason"] == "terminal_tool"
+    assert body["response"] == "Hello!"
+    kinds = [m.get("type") or m.get("sender") for m in body["generated_messages"]]
+    assert kinds == ["human", "ai", "tool_call", "tool_response", "ai"]
+
+
+async def test_a_failed_run_saves_nothing(proxy_for: ProxyFactory) -> None:
+    async with proxy_for(REPORTER) as proxy:
+        await post(proxy, "/chat", context_id="c6", agent="reporter", message="hello")
+        r = await post(
+            proxy,
+            "/chat",
+            context_id="c6",
+            message="just say hi",
+            loop={"terminating_config": {"tool_ids": ["final_answer"], "consecutive_nudges": 0}},
+        )
+        stored = (await proxy.client.get("/v1/contexts/c6")).json()
+    assert r.status_code == 422
+    assert r.json()["error"]["code"] == "max_consecutive_nudges_exceeded"
+    assert r.json()["loop"]["stop_reason"] == "nudges_exhausted"
+    assert [m["content"] for m in stored["messages"]] == ["hello", "You said: hello"]
+
+
+async def test_a_context_is_the_thread_of_its_limits(proxy_for: ProxyFactory) -> None:
+    async with proxy_for(REPORTER) as proxy:
+        first = await post(proxy, "/chat", context_id="c7", agent="capped", message="get_weather")
+        second = await post(proxy, "/chat", context_id="c7", message="get_weather keep")
+        stored = (await proxy.client.get("/v1/contexts/c7")).json()
+    assert first.json()["loop"]["tool_calls"] == 1
+    assert second.json()["loop"]["tool_calls"] == 1
+    assert stored["tool_call_counts"] == {"*": 2}
+
+
+async def test_concurrent_runs_on_one_context_are_serialised(proxy_for: ProxyFactory) -> None:
+    async with proxy_for(REPORTER) as proxy:
+        await post(proxy, "/chat", context_id="c8", agent="reporter", message="start")
+        replies = await asyncio.gather(
+            *(
+                post(proxy, "/chat", context_id="c8", message=f"get_weather in Lima #{i}")
+                for i in range(5)
+            )
+        )
+        stored = (await proxy.client.get("/v1/contexts/c8")).json()
+    assert all(r.status_code == 200 for r in replies)
+    roles = [m["role"] for m in stored["messages"]]
+    assert roles == ["user", "assistant"] + ["user", "assistant", "tool", "assistant"] * 5
+
+
+async def test_delete_drops_the_context(proxy_for: ProxyFactory) -> None:
+    async with proxy_for(REPORTER) as proxy:
+        await post(proxy, "/chat", context_id="c9", model="scripted", message="hi")
+        deleted = await proxy.client.delete("/v1/contexts/c9")
+        gone = await proxy.client.get("/v1/contexts/c9")
+        again = await proxy.client.delete("/v1/contexts/c9")
+    assert deleted.json() == {"id": "c9", "object": "loopwarden.context.deleted", "deleted": True}
+    assert gone.status_code == 404
+    assert gone.json()["error"]["message"] == "no context 'c9'"
+    assert again.status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param", "message"),
+    [
+        ("/chat", {"context_id": "new", "message": "hi"}, "agent", "does not exist"),
+        ("/chat", {"context_id": "new", "agent": "reporter"}, "message", "string"),
+        ("/chat", {"message": "hi", "agent": "reporter"}, "context_id", "string"),
+        ("/chat", {"context_id": "x", "message": "hi", "agent": "a", "n": 2}, "n", "unknown field"),
+        ("/chat/invoke", {"context_id": "x", "prompt": "p"}, "prompt", "unknown field"),
+        ("/chat/invoke", {"context_id": "empty", "model": "scripted"}, "context_id", "no messages"),
+        (
+            "/chat",
+            {"context_id": "x", "message": "hi", "agent": "reporter", "loop": {"thread_id": "t"}},
+            "loop.thread_id",
+            "its own thread",
+        ),
+        (
+            "/chat",
+            {"context_id": "x", "message": "hi", "agent": "reporter", "terminating_config": {}},
+            "terminating_config.tool_ids",
+            "non-empty list",
+        ),
+        (
+            "/chat",
+            {"context_id": "x", "message": "hi", "agent": "nobody"},
+            "agent",
+            "no agent named 'nobody'",
+        ),
+    ],
+)
+async def test_bad_context_requests_are_a_400_naming_the_field(
+    proxy_for: ProxyFactory, path: str, body: dict[str, Any], param: str, message: str
+) -> None:
+    async with proxy_for(REPORTER) as proxy:
+        r = await post(proxy, path, **body)
+        assert proxy.upstream_requests == []
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param
+    assert message in r.json()["error"]["message"]
+
+
+async def test_a_context_keeps_its_agent(proxy_for: ProxyFactory) -> None:
+    async with proxy_for(REPORTER) as proxy:
+        await post(proxy, "/chat", context_id="c10", agent="reporter", message="hi")
+        r = await post(proxy, "/chat", context_id="c10", agent="capped", message="hi")
+    assert r.status_code == 400
+    assert r.json()["error"]["param"] == "agent"
