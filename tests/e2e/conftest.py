@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import subprocess
 import sys
 import time
@@ -24,9 +25,11 @@ from proxy.demo.scenes import DEMO_CONFIG
 
 
 @contextlib.contextmanager
-def running(args: list[str], health_url: str) -> Iterator[None]:
+def running(args: list[str], health_url: str, env: dict[str, str] | None = None) -> Iterator[None]:
     """A process on 127.0.0.1, from when `health_url` answers until the block ends."""
-    proc = subprocess.Popen([sys.executable, *args])
+    proc = subprocess.Popen(
+        [sys.executable, *args], env=None if env is None else {**os.environ, **env}
+    )
     try:
         wait_healthy(health_url, proc)
         yield
@@ -115,7 +118,9 @@ def proxy_url(
             },
         },
     }
-    path = Path(tmp_path_factory.mktemp("e2e")) / "loopwarden.yaml"
+    folder = Path(tmp_path_factory.mktemp("e2e"))
+    config["state"] = {"backend": "sqlite", "path": str(folder / "loopwarden.db")}
+    path = folder / "loopwarden.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     port = free_port()
     args = ["-m", "proxy", "serve", "--config", str(path), "--port", str(port)]
