@@ -54,8 +54,7 @@ def run_scene(client: httpx.Client, scene: Scene) -> dict[str, Any]:
         "model": scene.model,
         "messages": [{"role": "user", "content": scene.prompt}],
     }
-    if scene.loop:
-        body["loop"] = scene.loop
+    body["loop"] = {**scene.loop, "include_messages": True}
     response = client.post("/v1/chat/completions", json=body)
     data: dict[str, Any] = response.json()
     data["_status"] = response.status_code
@@ -76,6 +75,10 @@ def describe(scene: Scene, data: dict[str, Any]) -> str:
         f"  stop_reason : {loop.get('stop_reason')}   steps: {loop.get('steps')}   "
         f"tool_calls: {loop.get('tool_calls')}   cost_usd: {loop.get('cost_usd')}",
     ]
+    for message in loop.get("messages") or []:
+        content = message.get("content") or ""
+        if message.get("role") == "tool" and content.startswith('{"error"'):
+            lines.append(f"  blocked     : {content}")
     details = loop.get("stop_details")
     if details:
         lines.append(f"  stop_details: {details}")

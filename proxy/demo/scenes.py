@@ -31,6 +31,18 @@ DEMO_CONFIG: dict[str, Any] = {
             "tools": ["search_notes"],
             "stop_when": [{"max_cost": 0.004}],
         },
+        "planner": {
+            "model": "scripted",
+            "tools": ["get_weather", "to_fahrenheit"],
+            "tool_rules": [
+                {"type": "run_first", "tool_name": "get_weather"},
+                {
+                    "type": "constrain_child_tools",
+                    "tool_name": "get_weather",
+                    "children": ["to_fahrenheit"],
+                },
+            ],
+        },
     },
 }
 
@@ -62,6 +74,20 @@ SCENES = [
         "scripted",
         "Keep going: keep calling search_notes.",
         {"tools": ["search_notes"], "max_steps": 3},
+    ),
+    Scene(
+        "A rule violation: the call is blocked, the run goes on",
+        "planner",
+        "!to_fahrenheit at once, then get_weather in Lima.",
+    ),
+    Scene(
+        "A tool call limit (exit_behavior: end)",
+        "scripted",
+        "Check get_weather in Lima, and keep checking it.",
+        {
+            "tools": ["get_weather"],
+            "tool_call_limits": [{"run_limit": 2, "exit_behavior": "end"}],
+        },
     ),
     Scene(
         "A nudge, then a terminating tool",

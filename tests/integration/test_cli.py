@@ -48,6 +48,9 @@ def test_check_accepts_a_good_config(tmp_path: Path, capsys: pytest.CaptureFixtu
 def test_demo_shows_each_stop_reason(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["demo"]) == 0
     out = capsys.readouterr().out
-    for reason in ("completed", "terminal_tool", "cost_budget", "max_steps", "nudges_exhausted"):
+    reasons = ("completed", "terminal_tool", "cost_budget", "max_steps", "nudges_exhausted")
+    for reason in (*reasons, "tool_call_limit"):
         assert f"stop_reason : {reason}" in out
+    assert "blocked     : " in out
+    assert "is not allowed now by the tool rules. Allowed tools: get_weather." in out
     assert "Here is what I found: 69.8°F" in out
