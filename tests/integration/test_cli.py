@@ -54,3 +54,16 @@ def test_demo_shows_each_stop_reason(capsys: pytest.CaptureFixture[str]) -> None
     assert "blocked     : " in out
     assert "is not allowed now by the tool rules. Allowed tools: get_weather." in out
     assert "Here is what I found: 69.8°F" in out
+
+
+def test_the_readme_config_example_is_valid() -> None:
+    import yaml
+
+    from proxy.config import parse_config
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    example = readme.split("```yaml\n", 1)[1].split("```", 1)[0]
+    config = parse_config(yaml.safe_load(example))
+    agent = config.agents["researcher"]
+    assert [r.type for r in agent.rules()] == ["run_first"]
+    assert agent.limits()[0].thread_limit == 50
