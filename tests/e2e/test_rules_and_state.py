@@ -247,3 +247,23 @@ def test_sqlite_thread_counts_survive_a_restart(
             )
             counts.append(loop_of(reply)["tool_calls"])
     assert counts == [4, INVENTORY_LIMIT - 4]
+
+
+def test_concurrent_runs_on_one_context_wait_for_each_other_across_processes(
+    redis_proxies: tuple[str, str],
+) -> None:
+    cid = f"busy-{secrets.token_hex(4)}"
+    httpx.post(
+        f"{redis_proxies[0]}/chat", json={"context_id": cid, "agent": "weather", "message": "start"}
+    )
+
+    def one(i: int) -> int:
+        body = {"context_id": cid, "message": f"get_weather in Oslo #{i}"}
+        return httpx.post(f"{redis_proxies[i % 2]}/chat", json=body, timeout=30).status_code
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        statuses = list(pool.map(one, range(8)))
+    stored = httpx.get(f"{redis_proxies[1]}/v1/contexts/{cid}").json()
+    assert statuses == [200] * 8
+    roles = [m["role"] for m in stored["messages"]]
+    assert roles == ["user", "assistant"] + ["user", "assistant", "tool", "assistant"] * 8
