@@ -10,6 +10,7 @@ from typing import Any
 import orjson
 from starlette.types import Receive, Scope, Send
 
+from proxy.api.auth import Caller
 from proxy.api.chat import header, read_body, run_or_cancel
 from proxy.api.chat_request import ChatRequest, parse_loop
 from proxy.api.gateway import Gateway
@@ -162,7 +163,7 @@ class ContextRuns:
     async def _run(
         self,
         gw: Gateway,
-        caller: Any,
+        caller: Caller | None,
         scope: Scope,
         receive: Receive,
         send: Send,
