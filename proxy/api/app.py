@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import httpx
 import orjson
+from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
+from opentelemetry.trace import TracerProvider
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from proxy.api.chat import ChatCompletions
 from proxy.api.contexts import ContextRuns, context_body, read_context
@@ -22,8 +26,12 @@ from proxy.api.gateway import Gateway, build_gateway
 from proxy.config import Config
 from proxy.engine.ports import RunObserver
 from proxy.errors import MethodNotAllowed, NotFound, ProxyError
+from proxy.pricing import PriceTable
 from proxy.state.backend import open_store
 from proxy.state.store import StateStore
+from proxy.telemetry.http import HttpTelemetry
+from proxy.telemetry.setup import build_telemetry, tracer_provider_from_env
+from proxy.telemetry.tracing import inject_trace_headers
 
 MODELS_CACHE_S = 60.0
 
@@ -47,8 +55,12 @@ class ProxyApp(Starlette):
     handle their own errors."""
 
     chat: ChatCompletions
+    served: ASGIApp  # `route` inside the HTTP telemetry
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.served(scope, receive, send)
+
+    async def route(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in CHAT_PATHS:
             await self.chat(scope, receive, send)
             return
@@ -69,11 +81,18 @@ def create_app(
     transport: httpx.AsyncBaseTransport | None = None,
     observers: Sequence[RunObserver] = (),
     store: StateStore | None = None,
+    registry: CollectorRegistry | None = None,
+    tracer_provider: TracerProvider | None = None,
 ) -> Starlette:
-    """The proxy as an ASGI app. `transport` replaces the network and `store` the configured
-    state backend (tests)."""
+    """The proxy as an ASGI app. `transport` replaces the network, `store` the configured
+    state backend, `registry` and `tracer_provider` the metrics and trace sinks (tests)."""
     holder: dict[str, Gateway] = {}
     models_cache: dict[str, Any] = {}
+    registry = registry if registry is not None else CollectorRegistry()
+    own_tracing = tracer_provider is None
+    tracing = tracer_provider or tracer_provider_from_env(config, os.environ)
+    telemetry = build_telemetry(config, PriceTable(config.pricing), registry, tracing)
+    run_observers: list[RunObserver] = [telemetry.metrics_observer, telemetry.tracing, *observers]
 
     def gateway() -> Gateway:
         return holder["gateway"]
@@ -85,12 +104,22 @@ def create_app(
         state = store or open_store(config.state)
         try:
             async with httpx.AsyncClient(transport=network, timeout=timeout) as client:
-                holder["gateway"] = build_gateway(config, client, network, state, observers)
+                holder["gateway"] = build_gateway(
+                    config,
+                    client,
+                    network,
+                    state,
+                    run_observers,
+                    on_attempt=telemetry.metrics.upstream_attempt,
+                    inject_headers=inject_trace_headers,
+                )
                 yield
         finally:
             holder.clear()
             if store is None:
                 await state.close()
+            if own_tracing and isinstance(tracing, SdkTracerProvider):
+                tracing.shutdown()  # flushes the spans not yet exported
 
     async def models(request: Request) -> Response:
         gw = gateway()
@@ -108,6 +137,9 @@ def create_app(
             if entry.get("id") not in seen:
                 data.append(entry)
         return JSONResponse({"object": "list", "data": data})
+
+    async def metrics(request: Request) -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
@@ -152,6 +184,7 @@ def create_app(
         Route("/v1/chat/completions", chat, methods=["POST"]),
         Route("/chat/completions", chat, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
     ]
@@ -161,6 +194,8 @@ def create_app(
         exception_handlers={404: not_found, 405: not_found},
     )
     app.chat = chat
+    tracer = tracing.get_tracer("loopwarden")
+    app.served = HttpTelemetry(app.route, telemetry.metrics, tracer)
     return app
 
 

@@ -186,6 +186,7 @@ class ContextRuns:
             )
         req = _request(body, context, run_messages)
         resolved = gw.resolver.resolve(req, None)
+        resolved.spec.route = scope["path"]
         gw.keys.check(caller, resolved.agent or req.model)
         deps = gw.deps(resolved.upstream, header(scope, b"authorization"))
         result = await run_or_cancel(Run(resolved.spec, deps).execute, receive)

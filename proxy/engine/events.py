@@ -92,6 +92,7 @@ class RunFinished:
     upstream_s: float
     tools_s: float
     error: BaseException | None = field(default=None)
+    route: str = ""  # the API route that started the run
 
 
 RunEvent = (

@@ -49,6 +49,7 @@ class ModelReply:
     response_model: str | None = None
     # The upstream body (JSON mode) for relaying fields the proxy does not own.
     raw: dict[str, Any] | None = None
+    first_chunk_s: float | None = None  # streaming: time from the request to the first chunk
 
     @property
     def text(self) -> str:

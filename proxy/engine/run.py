@@ -56,6 +56,7 @@ class RunSpec:
     max_completion_tokens: int | None = None
     params: dict[str, Any] = field(default_factory=dict)
     thread_id: str | None = None
+    route: str = "/v1/chat/completions"
 
 
 @dataclass(slots=True)
@@ -147,6 +148,7 @@ class Run:
                     state.upstream_s,
                     state.tools_s,
                     error,
+                    spec.route,
                 )
             )
         return RunResult(

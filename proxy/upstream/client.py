@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -166,6 +167,8 @@ class Upstream:
         return reply_from_body(body)
 
     async def _stream(self, content: bytes, on_delta: DeltaSink | None) -> ModelReply:
+        started = time.monotonic()
+        first_chunk_s: float | None = None
         response = await self._send(content)
         if "json" in response.headers.get("content-type", ""):
             # An upstream that ignores `stream` answers with one body: relay it as one delta.
@@ -178,13 +181,17 @@ class Upstream:
         decoder = SSEDecoder()
         async with self._reading(response):
             async for raw in response.aiter_raw():
+                if first_chunk_s is None:
+                    first_chunk_s = time.monotonic() - started
                 # The deltas of one network read go out as one: fewer, larger client chunks.
                 text = "".join(self._deltas(acc, decoder.feed(raw)))
                 if text and on_delta is not None:
                     await on_delta(text)
                 if decoder.done:
                     break
-        return acc.reply()
+        reply = acc.reply()
+        reply.first_chunk_s = first_chunk_s
+        return reply
 
     def _deltas(self, acc: ChunkAccumulator, events: list[bytes]) -> list[str]:
         deltas = []

@@ -1,0 +1,1 @@
+"""Telemetry: spans and metrics as observers of the engine's events, plus the HTTP layer's own."""

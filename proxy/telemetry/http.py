@@ -1,0 +1,96 @@
+"""The HTTP server span and the HTTP metrics, as an ASGI wrapper around the whole app."""
+
+from __future__ import annotations
+
+import time
+
+from opentelemetry import context as otel_context
+from opentelemetry import propagate, trace
+from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from proxy.telemetry.metrics import OTHER, Metrics
+
+# Routes as labels; anything else is `other`, so label values stay bounded.
+ROUTES = frozenset(
+    {
+        "/v1/chat/completions",
+        "/chat/completions",
+        "/v1/models",
+        "/chat",
+        "/chat/invoke",
+        "/chat/add-ai-message",
+        "/metrics",
+        "/healthz",
+        "/readyz",
+    }
+)
+CONTEXTS = "/v1/contexts/{context_id}"
+UNTRACED = frozenset({"/metrics", "/healthz", "/readyz"})  # probes and scrapes: no spans
+
+
+def route_of(path: str) -> str:
+    if path in ROUTES:
+        return path
+    if path.startswith("/v1/contexts/") and "/" not in path[len("/v1/contexts/") :]:
+        return CONTEXTS
+    return OTHER
+
+
+class HttpTelemetry:
+    def __init__(self, app: ASGIApp, metrics: Metrics, tracer: Tracer) -> None:
+        self.app = app
+        self.metrics = metrics
+        self.tracer = tracer
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        route, method = route_of(scope["path"]), scope["method"]
+        status = 500
+
+        async def recording_send(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        if route in UNTRACED:
+            try:
+                await self.app(scope, receive, recording_send)
+            finally:
+                self._count(route, method, status, started)
+            return
+        carrier = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        parent = propagate.extract(carrier)
+        span = self.tracer.start_span(
+            f"{method} {route}",
+            parent,
+            kind=SpanKind.SERVER,
+            attributes={
+                "http.request.method": method,
+                "http.route": route,
+                "url.path": scope["path"],
+                "url.scheme": scope.get("scheme", "http"),
+            },
+        )
+        token = otel_context.attach(trace.set_span_in_context(span, parent))
+        try:
+            await self.app(scope, receive, recording_send)
+        finally:
+            otel_context.detach(token)
+            span.set_attribute("http.response.status_code", status)
+            if status >= 500:
+                span.set_status(Status(StatusCode.ERROR))
+                span.set_attribute("error.type", str(status))
+            span.end()
+            self._count(route, method, status, started)
+
+    def _count(self, route: str, method: str, status: int, started: float) -> None:
+        code = str(status)
+        self.metrics.http_requests.labels(route, method, code).inc()
+        self.metrics.http_duration.labels(route, method, code).observe(
+            time.perf_counter() - started
+        )

@@ -1,0 +1,204 @@
+"""Prometheus metrics (SPEC §11.2): an observer of run events, plus the upstream and HTTP hooks."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from proxy.engine import events as ev
+from proxy.engine.stop import StopReason
+from proxy.telemetry.error_types import error_type
+
+OTHER = "other"
+NO_AGENT = "none"
+# Buckets of the GenAI semantic conventions (gen_ai.client.* metrics).
+TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216)
+DURATION_BUCKETS = (
+    0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
+)  # fmt: skip
+RUN_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320)
+COUNT_BUCKETS = (0, 1, 2, 3, 5, 8, 13, 21, 34, 55, 89)
+OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25)
+TOOL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+def package_version() -> str:
+    try:
+        return version("loopwarden")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+@dataclass(frozen=True, slots=True)
+class Labels:
+    """Keeps label values bounded: names outside the config (or price data) become `other`."""
+
+    agents: frozenset[str]
+    tools: frozenset[str]
+    known_model: Callable[[str], bool]
+    providers: Callable[[str], str]  # model -> gen_ai.provider.name
+
+    def agent(self, name: str | None) -> str:
+        if name is None:
+            return NO_AGENT
+        return name if name in self.agents else OTHER
+
+    def tool(self, name: str) -> str:
+        return name if name in self.tools else OTHER
+
+    def model(self, name: str) -> str:
+        return name if self.known_model(name) else OTHER
+
+
+class Metrics:
+    """Every metric of SPEC §11.2, registered on one registry."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.runs = Counter(
+            "loopwarden_runs",
+            "Runs, by why they stopped.",
+            ["agent", "model", "stop_reason"],
+            registry=registry,
+        )
+        self.run_duration = Histogram(
+            "loopwarden_run_duration_seconds", "Wall time of a run.", ["agent", "stop_reason"],
+            buckets=RUN_BUCKETS, registry=registry,
+        )  # fmt: skip
+        self.run_steps = Histogram(
+            "loopwarden_run_steps", "Steps (upstream calls) per run.", ["agent", "stop_reason"],
+            buckets=COUNT_BUCKETS, registry=registry,
+        )  # fmt: skip
+        self.run_tool_calls = Histogram(
+            "loopwarden_run_tool_calls", "Executed server tool calls per run.",
+            ["agent", "stop_reason"], buckets=COUNT_BUCKETS, registry=registry,
+        )  # fmt: skip
+        self.in_flight = Gauge("loopwarden_runs_in_flight", "Runs under way.", registry=registry)
+        self.tool_calls = Counter(
+            "loopwarden_tool_calls",
+            "Server tool calls, by outcome.",
+            ["tool", "outcome"],
+            registry=registry,
+        )
+        self.tool_duration = Histogram(
+            "loopwarden_tool_duration_seconds", "Time to execute a server tool call.", ["tool"],
+            buckets=TOOL_BUCKETS, registry=registry,
+        )  # fmt: skip
+        self.nudges = Counter(
+            "loopwarden_nudges", "Nudges sent to the model.", ["agent"], registry=registry
+        )
+        self.cost = Counter(
+            "loopwarden_cost_usd",
+            "Cost of upstream calls, in USD.",
+            ["agent", "model"],
+            registry=registry,
+        )
+        genai = ["gen_ai_operation_name", "gen_ai_provider_name", "gen_ai_request_model"]
+        self.tokens = Histogram(
+            "gen_ai_client_token_usage", "Tokens used per upstream call.",
+            [*genai, "gen_ai_token_type"], buckets=TOKEN_BUCKETS, registry=registry,
+        )  # fmt: skip
+        self.operation = Histogram(
+            "gen_ai_client_operation_duration_seconds", "Duration of an upstream call.",
+            [*genai, "error_type"], buckets=DURATION_BUCKETS, registry=registry,
+        )  # fmt: skip
+        self.first_chunk = Histogram(
+            "gen_ai_client_operation_time_to_first_chunk_seconds",
+            "Time from a streamed upstream request to its first chunk.",
+            genai, buckets=DURATION_BUCKETS, registry=registry,
+        )  # fmt: skip
+        self.upstream_requests = Counter(
+            "loopwarden_upstream_requests", "Upstream HTTP attempts, by result.",
+            ["upstream", "status_class"], registry=registry,
+        )  # fmt: skip
+        self.http_requests = Counter(
+            "loopwarden_http_requests",
+            "HTTP requests served.",
+            ["route", "method", "code"],
+            registry=registry,
+        )
+        self.http_duration = Histogram(
+            "loopwarden_http_request_duration_seconds", "Time to serve an HTTP request.",
+            ["route", "method", "code"], buckets=RUN_BUCKETS, registry=registry,
+        )  # fmt: skip
+        self.overhead = Histogram(
+            "loopwarden_proxy_overhead_seconds",
+            "Wall time of a run minus its upstream and tool time.", ["route"],
+            buckets=OVERHEAD_BUCKETS, registry=registry,
+        )  # fmt: skip
+        self.build_info = Gauge(
+            "loopwarden_build_info", "The running version.", ["version"], registry=registry
+        )
+        self.build_info.labels(package_version()).set(1)
+
+    def start_series(self, pairs: Iterable[tuple[str, str]]) -> None:
+        """Every stop_reason series at 0 for each (agent, model) label pair."""
+        for agent, model in pairs:
+            for reason in StopReason:
+                self.runs.labels(agent, model, reason.value)
+
+    def upstream_attempt(self, upstream: str, status_class: str) -> None:
+        self.upstream_requests.labels(upstream, status_class).inc()
+
+
+class MetricsObserver:
+    """Turns run events into metrics."""
+
+    def __init__(self, metrics: Metrics, labels: Labels) -> None:
+        self.metrics = metrics
+        self.labels = labels
+        self._runs: dict[str, tuple[str, str]] = {}  # run id -> (agent, model) labels
+
+    def on_event(self, event: ev.RunEvent) -> None:
+        m, labels = self.metrics, self.labels
+        if isinstance(event, ev.RunStarted):
+            m.in_flight.inc()
+            self._runs[event.run_id] = (labels.agent(event.agent), event.model)
+        elif isinstance(event, ev.ModelReplied):
+            self._model_call(event.run_id, event.duration_s, None, event)
+        elif isinstance(event, ev.ModelFailed):
+            self._model_call(event.run_id, event.duration_s, error_type(event.error), None)
+        elif isinstance(event, ev.ToolExecuted):
+            tool = labels.tool(event.call.name)
+            m.tool_calls.labels(tool, event.result.outcome).inc()
+            m.tool_duration.labels(tool).observe(event.duration_s)
+        elif isinstance(event, ev.CallBlocked):
+            m.tool_calls.labels(labels.tool(event.call.name), event.outcome).inc()
+        elif isinstance(event, ev.Nudged):
+            m.nudges.labels(self._runs.get(event.run_id, (OTHER, ""))[0]).inc()
+        elif isinstance(event, ev.RunFinished):
+            self._finished(event)
+
+    def _model_call(
+        self, run_id: str, duration_s: float, error: str | None, replied: ev.ModelReplied | None
+    ) -> None:
+        raw_model = self._runs.get(run_id, (OTHER, OTHER))[1]
+        model = self.labels.model(raw_model)
+        common = ("chat", self.labels.providers(raw_model), model)
+        self.metrics.operation.labels(*common, error or "").observe(duration_s)
+        if replied is None:
+            return
+        usage = replied.reply.usage
+        self.metrics.tokens.labels(*common, "input").observe(usage.prompt_tokens)
+        self.metrics.tokens.labels(*common, "output").observe(usage.completion_tokens)
+        if replied.reply.first_chunk_s is not None:
+            self.metrics.first_chunk.labels(*common).observe(replied.reply.first_chunk_s)
+
+    def _finished(self, event: ev.RunFinished) -> None:
+        m = self.metrics
+        self._runs.pop(event.run_id, None)
+        m.in_flight.dec()
+        agent = self.labels.agent(event.agent)
+        model = self.labels.model(event.model)
+        reason = event.stop.reason.value
+        m.runs.labels(agent, model, reason).inc()
+        m.run_duration.labels(agent, reason).observe(event.duration_s)
+        m.run_steps.labels(agent, reason).observe(event.steps)
+        m.run_tool_calls.labels(agent, reason).observe(event.tool_calls)
+        if event.cost_usd:
+            m.cost.labels(agent, model).inc(event.cost_usd)
+        overhead = event.duration_s - event.upstream_s - event.tools_s
+        m.overhead.labels(event.route or OTHER).observe(max(0.0, overhead))

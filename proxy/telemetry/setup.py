@@ -1,0 +1,148 @@
+"""Telemetry wired from the config and the standard `OTEL_*` environment variables."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    ConsoleSpanExporter,
+    SpanExporter,
+)
+from opentelemetry.trace import NoOpTracerProvider
+from opentelemetry.trace import TracerProvider as AnyTracerProvider
+from prometheus_client import CollectorRegistry
+
+from proxy.config import Config
+from proxy.engine.ports import PriceBook
+from proxy.telemetry.metrics import Labels, Metrics, MetricsObserver
+from proxy.telemetry.tracing import TracingObserver
+
+CAPTURE_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
+_PROVIDERS = {
+    "api.openai.com": "openai",
+    "openrouter.ai": "openrouter",
+    "api.groq.com": "groq",
+    "api.mistral.ai": "mistral_ai",
+    "api.deepseek.com": "deepseek",
+    "api.x.ai": "x_ai",
+    "generativelanguage.googleapis.com": "gcp.gemini",
+}
+
+
+def provider_name(base_url: str, configured: str | None) -> str:
+    if configured:
+        return configured
+    host = urlsplit(base_url).hostname or ""
+    if host.endswith(".openai.azure.com"):
+        return "azure.ai.openai"
+    return _PROVIDERS.get(host, "openai")  # an OpenAI-compatible server
+
+
+def exporter_from_env(env: Mapping[str, str]) -> SpanExporter | None:
+    """`OTEL_TRACES_EXPORTER` (otlp | console | none); with it unset, OTLP when an endpoint is
+    set, else none, so a proxy without a collector does not log export failures."""
+    kind = env.get("OTEL_TRACES_EXPORTER", "").strip().lower()
+    if not kind:
+        endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get(
+            "OTEL_EXPORTER_OTLP_ENDPOINT"
+        )
+        kind = "otlp" if endpoint else "none"
+    if kind == "none":
+        return None
+    if kind == "console":
+        return ConsoleSpanExporter()
+    if kind != "otlp":
+        raise ValueError(f"OTEL_TRACES_EXPORTER: {kind!r} is not one of otlp, console, none")
+    protocol = env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or env.get(
+        "OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"
+    )
+    if protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+        return OTLPSpanExporter()
+    if protocol != "http/protobuf":
+        raise ValueError(
+            f"OTEL_EXPORTER_OTLP_PROTOCOL: {protocol!r} is not one of http/protobuf, grpc"
+        )
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as Http
+
+    return Http()
+
+
+def tracer_provider_from_env(config: Config, env: Mapping[str, str]) -> AnyTracerProvider:
+    """The SDK provider (its sampler from `OTEL_TRACES_SAMPLER*`), or a no-op one when traces
+    are not exported."""
+    exporter = exporter_from_env(env)
+    if exporter is None:
+        return NoOpTracerProvider()
+    name = env.get("OTEL_SERVICE_NAME") or config.telemetry.service_name
+    provider = TracerProvider(resource=Resource.create({"service.name": name}))
+    provider.add_span_processor(BatchSpanProcessor(exporter))
+    return provider
+
+
+@dataclass(slots=True)
+class Telemetry:
+    metrics: Metrics
+    metrics_observer: MetricsObserver
+    tracing: TracingObserver
+    tracer_provider: AnyTracerProvider
+
+
+def build_telemetry(
+    config: Config,
+    prices: PriceBook,
+    registry: CollectorRegistry,
+    tracer_provider: AnyTracerProvider,
+    env: Mapping[str, str] = os.environ,
+) -> Telemetry:
+    aliases = {
+        alias.model: alias.upstream or config.default_upstream for alias in config.models.values()
+    }
+
+    def upstream_of(model: str) -> str:
+        return aliases.get(model, config.default_upstream)
+
+    def endpoint(model: str) -> tuple[str, str, int | None]:
+        upstream = config.upstreams[upstream_of(model)]
+        parts = urlsplit(upstream.base_url)
+        return provider_name(upstream.base_url, upstream.provider), parts.hostname or "", parts.port
+
+    configured_models = {a.model for a in config.models.values()} | set(config.pricing)
+    configured_models |= set(_agent_models(config).values())
+
+    def known_model(model: str) -> bool:
+        return model in configured_models or prices.prices(model) is not None
+
+    labels = Labels(
+        agents=frozenset(config.agents),
+        tools=frozenset(config.tools),
+        known_model=known_model,
+        providers=lambda model: endpoint(model)[0],
+    )
+    metrics = Metrics(registry)
+    pairs = [(name, labels.model(m)) for name, m in _agent_models(config).items()]
+    metrics.start_series([*pairs, ("none", "other")])
+    capture = config.telemetry.capture_content or env.get(CAPTURE_ENV, "").lower() == "true"
+    tracer = tracer_provider.get_tracer("loopwarden")
+    return Telemetry(
+        metrics,
+        MetricsObserver(metrics, labels),
+        TracingObserver(tracer, endpoint, capture),
+        tracer_provider,
+    )
+
+
+def _agent_models(config: Config) -> dict[str, str]:
+    """Each agent's upstream model name."""
+    out = {}
+    for name, agent in config.agents.items():
+        alias = config.models.get(agent.model)
+        out[name] = alias.model if alias is not None else agent.model
+    return out

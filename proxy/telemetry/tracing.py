@@ -1,0 +1,210 @@
+"""OpenTelemetry spans (SPEC §11.1) from run events: one `invoke_agent` span per run, one
+`chat` span per step and one `execute_tool` span per executed server tool call."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from opentelemetry import context as otel_context
+from opentelemetry import propagate, trace
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
+
+from proxy.engine import events as ev
+from proxy.engine.stop import StopReason
+from proxy.telemetry.error_types import error_type
+
+FAILED = frozenset({StopReason.UPSTREAM_ERROR, StopReason.INTERNAL_ERROR})
+
+
+@dataclass(slots=True)
+class _RunSpans:
+    run: Span
+    chat: Span | None = None
+    token: object | None = None  # the attached context of the chat span
+    provider: str = "openai"
+    server: tuple[str, int | None] = ("", None)
+
+
+class TracingObserver:
+    """Spans for runs. `endpoint(model)` gives the provider name and upstream host and port."""
+
+    def __init__(
+        self,
+        tracer: Tracer,
+        endpoint: Callable[[str], tuple[str, str, int | None]],
+        capture_content: bool = False,
+    ) -> None:
+        self.tracer = tracer
+        self.endpoint = endpoint
+        self.capture_content = capture_content
+        self._runs: dict[str, _RunSpans] = {}
+
+    def on_event(self, event: ev.RunEvent) -> None:
+        if isinstance(event, ev.RunStarted):
+            self._started(event)
+            return
+        spans = self._runs.get(event.run_id)
+        if spans is None:
+            return
+        if isinstance(event, ev.StepStarted):
+            self._step(spans, event)
+        elif isinstance(event, ev.ModelReplied):
+            self._replied(spans, event)
+        elif isinstance(event, ev.ModelFailed):
+            self._end_chat(spans, event.error)
+        elif isinstance(event, ev.ToolExecuted):
+            self._tool(spans, event)
+        elif isinstance(event, ev.CallBlocked):
+            spans.run.add_event(
+                "loopwarden.tool_call.blocked",
+                {
+                    "gen_ai.tool.name": event.call.name,
+                    "gen_ai.tool.call.id": event.call.id,
+                    "loopwarden.tool.outcome": event.outcome,
+                    "loopwarden.step": event.step,
+                },
+            )
+        elif isinstance(event, ev.Nudged):
+            spans.run.add_event("loopwarden.nudge", {"loopwarden.step": event.step})
+        elif isinstance(event, ev.ConditionHeld):
+            spans.run.add_event("loopwarden.stop_condition.held", _flat(event.details))
+        elif isinstance(event, ev.RunFinished):
+            self._finished(spans, event)
+
+    def _started(self, event: ev.RunStarted) -> None:
+        name = event.agent or event.model
+        attributes: dict[str, Any] = {
+            "gen_ai.operation.name": "invoke_agent",
+            "gen_ai.request.model": event.model,
+            "loopwarden.run_id": event.run_id,
+        }
+        if event.agent:
+            attributes["gen_ai.agent.name"] = event.agent
+        if event.thread_id:
+            attributes["gen_ai.conversation.id"] = event.thread_id
+        provider, host, port = self.endpoint(event.model)
+        attributes["gen_ai.provider.name"] = provider
+        span = self.tracer.start_span(
+            f"invoke_agent {name}", kind=SpanKind.INTERNAL, attributes=attributes
+        )
+        self._runs[event.run_id] = _RunSpans(span, provider=provider, server=(host, port))
+
+    def _step(self, spans: _RunSpans, event: ev.StepStarted) -> None:
+        request = event.request
+        host, port = spans.server
+        attributes: dict[str, Any] = {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.provider.name": spans.provider,
+            "gen_ai.request.model": request.model,
+            "gen_ai.request.stream": request.stream,
+            "server.address": host,
+            "loopwarden.step": event.step,
+        }
+        if port is not None:
+            attributes["server.port"] = port
+        if request.max_completion_tokens is not None:
+            attributes["gen_ai.request.max_tokens"] = request.max_completion_tokens
+        if self.capture_content:
+            attributes["gen_ai.input.messages"] = orjson.dumps(request.messages).decode()
+        parent = trace.set_span_in_context(spans.run)
+        span = self.tracer.start_span(
+            f"chat {request.model}", parent, kind=SpanKind.CLIENT, attributes=attributes
+        )
+        spans.chat = span
+        # Current while the upstream call runs, so its request carries this span's context.
+        spans.token = otel_context.attach(trace.set_span_in_context(span))
+
+    def _replied(self, spans: _RunSpans, event: ev.ModelReplied) -> None:
+        span, reply = spans.chat, event.reply
+        if span is None:
+            return
+        if reply.response_model:
+            span.set_attribute("gen_ai.response.model", reply.response_model)
+        if reply.response_id:
+            span.set_attribute("gen_ai.response.id", reply.response_id)
+        if reply.finish_reason:
+            span.set_attribute("gen_ai.response.finish_reasons", [reply.finish_reason])
+        span.set_attribute("gen_ai.usage.input_tokens", reply.usage.prompt_tokens)
+        span.set_attribute("gen_ai.usage.output_tokens", reply.usage.completion_tokens)
+        if event.cost_usd is not None:
+            span.set_attribute("loopwarden.cost_usd", event.cost_usd)
+        if self.capture_content:
+            span.set_attribute("gen_ai.output.messages", orjson.dumps([reply.message]).decode())
+        self._end_chat(spans, None)
+
+    def _end_chat(self, spans: _RunSpans, error: BaseException | None) -> None:
+        if spans.token is not None:
+            otel_context.detach(spans.token)  # type: ignore[arg-type]
+            spans.token = None
+        span, spans.chat = spans.chat, None
+        if span is None:
+            return
+        if error is not None:
+            span.set_status(Status(StatusCode.ERROR, str(error)[:200]))
+            span.set_attribute("error.type", error_type(error))
+        span.end()
+
+    def _tool(self, spans: _RunSpans, event: ev.ToolExecuted) -> None:
+        end = time.time_ns()
+        attributes: dict[str, Any] = {
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": event.call.name,
+            "gen_ai.tool.call.id": event.call.id,
+            "gen_ai.tool.type": "extension",
+            "loopwarden.step": event.step,
+            "loopwarden.tool.outcome": event.result.outcome,
+        }
+        if self.capture_content:
+            attributes["gen_ai.tool.call.arguments"] = event.call.arguments
+            attributes["gen_ai.tool.call.result"] = event.result.output
+        span = self.tracer.start_span(
+            f"execute_tool {event.call.name}",
+            trace.set_span_in_context(spans.run),
+            kind=SpanKind.INTERNAL,
+            attributes=attributes,
+            start_time=end - int(event.duration_s * 1e9),
+        )
+        if event.result.is_error:
+            span.set_status(Status(StatusCode.ERROR, event.result.output[:200]))
+            span.set_attribute(
+                "error.type", "timeout" if event.result.outcome == "timeout" else "tool_error"
+            )
+        span.end(end_time=end)
+
+    def _finished(self, spans: _RunSpans, event: ev.RunFinished) -> None:
+        self._end_chat(spans, event.error if spans.chat is not None else None)
+        del self._runs[event.run_id]
+        span = spans.run
+        span.set_attribute("gen_ai.usage.input_tokens", event.usage.prompt_tokens)
+        span.set_attribute("gen_ai.usage.output_tokens", event.usage.completion_tokens)
+        span.set_attribute("loopwarden.stop_reason", event.stop.reason.value)
+        span.set_attribute("loopwarden.steps", event.steps)
+        span.set_attribute("loopwarden.tool_calls", event.tool_calls)
+        if event.cost_usd is not None:
+            span.set_attribute("loopwarden.cost_usd", event.cost_usd)
+        if event.stop.is_failure or event.stop.reason in FAILED:
+            span.set_status(Status(StatusCode.ERROR, event.stop.reason.value))
+            error = event.stop.error_code or (
+                error_type(event.error) if event.error else event.stop.reason.value
+            )
+            span.set_attribute("error.type", error)
+        span.end()
+
+
+def inject_trace_headers(headers: dict[str, str]) -> None:
+    """Adds the current span's context (the `chat` span) to an upstream request."""
+    propagate.inject(headers)
+
+
+def _flat(details: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in details.items():
+        if isinstance(value, bool | int | float | str):
+            out[f"loopwarden.condition.{key}"] = value
+        elif value is not None:
+            out[f"loopwarden.condition.{key}"] = str(value)
+    return out
