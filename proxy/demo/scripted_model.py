@@ -179,6 +179,7 @@ async def chat_completions(request: Request) -> Response:
     body = orjson.loads(await request.body())
     request.app.state.requests.append(body)
     request.app.state.authorizations.append(request.headers.get("authorization"))
+    request.app.state.traceparents.append(request.headers.get("traceparent"))
     reply = complete(body)
     if body.get("stream"):
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
@@ -200,8 +201,8 @@ async def models(request: Request) -> Response:
 
 
 def scripted_app() -> Starlette:
-    """The scripted model as an ASGI app; `app.state` records every request body and its
-    Authorization header."""
+    """The scripted model as an ASGI app; `app.state` records every request body, and its
+    Authorization and traceparent headers."""
     app = Starlette(
         routes=[
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
@@ -211,4 +212,5 @@ def scripted_app() -> Starlette:
     )
     app.state.requests = []
     app.state.authorizations = []
+    app.state.traceparents = []
     return app

@@ -9,6 +9,10 @@ from typing import Any
 import httpx
 import pytest
 import respx
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from prometheus_client import CollectorRegistry
 
 from proxy.api.app import create_app
 from proxy.config import parse_config
@@ -44,10 +48,25 @@ class Routing(httpx.AsyncBaseTransport):
 
 
 class Proxy:
-    def __init__(self, client: httpx.AsyncClient, model: Any, observer: RecordingObserver) -> None:
+    def __init__(
+        self,
+        client: httpx.AsyncClient,
+        model: Any,
+        observer: RecordingObserver,
+        spans: InMemorySpanExporter,
+        registry: CollectorRegistry,
+    ) -> None:
         self.client = client
         self.model = model
         self.observer = observer
+        self.exporter = spans
+        self.registry = registry
+
+    def spans(self) -> list[ReadableSpan]:
+        return list(self.exporter.get_finished_spans())
+
+    def metric(self, name: str, **labels: str) -> float:
+        return self.registry.get_sample_value(name, labels) or 0.0
 
     @property
     def upstream_requests(self) -> list[dict[str, Any]]:
@@ -82,14 +101,24 @@ def proxy_for(router: respx.MockRouter) -> ProxyFactory:
             transport: httpx.AsyncBaseTransport = Routing(model, router)
         else:
             transport = httpx.MockTransport(upstream)
-        app = create_app(parse_config(config), transport=transport, observers=[observer])
+        exporter = InMemorySpanExporter()
+        tracing = TracerProvider()
+        tracing.add_span_processor(SimpleSpanProcessor(exporter))
+        registry = CollectorRegistry()
+        app = create_app(
+            parse_config(config),
+            transport=transport,
+            observers=[observer],
+            registry=registry,
+            tracer_provider=tracing,
+        )
         async with (
             app.router.lifespan_context(app),
             httpx.AsyncClient(
                 transport=httpx.ASGITransport(app), base_url="http://proxy.test"
             ) as client,
         ):
-            yield Proxy(client, model, observer)
+            yield Proxy(client, model, observer, exporter, registry)
 
     return make
 

@@ -1,0 +1,263 @@
+"""Spans (SPEC §11.1) and metrics (SPEC §11.2) of runs through the HTTP API."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.trace import SpanKind, StatusCode
+
+from proxy.engine.stop import StopReason
+from tests.integration.conftest import Proxy, ProxyFactory
+
+WEATHER = "What is the weather in Paris? Use get_weather, then to_fahrenheit."
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+TRACEPARENT = f"00-{TRACE_ID}-00f067aa0ba902b7-01"
+
+
+def by_name(spans: list[ReadableSpan], prefix: str) -> list[ReadableSpan]:
+    return [s for s in spans if s.name.startswith(prefix)]
+
+
+def user(content: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": content}]
+
+
+async def test_a_run_is_one_span_tree_under_the_incoming_trace(proxy: Proxy) -> None:
+    r = await proxy.client.post(
+        "/v1/chat/completions",
+        json={"model": "weather", "messages": user(WEATHER)},
+        headers={"traceparent": TRACEPARENT},
+    )
+    assert r.status_code == 200
+    spans = proxy.spans()
+    (server,) = by_name(spans, "POST /v1/chat/completions")
+    (run,) = by_name(spans, "invoke_agent weather")
+    chats = by_name(spans, "chat scripted")
+    tools = by_name(spans, "execute_tool")
+    assert {format(s.context.trace_id, "032x") for s in spans} == {TRACE_ID}
+    assert server.kind is SpanKind.SERVER
+    assert server.parent is not None
+    assert format(server.parent.span_id, "016x") == "00f067aa0ba902b7"
+    assert run.parent is not None
+    assert run.parent.span_id == server.context.span_id
+    assert len(chats) == 3
+    assert [t.name for t in tools] == ["execute_tool get_weather", "execute_tool to_fahrenheit"]
+    assert all(
+        s.parent is not None and s.parent.span_id == run.context.span_id for s in chats + tools
+    )
+    assert all(c.kind is SpanKind.CLIENT for c in chats)
+    attrs = dict(run.attributes or {})
+    assert attrs["gen_ai.agent.name"] == "weather"
+    assert attrs["loopwarden.stop_reason"] == "completed"
+    assert attrs["loopwarden.steps"] == 3
+    assert attrs["loopwarden.tool_calls"] == 2
+    assert attrs["loopwarden.run_id"] == r.json()["loop"]["run_id"]
+    assert attrs["gen_ai.usage.input_tokens"] == r.json()["usage"]["prompt_tokens"]
+    chat = dict(chats[0].attributes or {})
+    assert chat["gen_ai.operation.name"] == "chat"
+    assert chat["gen_ai.provider.name"] == "openai"
+    assert chat["gen_ai.request.model"] == "scripted"
+    assert chat["gen_ai.response.finish_reasons"] == ("tool_calls",)
+    assert chat["server.address"] == "upstream.test"
+    assert chat["loopwarden.step"] == 1
+    assert chat["loopwarden.cost_usd"] > 0
+    assert chat["gen_ai.usage.output_tokens"] > 0
+    tool = dict(tools[0].attributes or {})
+    assert tool["gen_ai.tool.type"] == "extension"
+    assert tool["loopwarden.tool.outcome"] == "ok"
+    assert "gen_ai.tool.call.arguments" not in tool
+    assert "gen_ai.input.messages" not in chat
+    assert server.status.status_code is StatusCode.UNSET
+    # The upstream saw each chat span's own context, not the client's headers.
+    sent = proxy.model.state.traceparents
+    assert [p.split("-")[2] for p in sent] == [format(c.context.span_id, "016x") for c in chats]
+
+
+async def test_content_is_on_spans_only_when_opted_in(proxy_for: ProxyFactory) -> None:
+    async with proxy_for({"telemetry": {"capture_content": True}}) as proxy:
+        await proxy.chat(model="weather", messages=user(WEATHER))
+        spans = proxy.spans()
+    chat = dict(by_name(spans, "chat")[0].attributes or {})
+    tool = dict(by_name(spans, "execute_tool")[0].attributes or {})
+    assert json.loads(str(chat["gen_ai.input.messages"]))[-1]["content"] == WEATHER
+    assert json.loads(str(tool["gen_ai.tool.call.arguments"])) == {"city": "Paris"}
+    assert "celsius" in str(tool["gen_ai.tool.call.result"])
+
+
+async def test_a_budget_stop_is_not_an_error_and_its_condition_is_an_event(
+    proxy: Proxy,
+) -> None:
+    await proxy.chat(
+        model="scripted",
+        messages=user("keep calling search_notes"),
+        loop={"tools": ["search_notes"], "stop_when": [{"step_count_is": 2}]},
+    )
+    (run,) = by_name(proxy.spans(), "invoke_agent")
+    assert run.status.status_code is StatusCode.UNSET
+    (held,) = [e for e in run.events if e.name == "loopwarden.stop_condition.held"]
+    assert dict(held.attributes or {})["loopwarden.condition.kind"] == "step_count_is"
+
+
+async def test_a_failed_run_and_a_failed_tool_set_error_status(proxy: Proxy) -> None:
+    r = await proxy.chat(
+        model="scripted",
+        messages=user("Just say hello."),
+        loop={
+            "tools": ["final_answer", "search_notes"],
+            "terminating_config": {"tool_ids": ["search_notes"], "consecutive_nudges": 0},
+        },
+    )
+    assert r.status_code == 422
+    (run,) = by_name(proxy.spans(), "invoke_agent")
+    assert run.status.status_code is StatusCode.ERROR
+    assert dict(run.attributes or {})["error.type"] == "max_consecutive_nudges_exceeded"
+
+
+async def test_blocked_calls_are_run_events_and_counted_by_outcome(proxy: Proxy) -> None:
+    rule = {"type": "max_count_per_step", "tool_name": "get_weather", "max_count_limit": 2}
+    await proxy.chat(
+        model="weather",
+        messages=user("keep calling !get_weather in Lima"),
+        loop={"max_steps": 4, "tool_rules": [rule]},
+    )
+    await proxy.chat(
+        model="weather",
+        messages=user("keep calling get_weather in Lima"),
+        loop={"max_steps": 3, "tool_call_limits": [{"run_limit": 1}]},
+    )
+    first = by_name(proxy.spans(), "invoke_agent")[0]
+    blocked = [e for e in first.events if e.name == "loopwarden.tool_call.blocked"]
+    assert [dict(e.attributes or {})["loopwarden.tool.outcome"] for e in blocked] == [
+        "blocked_rule",
+        "blocked_rule",
+    ]
+    outcomes = {
+        outcome: proxy.metric("loopwarden_tool_calls_total", tool="get_weather", outcome=outcome)
+        for outcome in ("ok", "blocked_rule", "blocked_limit")
+    }
+    assert outcomes == {"ok": 3, "blocked_rule": 2, "blocked_limit": 2}
+
+
+async def test_every_stop_reason_series_exists_at_zero_from_start_up(proxy: Proxy) -> None:
+    for reason in StopReason:
+        labels = {"agent": "weather", "model": "scripted", "stop_reason": reason.value}
+        assert proxy.registry.get_sample_value("loopwarden_runs_total", labels) == 0.0
+    assert proxy.metric("loopwarden_build_info", version=_version()) == 1
+
+
+def _version() -> str:
+    from proxy.telemetry.metrics import package_version
+
+    return package_version()
+
+
+RUNS: list[tuple[str, dict[str, Any], str]] = [
+    ("completed", {"model": "weather", "messages": user(WEATHER)}, "weather"),
+    (
+        "max_steps",
+        {"model": "weather", "messages": user("keep get_weather"), "loop": {"max_steps": 2}},
+        "weather",
+    ),
+    (
+        "tool_call_limit",
+        {
+            "model": "weather",
+            "messages": user("keep get_weather"),
+            "loop": {"tool_call_limits": [{"run_limit": 1, "exit_behavior": "end"}]},
+        },
+        "weather",
+    ),
+    (
+        "cost_budget",
+        {
+            "model": "scripted",
+            "messages": user("keep search_notes"),
+            "loop": {"tools": ["search_notes"], "stop_when": [{"max_cost": 0.002}]},
+        },
+        "none",
+    ),
+]
+
+
+@pytest.mark.parametrize(("reason", "body", "agent"), RUNS, ids=[r[0] for r in RUNS])
+async def test_runs_are_counted_by_stop_reason(
+    proxy: Proxy, reason: str, body: dict[str, Any], agent: str
+) -> None:
+    r = await proxy.client.post("/v1/chat/completions", json=body)
+    assert r.json()["loop"]["stop_reason"] == reason
+    labels = {"agent": agent, "model": "scripted", "stop_reason": reason}
+    assert proxy.registry.get_sample_value("loopwarden_runs_total", labels) == 1
+    assert proxy.metric("loopwarden_run_steps_count", agent=agent, stop_reason=reason) == 1
+    assert proxy.metric("loopwarden_runs_in_flight") == 0
+    assert (
+        proxy.metric("loopwarden_proxy_overhead_seconds_count", route="/v1/chat/completions") == 1
+    )
+    steps = r.json()["loop"]["steps"]
+    common = {
+        "gen_ai_operation_name": "chat",
+        "gen_ai_provider_name": "openai",
+        "gen_ai_request_model": "scripted",
+    }
+    assert (
+        proxy.metric("gen_ai_client_token_usage_count", **common, gen_ai_token_type="input")
+        == steps
+    )
+    assert (
+        proxy.metric("gen_ai_client_operation_duration_seconds_count", **common, error_type="")
+        == steps
+    )
+    assert (
+        proxy.metric("loopwarden_upstream_requests_total", upstream="main", status_class="2xx")
+        == steps
+    )
+    assert (
+        proxy.metric(
+            "loopwarden_http_requests_total",
+            route="/v1/chat/completions",
+            method="POST",
+            code="200",
+        )
+        == 1
+    )
+
+
+async def test_unknown_agents_models_and_tools_are_folded_to_other(proxy: Proxy) -> None:
+    await proxy.chat(model="no-such-model-anywhere")
+    labels = {"agent": "none", "model": "other", "stop_reason": "completed"}
+    assert proxy.registry.get_sample_value("loopwarden_runs_total", labels) == 1
+
+
+async def test_streamed_steps_record_time_to_first_chunk(proxy: Proxy) -> None:
+    r = await proxy.chat(model="weather", messages=user(WEATHER), stream=True)
+    assert r.status_code == 200
+    common = {
+        "gen_ai_operation_name": "chat",
+        "gen_ai_provider_name": "openai",
+        "gen_ai_request_model": "scripted",
+    }
+    assert proxy.metric("gen_ai_client_operation_time_to_first_chunk_seconds_count", **common) == 3
+
+
+async def test_nudges_and_cost_are_counted_per_agent(proxy: Proxy) -> None:
+    r = await proxy.chat(
+        model="weather",
+        messages=user("Just say hello."),
+        loop={"terminating_config": {"tool_ids": ["get_weather"]}},
+    )
+    assert proxy.metric("loopwarden_nudges_total", agent="weather") == 1
+    cost = proxy.metric("loopwarden_cost_usd_total", agent="weather", model="scripted")
+    assert cost == pytest.approx(r.json()["loop"]["cost_usd"])
+
+
+async def test_metrics_endpoint_serves_the_exposition(proxy: Proxy) -> None:
+    await proxy.chat(model="weather", messages=user(WEATHER))
+    r = await proxy.client.get("/metrics")
+    assert r.status_code == 200
+    assert r.headers["content-type"].startswith("text/plain; version=")
+    assert (
+        'loopwarden_runs_total{agent="weather",model="scripted",stop_reason="completed"} 1.0'
+        in r.text
+    )
