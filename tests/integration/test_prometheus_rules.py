@@ -1,0 +1,88 @@
+"""The alert rules, their promtool tests, and the exposition they read (Debian's `promtool`)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.integration.conftest import Proxy
+
+DASHBOARDS = Path(__file__).parents[2] / "dashboards"
+WEATHER = "What is the weather in Paris? Use get_weather, then to_fahrenheit."
+
+
+def promtool(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    binary = shutil.which("promtool")
+    if binary is None:
+        raise RuntimeError("promtool is not installed (apt-get install -y prometheus)")
+    return subprocess.run(
+        [binary, *args], input=stdin, capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+def test_the_rules_load() -> None:
+    result = promtool("check", "rules", str(DASHBOARDS / "alerts.yml"))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_rules_pass_their_unit_tests() -> None:
+    result = promtool("test", "rules", str(DASHBOARDS / "alerts.test.yml"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout + result.stderr
+
+
+def test_every_alert_has_severity_summary_description_and_runbook() -> None:
+    groups = yaml.safe_load((DASHBOARDS / "alerts.yml").read_text())["groups"]
+    alerts = [r for g in groups for r in g["rules"] if "alert" in r]
+    assert len(alerts) == 8
+    for alert in alerts:
+        assert alert["labels"]["severity"] in ("warning", "critical")
+        assert set(alert["annotations"]) == {"summary", "description", "runbook_url"}
+    tested = (DASHBOARDS / "alerts.test.yml").read_text()
+    for alert in alerts:
+        assert f"alertname: {alert['alert']}" in tested
+
+
+async def exposition(proxy: Proxy) -> str:
+    await proxy.chat(model="weather", messages=[{"role": "user", "content": WEATHER}])
+    await proxy.chat(model="weather", stream=True)
+    return str((await proxy.client.get("/metrics")).text)
+
+
+async def test_the_exposition_passes_promtool_check_metrics(proxy: Proxy) -> None:
+    text = await exposition(proxy)
+    result = promtool("check", "metrics", stdin=text)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def metric_names(expr: str) -> set[str]:
+    """The series an expression selects (a name followed by `{` or `[`) and the recorded
+    rules it reads."""
+    selected = set(re.findall(r"\b([a-zA-Z_][a-zA-Z0-9_]*)\s*[{\[]", expr))
+    return selected | set(re.findall(r"\bloopwarden:[a-z0-9_:]+", expr))
+
+
+async def test_every_metric_a_rule_reads_is_exposed_or_recorded(proxy: Proxy) -> None:
+    text = await exposition(proxy)
+    exposed = set(re.findall(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)", text, re.M))
+    groups = yaml.safe_load((DASHBOARDS / "alerts.yml").read_text())["groups"]
+    rules = [r for g in groups for r in g["rules"]]
+    recorded = {r["record"] for r in rules if "record" in r}
+    for rule in rules:
+        for name in metric_names(rule["expr"]) - {"up"}:
+            assert name in exposed or name in recorded, f"{name} in {rule['expr']}"
+    assert any(
+        n.startswith("loopwarden:")
+        for r in rules
+        for n in re.findall(r"loopwarden:[a-z0-9_:]+", r["expr"])
+    )
+
+
+@pytest.mark.parametrize("name", ["loopwarden_runs_total", "gen_ai_client_token_usage_bucket"])
+async def test_core_series_are_in_the_exposition(proxy: Proxy, name: str) -> None:
+    assert f"\n{name}{{" in await exposition(proxy)
