@@ -11,11 +11,16 @@ from typing import Any
 
 import httpx
 import uvicorn
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from prometheus_client import CollectorRegistry
 
 from proxy.api.app import create_app
 from proxy.config import parse_config
 from proxy.demo.scenes import DEMO_CONFIG, SCENES, Scene
 from proxy.demo.scripted_model import scripted_app
+from proxy.demo.telemetry_view import changed, samples, span_tree
 
 
 def free_port() -> int:
@@ -87,13 +92,28 @@ def describe(scene: Scene, data: dict[str, Any]) -> str:
 
 def main() -> int:
     with serve_in_thread(scripted_app(), free_port()) as upstream:
-        app = create_app(parse_config(demo_config(upstream)))
+        exporter = InMemorySpanExporter()
+        tracing = TracerProvider()
+        tracing.add_span_processor(SimpleSpanProcessor(exporter))
+        registry = CollectorRegistry()
+        config = parse_config(demo_config(upstream))
+        app = create_app(config, registry=registry, tracer_provider=tracing)
         with (
             serve_in_thread(app, free_port()) as proxy,
             httpx.Client(base_url=proxy, timeout=30) as client,
         ):
             print(f"Loopwarden demo: proxy at {proxy}, scripted model at {upstream}\n")
+            before = samples(registry)
+            run_ids = []
             for scene in SCENES:
-                print(describe(scene, run_scene(client, scene)))
+                data = run_scene(client, scene)
+                run_ids.append(data.get("loop", {}).get("run_id"))
+                print(describe(scene, data))
                 print()
+            after = samples(registry)
+        print(f"── The span tree of the first run ({run_ids[0]}) " + "─" * 20)
+        print("\n".join(span_tree(exporter.get_finished_spans(), run_ids[0])))
+        print()
+        print("── The metrics that changed (GET /metrics) " + "─" * 20)
+        print("\n".join(changed(before, after)))
     return 0

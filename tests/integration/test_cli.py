@@ -52,6 +52,16 @@ def test_demo_shows_each_stop_reason(capsys: pytest.CaptureFixture[str]) -> None
     for reason in (*reasons, "tool_call_limit"):
         assert f"stop_reason : {reason}" in out
     assert "blocked     : " in out
+    tree = out.split("── The span tree", 1)[1]
+    assert "POST /v1/chat/completions" in tree
+    assert "   invoke_agent weather" in tree
+    assert tree.count("      chat scripted") == 3
+    assert "      execute_tool get_weather" in tree
+    assert (
+        'loopwarden_runs_total{agent="researcher",model="scripted",stop_reason="cost_budget"} 1'
+        in out
+    )
+    assert 'loopwarden_tool_calls_total{outcome="blocked_rule",tool="to_fahrenheit"} 1' in out
     assert "is not allowed now by the tool rules. Allowed tools: get_weather." in out
     assert "Here is what I found: 69.8°F" in out
 
