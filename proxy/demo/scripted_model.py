@@ -191,8 +191,14 @@ async def recorded(request: Request) -> Response:
     """The request bodies received so far (`DELETE` forgets them), for tests across processes."""
     if request.method == "DELETE":
         request.app.state.requests.clear()
+        request.app.state.traceparents.clear()
         return Response(status_code=204)
     return Response(orjson.dumps(request.app.state.requests), media_type="application/json")
+
+
+async def recorded_traceparents(request: Request) -> Response:
+    """The `traceparent` header of each request received so far (null when absent)."""
+    return Response(orjson.dumps(request.app.state.traceparents), media_type="application/json")
 
 
 async def models(request: Request) -> Response:
@@ -208,6 +214,7 @@ def scripted_app() -> Starlette:
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
             Route("/v1/models", models, methods=["GET"]),
             Route("/v1/recorded", recorded, methods=["GET", "DELETE"]),
+            Route("/v1/recorded/traceparents", recorded_traceparents, methods=["GET"]),
         ]
     )
     app.state.requests = []
