@@ -135,8 +135,9 @@ class Metrics:
         self.build_info.labels(package_version()).set(1)
 
     def start_series(self, pairs: Iterable[tuple[str, str]]) -> None:
-        """Every stop_reason series at 0 for each (agent, model) label pair."""
+        """Every stop_reason series (and the nudge counter) at 0 for each (agent, model) pair."""
         for agent, model in pairs:
+            self.nudges.labels(agent)
             for reason in StopReason:
                 self.runs.labels(agent, model, reason.value)
 

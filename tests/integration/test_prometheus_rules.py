@@ -5,14 +5,13 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.integration.conftest import Proxy
+from tests.promql import DASHBOARDS, metric_names
 
-DASHBOARDS = Path(__file__).parents[2] / "dashboards"
 WEATHER = "What is the weather in Paris? Use get_weather, then to_fahrenheit."
 
 
@@ -58,13 +57,6 @@ async def test_the_exposition_passes_promtool_check_metrics(proxy: Proxy) -> Non
     text = await exposition(proxy)
     result = promtool("check", "metrics", stdin=text)
     assert result.returncode == 0, result.stdout + result.stderr
-
-
-def metric_names(expr: str) -> set[str]:
-    """The series an expression selects (a name followed by `{` or `[`) and the recorded
-    rules it reads."""
-    selected = set(re.findall(r"\b([a-zA-Z_][a-zA-Z0-9_]*)\s*[{\[]", expr))
-    return selected | set(re.findall(r"\bloopwarden:[a-z0-9_:]+", expr))
 
 
 async def test_every_metric_a_rule_reads_is_exposed_or_recorded(proxy: Proxy) -> None:
