@@ -1,0 +1,158 @@
+"""The metrics and tracing observers, fed hand-built event lists."""
+
+from __future__ import annotations
+
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
+from prometheus_client import CollectorRegistry
+
+from proxy.engine import events as ev
+from proxy.engine.ports import ModelRequest, ToolCall, ToolResult
+from proxy.engine.stop import Stop, StopReason
+from proxy.engine.usage import Usage
+from proxy.errors import UpstreamStatusError
+from proxy.telemetry.metrics import Labels, Metrics, MetricsObserver
+from proxy.telemetry.tracing import TracingObserver
+from tests.fakes import reply
+
+CALL = ToolCall("call_1", "search", '{"q": "x"}')
+
+
+def run_events(stop: Stop, *, fail_step: bool = False) -> list[ev.RunEvent]:
+    request = ModelRequest("gpt-x", [{"role": "user", "content": "hi"}], [], step=1)
+    events: list[ev.RunEvent] = [
+        ev.RunStarted("run_1", "agent-a", "gpt-x", "t-1", 0.0),
+        ev.StepStarted("run_1", 1, request, 0.0),
+        ev.ModelReplied(
+            "run_1", 1, reply(calls=[("search", "{}")], prompt=30, completion=7), 0.002, 0.5
+        ),
+        ev.ToolExecuted("run_1", 1, CALL, ToolResult("boom", "timeout"), 0.25),
+        ev.CallBlocked("run_1", 1, ToolCall("call_2", "mystery", "{}"), "blocked_limit", "no"),
+        ev.Nudged("run_1", 1, "go on"),
+        ev.StepStarted("run_1", 2, request, 1.0),
+    ]
+    if fail_step:
+        events.append(ev.ModelFailed("run_1", 2, UpstreamStatusError(503, b"{}", None), 0.1))
+    else:
+        events.append(ev.ModelReplied("run_1", 2, reply("done"), 0.001, 0.25))
+        events.append(
+            ev.ConditionHeld("run_1", 2, {"condition": "stop_when[0]", "kind": "max_cost"})
+        )
+    error = UpstreamStatusError(503, b"{}", None) if fail_step else None
+    events.append(
+        ev.RunFinished(
+            "run_1", "agent-a", "gpt-x", stop, 2, 1, Usage(60, 12, 72), 0.003, 2.0, 0.75, 0.25,
+            error, "/v1/chat/completions",
+        )
+    )  # fmt: skip
+    return events
+
+
+def labels() -> Labels:
+    return Labels(
+        agents=frozenset({"agent-a"}),
+        tools=frozenset({"search"}),
+        known_model=lambda m: m == "gpt-x",
+        providers=lambda m: "openai",
+    )
+
+
+def test_metrics_from_one_run() -> None:
+    registry = CollectorRegistry()
+    observer = MetricsObserver(Metrics(registry), labels())
+    for event in run_events(Stop(StopReason.COST_BUDGET)):
+        observer.on_event(event)
+
+    def value(name: str, **kv: str) -> float | None:
+        return registry.get_sample_value(name, kv)
+
+    assert (
+        value("loopwarden_runs_total", agent="agent-a", model="gpt-x", stop_reason="cost_budget")
+        == 1
+    )
+    assert value("loopwarden_run_steps_sum", agent="agent-a", stop_reason="cost_budget") == 2
+    assert value("loopwarden_runs_in_flight") == 0
+    assert value("loopwarden_tool_calls_total", tool="search", outcome="timeout") == 1
+    assert value("loopwarden_tool_calls_total", tool="other", outcome="blocked_limit") == 1
+    assert value("loopwarden_tool_duration_seconds_sum", tool="search") == 0.25
+    assert value("loopwarden_nudges_total", agent="agent-a") == 1
+    assert value("loopwarden_cost_usd_total", agent="agent-a", model="gpt-x") == 0.003
+    assert value("loopwarden_proxy_overhead_seconds_sum", route="/v1/chat/completions") == 1.0
+    genai = {
+        "gen_ai_operation_name": "chat",
+        "gen_ai_provider_name": "openai",
+        "gen_ai_request_model": "gpt-x",
+    }
+    assert value("gen_ai_client_token_usage_sum", **genai, gen_ai_token_type="input") == 40
+    assert value("gen_ai_client_operation_duration_seconds_count", **genai, error_type="") == 2
+
+
+def test_a_failed_step_is_timed_with_its_error_type_and_unknown_names_fold() -> None:
+    registry = CollectorRegistry()
+    observer = MetricsObserver(Metrics(registry), labels())
+    events = run_events(Stop(StopReason.UPSTREAM_ERROR), fail_step=True)
+    events[0] = ev.RunStarted("run_1", "stranger", "gpt-x", None, 0.0)
+    for event in events:
+        observer.on_event(event)
+    genai = {
+        "gen_ai_operation_name": "chat",
+        "gen_ai_provider_name": "openai",
+        "gen_ai_request_model": "gpt-x",
+    }
+    assert (
+        registry.get_sample_value(
+            "gen_ai_client_operation_duration_seconds_count", {**genai, "error_type": "503"}
+        )
+        == 1
+    )
+    assert registry.get_sample_value("loopwarden_nudges_total", {"agent": "other"}) == 1
+
+
+def traced(events: list[ev.RunEvent], capture: bool = False) -> InMemorySpanExporter:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    observer = TracingObserver(
+        provider.get_tracer("test"), lambda m: ("openai", "api.example", 443), capture
+    )
+    for event in events:
+        observer.on_event(event)
+    return exporter
+
+
+def test_spans_from_one_run() -> None:
+    spans = {
+        s.name: s for s in traced(run_events(Stop(StopReason.COST_BUDGET))).get_finished_spans()
+    }
+    run = spans["invoke_agent agent-a"]
+    tool = spans["execute_tool search"]
+    assert run.status.status_code is StatusCode.UNSET  # a budget stop is not an error
+    assert dict(run.attributes or {})["gen_ai.conversation.id"] == "t-1"
+    assert [e.name for e in run.events] == [
+        "loopwarden.tool_call.blocked",
+        "loopwarden.nudge",
+        "loopwarden.stop_condition.held",
+    ]
+    assert tool.status.status_code is StatusCode.ERROR
+    assert dict(tool.attributes or {})["error.type"] == "timeout"
+    assert (tool.end_time or 0) - (tool.start_time or 0) == 250_000_000
+    assert dict(spans["chat gpt-x"].attributes or {})["server.port"] == 443
+    assert "gen_ai.tool.call.arguments" not in dict(tool.attributes or {})
+
+
+def test_a_failed_run_ends_its_open_chat_span_with_the_error() -> None:
+    spans = traced(run_events(Stop(StopReason.UPSTREAM_ERROR), fail_step=True)).get_finished_spans()
+    failed_chat = [s for s in spans if s.name == "chat gpt-x"][-1]
+    run = next(s for s in spans if s.name.startswith("invoke_agent"))
+    assert failed_chat.status.status_code is StatusCode.ERROR
+    assert dict(failed_chat.attributes or {})["error.type"] == "503"
+    assert run.status.status_code is StatusCode.ERROR
+    assert dict(run.attributes or {})["error.type"] == "503"
+
+
+def test_content_is_captured_only_when_asked() -> None:
+    spans = traced(run_events(Stop(StopReason.COMPLETED)), capture=True).get_finished_spans()
+    tool = next(s for s in spans if s.name.startswith("execute_tool"))
+    assert dict(tool.attributes or {})["gen_ai.tool.call.arguments"] == '{"q": "x"}'
