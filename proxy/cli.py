@@ -46,8 +46,13 @@ def _serve(path: str | None, host: str | None, port: int | None) -> int:
         return 1
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per upstream call is noise
+    try:
+        app = create_app(config)
+    except ValueError as exc:  # telemetry settings from the environment
+        print(str(exc), file=sys.stderr)
+        return 1
     uvicorn.run(
-        create_app(config),
+        app,
         host=host or config.server.host,
         port=port if port is not None else config.server.port,
         log_level="warning",

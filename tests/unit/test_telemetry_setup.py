@@ -1,0 +1,57 @@
+"""Which span exporter the standard OTEL_* variables select, and provider names."""
+
+from __future__ import annotations
+
+import pytest
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as Grpc
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as Http
+from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+from proxy.telemetry.setup import exporter_from_env, provider_name
+
+
+@pytest.mark.parametrize(
+    ("env", "kind"),
+    [
+        ({}, type(None)),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"}, Http),
+        ({"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, Grpc),
+        ({"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc"}, Grpc),
+        ({"OTEL_TRACES_EXPORTER": "console"}, ConsoleSpanExporter),
+        (
+            {"OTEL_TRACES_EXPORTER": "none", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"},
+            type(None),
+        ),
+    ],
+)
+def test_the_exporter_follows_the_environment(env: dict[str, str], kind: type) -> None:
+    assert isinstance(exporter_from_env(env), kind)
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"OTEL_TRACES_EXPORTER": "zipkin"}, "OTEL_TRACES_EXPORTER: 'zipkin'"),
+        (
+            {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"},
+            "OTEL_EXPORTER_OTLP_PROTOCOL",
+        ),
+    ],
+)
+def test_an_unsupported_setting_is_named(env: dict[str, str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        exporter_from_env(env)
+
+
+@pytest.mark.parametrize(
+    ("url", "configured", "name"),
+    [
+        ("https://api.openai.com/v1", None, "openai"),
+        ("https://openrouter.ai/api/v1", None, "openrouter"),
+        ("https://x.openai.azure.com/openai", None, "azure.ai.openai"),
+        ("http://127.0.0.1:8000/v1", None, "openai"),
+        ("http://127.0.0.1:8000/v1", "vllm", "vllm"),
+    ],
+)
+def test_provider_names(url: str, configured: str | None, name: str) -> None:
+    assert provider_name(url, configured) == name
