@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import orjson
 from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
-from opentelemetry.trace import TracerProvider
+from opentelemetry.trace import NoOpTracerProvider, TracerProvider
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -92,7 +92,10 @@ def create_app(
     own_tracing = tracer_provider is None
     tracing = tracer_provider or tracer_provider_from_env(config, os.environ)
     telemetry = build_telemetry(config, PriceTable(config.pricing), registry, tracing)
-    run_observers: list[RunObserver] = [telemetry.metrics_observer, telemetry.tracing, *observers]
+    traced = not isinstance(tracing, NoOpTracerProvider)  # no exporter: no span work at all
+    run_observers: list[RunObserver] = [telemetry.metrics_observer, *observers]
+    if traced:
+        run_observers.insert(1, telemetry.tracing)
 
     def gateway() -> Gateway:
         return holder["gateway"]
@@ -111,7 +114,7 @@ def create_app(
                     state,
                     run_observers,
                     on_attempt=telemetry.metrics.upstream_attempt,
-                    inject_headers=inject_trace_headers,
+                    inject_headers=inject_trace_headers if traced else None,
                 )
                 yield
         finally:
@@ -194,7 +197,7 @@ def create_app(
         exception_handlers={404: not_found, 405: not_found},
     )
     app.chat = chat
-    tracer = tracing.get_tracer("loopwarden")
+    tracer = tracing.get_tracer("loopwarden") if traced else None
     app.served = HttpTelemetry(app.route, telemetry.metrics, tracer)
     return app
 

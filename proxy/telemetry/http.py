@@ -38,7 +38,8 @@ def route_of(path: str) -> str:
 
 
 class HttpTelemetry:
-    def __init__(self, app: ASGIApp, metrics: Metrics, tracer: Tracer) -> None:
+    def __init__(self, app: ASGIApp, metrics: Metrics, tracer: Tracer | None) -> None:
+        """`tracer` None: metrics only (no exporter is configured)."""
         self.app = app
         self.metrics = metrics
         self.tracer = tracer
@@ -57,7 +58,7 @@ class HttpTelemetry:
                 status = message["status"]
             await send(message)
 
-        if route in UNTRACED:
+        if route in UNTRACED or self.tracer is None:
             try:
                 await self.app(scope, receive, recording_send)
             finally:
@@ -89,8 +90,6 @@ class HttpTelemetry:
             self._count(route, method, status, started)
 
     def _count(self, route: str, method: str, status: int, started: float) -> None:
-        code = str(status)
-        self.metrics.http_requests.labels(route, method, code).inc()
-        self.metrics.http_duration.labels(route, method, code).observe(
-            time.perf_counter() - started
-        )
+        m, code = self.metrics, str(status)
+        m.child(m.http_requests, route, method, code).inc()
+        m.child(m.http_duration, route, method, code).observe(time.perf_counter() - started)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -58,6 +59,7 @@ class Metrics:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         self.runs = Counter(
             "loopwarden_runs",
             "Runs, by why they stopped.",
@@ -134,6 +136,14 @@ class Metrics:
         )
         self.build_info.labels(package_version()).set(1)
 
+    def child(self, metric: Any, *values: str) -> Any:
+        """`metric.labels(*values)`, cached: label lookups take a lock and dominate the cost."""
+        key = (id(metric), values)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*values)
+        return found
+
     def start_series(self, pairs: Iterable[tuple[str, str]]) -> None:
         """Every stop_reason series (and the nudge counter) at 0 for each (agent, model) pair."""
         for agent, model in pairs:
@@ -142,7 +152,7 @@ class Metrics:
                 self.runs.labels(agent, model, reason.value)
 
     def upstream_attempt(self, upstream: str, status_class: str) -> None:
-        self.upstream_requests.labels(upstream, status_class).inc()
+        self.child(self.upstream_requests, upstream, status_class).inc()
 
 
 class MetricsObserver:
@@ -164,12 +174,12 @@ class MetricsObserver:
             self._model_call(event.run_id, event.duration_s, error_type(event.error), None)
         elif isinstance(event, ev.ToolExecuted):
             tool = labels.tool(event.call.name)
-            m.tool_calls.labels(tool, event.result.outcome).inc()
-            m.tool_duration.labels(tool).observe(event.duration_s)
+            m.child(m.tool_calls, tool, event.result.outcome).inc()
+            m.child(m.tool_duration, tool).observe(event.duration_s)
         elif isinstance(event, ev.CallBlocked):
-            m.tool_calls.labels(labels.tool(event.call.name), event.outcome).inc()
+            m.child(m.tool_calls, labels.tool(event.call.name), event.outcome).inc()
         elif isinstance(event, ev.Nudged):
-            m.nudges.labels(self._runs.get(event.run_id, (OTHER, ""))[0]).inc()
+            m.child(m.nudges, self._runs.get(event.run_id, (OTHER, ""))[0]).inc()
         elif isinstance(event, ev.RunFinished):
             self._finished(event)
 
@@ -179,14 +189,15 @@ class MetricsObserver:
         raw_model = self._runs.get(run_id, (OTHER, OTHER))[1]
         model = self.labels.model(raw_model)
         common = ("chat", self.labels.providers(raw_model), model)
-        self.metrics.operation.labels(*common, error or "").observe(duration_s)
+        m = self.metrics
+        m.child(m.operation, *common, error or "").observe(duration_s)
         if replied is None:
             return
         usage = replied.reply.usage
-        self.metrics.tokens.labels(*common, "input").observe(usage.prompt_tokens)
-        self.metrics.tokens.labels(*common, "output").observe(usage.completion_tokens)
+        m.child(m.tokens, *common, "input").observe(usage.prompt_tokens)
+        m.child(m.tokens, *common, "output").observe(usage.completion_tokens)
         if replied.reply.first_chunk_s is not None:
-            self.metrics.first_chunk.labels(*common).observe(replied.reply.first_chunk_s)
+            m.child(m.first_chunk, *common).observe(replied.reply.first_chunk_s)
 
     def _finished(self, event: ev.RunFinished) -> None:
         m = self.metrics
@@ -195,11 +206,11 @@ class MetricsObserver:
         agent = self.labels.agent(event.agent)
         model = self.labels.model(event.model)
         reason = event.stop.reason.value
-        m.runs.labels(agent, model, reason).inc()
-        m.run_duration.labels(agent, reason).observe(event.duration_s)
-        m.run_steps.labels(agent, reason).observe(event.steps)
-        m.run_tool_calls.labels(agent, reason).observe(event.tool_calls)
+        m.child(m.runs, agent, model, reason).inc()
+        m.child(m.run_duration, agent, reason).observe(event.duration_s)
+        m.child(m.run_steps, agent, reason).observe(event.steps)
+        m.child(m.run_tool_calls, agent, reason).observe(event.tool_calls)
         if event.cost_usd:
-            m.cost.labels(agent, model).inc(event.cost_usd)
+            m.child(m.cost, agent, model).inc(event.cost_usd)
         overhead = event.duration_s - event.upstream_s - event.tools_s
-        m.overhead.labels(event.route or OTHER).observe(max(0.0, overhead))
+        m.child(m.overhead, event.route or OTHER).observe(max(0.0, overhead))
