@@ -74,13 +74,19 @@ class ChatRequest:
     has_loop: bool
 
 
-def parse_chat_request(raw: bytes) -> ChatRequest:
+def json_object(raw: bytes) -> dict[str, Any]:
+    """A request body that must be one JSON object."""
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise InvalidRequest(f"the body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise InvalidRequest("the body must be a JSON object")
+    return body
+
+
+def parse_chat_request(raw: bytes) -> ChatRequest:
+    body = json_object(raw)
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidRequest("model is required and must be a string", param="model")

@@ -12,7 +12,7 @@ from starlette.types import Receive, Scope, Send
 
 from proxy.api.auth import Caller
 from proxy.api.chat import header, read_body, run_or_cancel
-from proxy.api.chat_request import ChatRequest, parse_loop
+from proxy.api.chat_request import ChatRequest, json_object, parse_loop
 from proxy.api.gateway import Gateway
 from proxy.api.report import failed, loop_report, send_failure
 from proxy.api.responses import send_error, send_json
@@ -40,12 +40,7 @@ KEPT_ROLES = frozenset({"user", "assistant", "tool"})  # nudges and directives a
 
 
 def _body(raw: bytes, path: str) -> dict[str, Any]:
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidRequest(f"the body is not valid JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise InvalidRequest("the body must be a JSON object")
+    body = json_object(raw)
     fields = MODES[path]
     for key in body:
         if key not in fields:
