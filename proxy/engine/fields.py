@@ -36,3 +36,17 @@ def text(value: Any, param: str) -> str:
     if not isinstance(value, str) or not value:
         raise SpecError("must be a non-empty string", param=param)
     return value
+
+
+def known_object(
+    value: Any, param: str, fields: tuple[str, ...], not_object: str = "must be an object"
+) -> dict[str, Any]:
+    """An object whose keys are all among `fields`."""
+    if not isinstance(value, dict):
+        raise SpecError(not_object, param=param)
+    for key in value:
+        if key not in fields:
+            raise SpecError(
+                f"unknown field; expected one of {', '.join(fields)}", param=f"{param}.{key}"
+            )
+    return value

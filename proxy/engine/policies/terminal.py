@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.engine.fields import int_at_least
+from proxy.engine.fields import int_at_least, known_object
 from proxy.engine.policies.base import Block, Nudge, Policy, StepPlan
 from proxy.engine.ports import ModelReply, ToolCall, ToolResult
 from proxy.engine.state import RunState
@@ -31,13 +31,7 @@ _FIELDS = ("tool_ids", "consecutive_nudges", "nudge_message", "max_invocations")
 
 
 def parse_terminating_config(raw: Any, path: str) -> TerminatingConfig:
-    if not isinstance(raw, dict):
-        raise SpecError("must be an object", param=path)
-    for key in raw:
-        if key not in _FIELDS:
-            raise SpecError(
-                f"unknown field; expected one of {', '.join(_FIELDS)}", param=f"{path}.{key}"
-            )
+    raw = known_object(raw, path, _FIELDS)
     ids = raw.get("tool_ids")
     if not isinstance(ids, list) or not ids:
         raise SpecError("must be a non-empty list of tool names or ids", param=f"{path}.tool_ids")

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.engine.fields import int_at_least, text
+from proxy.engine.fields import int_at_least, known_object, text
 from proxy.engine.policies.base import Block, Policy
 from proxy.engine.ports import ThreadCounters, ToolCall
 from proxy.engine.state import RunState
@@ -43,13 +43,7 @@ def parse_tool_call_limits(raw: Any, path: str) -> tuple[ToolCallLimit, ...]:
 
 
 def _limit(raw: Any, path: str) -> ToolCallLimit:
-    if not isinstance(raw, dict):
-        raise SpecError("a limit must be an object", param=path)
-    for key in raw:
-        if key not in _FIELDS:
-            raise SpecError(
-                f"unknown field; expected one of {', '.join(_FIELDS)}", param=f"{path}.{key}"
-            )
+    raw = known_object(raw, path, _FIELDS, "a limit must be an object")
     tool = raw.get("tool_name")
     name = None if tool is None else text(tool, f"{path}.tool_name")
     thread = raw.get("thread_limit")
