@@ -91,7 +91,8 @@ def create_app(
     registry = registry if registry is not None else CollectorRegistry()
     own_tracing = tracer_provider is None
     tracing = tracer_provider or tracer_provider_from_env(config, os.environ)
-    telemetry = build_telemetry(config, PriceTable(config.pricing), registry, tracing)
+    prices = PriceTable(config.pricing)  # one table for the runs and the metric labels
+    telemetry = build_telemetry(config, prices, registry, tracing)
     traced = not isinstance(tracing, NoOpTracerProvider)  # no exporter: no span work at all
     run_observers: list[RunObserver] = [telemetry.metrics_observer, *observers]
     if traced:
@@ -115,6 +116,7 @@ def create_app(
                     run_observers,
                     on_attempt=telemetry.metrics.upstream_attempt,
                     inject_headers=inject_trace_headers if traced else None,
+                    prices=prices,
                 )
                 yield
         finally:

@@ -51,8 +51,10 @@ def build_gateway(
     observers: Sequence[RunObserver] = (),
     on_attempt: AttemptHook | None = None,
     inject_headers: HeadersHook | None = None,
+    prices: PriceTable | None = None,
 ) -> Gateway:
-    """Raises ValueError for anything in the config that cannot be wired."""
+    """Raises ValueError for anything in the config that cannot be wired. `prices` shares a
+    price table (and its cache) the caller already has."""
     upstreams = {
         name: Upstream(
             name=name,
@@ -68,7 +70,7 @@ def build_gateway(
         for name, cfg in config.upstreams.items()
     }
     registry = build_registry(config, client)
-    prices = PriceTable(config.pricing)
+    prices = prices or PriceTable(config.pricing)
     specs = {name: tool.spec for name, tool in registry.tools.items()}
     return Gateway(
         config=config,

@@ -106,16 +106,18 @@ def build_telemetry(
         alias.model: alias.upstream or config.default_upstream for alias in config.models.values()
     }
 
-    def upstream_of(model: str) -> str:
-        return aliases.get(model, config.default_upstream)
+    endpoints: dict[str, tuple[str, str, int | None]] = {}  # once: observers ask every step
+    for name, upstream in config.upstreams.items():
+        parts = urlsplit(upstream.base_url)
+        provider = provider_name(upstream.base_url, upstream.provider)
+        endpoints[name] = (provider, parts.hostname or "", parts.port)
 
     def endpoint(model: str) -> tuple[str, str, int | None]:
-        upstream = config.upstreams[upstream_of(model)]
-        parts = urlsplit(upstream.base_url)
-        return provider_name(upstream.base_url, upstream.provider), parts.hostname or "", parts.port
+        return endpoints[aliases.get(model, config.default_upstream)]
 
+    agent_models = _agent_models(config)
     configured_models = {a.model for a in config.models.values()} | set(config.pricing)
-    configured_models |= set(_agent_models(config).values())
+    configured_models |= set(agent_models.values())
 
     def known_model(model: str) -> bool:
         return model in configured_models or prices.prices(model) is not None
@@ -127,7 +129,7 @@ def build_telemetry(
         providers=lambda model: endpoint(model)[0],
     )
     metrics = Metrics(registry)
-    pairs = [(name, labels.model(m)) for name, m in _agent_models(config).items()]
+    pairs = [(name, labels.model(m)) for name, m in agent_models.items()]
     metrics.start_series([*pairs, ("none", "other")])
     capture = config.telemetry.capture_content or env.get(CAPTURE_ENV, "").lower() == "true"
     tracer = tracer_provider.get_tracer("loopwarden")
