@@ -176,7 +176,7 @@ class TracingObserver:
         span.end(end_time=end)
 
     def _finished(self, spans: _RunSpans, event: ev.RunFinished) -> None:
-        self._end_chat(spans, event.error if spans.chat is not None else None)
+        self._end_chat(spans, event.error)  # a chat span still open failed with the run
         del self._runs[event.run_id]
         span = spans.run
         span.set_attribute("gen_ai.usage.input_tokens", event.usage.prompt_tokens)
