@@ -62,8 +62,11 @@ def decide(body: dict[str, Any]) -> tuple[str | None, list[dict[str, Any]]]:
     found = str(results[-1].get("content")) if results else None
     named: set[str] = set(re.findall(r"!(\w+)", text))  # called even when not offered
     plan = sorted({n for n in tools if n in text} | named, key=text.index)
-    upcoming = plan[min(done, len(plan) - 1)] if plan and allowed else None
-    if upcoming is not None and upcoming in named and ("keep" in text or done < len(plan)):
+    # The next planned tool, while the plan (or "keep") says to call one.
+    upcoming = None
+    if allowed and plan and ("keep" in text or done < len(plan)):
+        upcoming = plan[min(done, len(plan) - 1)]
+    if upcoming is not None and upcoming in named:
         return None, [_call(tools.get(upcoming, _unknown(upcoming)), text, found)]
     if isinstance(choice, dict) and choice.get("function", {}).get("name") in tools:
         return None, [_call(tools[choice["function"]["name"]], text, found)]
@@ -79,8 +82,8 @@ def decide(body: dict[str, Any]) -> tuple[str | None, list[dict[str, Any]]]:
             return None, [_call(tools[ending[0]], text, found)]
     if allowed and plan and "together" in text and not done:
         return None, [_call(tools.get(n, _unknown(n)), text, found) for n in plan]
-    if allowed and plan and ("keep" in text or done < len(plan)):
-        name = plan[-1] if done >= len(plan) else plan[done]
+    if upcoming is not None:
+        name = upcoming
         if choice == "required" and name not in tools:
             name = next(iter(tools))
         return None, [_call(tools.get(name, _unknown(name)), text, found)]
