@@ -200,7 +200,7 @@ def create_app(
     )
     app.chat = chat
     tracer = tracing.get_tracer("loopwarden") if traced else None
-    app.served = HttpTelemetry(app.route, telemetry.metrics, tracer)
+    app.served = HttpTelemetry(app.route, telemetry.metrics, tracer, routes)
     return app
 
 

@@ -3,53 +3,46 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer
+from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from proxy.telemetry.metrics import OTHER, Metrics
 
-# Routes as labels; anything else is `other`, so label values stay bounded.
-ROUTES = frozenset(
-    {
-        "/v1/chat/completions",
-        "/chat/completions",
-        "/v1/models",
-        "/chat",
-        "/chat/invoke",
-        "/chat/add-ai-message",
-        "/metrics",
-        "/healthz",
-        "/readyz",
-    }
-)
-CONTEXTS = "/v1/contexts/{context_id}"
 UNTRACED = frozenset({"/metrics", "/healthz", "/readyz"})  # probes and scrapes: no spans
 
 
-def route_of(path: str) -> str:
-    if path in ROUTES:
-        return path
-    if path.startswith("/v1/contexts/") and "/" not in path[len("/v1/contexts/") :]:
-        return CONTEXTS
-    return OTHER
-
-
 class HttpTelemetry:
-    def __init__(self, app: ASGIApp, metrics: Metrics, tracer: Tracer | None) -> None:
-        """`tracer` None: metrics only (no exporter is configured)."""
+    def __init__(
+        self, app: ASGIApp, metrics: Metrics, tracer: Tracer | None, routes: Sequence[BaseRoute]
+    ) -> None:
+        """`tracer` None: metrics only (no exporter is configured). The app's `routes` give the
+        `route` label; any other path is `other`, so label values stay bounded."""
         self.app = app
         self.metrics = metrics
         self.tracer = tracer
+        paths = [(r.path, r.path_regex) for r in routes if isinstance(r, Route)]
+        self.exact = frozenset(path for path, _ in paths if "{" not in path)
+        self.templated = [(path, regex) for path, regex in paths if "{" in path]
+
+    def route_of(self, path: str) -> str:
+        if path in self.exact:
+            return path
+        for template, regex in self.templated:
+            if regex.match(path):
+                return template
+        return OTHER
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
-        route, method = route_of(scope["path"]), scope["method"]
+        route, method = self.route_of(scope["path"]), scope["method"]
         status = 500
 
         async def recording_send(message: Message) -> None:

@@ -261,3 +261,14 @@ async def test_metrics_endpoint_serves_the_exposition(proxy: Proxy) -> None:
         'loopwarden_runs_total{agent="weather",model="scripted",stop_reason="completed"} 1.0'
         in r.text
     )
+
+
+async def test_http_metrics_label_routes_by_their_template_and_fold_the_rest(
+    proxy: Proxy,
+) -> None:
+    await proxy.client.get("/v1/contexts/ctx-1")
+    await proxy.client.get("/no/such/path")
+    context = {"route": "/v1/contexts/{context_id}", "method": "GET", "code": "404"}
+    assert proxy.metric("loopwarden_http_requests_total", **context) == 1
+    other = {"route": "other", "method": "GET", "code": "404"}
+    assert proxy.metric("loopwarden_http_requests_total", **other) == 1
