@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
@@ -97,7 +97,7 @@ def _rule(raw: Any, path: str) -> ToolRule:
         if not isinstance(children, list) or not children:
             raise SpecError("must be a non-empty list of tool names", param=f"{path}.children")
         names = tuple(text(c, f"{path}.children[{i}]") for i, c in enumerate(children))
-        return _with(rule, children=names)
+        return replace(rule, children=names)
     if kind == "conditional":
         mapping = raw.get("child_output_mapping")
         if not isinstance(mapping, dict) or not mapping:
@@ -107,7 +107,7 @@ def _rule(raw: Any, path: str) -> ToolRule:
             )
         checked = {str(k): text(v, f"{path}.child_output_mapping.{k}") for k, v in mapping.items()}
         default = raw.get("default_child")
-        return _with(
+        return replace(
             rule,
             child_output_mapping=checked,
             default_child=None if default is None else text(default, f"{path}.default_child"),
@@ -117,12 +117,8 @@ def _rule(raw: Any, path: str) -> ToolRule:
         )
     if kind == "max_count_per_step":
         limit = int_at_least(raw.get("max_count_limit"), f"{path}.max_count_limit")
-        return _with(rule, max_count_limit=limit)
+        return replace(rule, max_count_limit=limit)
     return rule
-
-
-def _with(rule: ToolRule, **changes: Any) -> ToolRule:
-    return ToolRule(**{**{f: getattr(rule, f) for f in ToolRule.__dataclass_fields__}, **changes})
 
 
 @dataclass(frozen=True, slots=True)
