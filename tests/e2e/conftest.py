@@ -25,10 +25,12 @@ from proxy.demo.scenes import DEMO_CONFIG
 
 
 @contextlib.contextmanager
-def running(args: list[str], health_url: str, env: dict[str, str] | None = None) -> Iterator[None]:
+def running(
+    args: list[str], health_url: str, env: dict[str, str] | None = None, cwd: str | None = None
+) -> Iterator[None]:
     """A process on 127.0.0.1, from when `health_url` answers until the block ends."""
     proc = subprocess.Popen(
-        [sys.executable, *args], env=None if env is None else {**os.environ, **env}
+        [sys.executable, *args], env=None if env is None else {**os.environ, **env}, cwd=cwd
     )
     try:
         wait_healthy(health_url, proc)

@@ -1,0 +1,36 @@
+{{- define "loopwarden.name" -}}
+{{- .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "loopwarden.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "loopwarden.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "loopwarden.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "loopwarden.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{ include "loopwarden.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{/* "true" when more than one pod may serve at once. */}}
+{{- define "loopwarden.manyPods" -}}
+{{- if or .Values.autoscaling.enabled (gt (int .Values.replicaCount) 1) -}}true{{- end -}}
+{{- end -}}
+
+{{/* Thread counts and stored contexts must be shared by every pod: only redis is. */}}
+{{- define "loopwarden.checkState" -}}
+{{- $backend := dig "state" "backend" "sqlite" .Values.config -}}
+{{- if and (include "loopwarden.manyPods" .) (ne $backend "redis") -}}
+{{- fail (printf "config.state.backend: must be redis when more than one pod serves (replicaCount or autoscaling), so that thread counts and stored contexts are shared; it is %s" $backend) -}}
+{{- end -}}
+{{- end -}}

@@ -1,0 +1,179 @@
+"""The Helm chart: lint, Kubernetes schemas, one process per pod, and what it ships."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import helm_python as helm
+import kubernetes_validate
+import pytest
+import yaml
+
+from proxy.api.app import create_app
+from proxy.config import Config, load_config
+from tests.chart import CHART, config_file, kinds, one, render
+from tests.integration.test_prometheus_rules import promtool
+from tests.promql import DASHBOARDS
+
+KUBERNETES = "1.30.0"
+REDIS = {"state": {"backend": "redis", "url_env": "REDIS_URL"}}
+EVERYTHING = {
+    "replicaCount": 3,
+    "config": REDIS,
+    "metrics": {"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True}},
+    "dashboards": {"enabled": True},
+}
+
+
+def container(manifests: list[dict[str, Any]]) -> dict[str, Any]:
+    (main,) = one(manifests, "Deployment")["spec"]["template"]["spec"]["containers"]
+    return dict(main)
+
+
+def test_helm_lint_finds_no_warning() -> None:
+    for values in ({}, EVERYTHING):
+        report = helm.lint(CHART, values, strict=True)
+        assert report["errors"] == []
+        assert [m for m in report["messages"] if m["severity"] >= 2] == [], report
+
+
+@pytest.mark.parametrize(
+    "values", [{}, EVERYTHING, {"autoscaling": {"enabled": True}, "config": REDIS}]
+)
+def test_every_builtin_manifest_matches_the_kubernetes_schema(values: dict[str, Any]) -> None:
+    for manifest in render(values):
+        if manifest["apiVersion"].startswith("monitoring.coreos.com/"):
+            continue  # Prometheus Operator CRDs: checked below against what they carry
+        kubernetes_validate.validate(manifest, KUBERNETES, strict=True)
+
+
+def test_the_defaults_run_one_replica_with_one_process() -> None:
+    manifests = render()
+    assert kinds(manifests) == ["ConfigMap", "Deployment", "Service"]
+    assert one(manifests, "Deployment")["spec"]["replicas"] == 1
+    main = container(manifests)
+    assert main["command"] == ["loopwarden", "serve"]
+    assert "--workers" not in main["args"]
+    assert main["image"] == "loopwarden:0.1.0"
+
+
+def test_the_chart_and_the_package_have_one_version() -> None:
+    project = tomllib.loads((CHART.parents[1] / "pyproject.toml").read_text())["project"]
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["appVersion"] == project["version"]
+
+
+def test_the_probes_and_the_scrape_path_are_routes_of_the_app() -> None:
+    manifests = render(EVERYTHING)
+    main = container(manifests)
+    paths = {
+        main[p]["httpGet"]["path"] for p in ("startupProbe", "livenessProbe", "readinessProbe")
+    }
+    assert paths == {"/healthz", "/readyz"}
+    assert main["readinessProbe"]["httpGet"]["path"] == "/readyz"  # it pings the state backend
+    (endpoint,) = one(manifests, "ServiceMonitor")["spec"]["endpoints"]
+    routes = {getattr(r, "path", None) for r in create_app(Config()).routes}
+    assert paths | {endpoint["path"]} <= routes
+    assert endpoint["port"] == main["ports"][0]["name"] == "http"
+
+
+def test_the_default_config_is_the_built_in_default(tmp_path: Path) -> None:
+    (tmp_path / "config.yaml").write_text(config_file(render()))
+    assert load_config(str(tmp_path / "config.yaml")) == Config()
+
+
+def test_the_rendered_config_is_a_valid_loopwarden_config(tmp_path: Path) -> None:
+    config = {
+        "upstreams": {"local": {"base_url": "http://vllm:8000/v1"}},
+        "default_upstream": "local",
+        "agents": {"helper": {"model": "qwen", "tools": ["final_answer"], "max_steps": 5}},
+        "tools": {"final_answer": {"kind": "builtin"}},
+    }
+    text = config_file(render({"config": config}))
+    assert yaml.safe_load(text) == config
+    (tmp_path / "config.yaml").write_text(text)
+    loaded = load_config(str(tmp_path / "config.yaml"))
+    assert loaded.agents["helper"].max_steps == 5
+
+
+def test_a_config_change_rolls_the_pods() -> None:
+    def checksum(values: dict[str, Any]) -> str:
+        pod = one(render(values), "Deployment")["spec"]["template"]
+        return str(pod["metadata"]["annotations"]["checksum/config"])
+
+    assert checksum({}) == checksum({})
+    assert checksum({}) != checksum({"config": {"state": {"backend": "memory"}}})
+
+
+@pytest.mark.parametrize(
+    "values",
+    [{"replicaCount": 2}, {"autoscaling": {"enabled": True}, "config": {"state": {}}}],
+)
+def test_several_pods_need_the_redis_backend(values: dict[str, Any]) -> None:
+    with pytest.raises(helm.HelmRenderError, match=r"config\.state\.backend: must be redis"):
+        render(values)
+
+
+def test_several_pods_get_a_disruption_budget_and_the_autoscaler_owns_replicas() -> None:
+    manifests = render({"replicaCount": 2, "config": REDIS})
+    assert one(manifests, "PodDisruptionBudget")["spec"]["maxUnavailable"] == 1
+    scaled = render({"autoscaling": {"enabled": True, "maxReplicas": 4}, "config": REDIS})
+    assert "replicas" not in one(scaled, "Deployment")["spec"]
+    assert one(scaled, "HorizontalPodAutoscaler")["spec"]["maxReplicas"] == 4
+
+
+@pytest.mark.parametrize(
+    ("values", "where"),
+    [
+        ({"replicaCount": 0}, "/replicaCount"),
+        ({"replicas": 2}, "additional properties 'replicas'"),
+        ({"service": {"port": "8080"}}, "/service/port"),
+        ({"config": {"state": {"backend": "postgres"}}}, "/config/state/backend"),
+        ({"metrics": {"serviceMonitor": {"enable": True}}}, "'enable'"),
+    ],
+)
+def test_bad_values_are_refused_with_their_path(values: dict[str, Any], where: str) -> None:
+    with pytest.raises(helm.HelmValuesError) as caught:
+        render(values)
+    assert where in str(caught.value)
+
+
+def test_the_prometheus_rule_is_the_tested_alerts_file(tmp_path: Path) -> None:
+    rule = one(render(EVERYTHING), "PrometheusRule")
+    shipped = yaml.safe_load((DASHBOARDS / "alerts.yml").read_text())
+    assert rule["spec"] == shipped
+    (tmp_path / "rules.yml").write_text(yaml.safe_dump(rule["spec"]))
+    result = promtool("check", "rules", str(tmp_path / "rules.yml"))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_dashboards_config_map_carries_every_dashboard_for_the_sidecar() -> None:
+    config_map = next(
+        m for m in render(EVERYTHING) if m["metadata"]["name"].endswith("-dashboards")
+    )
+    assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+    shipped = {p.name: json.loads(p.read_text()) for p in DASHBOARDS.glob("*.json")}
+    assert len(shipped) == 3
+    assert {k: json.loads(v) for k, v in config_map["data"].items()} == shipped
+
+
+def test_pods_are_annotated_for_scraping_unless_turned_off() -> None:
+    pod = one(render({"service": {"port": 9000}}), "Deployment")["spec"]["template"]
+    annotations = pod["metadata"]["annotations"]
+    assert annotations["prometheus.io/port"] == "9000"
+    assert annotations["prometheus.io/path"] == "/metrics"
+    quiet = one(render({"metrics": {"podAnnotations": False}}), "Deployment")["spec"]["template"]
+    assert "prometheus.io/scrape" not in quiet["metadata"]["annotations"]
+
+
+def test_the_readme_values_example_renders_a_valid_config(tmp_path: Path) -> None:
+    readme = (CHART.parents[1] / "README.md").read_text()
+    example = readme.split("```yaml\n# my-values.yaml\n", 1)[1].split("```", 1)[0]
+    manifests = render(yaml.safe_load(example))
+    assert one(manifests, "Deployment")["spec"]["replicas"] == 3
+    assert {"PodDisruptionBudget", "ServiceMonitor", "PrometheusRule"} <= set(kinds(manifests))
+    (tmp_path / "config.yaml").write_text(config_file(manifests))
+    assert load_config(str(tmp_path / "config.yaml")).state.backend == "redis"
