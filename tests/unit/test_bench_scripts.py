@@ -1,0 +1,19 @@
+"""The benchmark scripts still run and print a figure on every row (their numbers are not
+checked here: speed belongs in the printed figures, not in timed tests)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.bench import telemetry_cost
+
+
+def test_the_telemetry_cost_benchmark_prints_every_row(capsys: pytest.CaptureFixture[str]) -> None:
+    telemetry_cost.main(["--runs", "20"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["telemetry", "work", "CPU", "us"]
+    rows = dict(line.rsplit(maxsplit=1) for line in lines[1:])
+    assert len(rows) == 8
+    assert float(rows["pass-through run: metrics observer"]) > 0
+    assert float(rows["3-step tool run: spans observer"]) > 0
+    assert float(rows["HTTP request: metrics and server span"]) > 0
