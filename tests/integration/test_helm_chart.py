@@ -177,3 +177,17 @@ def test_the_readme_values_example_renders_a_valid_config(tmp_path: Path) -> Non
     assert {"PodDisruptionBudget", "ServiceMonitor", "PrometheusRule"} <= set(kinds(manifests))
     (tmp_path / "config.yaml").write_text(config_file(manifests))
     assert load_config(str(tmp_path / "config.yaml")).state.backend == "redis"
+
+
+def test_the_image_matches_what_the_pod_expects() -> None:
+    """helm/Dockerfile builds the image the chart runs (no Docker engine here to build it):
+    its user, working directory and entry point are the ones the chart relies on."""
+    dockerfile = (CHART.parent / "Dockerfile").read_text()
+    pod = one(render(), "Deployment")["spec"]["template"]["spec"]
+    main = container(render())
+    assert f"--uid {pod['securityContext']['runAsUser']} " in dockerfile
+    assert f"USER {pod['securityContext']['runAsUser']}\n" in dockerfile
+    assert f"WORKDIR {main['workingDir']}\n" in dockerfile
+    assert 'ENTRYPOINT ["loopwarden"]' in dockerfile
+    project = tomllib.loads((CHART.parents[1] / "pyproject.toml").read_text())["project"]
+    assert project["scripts"]["loopwarden"] == "proxy.cli:main"
