@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from contextvars import Token
 
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
-from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer
+from opentelemetry.context import Context
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from proxy.telemetry.metrics import OTHER, Metrics
 
 UNTRACED = frozenset({"/metrics", "/healthz", "/readyz"})  # probes and scrapes: no spans
+# The app returned without starting a response: the client went away first (nginx's code).
+CLIENT_CLOSED = 499
 
 
 class HttpTelemetry:
@@ -43,7 +47,7 @@ class HttpTelemetry:
             return
         started = time.perf_counter()
         route, method = self.route_of(scope["path"]), scope["method"]
-        status = 500
+        status = 0
 
         async def recording_send(message: Message) -> None:
             nonlocal status
@@ -51,12 +55,27 @@ class HttpTelemetry:
                 status = message["status"]
             await send(message)
 
-        if route in UNTRACED or self.tracer is None:
-            try:
-                await self.app(scope, receive, recording_send)
-            finally:
-                self._count(route, method, status, started)
-            return
+        traced = self.tracer is not None and route not in UNTRACED
+        span, token = self._start_span(scope, method, route) if traced else (None, None)
+        try:
+            await self.app(scope, receive, recording_send)
+        except Exception:
+            status = status or 500
+            raise
+        finally:
+            status = status or CLIENT_CLOSED  # also when the request task was cancelled
+            if span is not None and token is not None:
+                otel_context.detach(token)
+                span.set_attribute("http.response.status_code", status)
+                if status >= 500:
+                    span.set_status(Status(StatusCode.ERROR))
+                    span.set_attribute("error.type", str(status))
+                span.end()
+            self._count(route, method, status, started)
+
+    def _start_span(self, scope: Scope, method: str, route: str) -> tuple[Span, Token[Context]]:
+        """The SERVER span, under the caller's `traceparent`, made current for the request."""
+        assert self.tracer is not None
         carrier = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         parent = propagate.extract(carrier)
         span = self.tracer.start_span(
@@ -70,17 +89,7 @@ class HttpTelemetry:
                 "url.scheme": scope.get("scheme", "http"),
             },
         )
-        token = otel_context.attach(trace.set_span_in_context(span, parent))
-        try:
-            await self.app(scope, receive, recording_send)
-        finally:
-            otel_context.detach(token)
-            span.set_attribute("http.response.status_code", status)
-            if status >= 500:
-                span.set_status(Status(StatusCode.ERROR))
-                span.set_attribute("error.type", str(status))
-            span.end()
-            self._count(route, method, status, started)
+        return span, otel_context.attach(trace.set_span_in_context(span, parent))
 
     def _count(self, route: str, method: str, status: int, started: float) -> None:
         m, code = self.metrics, str(status)

@@ -2,22 +2,26 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 import respx
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import CollectorRegistry
+from starlette.types import Message
 
 from proxy.api.app import create_app
 from proxy.config import parse_config
 from proxy.demo.scenes import DEMO_CONFIG
 from proxy.demo.scripted_model import scripted_app
+from proxy.state.store import StateStore
 from tests.fakes import RecordingObserver
 
 UPSTREAM = "http://upstream.test/v1"
@@ -76,6 +80,37 @@ class Proxy:
         body.setdefault("messages", [{"role": "user", "content": "hi"}])
         return await self.client.post("/v1/chat/completions", json=body)
 
+    async def leaving(self, body: dict[str, Any], after_s: float) -> list[Message]:
+        """Posts a chat completion and disconnects `after_s` later; gives what the app sent.
+        (httpx's ASGI transport cannot disconnect: this talks ASGI to the app itself.)"""
+        app = self.client._transport.app  # type: ignore[attr-defined]
+        messages = [{"type": "http.request", "body": orjson.dumps(body), "more_body": False}]
+
+        async def receive() -> Message:
+            if messages:
+                return messages.pop()
+            await asyncio.sleep(after_s)
+            return {"type": "http.disconnect"}
+
+        sent: list[Message] = []
+
+        async def send(message: Message) -> None:
+            sent.append(message)
+
+        scope = {
+            "type": "http",
+            "method": "POST",
+            "path": "/v1/chat/completions",
+            "headers": [(b"content-type", b"application/json")],
+            "query_string": b"",
+            "root_path": "",
+            "scheme": "http",
+            "server": ("proxy.test", 80),
+            "http_version": "1.1",
+        }
+        await asyncio.wait_for(app(scope, receive, send), 5)
+        return sent
+
 
 ProxyFactory = Callable[..., Any]
 
@@ -89,7 +124,9 @@ def router() -> respx.MockRouter:
 def proxy_for(router: respx.MockRouter) -> ProxyFactory:
     @asynccontextmanager
     async def make(
-        overrides: dict[str, Any] | None = None, upstream: Any = None
+        overrides: dict[str, Any] | None = None,
+        upstream: Any = None,
+        store: StateStore | None = None,
     ) -> AsyncIterator[Proxy]:
         config = dict(BASE_CONFIG)
         for key, value in (overrides or {}).items():
@@ -111,6 +148,7 @@ def proxy_for(router: respx.MockRouter) -> ProxyFactory:
             observers=[observer],
             registry=registry,
             tracer_provider=tracing,
+            store=store,
         )
         async with (
             app.router.lifespan_context(app),

@@ -94,8 +94,6 @@ async def test_parallel_tool_calls_run_concurrently(
 async def test_a_client_that_goes_away_cancels_the_run(
     proxy_for: ProxyFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import orjson
-
     import proxy.demo.tools as demo_tools
 
     async def forever(query: str) -> str:
@@ -104,39 +102,12 @@ async def test_a_client_that_goes_away_cancels_the_run(
 
     monkeypatch.setattr(demo_tools, "search_notes", forever)
     async with proxy_for() as proxy:
-        app = proxy.client._transport.app  # type: ignore[attr-defined]
-        body = orjson.dumps(
-            {
-                "model": "scripted",
-                "loop": {"tools": ["search_notes"]},
-                "messages": [{"role": "user", "content": "search_notes"}],
-            }
-        )
-        messages = [{"type": "http.request", "body": body, "more_body": False}]
-
-        async def receive() -> dict[str, Any]:
-            if messages:
-                return messages.pop()
-            await asyncio.sleep(0.1)
-            return {"type": "http.disconnect"}
-
-        sent: list[dict[str, Any]] = []
-
-        async def send(message: dict[str, Any]) -> None:
-            sent.append(message)
-
-        scope = {
-            "type": "http",
-            "method": "POST",
-            "path": "/v1/chat/completions",
-            "headers": [],
-            "query_string": b"",
-            "root_path": "",
-            "scheme": "http",
-            "server": ("t", 80),
-            "http_version": "1.1",
+        body = {
+            "model": "scripted",
+            "loop": {"tools": ["search_notes"]},
+            "messages": [{"role": "user", "content": "search_notes"}],
         }
-        await asyncio.wait_for(app(scope, receive, send), 5)
+        sent = await proxy.leaving(body, after_s=0.1)
     finished = proxy.observer.of(ev.RunFinished)
     assert [f.stop.reason for f in finished] == [StopReason.CANCELLED]
     assert sent == []
