@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as Grpc
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as Http
+from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+from opentelemetry.sdk.trace.sampling import ParentBased
 
-from proxy.telemetry.setup import exporter_from_env, provider_name
+from proxy.config import Config
+from proxy.telemetry.setup import exporter_from_env, provider_name, tracer_provider_from_env
 
 
 @pytest.mark.parametrize(
@@ -55,3 +60,20 @@ def test_an_unsupported_setting_is_named(env: dict[str, str], message: str) -> N
 )
 def test_provider_names(url: str, configured: str | None, name: str) -> None:
     assert provider_name(url, configured) == name
+
+
+def test_the_sampler_follows_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "console")
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "parentbased_traceidratio")
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "0.25")
+    provider = tracer_provider_from_env(Config(), os.environ)
+    assert isinstance(provider, TracerProvider)
+    sampler = provider.sampler
+    assert isinstance(sampler, ParentBased)
+    assert "TraceIdRatioBased{0.25}" in sampler.get_description()
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "always_off")
+    quiet = tracer_provider_from_env(Config(), os.environ)
+    assert isinstance(quiet, TracerProvider)
+    assert not quiet.get_tracer("t").start_span("s").is_recording()
+    provider.shutdown()
+    quiet.shutdown()
