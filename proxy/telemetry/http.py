@@ -55,8 +55,8 @@ class HttpTelemetry:
                 status = message["status"]
             await send(message)
 
-        traced = self.tracer is not None and route not in UNTRACED
-        span, token = self._start_span(scope, method, route) if traced else (None, None)
+        tracer = None if route in UNTRACED else self.tracer
+        opened = _start_span(tracer, scope, method, route) if tracer is not None else None
         try:
             await self.app(scope, receive, recording_send)
         except Exception:
@@ -64,7 +64,8 @@ class HttpTelemetry:
             raise
         finally:
             status = status or CLIENT_CLOSED  # also when the request task was cancelled
-            if span is not None and token is not None:
+            if opened is not None:
+                span, token = opened
                 otel_context.detach(token)
                 span.set_attribute("http.response.status_code", status)
                 if status >= 500:
@@ -73,25 +74,27 @@ class HttpTelemetry:
                 span.end()
             self._count(route, method, status, started)
 
-    def _start_span(self, scope: Scope, method: str, route: str) -> tuple[Span, Token[Context]]:
-        """The SERVER span, under the caller's `traceparent`, made current for the request."""
-        assert self.tracer is not None
-        carrier = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-        parent = propagate.extract(carrier)
-        span = self.tracer.start_span(
-            f"{method} {route}",
-            parent,
-            kind=SpanKind.SERVER,
-            attributes={
-                "http.request.method": method,
-                "http.route": route,
-                "url.path": scope["path"],
-                "url.scheme": scope.get("scheme", "http"),
-            },
-        )
-        return span, otel_context.attach(trace.set_span_in_context(span, parent))
-
     def _count(self, route: str, method: str, status: int, started: float) -> None:
         m, code = self.metrics, str(status)
         m.child(m.http_requests, route, method, code).inc()
         m.child(m.http_duration, route, method, code).observe(time.perf_counter() - started)
+
+
+def _start_span(
+    tracer: Tracer, scope: Scope, method: str, route: str
+) -> tuple[Span, Token[Context]]:
+    """The SERVER span, under the caller's `traceparent`, made current for the request."""
+    carrier = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+    parent = propagate.extract(carrier)
+    span = tracer.start_span(
+        f"{method} {route}",
+        parent,
+        kind=SpanKind.SERVER,
+        attributes={
+            "http.request.method": method,
+            "http.route": route,
+            "url.path": scope["path"],
+            "url.scheme": scope.get("scheme", "http"),
+        },
+    )
+    return span, otel_context.attach(trace.set_span_in_context(span, parent))
