@@ -30,6 +30,12 @@ def one(manifests: list[dict[str, Any]], kind: str) -> dict[str, Any]:
     return found[0]
 
 
+def container(manifests: list[dict[str, Any]]) -> dict[str, Any]:
+    """The Deployment's one container."""
+    (main,) = one(manifests, "Deployment")["spec"]["template"]["spec"]["containers"]
+    return dict(main)
+
+
 def kinds(manifests: list[dict[str, Any]]) -> list[str]:
     return sorted(m["kind"] for m in manifests)
 

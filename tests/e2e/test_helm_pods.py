@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.demo.runner import free_port
 from proxy.demo.scenes import DEMO_CONFIG
-from tests.chart import one, render
+from tests.chart import container, one, render
 from tests.e2e.conftest import running
 
 pytestmark = pytest.mark.e2e
@@ -27,7 +27,7 @@ def pod(manifests: list[dict[str, Any]], root: Path, port: int) -> Iterator[str]
     """The Deployment's pod on 127.0.0.1:`port`, its volumes as folders under `root`; yields
     its base URL once its startup probe answers."""
     spec = one(manifests, "Deployment")["spec"]["template"]["spec"]
-    (main,) = spec["containers"]
+    main = container(manifests)
     volumes = {v["name"]: v for v in spec["volumes"]}
     config_maps = {m["metadata"]["name"]: m for m in manifests if m["kind"] == "ConfigMap"}
     mounts: dict[str, Path] = {}
@@ -87,7 +87,7 @@ def test_the_charts_pods_serve_share_redis_and_are_scraped_one_process_each(
     }
     manifests = render(values)
     replicas = one(manifests, "Deployment")["spec"]["replicas"]
-    main = one(manifests, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    main = container(manifests)
     (endpoint,) = one(manifests, "ServiceMonitor")["spec"]["endpoints"]
     with contextlib.ExitStack() as stack:
         pods = [

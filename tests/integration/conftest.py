@@ -17,6 +17,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from prometheus_client import CollectorRegistry
 from starlette.types import Message
 
+import proxy.demo.tools as demo_tools
 from proxy.api.app import create_app
 from proxy.config import parse_config
 from proxy.demo.scenes import DEMO_CONFIG
@@ -157,6 +158,20 @@ def proxy_for(router: respx.MockRouter) -> ProxyFactory:
             ) as client,
         ):
             yield Proxy(client, model, observer, exporter, registry)
+
+    return make
+
+
+@pytest.fixture
+def slow_search_notes(monkeypatch: pytest.MonkeyPatch) -> Callable[[float], None]:
+    """Makes the demo's `search_notes` tool take `seconds` to answer."""
+
+    def make(seconds: float) -> None:
+        async def slow(query: str) -> str:
+            await asyncio.sleep(seconds)
+            return "slow"
+
+        monkeypatch.setattr(demo_tools, "search_notes", slow)
 
     return make
 

@@ -14,11 +14,12 @@ import yaml
 
 from proxy.api.app import create_app
 from proxy.config import Config, load_config
-from tests.chart import CHART, config_file, kinds, one, render
+from tests.chart import CHART, config_file, container, kinds, one, render
 from tests.integration.test_prometheus_rules import promtool
 from tests.promql import DASHBOARDS
 
 KUBERNETES = "1.30.0"
+PROJECT = tomllib.loads((CHART.parents[1] / "pyproject.toml").read_text())["project"]
 REDIS = {"state": {"backend": "redis", "url_env": "REDIS_URL"}}
 EVERYTHING = {
     "replicaCount": 3,
@@ -26,11 +27,6 @@ EVERYTHING = {
     "metrics": {"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True}},
     "dashboards": {"enabled": True},
 }
-
-
-def container(manifests: list[dict[str, Any]]) -> dict[str, Any]:
-    (main,) = one(manifests, "Deployment")["spec"]["template"]["spec"]["containers"]
-    return dict(main)
 
 
 def test_helm_lint_finds_no_warning() -> None:
@@ -61,9 +57,8 @@ def test_the_defaults_run_one_replica_with_one_process() -> None:
 
 
 def test_the_chart_and_the_package_have_one_version() -> None:
-    project = tomllib.loads((CHART.parents[1] / "pyproject.toml").read_text())["project"]
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
-    assert chart["appVersion"] == project["version"]
+    assert chart["appVersion"] == PROJECT["version"]
 
 
 def test_the_probes_and_the_scrape_path_are_routes_of_the_app() -> None:
@@ -183,11 +178,11 @@ def test_the_image_matches_what_the_pod_expects() -> None:
     """helm/Dockerfile builds the image the chart runs (no Docker engine here to build it):
     its user, working directory and entry point are the ones the chart relies on."""
     dockerfile = (CHART.parent / "Dockerfile").read_text()
-    pod = one(render(), "Deployment")["spec"]["template"]["spec"]
-    main = container(render())
+    manifests = render()
+    pod = one(manifests, "Deployment")["spec"]["template"]["spec"]
+    main = container(manifests)
     assert f"--uid {pod['securityContext']['runAsUser']} " in dockerfile
     assert f"USER {pod['securityContext']['runAsUser']}\n" in dockerfile
     assert f"WORKDIR {main['workingDir']}\n" in dockerfile
     assert 'ENTRYPOINT ["loopwarden"]' in dockerfile
-    project = tomllib.loads((CHART.parents[1] / "pyproject.toml").read_text())["project"]
-    assert project["scripts"]["loopwarden"] == "proxy.cli:main"
+    assert PROJECT["scripts"]["loopwarden"] == "proxy.cli:main"

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-import pytest
+import httpx
+import orjson
 
+from proxy.demo.scripted_model import complete
 from proxy.engine import events as ev
 from proxy.engine.stop import StopReason
 from tests.integration.conftest import ProxyFactory
@@ -37,25 +38,17 @@ async def test_python_condition_from_the_config(proxy_for: ProxyFactory) -> None
 
 
 async def test_parallel_tool_calls_run_concurrently(
-    proxy_for: ProxyFactory, monkeypatch: pytest.MonkeyPatch
+    proxy_for: ProxyFactory, slow_search_notes: Callable[[float], None]
 ) -> None:
-    import proxy.demo.tools as demo_tools
+    slow_search_notes(0.2)
 
-    async def slow(query: str) -> str:
-        await asyncio.sleep(0.2)
-        return "slow"
-
-    monkeypatch.setattr(demo_tools, "search_notes", slow)
-
-    def two_calls(request: Any) -> Any:
-        import httpx
-        import orjson
-
+    def two_calls(request: httpx.Request) -> httpx.Response:
         body = orjson.loads(request.content)
-        done = any(m["role"] == "tool" for m in body["messages"])
-        message: dict[str, Any] = {"role": "assistant", "content": "done" if done else None}
-        if not done:
-            message["tool_calls"] = [
+        reply = complete(body)
+        if not any(m["role"] == "tool" for m in body["messages"]):
+            choice = reply["choices"][0]
+            choice["message"]["content"] = None
+            choice["message"]["tool_calls"] = [
                 {
                     "id": f"c{i}",
                     "type": "function",
@@ -63,23 +56,8 @@ async def test_parallel_tool_calls_run_concurrently(
                 }
                 for i in range(3)
             ]
-        return httpx.Response(
-            200,
-            json={
-                "id": "x",
-                "object": "chat.completion",
-                "created": 1,
-                "model": "scripted",
-                "choices": [
-                    {
-                        "index": 0,
-                        "message": message,
-                        "finish_reason": "stop" if done else "tool_calls",
-                    }
-                ],
-                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
-            },
-        )
+            choice["finish_reason"] = "tool_calls"
+        return httpx.Response(200, json=reply)
 
     async with proxy_for(upstream=two_calls) as proxy:
         started = time.monotonic()
@@ -92,15 +70,9 @@ async def test_parallel_tool_calls_run_concurrently(
 
 
 async def test_a_client_that_goes_away_cancels_the_run(
-    proxy_for: ProxyFactory, monkeypatch: pytest.MonkeyPatch
+    proxy_for: ProxyFactory, slow_search_notes: Callable[[float], None]
 ) -> None:
-    import proxy.demo.tools as demo_tools
-
-    async def forever(query: str) -> str:
-        await asyncio.sleep(30)
-        return "never"
-
-    monkeypatch.setattr(demo_tools, "search_notes", forever)
+    slow_search_notes(30)
     async with proxy_for() as proxy:
         body = {
             "model": "scripted",

@@ -3,16 +3,16 @@ span is an error (SPEC §11). A new stop reason fails here until it has a run of
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 from opentelemetry.trace import StatusCode
 
-import proxy.demo.tools as demo_tools
+from proxy.demo.scripted_model import complete
 from proxy.engine.stop import StopReason
 from proxy.state.memory import MemoryStore
 from tests.integration.conftest import Proxy, ProxyFactory
@@ -36,20 +36,10 @@ class BrokenStore(MemoryStore):
 
 
 def refusing(request: httpx.Request) -> httpx.Response:
-    body = {
-        "id": "c-1",
-        "object": "chat.completion",
-        "model": "scripted",
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": ""},
-                "finish_reason": "content_filter",
-            }
-        ],
-        "usage": {"prompt_tokens": 5, "completion_tokens": 0, "total_tokens": 5},
-    }
-    return httpx.Response(200, json=body)
+    reply = complete(orjson.loads(request.content))
+    reply["choices"][0]["message"] = {"role": "assistant", "content": ""}
+    reply["choices"][0]["finish_reason"] = "content_filter"
+    return httpx.Response(200, json=reply)
 
 
 def failing(request: httpx.Request) -> httpx.Response:
@@ -144,16 +134,11 @@ async def run_case(proxy: Proxy, case: Case) -> None:
 
 @pytest.mark.parametrize("reason", sorted(CASES))
 async def test_each_stop_reason_is_counted_and_on_its_run_span(
-    proxy_for: ProxyFactory, monkeypatch: pytest.MonkeyPatch, reason: str
+    proxy_for: ProxyFactory, slow_search_notes: Callable[[float], None], reason: str
 ) -> None:
     case = CASES[reason]
     if case.leave_after_s is not None:
-
-        async def slow(query: str) -> str:
-            await asyncio.sleep(30)
-            return "never"
-
-        monkeypatch.setattr(demo_tools, "search_notes", slow)
+        slow_search_notes(30)  # the run is still going when the client leaves
     async with proxy_for(case.overrides, upstream=case.upstream, store=case.store) as proxy:
         await run_case(proxy, case)
         runs = {
