@@ -19,11 +19,11 @@ def _report(exc: ConfigError) -> None:
 def _check(path: str | None) -> int:
     try:
         config = load_config(path)
-        from proxy.api.gateway import build_gateway
+        from proxy.api.services import build_services
         from proxy.state.memory import MemoryStore
 
         # Wires everything but the state backend, which `serve` opens (and `/readyz` checks).
-        build_gateway(config, httpx.AsyncClient(), httpx.AsyncHTTPTransport(), MemoryStore())
+        build_services(config, httpx.AsyncClient(), httpx.AsyncHTTPTransport(), MemoryStore())
     except ConfigError as exc:
         _report(exc)
         return 1

@@ -9,17 +9,8 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-from pydantic_core import PydanticCustomError
 
-from proxy.engine.policies.stop_conditions import Condition, custom_names, parse_stop_when
-from proxy.engine.policies.terminal import TerminatingConfig, parse_terminating_config
-from proxy.engine.policies.tool_call_limits import (
-    ToolCallLimit,
-    parse_tool_call_limits,
-    validate_limits,
-)
-from proxy.engine.policies.tool_rules import RuleBook, ToolRule, parse_tool_rules
-from proxy.errors import SpecError
+from proxy.engine.options import PolicyOptions, problems
 
 
 class _Model(BaseModel):
@@ -123,31 +114,12 @@ class ConditionConfig(_Model):
         return self
 
 
-class AgentConfig(_Model):
+class AgentConfig(PolicyOptions):
+    """An agent: a model, its tools and its loop rules (SPEC §2)."""
+
     model: str
     system_prompt: str | None = None
     tools: list[str] = []
-    max_steps: int | None = Field(None, ge=1)
-    stop_when: list[Any] = []
-    terminating_config: dict[str, Any] | None = None
-    tool_rules: list[Any] = []
-    tool_call_limits: list[Any] = []
-    final_answer: bool = False
-    parallel_tool_calls: bool = False
-
-    def conditions(self) -> list[Condition]:
-        return parse_stop_when(self.stop_when, "stop_when")
-
-    def terminating(self) -> TerminatingConfig | None:
-        if self.terminating_config is None:
-            return None
-        return parse_terminating_config(self.terminating_config, "terminating_config")
-
-    def rules(self) -> tuple[ToolRule, ...]:
-        return parse_tool_rules(self.tool_rules, "tool_rules")
-
-    def limits(self) -> tuple[ToolCallLimit, ...]:
-        return parse_tool_call_limits(self.tool_call_limits, "tool_call_limits")
 
 
 class StateConfig(_Model):
@@ -178,68 +150,6 @@ class Config(_Model):
     state: StateConfig = StateConfig()
     telemetry: TelemetryConfig = TelemetryConfig()
 
-    @model_validator(mode="after")
-    def _references(self) -> Config:
-        errors: list[tuple[str, str]] = []
-        if self.default_upstream not in self.upstreams:
-            errors.append(("default_upstream", f"no upstream named {self.default_upstream!r}"))
-        for name, alias in self.models.items():
-            if alias.upstream is not None and alias.upstream not in self.upstreams:
-                errors.append((f"models.{name}.upstream", f"no upstream named {alias.upstream!r}"))
-        ids: dict[str, str] = {}
-        for name, tool in self.tools.items():
-            if tool.id is not None:
-                if tool.id in ids or tool.id in self.tools:
-                    errors.append((f"tools.{name}.id", f"id {tool.id!r} is not unique"))
-                ids[tool.id] = name
-        for name, agent in self.agents.items():
-            errors.extend(self._agent_errors(name, agent, ids))
-        if errors:
-            summary = "; ".join(f"{path}: {msg}" for path, msg in errors)
-            raise PydanticCustomError(
-                "references", "{summary}", {"summary": summary, "problems": errors}
-            )
-        return self
-
-    def _agent_errors(
-        self, name: str, agent: AgentConfig, ids: dict[str, str]
-    ) -> list[tuple[str, str]]:
-        errors: list[tuple[str, str]] = []
-        where = f"agents.{name}"
-        if name in self.models:
-            errors.append((where, "an agent and a model alias share this name"))
-        for i, tool in enumerate(agent.tools):
-            if tool not in self.tools and tool not in ids:
-                errors.append((f"{where}.tools[{i}]", f"no tool named {tool!r}"))
-        try:
-            conditions = agent.conditions()
-            for kind, cname, path in custom_names(conditions):
-                cond = self.conditions.get(cname)
-                if cond is None or cond.kind != kind:
-                    errors.append((f"{where}.{path}", f"no {kind} condition named {cname!r}"))
-            enabled = {ids.get(t, t) for t in agent.tools}
-            RuleBook(agent.rules()).validate(enabled)
-            validate_limits(agent.limits(), enabled)
-            terminating = agent.terminating()
-            if terminating is not None:
-                for i, tool in enumerate(terminating.tool_ids):
-                    if tool not in enabled and ids.get(tool) not in enabled:
-                        errors.append(
-                            (
-                                f"{where}.terminating_config.tool_ids[{i}]",
-                                f"{tool!r} is not one of the agent's tools",
-                            )
-                        )
-        except SpecError as exc:
-            errors.append((f"{where}.{exc.param}", exc.message))
-        return errors
-
-    def tool_names(self) -> dict[str, str]:
-        """Every tool's name and id, each mapped to the tool's name."""
-        names = {tool.id: name for name, tool in self.tools.items() if tool.id is not None}
-        names.update((name, name) for name in self.tools)
-        return names
-
 
 class ConfigError(Exception):
     """Every problem found in a config file, each with its path."""
@@ -249,71 +159,68 @@ class ConfigError(Exception):
         self.problems = problems
 
 
-def _loc(loc: tuple[int | str, ...]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif not part.startswith(("function-", "model-")):
-            out += f".{part}" if out else part
-    return out
-
-
-# Valid stand-ins for entries that failed validation, so that a second pass can still find
-# the cross-reference errors of everything else (`loopwarden check` reports every error).
-_STAND_INS: dict[str, dict[str, Any]] = {
-    "upstreams": {"base_url": "http://stand-in"},
-    "models": {"model": "stand-in"},
-    "pricing": {"input": 0, "output": 0},
-    "tools": {"kind": "builtin"},
-    "conditions": {"kind": "python", "callable": "stand.in:check"},
-    "agents": {"model": "stand-in"},
-}
-
-
-def _problems(exc: ValidationError) -> list[tuple[str, str, tuple[int | str, ...]]]:
-    found: list[tuple[str, str, tuple[int | str, ...]]] = []
-    for err in exc.errors():
-        message = err["msg"].removeprefix("Value error, ")
-        path = _loc(err["loc"])
-        if err["type"] == "references":
-            found.extend((where, msg, ()) for where, msg in err["ctx"]["problems"])
-        else:
-            found.append((path or "(root)", message, tuple(err["loc"])))
-    return found
-
-
 def parse_config(data: Any) -> Config:
+    """Validates a config document; raises ConfigError with every problem found: those of the
+    schema and, in the same report, the names it uses but does not define."""
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError([("", "the config must be a mapping")])
-    problems: list[tuple[str, str]] = []
-    current = dict(data)
-    for _ in range(3):
-        try:
-            config = Config.model_validate(current)
-        except ValidationError as exc:
-            found = _problems(exc)
-            problems.extend((p, m) for p, m, _ in found if (p, m) not in problems)
-            replaced = False
-            for _, _, loc in found:
-                section = loc[0] if loc else None
-                if not isinstance(section, str) or section not in current:
-                    continue
-                entries = current[section]
-                if section in _STAND_INS and len(loc) > 1 and isinstance(entries, dict):
-                    current[section] = {**entries, loc[1]: _STAND_INS[section]}
-                else:
-                    current.pop(section)
-                replaced = True
-            if not replaced:
-                break
-        else:
-            if not problems:
-                return config
-            break
-    raise ConfigError(problems)
+    found = reference_problems(data)
+    try:
+        config = Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(problems(exc) + found) from None
+    if found:
+        raise ConfigError(found)
+    return config
+
+
+def _entries(data: dict[str, Any], section: str) -> dict[str, Any]:
+    value = data.get(section)
+    return {str(k): v for k, v in value.items()} if isinstance(value, dict) else {}
+
+
+def reference_problems(data: dict[str, Any]) -> list[tuple[str, str]]:
+    """What a config document names but does not define, read from the document itself so that
+    it is found even where the schema fails. Agents' policies are checked when they are
+    compiled against the tools (`proxy.api.planning`)."""
+    errors: list[tuple[str, str]] = []
+    upstreams = _entries(data, "upstreams") if "upstreams" in data else {"openai": {}}
+    default = data.get("default_upstream", "openai")
+    if default not in upstreams:
+        errors.append(("default_upstream", f"no upstream named {default!r}"))
+    models = _entries(data, "models")
+    for name, alias in models.items():
+        upstream = alias.get("upstream") if isinstance(alias, dict) else None
+        if upstream is not None and upstream not in upstreams:
+            errors.append((f"models.{name}.upstream", f"no upstream named {upstream!r}"))
+    tools = _entries(data, "tools")
+    ids: set[str] = set()
+    for name, tool in tools.items():
+        tool_id = tool.get("id") if isinstance(tool, dict) else None
+        if tool_id is not None:
+            if tool_id in ids or tool_id in tools:
+                errors.append((f"tools.{name}.id", f"id {tool_id!r} is not unique"))
+            ids.add(tool_id)
+    for name, agent in _entries(data, "agents").items():
+        if name in models:
+            errors.append((f"agents.{name}", "an agent and a model alias share this name"))
+        refs = agent.get("tools") if isinstance(agent, dict) else None
+        for i, ref in enumerate(refs if isinstance(refs, list) else []):
+            if isinstance(ref, str) and ref not in tools and ref not in ids:
+                errors.append((f"agents.{name}.tools[{i}]", f"no tool named {ref!r}"))
+    keys = _entries(data, "auth").get("keys")
+    if keys:
+        errors.extend(
+            (
+                f"upstreams.{name}.forward_client_key",
+                "cannot be true while auth.keys are set: the client's key is the proxy's own",
+            )
+            for name, upstream in upstreams.items()
+            if isinstance(upstream, dict) and upstream.get("forward_client_key") is True
+        )
+    return errors
 
 
 def load_config(path: str | os.PathLike[str] | None) -> Config:

@@ -120,5 +120,15 @@ class SpecError(InvalidRequest):
     """
 
 
+class PolicyInvalid(SpecError):
+    """Every problem found in a policy, each as (JSON path, message); the first is the error's
+    own `param` and message."""
+
+    def __init__(self, problems: list[tuple[str, str]], *, code: str | None = None) -> None:
+        param, message = problems[0]
+        super().__init__(message, param=param, code=code)
+        self.problems = problems
+
+
 class ClientDisconnected(Exception):
     """The client went away while its run was going (stop reason `cancelled`)."""

@@ -9,8 +9,8 @@ from functools import lru_cache
 import genai_prices
 
 from proxy.config import Price
-from proxy.engine.ports import Prices
 from proxy.engine.usage import Usage
+from proxy.engine.values import Prices
 
 PER_MILLION = 1_000_000
 

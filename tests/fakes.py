@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.engine.events import RunEvent
-from proxy.engine.ports import (
+from proxy.engine.usage import Usage
+from proxy.engine.values import (
     DeltaSink,
     ModelReply,
     ModelRequest,
@@ -17,7 +18,6 @@ from proxy.engine.ports import (
     ToolContext,
     ToolResult,
 )
-from proxy.engine.usage import Usage
 
 _ids = itertools.count(1)
 

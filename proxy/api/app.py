@@ -20,16 +20,18 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from proxy.api.asgi import ErrorBoundary, bearer_token
 from proxy.api.chat import ChatCompletions
-from proxy.api.contexts import ContextRuns, context_body, read_context
-from proxy.api.gateway import Gateway, build_gateway
+from proxy.api.contexts import ContextRecords, ContextRuns
+from proxy.api.services import Services, build_services
 from proxy.config import Config
 from proxy.engine.ports import RunObserver
-from proxy.errors import MethodNotAllowed, NotFound, ProxyError
+from proxy.errors import InternalError, MethodNotAllowed, NotFound, ProxyError
 from proxy.pricing import PriceTable
 from proxy.state.backend import open_store
 from proxy.state.store import StateStore
 from proxy.telemetry.http import HttpTelemetry
+from proxy.telemetry.metrics import OverheadObserver
 from proxy.telemetry.setup import build_telemetry, tracer_provider_from_env
 from proxy.telemetry.tracing import inject_trace_headers
 
@@ -48,14 +50,15 @@ def error_response(error: ProxyError) -> Response:
 
 
 CHAT_PATHS = frozenset({"/v1/chat/completions", "/chat/completions"})
+# Routes that start runs: each has its own run observers (the overhead metric's `route`).
+RUN_ROUTES = (*CHAT_PATHS, "/chat", "/chat/invoke", "/chat/add-ai-message")
 
 
 class ProxyApp(Starlette):
-    """Chat completions skip starlette's middleware and router: they are the hot path and
-    handle their own errors."""
+    """Chat completions skip starlette's middleware and router: they are the hot path."""
 
-    chat: ChatCompletions
-    served: ASGIApp  # `route` inside the HTTP telemetry
+    chat: ASGIApp
+    served: ASGIApp  # `route` inside the error boundary, inside the HTTP telemetry
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self.served(scope, receive, send)
@@ -86,7 +89,7 @@ def create_app(
 ) -> Starlette:
     """The proxy as an ASGI app. `transport` replaces the network, `store` the configured
     state backend, `registry` and `tracer_provider` the metrics and trace sinks (tests)."""
-    holder: dict[str, Gateway] = {}
+    holder: dict[str, Services] = {}
     models_cache: dict[str, Any] = {}
     registry = registry if registry is not None else CollectorRegistry()
     own_tracing = tracer_provider is None
@@ -98,8 +101,8 @@ def create_app(
     if traced:
         run_observers.insert(1, telemetry.tracing)
 
-    def gateway() -> Gateway:
-        return holder["gateway"]
+    def services() -> Services:
+        return holder["services"]
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -108,12 +111,16 @@ def create_app(
         state = store or open_store(config.state)
         try:
             async with httpx.AsyncClient(transport=network, timeout=timeout) as client:
-                holder["gateway"] = build_gateway(
+                holder["services"] = build_services(
                     config,
                     client,
                     network,
                     state,
                     run_observers,
+                    {
+                        route: [*run_observers, OverheadObserver(telemetry.metrics, route)]
+                        for route in RUN_ROUTES
+                    },
                     on_attempt=telemetry.metrics.upstream_attempt,
                     inject_headers=inject_trace_headers if traced else None,
                     prices=prices,
@@ -127,11 +134,8 @@ def create_app(
                 tracing.shutdown()  # flushes the spans not yet exported
 
     async def models(request: Request) -> Response:
-        gw = gateway()
-        try:
-            gw.keys.caller(request.headers.get("authorization"))
-        except ProxyError as exc:
-            return error_response(exc)
+        gw = services()
+        gw.keys.caller(bearer_token(request.scope))
         now = int(time.time())
         data = [
             {"id": name, "object": "model", "created": now, "owned_by": "loopwarden"}
@@ -150,14 +154,20 @@ def create_app(
         return JSONResponse({"status": "ok"})
 
     async def readyz(request: Request) -> Response:
-        if "gateway" not in holder:
+        if "services" not in holder:
             return JSONResponse({"status": "starting"}, status_code=503)
         try:
-            await holder["gateway"].store.ping()
+            await holder["services"].store.ping()
         except Exception as exc:  # any failure of the backend means not ready
             detail = f"state backend unreachable: {type(exc).__name__}"
             return JSONResponse({"status": "unavailable", "detail": detail}, status_code=503)
         return JSONResponse({"status": "ready"})
+
+    async def proxy_error(request: Request, exc: Exception) -> Response:
+        return error_response(exc if isinstance(exc, ProxyError) else InternalError())
+
+    async def internal_error(request: Request, exc: Exception) -> Response:
+        return error_response(InternalError())
 
     async def not_found(request: Request, exc: Exception) -> Response:
         if isinstance(exc, HTTPException) and exc.status_code == 405:
@@ -165,27 +175,13 @@ def create_app(
             return error_response(MethodNotAllowed(message))
         return error_response(NotFound(f"no route {request.method} {request.url.path}"))
 
-    async def context(request: Request) -> Response:
-        gw = gateway()
-        context_id = request.path_params["context_id"]
-        try:
-            async with gw.store.hold(context_id):  # not while a run holds it
-                found = await read_context(gw, context_id, request.headers.get("authorization"))
-                if request.method == "DELETE":
-                    await gw.store.delete_context(found.id)
-                    body = {"id": found.id, "object": "loopwarden.context.deleted", "deleted": True}
-                    return JSONResponse(body)
-                return JSONResponse(await context_body(gw, found))
-        except ProxyError as exc:
-            return error_response(exc)
-
-    chat = ChatCompletions(gateway)
-    runs = ContextRuns(gateway)
+    chat = ChatCompletions(services)
+    runs = ContextRuns(services)
     routes = [
         Route("/chat", runs, methods=["POST"]),
         Route("/chat/invoke", runs, methods=["POST"]),
         Route("/chat/add-ai-message", runs, methods=["POST"]),
-        Route("/v1/contexts/{context_id}", context, methods=["GET", "DELETE"]),
+        Route("/v1/contexts/{context_id}", ContextRecords(services), methods=["GET", "DELETE"]),
         Route("/v1/chat/completions", chat, methods=["POST"]),
         Route("/chat/completions", chat, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
@@ -196,15 +192,22 @@ def create_app(
     app = ProxyApp(
         routes=routes,
         lifespan=lifespan,
-        exception_handlers={404: not_found, 405: not_found},
+        # Errors of routes behind starlette's router are rendered here, the same way the
+        # `ErrorBoundary` renders the raw ASGI routes'.
+        exception_handlers={
+            404: not_found,
+            405: not_found,
+            ProxyError: proxy_error,
+            Exception: internal_error,
+        },
     )
     app.chat = chat
     tracer = tracing.get_tracer("loopwarden") if traced else None
-    app.served = HttpTelemetry(app.route, telemetry.metrics, tracer, routes)
+    app.served = HttpTelemetry(ErrorBoundary(app.route), telemetry.metrics, tracer, routes)
     return app
 
 
-async def upstream_models(gw: Gateway, cache: dict[str, Any]) -> list[dict[str, Any]]:
+async def upstream_models(gw: Services, cache: dict[str, Any]) -> list[dict[str, Any]]:
     """The default upstream's models, cached; an upstream that fails lists none."""
     if cache.get("until", 0.0) > time.monotonic():
         return list(cache["data"])

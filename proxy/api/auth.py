@@ -40,13 +40,13 @@ class KeyRing:
     def enabled(self) -> bool:
         return bool(self.keys)
 
-    def caller(self, authorization: str | None) -> Caller | None:
-        """The caller a request's Authorization header names; None when auth is off."""
+    def caller(self, token: str | None) -> Caller | None:
+        """The caller a request's bearer token names; None when auth is off."""
         if not self.keys:
             return None
-        if not authorization or not authorization.lower().startswith("bearer "):
+        if not token:
             raise AuthenticationFailed("a proxy API key is required (Authorization: Bearer …)")
-        digest = hashlib.sha256(authorization[7:].strip().encode()).digest()
+        digest = hashlib.sha256(token.encode()).digest()
         for known, caller in self.keys:
             if hmac.compare_digest(known, digest):
                 return caller

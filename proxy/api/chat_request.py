@@ -1,17 +1,13 @@
-"""A Chat Completions body and its `loop` object, validated with JSON paths (SPEC §4.1)."""
+"""A Chat Completions body, validated with JSON paths (SPEC §4.1), as a run request."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
-from proxy.engine.fields import boolean, int_at_least, text
-from proxy.engine.policies.stop_conditions import Condition, parse_stop_when
-from proxy.engine.policies.terminal import TerminatingConfig, parse_terminating_config
-from proxy.engine.policies.tool_call_limits import ToolCallLimit, parse_tool_call_limits
-from proxy.engine.policies.tool_rules import ToolRule, parse_tool_rules
+from proxy.api.run_request import NO_LOOP, RunRequest, parse_loop
 from proxy.errors import InvalidRequest
 
 # Body fields the proxy owns; every other field goes upstream as the client sent it.
@@ -27,51 +23,14 @@ OWN_FIELDS = frozenset(
         "max_completion_tokens",
     }
 )
-LOOP_FIELDS = (
-    "agent",
-    "tools",
-    "stop_when",
-    "terminating_config",
-    "tool_rules",
-    "tool_call_limits",
-    "max_steps",
-    "final_answer",
-    "thread_id",
-    "parallel_tool_calls",
-    "include_messages",
-    "include_loop_events",
-)
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 
 
 @dataclass(slots=True)
-class LoopOptions:
-    agent: str | None = None
-    tools: list[str] = field(default_factory=list)
-    stop_when: list[Condition] = field(default_factory=list)
-    terminating: TerminatingConfig | None = None
-    tool_rules: tuple[ToolRule, ...] = ()
-    tool_call_limits: tuple[ToolCallLimit, ...] = ()
-    max_steps: int | None = None
-    final_answer: bool | None = None
-    thread_id: str | None = None
-    parallel_tool_calls: bool | None = None
-    include_messages: bool = False
-    include_loop_events: bool = False
-
-
-@dataclass(slots=True)
 class ChatRequest:
-    model: str
-    messages: list[dict[str, Any]]
+    run: RunRequest
     stream: bool
     include_usage: bool
-    tools: list[dict[str, Any]]
-    tool_choice: Any
-    max_completion_tokens: int | None
-    params: dict[str, Any]
-    loop: LoopOptions
-    has_loop: bool
 
 
 def json_object(raw: bytes) -> dict[str, Any]:
@@ -85,43 +44,54 @@ def json_object(raw: bytes) -> dict[str, Any]:
     return body
 
 
-def parse_chat_request(raw: bytes) -> ChatRequest:
+def parse_chat_request(raw: bytes, thread_header: str | None = None) -> ChatRequest:
     body = json_object(raw)
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidRequest("model is required and must be a string", param="model")
     messages = _messages(body.get("messages"))
-    stream = boolean(body.get("stream", False), "stream")
+    stream = _boolean(body.get("stream", False), "stream")
     options = body.get("stream_options")
     include_usage = False
     if options is not None:
         if not isinstance(options, dict):
             raise InvalidRequest("must be an object", param="stream_options")
-        include_usage = boolean(options.get("include_usage", False), "stream_options.include_usage")
+        include_usage = _boolean(
+            options.get("include_usage", False), "stream_options.include_usage"
+        )
     tools = _tools(body.get("tools"))
-    cap = body.get("max_completion_tokens")
-    if cap is not None:
-        cap = int_at_least(cap, "max_completion_tokens")
-    if body.get("max_tokens") is not None:
-        int_at_least(body["max_tokens"], "max_tokens")
-    n = body.get("n")
-    if n is not None:
-        int_at_least(n, "n")
+    cap = _positive(body.get("max_completion_tokens"), "max_completion_tokens")
+    _positive(body.get("max_tokens"), "max_tokens")
+    _positive(body.get("n"), "n")
     params = {k: v for k, v in body.items() if k not in OWN_FIELDS}
     has_loop = body.get("loop") is not None
-    loop = parse_loop(body["loop"]) if has_loop else LoopOptions()
-    return ChatRequest(
+    loop = parse_loop(body["loop"]) if has_loop else NO_LOOP
+    run = RunRequest(
         model,
         messages,
-        stream,
-        include_usage,
+        loop,
+        has_loop,
         tools,
         body.get("tool_choice"),
         cap,
         params,
-        loop,
-        has_loop,
+        loop.thread_id or thread_header,
     )
+    return ChatRequest(run, stream, include_usage)
+
+
+def _boolean(value: Any, param: str) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidRequest("must be a boolean", param=param)
+    return value
+
+
+def _positive(value: Any, param: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidRequest("must be a positive integer", param=param)
+    return value
 
 
 def _messages(value: Any) -> list[dict[str, Any]]:
@@ -161,46 +131,3 @@ def _tools(value: Any) -> list[dict[str, Any]]:
             raise InvalidRequest(f"duplicate tool {name!r}", param=f"tools[{i}].function.name")
         names.add(name)
     return value
-
-
-def parse_loop(value: Any) -> LoopOptions:
-    if not isinstance(value, dict):
-        raise InvalidRequest("loop must be an object", param="loop")
-    for key in value:
-        if key not in LOOP_FIELDS:
-            raise InvalidRequest(
-                f"unknown loop field; expected one of {', '.join(LOOP_FIELDS)}", param=f"loop.{key}"
-            )
-    out = LoopOptions()
-    if value.get("agent") is not None:
-        out.agent = text(value["agent"], "loop.agent")
-    tools = value.get("tools")
-    if tools is not None:
-        if not isinstance(tools, list):
-            raise InvalidRequest("must be a list of tool names", param="loop.tools")
-        out.tools = [text(t, f"loop.tools[{i}]") for i, t in enumerate(tools)]
-    if value.get("stop_when") is not None:
-        out.stop_when = parse_stop_when(value["stop_when"], "loop.stop_when")
-    if value.get("terminating_config") is not None:
-        out.terminating = parse_terminating_config(
-            value["terminating_config"], "loop.terminating_config"
-        )
-    if value.get("tool_rules") is not None:
-        out.tool_rules = parse_tool_rules(value["tool_rules"], "loop.tool_rules")
-    if value.get("tool_call_limits") is not None:
-        out.tool_call_limits = parse_tool_call_limits(
-            value["tool_call_limits"], "loop.tool_call_limits"
-        )
-    if value.get("max_steps") is not None:
-        out.max_steps = int_at_least(value["max_steps"], "loop.max_steps")
-    if value.get("final_answer") is not None:
-        out.final_answer = boolean(value["final_answer"], "loop.final_answer")
-    if value.get("thread_id") is not None:
-        out.thread_id = text(value["thread_id"], "loop.thread_id")
-    if value.get("parallel_tool_calls") is not None:
-        out.parallel_tool_calls = boolean(value["parallel_tool_calls"], "loop.parallel_tool_calls")
-    out.include_messages = boolean(value.get("include_messages", False), "loop.include_messages")
-    out.include_loop_events = boolean(
-        value.get("include_loop_events", False), "loop.include_loop_events"
-    )
-    return out

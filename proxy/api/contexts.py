@@ -8,19 +8,20 @@ from collections.abc import Callable
 from typing import Any
 
 import orjson
+from pydantic import ValidationError
 from starlette.types import Receive, Scope, Send
 
+from proxy.api.asgi import bearer_token, read_body, run_or_cancel, send_json
 from proxy.api.auth import Caller
-from proxy.api.chat import header, read_body, run_or_cancel
-from proxy.api.chat_request import ChatRequest, json_object, parse_loop
-from proxy.api.gateway import Gateway
-from proxy.api.report import failed, loop_report, send_failure
-from proxy.api.responses import send_error, send_json
-from proxy.engine.fields import text
-from proxy.engine.policies.terminal import parse_terminating_config
+from proxy.api.chat_request import json_object
+from proxy.api.completion import loop_report
+from proxy.api.failures import failed, send_failure
+from proxy.api.run_request import RunRequest, parse_loop
+from proxy.api.services import Services
+from proxy.engine.options import TerminatingOptions, problems
 from proxy.engine.run import Run, RunResult
 from proxy.engine.stop import StopReason
-from proxy.errors import ClientDisconnected, InvalidRequest, NotFound, ProxyError
+from proxy.errors import InvalidRequest, NotFound, PolicyInvalid
 from proxy.state.store import StoredContext
 
 # Each endpoint and the fields its body takes.
@@ -45,32 +46,38 @@ def _body(raw: bytes, path: str) -> dict[str, Any]:
     for key in body:
         if key not in fields:
             raise InvalidRequest(f"unknown field; expected one of {', '.join(fields)}", param=key)
-    text(body.get("context_id"), "context_id")
+    _text(body.get("context_id"), "context_id")
     if path == "/chat":
-        text(body.get("message"), "message")
+        _text(body.get("message"), "message")
     for key in ("agent", "model", "prompt"):
         if body.get(key) is not None:
-            text(body[key], key)
+            _text(body[key], key)
     return body
 
 
-def _request(body: dict[str, Any], context: StoredContext, messages: list[Any]) -> ChatRequest:
+def _text(value: Any, param: str) -> None:
+    if not isinstance(value, str) or not value:
+        raise InvalidRequest("must be a non-empty string", param=param)
+
+
+def _request(body: dict[str, Any], context: StoredContext, messages: list[Any]) -> RunRequest:
     loop = parse_loop(body.get("loop") or {})
     if loop.agent is not None:
         raise InvalidRequest("a context's agent is set by `agent`", param="loop.agent")
     if loop.thread_id is not None:
         raise InvalidRequest("a context is its own thread", param="loop.thread_id")
     if body.get("terminating_config") is not None:
-        if loop.terminating is not None:
+        if loop.terminating_config is not None:
             raise InvalidRequest(
                 "set terminating_config once, here or in loop", param="terminating_config"
             )
-        loop.terminating = parse_terminating_config(
-            body["terminating_config"], "terminating_config"
-        )
-    loop.thread_id = context.id
+        try:
+            terminating = TerminatingOptions.model_validate(body["terminating_config"])
+        except ValidationError as exc:
+            raise PolicyInvalid(problems(exc, "terminating_config")) from None
+        loop = loop.model_copy(update={"terminating_config": terminating})
     model = context.agent or context.model or ""
-    return ChatRequest(model, messages, False, False, [], None, None, {}, loop, True)
+    return RunRequest(model, messages, loop, has_loop=True, thread_id=context.id)
 
 
 def _open(body: dict[str, Any], found: StoredContext | None) -> StoredContext:
@@ -128,46 +135,39 @@ def _arguments(raw: Any) -> Any:
 
 
 def kept_messages(result: RunResult) -> list[dict[str, Any]]:
-    """What a run adds to its context: its messages, ending with the reply it gave."""
-    kept = [m for m in result.generated if m.get("role") in KEPT_ROLES]
-    final = result.message
-    if final.get("content") and (not kept or kept[-1] != final):
-        kept.append({"role": "assistant", "content": final["content"]})
-    return kept
+    """What a run adds to its context: its messages, which end with the reply it gave."""
+    return [m for m in result.generated if m.get("role") in KEPT_ROLES]
 
 
 class ContextRuns:
     """`POST /chat`, `/chat/invoke` and `/chat/add-ai-message` as one raw ASGI app."""
 
-    def __init__(self, gateway: Callable[[], Gateway]) -> None:
-        self.gateway = gateway
+    def __init__(self, services: Callable[[], Services]) -> None:
+        self.services = services
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        gw = self.gateway()
-        path = scope["path"]
-        try:
-            caller = gw.keys.caller(header(scope, b"authorization"))
-            body = _body(await read_body(receive, scope, gw.config.server.max_body_bytes), path)
-            async with gw.store.hold(body["context_id"]):
-                await self._run(gw, caller, scope, receive, send, body)
-        except ClientDisconnected:
-            return
-        except ProxyError as exc:
-            await send_error(send, exc)
+        sv = self.services()
+        bearer = bearer_token(scope)
+        caller = sv.keys.caller(bearer)
+        raw = await read_body(receive, scope, sv.config.server.max_body_bytes)
+        body = _body(raw, scope["path"])
+        async with sv.store.hold(body["context_id"]):
+            await self._run(sv, caller, bearer, scope, receive, send, body)
 
     async def _run(
         self,
-        gw: Gateway,
+        sv: Services,
         caller: Caller | None,
+        bearer: str | None,
         scope: Scope,
         receive: Receive,
         send: Send,
         body: dict[str, Any],
     ) -> None:
         agent = body.get("agent")
-        if agent is not None and agent not in gw.config.agents:
+        if agent is not None and agent not in sv.config.agents:
             raise InvalidRequest(f"no agent named {agent!r}", param="agent")
-        context = _open(body, await gw.store.load_context(body["context_id"]))
+        context = _open(body, await sv.store.load_context(body["context_id"]))
         messages = list(context.messages)
         if body.get("message") is not None:
             messages.append({"role": "user", "content": body["message"]})
@@ -179,12 +179,9 @@ class ContextRuns:
                 f"context {context.id!r} has no messages yet; send one with POST /chat",
                 param="context_id",
             )
-        req = _request(body, context, run_messages)
-        resolved = gw.resolver.resolve(req, None)
-        resolved.spec.route = scope["path"]
-        gw.keys.check(caller, resolved.agent or req.model)
-        deps = gw.deps(resolved.upstream, header(scope, b"authorization"))
-        result = await run_or_cancel(Run(resolved.spec, deps).execute, receive)
+        plan = sv.planner.plan(_request(body, context, run_messages), caller)
+        deps = sv.deps(plan.upstream, bearer, scope["path"])
+        result = await run_or_cancel(Run(plan.spec, deps).execute, receive)
         if result is None or result.stop.reason is StopReason.CANCELLED:
             return
         headers = {
@@ -198,7 +195,7 @@ class ContextRuns:
         added = kept_messages(result)
         context.messages = messages + added
         context.updated = int(time.time())
-        await gw.store.save_context(context)
+        await sv.store.save_context(context)
         human = messages[-1:] if body.get("message") is not None else []
         reply = {
             "response": result.message.get("content") or "",
@@ -209,17 +206,17 @@ class ContextRuns:
         await send_json(send, 200, reply, headers)
 
 
-async def read_context(gw: Gateway, context_id: str, authorization: str | None) -> StoredContext:
+async def read_context(sv: Services, context_id: str, bearer: str | None) -> StoredContext:
     """The context, when it exists and the caller may use its agent or model."""
-    caller = gw.keys.caller(authorization)
-    context = await gw.store.load_context(context_id)
+    caller = sv.keys.caller(bearer)
+    context = await sv.store.load_context(context_id)
     if context is None:
         raise NotFound(f"no context {context_id!r}")
-    gw.keys.check(caller, context.agent or context.model or "")
+    sv.keys.check(caller, context.agent or context.model or "")
     return context
 
 
-async def context_body(gw: Gateway, context: StoredContext) -> dict[str, Any]:
+async def context_body(sv: Services, context: StoredContext) -> dict[str, Any]:
     return {
         "id": context.id,
         "object": "loopwarden.context",
@@ -228,5 +225,24 @@ async def context_body(gw: Gateway, context: StoredContext) -> dict[str, Any]:
         "created": context.created,
         "updated": context.updated,
         "messages": context.messages,
-        "tool_call_counts": await gw.store.thread_counts(context.id),
+        "tool_call_counts": await sv.store.thread_counts(context.id),
     }
+
+
+class ContextRecords:
+    """`GET` and `DELETE /v1/contexts/{id}`, as a raw ASGI app."""
+
+    def __init__(self, services: Callable[[], Services]) -> None:
+        self.services = services
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        sv = self.services()
+        context_id = scope["path_params"]["context_id"]
+        async with sv.store.hold(context_id):  # not while a run holds it
+            found = await read_context(sv, context_id, bearer_token(scope))
+            if scope["method"] == "DELETE":
+                await sv.store.delete_context(found.id)
+                body = {"id": found.id, "object": "loopwarden.context.deleted", "deleted": True}
+                await send_json(send, 200, body)
+                return
+            await send_json(send, 200, await context_body(sv, found))

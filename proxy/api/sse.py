@@ -10,7 +10,8 @@ from typing import Any
 import orjson
 from starlette.types import Send
 
-from proxy.api.responses import header_list
+from proxy.api.asgi import header_list
+from proxy.engine import events as ev
 from proxy.errors import ClientDisconnected
 
 KEEPALIVE = b": keep-alive\n\n"
@@ -19,7 +20,7 @@ DONE = b"data: [DONE]\n\n"
 
 class SSEWriter:
     """Implements the engine's `RunStream`. The response starts with the first byte sent, so
-    a run that fails before then still gets a plain HTTP error."""
+    a run that fails before then still gets a plain HTTP error; `send` is the raw ASGI send."""
 
     def __init__(
         self,
@@ -29,7 +30,7 @@ class SSEWriter:
         headers: dict[str, str],
         include_loop_events: bool,
     ) -> None:
-        self._send = send
+        self.send = send
         self.headers = headers
         self.include_loop_events = include_loop_events
         self.started = False
@@ -54,8 +55,8 @@ class SSEWriter:
                     (b"x-accel-buffering", b"no"),
                     *header_list(self.headers),
                 ]
-                await self._send({"type": "http.response.start", "status": 200, "headers": raw})
-            await self._send({"type": "http.response.body", "body": data, "more_body": True})
+                await self.send({"type": "http.response.start", "status": 200, "headers": raw})
+            await self.send({"type": "http.response.body", "body": data, "more_body": True})
         except OSError as exc:
             raise ClientDisconnected(str(exc)) from None
         self.last_write = time.monotonic()
@@ -76,9 +77,13 @@ class SSEWriter:
     async def content(self, text: str) -> None:
         await self._write(self._chunk(self._delta({"content": text})))
 
-    async def loop_event(self, event: dict[str, Any]) -> None:
-        if self.include_loop_events:
-            await self._write(self._chunk({"choices": [], "loop_event": event}))
+    async def progress(self, event: ev.RunEvent) -> None:
+        """Renders the run's progress as `loop_event` chunks, when the client asked for them."""
+        if not self.include_loop_events:
+            return
+        shown = loop_event(event)
+        if shown is not None:
+            await self._write(self._chunk({"choices": [], "loop_event": shown}))
 
     async def tool_calls(self, calls: list[dict[str, Any]]) -> None:
         indexed = [{"index": i, **call} for i, call in enumerate(calls)]
@@ -96,14 +101,15 @@ class SSEWriter:
         await self.close()
 
     async def fail(self, error: dict[str, Any], report: dict[str, Any]) -> None:
-        await self._write(
-            self._chunk({"choices": [], "error": error["error"], "loop": report}) + DONE
-        )
+        """A failure after the first byte: an event with `error` and no `choices`, as OpenAI
+        sends it, so that every SDK raises it (SPEC §4.3)."""
+        data = orjson.dumps({"error": error["error"], "loop": report})
+        await self._write(b"data: " + data + b"\n\n" + DONE)
         await self.close()
 
     async def close(self) -> None:
         with contextlib.suppress(OSError):
-            await self._send({"type": "http.response.body", "body": b"", "more_body": False})
+            await self.send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def keepalive(self, interval_s: float) -> None:
         """Sends an SSE comment whenever nothing was written for `interval_s`."""
@@ -116,3 +122,18 @@ class SSEWriter:
                 await self._write(KEEPALIVE)
             except ClientDisconnected:
                 return
+
+
+def loop_event(event: ev.RunEvent) -> dict[str, Any] | None:
+    """The `loop_event` object of a run event, for the events a stream shows (SPEC §4.3)."""
+    if isinstance(event, ev.StepStarted):
+        return {"type": "step_started", "step": event.step}
+    if isinstance(event, ev.ToolStarted):
+        return {"type": "tool_call", "step": event.step, "tool": event.call.name,
+                "call_id": event.call.id}  # fmt: skip
+    if isinstance(event, ev.ToolExecuted):
+        return {"type": "tool_result", "step": event.step, "tool": event.call.name,
+                "call_id": event.call.id, "outcome": event.result.outcome}  # fmt: skip
+    if isinstance(event, ev.Nudged):
+        return {"type": "nudge", "step": event.step}
+    return None

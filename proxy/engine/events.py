@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from proxy.engine.state import RunState
 from proxy.engine.stop import Stop
 from proxy.engine.usage import Usage
-
-if TYPE_CHECKING:
-    from proxy.engine.ports import ModelReply, ModelRequest, ToolCall, ToolResult
+from proxy.engine.values import ModelReply, ModelRequest, ToolCall, ToolResult
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +43,13 @@ class ModelFailed:
     step: int
     error: BaseException
     duration_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class ToolStarted:
+    run_id: str
+    step: int
+    call: ToolCall
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +98,25 @@ class RunFinished:
     upstream_s: float
     tools_s: float
     error: BaseException | None = field(default=None)
-    route: str = ""  # the API route that started the run
+
+    @classmethod
+    def of(
+        cls, run: RunState, agent: str | None, stop: Stop, error: BaseException | None
+    ) -> RunFinished:
+        return cls(
+            run.run_id,
+            agent,
+            run.model,
+            stop,
+            run.step_count,
+            run.tool_calls,
+            run.usage,
+            run.cost_usd,
+            run.elapsed_s,
+            run.upstream_s,
+            run.tools_s,
+            error,
+        )
 
 
 RunEvent = (
@@ -100,6 +124,7 @@ RunEvent = (
     | StepStarted
     | ModelReplied
     | ModelFailed
+    | ToolStarted
     | ToolExecuted
     | CallBlocked
     | Nudged

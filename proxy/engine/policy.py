@@ -1,19 +1,46 @@
-"""A run's policy: the loop rules resolved from the agent and the request's `loop` object."""
+"""A run's policy: options compiled against what they refer to, and tightened by a request.
+
+An agent's policy is compiled once, at start-up (and by `loopwarden check`); a request's `loop`
+is compiled on its own and merged with `tighten`, which can only make the agent's rules
+stricter. `check_references` then finds what the merged whole refers to and lacks.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
+from proxy.engine.options import PolicyOptions
 from proxy.engine.policies.base import Policy
 from proxy.engine.policies.budgets import Budgets
-from proxy.engine.policies.stop_conditions import Condition, StopConditions
+from proxy.engine.policies.stop_conditions import (
+    Condition,
+    StopConditions,
+    compile_conditions,
+    walk,
+)
 from proxy.engine.policies.terminal import TerminalTools, TerminatingConfig
-from proxy.engine.policies.tool_call_limits import ToolCallLimit, ToolCallLimits
+from proxy.engine.policies.tool_call_limits import ToolCallLimit, ToolCallLimits, check_limits
 from proxy.engine.policies.tool_rules import RuleBook, ToolRule, ToolRules
-from proxy.engine.ports import ConditionChecks, Prices, ThreadCounters, ToolSpec
+from proxy.engine.ports import ConditionChecks, ThreadCounters
+from proxy.engine.values import Prices, ToolSpec
+from proxy.errors import PolicyInvalid, SpecError
 
 DEFAULT_MAX_STEPS = 25
+
+
+@dataclass(frozen=True, slots=True)
+class Catalog:
+    """What a policy may refer to: the server tools, by name or id, and the named conditions."""
+
+    tools: Mapping[str, ToolSpec]
+    conditions: Mapping[str, str] = field(default_factory=dict)  # name -> webhook | python
+    names: Mapping[str, str] = field(init=False)  # tool name or id -> tool name
+
+    def __post_init__(self) -> None:
+        names = {s.id: name for name, s in self.tools.items() if s.id is not None}
+        names.update((name, name) for name in self.tools)
+        object.__setattr__(self, "names", names)
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,7 +52,7 @@ class LoopPolicy:
     tool_rules: tuple[ToolRule, ...] = ()
     tool_call_limits: tuple[ToolCallLimit, ...] = ()
     final_answer: bool = False
-    parallel_tool_calls: bool = False
+    parallel_tool_calls: bool | None = None
 
     @property
     def terminal_tools(self) -> frozenset[str]:
@@ -34,6 +61,10 @@ class LoopPolicy:
             names.update(self.terminating.tool_ids)
         names.update(RuleBook(self.tool_rules).exit_tools)
         return frozenset(names)
+
+    @property
+    def has_cost_condition(self) -> bool:
+        return any(c.kind == "max_cost" for c in walk(self.stop_when))
 
     def effective_max_steps(self) -> int | None:
         if self.max_steps is not None:
@@ -46,13 +77,151 @@ class LoopPolicy:
         checks: ConditionChecks | None,
         threads: ThreadCounters | None = None,
     ) -> list[Policy]:
-        """Fresh, per-run policy objects, in checkpoint order."""
+        """Fresh, per-run policy objects. Their order is the order of their answers: the first
+        stop wins (`proxy.engine.checkpoints`)."""
         policies: list[Policy] = [TerminalTools(self.terminal_tools, self.terminating)]
         if self.tool_rules:
             policies.append(ToolRules(RuleBook(self.tool_rules)))
         policies.append(StopConditions(self.stop_when, self.effective_max_steps(), checks))
         if self.tool_call_limits:
-            # The last reviewer: its review reserves thread counts, so nothing may block after it.
             policies.append(ToolCallLimits(self.tool_call_limits, threads))
-        policies.append(Budgets(self.stop_when, prices))  # last: it sizes the request
+        policies.append(Budgets(self.stop_when, prices))
         return policies
+
+
+EMPTY = LoopPolicy()
+
+
+def compile_policy(
+    options: PolicyOptions, tool_refs: Sequence[str], catalog: Catalog, path: str = ""
+) -> LoopPolicy:
+    """Options with their tools (names or ids) -> a policy; raises PolicyInvalid with every
+    problem found, each at its JSON path under `path` (`""` for an agent, `"loop."`)."""
+    problems: list[tuple[str, str]] = []
+    tools: dict[str, ToolSpec] = {}
+    for i, ref in enumerate(tool_refs):
+        name = catalog.names.get(ref)
+        if name is None:
+            problems.append((f"{path}tools[{i}]", f"no server tool named {ref!r}"))
+        else:
+            tools[name] = catalog.tools[name]
+    conditions: tuple[Condition, ...] = ()
+    try:
+        conditions = compile_conditions(options.stop_when, f"{path}stop_when")
+    except PolicyInvalid as exc:
+        problems.extend(exc.problems)
+    for cond in walk(conditions):
+        if cond.kind in ("webhook", "python") and catalog.conditions.get(cond.value) != cond.kind:
+            problems.append(
+                (f"{cond.path}.{cond.kind}", f"no {cond.kind} condition named {cond.value!r}")
+            )
+    terminating = None
+    if options.terminating_config is not None:
+        terminating = TerminatingConfig.of(options.terminating_config, f"{path}terminating_config")
+        where = f"{terminating.path}.tool_ids"
+        names = []
+        for i, ref in enumerate(terminating.tool_ids):
+            name = catalog.names.get(ref)
+            if name is None:
+                problems.append((f"{where}[{i}]", f"no server tool named {ref!r}"))
+            names.append(name or ref)
+        terminating = replace(terminating, tool_ids=tuple(names))
+    if problems:
+        raise PolicyInvalid(problems)
+    return LoopPolicy(
+        tools=tools,
+        stop_when=conditions,
+        max_steps=options.max_steps,
+        terminating=terminating,
+        tool_rules=tuple(
+            ToolRule.of(rule, f"{path}tool_rules[{i}]") for i, rule in enumerate(options.tool_rules)
+        ),
+        tool_call_limits=tuple(
+            ToolCallLimit.of(limit, f"{path}tool_call_limits[{i}]")
+            for i, limit in enumerate(options.tool_call_limits)
+        ),
+        final_answer=bool(options.final_answer),
+        parallel_tool_calls=options.parallel_tool_calls,
+    )
+
+
+def tighten(agent: LoopPolicy, request: LoopPolicy) -> LoopPolicy:
+    """The agent's policy with a request's added: tools, conditions, rules and limits add up;
+    numbers can only get smaller; `final_answer` only turns on (SPEC §4.1)."""
+    terminating = request.terminating or agent.terminating
+    if request.terminating is not None and agent.terminating is not None:
+        base = agent.terminating
+        terminating = replace(
+            request.terminating,
+            consecutive_nudges=min(request.terminating.consecutive_nudges, base.consecutive_nudges),
+            max_invocations=min(request.terminating.max_invocations, base.max_invocations),
+        )
+    return LoopPolicy(
+        tools={**agent.tools, **request.tools},
+        stop_when=agent.stop_when + request.stop_when,
+        max_steps=_smaller(agent.max_steps, request.max_steps),
+        terminating=terminating,
+        tool_rules=agent.tool_rules + request.tool_rules,
+        tool_call_limits=agent.tool_call_limits + request.tool_call_limits,
+        final_answer=agent.final_answer or request.final_answer,
+        parallel_tool_calls=(
+            agent.parallel_tool_calls
+            if request.parallel_tool_calls is None
+            else request.parallel_tool_calls
+        ),
+    )
+
+
+def check_references(
+    policy: LoopPolicy, client_tools: Collection[str], model: str, priced: Callable[[], bool]
+) -> None:
+    """Raises PolicyInvalid for what the policy names but the run lacks: tools of rules, limits,
+    conditions and the terminating config; a price for a cost condition (`priced` is asked
+    only when there is one)."""
+    problems: list[tuple[str, str]] = []
+    server = set(policy.tools)
+    enabled = server | set(client_tools)
+    for cond in walk(policy.stop_when):
+        if cond.kind == "has_tool_call":
+            problems.extend(
+                (f"{cond.path}.has_tool_call", f"{name!r} is not a tool of this run")
+                for name in cond.value
+                if name not in enabled
+            )
+    if policy.terminating is not None:
+        for i, name in enumerate(policy.terminating.tool_ids):
+            if name not in server:
+                problems.append(
+                    (
+                        f"{policy.terminating.path}.tool_ids[{i}]",
+                        f"{name!r} is not a server tool enabled for this run",
+                    )
+                )
+    try:
+        RuleBook(policy.tool_rules).validate(enabled)
+    except SpecError as exc:
+        problems.append((exc.param or "", exc.message))
+    try:
+        check_limits(policy.tool_call_limits, server)
+    except SpecError as exc:
+        problems.append((exc.param or "", exc.message))
+    if policy.has_cost_condition and not priced():
+        problems.append(
+            (
+                "model",
+                f"a cost condition is set but model {model!r} has no known price; add it to "
+                "`pricing` or use an upstream that reports cost",
+            )
+        )
+    if problems:
+        raise PolicyInvalid(problems, code="unknown_model_price" if _only_price(problems) else None)
+
+
+def _only_price(problems: list[tuple[str, str]]) -> bool:
+    return [path for path, _ in problems] == ["model"]
+
+
+def _smaller(a: int | None, b: int | None) -> int | None:
+    if a is None:
+        return b
+    return a if b is None else min(a, b)

@@ -2,62 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 from proxy.engine.events import RunEvent
 from proxy.engine.usage import Usage
-
-
-@dataclass(frozen=True, slots=True)
-class ToolCall:
-    id: str
-    name: str
-    arguments: str  # JSON text, as the model produced it
-
-    def to_openai(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "type": "function",
-            "function": {"name": self.name, "arguments": self.arguments},
-        }
-
-
-@dataclass(slots=True)
-class ModelRequest:
-    """One upstream call. `params` are the client's other Chat Completions fields."""
-
-    model: str
-    messages: list[dict[str, Any]]
-    tools: list[dict[str, Any]]
-    tool_choice: Any = None
-    max_completion_tokens: int | None = None
-    stream: bool = False
-    params: dict[str, Any] = field(default_factory=dict)
-    step: int = 0
-
-
-@dataclass(slots=True)
-class ModelReply:
-    message: dict[str, Any]  # the assistant message, OpenAI shape
-    tool_calls: list[ToolCall]
-    finish_reason: str | None
-    usage: Usage
-    reported_cost_usd: float | None = None
-    response_id: str | None = None
-    response_model: str | None = None
-    # The upstream body (JSON mode) for relaying fields the proxy does not own.
-    raw: dict[str, Any] | None = None
-    first_chunk_s: float | None = None  # streaming: time from the request to the first chunk
-
-    @property
-    def text(self) -> str:
-        content = self.message.get("content")
-        return content if isinstance(content, str) else ""
-
-
-DeltaSink = Callable[[str], Awaitable[None]]
+from proxy.engine.values import (
+    DeltaSink,
+    ModelReply,
+    ModelRequest,
+    Prices,
+    ToolCall,
+    ToolContext,
+    ToolResult,
+)
 
 
 class ChatModel(Protocol):
@@ -66,49 +24,10 @@ class ChatModel(Protocol):
         ...
 
 
-Outcome = Literal["ok", "error", "timeout"]
-
-
-@dataclass(frozen=True, slots=True)
-class ToolResult:
-    output: str
-    outcome: Outcome = "ok"
-
-    @property
-    def is_error(self) -> bool:
-        return self.outcome != "ok"
-
-
-@dataclass(frozen=True, slots=True)
-class ToolContext:
-    run_id: str
-    thread_id: str | None
-    step: int
-    call_id: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class ToolSpec:
-    """A server tool as the engine sees it."""
-
-    name: str
-    definition: dict[str, Any]  # OpenAI `tools[]` entry
-    terminal: bool = False
-    id: str | None = None
-
-
 class ToolExecutor(Protocol):
     async def execute(self, call: ToolCall, ctx: ToolContext) -> ToolResult:
         """Run a server tool; never raises for tool failures (they are `ToolResult`s)."""
         ...
-
-
-@dataclass(frozen=True, slots=True)
-class Prices:
-    """USD per token."""
-
-    input: float
-    output: float
 
 
 class PriceBook(Protocol):
@@ -145,4 +64,6 @@ class RunStream(Protocol):
 
     async def content(self, text: str) -> None: ...
 
-    async def loop_event(self, event: dict[str, Any]) -> None: ...
+    async def progress(self, event: RunEvent) -> None:
+        """Every run event, in order; a stream shows the progress it cares about."""
+        ...

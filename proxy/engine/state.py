@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.engine.ports import ToolCall
 from proxy.engine.usage import Usage
+from proxy.engine.values import ToolCall
 
 
 @dataclass(slots=True)
@@ -62,11 +62,9 @@ class RunState:
         return max(0.0, self.now - self.started_at)
 
     @property
-    def last_text(self) -> str:
-        for step in reversed(self.steps):
-            if step.text:
-                return step.text
-        return ""
+    def text(self) -> str:
+        """The text of every step, in order, separated by a blank line (SPEC §5.3)."""
+        return "\n\n".join(step.text for step in self.steps if step.text)
 
     def called_tools(self) -> set[str]:
         return {call.name for step in self.steps for call in step.tool_calls}

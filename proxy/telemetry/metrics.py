@@ -212,5 +212,16 @@ class MetricsObserver:
         m.child(m.run_tool_calls, agent, reason).observe(event.tool_calls)
         if event.cost_usd:
             m.child(m.cost, agent, model).inc(event.cost_usd)
-        overhead = event.duration_s - event.upstream_s - event.tools_s
-        m.child(m.overhead, event.route or OTHER).observe(max(0.0, overhead))
+
+
+class OverheadObserver:
+    """`loopwarden_proxy_overhead_seconds` of the runs one route starts (the engine knows no
+    routes: the app gives each route its own observer)."""
+
+    def __init__(self, metrics: Metrics, route: str) -> None:
+        self.histogram = metrics.child(metrics.overhead, route)
+
+    def on_event(self, event: ev.RunEvent) -> None:
+        if isinstance(event, ev.RunFinished):
+            overhead = event.duration_s - event.upstream_s - event.tools_s
+            self.histogram.observe(max(0.0, overhead))

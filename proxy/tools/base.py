@@ -8,7 +8,7 @@ from typing import Any
 
 import orjson
 
-from proxy.engine.ports import ToolContext, ToolSpec
+from proxy.engine.values import ToolContext, ToolSpec
 
 Invoke = Callable[[dict[str, Any], ToolContext], Awaitable[Any]]
 

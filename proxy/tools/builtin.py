@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.engine.ports import ToolContext
+from proxy.engine.values import ToolContext
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,7 @@ from typing import Any
 import httpx
 import orjson
 
-from proxy.engine.ports import ToolContext
+from proxy.engine.values import ToolContext
 from proxy.tools.base import Invoke, ToolFailed
 
 

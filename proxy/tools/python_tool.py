@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import ConfigDict, ValidationError, create_model
 
 from proxy.callables import call
-from proxy.engine.ports import ToolContext
+from proxy.engine.values import ToolContext
 from proxy.tools.base import BadArguments, Invoke
 
 

@@ -12,7 +12,7 @@ import orjson
 
 from proxy.callables import load_callable
 from proxy.config import Config, ToolConfig
-from proxy.engine.ports import ToolCall, ToolContext, ToolResult, ToolSpec
+from proxy.engine.values import ToolCall, ToolContext, ToolResult, ToolSpec
 from proxy.tools.base import Tool, ToolFailed, as_text, definition
 from proxy.tools.builtin import BUILTINS, builtin_invoke
 from proxy.tools.http_tool import http_invoke

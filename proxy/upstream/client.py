@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import orjson
 
-from proxy.engine.ports import DeltaSink, ModelReply, ModelRequest
+from proxy.engine.values import DeltaSink, ModelReply, ModelRequest
 from proxy.errors import UpstreamStatusError, UpstreamTimeout, UpstreamUnavailable
 from proxy.upstream.reply import ChunkAccumulator, reply_from_body
 from proxy.upstream.sse import SSEDecoder

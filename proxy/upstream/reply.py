@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.engine.ports import ModelReply, ToolCall
 from proxy.engine.usage import Usage
+from proxy.engine.values import ModelReply, ToolCall
 
 
 def _cost(usage: Any) -> float | None:

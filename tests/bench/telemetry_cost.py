@@ -24,9 +24,9 @@ from starlette.types import Message, Receive, Scope, Send
 
 from proxy.config import parse_config
 from proxy.engine import events as ev
-from proxy.engine.ports import ModelRequest, ToolCall, ToolResult
 from proxy.engine.stop import Stop, StopReason
 from proxy.engine.usage import Usage
+from proxy.engine.values import ModelRequest, ToolCall, ToolResult
 from proxy.pricing import PriceTable
 from proxy.telemetry.http import HttpTelemetry
 from proxy.telemetry.setup import Telemetry, build_telemetry
@@ -51,7 +51,7 @@ def pass_through() -> list[ev.RunEvent]:
         ev.ModelReplied("run_1", 1, reply("hello", prompt=30, completion=7), 0.00002, 0.001),
         ev.RunFinished(
             "run_1", None, "gpt-4o-mini", Stop(StopReason.COMPLETED), 1, 0, Usage(30, 7, 37),
-            0.00002, 0.0012, 0.001, 0.0, None, ROUTE,
+            0.00002, 0.0012, 0.001, 0.0, None,
         ),
     ]  # fmt: skip
 
@@ -70,7 +70,7 @@ def tool_loop(steps: int = 3) -> list[ev.RunEvent]:
     events.append(
         ev.RunFinished(
             "run_2", "helper", "gpt-4o-mini", Stop(StopReason.TERMINAL_TOOL), steps, steps,
-            Usage(90, 21, 111), 0.0003, 0.004, 0.003, 0.0003, None, ROUTE,
+            Usage(90, 21, 111), 0.0003, 0.004, 0.003, 0.0003, None,
         )
     )  # fmt: skip
     return events

@@ -177,7 +177,7 @@ async def test_delete_drops_the_context(proxy_for: ProxyFactory) -> None:
             "/chat",
             {"context_id": "x", "message": "hi", "agent": "reporter", "terminating_config": {}},
             "terminating_config.tool_ids",
-            "non-empty list",
+            "is required",
         ),
         (
             "/chat",

@@ -61,7 +61,7 @@ USER = [{"role": "user", "content": "hi"}]
                 "messages": USER,
                 "loop": {"stop_when": [{"webhook": "undefined"}]},
             },
-            "loop.stop_when[0]",
+            "loop.stop_when[0].webhook",
         ),
         (
             {

@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import httpx
 import pytest
 
+from proxy.api.services import build_services
 from proxy.config import ConfigError, parse_config
 from proxy.engine import events as ev
+from proxy.state.memory import MemoryStore
 from tests.integration.conftest import BASE_CONFIG, ProxyFactory
 
 ALL = ["get_weather", "to_fahrenheit", "search_notes"]
@@ -113,7 +116,7 @@ async def test_request_rules_are_added_to_the_agent_s(proxy_for: ProxyFactory) -
         (
             {"tool_rules": [{"type": "max_count_per_step", "tool_name": "get_weather"}]},
             "loop.tool_rules[0].max_count_limit",
-            "positive integer",
+            "is required",
         ),
         (
             {"tool_call_limits": [{"tool_name": "get_weather", "run_limit": 3, "thread_limit": 1}]},
@@ -166,7 +169,9 @@ async def test_bad_rules_and_limits_are_a_400_with_the_path(
 def test_bad_agent_rules_and_limits_are_start_up_errors(agent: dict[str, Any], path: str) -> None:
     config = dict(BASE_CONFIG, agents={"a": {"model": "m", "tools": ["get_weather"], **agent}})
     with pytest.raises(ConfigError) as err:
-        parse_config(config)
+        build_services(
+            parse_config(config), httpx.AsyncClient(), httpx.AsyncHTTPTransport(), MemoryStore()
+        )
     assert [p for p, _ in err.value.problems] == [path]
 
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from proxy.engine.policies.stop_conditions import parse_stop_when
-from proxy.engine.policies.terminal import parse_terminating_config
-from proxy.engine.policies.tool_call_limits import parse_tool_call_limits
-from proxy.engine.policies.tool_rules import parse_tool_rules
-from proxy.engine.policy import LoopPolicy
-from proxy.engine.ports import ConditionChecks, Prices, RunStream, ThreadCounters, ToolSpec
+from pydantic import ValidationError
+
+from proxy.engine.options import PolicyOptions, problems
+from proxy.engine.policy import Catalog, check_references, compile_policy
+from proxy.engine.ports import ConditionChecks, RunStream, ThreadCounters
 from proxy.engine.run import Deps, Run, RunResult, RunSpec
+from proxy.engine.values import Prices, ToolSpec
+from proxy.errors import PolicyInvalid
 from tests.fakes import FakeTools, FixedPrices, ManualClock, RecordingObserver, ScriptedModel
 
 
@@ -21,6 +22,36 @@ def tool_spec(name: str, *, terminal: bool = False, tool_id: str | None = None) 
         "function": {"name": name, "parameters": {"type": "object", "properties": {}}},
     }
     return ToolSpec(name, definition, terminal, tool_id)
+
+
+def named_conditions(options: Any) -> dict[str, str]:
+    """Every `webhook` and `python` condition the options name, as configured ones."""
+    found: dict[str, str] = {}
+    if isinstance(options, list):
+        for entry in options:
+            found.update(named_conditions(entry))
+    elif isinstance(options, dict):
+        for key, value in options.items():
+            if key in ("webhook", "python"):
+                found[value] = key
+            else:
+                found.update(named_conditions(value))
+    return found
+
+
+def problem(
+    options: dict[str, Any], tools: tuple[str, ...] = ("a", "b", "c", "search", "fetch")
+) -> tuple[str, str]:
+    """The first problem with `options` as an agent's policy over `tools`: (path, message)."""
+    specs = {name: tool_spec(name) for name in tools}
+    try:
+        policy = compile_policy(PolicyOptions.model_validate(options), list(specs), Catalog(specs))
+        check_references(policy, (), "m", lambda: False)
+    except ValidationError as exc:
+        return problems(exc)[0]
+    except PolicyInvalid as exc:
+        return exc.problems[0]
+    raise AssertionError(f"{options} has no problem")
 
 
 class Harness:
@@ -50,18 +81,19 @@ class Harness:
         self.observer = RecordingObserver()
         self.clock = ManualClock()
         specs = {name: tool_spec(name, terminal=name in terminal) for name in self.tools.functions}
-        self.policy = LoopPolicy(
-            tools=specs,
-            stop_when=tuple(parse_stop_when(stop_when or [], "stop_when")),
-            max_steps=max_steps,
-            terminating=parse_terminating_config(terminating, "terminating_config")
-            if terminating
-            else None,
-            tool_rules=parse_tool_rules(tool_rules or [], "tool_rules"),
-            tool_call_limits=parse_tool_call_limits(tool_call_limits or [], "tool_call_limits"),
-            final_answer=final_answer,
-            parallel_tool_calls=parallel,
+        options = PolicyOptions.model_validate(
+            {
+                "stop_when": stop_when or [],
+                "terminating_config": terminating,
+                "tool_rules": tool_rules or [],
+                "tool_call_limits": tool_call_limits or [],
+                "max_steps": max_steps,
+                "final_answer": final_answer,
+                "parallel_tool_calls": parallel,
+            }
         )
+        catalog = Catalog(specs, named_conditions(stop_when))
+        self.policy = compile_policy(options, list(specs), catalog)
         self.deps = Deps(
             self.model,
             self.tools,

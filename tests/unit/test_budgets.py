@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from proxy.engine.policies.budgets import estimate_prompt_tokens
-from proxy.engine.ports import ModelRequest, Prices
 from proxy.engine.stop import StopReason
+from proxy.engine.values import ModelRequest, Prices
 from tests.fakes import reply
 from tests.unit.harness import Harness
 

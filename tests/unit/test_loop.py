@@ -104,6 +104,7 @@ async def test_events_follow_the_run() -> None:
         "RunStarted",
         "StepStarted",
         "ModelReplied",
+        "ToolStarted",
         "ToolExecuted",
         "StepStarted",
         "ModelReplied",
@@ -142,19 +143,20 @@ async def test_streaming_sends_content_and_loop_events() -> None:
         async def content(self, text: str) -> None:
             self.items.append(text)
 
-        async def loop_event(self, event: dict[str, object]) -> None:
-            self.items.append(event["type"])
+        async def progress(self, event: ev.RunEvent) -> None:
+            if isinstance(event, ev.StepStarted | ev.ToolStarted | ev.ToolExecuted):
+                self.items.append(type(event).__name__)
 
     h = Harness([reply("thinking", calls=[("t", "{}")]), reply("answer")], {"t": lambda _: "x"})
     sink = Sink()
     await h.run(stream=sink)
     assert sink.items == [
-        "step_started",
+        "StepStarted",
         "thinking",
-        "tool_call",
-        "tool_result",
-        "step_started",
-        "answer",
+        "ToolStarted",
+        "ToolExecuted",
+        "StepStarted",
+        "\n\nanswer",  # the texts of two steps are separated by a blank line
     ]
 
 

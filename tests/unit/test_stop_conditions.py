@@ -6,12 +6,10 @@ from typing import Any
 
 import pytest
 
-from proxy.engine.policies.stop_conditions import parse_condition, parse_stop_when
-from proxy.engine.ports import Prices
 from proxy.engine.stop import StopReason
-from proxy.errors import SpecError
+from proxy.engine.values import Prices
 from tests.fakes import FakeChecks, reply
-from tests.unit.harness import Harness
+from tests.unit.harness import Harness, problem
 
 TOOLS = {"search": lambda _: "r", "fetch": lambda _: "f"}
 
@@ -189,31 +187,28 @@ async def test_limit_stop_without_final_answer_returns_last_text() -> None:
 @pytest.mark.parametrize(
     ("raw", "param"),
     [
-        ({"step_count_is": 0}, "s[0].step_count_is"),
-        ({"step_count_is": True}, "s[0].step_count_is"),
-        ({"max_cost": "1"}, "s[0].max_cost"),
-        ({"max_cost": -1}, "s[0].max_cost"),
-        ({"max_tokens": 5}, "s[0].max_tokens"),
-        ({"any": []}, "s[0].any"),
-        ({"any": [{"max_cost": 0}]}, "s[0].any[0].max_cost"),
-        ({"not": {"expr": "size("}}, "s[0].not.expr"),
-        ({"has_tool_call": []}, "s[0].has_tool_call"),
-        ({"step_count_is": 1, "max_cost": 1}, "s[0]"),
-        ({"id": 3, "step_count_is": 1}, "s[0].id"),
-        ("step_count_is", "s[0]"),
+        ({"step_count_is": 0}, "stop_when[0].step_count_is"),
+        ({"step_count_is": True}, "stop_when[0].step_count_is"),
+        ({"max_cost": "1"}, "stop_when[0].max_cost"),
+        ({"max_cost": -1}, "stop_when[0].max_cost"),
+        ({"max_tokens": 5}, "stop_when[0].max_tokens"),
+        ({"any": []}, "stop_when[0].any"),
+        ({"any": [{"max_cost": 0}]}, "stop_when[0].any[0].max_cost"),
+        ({"not": {"expr": "size("}}, "stop_when[0].not.expr"),
+        ({"has_tool_call": []}, "stop_when[0].has_tool_call"),
+        ({"step_count_is": 1, "max_cost": 1}, "stop_when[0].max_cost"),
+        ({"id": 3, "step_count_is": 1}, "stop_when[0].id"),
+        ("step_count_is", "stop_when[0]"),
     ],
 )
 def test_bad_conditions_name_their_path(raw: Any, param: str) -> None:
-    with pytest.raises(SpecError) as err:
-        parse_stop_when([raw], "s")
-    assert err.value.param == param
+    assert problem({"stop_when": [raw]})[0] == param
 
 
 def test_stop_when_must_be_a_list() -> None:
-    with pytest.raises(SpecError) as err:
-        parse_stop_when({"step_count_is": 1}, "loop.stop_when")
-    assert err.value.param == "loop.stop_when"
+    assert problem({"stop_when": {"step_count_is": 1}}) == ("stop_when", "must be a list")
 
 
-def test_parsed_condition_keeps_its_id() -> None:
-    assert parse_condition({"max_cost": 1, "id": "cap"}, "x").id == "cap"
+async def test_a_condition_keeps_its_id() -> None:
+    h = Harness(looping(), TOOLS, stop_when=[{"step_count_is": 1, "id": "cap"}])
+    assert (await h.run()).stop.details["id"] == "cap"

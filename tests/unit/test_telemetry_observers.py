@@ -9,11 +9,11 @@ from opentelemetry.trace import StatusCode
 from prometheus_client import CollectorRegistry
 
 from proxy.engine import events as ev
-from proxy.engine.ports import ModelRequest, ToolCall, ToolResult
 from proxy.engine.stop import Stop, StopReason
 from proxy.engine.usage import Usage
+from proxy.engine.values import ModelRequest, ToolCall, ToolResult
 from proxy.errors import UpstreamStatusError
-from proxy.telemetry.metrics import Labels, Metrics, MetricsObserver
+from proxy.telemetry.metrics import Labels, Metrics, MetricsObserver, OverheadObserver
 from proxy.telemetry.tracing import TracingObserver
 from tests.fakes import reply
 
@@ -44,7 +44,7 @@ def run_events(stop: Stop, *, fail_step: bool = False) -> list[ev.RunEvent]:
     events.append(
         ev.RunFinished(
             "run_1", "agent-a", "gpt-x", stop, 2, 1, Usage(60, 12, 72), 0.003, 2.0, 0.75, 0.25,
-            error, "/v1/chat/completions",
+            error,
         )
     )  # fmt: skip
     return events
@@ -61,9 +61,14 @@ def labels() -> Labels:
 
 def test_metrics_from_one_run() -> None:
     registry = CollectorRegistry()
-    observer = MetricsObserver(Metrics(registry), labels())
+    metrics = Metrics(registry)
+    observers = [
+        MetricsObserver(metrics, labels()),
+        OverheadObserver(metrics, "/v1/chat/completions"),
+    ]
     for event in run_events(Stop(StopReason.COST_BUDGET)):
-        observer.on_event(event)
+        for observer in observers:
+            observer.on_event(event)
 
     def value(name: str, **kv: str) -> float | None:
         return registry.get_sample_value(name, kv)

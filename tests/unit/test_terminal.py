@@ -7,11 +7,10 @@ from typing import Any
 
 import pytest
 
-from proxy.engine.policies.terminal import DEFAULT_NUDGE, parse_terminating_config
+from proxy.engine.options import DEFAULT_NUDGE
 from proxy.engine.stop import StopReason
-from proxy.errors import SpecError
 from tests.fakes import reply
-from tests.unit.harness import Harness
+from tests.unit.harness import Harness, problem
 
 
 def fail(_: dict[str, Any]) -> str:
@@ -130,17 +129,15 @@ async def test_max_invocations_fails_the_run() -> None:
 @pytest.mark.parametrize(
     ("raw", "param"),
     [
-        ({}, "tc.tool_ids"),
-        ({"tool_ids": []}, "tc.tool_ids"),
-        ({"tool_ids": [1]}, "tc.tool_ids[0]"),
-        ({"tool_ids": ["a"], "consecutive_nudges": -1}, "tc.consecutive_nudges"),
-        ({"tool_ids": ["a"], "max_invocations": 0}, "tc.max_invocations"),
-        ({"tool_ids": ["a"], "nudge_message": ""}, "tc.nudge_message"),
-        ({"tool_ids": ["a"], "nudges": 1}, "tc.nudges"),
-        ([], "tc"),
+        ({}, "terminating_config.tool_ids"),
+        ({"tool_ids": []}, "terminating_config.tool_ids"),
+        ({"tool_ids": [1]}, "terminating_config.tool_ids[0]"),
+        ({"tool_ids": ["a"], "consecutive_nudges": -1}, "terminating_config.consecutive_nudges"),
+        ({"tool_ids": ["a"], "max_invocations": 0}, "terminating_config.max_invocations"),
+        ({"tool_ids": ["a"], "nudge_message": ""}, "terminating_config.nudge_message"),
+        ({"tool_ids": ["a"], "nudges": 1}, "terminating_config.nudges"),
+        ([], "terminating_config"),
     ],
 )
 def test_bad_terminating_config_names_its_path(raw: Any, param: str) -> None:
-    with pytest.raises(SpecError) as err:
-        parse_terminating_config(raw, "tc")
-    assert err.value.param == param
+    assert problem({"terminating_config": raw})[0] == param

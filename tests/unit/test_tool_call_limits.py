@@ -9,12 +9,10 @@ from typing import Any
 import pytest
 
 from proxy.engine import events as ev
-from proxy.engine.policies.tool_call_limits import parse_tool_call_limits, validate_limits
 from proxy.engine.stop import StopReason
-from proxy.errors import SpecError
 from proxy.state.memory import MemoryStore
 from tests.fakes import reply
-from tests.unit.harness import Harness
+from tests.unit.harness import Harness, problem
 
 TOOLS = {"search": lambda _: "s", "fetch": lambda _: "f"}
 
@@ -173,29 +171,40 @@ async def test_concurrent_runs_on_one_thread_never_pass_the_thread_limit() -> No
 @pytest.mark.parametrize(
     ("limits", "param", "message"),
     [
-        ([{"tool_name": "search"}], "l[0]", "set run_limit, thread_limit or both"),
-        ([{"run_limit": 5, "thread_limit": 2}], "l[0].run_limit", "cannot be larger"),
-        ([{"run_limit": 1, "exit_behavior": "stop"}], "l[0].exit_behavior", "continue, error, end"),
-        ([{"run_limit": 1, "per": "day"}], "l[0].per", "unknown field"),
-        ([{"run_limit": -1}], "l[0].run_limit", "≥ 0"),
-        ([{"run_limit": "3"}], "l[0].run_limit", "integer"),
-        ({"run_limit": 1}, "l", "list"),
+        ([{"tool_name": "search"}], "tool_call_limits[0]", "set run_limit, thread_limit or both"),
+        (
+            [{"run_limit": 5, "thread_limit": 2}],
+            "tool_call_limits[0].run_limit",
+            "cannot be larger",
+        ),
+        (
+            [{"run_limit": 1, "exit_behavior": "stop"}],
+            "tool_call_limits[0].exit_behavior",
+            "'continue', 'error' or 'end'",
+        ),
+        ([{"run_limit": 1, "per": "day"}], "tool_call_limits[0].per", "unknown field"),
+        ([{"run_limit": -1}], "tool_call_limits[0].run_limit", "greater than or equal to 0"),
+        ([{"run_limit": "3"}], "tool_call_limits[0].run_limit", "integer"),
+        ({"run_limit": 1}, "tool_call_limits", "list"),
     ],
 )
 def test_malformed_limits_name_the_bad_field(limits: Any, param: str, message: str) -> None:
-    with pytest.raises(SpecError) as err:
-        parse_tool_call_limits(limits, "l")
-    assert err.value.param == param
-    assert message in err.value.message
+    path, said = problem({"tool_call_limits": limits})
+    assert path == param
+    assert message in said
 
 
 @pytest.mark.parametrize(
     ("limit", "param", "message"),
     [
-        ({"tool_name": "nope", "run_limit": 1}, "l[0].tool_name", "not a server tool"),
+        (
+            {"tool_name": "nope", "run_limit": 1},
+            "tool_call_limits[0].tool_name",
+            "not a server tool",
+        ),
         (
             {"tool_name": "search", "run_limit": 1, "exit_behavior": "end"},
-            "l[0].exit_behavior",
+            "tool_call_limits[0].exit_behavior",
             "cannot stop other tools of the same reply (fetch)",
         ),
     ],
@@ -203,10 +212,9 @@ def test_malformed_limits_name_the_bad_field(limits: Any, param: str, message: s
 def test_limits_are_checked_against_the_run_tools(
     limit: dict[str, Any], param: str, message: str
 ) -> None:
-    with pytest.raises(SpecError) as err:
-        validate_limits(parse_tool_call_limits([limit], "l"), ["search", "fetch"])
-    assert err.value.param == param
-    assert message in err.value.message
-    validate_limits(
-        parse_tool_call_limits([{"run_limit": 1, "exit_behavior": "end"}], "l"), ["search", "fetch"]
-    )
+    path, said = problem({"tool_call_limits": [limit]}, ("search", "fetch"))
+    assert path == param
+    assert message in said
+    every_tool = {"tool_call_limits": [{"run_limit": 1, "exit_behavior": "end"}]}
+    with pytest.raises(AssertionError, match="has no problem"):
+        problem(every_tool, ("search", "fetch"))

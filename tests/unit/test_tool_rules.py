@@ -8,12 +8,11 @@ from typing import Any
 import pytest
 
 from proxy.engine import events as ev
-from proxy.engine.policies.tool_rules import RuleBook, output_value, parse_tool_rules
-from proxy.engine.ports import ModelRequest
+from proxy.engine.policies.tool_rules import output_value
 from proxy.engine.stop import StopReason
-from proxy.errors import SpecError
+from proxy.engine.values import ModelRequest
 from tests.fakes import reply
-from tests.unit.harness import Harness
+from tests.unit.harness import Harness, problem
 
 TOOLS = {
     name: (lambda n: lambda _: f"{n} ok")(name) for name in ("plan", "search", "fetch", "write")
@@ -202,7 +201,7 @@ async def test_required_before_exit_nudges_until_the_tool_has_run() -> None:
     (nudge,) = h.observer.of(ev.Nudged)
     assert "first call 'write'" in nudge.message
     assert result.stop.reason is StopReason.COMPLETED
-    assert result.message["content"] == "done"
+    assert result.message["content"] == "early\n\ndone"  # every step's text (SPEC §5.3)
 
 
 async def test_required_before_exit_caps_at_max_steps_when_never_met() -> None:
@@ -232,7 +231,7 @@ async def test_continue_loop_nudges_a_content_only_reply_after_the_tool() -> Non
     (nudge,) = h.observer.of(ev.Nudged)
     assert "continue after 'search'" in nudge.message
     assert result.stop.reason is StopReason.COMPLETED
-    assert result.message["content"] == "done"
+    assert result.message["content"] == "premature\n\ndone"
 
 
 async def test_calls_of_one_reply_are_reviewed_in_order_against_the_updated_state() -> None:
@@ -278,42 +277,45 @@ async def test_parallel_calls_are_counted_when_admitted() -> None:
 @pytest.mark.parametrize(
     ("rules", "param", "message"),
     [
-        ([{"type": "sometimes", "tool_name": "a"}], "r[0].type", "unknown rule type"),
-        ([{"type": "run_first"}], "r[0].tool_name", "string"),
+        ([{"type": "sometimes", "tool_name": "a"}], "tool_rules[0].type", "unknown rule type"),
+        ([{"type": "run_first"}], "tool_rules[0].tool_name", "is required"),
         (
             [{"type": "run_first", "tool_name": "a", "children": ["b"]}],
-            "r[0].children",
+            "tool_rules[0].children",
             "unknown field",
         ),
-        ([{"type": "ChildToolRule", "tool_name": "a"}], "r[0].children", "non-empty list"),
+        ([{"type": "ChildToolRule", "tool_name": "a"}], "tool_rules[0].children", "is required"),
         (
             [{"type": "conditional", "tool_name": "a", "child_output_mapping": {}}],
-            "r[0].child_output_mapping",
-            "non-empty",
+            "tool_rules[0].child_output_mapping",
+            "must not be empty",
         ),
         (
             [{"type": "max_count_per_step", "tool_name": "a", "max_count_limit": 0}],
-            "r[0].max_count_limit",
-            "positive integer",
+            "tool_rules[0].max_count_limit",
+            "greater than or equal to 1",
         ),
-        ("run_first", "r", "list"),
-        ([7], "r[0]", "object"),
+        ("run_first", "tool_rules", "list"),
+        ([7], "tool_rules[0]", "object"),
     ],
 )
 def test_malformed_rules_name_the_bad_field(rules: Any, param: str, message: str) -> None:
-    with pytest.raises(SpecError) as err:
-        parse_tool_rules(rules, "r")
-    assert err.value.param == param
-    assert message in err.value.message
+    path, said = problem({"tool_rules": rules})
+    assert path == param
+    assert message in said
 
 
 @pytest.mark.parametrize(
     ("rules", "param", "message"),
     [
-        ([{"type": "run_first", "tool_name": "nope"}], "r[0].tool_name", "not a tool of this run"),
+        (
+            [{"type": "run_first", "tool_name": "nope"}],
+            "tool_rules[0].tool_name",
+            "not a tool of this run",
+        ),
         (
             [{"type": "constrain_child_tools", "tool_name": "a", "children": ["b", "zz"]}],
-            "r[0].children[1]",
+            "tool_rules[0].children[1]",
             "not a tool",
         ),
         (
@@ -325,7 +327,7 @@ def test_malformed_rules_name_the_bad_field(rules: Any, param: str, message: str
                     "default_child": "q",
                 }
             ],
-            "r[0].default_child",
+            "tool_rules[0].default_child",
             "not a tool",
         ),
         (
@@ -333,7 +335,7 @@ def test_malformed_rules_name_the_bad_field(rules: Any, param: str, message: str
                 {"type": "run_first", "tool_name": "b"},
                 {"type": "parent_last_tool", "tool_name": "a", "children": ["b"]},
             ],
-            "r[0]",
+            "tool_rules[0]",
             "no run_first tool can be called first",
         ),
         (
@@ -341,7 +343,7 @@ def test_malformed_rules_name_the_bad_field(rules: Any, param: str, message: str
                 {"type": "constrain_child_tools", "tool_name": "c", "children": ["b"]},
                 {"type": "parent_last_tool", "tool_name": "a", "children": ["b"]},
             ],
-            "r[0].children",
+            "tool_rules[0].children",
             "none of the children",
         ),
         (
@@ -349,12 +351,12 @@ def test_malformed_rules_name_the_bad_field(rules: Any, param: str, message: str
                 {"type": "conditional", "tool_name": "c", "child_output_mapping": {"x": "b"}},
                 {"type": "parent_last_tool", "tool_name": "a", "children": ["b"]},
             ],
-            "r[0].child_output_mapping.x",
+            "tool_rules[0].child_output_mapping.x",
             "may not follow",
         ),
         (
             [{"type": "exit_loop", "tool_name": "a"}, {"type": "continue_loop", "tool_name": "a"}],
-            "r[1]",
+            "tool_rules[1]",
             "cannot both end",
         ),
     ],
@@ -362,11 +364,9 @@ def test_malformed_rules_name_the_bad_field(rules: Any, param: str, message: str
 def test_rules_that_name_missing_tools_or_contradict_are_refused(
     rules: list[Any], param: str, message: str
 ) -> None:
-    book = RuleBook(parse_tool_rules(rules, "r"))
-    with pytest.raises(SpecError) as err:
-        book.validate(["a", "b", "c"])
-    assert err.value.param == param
-    assert message in err.value.message
+    path, said = problem({"tool_rules": rules}, ("a", "b", "c"))
+    assert path == param
+    assert message in said
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from proxy.config import ToolConfig
-from proxy.engine.ports import ToolCall, ToolContext
+from proxy.engine.values import ToolCall, ToolContext
 from proxy.tools.registry import ToolRegistry, build_tool
 
 CTX = ToolContext("run_1", None, 1, "call_1")

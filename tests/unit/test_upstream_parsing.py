@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import httpx
 
-from proxy.engine.ports import ModelRequest
+from proxy.engine.values import ModelRequest
 from proxy.upstream.client import Upstream
 from proxy.upstream.reply import ChunkAccumulator
 from proxy.upstream.sse import SSEDecoder

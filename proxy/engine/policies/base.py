@@ -1,13 +1,14 @@
-"""The checkpoints every loop policy may implement (ARCHITECTURE: checkpoints, not ifs)."""
+"""The checkpoints every loop policy may implement; `proxy.engine.checkpoints` says how their
+answers combine."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.engine.ports import ModelReply, ToolCall, ToolResult
 from proxy.engine.state import RunState
 from proxy.engine.stop import Stop
+from proxy.engine.values import ModelReply, ToolCall, ToolResult
 
 
 @dataclass(slots=True)
@@ -40,10 +41,18 @@ class Policy:
     def before_step(self, run: RunState, plan: StepPlan) -> Stop | None:
         return None
 
+    def size_step(self, run: RunState, plan: StepPlan) -> Stop | None:
+        """The plan is final: cap what the step may spend, or stop before it."""
+        return None
+
     def after_reply(self, run: RunState, plan: StepPlan, reply: ModelReply) -> Stop | None:
         return None
 
     async def review_call(self, run: RunState, call: ToolCall) -> Block | None:
+        return None
+
+    async def reserve(self, run: RunState, call: ToolCall) -> Block | None:
+        """Every review passed: take shared counters for the call, or block it."""
         return None
 
     def admit(self, run: RunState, call: ToolCall) -> None:

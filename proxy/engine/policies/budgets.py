@@ -10,9 +10,9 @@ import orjson
 
 from proxy.engine.policies.base import Policy, StepPlan
 from proxy.engine.policies.stop_conditions import Condition
-from proxy.engine.ports import ModelReply, Prices
 from proxy.engine.state import RunState
 from proxy.engine.stop import Stop, StopReason
+from proxy.engine.values import ModelReply, Prices
 
 
 def estimate_prompt_tokens(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> int:
@@ -31,7 +31,7 @@ class Budgets(Policy):
         self.prices = prices
         self._cap_by: Condition | None = None
 
-    def before_step(self, run: RunState, plan: StepPlan) -> Stop | None:
+    def size_step(self, run: RunState, plan: StepPlan) -> Stop | None:
         self._cap_by = None
         if not self.tokens and not (self.costs and self.prices):
             return None

@@ -8,12 +8,12 @@ from typing import Any
 
 import cel
 
-from proxy.engine.fields import int_at_least, positive_number, text
+from proxy.engine.options import ConditionOptions, kind_of
 from proxy.engine.policies.base import Policy
 from proxy.engine.ports import ConditionChecks
 from proxy.engine.state import RunState
 from proxy.engine.stop import Stop, StopReason
-from proxy.errors import SpecError
+from proxy.errors import PolicyInvalid
 
 _REASONS = {
     "step_count_is": StopReason.MAX_STEPS,
@@ -23,9 +23,7 @@ _REASONS = {
     "finish_reason_is": StopReason.FINISH_REASON,
     "max_duration_s": StopReason.TIME_BUDGET,
 }
-_CUSTOM = ("expr", "webhook", "python")
 _COMBINATORS = ("any", "all", "not")
-KINDS = (*_REASONS, *_CUSTOM, *_COMBINATORS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,64 +107,33 @@ class Condition:
         return [self]
 
 
-def parse_stop_when(raw: Any, path: str) -> list[Condition]:
-    if not isinstance(raw, list):
-        raise SpecError("must be a list of conditions", param=path)
-    return [parse_condition(entry, f"{path}[{i}]") for i, entry in enumerate(raw)]
+def compile_conditions(options: Sequence[ConditionOptions], path: str) -> tuple[Condition, ...]:
+    """`stop_when` entries -> conditions with their paths; raises PolicyInvalid with every
+    expression that does not compile."""
+    problems: list[tuple[str, str]] = []
+    compiled = tuple(_compile(entry, f"{path}[{i}]", problems) for i, entry in enumerate(options))
+    if problems:
+        raise PolicyInvalid(problems)
+    return compiled
 
 
-def parse_condition(raw: Any, path: str) -> Condition:
-    if not isinstance(raw, dict):
-        raise SpecError("a stop condition must be an object", param=path)
-    cid = raw.get("id")
-    if cid is not None and not isinstance(cid, str):
-        raise SpecError("must be a string", param=f"{path}.id")
-    keys = [k for k in raw if k != "id"]
-    unknown = [k for k in keys if k not in KINDS]
-    if unknown:
-        raise SpecError(
-            f"unknown stop condition {unknown[0]!r}; expected one of {', '.join(KINDS)}",
-            param=f"{path}.{unknown[0]}",
-        )
-    if len(keys) != 1:
-        raise SpecError("a stop condition has exactly one kind", param=path)
-    kind = keys[0]
-    value = raw[kind]
+def _compile(options: ConditionOptions, path: str, problems: list[tuple[str, str]]) -> Condition:
+    kind = kind_of(options)
+    value: Any = getattr(options, "not_" if kind == "not" else kind)
     where = f"{path}.{kind}"
-    if kind == "step_count_is":
-        return Condition(path, kind, int_at_least(value, where), cid)
-    if kind == "max_tokens_used":
-        return Condition(path, kind, int_at_least(value, where), cid)
-    if kind in ("max_cost", "max_duration_s"):
-        return Condition(path, kind, positive_number(value, where), cid)
-    if kind == "has_tool_call":
-        names = [value] if isinstance(value, str) else value
-        if (
-            not names
-            or not isinstance(names, list)
-            or not all(isinstance(n, str) and n for n in names)
-        ):
-            raise SpecError("must be a tool name or a non-empty list of tool names", param=where)
-        return Condition(path, kind, tuple(names), cid)
-    if kind == "finish_reason_is":
-        if not isinstance(value, str) or not value:
-            raise SpecError("must be a finish_reason string", param=where)
-        return Condition(path, kind, value, cid)
+    program = None
     if kind in ("any", "all"):
-        if not isinstance(value, list) or not value:
-            raise SpecError("must be a non-empty list of conditions", param=where)
-        children = tuple(parse_condition(c, f"{where}[{i}]") for i, c in enumerate(value))
-        return Condition(path, kind, children, cid)
-    if kind == "not":
-        return Condition(path, kind, parse_condition(value, where), cid)
-    text(value, where)
-    if kind == "expr":
+        value = tuple(_compile(c, f"{where}[{i}]", problems) for i, c in enumerate(value))
+    elif kind == "not":
+        value = _compile(value, where, problems)
+    elif kind == "has_tool_call":
+        value = tuple(value)
+    elif kind == "expr":
         try:
             program = cel.compile(value)
         except ValueError as exc:
-            raise SpecError(f"invalid CEL expression: {exc}", param=where) from None
-        return Condition(path, kind, value, cid, program)
-    return Condition(path, kind, value, cid)
+            problems.append((where, f"invalid CEL expression: {exc}"))
+    return Condition(path, kind, value, options.id, program)
 
 
 def walk(conditions: Sequence[Condition]) -> Iterator[Condition]:
@@ -177,21 +144,6 @@ def walk(conditions: Sequence[Condition]) -> Iterator[Condition]:
             yield from walk(cond.value)
         elif cond.kind == "not":
             yield from walk([cond.value])
-
-
-def custom_names(conditions: Sequence[Condition]) -> list[tuple[str, str, str]]:
-    """(kind, name, path) of every `webhook` and `python` condition, for validation."""
-    return [(c.kind, c.value, c.path) for c in walk(conditions) if c.kind in ("webhook", "python")]
-
-
-def named_tools(conditions: Sequence[Condition]) -> list[tuple[str, str]]:
-    """(tool name, path) of every `has_tool_call`, for validation."""
-    return [
-        (name, f"{c.path}.has_tool_call")
-        for c in walk(conditions)
-        if c.kind == "has_tool_call"
-        for name in c.value
-    ]
 
 
 class StopConditions(Policy):

@@ -4,19 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
-from proxy.engine.fields import int_at_least, known_object
+from proxy.engine.options import DEFAULT_NUDGE, TerminatingOptions
 from proxy.engine.policies.base import Block, Nudge, Policy, StepPlan
-from proxy.engine.ports import ModelReply, ToolCall, ToolResult
 from proxy.engine.state import RunState
 from proxy.engine.stop import Stop, StopReason
-from proxy.errors import SpecError
-
-DEFAULT_NUDGE = (
-    "You are currently in an autonomous execution mode with no user interaction. "
-    "You must complete your task by calling one of the terminating tools."
-)
+from proxy.engine.values import ModelReply, ToolCall, ToolResult
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,25 +18,17 @@ class TerminatingConfig:
     consecutive_nudges: int = 1
     nudge_message: str = DEFAULT_NUDGE
     max_invocations: int = 64
+    path: str = "terminating_config"
 
-
-_FIELDS = ("tool_ids", "consecutive_nudges", "nudge_message", "max_invocations")
-
-
-def parse_terminating_config(raw: Any, path: str) -> TerminatingConfig:
-    raw = known_object(raw, path, _FIELDS)
-    ids = raw.get("tool_ids")
-    if not isinstance(ids, list) or not ids:
-        raise SpecError("must be a non-empty list of tool names or ids", param=f"{path}.tool_ids")
-    for i, tool in enumerate(ids):
-        if not isinstance(tool, str) or not tool:
-            raise SpecError("must be a tool name or id", param=f"{path}.tool_ids[{i}]")
-    nudges = int_at_least(raw.get("consecutive_nudges", 1), f"{path}.consecutive_nudges", 0)
-    message = raw.get("nudge_message", DEFAULT_NUDGE)
-    if not isinstance(message, str) or not message.strip():
-        raise SpecError("must be a non-empty string", param=f"{path}.nudge_message")
-    invocations = int_at_least(raw.get("max_invocations", 64), f"{path}.max_invocations")
-    return TerminatingConfig(tuple(ids), nudges, message, invocations)
+    @classmethod
+    def of(cls, options: TerminatingOptions, path: str) -> TerminatingConfig:
+        return cls(
+            tuple(options.tool_ids),
+            options.consecutive_nudges,
+            options.nudge_message,
+            options.max_invocations,
+            path,
+        )
 
 
 def terminal_hint(names: Iterable[str]) -> str:
@@ -64,7 +49,7 @@ class TerminalTools(Policy):
     def before_step(self, run: RunState, plan: StepPlan) -> Stop | None:
         if self.config is not None and run.invocations >= self.config.max_invocations:
             details = {
-                "condition": "terminating_config.max_invocations",
+                "condition": f"{self.config.path}.max_invocations",
                 "kind": "max_invocations",
                 "threshold": self.config.max_invocations,
                 "observed": run.invocations,
@@ -73,8 +58,12 @@ class TerminalTools(Policy):
             return Stop(StopReason.MAX_INVOCATIONS, details, "max_invocations_exceeded")
         return None
 
+    def after_reply(self, run: RunState, plan: StepPlan, reply: ModelReply) -> Stop | None:
+        if reply.tool_calls:  # any tool call resets the nudge counter, even to an unknown tool
+            self.nudges = 0
+        return None
+
     async def review_call(self, run: RunState, call: ToolCall) -> Block | None:
-        self.nudges = 0  # any tool call resets the nudge counter
         if call.name in self.terminal and self._failed_at_step == run.step_count:
             return Block(
                 f"Not executed: a terminating tool already failed in this reply. "
@@ -98,7 +87,7 @@ class TerminalTools(Policy):
         if self.nudges <= self.config.consecutive_nudges:
             return Nudge(self.config.nudge_message)
         details = {
-            "condition": "terminating_config.consecutive_nudges",
+            "condition": f"{self.config.path}.consecutive_nudges",
             "kind": "consecutive_nudges",
             "threshold": self.config.consecutive_nudges,
             "observed": self.nudges,

@@ -5,18 +5,16 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
-from proxy.engine.fields import int_at_least, known_object, text
+from proxy.engine.options import ToolCallLimitOptions
 from proxy.engine.policies.base import Block, Policy
-from proxy.engine.ports import ThreadCounters, ToolCall
+from proxy.engine.ports import ThreadCounters
 from proxy.engine.state import RunState
 from proxy.engine.stop import Stop, StopReason
+from proxy.engine.values import ToolCall
 from proxy.errors import SpecError
 
-EXIT_BEHAVIORS = ("continue", "error", "end")
 ALL_TOOLS = "*"  # the counter key of a limit on every tool
-_FIELDS = ("tool_name", "thread_limit", "run_limit", "exit_behavior")
 _SEVERITY = {"continue": 0, "end": 1, "error": 2}
 
 
@@ -35,37 +33,18 @@ class ToolCallLimit:
     def applies_to(self, tool: str) -> bool:
         return self.tool_name is None or self.tool_name == tool
 
-
-def parse_tool_call_limits(raw: Any, path: str) -> tuple[ToolCallLimit, ...]:
-    if not isinstance(raw, list):
-        raise SpecError("must be a list of limits", param=path)
-    return tuple(_limit(entry, f"{path}[{i}]") for i, entry in enumerate(raw))
-
-
-def _limit(raw: Any, path: str) -> ToolCallLimit:
-    raw = known_object(raw, path, _FIELDS, "a limit must be an object")
-    tool = raw.get("tool_name")
-    name = None if tool is None else text(tool, f"{path}.tool_name")
-    thread = raw.get("thread_limit")
-    run = raw.get("run_limit")
-    thread = None if thread is None else int_at_least(thread, f"{path}.thread_limit", 0)
-    run = None if run is None else int_at_least(run, f"{path}.run_limit", 0)
-    if thread is None and run is None:
-        raise SpecError("set run_limit, thread_limit or both", param=path)
-    if thread is not None and run is not None and run > thread:
-        raise SpecError(
-            f"run_limit ({run}) cannot be larger than thread_limit ({thread})",
-            param=f"{path}.run_limit",
+    @classmethod
+    def of(cls, options: ToolCallLimitOptions, path: str) -> ToolCallLimit:
+        return cls(
+            options.tool_name,
+            options.thread_limit,
+            options.run_limit,
+            options.exit_behavior,
+            path,
         )
-    behavior = raw.get("exit_behavior", "continue")
-    if behavior not in EXIT_BEHAVIORS:
-        raise SpecError(
-            f"must be one of {', '.join(EXIT_BEHAVIORS)}", param=f"{path}.exit_behavior"
-        )
-    return ToolCallLimit(name, thread, run, behavior, path)
 
 
-def validate_limits(limits: Iterable[ToolCallLimit], server_tools: Iterable[str]) -> None:
+def check_limits(limits: Iterable[ToolCallLimit], server_tools: Iterable[str]) -> None:
     """Raises SpecError for a limit on a tool the run lacks, or an `end` that cannot hold."""
     tools = set(server_tools)
     for limit in limits:
@@ -97,8 +76,7 @@ class _Hit:
 class ToolCallLimits(Policy):
     """Counts executed calls; a call that would pass a limit is blocked.
 
-    Its review reserves thread counts in the state backend, so it must be the last policy
-    that may block a call.
+    Thread counts are reserved in the state backend, once every other review passed.
     """
 
     def __init__(self, limits: tuple[ToolCallLimit, ...], threads: ThreadCounters | None) -> None:
@@ -106,7 +84,7 @@ class ToolCallLimits(Policy):
         self.threads = threads
         self.run_counts: Counter[str] = Counter()
 
-    async def review_call(self, run: RunState, call: ToolCall) -> Block | None:
+    async def reserve(self, run: RunState, call: ToolCall) -> Block | None:
         limits = [lim for lim in self.limits if lim.applies_to(call.name)]
         if not limits:
             return None

@@ -14,35 +14,18 @@ from typing import Any
 
 import orjson
 
-from proxy.engine.fields import boolean, int_at_least, text
+from proxy.engine.options import (
+    Conditional,
+    ConstrainChildTools,
+    MaxCountPerStep,
+    ParentLastTool,
+    RuleOptions,
+)
 from proxy.engine.policies.base import Block, Nudge, Policy, StepPlan
-from proxy.engine.ports import ModelReply, ToolCall, ToolResult
 from proxy.engine.state import RunState
 from proxy.engine.stop import Stop
+from proxy.engine.values import ModelReply, ToolCall, ToolResult
 from proxy.errors import SpecError
-
-# Letta's class names, accepted as `type` aliases.
-ALIASES = {
-    "InitToolRule": "run_first",
-    "TerminalToolRule": "exit_loop",
-    "ContinueToolRule": "continue_loop",
-    "ChildToolRule": "constrain_child_tools",
-    "ParentToolRule": "parent_last_tool",
-    "ConditionalToolRule": "conditional",
-    "MaxCountPerStepToolRule": "max_count_per_step",
-    "RequiredBeforeExitToolRule": "required_before_exit",
-}
-# Each type and the fields it takes besides `type` and `tool_name`.
-RULE_FIELDS: dict[str, tuple[str, ...]] = {
-    "run_first": (),
-    "exit_loop": (),
-    "continue_loop": (),
-    "constrain_child_tools": ("children",),
-    "parent_last_tool": ("children",),
-    "conditional": ("child_output_mapping", "default_child", "require_output_mapping"),
-    "max_count_per_step": ("max_count_limit",),
-    "required_before_exit": (),
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,57 +51,21 @@ class ToolRule:
             names.append((self.default_child, f"{self.path}.default_child"))
         return names
 
-
-def parse_tool_rules(raw: Any, path: str) -> tuple[ToolRule, ...]:
-    if not isinstance(raw, list):
-        raise SpecError("must be a list of rules", param=path)
-    return tuple(_rule(entry, f"{path}[{i}]") for i, entry in enumerate(raw))
-
-
-def _rule(raw: Any, path: str) -> ToolRule:
-    if not isinstance(raw, dict):
-        raise SpecError("a rule must be an object", param=path)
-    kind = raw.get("type")
-    kind = ALIASES.get(kind, kind) if isinstance(kind, str) else kind
-    if kind not in RULE_FIELDS:
-        raise SpecError(
-            f"unknown rule type; expected one of {', '.join(RULE_FIELDS)}", param=f"{path}.type"
-        )
-    allowed = ("type", "tool_name", *RULE_FIELDS[kind])
-    for key in raw:
-        if key not in allowed:
-            raise SpecError(
-                f"unknown field for a {kind} rule; expected {', '.join(allowed)}",
-                param=f"{path}.{key}",
+    @classmethod
+    def of(cls, options: RuleOptions, path: str) -> ToolRule:
+        rule = cls(options.type, options.tool_name, path)
+        if isinstance(options, ConstrainChildTools | ParentLastTool):
+            return replace(rule, children=tuple(options.children))
+        if isinstance(options, Conditional):
+            return replace(
+                rule,
+                child_output_mapping=dict(options.child_output_mapping),
+                default_child=options.default_child,
+                require_output_mapping=options.require_output_mapping,
             )
-    rule = ToolRule(kind, text(raw.get("tool_name"), f"{path}.tool_name"), path)
-    if kind in ("constrain_child_tools", "parent_last_tool"):
-        children = raw.get("children")
-        if not isinstance(children, list) or not children:
-            raise SpecError("must be a non-empty list of tool names", param=f"{path}.children")
-        names = tuple(text(c, f"{path}.children[{i}]") for i, c in enumerate(children))
-        return replace(rule, children=names)
-    if kind == "conditional":
-        mapping = raw.get("child_output_mapping")
-        if not isinstance(mapping, dict) or not mapping:
-            raise SpecError(
-                "must be a non-empty object of output → tool name",
-                param=f"{path}.child_output_mapping",
-            )
-        checked = {str(k): text(v, f"{path}.child_output_mapping.{k}") for k, v in mapping.items()}
-        default = raw.get("default_child")
-        return replace(
-            rule,
-            child_output_mapping=checked,
-            default_child=None if default is None else text(default, f"{path}.default_child"),
-            require_output_mapping=boolean(
-                raw.get("require_output_mapping", False), f"{path}.require_output_mapping"
-            ),
-        )
-    if kind == "max_count_per_step":
-        limit = int_at_least(raw.get("max_count_limit"), f"{path}.max_count_limit")
-        return replace(rule, max_count_limit=limit)
-    return rule
+        if isinstance(options, MaxCountPerStep):
+            return replace(rule, max_count_limit=options.max_count_limit)
+        return rule
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,15 +1,15 @@
-"""Everything a request needs, wired once in the app's lifespan."""
+"""The wired services: everything a request needs, built once in the app's lifespan."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import httpx
 
 from proxy.api.auth import KeyRing
-from proxy.api.resolve import Resolver
+from proxy.api.planning import Planner
 from proxy.conditions import ConfiguredChecks
 from proxy.config import Config
 from proxy.engine.ports import RunObserver
@@ -21,40 +21,44 @@ from proxy.upstream.client import AttemptHook, HeadersHook, Upstream
 
 
 @dataclass(slots=True)
-class Gateway:
+class Services:
     config: Config
     client: httpx.AsyncClient
     upstreams: dict[str, Upstream]
     registry: ToolRegistry
-    resolver: Resolver
+    planner: Planner
     prices: PriceTable
     checks: ConfiguredChecks
     keys: KeyRing
     store: StateStore
     observers: Sequence[RunObserver] = field(default_factory=list)
+    # The observers of runs started by a route, where they differ (the route's own metrics).
+    route_observers: Mapping[str, Sequence[RunObserver]] = field(default_factory=dict)
 
-    def deps(self, upstream: str, authorization: str | None) -> Deps:
-        """What a run on `upstream` needs; the caller's key goes upstream only when allowed."""
+    def deps(self, upstream: str, bearer: str | None, route: str) -> Deps:
+        """What a run on `upstream` needs. The client's bearer token goes upstream only where
+        the config forwards it, which it may not while the proxy has keys of its own."""
         model = self.upstreams[upstream]
-        if self.config.upstreams[upstream].forward_client_key:
-            model = model.with_key((authorization or "")[7:].strip() or None)
-        return Deps(
-            model, self.registry, self.prices, self.observers, self.checks, threads=self.store
-        )
+        if self.config.upstreams[upstream].forward_client_key and not self.keys.enabled:
+            model = model.with_key(bearer)
+        observers = self.route_observers.get(route, self.observers)
+        return Deps(model, self.registry, self.prices, observers, self.checks, threads=self.store)
 
 
-def build_gateway(
+def build_services(
     config: Config,
     client: httpx.AsyncClient,
     transport: httpx.AsyncBaseTransport,
     store: StateStore,
     observers: Sequence[RunObserver] = (),
+    route_observers: Mapping[str, Sequence[RunObserver]] | None = None,
     on_attempt: AttemptHook | None = None,
     inject_headers: HeadersHook | None = None,
     prices: PriceTable | None = None,
-) -> Gateway:
-    """Raises ValueError for anything in the config that cannot be wired. `prices` shares a
-    price table (and its cache) the caller already has."""
+) -> Services:
+    """Raises ConfigError for agents whose policy does not compile, ValueError for anything
+    else that cannot be wired. `prices` shares a price table (and its cache) the caller
+    already has."""
     upstreams = {
         name: Upstream(
             name=name,
@@ -72,15 +76,16 @@ def build_gateway(
     registry = build_registry(config, client)
     prices = prices or PriceTable(config.pricing)
     specs = {name: tool.spec for name, tool in registry.tools.items()}
-    return Gateway(
+    return Services(
         config=config,
         client=client,
         upstreams=upstreams,
         registry=registry,
-        resolver=Resolver(config, specs, prices),
+        planner=Planner(config, specs, prices),
         prices=prices,
         checks=ConfiguredChecks(config.conditions, client),
         keys=KeyRing(config.auth),
         store=store,
         observers=list(observers),
+        route_observers=dict(route_observers or {}),
     )

@@ -1,0 +1,144 @@
+"""Raw ASGI: reading bodies, sending JSON and OpenAI-shaped errors with no per-call overhead,
+and the boundary that renders every error of every route."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import orjson
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from proxy.errors import BodyTooLarge, ClientDisconnected, InternalError, ProxyError
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+JSON = b"application/json"
+
+
+def header_list(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
+    return [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+
+
+async def send_json(
+    send: Send, status: int, body: Any, headers: dict[str, str] | None = None
+) -> None:
+    content = orjson.dumps(body)
+    await send_bytes(send, status, content, JSON, headers)
+
+
+async def send_bytes(
+    send: Send,
+    status: int,
+    content: bytes,
+    content_type: bytes,
+    headers: dict[str, str] | None = None,
+) -> None:
+    raw = [(b"content-type", content_type), (b"content-length", str(len(content)).encode())]
+    if headers:
+        raw.extend(header_list(headers))
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": content})
+
+
+async def send_error(
+    send: Send,
+    error: ProxyError,
+    headers: dict[str, str] | None = None,
+    extra: dict[str, Any] | None = None,
+) -> None:
+    body = error.body()
+    if extra:
+        body.update(extra)
+    await send_json(send, error.status, body, headers)
+
+
+async def read_body(receive: Receive, scope: Scope, limit: int) -> bytes:
+    for name, value in scope["headers"]:
+        if name == b"content-length" and value.isdigit() and int(value) > limit:
+            raise BodyTooLarge(f"the body is larger than {limit} bytes")
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnected("client went away before sending its body")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge(f"the body is larger than {limit} bytes")
+        chunks.append(chunk)
+        if not message.get("more_body"):
+            return b"".join(chunks)
+
+
+def header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope["headers"]:
+        if key == name:
+            return str(value.decode("latin-1"))
+    return None
+
+
+async def until_disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def run_or_cancel(run: Callable[[], Awaitable[T]], receive: Receive) -> T | None:
+    """Runs to the end, or cancels the run when the client goes away (returns None)."""
+    task = asyncio.ensure_future(run())
+    watcher = asyncio.ensure_future(until_disconnect(receive))
+    try:
+        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    return None
+
+
+def bearer_token(scope: Scope) -> str | None:
+    """The token of the request's `Authorization: Bearer …` header, parsed once per request."""
+    value = header(scope, b"authorization")
+    if value is None or not value.lower().startswith("bearer "):
+        return None
+    return value[7:].strip() or None
+
+
+class ErrorBoundary:
+    """Every error a route raises or lets escape becomes an OpenAI-shaped response: a
+    `ProxyError` as itself, anything else as a logged 500 `internal_error`. Once a response
+    has started, nothing more can be said and the error is only logged."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except ClientDisconnected:
+            return
+        except ProxyError as exc:
+            if not started:
+                await send_error(send, exc)
+        except Exception:
+            log.exception("%s %s failed", scope.get("method"), scope.get("path"))
+            if not started:
+                await send_error(send, InternalError())

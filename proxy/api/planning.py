@@ -1,0 +1,134 @@
+"""Planning a run: which agent and upstream, which tools, and the policy (SPEC §4.1).
+
+Agents' policies are compiled once, here, at start-up (and by `loopwarden check`); a request
+only compiles its own `loop` and tightens the agent's policy with it.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from proxy.api.auth import Caller, KeyRing
+from proxy.api.run_request import RunRequest
+from proxy.config import Config, ConfigError
+from proxy.engine.policy import (
+    EMPTY,
+    Catalog,
+    LoopPolicy,
+    check_references,
+    compile_policy,
+    tighten,
+)
+from proxy.engine.ports import PriceBook
+from proxy.engine.run import RunSpec
+from proxy.engine.values import ToolSpec
+from proxy.errors import InvalidRequest, PolicyInvalid
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    upstream: str
+    model: str
+
+
+@dataclass(slots=True)
+class Plan:
+    spec: RunSpec
+    upstream: str
+    agent: str | None
+
+
+def new_run_id() -> str:
+    return f"run_{secrets.token_hex(12)}"
+
+
+class Planner:
+    """Raises ConfigError, with every problem, for agents whose policy does not compile."""
+
+    def __init__(self, config: Config, tools: Mapping[str, ToolSpec], prices: PriceBook) -> None:
+        self.config = config
+        self.prices = prices
+        self.catalog = Catalog(tools, {name: cond.kind for name, cond in config.conditions.items()})
+        self.agents: dict[str, LoopPolicy] = {}
+        problems: list[tuple[str, str]] = []
+        for name, agent in config.agents.items():
+            target = self.target(agent.model)
+            try:
+                policy = compile_policy(agent, agent.tools, self.catalog)
+                check_references(policy, (), target.model, self._priced(target))
+            except PolicyInvalid as exc:
+                problems.extend((f"agents.{name}.{path}", msg) for path, msg in exc.problems)
+                continue
+            self.agents[name] = policy
+        if problems:
+            raise ConfigError(problems)
+
+    def target(self, model: str) -> Target:
+        alias = self.config.models.get(model)
+        if alias is not None:
+            return Target(alias.upstream or self.config.default_upstream, alias.model)
+        return Target(self.config.default_upstream, model)
+
+    def _priced(self, target: Target) -> Callable[[], bool]:
+        def priced() -> bool:
+            if self.config.upstreams[target.upstream].reports_cost:
+                return True
+            return self.prices.prices(target.model) is not None
+
+        return priced
+
+    def agent_name(self, req: RunRequest) -> str | None:
+        if req.loop.agent is not None:
+            if req.loop.agent not in self.config.agents:
+                raise InvalidRequest(f"no agent named {req.loop.agent!r}", param="loop.agent")
+            return req.loop.agent
+        return req.model if req.model in self.config.agents else None
+
+    def plan(self, req: RunRequest, caller: Caller | None) -> Plan:
+        """The run `req` asks for; a key that may not use its agent is refused first (403)."""
+        name = self.agent_name(req)
+        KeyRing.check(caller, name or req.model)
+        agent = self.config.agents[name] if name else None
+        target = self.target(agent.model if agent else req.model)
+        policy = self.agents[name] if name else EMPTY
+        client_names = [t["function"]["name"] for t in req.client_tools]
+        if req.has_loop:
+            try:
+                own = compile_policy(req.loop, req.loop.tools, self.catalog, "loop.")
+                policy = tighten(policy, own)
+                check_references(policy, client_names, target.model, self._priced(target))
+            except PolicyInvalid as exc:
+                raise PolicyInvalid(
+                    [(_param(path), msg) for path, msg in exc.problems], code=exc.code
+                ) from None
+        for i, client in enumerate(client_names):
+            if client in policy.tools:
+                raise InvalidRequest(
+                    f"tool {client!r} clashes with a server tool",
+                    param=f"tools[{i}].function.name",
+                )
+        if policy.tools and req.params.get("n", 1) != 1:
+            raise InvalidRequest("n must be 1 when the server runs tools", param="n")
+        spec = RunSpec(
+            run_id=new_run_id(),
+            model=target.model,
+            messages=req.messages,
+            policy=policy,
+            agent=name,
+            system_prompt=agent.system_prompt if agent else None,
+            client_tools=req.client_tools,
+            client_tool_choice=req.tool_choice,
+            max_completion_tokens=req.max_completion_tokens,
+            params=req.params,
+            thread_id=req.thread_id,
+        )
+        return Plan(spec, target.upstream, name)
+
+
+def _param(path: str) -> str:
+    """A path in the agent's own policy is reported under `agent.`; the request's under `loop.`."""
+    if path.startswith("loop.") or path == "model":
+        return path
+    return f"agent.{path}"

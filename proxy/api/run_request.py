@@ -1,0 +1,49 @@
+"""What every endpoint's parser produces: one run to plan, whatever the wire format."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import StrictBool, ValidationError
+
+from proxy.engine.options import Name, PolicyOptions, problems
+from proxy.errors import InvalidRequest, PolicyInvalid
+
+
+class LoopOptions(PolicyOptions):
+    """A request's `loop` object (SPEC §4.1): policy options plus what only a request sets."""
+
+    agent: Name | None = None
+    tools: list[Name] = []
+    thread_id: Name | None = None
+    include_messages: StrictBool = False
+    include_loop_events: StrictBool = False
+
+
+NO_LOOP = LoopOptions()
+
+
+def parse_loop(value: Any, path: str = "loop") -> LoopOptions:
+    """Raises InvalidRequest naming the first bad field (`loop.stop_when[0].max_cost`)."""
+    if not isinstance(value, dict):
+        raise InvalidRequest("must be an object", param=path)
+    try:
+        return LoopOptions.model_validate(value)
+    except ValidationError as exc:
+        raise PolicyInvalid(problems(exc, path)) from None
+
+
+@dataclass(slots=True)
+class RunRequest:
+    """An endpoint-neutral run: the conversation, the client's tools and fields, and `loop`."""
+
+    model: str
+    messages: list[dict[str, Any]]
+    loop: LoopOptions = NO_LOOP
+    has_loop: bool = False
+    client_tools: list[dict[str, Any]] = field(default_factory=list)
+    tool_choice: Any = None
+    max_completion_tokens: int | None = None
+    params: dict[str, Any] = field(default_factory=dict)  # passed to the upstream as they are
+    thread_id: str | None = None  # from `loop.thread_id`, or the endpoint's own source

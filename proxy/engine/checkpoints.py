@@ -1,0 +1,71 @@
+"""How the answers of a run's policies combine at each checkpoint of the loop.
+
+- Every policy hears what happened (`after_reply`, `after_tool`): each may keep state.
+- Where policies answer, the first answer wins, in the order of `LoopPolicy.build`.
+- Planning has two phases: policies shape the step (`before_step`), then, with the plan final,
+  they size it (`size_step`: budgets cap the tokens of what will actually be sent).
+- Reviewing a call has two phases: every policy may block it (`review_call`); only when none
+  did, a policy may reserve shared counters (`reserve`), so no reservation is taken for a call
+  that another policy then blocks. At most one policy reserves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from proxy.engine.policies.base import Block, Nudge, Policy, StepPlan
+from proxy.engine.state import RunState
+from proxy.engine.stop import Stop
+from proxy.engine.values import ModelReply, ToolCall, ToolResult
+
+
+class Checkpoints:
+    def __init__(self, policies: Sequence[Policy]) -> None:
+        self.policies = tuple(policies)
+
+    def before_step(self, run: RunState, plan: StepPlan) -> Stop | None:
+        for policy in self.policies:
+            stop = policy.before_step(run, plan)
+            if stop is not None:
+                return stop
+        for policy in self.policies:
+            stop = policy.size_step(run, plan)
+            if stop is not None:
+                return stop
+        return None
+
+    def after_reply(self, run: RunState, plan: StepPlan, reply: ModelReply) -> Stop | None:
+        stops = [policy.after_reply(run, plan, reply) for policy in self.policies]
+        return next((stop for stop in stops if stop is not None), None)
+
+    async def review(self, run: RunState, call: ToolCall) -> Block | None:
+        """None: the call is admitted and will be executed."""
+        for policy in self.policies:
+            block = await policy.review_call(run, call)
+            if block is not None:
+                return block
+        for policy in self.policies:
+            block = await policy.reserve(run, call)
+            if block is not None:
+                return block
+        for policy in self.policies:
+            policy.admit(run, call)
+        return None
+
+    def after_tool(self, run: RunState, call: ToolCall, result: ToolResult) -> Stop | None:
+        stops = [policy.after_tool(run, call, result) for policy in self.policies]
+        return next((stop for stop in stops if stop is not None), None)
+
+    def after_reply_without_tools(self, run: RunState, reply: ModelReply) -> Nudge | Stop | None:
+        for policy in self.policies:
+            verdict = policy.after_reply_without_tools(run, reply)
+            if verdict is not None:
+                return verdict
+        return None
+
+    async def after_step(self, run: RunState) -> Stop | None:
+        for policy in self.policies:
+            stop = await policy.after_step(run)
+            if stop is not None:
+                return stop
+        return None

@@ -1,0 +1,89 @@
+"""The message a run ends with (SPEC §5.3, §6.3), decided in one place for every stop."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from proxy.engine.state import RunState
+from proxy.engine.stop import FINISH_REASONS, LIMIT_STOPS, Stop, StopReason
+from proxy.engine.values import ModelReply
+
+FINAL_ANSWER_DIRECTIVE = (
+    "You cannot call tools any more. Answer the user now, from what is known so far."
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Ending:
+    stop: Stop
+    message: dict[str, Any]
+    finish_reason: str | None
+
+
+def stated_stop(stop: Stop) -> str:
+    """One sentence that states a limit stop, for a run that has no text to give."""
+    details = stop.details
+    threshold = details.get("threshold")
+    reason = stop.reason
+    if reason is StopReason.MAX_STEPS:
+        return f"Stopped: the run reached its step limit ({threshold} steps)."
+    if reason is StopReason.TOKEN_BUDGET:
+        return f"Stopped: the run reached its token budget ({threshold} tokens)."
+    if reason is StopReason.COST_BUDGET:
+        return f"Stopped: the run reached its cost budget ({threshold} USD)."
+    if reason is StopReason.TIME_BUDGET:
+        return f"Stopped: the run reached its time budget ({threshold} s)."
+    if reason is StopReason.TOOL_CALLED:
+        called = ", ".join(details.get("observed") or ())
+        return f"Stopped: the run called {called}."
+    if reason is StopReason.TOOL_CALL_LIMIT:
+        return str(details.get("message") or "Stopped: a tool call limit was reached.")
+    return f"Stopped: the stop condition {details.get('condition')} held."
+
+
+def without_tool_calls(message: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in message.items() if k != "tool_calls"}
+
+
+async def final_message(
+    run: RunState,
+    stop: Stop,
+    decided: dict[str, Any] | None,
+    last_reply: ModelReply | None,
+    *,
+    final_answer: Callable[[], Awaitable[ModelReply]] | None,
+    say: Callable[[str], Awaitable[None]],
+) -> Ending:
+    """The run's last message for `stop`.
+
+    `decided` is the message a step already chose (client calls, a terminal tool's output);
+    `final_answer`, when the policy asks for one, makes the last tool-free call; `say` streams
+    text the client has not seen yet."""
+    if stop.is_failure:
+        return Ending(stop, {"role": "assistant", "content": None}, None)
+    if stop.reason is StopReason.CLIENT_TOOL_CALL and decided is not None:
+        return Ending(stop, decided, FINISH_REASONS[stop.reason])
+    if stop.reason is StopReason.TERMINAL_TOOL and decided is not None:
+        await say(decided["content"])
+        run.generated.append(decided)
+        return Ending(stop, decided, FINISH_REASONS[stop.reason])
+    if stop.reason in LIMIT_STOPS:
+        if final_answer is not None:
+            run.append({"role": "system", "content": FINAL_ANSWER_DIRECTIVE})
+            reply = await final_answer()
+            message = without_tool_calls(reply.message)
+            run.append(message)
+            stop = replace(stop, details={**stop.details, "final_answer": True})
+            return Ending(stop, message, FINISH_REASONS[stop.reason])
+        text = run.text
+        if stop.reason is StopReason.TOOL_CALL_LIMIT or not text:
+            text = stated_stop(stop)  # a 200 reply is never empty
+            await say(text)
+            run.generated.append({"role": "assistant", "content": text})
+        return Ending(stop, {"role": "assistant", "content": text}, FINISH_REASONS[stop.reason])
+    message = dict(last_reply.message) if last_reply is not None else {"role": "assistant"}
+    message["content"] = run.text or message.get("content")
+    finish = FINISH_REASONS.get(stop.reason) or (last_reply.finish_reason if last_reply else None)
+    return Ending(stop, message, finish)

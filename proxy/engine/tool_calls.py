@@ -1,0 +1,159 @@
+"""Executing the tool calls of one reply (SPEC §5.1 steps 4 to 6): split server from client calls,
+review each in order, run the admitted ones (in parallel batches when asked), and cut the reply
+at the first terminal tool that succeeds."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Collection, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from proxy.engine import events as ev
+from proxy.engine.checkpoints import Checkpoints
+from proxy.engine.policies.base import Block
+from proxy.engine.ports import ToolExecutor
+from proxy.engine.state import RunState
+from proxy.engine.stop import Stop, StopReason
+from proxy.engine.values import ModelReply, ToolCall, ToolContext, ToolResult, ToolSpec
+
+log = logging.getLogger(__name__)
+
+NOT_EXECUTED = "Not executed: the run has stopped."
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """A reply's calls ended the run; `message` is the run's last message when they decided
+    it (the client calls, or a terminal tool's output)."""
+
+    stop: Stop
+    message: dict[str, Any] | None = None
+
+
+class ReplyCalls:
+    def __init__(
+        self,
+        tools: ToolExecutor,
+        checkpoints: Checkpoints,
+        server: Mapping[str, ToolSpec],
+        client: Collection[str],
+        terminal: Collection[str],
+        parallel: bool,
+        clock: Callable[[], float],
+        emit: Callable[[ev.RunEvent], Awaitable[None]],
+    ) -> None:
+        self.tools = tools
+        self.checkpoints = checkpoints
+        self.server = server
+        self.client = client
+        self.terminal = terminal
+        self.parallel = parallel
+        self.clock = clock
+        self.emit = emit
+
+    def is_client_call(self, call: ToolCall) -> bool:
+        """A call the client runs: one of its tools, or any call when the server has none. A
+        call to a tool neither has is the server's, and gets an error result."""
+        if call.name in self.server:
+            return False
+        return call.name in self.client or not self.server
+
+    async def execute(self, run: RunState, reply: ModelReply) -> Outcome | None:
+        """Runs the server calls of `reply`; None when the loop goes on."""
+        server = [c for c in reply.tool_calls if not self.is_client_call(c)]
+        client = [c for c in reply.tool_calls if self.is_client_call(c)]
+        outputs: dict[str, str] = {}
+        batch: list[ToolCall] = []
+        stop: Stop | None = None
+
+        async def flush() -> None:
+            nonlocal stop
+            results = await asyncio.gather(*(self._run(run, c) for c in batch))
+            for call, result in zip(batch, results, strict=True):
+                outputs[call.id] = tool_content(result)
+                held = self.checkpoints.after_tool(run, call, result)
+                stop = stop or held
+            batch.clear()
+
+        for index, call in enumerate(server):
+            if stop is not None:  # an earlier call of this reply ended the run
+                outputs[call.id] = error_content(NOT_EXECUTED)
+                continue
+            block = await self._review(run, call)
+            if block is not None:
+                outputs[call.id] = error_content(block.message)
+                await self.emit(
+                    ev.CallBlocked(run.run_id, run.step_count, call, block.outcome, block.message)
+                )
+                stop = block.stop
+                continue
+            if self.parallel and call.name not in self.terminal:
+                batch.append(call)
+                continue
+            await flush()
+            result = await self._run(run, call)
+            outputs[call.id] = tool_content(result)
+            held = self.checkpoints.after_tool(run, call, result)
+            stop = stop or held
+            if stop is not None and stop.reason is StopReason.TERMINAL_TOOL:
+                server = server[: index + 1]
+                client = []  # the later calls of this reply are dropped, client ones too
+                break
+        await flush()
+
+        if server:
+            message = dict(reply.message)
+            message["tool_calls"] = [c.to_openai() for c in server]
+            run.append(message)
+            for call in server:
+                run.append({"role": "tool", "tool_call_id": call.id, "content": outputs[call.id]})
+        if stop is not None and stop.reason is StopReason.TERMINAL_TOOL:
+            return Outcome(stop, {"role": "assistant", "content": run.messages[-1]["content"]})
+        if stop is not None:
+            return Outcome(stop)
+        if client:
+            message = dict(reply.message)
+            if server:
+                message["content"] = None
+            message["tool_calls"] = [c.to_openai() for c in client]
+            run.generated.append(message)
+            return Outcome(Stop(StopReason.CLIENT_TOOL_CALL), message)
+        return None
+
+    async def _review(self, run: RunState, call: ToolCall) -> Block | None:
+        if call.name not in self.server:
+            allowed = ", ".join(sorted(self.server))
+            return Block(f"Unknown tool '{call.name}'. Tools: {allowed}.", outcome="error")
+        return await self.checkpoints.review(run, call)
+
+    async def _run(self, run: RunState, call: ToolCall) -> ToolResult:
+        await self.emit(ev.ToolStarted(run.run_id, run.step_count, call))
+        started = self.clock()
+        try:
+            result = await self.tools.execute(
+                call, ToolContext(run.run_id, run.thread_id, run.step_count, call.id)
+            )
+        except Exception as exc:  # an executor bug is still only a tool error for the model
+            log.exception("tool %s raised", call.name)
+            result = ToolResult(f"tool failed: {type(exc).__name__}", "error")
+        elapsed = self.clock() - started
+        run.tool_calls += 1
+        run.tools_ran = True
+        run.tools_s += elapsed
+        run.steps[-1].tool_results.append(
+            {"name": call.name, "output": result.output, "is_error": result.is_error}
+        )
+        await self.emit(ev.ToolExecuted(run.run_id, run.step_count, call, result, elapsed))
+        return result
+
+
+def error_content(message: str) -> str:
+    return orjson.dumps({"error": message}).decode()
+
+
+def tool_content(result: ToolResult) -> str:
+    return error_content(result.output) if result.is_error else result.output

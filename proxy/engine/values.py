@@ -1,0 +1,97 @@
+"""The values that cross the engine's boundary: model calls and replies, tool calls and results."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from proxy.engine.usage import Usage
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str  # JSON text, as the model produced it
+
+    def to_openai(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
+
+
+@dataclass(slots=True)
+class ModelRequest:
+    """One upstream call. `params` are the client's other Chat Completions fields."""
+
+    model: str
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]]
+    tool_choice: Any = None
+    max_completion_tokens: int | None = None
+    stream: bool = False
+    params: dict[str, Any] = field(default_factory=dict)
+    step: int = 0
+
+
+@dataclass(slots=True)
+class ModelReply:
+    message: dict[str, Any]  # the assistant message, OpenAI shape
+    tool_calls: list[ToolCall]
+    finish_reason: str | None
+    usage: Usage
+    reported_cost_usd: float | None = None
+    response_id: str | None = None
+    response_model: str | None = None
+    # The upstream body (JSON mode) for relaying fields the proxy does not own.
+    raw: dict[str, Any] | None = None
+    first_chunk_s: float | None = None  # streaming: time from the request to the first chunk
+
+    @property
+    def text(self) -> str:
+        content = self.message.get("content")
+        return content if isinstance(content, str) else ""
+
+
+DeltaSink = Callable[[str], Awaitable[None]]
+
+Outcome = Literal["ok", "error", "timeout"]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolResult:
+    output: str
+    outcome: Outcome = "ok"
+
+    @property
+    def is_error(self) -> bool:
+        return self.outcome != "ok"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolContext:
+    run_id: str
+    thread_id: str | None
+    step: int
+    call_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    """A server tool as the engine sees it."""
+
+    name: str
+    definition: dict[str, Any]  # OpenAI `tools[]` entry
+    terminal: bool = False
+    id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Prices:
+    """USD per token."""
+
+    input: float
+    output: float
