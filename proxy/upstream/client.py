@@ -1,4 +1,5 @@
-"""An OpenAI-compatible upstream as the engine's `ChatModel`: JSON or SSE, with retries."""
+"""An OpenAI-compatible upstream as the engine's `ChatModel`: JSON or SSE, with retries; its
+model list; and the one-attempt `send` that the relay shares."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import asyncio
 import contextlib
 import random
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -20,6 +21,8 @@ from proxy.upstream.sse import SSEDecoder
 
 RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 MAX_RETRY_AFTER_S = 30.0
+# `GET /models` is asked while a client waits for its model list.
+MODELS_TIMEOUT = httpx.Timeout(5.0).as_dict()
 # Client fields that only make sense when tools are offered.
 TOOL_FIELDS = ("tool_choice", "parallel_tool_calls")
 
@@ -81,8 +84,12 @@ class Upstream:
             body.pop("stream_options", None)
         return body
 
-    def _headers(self) -> dict[str, str]:
-        headers = {"content-type": "application/json", "accept-encoding": "identity"}
+    def request_headers(self, content_type: str | None = "application/json") -> dict[str, str]:
+        """The headers every request to this upstream carries: `content_type` when given, an
+        unencoded body asked for, this upstream's key, and the trace context when the hook is set.
+        """
+        headers = {"content-type": content_type} if content_type else {}
+        headers["accept-encoding"] = "identity"
         if self.api_key:
             headers["authorization"] = f"Bearer {self.api_key}"
         if self.inject_headers is not None:
@@ -103,45 +110,96 @@ class Upstream:
                 attempt += 1
                 await asyncio.sleep(retry.delay_s(attempt, self.retry_base_s))
 
-    async def _send(self, content: bytes) -> httpx.Response:
+    async def send(
+        self,
+        method: str,
+        url: httpx.URL,
+        headers: httpx.Headers | Mapping[str, str] | Sequence[tuple[bytes, bytes]],
+        content: bytes | AsyncIterable[bytes] | None = None,
+        *,
+        timeouts: dict[str, float | None] | None = None,
+        caller_error: Callable[[], BaseException | None] | None = None,
+    ) -> httpx.Response:
+        """One attempt, never retried, counted through `on_attempt` by its outcome. Returns the
+        response whatever its status, its body unread: the caller closes it. `timeouts` (httpx's
+        extension dict) replace this upstream's.
+
+        Raises UpstreamUnavailable when the connection failed or timed out connecting, and
+        UpstreamTimeout when the response did not start in time. `caller_error` gives what the
+        caller's `content` stream raised, if anything: the transport reports that as a connection
+        failure, but the upstream is not at fault, so it is raised as it is and not counted.
+        """
         request = httpx.Request(
-            "POST",
-            self._url,
+            method,
+            url,
             content=content,
-            headers=self._headers(),
-            extensions={"timeout": self._timeout},
+            headers=headers,
+            extensions={"timeout": self._timeout if timeouts is None else timeouts},
         )
         try:
             response = await self.transport.handle_async_request(request)
-        except httpx.TimeoutException as exc:
-            self._count("timeout")
-            if isinstance(exc, httpx.ConnectTimeout):
-                raise _Retry(UpstreamUnavailable(f"upstream {self.name} unreachable")) from None
-            raise UpstreamTimeout(f"upstream {self.name} timed out") from None
         except httpx.HTTPError as exc:
+            failed = caller_error() if caller_error is not None else None
+            if failed is not None:
+                raise failed from None
+            if isinstance(exc, httpx.TimeoutException):
+                self._count("timeout")
+                if isinstance(exc, httpx.ConnectTimeout):
+                    raise UpstreamUnavailable(f"upstream {self.name} unreachable") from None
+                raise UpstreamTimeout(f"upstream {self.name} timed out") from None
             self._count("connect_error")
-            unreachable = UpstreamUnavailable(
+            raise UpstreamUnavailable(
                 f"upstream {self.name} unreachable: {type(exc).__name__}"
-            )
-            raise _Retry(unreachable) from None
+            ) from None
         self._count(status_class(response.status_code))
+        return response
+
+    async def _send(self, content: bytes) -> httpx.Response:
+        try:
+            response = await self.send("POST", self._url, self.request_headers(), content)
+        except UpstreamUnavailable as unreachable:
+            raise _Retry(unreachable) from None  # no answer came: worth another attempt
         if response.status_code >= 400:
-            async with self._reading(response):
-                body = await response.aread()
-            error = UpstreamStatusError(
-                response.status_code, body, response.headers.get("content-type")
-            )
+            error = await self._status_error(response)
             if response.status_code in RETRY_STATUSES:
                 raise _Retry(error, response.headers.get("retry-after"))
             raise error
         return response
 
+    async def _status_error(self, response: httpx.Response) -> UpstreamStatusError:
+        """An answer with an error status as the error that relays it; closes the response."""
+        async with self.reading(response):
+            body = await response.aread()
+        return UpstreamStatusError(response.status_code, body, response.headers.get("content-type"))
+
+    async def models(self) -> list[dict[str, Any]]:
+        """The models this upstream lists: the entries of `GET {base_url}/models`'s `data` that are
+        objects, asked with this upstream's own key, one attempt with a 5 s timeout.
+
+        Raises UpstreamUnavailable or UpstreamTimeout when the upstream cannot be reached or
+        answers with something other than a JSON object with a `data` list, and
+        UpstreamStatusError for any status but 200.
+        """
+        response = await self.send(
+            "GET",
+            httpx.URL(f"{self.base_url}/models"),
+            self.request_headers(content_type=None),
+            timeouts=MODELS_TIMEOUT,
+        )
+        if response.status_code != 200:
+            raise await self._status_error(response)
+        data = (await self._read_object(response)).get("data")
+        if not isinstance(data, list):
+            raise UpstreamUnavailable(f"upstream {self.name} sent a model list without `data`")
+        return [entry for entry in data if isinstance(entry, dict)]
+
     async def _json(self, content: bytes) -> ModelReply:
         return await self._read_json(await self._send(content))
 
     @contextlib.asynccontextmanager
-    async def _reading(self, response: httpx.Response) -> AsyncIterator[None]:
-        """Maps failures while reading a response body; closes the response."""
+    async def reading(self, response: httpx.Response) -> AsyncIterator[None]:
+        """Reads of `response`'s body inside fail as UpstreamTimeout or UpstreamUnavailable;
+        closes the response at the end."""
         try:
             yield
         except httpx.TimeoutException:
@@ -154,7 +212,10 @@ class Upstream:
             await response.aclose()
 
     async def _read_json(self, response: httpx.Response) -> ModelReply:
-        async with self._reading(response):
+        return reply_from_body(await self._read_object(response))
+
+    async def _read_object(self, response: httpx.Response) -> dict[str, Any]:
+        async with self.reading(response):
             raw = await response.aread()
         try:
             body = orjson.loads(raw)
@@ -164,7 +225,7 @@ class Upstream:
             ) from None
         if not isinstance(body, dict):
             raise UpstreamUnavailable(f"upstream {self.name} sent an unexpected body")
-        return reply_from_body(body)
+        return body
 
     async def _stream(self, content: bytes, on_delta: DeltaSink | None) -> ModelReply:
         started = time.monotonic()
@@ -179,7 +240,7 @@ class Upstream:
             return reply
         acc = ChunkAccumulator()
         decoder = SSEDecoder()
-        async with self._reading(response):
+        async with self.reading(response):
             async for raw in response.aiter_raw():
                 if first_chunk_s is None:
                     first_chunk_s = time.monotonic() - started

@@ -1,0 +1,245 @@
+"""Relaying a request the proxy does not implement to an upstream as it is, and its answer back
+(SPEC §4: any other `/v1/...`: embeddings, completions, moderations, audio, ...).
+
+Knows nothing of the web framework: the caller gives the method, the raw path and query, the
+client's header list and its body as an async iterator of bytes, and gets the upstream's status,
+header list and body chunks. Both bodies are streamed: each chunk goes on as it arrives. A
+relayed request is sent once: it may not be idempotent.
+
+Which upstream gets a request is the caller's choice; `sniff_model` reads the `model` of a JSON
+body for it, which means reading a body of up to MODEL_SNIFF_LIMIT bytes before sending it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Iterable, Sequence
+from dataclasses import dataclass
+from urllib.parse import unquote
+
+import httpx
+import orjson
+
+from proxy.upstream.client import Upstream
+
+# A JSON body up to this size is read whole to find its model; a larger one is not parsed.
+MODEL_SNIFF_LIMIT = 1 << 20
+
+# RFC 9110 §7.6.1: headers for one connection only, as is every `proxy-*` header and every header
+# a `connection` header names.
+HOP_BY_HOP = frozenset(
+    {b"connection", b"keep-alive", b"transfer-encoding", b"te", b"trailer", b"upgrade"}
+)
+NOT_FORWARDED = frozenset(
+    {
+        b"host",  # the upstream's, from the URL
+        b"content-length",  # the body is streamed: chunked, or none
+        b"authorization",  # the proxy's own key: the upstream's is sent instead
+        b"traceparent",  # the proxy's own trace context replaces the client's
+        b"tracestate",
+        b"expect",  # a `100-continue` was answered by the server that read the client's body
+    }
+)
+# The server that serves the proxy adds its own (uvicorn does, whatever the app sends).
+NOT_RETURNED = frozenset({b"date", b"server"})
+
+
+@dataclass(frozen=True, slots=True)
+class Relayed:
+    """The upstream's answer: send `status` and `headers` on as they are, then each chunk of
+    `body` as it comes. `body` is the raw body, as the upstream encoded it; reading it raises
+    UpstreamTimeout or UpstreamUnavailable when the upstream stalls or fails midway."""
+
+    status: int
+    headers: list[tuple[bytes, bytes]]
+    body: AsyncIterator[bytes]
+
+
+def upstream_url(base_url: str, path: str, query: str = "") -> httpx.URL:
+    """`base_url` plus what follows `/v1` in `path`: `/v1/embeddings` is
+    `{base_url}/embeddings`. `path` is the raw request path (ASGI `raw_path`, still
+    percent-encoded, so an encoded `/` inside an id stays one) and `query` the raw query string;
+    both go on unchanged.
+
+    Raises ValueError for a path outside `/v1/` or with a `.` or `..` segment, encoded or not:
+    the upstream's key must not reach other paths of its host.
+    """
+    if not path.startswith("/v1/"):
+        raise ValueError(f"not a /v1/ path: {path!r}")
+    if any(unquote(segment) in (".", "..") for segment in path.split("/")):
+        raise ValueError(f"a path with a dot segment: {path!r}")
+    target = f"{base_url.rstrip('/')}{path[3:]}"
+    return httpx.URL(f"{target}?{query}" if query else target)
+
+
+def forwarded_headers(
+    client: Iterable[tuple[bytes, bytes]], upstream: Upstream
+) -> list[tuple[bytes, bytes]]:
+    """The client's headers as they go to `upstream`: without the hop-by-hop ones and those in
+    NOT_FORWARDED, and with the upstream's own (its key, `accept-encoding: identity`, the trace
+    context when the hook is set) replacing any of the same name. `client` names are lowercase,
+    as ASGI gives them."""
+    headers = httpx.Headers(_end_to_end(client, NOT_FORWARDED))
+    headers.update(upstream.request_headers(content_type=None))
+    return headers.raw
+
+
+def returned_headers(upstream: Sequence[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """The upstream's response headers as they go to the client, names lowercased: without the
+    hop-by-hop ones, `date` and `server`. `content-encoding` and `content-length` stay true,
+    since the body goes on as the raw bytes that came, except a `content-length` that came with
+    a `transfer-encoding`, which it does not describe."""
+    lowered = [(k.lower(), v) for k, v in upstream]
+    dropped = NOT_RETURNED
+    if any(k == b"transfer-encoding" for k, _ in lowered):
+        dropped |= {b"content-length"}
+    return _end_to_end(lowered, dropped)
+
+
+def json_model(content_type: str | None, body: bytes, limit: int = MODEL_SNIFF_LIMIT) -> str | None:
+    """The top-level string `model` of a JSON object, given the whole body. None when the content
+    type is not JSON (a multipart audio upload: it goes to the default upstream), the body is
+    over `limit` bytes (not parsed), not JSON or not an object, or its `model` is not a string.
+    """
+    if not _is_json(content_type) or len(body) > limit:
+        return None
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    model = parsed.get("model") if isinstance(parsed, dict) else None
+    return model if isinstance(model, str) else None
+
+
+async def sniff_model(
+    headers: Iterable[tuple[bytes, bytes]],
+    body: AsyncIterable[bytes],
+    limit: int = MODEL_SNIFF_LIMIT,
+) -> tuple[str | None, AsyncIterator[bytes]]:
+    """The model a request names (see `json_model`), and its body to relay: the bytes read to
+    find it, then the rest, unread. Only a JSON body whose `content-length`, if given, is at most
+    `limit` is read, and only until more than `limit` bytes came; any other body is left as
+    it is.
+
+    A JSON body over `limit` bytes goes to the default upstream, whatever model it names.
+    """
+    chunks = aiter(body)
+    content_type = content_length = None
+    for name, value in headers:
+        if name == b"content-type":
+            content_type = value.decode("latin-1")
+        elif name == b"content-length" and value.isdigit():
+            content_length = int(value)
+    if not _is_json(content_type) or (content_length is not None and content_length > limit):
+        return None, chunks
+    read: list[bytes] = []
+    size = 0
+    async for chunk in chunks:
+        read.append(chunk)
+        size += len(chunk)
+        if size > limit:
+            break
+    head = b"".join(read)
+    return json_model(content_type, head, limit), _prepend(head, chunks)
+
+
+@contextlib.asynccontextmanager
+async def relay(
+    upstream: Upstream,
+    method: str,
+    path: str,
+    *,
+    query: str = "",
+    headers: Iterable[tuple[bytes, bytes]] = (),
+    body: AsyncIterable[bytes] | None = None,
+) -> AsyncIterator[Relayed]:
+    """Sends the client's request to `upstream` once and gives its answer, whatever the status,
+    for the block; the upstream response is closed when the block ends. `path` and `query` are
+    as `upstream_url` takes them, `headers` (the client's) as `forwarded_headers` does. `body`
+    is streamed as it is read; one that ends without a byte is sent as no body.
+
+    Raises ValueError for a path `upstream_url` refuses; UpstreamUnavailable or UpstreamTimeout
+    when no answer started (counted through `on_attempt`, like every attempt); and whatever
+    `body` raised (a client that left) as it is, not counted, when the client's body failed.
+    """
+    url = upstream_url(upstream.base_url, path, query)
+    sent = await _CallerBody.of(body) if body is not None else None
+    response = await upstream.send(
+        method,
+        url,
+        forwarded_headers(headers, upstream),
+        sent,
+        caller_error=sent.failure if sent is not None else None,
+    )
+    chunks = _chunks(upstream, response)
+    try:
+        yield Relayed(response.status_code, returned_headers(response.headers.raw), chunks)
+    finally:
+        await chunks.aclose()
+        await response.aclose()
+
+
+class _CallerBody:
+    """The client's body as the transport reads it, keeping what it raised: the transport would
+    report that as a failure of the upstream connection."""
+
+    def __init__(self, first: bytes, rest: AsyncIterator[bytes]) -> None:
+        self.first = first
+        self.rest = rest
+        self.error: Exception | None = None
+
+    @classmethod
+    async def of(cls, body: AsyncIterable[bytes]) -> _CallerBody | None:
+        """None for a body that ends without a byte (a GET's), so that none is sent."""
+        chunks = aiter(body)
+        async for chunk in chunks:
+            if chunk:
+                return cls(chunk, chunks)
+        return None
+
+    def failure(self) -> Exception | None:
+        return self.error
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        yield self.first
+        try:
+            async for chunk in self.rest:
+                yield chunk
+        except Exception as exc:
+            self.error = exc
+            raise
+
+
+async def _chunks(upstream: Upstream, response: httpx.Response) -> AsyncGenerator[bytes]:
+    async with upstream.reading(response):
+        async for chunk in response.aiter_raw():
+            yield chunk
+
+
+async def _prepend(head: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    if head:
+        yield head
+    async for chunk in rest:
+        yield chunk
+
+
+def _end_to_end(
+    headers: Iterable[tuple[bytes, bytes]], dropped: frozenset[bytes]
+) -> list[tuple[bytes, bytes]]:
+    """`headers` (lowercase names) without the hop-by-hop ones and those in `dropped`."""
+    headers = list(headers)
+    named = {
+        token.strip().lower()
+        for name, value in headers
+        if name == b"connection"
+        for token in value.split(b",")
+    }
+    dropped = dropped | HOP_BY_HOP | named
+    return [(k, v) for k, v in headers if k not in dropped and not k.startswith(b"proxy-")]
+
+
+def _is_json(content_type: str | None) -> bool:
+    if content_type is None:
+        return False
+    media = content_type.partition(";")[0].strip().lower()
+    return media == "application/json" or media.endswith("+json")

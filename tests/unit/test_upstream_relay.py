@@ -1,0 +1,510 @@
+"""Relaying a request to an upstream as it is (SPEC §4, any other `/v1/...`), and `models()`."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import httpx
+import orjson
+import pytest
+
+from proxy.errors import (
+    ClientDisconnected,
+    UpstreamStatusError,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+)
+from proxy.upstream.client import Upstream
+from proxy.upstream.relay import (
+    json_model,
+    relay,
+    returned_headers,
+    sniff_model,
+    upstream_url,
+)
+
+JSON = "application/json"
+
+
+class Attempts(list[tuple[str, str]]):
+    def __call__(self, upstream: str, status_class: str) -> None:
+        self.append((upstream, status_class))
+
+
+def upstream(
+    transport: httpx.AsyncBaseTransport,
+    attempts: Attempts | None = None,
+    *,
+    api_key: str | None = "up-key",
+    traced: bool = False,
+) -> Upstream:
+    def inject(headers: dict[str, str]) -> None:
+        headers["traceparent"] = "00-proxy-trace-01"
+
+    return Upstream(
+        "up",
+        "http://up.test/v1",
+        transport,
+        api_key=api_key,
+        on_attempt=attempts,
+        inject_headers=inject if traced else None,
+    )
+
+
+def recording(response: httpx.Response, seen: list[httpx.Request]) -> httpx.MockTransport:
+    async def handler(request: httpx.Request) -> httpx.Response:
+        await request.aread()
+        seen.append(request)
+        return response
+
+    return httpx.MockTransport(handler)
+
+
+async def chunks_of(*chunks: bytes) -> AsyncIterator[bytes]:
+    for chunk in chunks:
+        yield chunk
+
+
+class Chunks(httpx.AsyncByteStream):
+    """A response body in chunks; `after_first` is awaited before the rest is given."""
+
+    def __init__(self, *chunks: bytes, after_first: asyncio.Event | None = None) -> None:
+        self.chunks = chunks
+        self.after_first = after_first
+        self.closed = False
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        first, *rest = self.chunks
+        yield first
+        if self.after_first is not None:
+            await self.after_first.wait()
+        for chunk in rest:
+            yield chunk
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+class Failing(httpx.AsyncByteStream):
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        yield b"part"
+        raise self.error
+
+
+class StreamingUpstream(httpx.AsyncBaseTransport):
+    """Reads the request body chunk by chunk as a connection would, and maps a failure of it to
+    an httpx error, as httpx_aiohttp does (aiohttp's "failed to send bytes" is a ConnectTimeout).
+    """
+
+    def __init__(self, got_first: asyncio.Event | None = None) -> None:
+        self.received: list[bytes] = []
+        self.got_first = got_first
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        assert isinstance(request.stream, httpx.AsyncByteStream)
+        try:
+            async for chunk in request.stream:
+                self.received.append(chunk)
+                if self.got_first is not None:
+                    self.got_first.set()
+        except Exception as exc:
+            raise httpx.ConnectTimeout("failed to send bytes") from exc
+        return httpx.Response(200, content=b"ok")
+
+
+async def read_all(body: AsyncIterator[bytes]) -> list[bytes]:
+    return [chunk async for chunk in body]
+
+
+# The upstream URL
+
+
+@pytest.mark.parametrize(
+    ("base_url", "path", "query", "url"),
+    [
+        ("http://up.test/v1", "/v1/embeddings", "", "http://up.test/v1/embeddings"),
+        ("http://up.test/v1/", "/v1/audio/speech", "x=1", "http://up.test/v1/audio/speech?x=1"),
+        ("http://up.test/openai", "/v1/moderations", "", "http://up.test/openai/moderations"),
+        ("http://up.test/v1", "/v1/files/a%2Fb/content", "q=%20z", None),
+    ],
+)
+def test_upstream_url_is_the_base_url_and_the_path_after_v1(
+    base_url: str, path: str, query: str, url: str | None
+) -> None:
+    expected = url or f"http://up.test/v1{path[3:]}?{query}"
+    got = upstream_url(base_url, path, query)
+    assert str(got) == expected
+    assert got.raw_path == expected.removeprefix("http://up.test").encode()
+
+
+@pytest.mark.parametrize(
+    "path", ["/embeddings", "/v1", "/v2/x", "/v1/../admin", "/v1/%2e%2E/admin", "/v1/a/./b"]
+)
+def test_upstream_url_refuses_other_paths_and_dot_segments(path: str) -> None:
+    with pytest.raises(ValueError, match="path"):
+        upstream_url("http://up.test/v1", path)
+
+
+async def test_relay_sends_method_url_and_query_to_the_upstream() -> None:
+    seen: list[httpx.Request] = []
+    up = upstream(recording(httpx.Response(200), seen))
+    async with relay(up, "DELETE", "/v1/files/f-1", query="purge=1&x=%20y"):
+        pass
+    assert seen[0].method == "DELETE"
+    assert str(seen[0].url) == "http://up.test/v1/files/f-1?purge=1&x=%20y"
+
+
+# Headers
+
+
+CLIENT_HEADERS = [
+    (b"host", b"proxy.test"),
+    (b"authorization", b"Bearer proxy-key"),
+    (b"content-type", b"application/json"),
+    (b"content-length", b"17"),
+    (b"accept", b"text/event-stream"),
+    (b"accept-encoding", b"gzip, br"),
+    (b"openai-organization", b"org-1"),
+    (b"openai-beta", b"assistants=v2"),
+    (b"x-custom", b"kept"),
+    (b"connection", b"keep-alive, x-hop"),
+    (b"keep-alive", b"timeout=5"),
+    (b"x-hop", b"named by connection"),
+    (b"te", b"trailers"),
+    (b"trailer", b"x-checksum"),
+    (b"upgrade", b"h2c"),
+    (b"proxy-authorization", b"Basic eDp5"),
+    (b"traceparent", b"00-client-trace-01"),
+    (b"tracestate", b"vendor=client"),
+    (b"expect", b"100-continue"),
+]
+
+
+async def test_request_headers_carry_the_upstream_key_and_trace_and_no_hop_by_hop() -> None:
+    seen: list[httpx.Request] = []
+    up = upstream(recording(httpx.Response(200), seen), traced=True)
+    body = chunks_of(b'{"model": "m-1"}', b"\n")
+    async with relay(up, "POST", "/v1/embeddings", headers=CLIENT_HEADERS, body=body):
+        pass
+    sent = seen[0].headers
+    assert sent["authorization"] == "Bearer up-key"
+    assert sent["traceparent"] == "00-proxy-trace-01"
+    assert sent["host"] == "up.test"
+    assert sent["accept-encoding"] == "identity"
+    assert sent["transfer-encoding"] == "chunked"  # streamed: the client's length is not sent
+    for name, value in [
+        ("content-type", "application/json"),
+        ("accept", "text/event-stream"),
+        ("openai-organization", "org-1"),
+        ("openai-beta", "assistants=v2"),
+        ("x-custom", "kept"),
+    ]:
+        assert sent.get_list(name) == [value]
+    for name in [
+        "content-length",
+        "connection",
+        "keep-alive",
+        "x-hop",
+        "te",
+        "trailer",
+        "upgrade",
+        "proxy-authorization",
+        "tracestate",
+        "expect",
+    ]:
+        assert name not in sent, name
+    assert len(sent.get_list("authorization")) == 1
+    assert len(sent.get_list("traceparent")) == 1
+
+
+async def test_the_client_key_and_trace_context_are_dropped_without_a_key_or_hook() -> None:
+    seen: list[httpx.Request] = []
+    up = upstream(recording(httpx.Response(200), seen), api_key=None)
+    async with relay(up, "GET", "/v1/models/m-1", headers=CLIENT_HEADERS):
+        pass
+    for name in ["authorization", "traceparent", "tracestate"]:
+        assert name not in seen[0].headers
+
+
+def test_response_headers_drop_hop_by_hop_and_keep_what_still_holds() -> None:
+    got = returned_headers(
+        [
+            (b"Content-Type", b"application/json"),
+            (b"Content-Length", b"12"),
+            (b"Content-Encoding", b"gzip"),
+            (b"X-Request-Id", b"req-1"),
+            (b"Set-Cookie", b"a=1"),
+            (b"Set-Cookie", b"b=2"),
+            (b"Connection", b"keep-alive, X-Hop"),
+            (b"Keep-Alive", b"timeout=5"),
+            (b"X-Hop", b"1"),
+            (b"Proxy-Authenticate", b"Basic"),
+            (b"Date", b"Mon, 01 Jan 2024 00:00:00 GMT"),
+            (b"Server", b"upstream"),
+        ]
+    )
+    assert got == [
+        (b"content-type", b"application/json"),
+        (b"content-length", b"12"),
+        (b"content-encoding", b"gzip"),
+        (b"x-request-id", b"req-1"),
+        (b"set-cookie", b"a=1"),
+        (b"set-cookie", b"b=2"),
+    ]
+
+
+def test_a_content_length_beside_a_transfer_encoding_is_dropped() -> None:
+    got = returned_headers([(b"transfer-encoding", b"chunked"), (b"content-length", b"5")])
+    assert got == []
+
+
+# Bodies
+
+
+async def test_the_request_body_is_streamed_to_the_upstream_chunk_by_chunk() -> None:
+    got_first = asyncio.Event()
+    transport = StreamingUpstream(got_first)
+
+    async def body() -> AsyncIterator[bytes]:
+        yield b'{"input": '
+        await got_first.wait()  # a relay that buffered the body would never get past this
+        yield b'"hello", '
+        yield b'"model": "e-1"}'
+
+    async with (
+        asyncio.timeout(5),
+        relay(upstream(transport), "POST", "/v1/embeddings", body=body()),
+    ):
+        pass
+    assert transport.received == [b'{"input": ', b'"hello", ', b'"model": "e-1"}']
+
+
+async def test_a_body_without_a_byte_is_sent_as_none() -> None:
+    seen: list[httpx.Request] = []
+    up = upstream(recording(httpx.Response(200), seen))
+    async with relay(up, "GET", "/v1/files", body=chunks_of(b"")):
+        pass
+    assert seen[0].content == b""
+    assert "transfer-encoding" not in seen[0].headers
+
+
+async def test_the_response_body_comes_back_in_its_chunks_as_they_arrive() -> None:
+    first_read = asyncio.Event()
+    stream = Chunks(b"data: 1\n\n", b"data: 2\n\n", b"data: [DONE]\n\n", after_first=first_read)
+    headers = {"content-type": "text/event-stream", "x-request-id": "req-1"}
+    up = upstream(
+        httpx.MockTransport(lambda request: httpx.Response(200, headers=headers, stream=stream))
+    )
+    received = []
+    async with (
+        asyncio.timeout(5),
+        relay(up, "POST", "/v1/completions", body=chunks_of(b"{}")) as answer,
+    ):
+        assert answer.status == 200
+        assert (b"content-type", b"text/event-stream") in answer.headers
+        assert (b"x-request-id", b"req-1") in answer.headers
+        async for chunk in answer.body:
+            received.append(chunk)
+            first_read.set()  # the upstream sends the rest only once the first chunk was read
+    assert received == [b"data: 1\n\n", b"data: 2\n\n", b"data: [DONE]\n\n"]
+    assert stream.closed
+
+
+async def test_an_upstream_error_status_is_relayed_unchanged() -> None:
+    error = b'{"error": {"message": "bad input", "type": "invalid_request_error"}}'
+    attempts = Attempts()
+    body = Chunks(error[:20], error[20:])
+    refusal = httpx.Response(400, headers={"content-type": JSON}, stream=body)
+    up = upstream(httpx.MockTransport(lambda request: refusal), attempts)
+    async with relay(up, "POST", "/v1/embeddings", body=chunks_of(b"{}")) as answer:
+        assert answer.status == 400
+        assert (b"content-type", JSON.encode()) in answer.headers
+        assert b"".join(await read_all(answer.body)) == error
+    assert attempts == [("up", "4xx")]
+
+
+async def test_the_upstream_response_is_closed_when_the_block_ends_unread() -> None:
+    stream = Chunks(b"a", b"b")
+    up = upstream(httpx.MockTransport(lambda request: httpx.Response(200, stream=stream)))
+    async with relay(up, "GET", "/v1/files/f-1/content"):
+        pass
+    assert stream.closed
+
+
+# Failures
+
+
+def failing(error: Exception) -> httpx.MockTransport:
+    def handler(request: httpx.Request) -> httpx.Response:
+        raise error
+
+    return httpx.MockTransport(handler)
+
+
+@pytest.mark.parametrize(
+    ("error", "raised", "outcome"),
+    [
+        (httpx.ConnectError("refused"), UpstreamUnavailable, "connect_error"),
+        (httpx.ConnectTimeout("slow"), UpstreamUnavailable, "timeout"),
+        (httpx.ReadTimeout("slow"), UpstreamTimeout, "timeout"),
+    ],
+)
+async def test_no_response_is_an_upstream_failure_counted_once_without_retry(
+    error: Exception, raised: type[Exception], outcome: str
+) -> None:
+    attempts = Attempts()
+    up = upstream(failing(error), attempts)
+    assert up.max_retries > 0
+    with pytest.raises(raised):
+        async with relay(up, "POST", "/v1/embeddings", body=chunks_of(b"{}")):
+            pytest.fail("no answer to relay")
+    assert attempts == [("up", outcome)]
+
+
+@pytest.mark.parametrize(
+    ("error", "raised"),
+    [(httpx.ReadError("reset"), UpstreamUnavailable), (httpx.ReadTimeout("slow"), UpstreamTimeout)],
+)
+async def test_a_failure_midway_through_the_response_body(
+    error: Exception, raised: type[Exception]
+) -> None:
+    up = upstream(httpx.MockTransport(lambda request: httpx.Response(200, stream=Failing(error))))
+    async with relay(up, "GET", "/v1/files/f-1/content") as answer:
+        assert await anext(answer.body) == b"part"
+        with pytest.raises(raised):
+            await anext(answer.body)
+
+
+async def test_a_client_body_that_fails_is_raised_as_itself_and_not_counted() -> None:
+    attempts = Attempts()
+
+    async def body() -> AsyncIterator[bytes]:
+        yield b"--boundary\r\n"
+        raise ClientDisconnected("client left")
+
+    with pytest.raises(ClientDisconnected):
+        async with relay(
+            upstream(StreamingUpstream(), attempts), "POST", "/v1/audio/transcriptions", body=body()
+        ):
+            pytest.fail("no answer to relay")
+    assert attempts == []
+
+
+# The model of a request
+
+
+@pytest.mark.parametrize(
+    ("content_type", "body", "model"),
+    [
+        (JSON, b'{"input": ["a"], "model": "text-embedding-3-small"}', "text-embedding-3-small"),
+        ("application/json; charset=utf-8", b'{"model": "m"}', "m"),
+        ("application/vnd.api+json", b'{"model": "m"}', "m"),
+        ("multipart/form-data; boundary=x", b'{"model": "m"}', None),
+        (None, b'{"model": "m"}', None),
+        (JSON, b'[{"model": "m"}]', None),
+        (JSON, b'"m"', None),
+        (JSON, b'{"model": 4}', None),
+        (JSON, b'{"input": {"model": "nested"}}', None),
+        (JSON, b'{"model": "m"', None),
+        (JSON, b"", None),
+    ],
+)
+def test_json_model(content_type: str | None, body: bytes, model: str | None) -> None:
+    assert json_model(content_type, body) == model
+
+
+def test_json_model_does_not_parse_a_body_over_the_limit() -> None:
+    body = orjson.dumps({"model": "m", "input": "x" * 100})
+    assert json_model(JSON, body, limit=len(body)) == "m"
+    assert json_model(JSON, body, limit=len(body) - 1) is None
+
+
+class Counted:
+    """A client body that counts how many chunks were taken from it."""
+
+    def __init__(self, *chunks: bytes) -> None:
+        self.chunks = list(chunks)
+        self.taken = 0
+
+    def __aiter__(self) -> Counted:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self.taken == len(self.chunks):
+            raise StopAsyncIteration
+        self.taken += 1
+        return self.chunks[self.taken - 1]
+
+
+async def test_sniff_model_reads_a_json_body_and_gives_all_of_it_back() -> None:
+    body = Counted(b'{"input": "a", ', b'"model": "e-1"}')
+    model, rest = await sniff_model([(b"content-type", JSON.encode())], body)
+    assert model == "e-1"
+    assert b"".join(await read_all(rest)) == b'{"input": "a", "model": "e-1"}'
+
+
+async def test_sniff_model_stops_reading_past_the_limit_and_gives_all_of_it_back() -> None:
+    body = Counted(b'{"model": "e-1", ', b'"input": "', b"x" * 64, b'"}')
+    model, rest = await sniff_model([(b"content-type", JSON.encode())], body, limit=20)
+    assert model is None
+    assert body.taken == 2
+    assert b"".join(await read_all(rest)) == b'{"model": "e-1", "input": "' + b"x" * 64 + b'"}'
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        [(b"content-type", b"multipart/form-data; boundary=x")],
+        [],
+        [(b"content-type", JSON.encode()), (b"content-length", b"21")],
+    ],
+)
+async def test_sniff_model_leaves_other_bodies_unread(headers: list[tuple[bytes, bytes]]) -> None:
+    body = Counted(b'{"model": ', b'"e-1"}')
+    model, rest = await sniff_model(headers, body, limit=20)
+    assert model is None
+    assert body.taken == 0
+    assert await read_all(rest) == [b'{"model": ', b'"e-1"}']
+
+
+# Upstream.models()
+
+
+async def test_models_lists_the_object_entries_with_the_upstream_key() -> None:
+    listing = {"object": "list", "data": [{"id": "m-1", "object": "model"}, "junk", {"id": "m-2"}]}
+    seen: list[httpx.Request] = []
+    attempts = Attempts()
+    up = upstream(recording(httpx.Response(200, json=listing), seen), attempts)
+    assert await up.models() == [{"id": "m-1", "object": "model"}, {"id": "m-2"}]
+    request = seen[0]
+    assert (request.method, str(request.url)) == ("GET", "http://up.test/v1/models")
+    assert request.headers["authorization"] == "Bearer up-key"
+    assert "content-type" not in request.headers
+    assert request.extensions["timeout"]["read"] == 5.0
+    assert attempts == [("up", "2xx")]
+
+
+async def test_models_raises_the_status_of_an_upstream_that_refuses() -> None:
+    response = httpx.Response(401, headers={"content-type": JSON}, content=b'{"error": {}}')
+    up = upstream(httpx.MockTransport(lambda request: response))
+    with pytest.raises(UpstreamStatusError) as raised:
+        await up.models()
+    assert (raised.value.status, raised.value.content) == (401, b'{"error": {}}')
+
+
+@pytest.mark.parametrize("body", [b"<html>not json</html>", b"[]", b'{"data": "m-1"}', b"{}"])
+async def test_models_raises_unavailable_for_a_body_that_is_no_model_list(body: bytes) -> None:
+    up = upstream(httpx.MockTransport(lambda request: httpx.Response(200, content=body)))
+    with pytest.raises(UpstreamUnavailable):
+        await up.models()
+
+
+async def test_models_raises_unavailable_when_unreachable() -> None:
+    attempts = Attempts()
+    with pytest.raises(UpstreamUnavailable):
+        await upstream(failing(httpx.ConnectError("refused")), attempts).models()
+    assert attempts == [("up", "connect_error")]
