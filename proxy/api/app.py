@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -20,9 +19,11 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from proxy.api.asgi import ErrorBoundary, bearer_token
+from proxy.api.asgi import ErrorBoundary
 from proxy.api.chat import ChatCompletions
 from proxy.api.contexts import ContextRecords, ContextRuns
+from proxy.api.models import ModelList
+from proxy.api.passthrough import METHODS, Passthrough
 from proxy.api.services import Services, build_services
 from proxy.config import Config
 from proxy.engine.ports import RunObserver
@@ -34,8 +35,6 @@ from proxy.telemetry.http import HttpTelemetry
 from proxy.telemetry.metrics import OverheadObserver
 from proxy.telemetry.setup import build_telemetry, tracer_provider_from_env
 from proxy.telemetry.tracing import inject_trace_headers
-
-MODELS_CACHE_S = 60.0
 
 
 class JSONResponse(Response):
@@ -90,7 +89,6 @@ def create_app(
     """The proxy as an ASGI app. `transport` replaces the network, `store` the configured
     state backend, `registry` and `tracer_provider` the metrics and trace sinks (tests)."""
     holder: dict[str, Services] = {}
-    models_cache: dict[str, Any] = {}
     registry = registry if registry is not None else CollectorRegistry()
     own_tracing = tracer_provider is None
     tracing = tracer_provider or tracer_provider_from_env(config, os.environ)
@@ -133,20 +131,6 @@ def create_app(
             if own_tracing and isinstance(tracing, SdkTracerProvider):
                 tracing.shutdown()  # flushes the spans not yet exported
 
-    async def models(request: Request) -> Response:
-        gw = services()
-        gw.keys.caller(bearer_token(request.scope))
-        now = int(time.time())
-        data = [
-            {"id": name, "object": "model", "created": now, "owned_by": "loopwarden"}
-            for name in [*gw.config.agents, *gw.config.models]
-        ]
-        seen = {entry["id"] for entry in data}
-        for entry in await upstream_models(gw, models_cache):
-            if entry.get("id") not in seen:
-                data.append(entry)
-        return JSONResponse({"object": "list", "data": data})
-
     async def metrics(request: Request) -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
@@ -176,6 +160,7 @@ def create_app(
         return error_response(NotFound(f"no route {request.method} {request.url.path}"))
 
     chat = ChatCompletions(services)
+    model_list = ModelList(services)
     runs = ContextRuns(services)
     routes = [
         Route("/chat", runs, methods=["POST"]),
@@ -184,11 +169,14 @@ def create_app(
         Route("/v1/contexts/{context_id}", ContextRecords(services), methods=["GET", "DELETE"]),
         Route("/v1/chat/completions", chat, methods=["POST"]),
         Route("/chat/completions", chat, methods=["POST"]),
-        Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/models", model_list, methods=["GET"]),
+        Route("/models", model_list, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
     ]
+    own_paths = [route.path for route in routes]
+    routes.append(Route("/v1/{rest:path}", Passthrough(services, own_paths), methods=METHODS))
     app = ProxyApp(
         routes=routes,
         lifespan=lifespan,
@@ -205,21 +193,3 @@ def create_app(
     tracer = tracing.get_tracer("loopwarden") if traced else None
     app.served = HttpTelemetry(ErrorBoundary(app.route), telemetry.metrics, tracer, routes)
     return app
-
-
-async def upstream_models(gw: Services, cache: dict[str, Any]) -> list[dict[str, Any]]:
-    """The default upstream's models, cached; an upstream that fails lists none."""
-    if cache.get("until", 0.0) > time.monotonic():
-        return list(cache["data"])
-    upstream = gw.upstreams[gw.config.default_upstream]
-    headers = {"authorization": f"Bearer {upstream.api_key}"} if upstream.api_key else {}
-    data: list[dict[str, Any]] = []
-    try:
-        response = await gw.client.get(f"{upstream.base_url}/models", headers=headers, timeout=5.0)
-        if response.status_code == 200:
-            body = orjson.loads(response.content)
-            data = [m for m in body.get("data", []) if isinstance(m, dict)]
-    except (httpx.HTTPError, orjson.JSONDecodeError, AttributeError):
-        data = []
-    cache.update(data=data, until=time.monotonic() + MODELS_CACHE_S)
-    return data

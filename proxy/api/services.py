@@ -35,12 +35,17 @@ class Services:
     # The observers of runs started by a route, where they differ (the route's own metrics).
     route_observers: Mapping[str, Sequence[RunObserver]] = field(default_factory=dict)
 
+    def upstream(self, name: str, bearer: str | None) -> Upstream:
+        """The upstream `name`. The client's bearer token goes upstream only where the config
+        forwards it, which it may not while the proxy has keys of its own."""
+        upstream = self.upstreams[name]
+        if self.config.upstreams[name].forward_client_key and not self.keys.enabled:
+            return upstream.with_key(bearer)
+        return upstream
+
     def deps(self, upstream: str, bearer: str | None, route: str) -> Deps:
-        """What a run on `upstream` needs. The client's bearer token goes upstream only where
-        the config forwards it, which it may not while the proxy has keys of its own."""
-        model = self.upstreams[upstream]
-        if self.config.upstreams[upstream].forward_client_key and not self.keys.enabled:
-            model = model.with_key(bearer)
+        """What a run on `upstream` started by `route` needs."""
+        model = self.upstream(upstream, bearer)
         observers = self.route_observers.get(route, self.observers)
         return Deps(model, self.registry, self.prices, observers, self.checks, threads=self.store)
 

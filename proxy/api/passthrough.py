@@ -1,0 +1,79 @@
+"""Every other `/v1/...` route (embeddings, completions, moderations, audio, ...), relayed to the
+upstream of its `model`, else the default upstream, with both bodies streamed (SPEC §4)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Collection
+
+from starlette.types import Receive, Scope, Send
+
+from proxy.api.asgi import bearer_token
+from proxy.api.services import Services
+from proxy.errors import ClientDisconnected, InvalidRequest, MethodNotAllowed
+from proxy.upstream.client import Upstream
+from proxy.upstream.relay import relay, sniff_model
+
+METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
+
+
+async def client_body(receive: Receive) -> AsyncIterator[bytes]:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnected("client went away while sending its body")
+        chunk = message.get("body", b"")
+        if chunk:
+            yield chunk
+        if not message.get("more_body"):
+            return
+
+
+class Passthrough:
+    """A raw ASGI app; `own_paths` are the proxy's routes, for which another method is a 405
+    rather than a relay."""
+
+    def __init__(self, services: Callable[[], Services], own_paths: Collection[str]) -> None:
+        self.services = services
+        self.own_paths = frozenset(own_paths)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["path"] in self.own_paths:
+            raise MethodNotAllowed(f"{scope['method']} is not allowed on {scope['path']}")
+        sv = self.services()
+        bearer = bearer_token(scope)
+        caller = sv.keys.caller(bearer)
+        model, body = await sniff_model(scope["headers"], client_body(receive))
+        upstream = sv.config.default_upstream
+        if model is not None:
+            sv.keys.check(caller, model)
+            agent = sv.config.agents.get(model)
+            upstream = sv.planner.target(agent.model if agent else model).upstream
+        raw_path = scope.get("raw_path") or scope["path"].encode()
+        try:
+            target = sv.upstream(upstream, bearer)
+            await self._relay(target, scope, raw_path.decode("latin-1"), body, send)
+        except ValueError as exc:  # a path the relay refuses to send on
+            raise InvalidRequest(str(exc)) from None
+
+    @staticmethod
+    async def _relay(
+        upstream: Upstream,
+        scope: Scope,
+        path: str,
+        body: AsyncIterator[bytes],
+        send: Send,
+    ) -> None:
+        async with relay(
+            upstream,
+            scope["method"],
+            path,
+            query=scope.get("query_string", b"").decode("latin-1"),
+            headers=scope["headers"],
+            body=body,
+        ) as answer:
+            await send(
+                {"type": "http.response.start", "status": answer.status, "headers": answer.headers}
+            )
+            async for chunk in answer.body:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -1,0 +1,82 @@
+"""SPEC §4: other /v1 routes are relayed, /models and /chat/completions answer without /v1, and
+every route's errors are OpenAI-shaped."""
+
+from __future__ import annotations
+
+import httpx
+import orjson
+
+from proxy.state.memory import MemoryStore
+from proxy.state.store import StoredContext
+from tests.integration.conftest import UPSTREAM, ProxyFactory
+
+
+async def upstream(request: httpx.Request) -> httpx.Response:
+    if request.url.path.endswith("/models"):
+        return httpx.Response(200, json={"object": "list", "data": [{"id": "up-model"}]})
+    content = await request.aread()
+    body = orjson.loads(content) if content else None
+    echo = {
+        "path": request.url.path,
+        "query": request.url.query.decode(),
+        "body": body,
+        "authorization": request.headers.get("authorization"),
+    }
+    headers = {"x-upstream": "yes", "content-type": "application/json"}
+    return httpx.Response(201, stream=httpx.ByteStream(orjson.dumps(echo)), headers=headers)
+
+
+async def test_other_v1_routes_are_relayed_to_the_upstream_unchanged(
+    proxy_for: ProxyFactory,
+) -> None:
+    async with proxy_for(upstream=upstream) as proxy:
+        r = await proxy.client.post(
+            "/v1/embeddings?dims=8",
+            json={"model": "text-embedding-3-small", "input": "hé"},
+            headers={"authorization": "Bearer client-key"},
+        )
+    assert r.status_code == 201
+    assert r.headers["x-upstream"] == "yes"
+    echo = r.json()
+    assert echo["path"] == httpx.URL(UPSTREAM).path + "/embeddings"
+    assert echo["query"] == "dims=8"
+    assert echo["body"] == {"model": "text-embedding-3-small", "input": "hé"}
+    assert echo["authorization"] is None  # the client's key is not the upstream's
+
+
+async def test_models_and_chat_answer_without_the_v1_prefix(proxy_for: ProxyFactory) -> None:
+    async with proxy_for(upstream=upstream) as proxy:
+        listed = (await proxy.client.get("/models")).json()
+        same = (await proxy.client.get("/v1/models")).json()
+    ids = [m["id"] for m in listed["data"]]
+    assert ids == [m["id"] for m in same["data"]]
+    assert ids[0] == "weather"  # the configured agent first
+    assert "up-model" in ids  # then the upstream's, through its adapter
+
+
+async def test_another_method_on_an_own_route_is_a_405_not_a_relay(
+    proxy_for: ProxyFactory,
+) -> None:
+    async with proxy_for(upstream=upstream) as proxy:
+        r = await proxy.client.get("/v1/chat/completions")
+    assert r.status_code == 405
+    assert r.json()["error"]["code"] == "method_not_allowed"
+
+
+async def test_a_path_that_climbs_out_of_v1_is_refused(proxy_for: ProxyFactory) -> None:
+    async with proxy_for(upstream=upstream) as proxy:
+        r = await proxy.client.get("/v1/%2E%2E/admin")
+    assert r.status_code == 400
+    assert r.json()["error"]["type"] == "invalid_request_error"
+
+
+async def test_a_failing_state_backend_is_an_openai_shaped_error(proxy_for: ProxyFactory) -> None:
+    class Broken(MemoryStore):
+        async def load_context(self, context_id: str) -> StoredContext | None:
+            raise ConnectionError("backend down")
+
+    async with proxy_for(store=Broken()) as proxy:
+        r = await proxy.client.get("/v1/contexts/c-1")
+    assert r.status_code == 500
+    assert r.headers["content-type"] == "application/json"
+    assert r.json()["error"]["code"] == "internal_error"
