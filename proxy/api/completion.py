@@ -35,7 +35,7 @@ def completion_body(
     reply = result.last_reply
     raw = reply.raw if reply is not None and reply.raw is not None else None
     body: dict[str, Any] = dict(raw) if raw else {}
-    body.setdefault("id", completion_id(result.run_id))
+    body["id"] = completion_id(result.run_id)  # never an upstream step's id (SPEC §4.2)
     body["object"] = "chat.completion"
     body.setdefault("created", int(time.time()))
     body.setdefault("model", model)

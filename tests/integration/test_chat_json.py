@@ -18,7 +18,8 @@ async def test_pass_through_relays_the_body_and_adds_the_loop_report(proxy: Prox
     assert r.status_code == 200
     body = r.json()
     assert body["choices"][0]["message"]["content"] == "You said: hi"
-    assert body["id"].startswith("chatcmpl-scripted-")
+    run_hex = body["loop"]["run_id"].removeprefix("run_")
+    assert body["id"] == f"chatcmpl-{run_hex}"  # the run's id, not the upstream's (SPEC §4.2)
     assert body["loop"]["stop_reason"] == "completed"
     assert r.headers["x-loopwarden-stop-reason"] == "completed"
     assert r.headers["x-loopwarden-run-id"] == body["loop"]["run_id"]

@@ -1,0 +1,147 @@
+"""SPEC §4.2, §4.3, §5.3: the final message, its id and its failures, the same in JSON and SSE."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from tests.integration.conftest import ProxyFactory
+
+Turn = dict[str, Any]
+JSON = {"content-type": "application/json"}
+SSE = {"content-type": "text/event-stream"}
+
+
+def say(text: str) -> Turn:
+    return {"content": text}
+
+
+def call(name: str, text: str | None = None, **arguments: Any) -> Turn:
+    return {"content": text, "calls": [(name, arguments)]}
+
+
+def upstream(turns: list[Turn]) -> Callable[[httpx.Request], httpx.Response]:
+    """An upstream that answers with `turns` in order, as JSON or SSE as asked."""
+    script = list(turns)
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        body = orjson.loads(request.content)
+        turn = script.pop(0)
+        calls = [
+            {
+                "id": f"call_{len(script)}_{i}",
+                "type": "function",
+                "function": {"name": name, "arguments": orjson.dumps(args).decode()},
+            }
+            for i, (name, args) in enumerate(turn.get("calls", []))
+        ]
+        finish = turn.get("finish", "tool_calls" if calls else "stop")
+        usage = {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
+        head = {"id": "chatcmpl-upstream", "created": 1, "model": "scripted"}
+        if not body.get("stream"):
+            message: dict[str, Any] = {"role": "assistant", "content": turn.get("content")}
+            if calls:
+                message["tool_calls"] = calls
+            choice = {"index": 0, "message": message, "finish_reason": finish}
+            reply = {**head, "object": "chat.completion", "choices": [choice], "usage": usage}
+            return httpx.Response(200, stream=httpx.ByteStream(orjson.dumps(reply)), headers=JSON)
+        chunks: list[dict[str, Any]] = [{"role": "assistant"}]
+        text = turn.get("content") or ""
+        chunks += [{"content": text[i : i + 4]} for i in range(0, len(text), 4)]
+        chunks += [{"tool_calls": [{"index": i, **c}]} for i, c in enumerate(calls)]
+        events = [
+            {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
+            for delta in chunks
+        ]
+        events.append({**head, "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]})
+        events.append({**head, "choices": [], "usage": usage})
+        data = b"".join(b"data: " + orjson.dumps(e) + b"\n\n" for e in events)
+        data += b"data: [DONE]\n\n"
+        return httpx.Response(200, stream=httpx.ByteStream(data), headers=SSE)
+
+    return handle
+
+
+def streamed(text: str) -> tuple[list[dict[str, Any]], str]:
+    """The events of an SSE body, and the content they carry."""
+    events = [
+        orjson.loads(line[6:])
+        for line in text.splitlines()
+        if line.startswith("data: ") and line != "data: [DONE]"
+    ]
+    content = "".join(
+        c["choices"][0]["delta"].get("content") or "" for c in events if c.get("choices")
+    )
+    return events, content
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_steps_texts_are_joined_by_a_blank_line_in_json_and_sse(
+    proxy_for: ProxyFactory, stream: bool
+) -> None:
+    turns = [call("get_weather", "Let me check.", city="Oslo"), say("It is 4°C in Oslo.")]
+    async with proxy_for(upstream=upstream(turns)) as proxy:
+        r = await proxy.chat(model="weather", stream=stream)
+    expected = "Let me check.\n\nIt is 4°C in Oslo."
+    run_hex = r.headers["x-loopwarden-run-id"].removeprefix("run_")
+    if stream:
+        events, content = streamed(r.text)
+        assert content == expected
+        assert {e["id"] for e in events} == {f"chatcmpl-{run_hex}"}
+    else:
+        body = r.json()
+        assert body["choices"][0]["message"]["content"] == expected
+        assert body["id"] == f"chatcmpl-{run_hex}"  # never an upstream step's id
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_limit_stop_without_text_states_the_stop(
+    proxy_for: ProxyFactory, stream: bool
+) -> None:
+    turns = [call("get_weather", city="Oslo"), call("get_weather", city="Lima")]
+    async with proxy_for(upstream=upstream(turns)) as proxy:
+        r = await proxy.chat(model="weather", stream=stream, loop={"max_steps": 2})
+    sentence = "Stopped: the run reached its step limit (2 steps)."
+    if stream:
+        events, content = streamed(r.text)
+        assert content == sentence
+        assert events[-1]["loop"]["stop_reason"] == "max_steps"
+        assert events[-1]["choices"][0]["finish_reason"] == "length"
+    else:
+        assert r.headers["x-loopwarden-stop-reason"] == "max_steps"
+        choice = r.json()["choices"][0]
+        assert (choice["message"]["content"], choice["finish_reason"]) == (sentence, "length")
+
+
+async def test_a_failure_after_the_first_byte_is_an_error_event_without_choices(
+    proxy_for: ProxyFactory,
+) -> None:
+    turns = [say("Hello."), say("Hello again.")]
+    loop = {"tools": ["get_weather"], "terminating_config": {"tool_ids": ["get_weather"]}}
+    async with proxy_for(upstream=upstream(turns)) as proxy:
+        r = await proxy.chat(model="scripted", stream=True, loop=loop)
+    events, content = streamed(r.text)
+    assert content.startswith("Hello.")
+    last = events[-1]
+    assert "choices" not in last
+    assert last["error"]["code"] == "max_consecutive_nudges_exceeded"
+    assert last["loop"]["stop_reason"] == "nudges_exhausted"
+    assert r.text.endswith("data: [DONE]\n\n")
+
+
+async def test_budget_stops_put_their_condition_on_the_trace(proxy_for: ProxyFactory) -> None:
+    turns = [call("get_weather", city="Oslo")] * 3
+    loop = {"stop_when": [{"max_tokens_used": 20}]}
+    async with proxy_for(upstream=upstream(turns)) as proxy:
+        r = await proxy.chat(model="weather", loop=loop)
+        spans = proxy.spans()
+    assert r.json()["loop"]["stop_reason"] == "token_budget"
+    (run,) = [s for s in spans if s.name.startswith("invoke_agent")]
+    (held,) = [e for e in run.events if e.name == "loopwarden.stop_condition.held"]
+    assert held.attributes is not None
+    assert held.attributes["loopwarden.condition.kind"] == "max_tokens_used"
+    assert held.attributes["loopwarden.condition.condition"] == "loop.stop_when[0]"
