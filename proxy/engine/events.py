@@ -85,6 +85,16 @@ class ConditionHeld:
 
 
 @dataclass(frozen=True, slots=True)
+class ConditionFailed:
+    """A stop condition could not be evaluated (it did not hold)."""
+
+    run_id: str
+    step: int
+    path: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class RunFinished:
     run_id: str
     agent: str | None
@@ -129,5 +139,6 @@ RunEvent = (
     | CallBlocked
     | Nudged
     | ConditionHeld
+    | ConditionFailed
     | RunFinished
 )

@@ -15,6 +15,7 @@ from proxy.engine.policies.base import Policy
 from proxy.engine.policies.budgets import Budgets
 from proxy.engine.policies.stop_conditions import (
     Condition,
+    FailureSink,
     StopConditions,
     compile_conditions,
     walk,
@@ -75,14 +76,15 @@ class LoopPolicy:
         self,
         prices: Prices | None,
         checks: ConditionChecks | None,
-        threads: ThreadCounters | None = None,
+        threads: ThreadCounters | None,
+        failed: FailureSink,
     ) -> list[Policy]:
         """Fresh, per-run policy objects. Their order is the order of their answers: the first
         stop wins (`proxy.engine.checkpoints`)."""
         policies: list[Policy] = [TerminalTools(self.terminal_tools, self.terminating)]
         if self.tool_rules:
             policies.append(ToolRules(RuleBook(self.tool_rules)))
-        policies.append(StopConditions(self.stop_when, self.effective_max_steps(), checks))
+        policies.append(StopConditions(self.stop_when, self.effective_max_steps(), checks, failed))
         if self.tool_call_limits:
             policies.append(ToolCallLimits(self.tool_call_limits, threads))
         policies.append(Budgets(self.stop_when, prices))

@@ -87,7 +87,9 @@ class Run:
         # Every tool the model may see: the server's, then the client's.
         self.offered = [t.definition for t in policy.tools.values()] + spec.client_tools
         self.checkpoints = Checkpoints(
-            policy.build(deps.prices.prices(spec.model), deps.checks, deps.threads)
+            policy.build(
+                deps.prices.prices(spec.model), deps.checks, deps.threads, self._condition_failed
+            )
         )
         client = {t["function"]["name"] for t in spec.client_tools}
         self.calls = ReplyCalls(
@@ -277,6 +279,10 @@ class Run:
             text = "\n\n" + text
         self._streamed = True
         await self.stream.content(text)
+
+    def _condition_failed(self, run: RunState, path: str, reason: str) -> None:
+        log.warning("run %s: stop condition %s failed: %s", run.run_id, path, reason)
+        self._notify(ev.ConditionFailed(run.run_id, run.step_count, path, reason))
 
     def _notify(self, event: ev.RunEvent) -> None:
         for observer in self.deps.observers:

@@ -72,6 +72,14 @@ class TracingObserver:
             spans.run.add_event("loopwarden.nudge", {"loopwarden.step": event.step})
         elif isinstance(event, ev.ConditionHeld):
             spans.run.add_event("loopwarden.stop_condition.held", _flat(event.details))
+        elif isinstance(event, ev.ConditionFailed):
+            attributes: dict[str, Any] = {
+                "loopwarden.condition.condition": event.path,
+                "loopwarden.step": event.step,
+                "error.type": event.reason.split(":", 1)[0],
+                "loopwarden.condition.error": event.reason,
+            }
+            spans.run.add_event("loopwarden.stop_condition.failed", attributes)
         elif isinstance(event, ev.RunFinished):
             self._finished(spans, event)
 

@@ -145,3 +145,19 @@ async def test_budget_stops_put_their_condition_on_the_trace(proxy_for: ProxyFac
     assert held.attributes is not None
     assert held.attributes["loopwarden.condition.kind"] == "max_tokens_used"
     assert held.attributes["loopwarden.condition.condition"] == "loop.stop_when[0]"
+
+
+async def test_an_expression_that_fails_while_evaluated_is_on_the_trace(
+    proxy_for: ProxyFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    turns = [call("get_weather", city="Oslo"), say("Done.")]
+    loop = {"stop_when": [{"expr": "steps[5].index == 1"}]}
+    async with proxy_for(upstream=upstream(turns)) as proxy:
+        r = await proxy.chat(model="weather", loop=loop)
+        spans = proxy.spans()
+    assert r.json()["loop"]["stop_reason"] == "completed"  # it did not hold
+    (run,) = [s for s in spans if s.name.startswith("invoke_agent")]
+    (failed,) = [e for e in run.events if e.name == "loopwarden.stop_condition.failed"]
+    assert failed.attributes is not None
+    assert failed.attributes["loopwarden.condition.condition"] == "loop.stop_when[0]"
+    assert "loop.stop_when[0]" in caplog.text

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +24,10 @@ _REASONS = {
     "max_duration_s": StopReason.TIME_BUDGET,
 }
 _COMBINATORS = ("any", "all", "not")
+
+
+# Told of a condition that could not be evaluated: (run, condition path, reason).
+FailureSink = Callable[[RunState, str, str], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +56,11 @@ class Condition:
         details["step"] = run.step_count
         return Held(reason, details)
 
-    async def evaluate(self, run: RunState, checks: ConditionChecks | None) -> Held | None:
+    async def evaluate(
+        self, run: RunState, checks: ConditionChecks | None, failed: FailureSink
+    ) -> Held | None:
+        """Whether the condition holds; one that cannot be evaluated does not hold, and is
+        reported to `failed` with its path."""
         kind, value = self.kind, self.value
         if kind == "step_count_is":
             return (
@@ -75,23 +83,24 @@ class Condition:
             return self._held(_REASONS[kind], round(elapsed, 3), run) if elapsed >= value else None
         if kind == "any":
             for child in value:
-                held: Held | None = await child.evaluate(run, checks)
+                held: Held | None = await child.evaluate(run, checks, failed)
                 if held is not None:
                     return held
             return None
         if kind == "all":
             for child in value:
-                if await child.evaluate(run, checks) is None:
+                if await child.evaluate(run, checks, failed) is None:
                     return None
             return self._held(StopReason.CUSTOM_CONDITION, True, run)
         if kind == "not":
-            if await value.evaluate(run, checks) is None:
+            if await value.evaluate(run, checks, failed) is None:
                 return self._held(StopReason.CUSTOM_CONDITION, True, run)
             return None
         if kind == "expr":
             try:
                 result = self.program.execute(run.snapshot())
-            except Exception:  # an expression that cannot evaluate does not hold
+            except Exception as exc:  # the library raises its own types
+                failed(run, self.path, f"{type(exc).__name__}: {exc}"[:300])
                 return None
             return self._held(StopReason.CUSTOM_CONDITION, True, run) if result is True else None
         if checks is None:  # pragma: no cover - a run with custom conditions always has checks
@@ -154,14 +163,16 @@ class StopConditions(Policy):
         conditions: Sequence[Condition],
         max_steps: int | None,
         checks: ConditionChecks | None,
+        failed: FailureSink,
     ) -> None:
         self.conditions = list(conditions)
         self.max_steps = max_steps
         self.checks = checks
+        self.failed = failed
 
     async def after_step(self, run: RunState) -> Stop | None:
         for cond in self.conditions:
-            held = await cond.evaluate(run, self.checks)
+            held = await cond.evaluate(run, self.checks, self.failed)
             if held is not None:
                 return Stop(held.reason, held.details)
         if self.max_steps is not None and run.step_count >= self.max_steps:
