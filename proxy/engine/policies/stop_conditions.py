@@ -6,8 +6,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import cel
-
+from proxy.engine.expressions import Expression, ExpressionFailed, compile_condition
 from proxy.engine.options import ConditionOptions, kind_of
 from proxy.engine.policies.base import Policy
 from proxy.engine.ports import ConditionChecks
@@ -44,7 +43,7 @@ class Condition:
     kind: str
     value: Any
     id: str | None = None
-    program: Any = None  # the compiled CEL program of an `expr`
+    program: Expression | None = None  # of an `expr`
 
     def _held(self, reason: StopReason, observed: Any, run: RunState) -> Held:
         details: dict[str, Any] = {"condition": self.path, "kind": self.kind}
@@ -96,13 +95,13 @@ class Condition:
             if await value.evaluate(run, checks, failed) is None:
                 return self._held(StopReason.CUSTOM_CONDITION, True, run)
             return None
-        if kind == "expr":
+        if kind == "expr" and self.program is not None:
             try:
-                result = self.program.execute(run.snapshot())
-            except Exception as exc:  # the library raises its own types
-                failed(run, self.path, f"{type(exc).__name__}: {exc}"[:300])
+                result = self.program.evaluate(run.snapshot())
+            except ExpressionFailed as exc:
+                failed(run, self.path, exc.reason)
                 return None
-            return self._held(StopReason.CUSTOM_CONDITION, True, run) if result is True else None
+            return self._held(StopReason.CUSTOM_CONDITION, True, run) if result else None
         if checks is None:  # pragma: no cover - a run with custom conditions always has checks
             return None
         if await checks.check(kind, value, run.snapshot()):
@@ -139,7 +138,7 @@ def _compile(options: ConditionOptions, path: str, problems: list[tuple[str, str
         value = tuple(value)
     elif kind == "expr":
         try:
-            program = cel.compile(value)
+            program = compile_condition(value)
         except ValueError as exc:
             problems.append((where, f"invalid CEL expression: {exc}"))
     return Condition(path, kind, value, options.id, program)
