@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from proxy.engine.run import RunResult
+from proxy.engine.run_spec import RunResult
 from proxy.engine.stop import StopReason
 
 

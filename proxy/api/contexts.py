@@ -19,7 +19,8 @@ from proxy.api.failures import failed, send_failure
 from proxy.api.run_request import RunRequest, parse_loop
 from proxy.api.services import Services
 from proxy.engine.options import TerminatingOptions, problems
-from proxy.engine.run import Run, RunResult
+from proxy.engine.run import Run
+from proxy.engine.run_spec import RunResult
 from proxy.engine.stop import StopReason
 from proxy.errors import InvalidRequest, NotFound, PolicyInvalid
 from proxy.state.store import StoredContext

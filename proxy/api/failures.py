@@ -8,7 +8,7 @@ from typing import Any
 from starlette.types import Send
 
 from proxy.api.asgi import send_bytes, send_error
-from proxy.engine.run import RunResult
+from proxy.engine.run_spec import RunResult
 from proxy.engine.stop import StopReason
 from proxy.errors import (
     InternalError,

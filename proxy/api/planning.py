@@ -22,7 +22,7 @@ from proxy.engine.policy import (
     tighten,
 )
 from proxy.engine.ports import PriceBook
-from proxy.engine.run import RunSpec
+from proxy.engine.run_spec import RunSpec
 from proxy.engine.values import ToolSpec
 from proxy.errors import InvalidRequest, PolicyInvalid
 

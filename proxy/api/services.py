@@ -13,7 +13,7 @@ from proxy.api.planning import Planner
 from proxy.conditions import ConfiguredChecks
 from proxy.config import Config
 from proxy.engine.ports import RunObserver
-from proxy.engine.run import Deps
+from proxy.engine.run_spec import Deps
 from proxy.pricing import PriceTable
 from proxy.state.store import StateStore
 from proxy.tools.registry import ToolRegistry, build_registry

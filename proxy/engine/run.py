@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.engine import events as ev
@@ -14,68 +11,16 @@ from proxy.engine.checkpoints import Checkpoints
 from proxy.engine.final_message import Ending, final_message, without_tool_calls
 from proxy.engine.policies.base import Nudge, StepPlan
 from proxy.engine.policies.terminal import terminal_hint
-from proxy.engine.policy import LoopPolicy
-from proxy.engine.ports import (
-    ChatModel,
-    ConditionChecks,
-    PriceBook,
-    RunObserver,
-    RunStream,
-    ThreadCounters,
-    ToolExecutor,
-)
+from proxy.engine.ports import RunStream
+from proxy.engine.run_spec import Deps, RunResult, RunSpec
 from proxy.engine.state import RunState, StepRecord
 from proxy.engine.stop import Stop, StopReason
 from proxy.engine.tool_calls import ReplyCalls
-from proxy.engine.usage import Usage
-from proxy.engine.values import DeltaSink, ModelReply, ModelRequest
+from proxy.engine.values import ModelReply, ModelRequest
+from proxy.engine.voice import Voice
 from proxy.errors import ClientDisconnected, UpstreamFailure
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(slots=True)
-class RunSpec:
-    """Everything one run needs that the client or the config decided."""
-
-    run_id: str
-    model: str  # the upstream model name
-    messages: list[dict[str, Any]]
-    policy: LoopPolicy
-    agent: str | None = None
-    system_prompt: str | None = None
-    client_tools: list[dict[str, Any]] = field(default_factory=list)
-    client_tool_choice: Any = None
-    max_completion_tokens: int | None = None
-    params: dict[str, Any] = field(default_factory=dict)
-    thread_id: str | None = None
-
-
-@dataclass(slots=True)
-class Deps:
-    model: ChatModel
-    tools: ToolExecutor
-    prices: PriceBook
-    observers: Sequence[RunObserver] = ()
-    checks: ConditionChecks | None = None
-    clock: Callable[[], float] = time.monotonic
-    threads: ThreadCounters | None = None
-
-
-@dataclass(slots=True)
-class RunResult:
-    run_id: str
-    stop: Stop
-    message: dict[str, Any]
-    finish_reason: str | None
-    usage: Usage
-    cost_usd: float | None
-    steps: int
-    tool_calls: int
-    generated: list[dict[str, Any]]
-    tools_ran: bool
-    last_reply: ModelReply | None = None
-    error: BaseException | None = None
 
 
 class Run:
@@ -83,6 +28,7 @@ class Run:
         self.spec = spec
         self.deps = deps
         self.stream = stream
+        self.voice = Voice(deps.observers, stream)
         policy = spec.policy
         # Every tool the model may see: the server's, then the client's.
         self.offered = [t.definition for t in policy.tools.values()] + spec.client_tools
@@ -100,10 +46,9 @@ class Run:
             policy.terminal_tools,
             bool(policy.parallel_tool_calls),
             deps.clock,
-            self._emit,
+            self.voice.emit,
         )
         self.last_reply: ModelReply | None = None
-        self._streamed = False  # whether any text reached the stream yet
 
     async def execute(self) -> RunResult:
         spec, clock = self.spec, self.deps.clock
@@ -111,7 +56,9 @@ class Run:
         run = RunState(
             spec.run_id, spec.model, started, self._first_messages(), spec.thread_id, started
         )
-        self._notify(ev.RunStarted(spec.run_id, spec.agent, spec.model, spec.thread_id, started))
+        self.voice.notify(
+            ev.RunStarted(spec.run_id, spec.agent, spec.model, spec.thread_id, started)
+        )
         ending = Ending(Stop(StopReason.INTERNAL_ERROR), {"role": "assistant"}, None)
         error: BaseException | None = None
         try:
@@ -131,7 +78,7 @@ class Run:
             error = exc
         finally:
             run.now = clock()
-            self._notify(ev.RunFinished.of(run, spec.agent, ending.stop, error))
+            self.voice.notify(ev.RunFinished.of(run, spec.agent, ending.stop, error))
         return RunResult(
             spec.run_id,
             ending.stop,
@@ -178,7 +125,7 @@ class Run:
                 if not isinstance(verdict, Nudge):
                     return await self._end(run, verdict or Stop(StopReason.COMPLETED))
                 run.append({"role": "system", "content": verdict.message})
-                await self._emit(ev.Nudged(run.run_id, run.step_count, verdict.message))
+                await self.voice.emit(ev.Nudged(run.run_id, run.step_count, verdict.message))
             run.now = self.deps.clock()
             stop = await checkpoints.after_step(run)
             if stop is not None:
@@ -210,13 +157,13 @@ class Run:
         )
         clock = self.deps.clock
         started = clock()
-        await self._emit(ev.StepStarted(run.run_id, index, request, started))
+        await self.voice.emit(ev.StepStarted(run.run_id, index, request, started))
         run.invocations += 1
         try:
-            reply = await self.deps.model.complete(request, self._step_sink())
+            reply = await self.deps.model.complete(request, self.voice.step_sink())
         except BaseException as exc:
             run.upstream_s += clock() - started
-            self._notify(ev.ModelFailed(run.run_id, index, exc, clock() - started))
+            self.voice.notify(ev.ModelFailed(run.run_id, index, exc, clock() - started))
             raise
         elapsed = clock() - started
         run.upstream_s += elapsed
@@ -230,14 +177,14 @@ class Run:
             StepRecord(index, list(calls), [], reply.usage, cost, reply.finish_reason, reply.text)
         )
         self.last_reply = reply
-        await self._emit(ev.ModelReplied(run.run_id, index, reply, cost, elapsed))
+        await self.voice.emit(ev.ModelReplied(run.run_id, index, reply, cost, elapsed))
         return reply
 
     async def _end(
         self, run: RunState, stop: Stop, decided: dict[str, Any] | None = None
     ) -> Ending:
         if "condition" in stop.details:
-            self._notify(ev.ConditionHeld(run.run_id, run.step_count, stop.details))
+            self.voice.notify(ev.ConditionHeld(run.run_id, run.step_count, stop.details))
 
         async def final_answer() -> ModelReply:
             choice = "none" if self.offered else None
@@ -251,47 +198,9 @@ class Run:
             decided,
             self.last_reply,
             final_answer=final_answer if wants_answer else None,
-            say=self._say,
+            say=self.voice.say,
         )
-
-    # -- what observers and the stream hear ---------------------------------------------------
-
-    def _step_sink(self) -> DeltaSink | None:
-        """Streams one step's text; steps' texts are separated by a blank line (SPEC §4.3)."""
-        if self.stream is None:
-            return None
-        first = True
-
-        async def sink(text: str) -> None:
-            nonlocal first
-            if first:
-                first = False
-                await self._say(text)
-            elif self.stream is not None:
-                await self.stream.content(text)
-
-        return sink
-
-    async def _say(self, text: str) -> None:
-        if self.stream is None or not text:
-            return
-        if self._streamed:
-            text = "\n\n" + text
-        self._streamed = True
-        await self.stream.content(text)
 
     def _condition_failed(self, run: RunState, path: str, reason: str) -> None:
         log.warning("run %s: stop condition %s failed: %s", run.run_id, path, reason)
-        self._notify(ev.ConditionFailed(run.run_id, run.step_count, path, reason))
-
-    def _notify(self, event: ev.RunEvent) -> None:
-        for observer in self.deps.observers:
-            try:
-                observer.on_event(event)
-            except Exception:  # telemetry never breaks a run
-                log.exception("observer %r failed on %s", observer, type(event).__name__)
-
-    async def _emit(self, event: ev.RunEvent) -> None:
-        self._notify(event)
-        if self.stream is not None:
-            await self.stream.progress(event)
+        self.voice.notify(ev.ConditionFailed(run.run_id, run.step_count, path, reason))

@@ -10,7 +10,8 @@ from pydantic import ValidationError
 from proxy.engine.options import PolicyOptions, problems
 from proxy.engine.policy import Catalog, check_references, compile_policy
 from proxy.engine.ports import ConditionChecks, RunStream, ThreadCounters
-from proxy.engine.run import Deps, Run, RunResult, RunSpec
+from proxy.engine.run import Run
+from proxy.engine.run_spec import Deps, RunResult, RunSpec
 from proxy.engine.values import Prices, ToolSpec
 from proxy.errors import PolicyInvalid
 from tests.fakes import FakeTools, FixedPrices, ManualClock, RecordingObserver, ScriptedModel

@@ -1,0 +1,65 @@
+"""What a run is given (its spec and its collaborators) and what it gives back."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from proxy.engine.policy import LoopPolicy
+from proxy.engine.ports import (
+    ChatModel,
+    ConditionChecks,
+    PriceBook,
+    RunObserver,
+    ThreadCounters,
+    ToolExecutor,
+)
+from proxy.engine.stop import Stop
+from proxy.engine.usage import Usage
+from proxy.engine.values import ModelReply
+
+
+@dataclass(slots=True)
+class RunSpec:
+    """Everything one run needs that the client or the config decided."""
+
+    run_id: str
+    model: str  # the upstream model name
+    messages: list[dict[str, Any]]
+    policy: LoopPolicy
+    agent: str | None = None
+    system_prompt: str | None = None
+    client_tools: list[dict[str, Any]] = field(default_factory=list)
+    client_tool_choice: Any = None
+    max_completion_tokens: int | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+    thread_id: str | None = None
+
+
+@dataclass(slots=True)
+class Deps:
+    model: ChatModel
+    tools: ToolExecutor
+    prices: PriceBook
+    observers: Sequence[RunObserver] = ()
+    checks: ConditionChecks | None = None
+    clock: Callable[[], float] = time.monotonic
+    threads: ThreadCounters | None = None
+
+
+@dataclass(slots=True)
+class RunResult:
+    run_id: str
+    stop: Stop
+    message: dict[str, Any]
+    finish_reason: str | None
+    usage: Usage
+    cost_usd: float | None
+    steps: int
+    tool_calls: int
+    generated: list[dict[str, Any]]
+    tools_ran: bool
+    last_reply: ModelReply | None = None
+    error: BaseException | None = None
