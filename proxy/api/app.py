@@ -24,6 +24,7 @@ from proxy.api.chat import ChatCompletions
 from proxy.api.contexts import ContextRecords, ContextRuns
 from proxy.api.models import ModelList
 from proxy.api.passthrough import METHODS, Passthrough
+from proxy.api.runs import RunReports
 from proxy.api.services import Services, build_services
 from proxy.config import Config
 from proxy.engine.ports import RunObserver
@@ -167,6 +168,7 @@ def create_app(
         Route("/chat/invoke", runs, methods=["POST"]),
         Route("/chat/add-ai-message", runs, methods=["POST"]),
         Route("/v1/contexts/{context_id}", ContextRecords(services), methods=["GET", "DELETE"]),
+        Route("/v1/runs/{run_id}", RunReports(services), methods=["GET"]),
         Route("/v1/chat/completions", chat, methods=["POST"]),
         Route("/chat/completions", chat, methods=["POST"]),
         Route("/v1/models", model_list, methods=["GET"]),

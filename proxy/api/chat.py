@@ -34,6 +34,9 @@ class ChatCompletions:
         plan = sv.planner.plan(req.run, caller)
         deps = sv.deps(plan.upstream, bearer, scope["path"])
         spec = plan.spec
+        if spec.policy.tools:
+            spec.messages = await sv.restore(spec.messages)
+        owner = plan.agent or req.run.model
         headers = {"x-loopwarden-run-id": spec.run_id}
         if req.stream:
             writer = SSEWriter(
@@ -43,13 +46,14 @@ class ChatCompletions:
                 headers,
                 req.run.loop.include_loop_events,
             )
-            await self._stream(Run(spec, deps, writer), writer, req, receive, sv)
+            await self._stream(Run(spec, deps, writer), writer, req, receive, sv, owner)
             return
         result = await run_or_cancel(Run(spec, deps).execute, receive)
         if result is None:
             return
         headers["x-loopwarden-stop-reason"] = result.stop.reason.value
         report = loop_report(result, req.run.loop.include_messages)
+        await sv.remember(result, report, owner)
         if failed(result):
             await send_failure(send, result, report, headers)
             return
@@ -59,7 +63,13 @@ class ChatCompletions:
         )
 
     async def _stream(
-        self, run: Run, writer: SSEWriter, req: ChatRequest, receive: Receive, sv: Services
+        self,
+        run: Run,
+        writer: SSEWriter,
+        req: ChatRequest,
+        receive: Receive,
+        sv: Services,
+        owner: str,
     ) -> None:
         keepalive = asyncio.ensure_future(writer.keepalive(sv.config.server.keepalive_interval_s))
         try:
@@ -70,6 +80,7 @@ class ChatCompletions:
             return
         writer.headers["x-loopwarden-stop-reason"] = result.stop.reason.value
         report = loop_report(result, req.run.loop.include_messages)
+        await sv.remember(result, report, owner)
         try:
             if failed(result):
                 if not writer.started:

@@ -190,6 +190,7 @@ class ContextRuns:
             "x-loopwarden-stop-reason": result.stop.reason.value,
         }
         report = loop_report(result, False)
+        await sv.remember(result, report, plan.agent or context.model or "")
         if failed(result):  # a failed run saves nothing
             await send_failure(send, result, report, headers)
             return

@@ -5,19 +5,25 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
+import orjson
 
 from proxy.api.auth import KeyRing
 from proxy.api.planning import Planner
 from proxy.conditions import ConfiguredChecks
 from proxy.config import Config
 from proxy.engine.ports import RunObserver
-from proxy.engine.run_spec import Deps
+from proxy.engine.run_spec import Deps, RunResult
+from proxy.engine.tool_calls import restore_held_calls
 from proxy.pricing import PriceTable
 from proxy.state.store import StateStore
 from proxy.tools.registry import ToolRegistry, build_registry
 from proxy.upstream.client import AttemptHook, HeadersHook, Upstream
+
+RUN_RECORD = "run"  # a finished run's report, by run id
+HELD_RECORD = "held_calls"  # server calls held back from the client, by client call id
 
 
 @dataclass(slots=True)
@@ -34,6 +40,30 @@ class Services:
     observers: Sequence[RunObserver] = field(default_factory=list)
     # The observers of runs started by a route, where they differ (the route's own metrics).
     route_observers: Mapping[str, Sequence[RunObserver]] = field(default_factory=dict)
+
+    async def remember(self, result: RunResult, report: dict[str, Any], owner: str) -> None:
+        """Keeps what later requests may ask for, for `state.run_ttl_s`: the run's report
+        (`GET /v1/runs/{id}`, with the agent or model that `owner` names) and the server calls
+        it held back from the client (SPEC §5.1.6)."""
+        ttl = self.config.state.run_ttl_s
+        record = orjson.dumps({"owner": owner, "loop": report})
+        await self.store.put_record(RUN_RECORD, result.run_id, record, ttl)
+        if result.held is not None:
+            held = orjson.dumps(result.held)
+            for call in result.message.get("tool_calls") or []:
+                await self.store.put_record(HELD_RECORD, call["id"], held, ttl)
+
+    async def restore(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """`messages` with the server calls held back from the client put back in place."""
+        held: dict[str, dict[str, Any]] = {}
+        for message in messages:
+            calls = message.get("tool_calls") if message.get("role") == "assistant" else None
+            if isinstance(calls, list) and calls and isinstance(calls[0], dict):
+                call_id = calls[0].get("id")
+                found = await self.store.get_record(HELD_RECORD, str(call_id))
+                if found is not None:
+                    held[str(call_id)] = orjson.loads(found)
+        return restore_held_calls(messages, held) if held else messages
 
     def upstream(self, name: str, bearer: str | None) -> Upstream:
         """The upstream `name`. The client's bearer token goes upstream only where the config

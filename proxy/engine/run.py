@@ -92,6 +92,7 @@ class Run:
             run.tools_ran,
             self.last_reply,
             error,
+            run.held,
         )
 
     async def _loop(self, run: RunState) -> Ending:

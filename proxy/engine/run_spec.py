@@ -63,3 +63,4 @@ class RunResult:
     tools_ran: bool
     last_reply: ModelReply | None = None
     error: BaseException | None = None
+    held: dict[str, Any] | None = None  # see `RunState.held`

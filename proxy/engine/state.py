@@ -52,6 +52,9 @@ class RunState:
     tools_ran: bool = False
     upstream_s: float = 0.0
     tools_s: float = 0.0
+    # The server calls of a reply that also called client tools, kept for the client's next
+    # request (SPEC §5.1.6).
+    held: dict[str, Any] | None = None
 
     @property
     def step_count(self) -> int:

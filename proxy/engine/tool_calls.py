@@ -119,6 +119,7 @@ class ReplyCalls:
             message = dict(reply.message)
             if server:
                 message["content"] = None
+                run.held = held_calls(reply, server, outputs)
             message["tool_calls"] = [c.to_openai() for c in client]
             run.generated.append(message)
             return Outcome(Stop(StopReason.CLIENT_TOOL_CALL), message)
@@ -149,6 +150,51 @@ class ReplyCalls:
         )
         await self.emit(ev.ToolExecuted(run.run_id, run.step_count, call, result, elapsed))
         return result
+
+
+def held_calls(
+    reply: ModelReply, server: list[ToolCall], outputs: Mapping[str, str]
+) -> dict[str, Any]:
+    """What the client is not shown of a reply that also called its tools (SPEC §5.1.6): the
+    reply with every call, and the results of the server's calls."""
+    return {
+        "message": dict(reply.message),
+        "results": [
+            {"role": "tool", "tool_call_id": c.id, "content": outputs[c.id]} for c in server
+        ],
+    }
+
+
+def restore_held_calls(
+    messages: list[dict[str, Any]], held: Mapping[str, dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """`messages` with each assistant message the client got back with only its calls replaced
+    by the reply it came from, followed by the server calls' results, so the model sees
+    everything that ran. `held` maps a client call id to what `held_calls` kept."""
+    restored: list[dict[str, Any]] = []
+    for message in messages:
+        kept = held.get(_first_call_id(message) or "")
+        if kept is None or not _same_client_calls(message, kept["message"]):
+            restored.append(message)
+            continue
+        restored.append(kept["message"])
+        restored.extend(kept["results"])
+    return restored
+
+
+def _first_call_id(message: dict[str, Any]) -> str | None:
+    calls = message.get("tool_calls") if message.get("role") == "assistant" else None
+    if not isinstance(calls, list) or not calls or not isinstance(calls[0], dict):
+        return None
+    call_id = calls[0].get("id")
+    return call_id if isinstance(call_id, str) else None
+
+
+def _same_client_calls(message: dict[str, Any], original: dict[str, Any]) -> bool:
+    """The client's message holds exactly the client calls of the original reply."""
+    ids = [c.get("id") for c in message.get("tool_calls") or [] if isinstance(c, dict)]
+    known = {c.get("id") for c in original.get("tool_calls") or []}
+    return bool(ids) and set(ids) <= known
 
 
 def error_content(message: str) -> str:

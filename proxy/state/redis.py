@@ -71,6 +71,19 @@ class RedisStore:
     async def delete_context(self, context_id: str) -> bool:
         return bool(await self._redis.delete(self._context(context_id)))
 
+    def _record(self, kind: str, key: str) -> str:
+        # The kind's length keeps (kind, key) pairs apart whatever ':' either holds.
+        return f"{self._prefix}record:{len(kind)}:{kind}:{key}"
+
+    async def put_record(self, kind: str, key: str, value: bytes, ttl_s: float) -> None:
+        await self._redis.set(self._record(kind, key), value, px=max(1, round(ttl_s * 1000)))
+
+    async def get_record(self, kind: str, key: str) -> bytes | None:
+        found = await self._redis.get(self._record(kind, key))
+        if found is None:
+            return None
+        return found.encode() if isinstance(found, str) else bytes(found)
+
     def hold(self, context_id: str) -> AbstractAsyncContextManager[None]:
         return self._hold(context_id)
 

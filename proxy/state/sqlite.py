@@ -16,6 +16,7 @@ from proxy.state.locks import KeyedLocks
 from proxy.state.store import StoredContext
 
 T = TypeVar("T")
+SWEEP_EVERY_S = 60.0  # the most often expired records are deleted
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS thread_calls (
@@ -25,6 +26,13 @@ CREATE TABLE IF NOT EXISTS thread_calls (
     PRIMARY KEY (thread_id, key)
 );
 CREATE TABLE IF NOT EXISTS contexts (id TEXT PRIMARY KEY, body BLOB NOT NULL, updated REAL);
+CREATE TABLE IF NOT EXISTS records (
+    kind TEXT NOT NULL,
+    key TEXT NOT NULL,
+    value BLOB NOT NULL,
+    expires_at REAL NOT NULL,
+    PRIMARY KEY (kind, key)
+);
 """
 
 
@@ -38,6 +46,7 @@ class SqliteStore:
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
         self._mutex = threading.Lock()
+        self._swept = 0.0
         self._locks = KeyedLocks()
 
     async def _call(self, work: Callable[[sqlite3.Connection], T]) -> T:
@@ -103,6 +112,34 @@ class SqliteStore:
     async def delete_context(self, context_id: str) -> bool:
         def work(db: sqlite3.Connection) -> bool:
             return bool(db.execute("DELETE FROM contexts WHERE id = ?", (context_id,)).rowcount)
+
+        return await self._call(work)
+
+    async def put_record(self, kind: str, key: str, value: bytes, ttl_s: float) -> None:
+        now = time.time()
+        sweep = now - self._swept > SWEEP_EVERY_S
+        if sweep:
+            self._swept = now
+
+        def work(db: sqlite3.Connection) -> None:
+            db.execute(
+                "INSERT INTO records (kind, key, value, expires_at) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (kind, key) DO UPDATE SET value = excluded.value, "
+                "expires_at = excluded.expires_at",
+                (kind, key, value, now + ttl_s),
+            )
+            if sweep:  # expired records do not pile up
+                db.execute("DELETE FROM records WHERE expires_at <= ?", (now,))
+
+        await self._call(work)
+
+    async def get_record(self, kind: str, key: str) -> bytes | None:
+        def work(db: sqlite3.Connection) -> bytes | None:
+            row = db.execute(
+                "SELECT value FROM records WHERE kind = ? AND key = ? AND expires_at > ?",
+                (kind, key, time.time()),
+            ).fetchone()
+            return None if row is None else bytes(row[0])
 
         return await self._call(work)
 

@@ -48,6 +48,14 @@ class StateStore(Protocol):
         delete); False when there was none."""
         ...
 
+    async def put_record(self, kind: str, key: str, value: bytes, ttl_s: float) -> None:
+        """Stores `value` under (kind, key) for `ttl_s` seconds, replacing what was there."""
+        ...
+
+    async def get_record(self, kind: str, key: str) -> bytes | None:
+        """The value, or None when there is none or it has expired."""
+        ...
+
     def hold(self, context_id: str) -> AbstractAsyncContextManager[None]:
         """Serialises the runs on one context."""
         ...

@@ -24,12 +24,17 @@ def call(name: str, text: str | None = None, **arguments: Any) -> Turn:
     return {"content": text, "calls": [(name, arguments)]}
 
 
-def upstream(turns: list[Turn]) -> Callable[[httpx.Request], httpx.Response]:
-    """An upstream that answers with `turns` in order, as JSON or SSE as asked."""
+def upstream(
+    turns: list[Turn], seen: list[dict[str, Any]] | None = None
+) -> Callable[[httpx.Request], httpx.Response]:
+    """An upstream that answers with `turns` in order, as JSON or SSE as asked; the request
+    bodies go to `seen`."""
     script = list(turns)
 
     def handle(request: httpx.Request) -> httpx.Response:
         body = orjson.loads(request.content)
+        if seen is not None:
+            seen.append(body)
         turn = script.pop(0)
         calls = [
             {
@@ -161,3 +166,46 @@ async def test_an_expression_that_fails_while_evaluated_is_on_the_trace(
     assert failed.attributes is not None
     assert failed.attributes["loopwarden.condition.condition"] == "loop.stop_when[0]"
     assert "loop.stop_when[0]" in caplog.text
+
+
+async def test_a_run_report_is_found_by_run_id_and_by_completion_id(
+    proxy_for: ProxyFactory,
+) -> None:
+    async with proxy_for(upstream=upstream([call("get_weather", city="Oslo"), say("4°C")])) as p:
+        body = (await p.chat(model="weather")).json()
+        by_run = await p.client.get(f"/v1/runs/{body['loop']['run_id']}")
+        by_completion = await p.client.get(f"/v1/runs/{body['id']}")
+        unknown = await p.client.get("/v1/runs/run_0000")
+    assert by_run.json()["stop_reason"] == "completed"
+    assert by_run.json() == by_completion.json()
+    assert by_run.json()["steps"] == 2
+    assert unknown.status_code == 404
+    assert unknown.json()["error"]["code"] == "not_found"
+
+
+async def test_server_calls_of_a_reply_with_client_calls_are_put_back_in_the_history(
+    proxy_for: ProxyFactory,
+) -> None:
+    both = {
+        "content": None,
+        "calls": [("get_weather", {"city": "Oslo"}), ("ask_user", {"question": "Coat?"})],
+    }
+    seen: list[dict[str, Any]] = []
+    ask_user = {"type": "function", "function": {"name": "ask_user", "parameters": {}}}
+    async with proxy_for(upstream=upstream([both, say("Take a coat.")], seen)) as proxy:
+        first = (await proxy.chat(model="weather", tools=[ask_user])).json()
+        message = first["choices"][0]["message"]
+        assert [c["function"]["name"] for c in message["tool_calls"]] == ["ask_user"]
+        history = [
+            {"role": "user", "content": "hi"},
+            {k: v for k, v in message.items() if v is not None},
+            {"role": "tool", "tool_call_id": message["tool_calls"][0]["id"], "content": "yes"},
+        ]
+        second = await proxy.chat(model="weather", tools=[ask_user], messages=history)
+    assert second.json()["choices"][0]["message"]["content"] == "Take a coat."
+    sent = [m for m in seen[1]["messages"] if m["role"] != "system"]
+    assert [m["role"] for m in sent] == ["user", "assistant", "tool", "tool"]
+    names = [c["function"]["name"] for c in sent[1]["tool_calls"]]
+    assert names == ["get_weather", "ask_user"]  # the reply as the model gave it
+    assert "Oslo" in sent[2]["content"]  # the server call's result, where it ran
+    assert sent[3]["content"] == "yes"

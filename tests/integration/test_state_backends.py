@@ -161,3 +161,26 @@ def test_two_processes_share_one_exact_thread_limit(
     granted = [int(p.communicate(timeout=60)[0]) for p in procs]
     assert sum(granted) == 60
     assert all(g > 0 for g in granted)
+
+
+async def test_records_round_trip_replace_and_expire(store: StateStore) -> None:
+    assert await store.get_record("run", "r1") is None
+    await store.put_record("run", "r1", b"one", 60)
+    await store.put_record("run", "r1", b"two", 60)
+    await store.put_record("held_calls", "r1", b"other kind", 60)
+    await store.put_record("a:b", "c", b"x", 60)
+    assert await store.get_record("run", "r1") == b"two"
+    assert await store.get_record("held_calls", "r1") == b"other kind"
+    assert await store.get_record("a", "b:c") is None  # kinds and keys cannot run together
+    await store.put_record("run", "short", b"gone", 0.05)
+    await asyncio.sleep(0.15)
+    assert await store.get_record("run", "short") is None
+
+
+async def test_sqlite_records_survive_a_restart(tmp_path: Path) -> None:
+    first = SqliteStore(tmp_path / "state.db")
+    await first.put_record("run", "r1", b"kept", 60)
+    await first.close()
+    second = SqliteStore(tmp_path / "state.db")
+    assert await second.get_record("run", "r1") == b"kept"
+    await second.close()

@@ -1,0 +1,42 @@
+"""`GET /v1/runs/{id}`: the `loop` report of a recent run, by its run id or by the id of the
+completion or response it answered with (SPEC §4.2), from the state backend."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import orjson
+from starlette.types import Receive, Scope, Send
+
+from proxy.api.asgi import bearer_token, send_json
+from proxy.api.services import RUN_RECORD, Services
+from proxy.errors import NotFound
+
+ID_PREFIXES = ("run_", "chatcmpl-", "resp_")
+
+
+def run_id_of(any_id: str) -> str | None:
+    """The run id a run, completion or response id is made from."""
+    for prefix in ID_PREFIXES:
+        if any_id.startswith(prefix) and len(any_id) > len(prefix):
+            return "run_" + any_id.removeprefix(prefix)
+    return None
+
+
+class RunReports:
+    """A raw ASGI app. A key may read the runs of the agents and models it may use."""
+
+    def __init__(self, services: Callable[[], Services]) -> None:
+        self.services = services
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        sv = self.services()
+        caller = sv.keys.caller(bearer_token(scope))
+        asked = scope["path_params"]["run_id"]
+        run_id = run_id_of(asked)
+        found = await sv.store.get_record(RUN_RECORD, run_id) if run_id else None
+        if found is None:
+            raise NotFound(f"no recent run {asked!r}")
+        record = orjson.loads(found)
+        sv.keys.check(caller, record["owner"])
+        await send_json(send, 200, {"object": "loopwarden.run", **record["loop"]})
