@@ -4,7 +4,7 @@ It reads its plan from the conversation: the tools named in the last user messag
 called in the order they are mentioned, one per step (all in the first reply with the word
 "together"); with the word "keep" the last one is called forever; `!name` calls a tool even when
 it is not offered. A forced `tool_choice` is obeyed. After a nudge it calls the tool the system
-prompt names as ending the turn.
+prompt names as terminal (it knows the proxy's nudge and hint by their text, not their wording).
 When the plan is done it answers from the last tool result. Usage is counted honestly (four
 bytes a token) and `max_completion_tokens` is honoured, cutting the reply short.
 """
@@ -23,6 +23,9 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
+
+from proxy.engine.options import DEFAULT_NUDGE
+from proxy.engine.policies.terminal import terminal_hint
 
 _ids = itertools.count(1)
 
@@ -70,16 +73,11 @@ def decide(body: dict[str, Any]) -> tuple[str | None, list[dict[str, Any]]]:
         return None, [_call(tools.get(upcoming, _unknown(upcoming)), text, found)]
     if isinstance(choice, dict) and choice.get("function", {}).get("name") in tools:
         return None, [_call(tools[choice["function"]["name"]], text, found)]
-    if (
-        allowed
-        and since
-        and since[-1].get("role") == "system"
-        and "terminat" in str(since[-1].get("content", ""))
-    ):
+    if allowed and since and since[-1].get("content") == DEFAULT_NUDGE:
         first_system = str(messages[0].get("content", "")) if messages else ""
-        ending = re.findall(r"`([^`]+)`", first_system.split("ends your turn")[0])
-        if ending and ending[0] in tools:
-            return None, [_call(tools[ending[0]], text, found)]
+        terminal = sorted(n for n in tools if f"`{n}`" in first_system)
+        if terminal and terminal_hint(terminal) in first_system:
+            return None, [_call(tools[terminal[0]], text, found)]
     if allowed and plan and "together" in text and not done:
         return None, [_call(tools.get(n, _unknown(n)), text, found) for n in plan]
     if upcoming is not None:
