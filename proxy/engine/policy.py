@@ -107,11 +107,7 @@ def compile_policy(
             problems.append((f"{path}tools[{i}]", f"no server tool named {ref!r}"))
         else:
             tools[name] = catalog.tools[name]
-    conditions: tuple[Condition, ...] = ()
-    try:
-        conditions = compile_conditions(options.stop_when, f"{path}stop_when")
-    except PolicyInvalid as exc:
-        problems.extend(exc.problems)
+    conditions = compile_conditions(options.stop_when, f"{path}stop_when", problems)
     for cond in walk(conditions):
         if cond.kind in ("webhook", "python") and catalog.conditions.get(cond.value) != cond.kind:
             problems.append(

@@ -103,6 +103,17 @@ async def test_a_tool_call_resets_the_nudge_counter() -> None:
     assert result.stop.reason is StopReason.TERMINAL_TOOL
 
 
+async def test_a_call_to_an_unknown_tool_resets_the_nudge_counter_too() -> None:
+    h = Harness(
+        [reply("a"), reply(calls=[("nope", "{}")]), reply("b"), reply(calls=[("done", "{}")])],
+        {"done": lambda _: "ok"},
+        terminating={"tool_ids": ["done"], "consecutive_nudges": 1},
+    )
+    result = await h.run()
+    assert result.stop.reason is StopReason.TERMINAL_TOOL  # not nudges_exhausted
+    assert "Unknown tool 'nope'" in result.generated[3]["content"]
+
+
 async def test_zero_nudges_fails_on_the_first_content_reply() -> None:
     h = Harness(
         [reply("a")],

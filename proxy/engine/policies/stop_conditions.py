@@ -12,7 +12,6 @@ from proxy.engine.policies.base import Policy
 from proxy.engine.ports import ConditionChecks
 from proxy.engine.state import RunState
 from proxy.engine.stop import Stop, StopReason
-from proxy.errors import PolicyInvalid
 
 _REASONS = {
     "step_count_is": StopReason.MAX_STEPS,
@@ -115,14 +114,12 @@ class Condition:
         return [self]
 
 
-def compile_conditions(options: Sequence[ConditionOptions], path: str) -> tuple[Condition, ...]:
-    """`stop_when` entries -> conditions with their paths; raises PolicyInvalid with every
-    expression that does not compile."""
-    problems: list[tuple[str, str]] = []
-    compiled = tuple(_compile(entry, f"{path}[{i}]", problems) for i, entry in enumerate(options))
-    if problems:
-        raise PolicyInvalid(problems)
-    return compiled
+def compile_conditions(
+    options: Sequence[ConditionOptions], path: str, problems: list[tuple[str, str]]
+) -> tuple[Condition, ...]:
+    """`stop_when` entries -> conditions with their paths; every expression that does not
+    compile is added to `problems`."""
+    return tuple(_compile(entry, f"{path}[{i}]", problems) for i, entry in enumerate(options))
 
 
 def _compile(options: ConditionOptions, path: str, problems: list[tuple[str, str]]) -> Condition:
