@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.config import ConfigError
+from proxy.config import ConfigError, parse_config
 from tests.integration.conftest import ProxyFactory
 
 
@@ -56,3 +56,14 @@ async def test_a_key_without_the_agent_gets_a_403_before_its_loop_is_read(
         )
     assert r.status_code == 403
     assert r.json()["error"]["type"] == "permission_error"
+
+
+def test_the_proxy_key_can_never_be_forwarded_upstream() -> None:
+    config = {
+        "auth": {"keys": [{"name": "a", "key_sha256": "0" * 64}]},
+        "upstreams": {"main": {"base_url": "http://u.test/v1", "forward_client_key": True}},
+        "default_upstream": "main",
+    }
+    with pytest.raises(ConfigError) as err:
+        parse_config(config)
+    assert [path for path, _ in err.value.problems] == ["upstreams.main.forward_client_key"]
