@@ -8,17 +8,18 @@ from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager
 
 from proxy.state.locks import KeyedLocks
-from proxy.state.store import StoredContext
+from proxy.state.store import StoredContext, check_ttl
 
-SWEEP_EVERY = 1024  # puts between two sweeps of expired records
+SWEEP_AFTER = 1024  # the fewest puts between two sweeps of expired records
 
 
 class MemoryStore:
     def __init__(self) -> None:
         self._threads: dict[str, Counter[str]] = {}
         self._contexts: dict[str, bytes] = {}
+        # (kind, key) -> (monotonic deadline, value)
         self._records: dict[tuple[str, str], tuple[float, bytes]] = {}
-        self._puts = 0
+        self._puts_to_sweep = SWEEP_AFTER
         self._locks = KeyedLocks()
 
     async def reserve(
@@ -45,13 +46,10 @@ class MemoryStore:
         return self._contexts.pop(context_id, None) is not None
 
     async def put_record(self, kind: str, key: str, value: bytes, ttl_s: float) -> None:
-        now = time.monotonic()
-        self._records[(kind, key)] = (now + ttl_s, value)
-        self._puts += 1
-        if self._puts % SWEEP_EVERY == 0:  # expired records do not pile up
-            expired = [k for k, (until, _) in self._records.items() if until <= now]
-            for k in expired:
-                del self._records[k]
+        self._records[(kind, key)] = (time.monotonic() + check_ttl(ttl_s), value)
+        self._puts_to_sweep -= 1
+        if self._puts_to_sweep <= 0:
+            self._sweep()
 
     async def get_record(self, kind: str, key: str) -> bytes | None:
         found = self._records.get((kind, key))
@@ -62,6 +60,19 @@ class MemoryStore:
             del self._records[(kind, key)]
             return None
         return value
+
+    async def delete_record(self, kind: str, key: str) -> bool:
+        found = self._records.pop((kind, key), None)
+        return found is not None and found[0] > time.monotonic()
+
+    def _sweep(self) -> None:
+        """Drops expired records that nobody asked for again."""
+        now = time.monotonic()
+        # A new dict, as a dict does not shrink when entries are deleted.
+        self._records = {k: found for k, found in self._records.items() if found[0] > now}
+        # Waiting as many puts as there are records left makes each put pay O(1) towards the
+        # next sweep, and keeps the dict within twice what the last sweep left (or SWEEP_AFTER).
+        self._puts_to_sweep = max(SWEEP_AFTER, len(self._records))
 
     def hold(self, context_id: str) -> AbstractAsyncContextManager[None]:
         return self._locks.hold(context_id)

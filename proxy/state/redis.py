@@ -9,7 +9,7 @@ from contextlib import AbstractAsyncContextManager
 
 import redis.asyncio as aioredis
 
-from proxy.state.store import StoredContext
+from proxy.state.store import StoredContext, check_ttl
 
 # KEYS[1]: the thread's hash; ARGV: key1, limit1, key2, limit2, ...
 # Returns {ok, count1, count2, ...}: the counts after, or as they are when one is at its limit.
@@ -76,13 +76,17 @@ class RedisStore:
         return f"{self._prefix}record:{len(kind)}:{kind}:{key}"
 
     async def put_record(self, kind: str, key: str, value: bytes, ttl_s: float) -> None:
-        await self._redis.set(self._record(kind, key), value, px=max(1, round(ttl_s * 1000)))
+        ttl_ms = max(1, round(check_ttl(ttl_s) * 1000))
+        await self._redis.set(self._record(kind, key), value, px=ttl_ms)
 
     async def get_record(self, kind: str, key: str) -> bytes | None:
         found = await self._redis.get(self._record(kind, key))
         if found is None:
             return None
         return found.encode() if isinstance(found, str) else bytes(found)
+
+    async def delete_record(self, kind: str, key: str) -> bool:
+        return bool(await self._redis.delete(self._record(kind, key)))
 
     def hold(self, context_id: str) -> AbstractAsyncContextManager[None]:
         return self._hold(context_id)

@@ -4,6 +4,7 @@ that share the file (each reservation is one IMMEDIATE transaction)."""
 from __future__ import annotations
 
 import asyncio
+import math
 import sqlite3
 import threading
 import time
@@ -13,7 +14,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from proxy.state.locks import KeyedLocks
-from proxy.state.store import StoredContext
+from proxy.state.store import StoredContext, check_ttl
 
 T = TypeVar("T")
 SWEEP_EVERY_S = 60.0  # the most often expired records are deleted
@@ -33,6 +34,8 @@ CREATE TABLE IF NOT EXISTS records (
     expires_at REAL NOT NULL,
     PRIMARY KEY (kind, key)
 );
+-- The sweep finds expired rows without reading the others (Responses are kept for days).
+CREATE INDEX IF NOT EXISTS records_by_expiry ON records (expires_at);
 """
 
 
@@ -46,7 +49,7 @@ class SqliteStore:
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
         self._mutex = threading.Lock()
-        self._swept = 0.0
+        self._swept = -math.inf  # monotonic; the first put sweeps what expired before it
         self._locks = KeyedLocks()
 
     async def _call(self, work: Callable[[sqlite3.Connection], T]) -> T:
@@ -116,19 +119,22 @@ class SqliteStore:
         return await self._call(work)
 
     async def put_record(self, kind: str, key: str, value: bytes, ttl_s: float) -> None:
+        # Deadlines are wall-clock times: other processes and later runs read them.
         now = time.time()
-        sweep = now - self._swept > SWEEP_EVERY_S
+        expires_at = now + check_ttl(ttl_s)
+        clock = time.monotonic()
+        sweep = clock - self._swept >= SWEEP_EVERY_S
         if sweep:
-            self._swept = now
+            self._swept = clock
 
         def work(db: sqlite3.Connection) -> None:
             db.execute(
                 "INSERT INTO records (kind, key, value, expires_at) VALUES (?, ?, ?, ?) "
                 "ON CONFLICT (kind, key) DO UPDATE SET value = excluded.value, "
                 "expires_at = excluded.expires_at",
-                (kind, key, value, now + ttl_s),
+                (kind, key, value, expires_at),
             )
-            if sweep:  # expired records do not pile up
+            if sweep:  # expired rows do not pile up
                 db.execute("DELETE FROM records WHERE expires_at <= ?", (now,))
 
         await self._call(work)
@@ -140,6 +146,17 @@ class SqliteStore:
                 (kind, key, time.time()),
             ).fetchone()
             return None if row is None else bytes(row[0])
+
+        return await self._call(work)
+
+    async def delete_record(self, kind: str, key: str) -> bool:
+        def work(db: sqlite3.Connection) -> bool:
+            # An expired row is left to the sweep: it reads as absent already.
+            deleted = db.execute(
+                "DELETE FROM records WHERE kind = ? AND key = ? AND expires_at > ?",
+                (kind, key, time.time()),
+            )
+            return bool(deleted.rowcount)
 
         return await self._call(work)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager
@@ -49,11 +50,18 @@ class StateStore(Protocol):
         ...
 
     async def put_record(self, kind: str, key: str, value: bytes, ttl_s: float) -> None:
-        """Stores `value` under (kind, key) for `ttl_s` seconds, replacing what was there."""
+        """Stores `value` under (kind, key) for `ttl_s` seconds, replacing what was there (its
+        TTL included), for every process sharing the backend. No two (kind, key) pairs share a
+        record, whatever ':' either holds. Raises ValueError unless `ttl_s` is positive and
+        finite."""
         ...
 
     async def get_record(self, kind: str, key: str) -> bytes | None:
         """The value, or None when there is none or it has expired."""
+        ...
+
+    async def delete_record(self, kind: str, key: str) -> bool:
+        """Drops it; False when there was none (or it had expired)."""
         ...
 
     def hold(self, context_id: str) -> AbstractAsyncContextManager[None]:
@@ -65,3 +73,10 @@ class StateStore(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+def check_ttl(ttl_s: float) -> float:
+    """`ttl_s`, when a record may be kept that long; raises ValueError otherwise."""
+    if not (0 < ttl_s < math.inf):  # also refuses NaN
+        raise ValueError(f"a record's TTL must be a positive number of seconds, not {ttl_s!r}")
+    return ttl_s

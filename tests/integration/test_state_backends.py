@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import math
 import os
 import secrets
+import sqlite3
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -13,7 +16,9 @@ from pathlib import Path
 import pytest
 
 from proxy.config import StateConfig
+from proxy.state import sqlite as sqlite_state
 from proxy.state.backend import open_store
+from proxy.state.memory import SWEEP_AFTER, MemoryStore
 from proxy.state.redis import RedisStore
 from proxy.state.sqlite import SqliteStore
 from proxy.state.store import StateStore, StoredContext
@@ -163,24 +168,126 @@ def test_two_processes_share_one_exact_thread_limit(
     assert all(g > 0 for g in granted)
 
 
-async def test_records_round_trip_replace_and_expire(store: StateStore) -> None:
+async def test_records_round_trip(store: StateStore) -> None:
+    value = bytes(range(256))  # every byte, NUL included, comes back as it went in
     assert await store.get_record("run", "r1") is None
-    await store.put_record("run", "r1", b"one", 60)
-    await store.put_record("run", "r1", b"two", 60)
-    await store.put_record("held_calls", "r1", b"other kind", 60)
-    await store.put_record("a:b", "c", b"x", 60)
-    assert await store.get_record("run", "r1") == b"two"
-    assert await store.get_record("held_calls", "r1") == b"other kind"
-    assert await store.get_record("a", "b:c") is None  # kinds and keys cannot run together
+    await store.put_record("run", "r1", value, 60)
+    assert await store.get_record("run", "r1") == value
+    await store.put_record("run", "r2", b"", 60)
+    assert await store.get_record("run", "r2") == b""
+
+
+async def test_put_record_replaces_the_value_and_its_ttl(store: StateStore) -> None:
+    await store.put_record("run", "longer", b"one", 0.05)
+    await store.put_record("run", "longer", b"two", 60)
+    await store.put_record("run", "shorter", b"one", 60)
+    await store.put_record("run", "shorter", b"two", 0.05)
+    assert await store.get_record("run", "longer") == b"two"
+    assert await store.get_record("run", "shorter") == b"two"
+    await asyncio.sleep(0.15)
+    assert await store.get_record("run", "longer") == b"two"
+    assert await store.get_record("run", "shorter") is None
+
+
+async def test_delete_record_drops_it_once(store: StateStore) -> None:
+    await store.put_record("run", "r1", b"x", 60)
+    await store.put_record("run", "r2", b"y", 60)
+    assert await store.delete_record("run", "r1") is True
+    assert await store.get_record("run", "r1") is None
+    assert await store.delete_record("run", "r1") is False
+    assert await store.delete_record("run", "never") is False
+    assert await store.get_record("run", "r2") == b"y"
+
+
+async def test_record_kinds_do_not_collide(store: StateStore) -> None:
+    # Pairs that read the same when naively joined with ':'.
+    pairs = [("run", "r1"), ("held_calls", "r1"), ("a:b", "c"), ("a", "b:c"), ("", "a:b:c")]
+    pairs += [("a:b:c", ""), ("3:a", "b"), ("3", "a:b"), ("1", "1:a:b")]
+    for kind, key in pairs:
+        await store.put_record(kind, key, f"{kind}|{key}".encode(), 60)
+    for kind, key in pairs:
+        assert await store.get_record(kind, key) == f"{kind}|{key}".encode()
+    assert await store.delete_record("a:b", "c") is True
+    assert await store.get_record("a", "b:c") == b"a|b:c"
+    assert await store.delete_record("a:b", "c") is False
+
+
+async def test_records_expire_after_their_ttl(store: StateStore) -> None:
     await store.put_record("run", "short", b"gone", 0.05)
+    await store.put_record("run", "short too", b"gone", 0.05)
+    await store.put_record("run", "long", b"kept", 60)
+    assert await store.get_record("run", "short") == b"gone"
     await asyncio.sleep(0.15)
     assert await store.get_record("run", "short") is None
+    assert await store.delete_record("run", "short too") is False
+    assert await store.get_record("run", "long") == b"kept"
+
+
+@pytest.mark.parametrize("ttl_s", [0, -1.0, math.nan, math.inf])
+async def test_put_record_refuses_a_ttl_not_positive_and_finite(
+    store: StateStore, ttl_s: float
+) -> None:
+    with pytest.raises(ValueError, match="TTL must be a positive number"):
+        await store.put_record("run", "r1", b"x", ttl_s)
+    assert await store.get_record("run", "r1") is None
+
+
+async def test_memory_sweeps_expired_records_away() -> None:
+    store = MemoryStore()
+    for i in range(SWEEP_AFTER - 10):
+        await store.put_record("run", f"short{i}", b"x", 0.05)
+    await asyncio.sleep(0.1)
+    for i in range(100):  # the SWEEP_AFTER-th put sweeps
+        await store.put_record("run", f"long{i}", b"x", 60)
+    assert sorted(store._records) == sorted(("run", f"long{i}") for i in range(100))
+
+
+async def test_memory_sweeps_wait_longer_as_more_records_stay() -> None:
+    store = MemoryStore()
+    for i in range(2 * SWEEP_AFTER):
+        await store.put_record("run", f"long{i}", b"x", 60)
+    # The sweep at this put left 2 * SWEEP_AFTER records: the next waits as many puts, so
+    # each put pays O(1) for the sweeps.
+    for i in range(SWEEP_AFTER // 2):
+        await store.put_record("run", f"short{i}", b"x", 0.05)
+    await asyncio.sleep(0.1)
+    for i in range(2 * SWEEP_AFTER - SWEEP_AFTER // 2 - 1):
+        await store.put_record("run", f"more{i}", b"x", 60)
+    assert len(store._records) == 4 * SWEEP_AFTER - 1  # no sweep yet
+    await store.put_record("run", "last", b"x", 60)
+    assert len(store._records) == 4 * SWEEP_AFTER - SWEEP_AFTER // 2
+
+
+def _record_rows(path: Path) -> int:
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        (count,) = db.execute("SELECT count(*) FROM records").fetchone()
+        return int(count)
+
+
+async def test_sqlite_sweeps_expired_rows_away_at_most_once_a_minute(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "state.db"
+    store = SqliteStore(path)
+    for i in range(3):
+        await store.put_record("run", f"short{i}", b"x", 0.05)
+    await asyncio.sleep(0.1)
+    await store.put_record("run", "long1", b"x", 60)
+    assert await store.get_record("run", "short0") is None
+    assert _record_rows(path) == 4  # the first put swept, the next sweep is a minute away
+    monkeypatch.setattr(sqlite_state, "SWEEP_EVERY_S", 0.0)
+    await store.put_record("run", "long2", b"x", 60)
+    assert _record_rows(path) == 2
+    await store.close()
 
 
 async def test_sqlite_records_survive_a_restart(tmp_path: Path) -> None:
     first = SqliteStore(tmp_path / "state.db")
     await first.put_record("run", "r1", b"kept", 60)
+    await first.put_record("run", "r2", b"dropped", 60)
+    assert await first.delete_record("run", "r2") is True
     await first.close()
     second = SqliteStore(tmp_path / "state.db")
     assert await second.get_record("run", "r1") == b"kept"
+    assert await second.get_record("run", "r2") is None
     await second.close()
