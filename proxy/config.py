@@ -129,7 +129,7 @@ class StateConfig(_Model):
     key_prefix: str = "loopwarden:"  # redis
     context_ttl_s: float | None = Field(None, gt=0)  # redis: contexts expire when left alone
     # Run reports (GET /v1/runs/{id}) and held server calls (SPEC §5.1.6) are kept this long.
-    run_ttl_s: float = Field(86400.0, gt=0)
+    run_ttl_s: float = Field(86400.0, gt=0, allow_inf_nan=False)
 
 
 class TelemetryConfig(_Model):
