@@ -1,9 +1,9 @@
-"""The app in-process: the scripted model as the upstream, respx for everything else."""
+"""The app in-process: a `ScriptedUpstream` as the upstream, respx for everything else."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -17,13 +17,12 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from prometheus_client import CollectorRegistry
 from starlette.types import Message
 
-import proxy.demo.tools as demo_tools
 from proxy.api.app import create_app
 from proxy.config import parse_config
-from proxy.demo.scenes import DEMO_CONFIG
-from proxy.demo.scripted_model import scripted_app
 from proxy.state.store import StateStore
 from tests.fakes import RecordingObserver
+from tests.scripted_upstream import ScriptedUpstream
+from tests.tools import TOOLS
 
 UPSTREAM = "http://upstream.test/v1"
 
@@ -31,7 +30,7 @@ BASE_CONFIG: dict[str, Any] = {
     "upstreams": {"main": {"base_url": UPSTREAM, "max_retries": 0}},
     "default_upstream": "main",
     "pricing": {"scripted": {"input": 1.0, "output": 4.0}},
-    "tools": DEMO_CONFIG["tools"],
+    "tools": TOOLS,
     "state": {"backend": "memory"},
     "agents": {
         "weather": {"model": "scripted", "tools": ["get_weather", "to_fahrenheit"]},
@@ -40,10 +39,10 @@ BASE_CONFIG: dict[str, Any] = {
 
 
 class Routing(httpx.AsyncBaseTransport):
-    """Sends upstream traffic to the scripted model and the rest to a respx router."""
+    """Sends upstream traffic to the scripted upstream and the rest to a respx router."""
 
-    def __init__(self, upstream: Any, router: respx.MockRouter) -> None:
-        self.upstream = httpx.ASGITransport(upstream)
+    def __init__(self, upstream: ScriptedUpstream, router: respx.MockRouter) -> None:
+        self.upstream = httpx.ASGITransport(upstream.app)
         self.other = httpx.MockTransport(router.async_handler)
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
@@ -56,13 +55,13 @@ class Proxy:
     def __init__(
         self,
         client: httpx.AsyncClient,
-        model: Any,
+        upstream: ScriptedUpstream,
         observer: RecordingObserver,
         spans: InMemorySpanExporter,
         registry: CollectorRegistry,
     ) -> None:
         self.client = client
-        self.model = model
+        self.upstream = upstream
         self.observer = observer
         self.exporter = spans
         self.registry = registry
@@ -72,10 +71,6 @@ class Proxy:
 
     def metric(self, name: str, **labels: str) -> float:
         return self.registry.get_sample_value(name, labels) or 0.0
-
-    @property
-    def upstream_requests(self) -> list[dict[str, Any]]:
-        return list(self.model.state.requests)
 
     async def chat(self, **body: Any) -> httpx.Response:
         body.setdefault("messages", [{"role": "user", "content": "hi"}])
@@ -122,23 +117,34 @@ def router() -> respx.MockRouter:
 
 
 @pytest.fixture
-def proxy_for(router: respx.MockRouter) -> ProxyFactory:
+def upstream() -> Iterator[ScriptedUpstream]:
+    """The upstream of every proxy of the test; the test scripts its turns. A request beyond the
+    script fails the test at teardown."""
+    scripted = ScriptedUpstream()
+    yield scripted
+    scripted.check()
+
+
+@pytest.fixture
+def proxy_for(router: respx.MockRouter, upstream: ScriptedUpstream) -> ProxyFactory:
+    """Builds a proxy: `overrides` merged over BASE_CONFIG; `handler` answers all outgoing HTTP
+    instead of the scripted upstream and respx (for failures below HTTP, or other routes)."""
+
     @asynccontextmanager
     async def make(
         overrides: dict[str, Any] | None = None,
-        upstream: Any = None,
+        handler: Callable[[httpx.Request], Any] | None = None,
         store: StateStore | None = None,
     ) -> AsyncIterator[Proxy]:
         config = dict(BASE_CONFIG)
         for key, value in (overrides or {}).items():
             merged = isinstance(value, dict) and isinstance(config.get(key), dict)
             config[key] = {**config[key], **value} if merged else value
-        model = scripted_app()
         observer = RecordingObserver()
-        if upstream is None:
-            transport: httpx.AsyncBaseTransport = Routing(model, router)
+        if handler is None:
+            transport: httpx.AsyncBaseTransport = Routing(upstream, router)
         else:
-            transport = httpx.MockTransport(upstream)
+            transport = httpx.MockTransport(handler)
         exporter = InMemorySpanExporter()
         tracing = TracerProvider()
         tracing.add_span_processor(SimpleSpanProcessor(exporter))
@@ -157,21 +163,7 @@ def proxy_for(router: respx.MockRouter) -> ProxyFactory:
                 transport=httpx.ASGITransport(app), base_url="http://proxy.test"
             ) as client,
         ):
-            yield Proxy(client, model, observer, exporter, registry)
-
-    return make
-
-
-@pytest.fixture
-def slow_search_notes(monkeypatch: pytest.MonkeyPatch) -> Callable[[float], None]:
-    """Makes the demo's `search_notes` tool take `seconds` to answer."""
-
-    def make(seconds: float) -> None:
-        async def slow(query: str) -> str:
-            await asyncio.sleep(seconds)
-            return "slow"
-
-        monkeypatch.setattr(demo_tools, "search_notes", slow)
+            yield Proxy(client, upstream, observer, exporter, registry)
 
     return make
 

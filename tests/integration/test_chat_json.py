@@ -8,22 +8,25 @@ import httpx
 import respx
 
 from proxy.engine import events as ev
+from tests.bodies import user
 from tests.integration.conftest import Proxy, ProxyFactory
+from tests.scripted_upstream import call, keep, say, say_tool_result
 
-WEATHER = "What is the weather in Paris? Use get_weather, then to_fahrenheit."
+WEATHER = "What is the weather in Paris in Fahrenheit?"
 
 
 async def test_pass_through_relays_the_body_and_adds_the_loop_report(proxy: Proxy) -> None:
+    proxy.upstream.script(say("Hello from upstream."))
     r = await proxy.chat(model="scripted", temperature=0.2)
     assert r.status_code == 200
     body = r.json()
-    assert body["choices"][0]["message"]["content"] == "You said: hi"
+    assert body["choices"][0]["message"]["content"] == "Hello from upstream."
     run_hex = body["loop"]["run_id"].removeprefix("run_")
     assert body["id"] == f"chatcmpl-{run_hex}"  # the run's id, not the upstream's (SPEC §4.2)
     assert body["loop"]["stop_reason"] == "completed"
     assert r.headers["x-loopwarden-stop-reason"] == "completed"
     assert r.headers["x-loopwarden-run-id"] == body["loop"]["run_id"]
-    sent = proxy.upstream_requests
+    sent = proxy.upstream.bodies
     assert len(sent) == 1
     assert sent[0]["temperature"] == 0.2
     assert "loop" not in sent[0]
@@ -31,12 +34,17 @@ async def test_pass_through_relays_the_body_and_adds_the_loop_report(proxy: Prox
 
 
 async def test_an_agent_runs_the_tool_loop(proxy: Proxy) -> None:
-    r = await proxy.chat(model="weather", messages=[{"role": "user", "content": WEATHER}])
+    proxy.upstream.script(
+        call("get_weather", city="Paris"),
+        call("to_fahrenheit", celsius=18.0),
+        say_tool_result("It is {} in Paris."),
+    )
+    r = await proxy.chat(model="weather", messages=user(WEATHER))
     body = r.json()
-    assert body["choices"][0]["message"]["content"] == "Here is what I found: 69.8°F"
+    assert body["choices"][0]["message"]["content"] == "It is 64.4°F in Paris."
     assert body["loop"]["steps"] == 3
     assert body["loop"]["tool_calls"] == 2
-    sent = proxy.upstream_requests
+    sent = proxy.upstream.bodies
     assert [m["role"] for m in sent[2]["messages"]][-4:] == [
         "assistant",
         "tool",
@@ -52,9 +60,10 @@ async def test_an_agent_runs_the_tool_loop(proxy: Proxy) -> None:
 
 
 async def test_loop_on_any_model_adds_server_tools_and_returns_messages(proxy: Proxy) -> None:
+    proxy.upstream.script(call("get_weather", city="Oslo"), say("Clear in Oslo."))
     r = await proxy.chat(
         model="scripted",
-        messages=[{"role": "user", "content": "get_weather in Oslo"}],
+        messages=user("Weather in Oslo?"),
         loop={"tools": ["get_weather"], "include_messages": True},
     )
     loop = r.json()["loop"]
@@ -67,20 +76,22 @@ async def test_loop_on_any_model_adds_server_tools_and_returns_messages(proxy: P
 async def test_terminal_tool_by_id_in_terminating_config(proxy_for: ProxyFactory) -> None:
     tools = {"done": {"kind": "builtin", "builtin": "complete_task", "id": "tool-123"}}
     async with proxy_for({"tools": tools}) as proxy:
+        proxy.upstream.script(say("Hello."), call("done", result="Said hello."))
         r = await proxy.chat(
             model="scripted",
-            messages=[{"role": "user", "content": "hello"}],
+            messages=user("hello"),
             loop={"tools": ["tool-123"], "terminating_config": {"tool_ids": ["tool-123"]}},
         )
     body = r.json()
     assert body["loop"]["stop_reason"] == "terminal_tool"
-    assert body["choices"][0]["message"]["content"] == "Task completed: Hello!"
-    nudge = proxy.upstream_requests[1]["messages"][-1]
+    assert body["choices"][0]["message"]["content"] == "Task completed: Said hello."
+    nudge = proxy.upstream.bodies[1]["messages"][-1]
     assert nudge["role"] == "system"
     assert "terminating tools" in nudge["content"]
 
 
 async def test_nudges_exhausted_is_a_422_with_the_loop_report(proxy: Proxy) -> None:
+    proxy.upstream.script(say("Hello."))
     r = await proxy.chat(
         model="scripted",
         loop={
@@ -97,9 +108,10 @@ async def test_nudges_exhausted_is_a_422_with_the_loop_report(proxy: Proxy) -> N
 
 
 async def test_max_invocations_is_a_422(proxy: Proxy) -> None:
+    proxy.upstream.script(keep(call("search_notes", query="Lima")))
     r = await proxy.chat(
         model="scripted",
-        messages=[{"role": "user", "content": "keep calling search_notes"}],
+        messages=user("Research Lima."),
         loop={
             "tools": ["search_notes", "final_answer"],
             "terminating_config": {"tool_ids": ["final_answer"], "max_invocations": 2},
@@ -108,26 +120,28 @@ async def test_max_invocations_is_a_422(proxy: Proxy) -> None:
     assert r.status_code == 422
     assert r.json()["error"]["code"] == "max_invocations_exceeded"
     assert r.headers["x-should-retry"] == "false"
-    assert len(proxy.upstream_requests) == 2
+    assert len(proxy.upstream.requests) == 2
 
 
 async def test_token_budget_holds_through_http(proxy: Proxy) -> None:
+    proxy.upstream.script(keep(call("search_notes", query="Lima")))
     r = await proxy.chat(
         model="scripted",
-        messages=[{"role": "user", "content": "keep calling search_notes"}],
+        messages=user("Research Lima."),
         loop={"tools": ["search_notes"], "stop_when": [{"max_tokens_used": 900}]},
     )
     body = r.json()
     assert body["loop"]["stop_reason"] == "token_budget"
     assert body["choices"][0]["finish_reason"] == "length"
     assert body["usage"]["total_tokens"] <= 900
-    assert all("max_completion_tokens" in sent for sent in proxy.upstream_requests)
+    assert all("max_completion_tokens" in sent for sent in proxy.upstream.bodies)
 
 
 async def test_cost_budget_holds_with_config_prices(proxy: Proxy) -> None:
+    proxy.upstream.script(keep(call("search_notes", query="Lima")))
     r = await proxy.chat(
         model="scripted",
-        messages=[{"role": "user", "content": "keep calling search_notes"}],
+        messages=user("Research Lima."),
         loop={"tools": ["search_notes"], "stop_when": [{"max_cost": 0.002}], "max_steps": 50},
     )
     loop = r.json()["loop"]
@@ -137,16 +151,24 @@ async def test_cost_budget_holds_with_config_prices(proxy: Proxy) -> None:
 
 
 async def test_final_answer_after_a_limit_stop(proxy: Proxy) -> None:
+    proxy.upstream.script(
+        call("search_notes", query="Lima"),
+        call("search_notes", query="Lima"),
+        say_tool_result("Here is what I found: {}"),
+    )
     r = await proxy.chat(
         model="scripted",
-        messages=[{"role": "user", "content": "keep calling search_notes"}],
+        messages=user("Research Lima."),
         loop={"tools": ["search_notes"], "max_steps": 2, "final_answer": True},
     )
     body = r.json()
     assert body["loop"]["stop_reason"] == "max_steps"
     assert body["loop"]["stop_details"]["final_answer"] is True
-    assert body["choices"][0]["message"]["content"].startswith("Here is what I found: 3 notes")
-    assert proxy.upstream_requests[-1]["tool_choice"] == "none"
+    assert body["choices"][0]["message"]["content"] == (
+        "Here is what I found: 3 notes mention 'Lima'; none settles it."
+    )
+    assert len(proxy.upstream.requests) == 3
+    assert proxy.upstream.bodies[-1]["tool_choice"] == "none"
 
 
 async def test_client_tools_come_back_to_the_client(proxy: Proxy) -> None:
@@ -154,9 +176,14 @@ async def test_client_tools_come_back_to_the_client(proxy: Proxy) -> None:
         "type": "function",
         "function": {"name": "ask_user", "parameters": {"type": "object", "properties": {}}},
     }
+    proxy.upstream.script(
+        call("get_weather", city="Lima"),
+        call("ask_user"),
+        say_tool_result("The user said: {}"),
+    )
     r = await proxy.chat(
         model="scripted",
-        messages=[{"role": "user", "content": "get_weather in Lima then ask_user"}],
+        messages=user("Check Lima, then ask me."),
         tools=[client_tool],
         loop={"tools": ["get_weather"]},
     )
@@ -167,7 +194,7 @@ async def test_client_tools_come_back_to_the_client(proxy: Proxy) -> None:
     assert body["loop"]["stop_reason"] == "client_tool_call"
     call_id = choice["message"]["tool_calls"][0]["id"]
     follow_up = [
-        {"role": "user", "content": "now ask_user"},
+        {"role": "user", "content": "Ask me."},
         choice["message"],
         {"role": "tool", "tool_call_id": call_id, "content": "the user says thanks"},
     ]
@@ -175,9 +202,7 @@ async def test_client_tools_come_back_to_the_client(proxy: Proxy) -> None:
         model="scripted", messages=follow_up, tools=[client_tool], loop={"tools": ["get_weather"]}
     )
     assert r2.json()["loop"]["stop_reason"] == "completed"
-    assert r2.json()["choices"][0]["message"]["content"] == (
-        "Here is what I found: the user says thanks"
-    )
+    assert r2.json()["choices"][0]["message"]["content"] == "The user said: the user says thanks"
 
 
 async def test_http_tool_gets_the_call_and_its_errors_reach_the_model(
@@ -194,9 +219,10 @@ async def test_http_tool_gets_the_call_and_its_errors_reach_the_model(
         }
     }
     async with proxy_for({"tools": tools}) as proxy:
+        proxy.upstream.script(keep(call("lookup", q="Lima notes")))
         r = await proxy.chat(
             model="scripted",
-            messages=[{"role": "user", "content": "keep calling lookup"}],
+            messages=user("Look up Lima."),
             loop={
                 "tools": ["lookup"],
                 "max_steps": 2,
@@ -206,7 +232,7 @@ async def test_http_tool_gets_the_call_and_its_errors_reach_the_model(
         )
     posted = json.loads(route.calls[0].request.content)
     assert posted["name"] == "lookup"
-    assert posted["arguments"] == {"q": "keep calling lookup"}
+    assert posted["arguments"] == {"q": "Lima notes"}
     assert posted["thread_id"] == "t-1"
     assert posted["run_id"] == r.json()["loop"]["run_id"]
     tool_messages = [m for m in r.json()["loop"]["messages"] if m["role"] == "tool"]
@@ -225,9 +251,10 @@ async def test_webhook_condition_stops_the_run(
     )
     conditions = {"enough": {"kind": "webhook", "url": "http://checks.test/stop"}}
     async with proxy_for({"conditions": conditions}) as proxy:
+        proxy.upstream.script(keep(call("search_notes", query="Lima")))
         r = await proxy.chat(
             model="scripted",
-            messages=[{"role": "user", "content": "keep calling search_notes"}],
+            messages=user("Research Lima."),
             loop={"tools": ["search_notes"], "stop_when": [{"webhook": "enough"}]},
         )
     loop = r.json()["loop"]

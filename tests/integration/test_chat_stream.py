@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 
 import httpx
 
+from tests.bodies import user
 from tests.integration.conftest import Proxy, ProxyFactory
+from tests.scripted_upstream import call, fail, say, say_tool_result
 
 
 def events(text: str) -> list[Any]:
@@ -29,11 +30,10 @@ def content(chunks: list[Any]) -> str:
 
 
 async def test_stream_of_a_tool_loop(proxy: Proxy) -> None:
-    r = await proxy.chat(
-        model="weather",
-        stream=True,
-        messages=[{"role": "user", "content": "get_weather in Paris"}],
+    proxy.upstream.script(
+        call("get_weather", city="Paris"), say_tool_result("Here is what I found: {}")
     )
+    r = await proxy.chat(model="weather", stream=True, messages=user("Weather in Paris?"))
     assert r.headers["content-type"].startswith("text/event-stream")
     chunks = events(r.text)
     assert chunks[-1] == "[DONE]"
@@ -47,18 +47,17 @@ async def test_stream_of_a_tool_loop(proxy: Proxy) -> None:
     assert data[-1]["loop"]["stop_reason"] == "completed"
     assert data[-1]["loop"]["steps"] == 2
     assert all("usage" not in c for c in data)
-    assert all(sent["stream"] is True for sent in proxy.upstream_requests)
-    assert all(
-        sent["stream_options"] == {"include_usage": True} for sent in proxy.upstream_requests
-    )
+    assert all(sent["stream"] is True for sent in proxy.upstream.bodies)
+    assert all(sent["stream_options"] == {"include_usage": True} for sent in proxy.upstream.bodies)
 
 
 async def test_usage_chunk_when_asked(proxy: Proxy) -> None:
+    proxy.upstream.script(call("get_weather", city="Paris"), say("Sunny."))
     r = await proxy.chat(
         model="weather",
         stream=True,
         stream_options={"include_usage": True},
-        messages=[{"role": "user", "content": "get_weather in Paris"}],
+        messages=user("Weather in Paris?"),
     )
     data = events(r.text)[:-1]
     last = data[-1]
@@ -70,10 +69,11 @@ async def test_usage_chunk_when_asked(proxy: Proxy) -> None:
 
 
 async def test_terminal_output_arrives_as_content(proxy: Proxy) -> None:
+    proxy.upstream.script(call("final_answer", answer="Hello!"))
     r = await proxy.chat(
         model="scripted",
         stream=True,
-        messages=[{"role": "user", "content": "say it with final_answer"}],
+        messages=user("Say hello."),
         loop={"tools": ["final_answer"]},
     )
     data = events(r.text)[:-1]
@@ -90,11 +90,14 @@ async def test_client_tool_calls_are_streamed_as_tool_call_deltas(proxy: Proxy) 
             "parameters": {"type": "object", "properties": {"question": {"type": "string"}}},
         },
     }
+    proxy.upstream.script(
+        call("get_weather", city="Oslo"), call("ask_user", question="Pack an umbrella?")
+    )
     r = await proxy.chat(
         model="scripted",
         stream=True,
         tools=[tool],
-        messages=[{"role": "user", "content": "get_weather in Oslo, then ask_user"}],
+        messages=user("Check Oslo, then ask me."),
         loop={"tools": ["get_weather"]},
     )
     data = events(r.text)[:-1]
@@ -102,71 +105,47 @@ async def test_client_tool_calls_are_streamed_as_tool_call_deltas(proxy: Proxy) 
     calls = [call for d in deltas for call in d.get("tool_calls", [])]
     assert [c["function"]["name"] for c in calls] == ["ask_user"]
     assert calls[0]["index"] == 0
-    assert json.loads(calls[0]["function"]["arguments"]) == {
-        "question": "get_weather in Oslo, then ask_user"
-    }
+    assert json.loads(calls[0]["function"]["arguments"]) == {"question": "Pack an umbrella?"}
     assert data[-1]["choices"][0]["finish_reason"] == "tool_calls"
 
 
 async def test_loop_events_mark_progress(proxy: Proxy) -> None:
+    proxy.upstream.script(call("get_weather", city="Paris"), say("Sunny."))
     r = await proxy.chat(
         model="weather",
         stream=True,
-        messages=[{"role": "user", "content": "get_weather in Paris"}],
+        messages=user("Weather in Paris?"),
         loop={"include_loop_events": True},
     )
     kinds = [c["loop_event"]["type"] for c in events(r.text)[:-1] if "loop_event" in c]
     assert kinds == ["step_started", "tool_call", "tool_result", "step_started"]
 
 
-async def test_keepalive_comments_while_a_tool_runs(
-    proxy_for: ProxyFactory, monkeypatch: Any
-) -> None:
-    import proxy.demo.tools as demo_tools
-
-    async def slow_search(query: str) -> str:
-        await asyncio.sleep(0.35)
-        return "slow result"
-
-    monkeypatch.setattr(demo_tools, "search_notes", slow_search)
+async def test_keepalive_comments_while_a_tool_runs(proxy_for: ProxyFactory) -> None:
     async with proxy_for({"server": {"keepalive_interval_s": 0.1}}) as proxy:
+        proxy.upstream.script(call("sleep", seconds=0.35), say_tool_result("Done: {}"))
         r = await proxy.chat(
-            model="scripted",
-            stream=True,
-            messages=[{"role": "user", "content": "search_notes please"}],
-            loop={"tools": ["search_notes"]},
+            model="scripted", stream=True, messages=user("Wait a bit."), loop={"tools": ["sleep"]}
         )
     assert r.text.count(": keep-alive\n\n") >= 2
-    assert content(events(r.text)[:-1]) == "Here is what I found: slow result"
+    assert content(events(r.text)[:-1]) == "Done: slept 0.35s"
 
 
 async def test_a_failure_before_the_first_byte_is_a_plain_error(proxy_for: ProxyFactory) -> None:
     def refuse(request: httpx.Request) -> httpx.Response:
         raise httpx.ConnectError("refused", request=request)
 
-    async with proxy_for(upstream=refuse) as proxy:
+    async with proxy_for(handler=refuse) as proxy:
         r = await proxy.chat(model="scripted", stream=True)
     assert r.status_code == 502
     assert r.json()["error"]["code"] == "upstream_unavailable"
 
 
-async def test_a_failure_after_the_first_byte_is_an_error_chunk(proxy_for: ProxyFactory) -> None:
-    from proxy.demo.scripted_model import complete
-
-    def flaky(request: httpx.Request) -> httpx.Response:
-        body = json.loads(request.content)
-        if any(m["role"] == "tool" for m in body["messages"]):
-            return httpx.Response(500, json={"error": {"message": "boom"}})
-        reply = complete(body)
-        reply["choices"][0]["message"]["content"] = "Let me check."
-        return httpx.Response(200, json=reply)
-
-    async with proxy_for(upstream=flaky) as proxy:
-        r = await proxy.chat(
-            model="weather",
-            stream=True,
-            messages=[{"role": "user", "content": "get_weather in Oslo"}],
-        )
+async def test_a_failure_after_the_first_byte_is_an_error_chunk(proxy: Proxy) -> None:
+    proxy.upstream.script(
+        call("get_weather", city="Oslo").replace(content="Let me check."), fail(500, "boom")
+    )
+    r = await proxy.chat(model="weather", stream=True, messages=user("Weather in Oslo?"))
     assert r.status_code == 200
     chunks = events(r.text)
     assert chunks[-1] == "[DONE]"

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from tests.integration.conftest import Proxy, ProxyFactory
+from tests.scripted_upstream import Body, Reply, call, keep, last_message, say, say_tool_result
 
 REPORTER = {
     "agents": {
@@ -25,27 +26,33 @@ async def post(proxy: Proxy, path: str, **body: Any) -> Any:
     return await proxy.client.post(path, json=body)
 
 
+def weather_in_lima(body: Body) -> Reply:
+    """Each run: get_weather, then an answer from its result."""
+    if last_message(body)["role"] == "tool":
+        return say(f"Found: {last_message(body)['content']}")
+    return call("get_weather", city="Lima")
+
+
 async def test_chat_creates_a_context_runs_the_loop_and_reports_the_messages(
     proxy_for: ProxyFactory,
 ) -> None:
     async with proxy_for(REPORTER) as proxy:
-        r = await post(
-            proxy, "/chat", context_id="c1", agent="reporter", message="get_weather in Oslo"
-        )
+        proxy.upstream.script(call("get_weather", city="Oslo"), say_tool_result("Found: {}"))
+        r = await post(proxy, "/chat", context_id="c1", agent="reporter", message="Oslo?")
         stored = (await proxy.client.get("/v1/contexts/c1")).json()
     assert r.status_code == 200
     body = r.json()
     assert body["saved_ai_messages"] is True
-    assert body["response"].startswith("Here is what I found:")
+    assert body["response"] == 'Found: {"city":"Oslo","celsius":4.0,"sky":"clear"}'
     assert body["loop"]["stop_reason"] == "completed"
     assert r.headers["x-loopwarden-stop-reason"] == "completed"
-    human, call, result, ai = body["generated_messages"]
-    assert human == {"sender": "human", "message": "get_weather in Oslo"}
-    assert call["type"] == "tool_call"
-    assert call["tool_name"] == "get_weather"
-    assert call["tool_input"] == {"city": "Oslo"}
+    human, asked, result, ai = body["generated_messages"]
+    assert human == {"sender": "human", "message": "Oslo?"}
+    assert asked["type"] == "tool_call"
+    assert asked["tool_name"] == "get_weather"
+    assert asked["tool_input"] == {"city": "Oslo"}
     assert result["type"] == "tool_response"
-    assert result["tool_call_id"] == call["tool_call_id"]
+    assert result["tool_call_id"] == asked["tool_call_id"]
     assert '"celsius":4.0' in result["tool_output"]
     assert ai == {"sender": "ai", "message": body["response"]}
     assert stored["object"] == "loopwarden.context"
@@ -55,32 +62,36 @@ async def test_chat_creates_a_context_runs_the_loop_and_reports_the_messages(
 
 async def test_a_second_chat_sees_the_history(proxy_for: ProxyFactory) -> None:
     async with proxy_for(REPORTER) as proxy:
+        proxy.upstream.script(say("Noted: first"), say("Noted: second"))
         await post(proxy, "/chat", context_id="c2", model="scripted", message="first")
         r = await post(proxy, "/chat", context_id="c2", message="second")
-        sent = proxy.upstream_requests[-1]["messages"]
-    assert r.json()["response"] == "You said: second"
+        sent = proxy.upstream.bodies[-1]["messages"]
+    assert r.json()["response"] == "Noted: second"
     assert [(m["role"], m["content"]) for m in sent] == [
         ("user", "first"),
-        ("assistant", "You said: first"),
+        ("assistant", "Noted: first"),
         ("user", "second"),
     ]
 
 
 async def test_invoke_runs_without_a_new_message(proxy_for: ProxyFactory) -> None:
     async with proxy_for(REPORTER) as proxy:
+        proxy.upstream.script(say("Hello."), say("Still here."))
         await post(proxy, "/chat", context_id="c3", model="scripted", message="hello")
         r = await post(proxy, "/chat/invoke", context_id="c3")
         stored = (await proxy.client.get("/v1/contexts/c3")).json()
     body = r.json()
-    assert body["generated_messages"] == [{"sender": "ai", "message": "You said: hello"}]
+    assert body["generated_messages"] == [{"sender": "ai", "message": "Still here."}]
+    assert proxy.upstream.bodies[-1]["messages"][-1] == {"role": "assistant", "content": "Hello."}
     assert len(stored["messages"]) == 3
 
 
 async def test_add_ai_message_prompt_applies_to_that_run_only(proxy_for: ProxyFactory) -> None:
     async with proxy_for(REPORTER) as proxy:
+        proxy.upstream.script(say("Hello."), say("A warm welcome!"))
         await post(proxy, "/chat", context_id="c4", model="scripted", message="hello")
         await post(proxy, "/chat/add-ai-message", context_id="c4", prompt="Greet warmly.")
-        sent = proxy.upstream_requests[-1]["messages"]
+        sent = proxy.upstream.bodies[-1]["messages"]
         stored = (await proxy.client.get("/v1/contexts/c4")).json()
     assert sent[-1] == {"role": "system", "content": "Greet warmly."}
     assert all(m["role"] != "system" for m in stored["messages"])
@@ -89,6 +100,7 @@ async def test_add_ai_message_prompt_applies_to_that_run_only(proxy_for: ProxyFa
 
 async def test_terminating_config_nudges_to_the_terminal_tool(proxy_for: ProxyFactory) -> None:
     async with proxy_for(REPORTER) as proxy:
+        proxy.upstream.script(say("Hi."), call("final_answer", answer="Hello!"))
         r = await post(
             proxy,
             "/chat",
@@ -106,6 +118,7 @@ async def test_terminating_config_nudges_to_the_terminal_tool(proxy_for: ProxyFa
 
 async def test_a_failed_run_saves_nothing(proxy_for: ProxyFactory) -> None:
     async with proxy_for(REPORTER) as proxy:
+        proxy.upstream.script(say("Hello there."), say("Hi."))
         await post(proxy, "/chat", context_id="c6", agent="reporter", message="hello")
         r = await post(
             proxy,
@@ -118,27 +131,27 @@ async def test_a_failed_run_saves_nothing(proxy_for: ProxyFactory) -> None:
     assert r.status_code == 422
     assert r.json()["error"]["code"] == "max_consecutive_nudges_exceeded"
     assert r.json()["loop"]["stop_reason"] == "nudges_exhausted"
-    assert [m["content"] for m in stored["messages"]] == ["hello", "You said: hello"]
+    assert [m["content"] for m in stored["messages"]] == ["hello", "Hello there."]
 
 
 async def test_a_context_is_the_thread_of_its_limits(proxy_for: ProxyFactory) -> None:
+    lima = call("get_weather", city="Lima")
     async with proxy_for(REPORTER) as proxy:
-        first = await post(proxy, "/chat", context_id="c7", agent="capped", message="get_weather")
-        second = await post(proxy, "/chat", context_id="c7", message="get_weather keep")
+        proxy.upstream.script(lima, say("Warm."), lima, lima, lima, say("Still warm."))
+        first = await post(proxy, "/chat", context_id="c7", agent="capped", message="Lima?")
+        second = await post(proxy, "/chat", context_id="c7", message="And now, three times?")
         stored = (await proxy.client.get("/v1/contexts/c7")).json()
     assert first.json()["loop"]["tool_calls"] == 1
-    assert second.json()["loop"]["tool_calls"] == 1
+    assert second.json()["loop"]["tool_calls"] == 1  # the thread limit of 2 blocks the others
     assert stored["tool_call_counts"] == {"*": 2}
 
 
 async def test_concurrent_runs_on_one_context_are_serialised(proxy_for: ProxyFactory) -> None:
     async with proxy_for(REPORTER) as proxy:
+        proxy.upstream.script(say("Ready."), keep(weather_in_lima))
         await post(proxy, "/chat", context_id="c8", agent="reporter", message="start")
         replies = await asyncio.gather(
-            *(
-                post(proxy, "/chat", context_id="c8", message=f"get_weather in Lima #{i}")
-                for i in range(5)
-            )
+            *(post(proxy, "/chat", context_id="c8", message=f"Lima #{i}?") for i in range(5))
         )
         stored = (await proxy.client.get("/v1/contexts/c8")).json()
     assert all(r.status_code == 200 for r in replies)
@@ -148,6 +161,7 @@ async def test_concurrent_runs_on_one_context_are_serialised(proxy_for: ProxyFac
 
 async def test_delete_drops_the_context(proxy_for: ProxyFactory) -> None:
     async with proxy_for(REPORTER) as proxy:
+        proxy.upstream.script(say("Hi."))
         await post(proxy, "/chat", context_id="c9", model="scripted", message="hi")
         deleted = await proxy.client.delete("/v1/contexts/c9")
         gone = await proxy.client.get("/v1/contexts/c9")
@@ -192,7 +206,7 @@ async def test_bad_context_requests_are_a_400_naming_the_field(
 ) -> None:
     async with proxy_for(REPORTER) as proxy:
         r = await post(proxy, path, **body)
-        assert proxy.upstream_requests == []
+        assert proxy.upstream.requests == []
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param
     assert message in r.json()["error"]["message"]
@@ -200,6 +214,7 @@ async def test_bad_context_requests_are_a_400_naming_the_field(
 
 async def test_a_context_keeps_its_agent(proxy_for: ProxyFactory) -> None:
     async with proxy_for(REPORTER) as proxy:
+        proxy.upstream.script(say("Hi."))
         await post(proxy, "/chat", context_id="c10", agent="reporter", message="hi")
         r = await post(proxy, "/chat", context_id="c10", agent="capped", message="hi")
     assert r.status_code == 400

@@ -8,6 +8,7 @@ import httpx
 import pytest
 
 from tests.integration.conftest import Proxy, ProxyFactory
+from tests.scripted_upstream import Failure, call, fail, say
 
 USER = [{"role": "user", "content": "hi"}]
 
@@ -95,7 +96,7 @@ async def test_bad_input_is_a_400_naming_the_field_and_calls_no_upstream(
     assert error["type"] == "invalid_request_error"
     assert error["param"] == param
     assert error["message"]
-    assert proxy.upstream_requests == []
+    assert proxy.upstream.requests == []
 
 
 async def test_malformed_json_is_a_400(proxy: Proxy) -> None:
@@ -115,13 +116,14 @@ async def test_cost_condition_on_a_model_without_price_is_refused(proxy: Proxy) 
     r = await proxy.chat(model="unpriced-model-x", loop={"stop_when": [{"max_cost": 1}]})
     assert r.status_code == 400
     assert r.json()["error"]["code"] == "unknown_model_price"
-    assert proxy.upstream_requests == []
+    assert proxy.upstream.requests == []
 
 
 async def test_proxy_keys(proxy_for: ProxyFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TEAM_KEY", "sk-team")
     auth = {"keys": [{"name": "team", "key_env": "TEAM_KEY", "agents": ["weather"]}]}
     async with proxy_for({"auth": auth}) as proxy:
+        proxy.upstream.script(say("Hi."))
         missing = await proxy.chat(model="weather")
         wrong = await proxy.client.post(
             "/v1/chat/completions",
@@ -142,7 +144,7 @@ async def test_proxy_keys(proxy_for: ProxyFactory, monkeypatch: pytest.MonkeyPat
     assert missing.json()["error"]["type"] == "authentication_error"
     assert denied.status_code == 403
     assert allowed.status_code == 200
-    assert proxy.model.state.authorizations == [None]  # the proxy key never goes upstream
+    assert proxy.upstream.authorizations == [None]  # the proxy key never goes upstream
 
 
 async def test_upstream_key_comes_from_the_config(
@@ -155,50 +157,44 @@ async def test_upstream_key_comes_from_the_config(
     }
     models = {"via-own": {"upstream": "own", "model": "scripted"}}
     async with proxy_for({"upstreams": upstreams, "models": models}) as proxy:
+        proxy.upstream.script(say("Hi."), say("Hi again."))
         headers = {"authorization": "Bearer sk-client"}
         body = {"model": "scripted", "messages": USER}
         await proxy.client.post("/v1/chat/completions", json=body, headers=headers)
         body["model"] = "via-own"
         await proxy.client.post("/v1/chat/completions", json=body, headers=headers)
-    assert proxy.model.state.authorizations == ["Bearer sk-upstream", "Bearer sk-client"]
+    assert proxy.upstream.authorizations == ["Bearer sk-upstream", "Bearer sk-client"]
 
 
-def _error_upstream(status: int, calls: list[int]) -> Any:
-    def handle(request: httpx.Request) -> httpx.Response:
-        calls.append(1)
-        return httpx.Response(
-            status,
-            json={"error": {"message": "slow down", "type": "rate_limit", "code": "x"}},
-            headers={"retry-after": "0"},
-        )
+RETRIED = {"upstreams": {"main": {"base_url": "http://upstream.test/v1", "max_retries": 2}}}
 
-    return handle
+
+def slow_down(status: int) -> Failure:
+    return fail(status, "slow down", error_type="rate_limit", headers={"retry-after": "0"})
 
 
 async def test_upstream_errors_are_relayed_after_retries(proxy_for: ProxyFactory) -> None:
-    calls: list[int] = []
-    upstreams = {"main": {"base_url": "http://upstream.test/v1", "max_retries": 2}}
-    async with proxy_for({"upstreams": upstreams}, upstream=_error_upstream(429, calls)) as proxy:
+    async with proxy_for(RETRIED) as proxy:
+        proxy.upstream.script(slow_down(429), slow_down(429), slow_down(429))
         r = await proxy.chat(model="scripted")
     assert r.status_code == 429
     assert r.json()["error"]["message"] == "slow down"
     assert r.headers["x-loopwarden-stop-reason"] == "upstream_error"
-    assert len(calls) == 3
+    assert len(proxy.upstream.requests) == 3
 
 
 async def test_a_client_error_is_not_retried(proxy_for: ProxyFactory) -> None:
-    calls: list[int] = []
-    upstreams = {"main": {"base_url": "http://upstream.test/v1", "max_retries": 2}}
-    async with proxy_for({"upstreams": upstreams}, upstream=_error_upstream(400, calls)) as proxy:
+    async with proxy_for(RETRIED) as proxy:
+        proxy.upstream.script(slow_down(400), say("A retry would have got this."))
         r = await proxy.chat(model="scripted")
-    assert (r.status_code, len(calls)) == (400, 1)
+    assert (r.status_code, len(proxy.upstream.requests)) == (400, 1)
 
 
 async def test_unreachable_upstream_is_a_502(proxy_for: ProxyFactory) -> None:
     def refuse(request: httpx.Request) -> httpx.Response:
         raise httpx.ConnectError("refused", request=request)
 
-    async with proxy_for(upstream=refuse) as proxy:
+    async with proxy_for(handler=refuse) as proxy:
         r = await proxy.chat(model="scripted")
     assert r.status_code == 502
     assert r.json()["error"] == {
@@ -213,27 +209,15 @@ async def test_upstream_timeout_is_a_504(proxy_for: ProxyFactory) -> None:
     def slow(request: httpx.Request) -> httpx.Response:
         raise httpx.ReadTimeout("slow", request=request)
 
-    async with proxy_for(upstream=slow) as proxy:
+    async with proxy_for(handler=slow) as proxy:
         r = await proxy.chat(model="scripted")
     assert r.status_code == 504
     assert r.json()["error"]["code"] == "upstream_timeout"
 
 
-async def test_errors_after_a_tool_ran_say_do_not_retry(proxy_for: ProxyFactory) -> None:
-    from proxy.demo.scripted_model import complete
-
-    def flaky(request: httpx.Request) -> httpx.Response:
-        import json
-
-        body = json.loads(request.content)
-        if any(m["role"] == "tool" for m in body["messages"]):
-            return httpx.Response(500, json={"error": {"message": "boom"}})
-        return httpx.Response(200, json=complete(body))
-
-    async with proxy_for(upstream=flaky) as proxy:
-        r = await proxy.chat(
-            model="weather", messages=[{"role": "user", "content": "get_weather in Oslo"}]
-        )
+async def test_errors_after_a_tool_ran_say_do_not_retry(proxy: Proxy) -> None:
+    proxy.upstream.script(call("get_weather", city="Oslo"), fail(500, "boom"))
+    r = await proxy.chat(model="weather", messages=USER)
     assert r.status_code == 502
     assert r.headers["x-should-retry"] == "false"
     assert r.json()["error"]["code"] == "upstream_error"
@@ -244,4 +228,5 @@ async def test_the_process_survives_garbage(proxy: Proxy) -> None:
     for content in (b"", b"null", b"[]", b'{"model": 1}', b"\xff\xfe"):
         r = await proxy.client.post("/v1/chat/completions", content=content)
         assert r.status_code == 400
+    proxy.upstream.script(say("Still here."))
     assert (await proxy.chat(model="scripted")).status_code == 200

@@ -2,73 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
-import httpx
 import orjson
 import pytest
 
-from tests.integration.conftest import ProxyFactory
-
-Turn = dict[str, Any]
-JSON = {"content-type": "application/json"}
-SSE = {"content-type": "text/event-stream"}
-
-
-def say(text: str) -> Turn:
-    return {"content": text}
-
-
-def call(name: str, text: str | None = None, **arguments: Any) -> Turn:
-    return {"content": text, "calls": [(name, arguments)]}
-
-
-def upstream(
-    turns: list[Turn], seen: list[dict[str, Any]] | None = None
-) -> Callable[[httpx.Request], httpx.Response]:
-    """An upstream that answers with `turns` in order, as JSON or SSE as asked; the request
-    bodies go to `seen`."""
-    script = list(turns)
-
-    def handle(request: httpx.Request) -> httpx.Response:
-        body = orjson.loads(request.content)
-        if seen is not None:
-            seen.append(body)
-        turn = script.pop(0)
-        calls = [
-            {
-                "id": f"call_{len(script)}_{i}",
-                "type": "function",
-                "function": {"name": name, "arguments": orjson.dumps(args).decode()},
-            }
-            for i, (name, args) in enumerate(turn.get("calls", []))
-        ]
-        finish = turn.get("finish", "tool_calls" if calls else "stop")
-        usage = {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
-        head = {"id": "chatcmpl-upstream", "created": 1, "model": "scripted"}
-        if not body.get("stream"):
-            message: dict[str, Any] = {"role": "assistant", "content": turn.get("content")}
-            if calls:
-                message["tool_calls"] = calls
-            choice = {"index": 0, "message": message, "finish_reason": finish}
-            reply = {**head, "object": "chat.completion", "choices": [choice], "usage": usage}
-            return httpx.Response(200, stream=httpx.ByteStream(orjson.dumps(reply)), headers=JSON)
-        chunks: list[dict[str, Any]] = [{"role": "assistant"}]
-        text = turn.get("content") or ""
-        chunks += [{"content": text[i : i + 4]} for i in range(0, len(text), 4)]
-        chunks += [{"tool_calls": [{"index": i, **c}]} for i, c in enumerate(calls)]
-        events = [
-            {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
-            for delta in chunks
-        ]
-        events.append({**head, "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]})
-        events.append({**head, "choices": [], "usage": usage})
-        data = b"".join(b"data: " + orjson.dumps(e) + b"\n\n" for e in events)
-        data += b"data: [DONE]\n\n"
-        return httpx.Response(200, stream=httpx.ByteStream(data), headers=SSE)
-
-    return handle
+from tests.integration.conftest import Proxy
+from tests.scripted_upstream import call, calls, keep, say
 
 
 def streamed(text: str) -> tuple[list[dict[str, Any]], str]:
@@ -86,11 +26,13 @@ def streamed(text: str) -> tuple[list[dict[str, Any]], str]:
 
 @pytest.mark.parametrize("stream", [False, True])
 async def test_steps_texts_are_joined_by_a_blank_line_in_json_and_sse(
-    proxy_for: ProxyFactory, stream: bool
+    proxy: Proxy, stream: bool
 ) -> None:
-    turns = [call("get_weather", "Let me check.", city="Oslo"), say("It is 4°C in Oslo.")]
-    async with proxy_for(upstream=upstream(turns)) as proxy:
-        r = await proxy.chat(model="weather", stream=stream)
+    proxy.upstream.script(
+        call("get_weather", city="Oslo").replace(content="Let me check."),
+        say("It is 4°C in Oslo."),
+    )
+    r = await proxy.chat(model="weather", stream=stream)
     expected = "Let me check.\n\nIt is 4°C in Oslo."
     run_hex = r.headers["x-loopwarden-run-id"].removeprefix("run_")
     if stream:
@@ -104,12 +46,9 @@ async def test_steps_texts_are_joined_by_a_blank_line_in_json_and_sse(
 
 
 @pytest.mark.parametrize("stream", [False, True])
-async def test_a_limit_stop_without_text_states_the_stop(
-    proxy_for: ProxyFactory, stream: bool
-) -> None:
-    turns = [call("get_weather", city="Oslo"), call("get_weather", city="Lima")]
-    async with proxy_for(upstream=upstream(turns)) as proxy:
-        r = await proxy.chat(model="weather", stream=stream, loop={"max_steps": 2})
+async def test_a_limit_stop_without_text_states_the_stop(proxy: Proxy, stream: bool) -> None:
+    proxy.upstream.script(call("get_weather", city="Oslo"), call("get_weather", city="Lima"))
+    r = await proxy.chat(model="weather", stream=stream, loop={"max_steps": 2})
     sentence = "Stopped: the run reached its step limit (2 steps)."
     if stream:
         events, content = streamed(r.text)
@@ -123,12 +62,11 @@ async def test_a_limit_stop_without_text_states_the_stop(
 
 
 async def test_a_failure_after_the_first_byte_is_an_error_event_without_choices(
-    proxy_for: ProxyFactory,
+    proxy: Proxy,
 ) -> None:
-    turns = [say("Hello."), say("Hello again.")]
+    proxy.upstream.script(say("Hello."), say("Hello again."))
     loop = {"tools": ["get_weather"], "terminating_config": {"tool_ids": ["get_weather"]}}
-    async with proxy_for(upstream=upstream(turns)) as proxy:
-        r = await proxy.chat(model="scripted", stream=True, loop=loop)
+    r = await proxy.chat(model="scripted", stream=True, loop=loop)
     events, content = streamed(r.text)
     assert content.startswith("Hello.")
     last = events[-1]
@@ -138,12 +76,11 @@ async def test_a_failure_after_the_first_byte_is_an_error_event_without_choices(
     assert r.text.endswith("data: [DONE]\n\n")
 
 
-async def test_budget_stops_put_their_condition_on_the_trace(proxy_for: ProxyFactory) -> None:
-    turns = [call("get_weather", city="Oslo")] * 3
-    loop = {"stop_when": [{"max_tokens_used": 20}]}
-    async with proxy_for(upstream=upstream(turns)) as proxy:
-        r = await proxy.chat(model="weather", loop=loop)
-        spans = proxy.spans()
+async def test_budget_stops_put_their_condition_on_the_trace(proxy: Proxy) -> None:
+    small = {"prompt_tokens": 10, "completion_tokens": 5}
+    proxy.upstream.script(keep(call("get_weather", city="Oslo").replace(usage=small)))
+    r = await proxy.chat(model="weather", loop={"stop_when": [{"max_tokens_used": 20}]})
+    spans = proxy.spans()
     assert r.json()["loop"]["stop_reason"] == "token_budget"
     (run,) = [s for s in spans if s.name.startswith("invoke_agent")]
     (held,) = [e for e in run.events if e.name == "loopwarden.stop_condition.held"]
@@ -153,13 +90,11 @@ async def test_budget_stops_put_their_condition_on_the_trace(proxy_for: ProxyFac
 
 
 async def test_an_expression_that_fails_while_evaluated_is_on_the_trace(
-    proxy_for: ProxyFactory, caplog: pytest.LogCaptureFixture
+    proxy: Proxy, caplog: pytest.LogCaptureFixture
 ) -> None:
-    turns = [call("get_weather", city="Oslo"), say("Done.")]
-    loop = {"stop_when": [{"expr": "steps[5].index == 1"}]}
-    async with proxy_for(upstream=upstream(turns)) as proxy:
-        r = await proxy.chat(model="weather", loop=loop)
-        spans = proxy.spans()
+    proxy.upstream.script(call("get_weather", city="Oslo"), say("Done."))
+    r = await proxy.chat(model="weather", loop={"stop_when": [{"expr": "steps[5].index == 1"}]})
+    spans = proxy.spans()
     assert r.json()["loop"]["stop_reason"] == "completed"  # it did not hold
     (run,) = [s for s in spans if s.name.startswith("invoke_agent")]
     (failed,) = [e for e in run.events if e.name == "loopwarden.stop_condition.failed"]
@@ -168,14 +103,12 @@ async def test_an_expression_that_fails_while_evaluated_is_on_the_trace(
     assert "loop.stop_when[0]" in caplog.text
 
 
-async def test_a_run_report_is_found_by_run_id_and_by_completion_id(
-    proxy_for: ProxyFactory,
-) -> None:
-    async with proxy_for(upstream=upstream([call("get_weather", city="Oslo"), say("4°C")])) as p:
-        body = (await p.chat(model="weather")).json()
-        by_run = await p.client.get(f"/v1/runs/{body['loop']['run_id']}")
-        by_completion = await p.client.get(f"/v1/runs/{body['id']}")
-        unknown = await p.client.get("/v1/runs/run_0000")
+async def test_a_run_report_is_found_by_run_id_and_by_completion_id(proxy: Proxy) -> None:
+    proxy.upstream.script(call("get_weather", city="Oslo"), say("4°C"))
+    body = (await proxy.chat(model="weather")).json()
+    by_run = await proxy.client.get(f"/v1/runs/{body['loop']['run_id']}")
+    by_completion = await proxy.client.get(f"/v1/runs/{body['id']}")
+    unknown = await proxy.client.get("/v1/runs/run_0000")
     assert by_run.json()["stop_reason"] == "completed"
     assert by_run.json() == by_completion.json()
     assert by_run.json()["steps"] == 2
@@ -184,26 +117,24 @@ async def test_a_run_report_is_found_by_run_id_and_by_completion_id(
 
 
 async def test_server_calls_of_a_reply_with_client_calls_are_put_back_in_the_history(
-    proxy_for: ProxyFactory,
+    proxy: Proxy,
 ) -> None:
-    both = {
-        "content": None,
-        "calls": [("get_weather", {"city": "Oslo"}), ("ask_user", {"question": "Coat?"})],
-    }
-    seen: list[dict[str, Any]] = []
+    proxy.upstream.script(
+        calls(call("get_weather", city="Oslo"), call("ask_user", question="Coat?")),
+        say("Take a coat."),
+    )
     ask_user = {"type": "function", "function": {"name": "ask_user", "parameters": {}}}
-    async with proxy_for(upstream=upstream([both, say("Take a coat.")], seen)) as proxy:
-        first = (await proxy.chat(model="weather", tools=[ask_user])).json()
-        message = first["choices"][0]["message"]
-        assert [c["function"]["name"] for c in message["tool_calls"]] == ["ask_user"]
-        history = [
-            {"role": "user", "content": "hi"},
-            {k: v for k, v in message.items() if v is not None},
-            {"role": "tool", "tool_call_id": message["tool_calls"][0]["id"], "content": "yes"},
-        ]
-        second = await proxy.chat(model="weather", tools=[ask_user], messages=history)
+    first = (await proxy.chat(model="weather", tools=[ask_user])).json()
+    message = first["choices"][0]["message"]
+    assert [c["function"]["name"] for c in message["tool_calls"]] == ["ask_user"]
+    history = [
+        {"role": "user", "content": "hi"},
+        {k: v for k, v in message.items() if v is not None},
+        {"role": "tool", "tool_call_id": message["tool_calls"][0]["id"], "content": "yes"},
+    ]
+    second = await proxy.chat(model="weather", tools=[ask_user], messages=history)
     assert second.json()["choices"][0]["message"]["content"] == "Take a coat."
-    sent = [m for m in seen[1]["messages"] if m["role"] != "system"]
+    sent = [m for m in proxy.upstream.bodies[1]["messages"] if m["role"] != "system"]
     assert [m["role"] for m in sent] == ["user", "assistant", "tool", "tool"]
     names = [c["function"]["name"] for c in sent[1]["tool_calls"]]
     assert names == ["get_weather", "ask_user"]  # the reply as the model gave it

@@ -21,7 +21,7 @@ async def test_a_cel_expression_is_checked_when_the_request_is_parsed(
 ) -> None:
     async with proxy_for() as proxy:
         r = await proxy.chat(model="weather", loop={"stop_when": [{"any": [{"expr": expr}]}]})
-        assert proxy.upstream_requests == []
+        assert proxy.upstream.requests == []
     assert r.status_code == 400
     error = r.json()["error"]
     assert error["param"] == "loop.stop_when[0].any[0].expr"

@@ -9,10 +9,10 @@ import subprocess
 import pytest
 import yaml
 
+from tests.bodies import user
 from tests.integration.conftest import Proxy
 from tests.promql import DASHBOARDS, metric_names
-
-WEATHER = "What is the weather in Paris? Use get_weather, then to_fahrenheit."
+from tests.scripted_upstream import call, say
 
 
 def promtool(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -48,7 +48,14 @@ def test_every_alert_has_severity_summary_description_and_runbook() -> None:
 
 
 async def exposition(proxy: Proxy) -> str:
-    await proxy.chat(model="weather", messages=[{"role": "user", "content": WEATHER}])
+    """The exposition after a tool loop and a streamed run."""
+    proxy.upstream.script(
+        call("get_weather", city="Paris"),
+        call("to_fahrenheit", celsius=18.0),
+        say("64.4°F in Paris."),
+        say("Hi."),
+    )
+    await proxy.chat(model="weather", messages=user("Paris in Fahrenheit?"))
     await proxy.chat(model="weather", stream=True)
     return str((await proxy.client.get("/metrics")).text)
 

@@ -11,7 +11,7 @@ from proxy.state.store import StoredContext
 from tests.integration.conftest import UPSTREAM, ProxyFactory
 
 
-async def upstream(request: httpx.Request) -> httpx.Response:
+async def echoing(request: httpx.Request) -> httpx.Response:
     if request.url.path.endswith("/models"):
         return httpx.Response(200, json={"object": "list", "data": [{"id": "up-model"}]})
     content = await request.aread()
@@ -29,7 +29,7 @@ async def upstream(request: httpx.Request) -> httpx.Response:
 async def test_other_v1_routes_are_relayed_to_the_upstream_unchanged(
     proxy_for: ProxyFactory,
 ) -> None:
-    async with proxy_for(upstream=upstream) as proxy:
+    async with proxy_for(handler=echoing) as proxy:
         r = await proxy.client.post(
             "/v1/embeddings?dims=8",
             json={"model": "text-embedding-3-small", "input": "hé"},
@@ -45,7 +45,7 @@ async def test_other_v1_routes_are_relayed_to_the_upstream_unchanged(
 
 
 async def test_models_and_chat_answer_without_the_v1_prefix(proxy_for: ProxyFactory) -> None:
-    async with proxy_for(upstream=upstream) as proxy:
+    async with proxy_for(handler=echoing) as proxy:
         listed = (await proxy.client.get("/models")).json()
         same = (await proxy.client.get("/v1/models")).json()
     ids = [m["id"] for m in listed["data"]]
@@ -57,14 +57,14 @@ async def test_models_and_chat_answer_without_the_v1_prefix(proxy_for: ProxyFact
 async def test_another_method_on_an_own_route_is_a_405_not_a_relay(
     proxy_for: ProxyFactory,
 ) -> None:
-    async with proxy_for(upstream=upstream) as proxy:
+    async with proxy_for(handler=echoing) as proxy:
         r = await proxy.client.get("/v1/chat/completions")
     assert r.status_code == 405
     assert r.json()["error"]["code"] == "method_not_allowed"
 
 
 async def test_a_path_that_climbs_out_of_v1_is_refused(proxy_for: ProxyFactory) -> None:
-    async with proxy_for(upstream=upstream) as proxy:
+    async with proxy_for(handler=echoing) as proxy:
         r = await proxy.client.get("/v1/%2E%2E/admin")
     assert r.status_code == 400
     assert r.json()["error"]["type"] == "invalid_request_error"

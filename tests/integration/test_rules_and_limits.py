@@ -12,7 +12,9 @@ from proxy.api.services import build_services
 from proxy.config import ConfigError, parse_config
 from proxy.engine import events as ev
 from proxy.state.memory import MemoryStore
+from tests.bodies import offered, user
 from tests.integration.conftest import BASE_CONFIG, ProxyFactory
+from tests.scripted_upstream import call, keep, say
 
 ALL = ["get_weather", "to_fahrenheit", "search_notes"]
 RULED = {
@@ -33,19 +35,14 @@ RULED = {
 }
 
 
-def offered(body: dict[str, Any]) -> list[str]:
-    return [t["function"]["name"] for t in body.get("tools") or []]
-
-
-def user(content: str) -> list[dict[str, str]]:
-    return [{"role": "user", "content": content}]
-
-
 async def test_an_agent_offers_each_step_only_the_allowed_tools(proxy_for: ProxyFactory) -> None:
     async with proxy_for(RULED) as proxy:
-        r = await proxy.chat(model="ruled", messages=user("search_notes about Lima"))
+        proxy.upstream.script(
+            call("get_weather", city="Lima"), call("to_fahrenheit", celsius=23.0), say("Warm.")
+        )
+        r = await proxy.chat(model="ruled", messages=user("Lima in Fahrenheit?"))
         assert r.status_code == 200
-        sent = proxy.upstream_requests
+        sent = proxy.upstream.bodies
     assert [offered(b) for b in sent] == [["get_weather"], ["to_fahrenheit"], ALL]
     assert [b.get("tool_choice") for b in sent] == [
         {"type": "function", "function": {"name": "get_weather"}},
@@ -54,17 +51,21 @@ async def test_an_agent_offers_each_step_only_the_allowed_tools(proxy_for: Proxy
     ]
     messages = sent[-1]["messages"]
     called = [m["tool_calls"][0]["function"]["name"] for m in messages if m.get("tool_calls")]
-    assert called == ["get_weather", "to_fahrenheit"]  # forced, not the model's own plan
+    assert called == ["get_weather", "to_fahrenheit"]
 
 
 async def test_a_disallowed_call_is_blocked_and_the_model_reads_why(
     proxy_for: ProxyFactory,
 ) -> None:
     async with proxy_for(RULED) as proxy:
+        proxy.upstream.script(
+            call("search_notes", query="Lima"),  # not offered: get_weather runs first
+            call("get_weather", city="Lima"),
+            call("to_fahrenheit", celsius=23.0),
+            say("Warm."),
+        )
         r = await proxy.chat(
-            model="ruled",
-            messages=user("!search_notes please"),
-            loop={"include_messages": True},
+            model="ruled", messages=user("Notes on Lima?"), loop={"include_messages": True}
         )
         blocked = proxy.observer.of(ev.CallBlocked)
     body = r.json()
@@ -76,14 +77,15 @@ async def test_a_disallowed_call_is_blocked_and_the_model_reads_why(
         "Allowed tools: get_weather."
     }
     assert [b.outcome for b in blocked] == ["blocked_rule"]
-    assert body["loop"]["tool_calls"] == 2  # then the forced get_weather and its child
+    assert body["loop"]["tool_calls"] == 2  # then get_weather and its child
 
 
 async def test_request_rules_are_added_to_the_agent_s(proxy_for: ProxyFactory) -> None:
     async with proxy_for() as proxy:
+        proxy.upstream.script(call("get_weather", city="Oslo"))
         r = await proxy.chat(
             model="weather",
-            messages=user("get_weather in Oslo then to_fahrenheit"),
+            messages=user("Oslo in Fahrenheit?"),
             loop={"tool_rules": [{"type": "exit_loop", "tool_name": "get_weather"}]},
         )
     body = r.json()
@@ -144,7 +146,7 @@ async def test_bad_rules_and_limits_are_a_400_with_the_path(
 ) -> None:
     async with proxy_for() as proxy:
         r = await proxy.chat(model="weather", loop=loop)
-        assert proxy.upstream_requests == []
+        assert proxy.upstream.requests == []
     assert r.status_code == 400
     error = r.json()["error"]
     assert error["param"] == param
@@ -177,9 +179,10 @@ def test_bad_agent_rules_and_limits_are_start_up_errors(agent: dict[str, Any], p
 
 async def test_a_limit_with_error_is_a_422_with_the_loop_report(proxy_for: ProxyFactory) -> None:
     async with proxy_for() as proxy:
+        proxy.upstream.script(keep(call("get_weather", city="Lima")))
         r = await proxy.chat(
             model="weather",
-            messages=user("keep calling get_weather in Lima"),
+            messages=user("Lima?"),
             loop={"tool_call_limits": [{"run_limit": 2, "exit_behavior": "error"}]},
         )
     assert r.status_code == 422
@@ -194,9 +197,10 @@ async def test_a_limit_with_error_is_a_422_with_the_loop_report(proxy_for: Proxy
 
 async def test_a_limit_with_end_stops_with_a_message_stating_it(proxy_for: ProxyFactory) -> None:
     async with proxy_for() as proxy:
+        proxy.upstream.script(keep(call("get_weather", city="Lima")))
         r = await proxy.chat(
             model="weather",
-            messages=user("keep calling get_weather in Lima"),
+            messages=user("Lima?"),
             loop={"tool_call_limits": [{"run_limit": 3, "exit_behavior": "end"}]},
         )
     body = r.json()
@@ -221,18 +225,18 @@ async def test_thread_limits_count_across_requests_by_header_or_loop_thread_id(
             }
         }
     }
+    four_calls = [*[call("get_weather", city="Lima")] * 4, say("Done.")]
     async with proxy_for(limits) as proxy:
+        proxy.upstream.script(*four_calls, *four_calls, *four_calls)
         by_loop = await proxy.chat(
-            model="capped", messages=user("get_weather keep"), loop={"thread_id": "t-1"}
+            model="capped", messages=user("Lima?"), loop={"thread_id": "t-1"}
         )
         by_header = await proxy.client.post(
             "/v1/chat/completions",
-            json={"model": "capped", "messages": user("get_weather keep")},
+            json={"model": "capped", "messages": user("Lima?")},
             headers={"x-loopwarden-thread-id": "t-1"},
         )
-        calls = [by_loop.json()["loop"]["tool_calls"], by_header.json()["loop"]["tool_calls"]]
-        fresh = await proxy.chat(
-            model="capped", messages=user("get_weather keep"), loop={"thread_id": "t-2"}
-        )
-    assert calls == [3, 0]
+        executed = [by_loop.json()["loop"]["tool_calls"], by_header.json()["loop"]["tool_calls"]]
+        fresh = await proxy.chat(model="capped", messages=user("Lima?"), loop={"thread_id": "t-2"})
+    assert executed == [3, 0]
     assert fresh.json()["loop"]["tool_calls"] == 3

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-import httpx
-import orjson
-
-from proxy.demo.scripted_model import complete
 from proxy.engine import events as ev
 from proxy.engine.stop import StopReason
+from tests.bodies import user
 from tests.integration.conftest import ProxyFactory
+from tests.scripted_upstream import call, calls, keep, say
 
 SEEN: list[int] = []
 
@@ -30,55 +27,54 @@ async def test_python_condition_from_the_config(proxy_for: ProxyFactory) -> None
         "r": {"model": "scripted", "tools": ["search_notes"], "stop_when": [{"python": "two"}]}
     }
     async with proxy_for({"conditions": conditions, "agents": agents}) as proxy:
-        r = await proxy.chat(model="r", messages=[{"role": "user", "content": "keep search_notes"}])
+        proxy.upstream.script(keep(call("search_notes", query="Lima")))
+        r = await proxy.chat(model="r", messages=user("Research Lima."))
     loop = r.json()["loop"]
     assert loop["stop_reason"] == "custom_condition"
     assert loop["stop_details"]["condition"] == "stop_when[0]"
     assert loop["steps"] == 2
 
 
-async def test_parallel_tool_calls_run_concurrently(
-    proxy_for: ProxyFactory, slow_search_notes: Callable[[float], None]
-) -> None:
-    slow_search_notes(0.2)
-
-    def two_calls(request: httpx.Request) -> httpx.Response:
-        body = orjson.loads(request.content)
-        reply = complete(body)
-        if not any(m["role"] == "tool" for m in body["messages"]):
-            choice = reply["choices"][0]
-            choice["message"]["content"] = None
-            choice["message"]["tool_calls"] = [
-                {
-                    "id": f"c{i}",
-                    "type": "function",
-                    "function": {"name": "search_notes", "arguments": '{"query": "q"}'},
-                }
-                for i in range(3)
-            ]
-            choice["finish_reason"] = "tool_calls"
-        return httpx.Response(200, json=reply)
-
-    async with proxy_for(upstream=two_calls) as proxy:
-        started = time.monotonic()
-        r = await proxy.chat(
-            model="scripted", loop={"tools": ["search_notes"], "parallel_tool_calls": True}
-        )
-        elapsed = time.monotonic() - started
-    assert r.json()["loop"]["tool_calls"] == 3
-    assert elapsed < 0.5  # three 0.2 s calls, side by side
+def tool_results(loop: dict[str, Any]) -> list[str]:
+    return [m["content"] for m in loop["messages"] if m["role"] == "tool"]
 
 
-async def test_a_client_that_goes_away_cancels_the_run(
-    proxy_for: ProxyFactory, slow_search_notes: Callable[[float], None]
-) -> None:
-    slow_search_notes(30)
+async def test_parallel_tool_calls_run_concurrently(proxy_for: ProxyFactory) -> None:
+    # `meet` returns once all three calls are inside it at once; run one at a time, each would
+    # give up after its timeout and say that it was alone.
+    meet = call("meet", group="parallel", parties=3, timeout_s=2.0)
     async with proxy_for() as proxy:
-        body = {
-            "model": "scripted",
-            "loop": {"tools": ["search_notes"]},
-            "messages": [{"role": "user", "content": "search_notes"}],
-        }
+        proxy.upstream.script(calls(meet, meet, meet), say("All met."))
+        r = await proxy.chat(
+            model="scripted",
+            messages=user("Meet."),
+            loop={"tools": ["meet"], "parallel_tool_calls": True, "include_messages": True},
+        )
+    loop = r.json()["loop"]
+    assert loop["tool_calls"] == 3
+    assert tool_results(loop) == ["3 of 3 inside at once"] * 3
+
+
+async def test_without_parallel_tool_calls_the_calls_run_one_at_a_time(
+    proxy_for: ProxyFactory,
+) -> None:
+    meet = call("meet", group="sequential", parties=2, timeout_s=0.2)
+    async with proxy_for() as proxy:
+        proxy.upstream.script(calls(meet, meet), say("Done."))
+        r = await proxy.chat(
+            model="scripted",
+            messages=user("Meet."),
+            loop={"tools": ["meet"], "include_messages": True},
+        )
+    loop = r.json()["loop"]
+    assert loop["tool_calls"] == 2
+    assert tool_results(loop) == ["1 of 2 inside at once"] * 2
+
+
+async def test_a_client_that_goes_away_cancels_the_run(proxy_for: ProxyFactory) -> None:
+    async with proxy_for() as proxy:
+        proxy.upstream.script(call("sleep", seconds=30))
+        body = {"model": "scripted", "loop": {"tools": ["sleep"]}, "messages": user("Wait.")}
         sent = await proxy.leaving(body, after_s=0.1)
     finished = proxy.observer.of(ev.RunFinished)
     assert [f.stop.reason for f in finished] == [StopReason.CANCELLED]

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+import redis
 
 from proxy.config import StateConfig
 from proxy.state import sqlite as sqlite_state
@@ -22,6 +23,7 @@ from proxy.state.memory import SWEEP_AFTER, MemoryStore
 from proxy.state.redis import RedisStore
 from proxy.state.sqlite import SqliteStore
 from proxy.state.store import StateStore, StoredContext
+from tests.servers import redis_server
 
 
 @pytest.fixture(params=["memory", "sqlite", "redis"])
@@ -86,10 +88,6 @@ async def test_hold_serialises_work_on_one_context(store: StateStore) -> None:
     assert overlaps == 0
 
 
-async def test_ping_succeeds_on_a_reachable_backend(store: StateStore) -> None:
-    await store.ping()
-
-
 async def test_sqlite_counts_and_contexts_survive_a_restart(tmp_path: Path) -> None:
     first = SqliteStore(tmp_path / "db.sqlite")
     await first.reserve("t", {"search": 9})
@@ -112,11 +110,19 @@ async def test_redis_contexts_expire_after_their_ttl(redis_url: str) -> None:
     await store.close()
 
 
-async def test_redis_ping_fails_when_the_server_is_down() -> None:
-    from proxy.demo.runner import free_port
+async def test_sqlite_ping_succeeds_until_the_database_is_closed(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "db.sqlite")
+    await store.ping()
+    await store.close()
+    with pytest.raises(sqlite3.ProgrammingError, match="closed"):
+        await store.ping()
 
-    store = RedisStore(f"redis://127.0.0.1:{free_port()}/0")
-    with pytest.raises(Exception, match=r"(?i)connect"):
+
+async def test_redis_ping_succeeds_until_the_server_stops(tmp_path: Path) -> None:
+    with redis_server(tmp_path) as url:
+        store = RedisStore(url, prefix=f"ping-{secrets.token_hex(4)}:")
+        await store.ping()
+    with pytest.raises(redis.ConnectionError, match=r"(?i)connect"):
         await store.ping()
     await store.close()
 

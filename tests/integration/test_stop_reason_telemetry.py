@@ -3,23 +3,22 @@ span is an error (SPEC §11). A new stop reason fails here until it has a run of
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-import httpx
-import orjson
 import pytest
 from opentelemetry.trace import StatusCode
 
-from proxy.demo.scripted_model import complete
 from proxy.engine.stop import StopReason
 from proxy.state.memory import MemoryStore
 from tests.integration.conftest import Proxy, ProxyFactory
+from tests.scripted_upstream import Keep, Turn, call, fail, keep, say
 
 ERRORS = {"max_invocations", "nudges_exhausted", "upstream_error", "internal_error"}
 HI = [{"role": "user", "content": "hi"}]
-KEEP = [{"role": "user", "content": "keep calling search_notes"}]
+RESEARCH = [{"role": "user", "content": "Research Lima."}]
+SEARCH = call("search_notes", query="Lima")
 CLIENT_TOOL = {
     "type": "function",
     "function": {"name": "ask_user", "parameters": {"type": "object", "properties": {}}},
@@ -35,33 +34,25 @@ class BrokenStore(MemoryStore):
         raise RuntimeError("bug")
 
 
-def refusing(request: httpx.Request) -> httpx.Response:
-    reply = complete(orjson.loads(request.content))
-    reply["choices"][0]["message"] = {"role": "assistant", "content": ""}
-    reply["choices"][0]["finish_reason"] = "content_filter"
-    return httpx.Response(200, json=reply)
-
-
-def failing(request: httpx.Request) -> httpx.Response:
-    return httpx.Response(500, json={"error": {"message": "down", "type": "server_error"}})
-
-
 @dataclass
 class Case:
     body: dict[str, Any]
+    turns: tuple[Turn | Keep, ...]
     status: int = 200
-    overrides: dict[str, Any] = field(default_factory=dict)
-    upstream: Any = None
     store: Any = None
     leave_after_s: float | None = None  # the client disconnects
 
 
 def loop(**options: Any) -> dict[str, Any]:
-    return {"model": "scripted", "messages": KEEP, "loop": {"tools": ["search_notes"], **options}}
+    return {
+        "model": "scripted",
+        "messages": RESEARCH,
+        "loop": {"tools": ["search_notes"], **options},
+    }
 
 
 CASES: dict[str, Case] = {
-    "completed": Case({"model": "weather", "messages": HI}),
+    "completed": Case({"model": "weather", "messages": HI}, (say("Hi."),)),
     "terminal_tool": Case(
         {
             "model": "scripted",
@@ -70,32 +61,32 @@ CASES: dict[str, Case] = {
                 "tools": ["final_answer"],
                 "terminating_config": {"tool_ids": ["final_answer"]},
             },
-        }
+        },
+        (say("Hi."), call("final_answer", answer="Hi!")),
     ),
     "client_tool_call": Case(
-        {
-            "model": "scripted",
-            "messages": [{"role": "user", "content": "ask_user"}],
-            "tools": [CLIENT_TOOL],
-        }
+        {"model": "scripted", "messages": HI, "tools": [CLIENT_TOOL]}, (call("ask_user"),)
     ),
-    "tool_called": Case(loop(stop_when=[{"has_tool_call": "search_notes"}])),
-    "max_steps": Case(loop(max_steps=2)),
-    "token_budget": Case(loop(stop_when=[{"max_tokens_used": 900}])),
-    "cost_budget": Case(loop(stop_when=[{"max_cost": 0.002}])),
-    "time_budget": Case(loop(stop_when=[{"max_duration_s": 0.001}])),
-    "finish_reason": Case(loop(stop_when=[{"finish_reason_is": "tool_calls"}])),
-    "custom_condition": Case(loop(stop_when=[{"expr": "size(steps) >= 2"}])),
-    "tool_call_limit": Case(loop(tool_call_limits=[{"run_limit": 1, "exit_behavior": "end"}])),
+    "tool_called": Case(loop(stop_when=[{"has_tool_call": "search_notes"}]), (SEARCH,)),
+    "max_steps": Case(loop(max_steps=2), (keep(SEARCH),)),
+    "token_budget": Case(loop(stop_when=[{"max_tokens_used": 900}]), (keep(SEARCH),)),
+    "cost_budget": Case(loop(stop_when=[{"max_cost": 0.002}]), (keep(SEARCH),)),
+    "time_budget": Case(loop(stop_when=[{"max_duration_s": 0.001}]), (keep(SEARCH),)),
+    "finish_reason": Case(loop(stop_when=[{"finish_reason_is": "tool_calls"}]), (SEARCH,)),
+    "custom_condition": Case(loop(stop_when=[{"expr": "size(steps) >= 2"}]), (keep(SEARCH),)),
+    "tool_call_limit": Case(
+        loop(tool_call_limits=[{"run_limit": 1, "exit_behavior": "end"}]), (keep(SEARCH),)
+    ),
     "max_invocations": Case(
         {
             "model": "scripted",
-            "messages": KEEP,
+            "messages": RESEARCH,
             "loop": {
                 "tools": ["search_notes", "final_answer"],
                 "terminating_config": {"tool_ids": ["final_answer"], "max_invocations": 2},
             },
         },
+        (keep(SEARCH),),
         status=422,
     ),
     "nudges_exhausted": Case(
@@ -107,13 +98,21 @@ CASES: dict[str, Case] = {
                 "terminating_config": {"tool_ids": ["final_answer"], "consecutive_nudges": 0},
             },
         },
+        (say("Hi."),),
         status=422,
     ),
-    "content_filter": Case({"model": "scripted", "messages": HI}, upstream=refusing),
-    "upstream_error": Case({"model": "scripted", "messages": HI}, status=500, upstream=failing),
-    "cancelled": Case(loop(), leave_after_s=0.1),
+    "content_filter": Case(
+        {"model": "scripted", "messages": HI}, (say("", finish_reason="content_filter"),)
+    ),
+    "upstream_error": Case({"model": "scripted", "messages": HI}, (fail(500, "down"),), status=500),
+    "cancelled": Case(
+        {"model": "scripted", "messages": HI, "loop": {"tools": ["sleep"]}},
+        (call("sleep", seconds=30),),  # still running when the client leaves
+        leave_after_s=0.1,
+    ),
     "internal_error": Case(
         loop(thread_id="t-1", tool_call_limits=[{"thread_limit": 5}]),
+        (SEARCH,),
         status=500,
         store=BrokenStore(),
     ),
@@ -134,12 +133,11 @@ async def run_case(proxy: Proxy, case: Case) -> None:
 
 @pytest.mark.parametrize("reason", sorted(CASES))
 async def test_each_stop_reason_is_counted_and_on_its_run_span(
-    proxy_for: ProxyFactory, slow_search_notes: Callable[[float], None], reason: str
+    proxy_for: ProxyFactory, reason: str
 ) -> None:
     case = CASES[reason]
-    if case.leave_after_s is not None:
-        slow_search_notes(30)  # the run is still going when the client leaves
-    async with proxy_for(case.overrides, upstream=case.upstream, store=case.store) as proxy:
+    async with proxy_for(store=case.store) as proxy:
+        proxy.upstream.script(*case.turns)
         await run_case(proxy, case)
         runs = {
             sample.labels["stop_reason"]: sample.value

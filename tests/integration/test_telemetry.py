@@ -10,9 +10,17 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind, StatusCode
 
 from proxy.engine.stop import StopReason
+from tests.bodies import user
 from tests.integration.conftest import Proxy, ProxyFactory
+from tests.scripted_upstream import Keep, Turn, call, keep, say
 
-WEATHER = "What is the weather in Paris? Use get_weather, then to_fahrenheit."
+WEATHER = "What is the weather in Paris in Fahrenheit?"
+# The weather agent's three steps: two tool calls, then the answer.
+PARIS: tuple[Turn, ...] = (
+    call("get_weather", city="Paris"),
+    call("to_fahrenheit", celsius=18.0),
+    say("64.4°F in Paris."),
+)
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 TRACEPARENT = f"00-{TRACE_ID}-00f067aa0ba902b7-01"
 
@@ -21,11 +29,8 @@ def by_name(spans: list[ReadableSpan], prefix: str) -> list[ReadableSpan]:
     return [s for s in spans if s.name.startswith(prefix)]
 
 
-def user(content: str) -> list[dict[str, str]]:
-    return [{"role": "user", "content": content}]
-
-
 async def test_a_run_is_one_span_tree_under_the_incoming_trace(proxy: Proxy) -> None:
+    proxy.upstream.script(*PARIS)
     r = await proxy.client.post(
         "/v1/chat/completions",
         json={"model": "weather", "messages": user(WEATHER)},
@@ -72,12 +77,15 @@ async def test_a_run_is_one_span_tree_under_the_incoming_trace(proxy: Proxy) -> 
     assert "gen_ai.input.messages" not in chat
     assert server.status.status_code is StatusCode.UNSET
     # The upstream saw each chat span's own context, not the client's headers.
-    sent = proxy.model.state.traceparents
-    assert [p.split("-")[2] for p in sent] == [format(c.context.span_id, "016x") for c in chats]
+    sent = proxy.upstream.traceparents
+    assert [str(p).split("-")[2] for p in sent] == [
+        format(c.context.span_id, "016x") for c in chats
+    ]
 
 
 async def test_content_is_on_spans_only_when_opted_in(proxy_for: ProxyFactory) -> None:
     async with proxy_for({"telemetry": {"capture_content": True}}) as proxy:
+        proxy.upstream.script(*PARIS)
         await proxy.chat(model="weather", messages=user(WEATHER))
         spans = proxy.spans()
     chat = dict(by_name(spans, "chat")[0].attributes or {})
@@ -90,9 +98,10 @@ async def test_content_is_on_spans_only_when_opted_in(proxy_for: ProxyFactory) -
 async def test_a_budget_stop_is_not_an_error_and_its_condition_is_an_event(
     proxy: Proxy,
 ) -> None:
+    proxy.upstream.script(keep(call("search_notes", query="Lima")))
     await proxy.chat(
         model="scripted",
-        messages=user("keep calling search_notes"),
+        messages=user("Research Lima."),
         loop={"tools": ["search_notes"], "stop_when": [{"step_count_is": 2}]},
     )
     (run,) = by_name(proxy.spans(), "invoke_agent")
@@ -102,6 +111,7 @@ async def test_a_budget_stop_is_not_an_error_and_its_condition_is_an_event(
 
 
 async def test_a_failed_run_and_a_failed_tool_set_error_status(proxy: Proxy) -> None:
+    proxy.upstream.script(say("Hello."))
     r = await proxy.chat(
         model="scripted",
         messages=user("Just say hello."),
@@ -118,14 +128,13 @@ async def test_a_failed_run_and_a_failed_tool_set_error_status(proxy: Proxy) -> 
 
 async def test_blocked_calls_are_run_events_and_counted_by_outcome(proxy: Proxy) -> None:
     rule = {"type": "max_count_per_step", "tool_name": "get_weather", "max_count_limit": 2}
+    proxy.upstream.script(keep(call("get_weather", city="Lima")))
     await proxy.chat(
-        model="weather",
-        messages=user("keep calling !get_weather in Lima"),
-        loop={"max_steps": 4, "tool_rules": [rule]},
+        model="weather", messages=user("Lima?"), loop={"max_steps": 4, "tool_rules": [rule]}
     )
     await proxy.chat(
         model="weather",
-        messages=user("keep calling get_weather in Lima"),
+        messages=user("Lima?"),
         loop={"max_steps": 3, "tool_call_limits": [{"run_limit": 1}]},
     )
     first = by_name(proxy.spans(), "invoke_agent")[0]
@@ -154,27 +163,30 @@ def _version() -> str:
     return package_version()
 
 
-RUNS: list[tuple[str, dict[str, Any], str]] = [
-    ("completed", {"model": "weather", "messages": user(WEATHER)}, "weather"),
+RUNS: list[tuple[str, tuple[Turn | Keep, ...], dict[str, Any], str]] = [
+    ("completed", PARIS, {"model": "weather", "messages": user(WEATHER)}, "weather"),
     (
         "max_steps",
-        {"model": "weather", "messages": user("keep get_weather"), "loop": {"max_steps": 2}},
+        (keep(call("get_weather", city="Lima")),),
+        {"model": "weather", "messages": user("Lima?"), "loop": {"max_steps": 2}},
         "weather",
     ),
     (
         "tool_call_limit",
+        (keep(call("get_weather", city="Lima")),),
         {
             "model": "weather",
-            "messages": user("keep get_weather"),
+            "messages": user("Lima?"),
             "loop": {"tool_call_limits": [{"run_limit": 1, "exit_behavior": "end"}]},
         },
         "weather",
     ),
     (
         "cost_budget",
+        (keep(call("search_notes", query="Lima")),),
         {
             "model": "scripted",
-            "messages": user("keep search_notes"),
+            "messages": user("Research Lima."),
             "loop": {"tools": ["search_notes"], "stop_when": [{"max_cost": 0.002}]},
         },
         "none",
@@ -182,10 +194,15 @@ RUNS: list[tuple[str, dict[str, Any], str]] = [
 ]
 
 
-@pytest.mark.parametrize(("reason", "body", "agent"), RUNS, ids=[r[0] for r in RUNS])
+@pytest.mark.parametrize(("reason", "turns", "body", "agent"), RUNS, ids=[r[0] for r in RUNS])
 async def test_runs_are_counted_by_stop_reason(
-    proxy: Proxy, reason: str, body: dict[str, Any], agent: str
+    proxy: Proxy,
+    reason: str,
+    turns: tuple[Turn | Keep, ...],
+    body: dict[str, Any],
+    agent: str,
 ) -> None:
+    proxy.upstream.script(*turns)
     r = await proxy.client.post("/v1/chat/completions", json=body)
     assert r.json()["loop"]["stop_reason"] == reason
     labels = {"agent": agent, "model": "scripted", "stop_reason": reason}
@@ -225,12 +242,14 @@ async def test_runs_are_counted_by_stop_reason(
 
 
 async def test_unknown_agents_models_and_tools_are_folded_to_other(proxy: Proxy) -> None:
+    proxy.upstream.script(say("Hi."))
     await proxy.chat(model="no-such-model-anywhere")
     labels = {"agent": "none", "model": "other", "stop_reason": "completed"}
     assert proxy.registry.get_sample_value("loopwarden_runs_total", labels) == 1
 
 
 async def test_streamed_steps_record_time_to_first_chunk(proxy: Proxy) -> None:
+    proxy.upstream.script(*PARIS)
     r = await proxy.chat(model="weather", messages=user(WEATHER), stream=True)
     assert r.status_code == 200
     common = {
@@ -242,6 +261,7 @@ async def test_streamed_steps_record_time_to_first_chunk(proxy: Proxy) -> None:
 
 
 async def test_nudges_and_cost_are_counted_per_agent(proxy: Proxy) -> None:
+    proxy.upstream.script(say("Hello."), call("get_weather", city="Paris"))
     r = await proxy.chat(
         model="weather",
         messages=user("Just say hello."),
@@ -253,6 +273,7 @@ async def test_nudges_and_cost_are_counted_per_agent(proxy: Proxy) -> None:
 
 
 async def test_metrics_endpoint_serves_the_exposition(proxy: Proxy) -> None:
+    proxy.upstream.script(*PARIS)
     await proxy.chat(model="weather", messages=user(WEATHER))
     r = await proxy.client.get("/metrics")
     assert r.status_code == 200
