@@ -1,4 +1,5 @@
-"""Real processes on 127.0.0.1: the scripted model and the proxy under uvicorn, a tool server."""
+"""Real servers on 127.0.0.1: the proxy as a process, a scripted upstream and a tool server in
+threads of the test process."""
 
 from __future__ import annotations
 
@@ -21,16 +22,21 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from proxy.demo.runner import free_port, serve_in_thread
-from proxy.demo.scenes import DEMO_CONFIG
+from tests.scripted_upstream import ScriptedUpstream
+from tests.tools import TOOLS
+
+ROOT = Path(__file__).parents[2]
 
 
 @contextlib.contextmanager
 def running(
     args: list[str], health_url: str, env: dict[str, str] | None = None, cwd: str | None = None
 ) -> Iterator[None]:
-    """A process on 127.0.0.1, from when `health_url` answers until the block ends."""
+    """A process on 127.0.0.1, from when `health_url` answers until the block ends. It can
+    import the tests' python tools (`tests.tools`) from any working directory."""
+    path = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(ROOT)) if p)
     proc = subprocess.Popen(
-        [sys.executable, *args], env=None if env is None else {**os.environ, **env}, cwd=cwd
+        [sys.executable, *args], env={**os.environ, **(env or {}), "PYTHONPATH": path}, cwd=cwd
     )
     try:
         wait_healthy(health_url, proc)
@@ -55,12 +61,27 @@ def wait_healthy(url: str, proc: subprocess.Popen[bytes]) -> None:
 
 
 @pytest.fixture(scope="session")
-def scripted_upstream() -> Iterator[str]:
-    port = free_port()
-    args = ["-m", "uvicorn", "proxy.demo.scripted_model:scripted_app", "--factory"]
-    args += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
-    with running(args, f"http://127.0.0.1:{port}/v1/models"):
-        yield f"http://127.0.0.1:{port}/v1"
+def served_upstream() -> Iterator[ScriptedUpstream]:
+    """One scripted upstream on 127.0.0.1 for the session; tests script it through `upstream`."""
+    scripted = ScriptedUpstream()
+    with scripted.serve():
+        yield scripted
+
+
+@pytest.fixture(scope="session")
+def upstream_url(served_upstream: ScriptedUpstream) -> str:
+    """The base URL (with /v1) of the scripted upstream, for the proxies' configs."""
+    assert served_upstream.url is not None
+    return served_upstream.url
+
+
+@pytest.fixture
+def upstream(served_upstream: ScriptedUpstream) -> Iterator[ScriptedUpstream]:
+    """The scripted upstream with no script and no records; a request beyond the script the test
+    sets fails it at teardown."""
+    served_upstream.reset()
+    yield served_upstream
+    served_upstream.check()
 
 
 class ToolServer:
@@ -84,13 +105,13 @@ def tool_server() -> Iterator[tuple[str, ToolServer]]:
 
 @pytest.fixture(scope="session")
 def proxy_url(
-    scripted_upstream: str,
+    upstream_url: str,
     tool_server: tuple[str, ToolServer],
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[str]:
     tools_url, _ = tool_server
     config = {
-        "upstreams": {"scripted": {"base_url": scripted_upstream, "max_retries": 0}},
+        "upstreams": {"scripted": {"base_url": upstream_url, "max_retries": 0}},
         "default_upstream": "scripted",
         "pricing": {"scripted": {"input": 1.0, "output": 4.0}},
         "tools": {
@@ -104,7 +125,7 @@ def proxy_url(
                     "required": ["item"],
                 },
             },
-            **DEMO_CONFIG["tools"],
+            **TOOLS,
         },
         "agents": {
             "stock": {

@@ -10,17 +10,20 @@ import pytest
 from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, set_tracing_disabled
 from openai import AsyncOpenAI, OpenAI
 
+from tests.scripted_upstream import ScriptedUpstream, call, keep, say
+
 pytestmark = pytest.mark.e2e
 
 STEP_LIMIT = {"tools": ["search_notes"], "max_steps": 2}
-KEEP_GOING = "Keep going: keep calling search_notes."
+KEEP_GOING = "Research Lima."
 STATED = "Stopped: the run reached its step limit (2 steps)."
 
 
 async def test_the_agents_sdk_gets_a_stated_stop_instead_of_an_empty_reply(
-    proxy_url: str,
+    proxy_url: str, upstream: ScriptedUpstream
 ) -> None:
     set_tracing_disabled(True)
+    upstream.script(keep(call("search_notes", query="Lima")))
     async with AsyncOpenAI(base_url=proxy_url, api_key="x") as client:
         model = OpenAIChatCompletionsModel(model="scripted", openai_client=client)
         settings = ModelSettings(extra_body={"loop": STEP_LIMIT})
@@ -29,7 +32,10 @@ async def test_the_agents_sdk_gets_a_stated_stop_instead_of_an_empty_reply(
     assert result.final_output == STATED
 
 
-def test_the_openai_sdk_reads_the_stated_stop_in_json_and_sse(proxy_url: str) -> None:
+def test_the_openai_sdk_reads_the_stated_stop_in_json_and_sse(
+    proxy_url: str, upstream: ScriptedUpstream
+) -> None:
+    upstream.script(keep(call("search_notes", query="Lima")))
     messages: Any = [{"role": "user", "content": KEEP_GOING}]
     with OpenAI(base_url=proxy_url, api_key="x", max_retries=0) as client:
         reply = client.chat.completions.create(
@@ -51,7 +57,10 @@ def test_the_openai_sdk_reads_the_stated_stop_in_json_and_sse(proxy_url: str) ->
     assert chunks[0].id == f"chatcmpl-{stream_hex}"
 
 
-def test_a_failure_after_the_first_byte_raises_in_the_openai_sdk(proxy_url: str) -> None:
+def test_a_failure_after_the_first_byte_raises_in_the_openai_sdk(
+    proxy_url: str, upstream: ScriptedUpstream
+) -> None:
+    upstream.script(say("Hello."))
     loop = {
         "tools": ["final_answer", "search_notes"],
         "terminating_config": {"tool_ids": ["search_notes"], "consecutive_nudges": 0},
@@ -71,5 +80,5 @@ def test_a_failure_after_the_first_byte_raises_in_the_openai_sdk(proxy_url: str)
 
         with pytest.raises(openai.APIError) as err:
             drain()
-    assert "".join(seen) == "You said: Just say hello."  # the first step reached the client
+    assert "".join(seen) == "Hello."  # the first step reached the client
     assert "nudges_exhausted" in str(err.value)

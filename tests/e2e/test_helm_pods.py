@@ -15,9 +15,10 @@ from openai import OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.demo.runner import free_port
-from proxy.demo.scenes import DEMO_CONFIG
 from tests.chart import container, one, render
 from tests.e2e.conftest import running
+from tests.scripted_upstream import ScriptedUpstream, call, say
+from tests.tools import TOOLS
 
 pytestmark = pytest.mark.e2e
 
@@ -70,12 +71,14 @@ def runs_total(url: str, agent: str) -> float:
 
 
 def test_the_charts_pods_serve_share_redis_and_are_scraped_one_process_each(
-    scripted_upstream: str, redis_url: str, tmp_path: Path
+    upstream: ScriptedUpstream, redis_url: str, tmp_path: Path
 ) -> None:
+    paris = [call("get_weather", city="Paris"), call("to_fahrenheit", celsius=18.0), say("64.4°F")]
+    upstream.script(*paris * 5, call("get_weather", city="Oslo"), say("4 °C and clear."))
     config = {
-        "upstreams": {"scripted": {"base_url": scripted_upstream, "max_retries": 0}},
+        "upstreams": {"scripted": {"base_url": upstream.url, "max_retries": 0}},
         "default_upstream": "scripted",
-        "tools": DEMO_CONFIG["tools"],
+        "tools": TOOLS,
         "agents": {"weather": {"model": "scripted", "tools": ["get_weather", "to_fahrenheit"]}},
         "state": {"backend": "redis", "url_env": "REDIS_URL", "key_prefix": "helm-pods:"},
     }
@@ -101,31 +104,32 @@ def test_the_charts_pods_serve_share_redis_and_are_scraped_one_process_each(
             with OpenAI(base_url=f"{pods[i % 2]}/v1", api_key="x", max_retries=0) as client:
                 reply = client.chat.completions.create(
                     model="weather",
-                    messages=[{"role": "user", "content": "get_weather, then to_fahrenheit"}],
+                    messages=[{"role": "user", "content": "Paris in Fahrenheit?"}],
                 )
             assert reply.choices[0].finish_reason == "stop"
         assert endpoint["path"] == "/metrics"
         scraped = [runs_total(base + endpoint["path"], "weather") for base in pods]
         assert scraped == [3.0, 2.0]  # each pod counts its own runs; Prometheus sums them
-        chat = {"context_id": "helm-c1", "agent": "weather", "message": "get_weather in Oslo"}
+        chat = {"context_id": "helm-c1", "agent": "weather", "message": "Oslo?"}
         assert httpx.post(f"{pods[0]}/chat", json=chat, timeout=30).status_code == 200
         stored = httpx.get(f"{pods[1]}/v1/contexts/helm-c1").json()  # one redis for all pods
-        assert stored["messages"][0] == {"role": "user", "content": "get_weather in Oslo"}
+        assert stored["messages"][0] == {"role": "user", "content": "Oslo?"}
         assert [m["role"] for m in stored["messages"]][1:] == ["assistant", "tool", "assistant"]
 
 
 def test_a_single_pod_keeps_sqlite_state_on_its_data_volume(
-    scripted_upstream: str, tmp_path: Path
+    upstream: ScriptedUpstream, tmp_path: Path
 ) -> None:
+    upstream.script(call("get_weather", city="Oslo"), say("4 °C and clear."))
     config = {
-        "upstreams": {"scripted": {"base_url": scripted_upstream, "max_retries": 0}},
+        "upstreams": {"scripted": {"base_url": upstream.url, "max_retries": 0}},
         "default_upstream": "scripted",
-        "tools": DEMO_CONFIG["tools"],
+        "tools": TOOLS,
         "agents": {"weather": {"model": "scripted", "tools": ["get_weather"]}},
     }
     manifests = render({"config": config})
     with pod(manifests, tmp_path, free_port()) as base:
-        chat = {"context_id": "c-sqlite", "agent": "weather", "message": "get_weather in Oslo"}
+        chat = {"context_id": "c-sqlite", "agent": "weather", "message": "Oslo?"}
         assert httpx.post(f"{base}/chat", json=chat, timeout=30).status_code == 200
     assert (tmp_path / "data" / "loopwarden.db").stat().st_size > 0
     assert not (tmp_path / "config" / "loopwarden.db").exists()

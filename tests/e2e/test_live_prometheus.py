@@ -16,8 +16,10 @@ import yaml
 from proxy.api.app import create_app
 from proxy.config import parse_config
 from proxy.demo.runner import free_port, serve_in_thread
-from proxy.demo.scenes import DEMO_CONFIG
+from tests.bodies import user
 from tests.promql import concrete, panels
+from tests.scripted_upstream import Keep, ScriptedUpstream, Turn, call, keep, say
+from tests.tools import TOOLS
 
 pytestmark = pytest.mark.e2e
 
@@ -25,8 +27,21 @@ SCRAPE_S = 1
 
 
 @pytest.fixture(scope="module")
-def scraped_proxy(scripted_upstream: str) -> Iterator[str]:
-    config = dict(DEMO_CONFIG, upstreams={"scripted": {"base_url": scripted_upstream}})
+def scraped_proxy(upstream_url: str) -> Iterator[str]:
+    config = {
+        "upstreams": {"scripted": {"base_url": upstream_url, "max_retries": 0}},
+        "default_upstream": "scripted",
+        "pricing": {"scripted": {"input": 2.0, "output": 8.0}},
+        "tools": TOOLS,
+        "agents": {
+            "weather": {"model": "scripted", "tools": ["get_weather", "to_fahrenheit"]},
+            "researcher": {
+                "model": "scripted",
+                "tools": ["search_notes"],
+                "stop_when": [{"max_cost": 0.004}],
+            },
+        },
+    }
     app = create_app(parse_config(config))
     with serve_in_thread(app, free_port()) as url:
         yield url
@@ -73,22 +88,31 @@ def prometheus(scraped_proxy: str, tmp_path_factory: pytest.TempPathFactory) -> 
         proc.wait(timeout=20)
 
 
-LOAD: list[dict[str, Any]] = [
-    {
-        "model": "weather",
-        "messages": [{"role": "user", "content": "get_weather in Paris, then to_fahrenheit"}],
-    },
-    {
-        "model": "weather",
-        "stream": True,
-        "messages": [{"role": "user", "content": "get_weather in Oslo"}],
-    },
-    {"model": "researcher", "messages": [{"role": "user", "content": "keep calling search_notes"}]},
-    {
-        "model": "scripted",
-        "messages": [{"role": "user", "content": "Just say hello."}],
-        "loop": {"tools": ["final_answer"], "terminating_config": {"tool_ids": ["final_answer"]}},
-    },
+# Each run of the load: its request and the upstream's turns for it.
+LOAD: list[tuple[dict[str, Any], tuple[Turn | Keep, ...]]] = [
+    (
+        {"model": "weather", "messages": user("Paris in Fahrenheit?")},
+        (call("get_weather", city="Paris"), call("to_fahrenheit", celsius=18.0), say("64.4°F")),
+    ),
+    (
+        {"model": "weather", "stream": True, "messages": user("Oslo?")},
+        (call("get_weather", city="Oslo"), say("4 °C and clear.")),
+    ),
+    (
+        {"model": "researcher", "messages": user("Research Lima.")},
+        (keep(call("search_notes", query="Lima")),),  # until the cost budget stops it
+    ),
+    (
+        {
+            "model": "scripted",
+            "messages": user("Just say hello."),
+            "loop": {
+                "tools": ["final_answer"],
+                "terminating_config": {"tool_ids": ["final_answer"]},
+            },
+        },
+        (say("Hello."), call("final_answer", answer="Hello!")),  # after a nudge
+    ),
 ]
 
 
@@ -99,13 +123,18 @@ def query(prometheus: str, expr: str) -> dict[str, Any]:
 
 
 def test_every_dashboard_query_runs_and_the_core_panels_have_data(
-    scraped_proxy: str, prometheus: str
+    scraped_proxy: str, prometheus: str, upstream: ScriptedUpstream
 ) -> None:
+    stops: set[str] = set()
     with httpx.Client(base_url=scraped_proxy, timeout=30) as client:
         deadline = time.monotonic() + 8  # bounded: a few runs a second for 8 s
         while time.monotonic() < deadline:
-            for body in LOAD:
-                assert client.post("/v1/chat/completions", json=body).status_code == 200
+            for body, turns in LOAD:
+                upstream.script(*turns)
+                r = client.post("/v1/chat/completions", json=body)
+                assert r.status_code == 200
+                if not body.get("stream"):
+                    stops.add(r.json()["loop"]["stop_reason"])
             time.sleep(0.25)
     time.sleep(3 * SCRAPE_S)  # the last scrapes land
     up = query(prometheus, 'up{job="loopwarden"}')
@@ -119,3 +148,4 @@ def test_every_dashboard_query_runs_and_the_core_panels_have_data(
             if "core" in panel.get("tags", []) and not result["data"]["result"]:
                 empty.append(panel["title"])
     assert empty == []
+    assert stops == {"completed", "cost_budget", "terminal_tool"}

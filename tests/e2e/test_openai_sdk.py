@@ -10,7 +10,9 @@ import openai
 import pytest
 from openai import AsyncOpenAI, OpenAI
 
+from tests.bodies import loop_of
 from tests.e2e.conftest import ToolServer
+from tests.scripted_upstream import ScriptedUpstream, call, keep, say, say_tool_result
 
 pytestmark = pytest.mark.e2e
 
@@ -21,22 +23,15 @@ def client(proxy_url: str) -> Iterator[OpenAI]:
         yield c
 
 
-def loop_of(obj: Any) -> dict[str, Any]:
-    extra = obj.model_extra or {}
-    return dict(extra["loop"])
-
-
 def test_sync_client_runs_an_http_tool_loop(
-    client: OpenAI, tool_server: tuple[str, ToolServer]
+    client: OpenAI, upstream: ScriptedUpstream, tool_server: tuple[str, ToolServer]
 ) -> None:
+    upstream.script(call("check_inventory", item="bolts"), say_tool_result("In stock: {}"))
     raw = client.chat.completions.with_raw_response.create(
-        model="stock",
-        messages=[{"role": "user", "content": "check_inventory for bolts"}],
+        model="stock", messages=[{"role": "user", "content": "Bolts?"}]
     )
     reply = raw.parse()
-    assert reply.choices[0].message.content == (
-        'Here is what I found: {"item":"check_inventory for bolts","in_stock":7}'
-    )
+    assert reply.choices[0].message.content == 'In stock: {"item":"bolts","in_stock":7}'
     loop = loop_of(reply)
     assert loop["stop_reason"] == "completed"
     assert (loop["steps"], loop["tool_calls"]) == (2, 1)
@@ -47,25 +42,26 @@ def test_sync_client_runs_an_http_tool_loop(
     assert server.calls[-1]["run_id"] == loop["run_id"]
 
 
-async def test_async_client_terminal_tool(proxy_url: str) -> None:
+async def test_async_client_terminal_tool(proxy_url: str, upstream: ScriptedUpstream) -> None:
+    upstream.script(
+        call("get_weather", city="Lima"), call("final_answer", answer="23 °C and clear in Lima.")
+    )
     async with AsyncOpenAI(base_url=proxy_url, api_key="x") as client:
         reply = await client.chat.completions.create(
-            model="reporter",
-            messages=[{"role": "user", "content": "get_weather in Lima then final_answer"}],
+            model="reporter", messages=[{"role": "user", "content": "Lima?"}]
         )
-    assert reply.choices[0].message.content == (
-        'Here is what I found: {"city":"Lima","celsius":23.0,"sky":"clear"}'
-    )
+    assert reply.choices[0].message.content == "23 °C and clear in Lima."
     assert reply.choices[0].finish_reason == "stop"
     assert loop_of(reply)["stop_reason"] == "terminal_tool"
 
 
-async def test_async_streaming_with_usage(proxy_url: str) -> None:
+async def test_async_streaming_with_usage(proxy_url: str, upstream: ScriptedUpstream) -> None:
+    upstream.script(call("check_inventory", item="nuts"), say_tool_result("In stock: {}"))
     text, finish, loop, usage = "", None, None, None
     async with AsyncOpenAI(base_url=proxy_url, api_key="x") as client:
         stream = await client.chat.completions.create(
             model="stock",
-            messages=[{"role": "user", "content": "check_inventory for nuts"}],
+            messages=[{"role": "user", "content": "Nuts?"}],
             stream=True,
             stream_options={"include_usage": True},
         )
@@ -77,7 +73,7 @@ async def test_async_streaming_with_usage(proxy_url: str) -> None:
                 loop = (chunk.model_extra or {}).get("loop", loop)
             if chunk.usage:
                 usage = chunk.usage
-    assert text == 'Here is what I found: {"item":"check_inventory for nuts","in_stock":7}'
+    assert text == 'In stock: {"item":"nuts","in_stock":7}'
     assert finish == "stop"
     assert loop is not None
     assert loop["stop_reason"] == "completed"
@@ -85,7 +81,14 @@ async def test_async_streaming_with_usage(proxy_url: str) -> None:
     assert usage.total_tokens > 0
 
 
-def test_sync_streaming_client_tool_call_then_result(client: OpenAI) -> None:
+def test_sync_streaming_client_tool_call_then_result(
+    client: OpenAI, upstream: ScriptedUpstream
+) -> None:
+    upstream.script(
+        call("check_inventory", item="screws"),
+        call("ask_user", question="Order more screws?"),
+        say_tool_result("The user says: {}"),
+    )
     tools: Any = [
         {
             "type": "function",
@@ -95,7 +98,7 @@ def test_sync_streaming_client_tool_call_then_result(client: OpenAI) -> None:
             },
         }
     ]
-    messages: list[Any] = [{"role": "user", "content": "check_inventory of screws, then ask_user"}]
+    messages: list[Any] = [{"role": "user", "content": "Screws?"}]
     stream = client.chat.completions.create(
         model="stock", messages=messages, tools=tools, stream=True
     )
@@ -104,38 +107,38 @@ def test_sync_streaming_client_tool_call_then_result(client: OpenAI) -> None:
     for chunk in stream:
         if not chunk.choices:
             continue
-        for call in chunk.choices[0].delta.tool_calls or []:
-            slot = calls.setdefault(call.index, {"id": "", "name": "", "arguments": ""})
-            slot["id"] += call.id or ""
-            slot["name"] += (call.function.name or "") if call.function else ""
-            slot["arguments"] += (call.function.arguments or "") if call.function else ""
+        for delta in chunk.choices[0].delta.tool_calls or []:
+            slot = calls.setdefault(delta.index, {"id": "", "name": "", "arguments": ""})
+            slot["id"] += delta.id or ""
+            slot["name"] += (delta.function.name or "") if delta.function else ""
+            slot["arguments"] += (delta.function.arguments or "") if delta.function else ""
         finish = chunk.choices[0].finish_reason or finish
     assert finish == "tool_calls"
     assert [c["name"] for c in calls.values()] == ["ask_user"]
-    call = calls[0]
+    asked = calls[0]
     messages += [
         {
             "role": "assistant",
             "content": None,
             "tool_calls": [
                 {
-                    "id": call["id"],
+                    "id": asked["id"],
                     "type": "function",
-                    "function": {"name": "ask_user", "arguments": call["arguments"]},
+                    "function": {"name": "ask_user", "arguments": asked["arguments"]},
                 }
             ],
         },
-        {"role": "tool", "tool_call_id": call["id"], "content": "yes please"},
+        {"role": "tool", "tool_call_id": asked["id"], "content": "yes please"},
     ]
-    messages[0] = {"role": "user", "content": "now ask_user"}
     reply = client.chat.completions.create(model="stock", messages=messages, tools=tools)
-    assert reply.choices[0].message.content == "Here is what I found: yes please"
+    assert json.loads(asked["arguments"]) == {"question": "Order more screws?"}
+    assert reply.choices[0].message.content == "The user says: yes please"
 
 
-def test_budget_stop_through_the_sdk(client: OpenAI) -> None:
+def test_budget_stop_through_the_sdk(client: OpenAI, upstream: ScriptedUpstream) -> None:
+    upstream.script(keep(call("search_notes", query="Lima")))
     reply = client.chat.completions.create(
-        model="researcher",
-        messages=[{"role": "user", "content": "keep calling search_notes"}],
+        model="researcher", messages=[{"role": "user", "content": "Research Lima."}]
     )
     loop = loop_of(reply)
     assert loop["stop_reason"] == "token_budget"
@@ -144,7 +147,8 @@ def test_budget_stop_through_the_sdk(client: OpenAI) -> None:
     assert reply.choices[0].finish_reason == "length"
 
 
-def test_sdk_sees_openai_errors(client: OpenAI) -> None:
+def test_sdk_sees_openai_errors(client: OpenAI, upstream: ScriptedUpstream) -> None:
+    upstream.script(say("Hi."))
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(
             model="stock",

@@ -9,7 +9,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import yaml
 from openai import OpenAI
@@ -20,8 +19,9 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from proxy.demo.runner import free_port, serve_in_thread
-from proxy.demo.scenes import DEMO_CONFIG
 from tests.e2e.conftest import running
+from tests.scripted_upstream import ScriptedUpstream, call, say
+from tests.tools import TOOLS
 
 pytestmark = pytest.mark.e2e
 
@@ -66,13 +66,13 @@ def attributes(span: Any) -> dict[str, Any]:
 
 
 def test_a_run_arrives_as_one_trace_over_otlp_http(
-    receiver: tuple[str, Receiver], scripted_upstream: str, tmp_path: Path
+    receiver: tuple[str, Receiver], upstream: ScriptedUpstream, tmp_path: Path
 ) -> None:
     url, sink = receiver
     config = {
-        "upstreams": {"scripted": {"base_url": scripted_upstream, "max_retries": 0}},
+        "upstreams": {"scripted": {"base_url": upstream.url, "max_retries": 0}},
         "default_upstream": "scripted",
-        "tools": DEMO_CONFIG["tools"],
+        "tools": TOOLS,
         "agents": {"weather": {"model": "scripted", "tools": ["get_weather", "to_fahrenheit"]}},
         "state": {"backend": "memory"},
     }
@@ -87,12 +87,14 @@ def test_a_run_arrives_as_one_trace_over_otlp_http(
     }
     port = free_port()
     args = ["-m", "proxy", "serve", "--config", str(path), "--port", str(port)]
-    httpx.delete(f"{scripted_upstream}/recorded")
+    upstream.script(
+        call("get_weather", city="Oslo"), call("to_fahrenheit", celsius=4.0), say("39.2°F in Oslo.")
+    )
     with running(args, f"http://127.0.0.1:{port}/healthz", env):
         with OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0) as client:
             client.chat.completions.create(
                 model="weather",
-                messages=[{"role": "user", "content": "get_weather in Oslo, then to_fahrenheit"}],
+                messages=[{"role": "user", "content": "Oslo in Fahrenheit?"}],
                 extra_headers={"traceparent": f"00-{TRACE_ID}-{CLIENT_SPAN}-01"},
             )
         deadline = time.monotonic() + 10
@@ -121,7 +123,7 @@ def test_a_run_arrives_as_one_trace_over_otlp_http(
     assert attributes(run)["loopwarden.stop_reason"] == "completed"
     assert attributes(run)["gen_ai.agent.name"] == "weather"
     assert set(sink.resources[0].items()) >= {("service.name", "loopwarden-e2e")}
-    sent = httpx.get(f"{scripted_upstream}/recorded/traceparents").json()
+    sent = [str(p).split("-") for p in upstream.traceparents]
     chat_ids = sorted(c.span_id.hex() for c in chats)
-    assert sorted(p.split("-")[2] for p in sent) == chat_ids
-    assert all(p.split("-")[1] == TRACE_ID for p in sent)
+    assert sorted(p[2] for p in sent) == chat_ids
+    assert all(p[1] == TRACE_ID for p in sent)

@@ -18,8 +18,10 @@ import yaml
 from openai import OpenAI
 
 from proxy.demo.runner import free_port
-from proxy.demo.scenes import DEMO_CONFIG
+from tests.bodies import loop_of, offered
 from tests.e2e.conftest import ToolServer, running
+from tests.scripted_upstream import Body, Reply, ScriptedUpstream, call, keep, last_message, say
+from tests.tools import TOOLS
 
 pytestmark = pytest.mark.e2e
 
@@ -36,7 +38,7 @@ def write_config(folder: Path, upstream: str, tools_url: str, state: dict[str, A
                 "url": f"{tools_url}/inventory",
                 "parameters": {"type": "object", "properties": {"item": {"type": "string"}}},
             },
-            **DEMO_CONFIG["tools"],
+            **TOOLS,
         },
         "agents": {
             "ruled": {
@@ -83,16 +85,14 @@ def proxy_process(config: Path, env: dict[str, str] | None = None) -> Iterator[s
 
 @pytest.fixture(scope="module")
 def redis_proxies(
-    scripted_upstream: str,
+    upstream_url: str,
     tool_server: tuple[str, ToolServer],
     redis_url: str,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[tuple[str, str]]:
     """Two proxy processes sharing one redis-server."""
     state = {"backend": "redis", "url_env": "LW_REDIS", "key_prefix": "e2e:"}
-    path = write_config(
-        tmp_path_factory.mktemp("redis-e2e"), scripted_upstream, tool_server[0], state
-    )
+    path = write_config(tmp_path_factory.mktemp("redis-e2e"), upstream_url, tool_server[0], state)
     env = {"LW_REDIS": redis_url}
     with proxy_process(path, env) as first, proxy_process(path, env) as second:
         yield first, second
@@ -102,28 +102,27 @@ def sdk(base: str) -> OpenAI:
     return OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
 
 
-def recorded(upstream: str) -> list[dict[str, Any]]:
-    return list(httpx.get(f"{upstream}/recorded").json())
-
-
-def offered(body: dict[str, Any]) -> list[str]:
-    return [t["function"]["name"] for t in body.get("tools") or []]
-
-
-def loop_of(obj: Any) -> dict[str, Any]:
-    return dict((obj.model_extra or {})["loop"])
+def weather_in_oslo(body: Body) -> Reply:
+    """Each run: get_weather, then an answer from its result."""
+    if last_message(body)["role"] == "tool":
+        return say(f"Found: {last_message(body)['content']}")
+    return call("get_weather", city="Oslo")
 
 
 def test_rules_shape_what_the_model_is_offered_at_each_step(
-    redis_proxies: tuple[str, str], scripted_upstream: str
+    redis_proxies: tuple[str, str], upstream: ScriptedUpstream
 ) -> None:
-    httpx.delete(f"{scripted_upstream}/recorded")
+    upstream.script(
+        call("get_weather", city="Lima"),
+        call("to_fahrenheit", celsius=23.0),
+        call("search_notes", query="Lima"),
+        say("Warm, and the notes agree."),
+    )
     with sdk(redis_proxies[0]) as client:
         reply = client.chat.completions.create(
-            model="ruled",
-            messages=[{"role": "user", "content": "keep to search_notes on Lima"}],
+            model="ruled", messages=[{"role": "user", "content": "Lima?"}]
         )
-    steps = recorded(scripted_upstream)
+    steps = upstream.bodies
     assert [offered(s) for s in steps] == [
         ["get_weather"],
         ["to_fahrenheit"],
@@ -137,11 +136,19 @@ def test_rules_shape_what_the_model_is_offered_at_each_step(
     assert loop_of(reply)["tool_calls"] == 3
 
 
-def test_a_disallowed_call_is_blocked_and_the_run_goes_on(redis_proxies: tuple[str, str]) -> None:
+def test_a_disallowed_call_is_blocked_and_the_run_goes_on(
+    redis_proxies: tuple[str, str], upstream: ScriptedUpstream
+) -> None:
+    upstream.script(
+        call("to_fahrenheit", celsius=20.0),  # not offered: get_weather runs first
+        call("get_weather", city="Lima"),
+        call("to_fahrenheit", celsius=23.0),
+        say("73.4°F in Lima."),
+    )
     with sdk(redis_proxies[1]) as client:
         reply = client.chat.completions.create(
             model="ruled",
-            messages=[{"role": "user", "content": "!to_fahrenheit first"}],
+            messages=[{"role": "user", "content": "Lima in Fahrenheit?"}],
             extra_body={"loop": {"include_messages": True}},
         )
     loop = loop_of(reply)
@@ -152,19 +159,22 @@ def test_a_disallowed_call_is_blocked_and_the_run_goes_on(redis_proxies: tuple[s
     assert loop["stop_reason"] == "completed"
 
 
-def test_limit_behaviours_through_the_sdk(redis_proxies: tuple[str, str]) -> None:
+def test_limit_behaviours_through_the_sdk(
+    redis_proxies: tuple[str, str], upstream: ScriptedUpstream
+) -> None:
+    upstream.script(keep(call("get_weather", city="Oslo")))
     with sdk(redis_proxies[0]) as client:
         with pytest.raises(openai.UnprocessableEntityError) as err:
             client.chat.completions.create(
                 model="weather",
-                messages=[{"role": "user", "content": "keep get_weather in Oslo"}],
+                messages=[{"role": "user", "content": "Oslo?"}],
                 extra_body={
                     "loop": {"tool_call_limits": [{"run_limit": 2, "exit_behavior": "error"}]}
                 },
             )
         ended = client.chat.completions.create(
             model="weather",
-            messages=[{"role": "user", "content": "keep get_weather in Oslo"}],
+            messages=[{"role": "user", "content": "Oslo?"}],
             extra_body={"loop": {"tool_call_limits": [{"run_limit": 2, "exit_behavior": "end"}]}},
         )
         with pytest.raises(openai.BadRequestError) as bad:
@@ -183,15 +193,18 @@ def test_limit_behaviours_through_the_sdk(redis_proxies: tuple[str, str]) -> Non
 
 
 def test_two_processes_on_one_redis_never_pass_a_thread_limit(
-    redis_proxies: tuple[str, str], tool_server: tuple[str, ToolServer]
+    redis_proxies: tuple[str, str],
+    tool_server: tuple[str, ToolServer],
+    upstream: ScriptedUpstream,
 ) -> None:
+    upstream.script(keep(call("check_inventory", item="bolts")))
     thread = f"mp-{secrets.token_hex(4)}"
     clients = [sdk(base) for base in redis_proxies]
 
     def one_run(i: int) -> int:
         reply = clients[i % 2].chat.completions.create(
             model="stock",
-            messages=[{"role": "user", "content": f"keep check_inventory of bolts #{i}"}],
+            messages=[{"role": "user", "content": f"Bolts #{i}?"}],
             extra_headers={"x-loopwarden-thread-id": thread},
         )
         return int(loop_of(reply)["tool_calls"])
@@ -205,18 +218,23 @@ def test_two_processes_on_one_redis_never_pass_a_thread_limit(
     assert len(served) == INVENTORY_LIMIT
 
 
-def test_contexts_are_shared_between_processes(redis_proxies: tuple[str, str]) -> None:
+def test_contexts_are_shared_between_processes(
+    redis_proxies: tuple[str, str], upstream: ScriptedUpstream
+) -> None:
+    upstream.script(call("get_weather", city="Lima"), say("Warm in Lima."), say("You are welcome."))
     first, second = redis_proxies
     cid = f"ctx-{secrets.token_hex(4)}"
     created = httpx.post(
-        f"{first}/chat",
-        json={"context_id": cid, "agent": "weather", "message": "get_weather in Lima"},
+        f"{first}/chat", json={"context_id": cid, "agent": "weather", "message": "Lima?"}
     )
     followed = httpx.post(f"{second}/chat", json={"context_id": cid, "message": "thanks"})
     stored = httpx.get(f"{second}/v1/contexts/{cid}").json()
     assert created.status_code == 200
     assert created.json()["generated_messages"][1]["tool_name"] == "get_weather"
-    assert followed.json()["response"] == "You said: thanks"
+    assert followed.json()["response"] == "You are welcome."
+    # The second process sent the model the history the first one saved.
+    sent = [m["role"] for m in upstream.bodies[-1]["messages"] if m["role"] != "system"]
+    assert sent == ["user", "assistant", "tool", "assistant", "user"]
     assert [m["role"] for m in stored["messages"]] == [
         "user",
         "assistant",
@@ -230,19 +248,21 @@ def test_contexts_are_shared_between_processes(redis_proxies: tuple[str, str]) -
 
 
 def test_sqlite_thread_counts_survive_a_restart(
-    scripted_upstream: str, tool_server: tuple[str, ToolServer], tmp_path: Path
+    upstream_url: str,
+    upstream: ScriptedUpstream,
+    tool_server: tuple[str, ToolServer],
+    tmp_path: Path,
 ) -> None:
+    upstream.script(keep(call("check_inventory", item="bolts")))
     state = {"backend": "sqlite", "path": str(tmp_path / "state.db")}
-    path = write_config(tmp_path, scripted_upstream, tool_server[0], state)
+    path = write_config(tmp_path, upstream_url, tool_server[0], state)
     thread = f"restart-{secrets.token_hex(4)}"
     counts = []
     for _ in range(2):
         with proxy_process(path) as base, sdk(base) as client:
             reply = client.chat.completions.create(
                 model="stock",
-                messages=[
-                    {"role": "user", "content": "check_inventory bolts, check_inventory nuts keep"}
-                ],
+                messages=[{"role": "user", "content": "Bolts?"}],
                 extra_body={"loop": {"thread_id": thread}},
             )
             counts.append(loop_of(reply)["tool_calls"])
@@ -250,15 +270,16 @@ def test_sqlite_thread_counts_survive_a_restart(
 
 
 def test_concurrent_runs_on_one_context_wait_for_each_other_across_processes(
-    redis_proxies: tuple[str, str],
+    redis_proxies: tuple[str, str], upstream: ScriptedUpstream
 ) -> None:
+    upstream.script(say("Ready."), keep(weather_in_oslo))
     cid = f"busy-{secrets.token_hex(4)}"
     httpx.post(
         f"{redis_proxies[0]}/chat", json={"context_id": cid, "agent": "weather", "message": "start"}
     )
 
     def one(i: int) -> int:
-        body = {"context_id": cid, "message": f"get_weather in Oslo #{i}"}
+        body = {"context_id": cid, "message": f"Oslo #{i}?"}
         return httpx.post(f"{redis_proxies[i % 2]}/chat", json=body, timeout=30).status_code
 
     with ThreadPoolExecutor(max_workers=8) as pool:
