@@ -1,4 +1,4 @@
-"""A deterministic OpenAI-compatible model server, for the demo and tests only.
+"""A deterministic OpenAI-compatible model server, for the demo.
 
 It reads its plan from the conversation: the tools named in the last user message are
 called in the order they are mentioned, one per step (all in the first reply with the word
@@ -178,28 +178,11 @@ async def _chunks(reply: dict[str, Any], include_usage: bool) -> AsyncIterator[b
 
 async def chat_completions(request: Request) -> Response:
     body = orjson.loads(await request.body())
-    request.app.state.requests.append(body)
-    request.app.state.authorizations.append(request.headers.get("authorization"))
-    request.app.state.traceparents.append(request.headers.get("traceparent"))
     reply = complete(body)
     if body.get("stream"):
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         return StreamingResponse(_chunks(reply, include_usage), media_type="text/event-stream")
     return Response(orjson.dumps(reply), media_type="application/json")
-
-
-async def recorded(request: Request) -> Response:
-    """The request bodies received so far (`DELETE` forgets them), for tests across processes."""
-    if request.method == "DELETE":
-        request.app.state.requests.clear()
-        request.app.state.traceparents.clear()
-        return Response(status_code=204)
-    return Response(orjson.dumps(request.app.state.requests), media_type="application/json")
-
-
-async def recorded_traceparents(request: Request) -> Response:
-    """The `traceparent` header of each request received so far (null when absent)."""
-    return Response(orjson.dumps(request.app.state.traceparents), media_type="application/json")
 
 
 async def models(request: Request) -> Response:
@@ -208,17 +191,10 @@ async def models(request: Request) -> Response:
 
 
 def scripted_app() -> Starlette:
-    """The scripted model as an ASGI app; `app.state` records every request body, and its
-    Authorization and traceparent headers."""
-    app = Starlette(
+    """The scripted model as an ASGI app."""
+    return Starlette(
         routes=[
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
             Route("/v1/models", models, methods=["GET"]),
-            Route("/v1/recorded", recorded, methods=["GET", "DELETE"]),
-            Route("/v1/recorded/traceparents", recorded_traceparents, methods=["GET"]),
         ]
     )
-    app.state.requests = []
-    app.state.authorizations = []
-    app.state.traceparents = []
-    return app
