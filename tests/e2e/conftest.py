@@ -75,10 +75,10 @@ def upstream_url(served_upstream: ScriptedUpstream) -> str:
     return served_upstream.url
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def upstream(served_upstream: ScriptedUpstream) -> Iterator[ScriptedUpstream]:
-    """The scripted upstream with no script and no records; a request beyond the script the test
-    sets fails it at teardown."""
+    """The scripted upstream with no script and no records, for every test: a request beyond the
+    script the test sets fails it at teardown."""
     served_upstream.reset()
     yield served_upstream
     served_upstream.check()
