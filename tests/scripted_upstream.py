@@ -8,7 +8,8 @@ gives it, in order, and records every request it gets.
 
 A turn is the model's reply (`say`, `call`, `calls`), an HTTP error (`fail`), or a function of
 the request body that returns one of those. `keep(turn)` answers every request from there on, so
-the script never runs out. Usage is counted honestly unless a reply gives its own: a token is four
+the script never runs out; `keep(each_run(call(...), then=say_tool_result(...)))` serves runs that
+share the script at once. Usage is counted honestly unless a reply gives its own: a token is four
 bytes of the compact JSON of the messages and tools (prompt) and of the reply (completion), and a
 `max_completion_tokens` (or `max_tokens`) smaller than the reply cuts it short with
 `finish_reason: length` and no tool calls.
@@ -141,6 +142,17 @@ def say_tool_result(template: str = "{}") -> Callable[[Body], Reply]:
 
     def turn(body: Body) -> Reply:
         return say(template.format(last_tool_result(body)))
+
+    return turn
+
+
+def each_run(first: Turn, then: Turn) -> Callable[[Body], Answer]:
+    """A turn for runs that share a script (concurrent ones, with `keep`): `first` for a request
+    whose last message is not a tool result (a run's first step), else `then`."""
+
+    def turn(body: Body) -> Answer:
+        chosen = then if last_message(body).get("role") == "tool" else first
+        return chosen(body) if callable(chosen) else chosen
 
     return turn
 

@@ -20,7 +20,7 @@ from openai import OpenAI
 from proxy.demo.runner import free_port
 from tests.bodies import loop_of, offered
 from tests.e2e.conftest import ToolServer, running
-from tests.scripted_upstream import Body, Reply, ScriptedUpstream, call, keep, last_message, say
+from tests.scripted_upstream import ScriptedUpstream, call, each_run, keep, say, say_tool_result
 from tests.tools import TOOLS
 
 pytestmark = pytest.mark.e2e
@@ -100,13 +100,6 @@ def redis_proxies(
 
 def sdk(base: str) -> OpenAI:
     return OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
-
-
-def weather_in_oslo(body: Body) -> Reply:
-    """Each run: get_weather, then an answer from its result."""
-    if last_message(body)["role"] == "tool":
-        return say(f"Found: {last_message(body)['content']}")
-    return call("get_weather", city="Oslo")
 
 
 def test_rules_shape_what_the_model_is_offered_at_each_step(
@@ -272,7 +265,10 @@ def test_sqlite_thread_counts_survive_a_restart(
 def test_concurrent_runs_on_one_context_wait_for_each_other_across_processes(
     redis_proxies: tuple[str, str], upstream: ScriptedUpstream
 ) -> None:
-    upstream.script(say("Ready."), keep(weather_in_oslo))
+    upstream.script(
+        say("Ready."),
+        keep(each_run(call("get_weather", city="Oslo"), then=say_tool_result("Found: {}"))),
+    )
     cid = f"busy-{secrets.token_hex(4)}"
     httpx.post(
         f"{redis_proxies[0]}/chat", json={"context_id": cid, "agent": "weather", "message": "start"}

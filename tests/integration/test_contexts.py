@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from tests.integration.conftest import Proxy, ProxyFactory
-from tests.scripted_upstream import Body, Reply, call, keep, last_message, say, say_tool_result
+from tests.scripted_upstream import call, each_run, keep, say, say_tool_result
 
 REPORTER = {
     "agents": {
@@ -24,13 +24,6 @@ REPORTER = {
 
 async def post(proxy: Proxy, path: str, **body: Any) -> Any:
     return await proxy.client.post(path, json=body)
-
-
-def weather_in_lima(body: Body) -> Reply:
-    """Each run: get_weather, then an answer from its result."""
-    if last_message(body)["role"] == "tool":
-        return say(f"Found: {last_message(body)['content']}")
-    return call("get_weather", city="Lima")
 
 
 async def test_chat_creates_a_context_runs_the_loop_and_reports_the_messages(
@@ -148,7 +141,10 @@ async def test_a_context_is_the_thread_of_its_limits(proxy_for: ProxyFactory) ->
 
 async def test_concurrent_runs_on_one_context_are_serialised(proxy_for: ProxyFactory) -> None:
     async with proxy_for(REPORTER) as proxy:
-        proxy.upstream.script(say("Ready."), keep(weather_in_lima))
+        proxy.upstream.script(
+            say("Ready."),
+            keep(each_run(call("get_weather", city="Lima"), then=say_tool_result("Found: {}"))),
+        )
         await post(proxy, "/chat", context_id="c8", agent="reporter", message="start")
         replies = await asyncio.gather(
             *(post(proxy, "/chat", context_id="c8", message=f"Lima #{i}?") for i in range(5))
