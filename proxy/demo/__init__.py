@@ -1,1 +1,1 @@
-"""`loopwarden demo`: a scripted model and example tools, for the demo and tests only."""
+"""`loopwarden demo`: a scripted model and example tools, for the demo only."""

@@ -4,7 +4,7 @@ It reads its plan from the conversation: the tools named in the last user messag
 called in the order they are mentioned, one per step (all in the first reply with the word
 "together"); with the word "keep" the last one is called forever; `!name` calls a tool even when
 it is not offered. A forced `tool_choice` is obeyed. After a nudge it calls the tool the system
-prompt names as terminal (it knows the proxy's nudge and hint by their text, not their wording).
+prompt names as terminal (it imports the proxy's nudge and hint rather than matching words).
 When the plan is done it answers from the last tool result. Usage is counted honestly (four
 bytes a token) and `max_completion_tokens` is honoured, cutting the reply short.
 """
