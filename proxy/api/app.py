@@ -1,4 +1,4 @@
-"""The starlette app: routes, the lifespan that wires the gateway, errors in one place."""
+"""The starlette app: routes, the lifespan that wires the services, errors in one place."""
 
 from __future__ import annotations
 

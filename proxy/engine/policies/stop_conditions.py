@@ -1,4 +1,4 @@
-"""Stop conditions (SPEC §6): `stop_when` entries, parsed once and evaluated after each step."""
+"""Stop conditions (SPEC §6): `stop_when` entries, compiled once and evaluated after each step."""
 
 from __future__ import annotations
 
