@@ -1,0 +1,183 @@
+"""CEL stop conditions (SPEC §6 `expr`): checked when compiled, evaluated after each step.
+
+`compile_condition` accepts only a boolean expression over the run's snapshot (`steps`,
+`usage`, `cost_usd`, `elapsed_s`) that calls CEL's standard functions and macros, and refuses
+anything else with a `ValueError` that says what is wrong and where (`line:column`).
+`Expression.evaluate` returns the boolean, or raises `ExpressionFailed`; it never turns a
+failure into False.
+
+The `cel` package (bindings of cel-rust) parses and evaluates, but it has no type checker and
+exposes no syntax tree: `Program.references()` lists the names an expression uses, with
+comprehension variables mixed in with free ones, and macros already expanded into operators.
+So this package tokenizes and parses the source itself (`lexer`, `parser`) and checks it
+against the snapshot's schema (`checker`, `types`). The library stays the authority on syntax
+(a source it refuses is refused with its message), and its reference lists are checked again
+after ours. This module holds the public API and the checks made through the library.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import cel
+
+from proxy.engine.expressions.checker import Checker
+from proxy.engine.expressions.lexer import (
+    MAX_COMPREHENSION_DEPTH,
+    MAX_EXPR_CHARS,
+    MAX_EXPR_DEPTH,
+    scan,
+    where,
+)
+from proxy.engine.expressions.parser import Lit as _Lit  # noqa: F401  (the unit tests use it)
+from proxy.engine.expressions.parser import Parser as _Parser
+from proxy.engine.expressions.types import BOOL as _BOOL  # noqa: F401  (the unit tests use it)
+from proxy.engine.expressions.vocabulary import FUNCTIONS, MACROS, VARIABLES
+
+__all__ = [
+    "FUNCTIONS",
+    "MACROS",
+    "MAX_COMPREHENSION_DEPTH",
+    "MAX_EXPR_CHARS",
+    "MAX_EXPR_DEPTH",
+    "VARIABLES",
+    "Expression",
+    "ExpressionFailed",
+    "compile_condition",
+]
+
+# Operator and macro-expansion names that `Program.functions()` reports besides named functions.
+_LIBRARY_INTERNALS = frozenset(
+    {"_&&_", "_||_", "!_", "-_", "_==_", "_!=_", "_<_", "_<=_", "_>_", "_>=_", "_+_", "_-_"}
+    | {"_*_", "_/_", "_%_", "_[_]", "_?_:_", "@in", "@not_strictly_false"}
+)
+_LIBRARY_ERROR = re.compile(
+    r"ERROR: <input>:(?P<where>\d+:\d+): (?:Syntax error: )?(?P<problem>.*)"
+)
+_LIBRARY_INNER = re.compile(r'msg: "([^"]*)"')  # as in `OtherError(ParseError { ..., msg: "..." })`
+
+
+class ExpressionFailed(Exception):
+    """An expression that could not be evaluated, or did not yield a boolean; `reason` says why."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class Expression:
+    """A checked stop condition. Build it with `compile_condition`."""
+
+    source: str
+    program: cel.Program = field(repr=False, compare=False)
+
+    def evaluate(self, snapshot: Mapping[str, Any]) -> bool:
+        """The condition's value over `snapshot` (the shape of `RunState.snapshot()`).
+
+        Raises `ExpressionFailed` when evaluation fails (an index out of range, a division by
+        zero, a missing variable, an overflow) or yields something other than a boolean.
+        """
+        try:
+            result = self.program.execute(_with_doubles(snapshot))
+        except Exception as exc:  # the library raises a different class for each failure
+            raise ExpressionFailed(_short_reason(exc)) from exc
+        if not isinstance(result, bool):
+            raise ExpressionFailed(f"yielded {type(result).__name__}, not a boolean")
+        return result
+
+
+def compile_condition(source: str) -> Expression:
+    """Check and compile one `expr` stop condition.
+
+    Raises `ValueError`, naming the problem and its `line:column`, for: a source longer than
+    `MAX_EXPR_CHARS`, brackets nested deeper than `MAX_EXPR_DEPTH`, comprehensions nested deeper
+    than `MAX_COMPREHENSION_DEPTH` (all three before any parser runs); invalid syntax; a variable
+    other than `VARIABLES` or a comprehension's own; a function or macro outside `FUNCTIONS` and
+    `MACROS`; an operation the operand types do not support; a `matches()` pattern that is not a
+    valid regular expression literal; a comprehension over anything but the run's data, or a
+    `map()` that builds values; and a result that cannot be a boolean.
+    """
+    tokens = scan(source)
+    try:
+        program = cel.compile(source)
+    except ValueError as exc:
+        raise ValueError(f"invalid CEL syntax: {_library_error(exc)}") from None
+    checker = Checker(source)
+    result = checker.check(_Parser(source, tokens).parse())
+    if result.kind not in ("bool", "dyn"):
+        raise ValueError(f"a stop condition must yield a boolean, but this one yields {result}")
+    _cross_check(program, checker.bound)
+    for pos, literal in checker.patterns:
+        _check_pattern(source, pos, literal)
+    return Expression(source, program)
+
+
+def _cross_check(program: cel.Program, bound: set[str]) -> None:
+    """The library's own references, against the same allow-lists.
+
+    They are not enough on their own (comprehension variables are listed with free ones, and
+    macros are expanded into operators), but they come from the parse that will run: a name
+    our parser missed is still caught here.
+    """
+    references = program.references()
+    for name in references["functions"]:
+        if name not in FUNCTIONS and name not in _LIBRARY_INTERNALS:
+            raise ValueError(f"unknown function {name!r}")
+    for name in references["variables"]:
+        if name not in VARIABLES and name not in bound:
+            raise ValueError(f"unknown variable {name!r}")
+
+
+def _check_pattern(source: str, pos: int, literal: str) -> None:
+    """A matches() pattern, compiled once by the library's own regex engine (Rust's `regex`,
+    whose syntax is not Python's)."""
+    try:
+        cel.compile(f"''.matches({literal})").execute({})
+    except Exception as exc:  # the library reports a bad pattern as a RuntimeError
+        raise ValueError(
+            f"invalid regular expression {literal} (at {where(source, pos)}): {_short_reason(exc)}"
+        ) from None
+
+
+def _library_error(exc: ValueError) -> str:
+    """`problem (at line:column)` from the library's first parse error, without its echo of
+    the whole source (up to MAX_EXPR_CHARS, twice) or of its internal error structure."""
+    found = _LIBRARY_ERROR.search(str(exc))
+    if found is None:
+        return str(exc).split("\n", 1)[0]
+    problem = found["problem"]
+    if (inner := _LIBRARY_INNER.search(problem)) is not None:
+        problem = inner[1]
+    return f"{problem} (at {found['where']})"
+
+
+def _short_reason(exc: Exception) -> str:
+    """The first sentence of the library's message, without its advice on conversions."""
+    if isinstance(exc, KeyError):
+        return f"no such key: {exc.args[0]!r}" if exc.args else "no such key"
+    text = str(exc).split("\n", 1)[0].split(". ", 1)[0].strip().rstrip(".:")
+    return text[:200] or type(exc).__name__
+
+
+def _with_doubles(snapshot: Mapping[str, Any]) -> dict[str, Any]:
+    """`snapshot` with its double fields as floats: CEL never converts an int for arithmetic,
+    so `cost_usd + 0.5` would fail on a cost that arrived as the JSON number 0."""
+    values = dict(snapshot)
+    for key in ("cost_usd", "elapsed_s"):
+        if type(values.get(key)) is int:
+            values[key] = float(values[key])
+    steps = values.get("steps")
+    if isinstance(steps, list) and any(
+        isinstance(s, Mapping) and type(s.get("cost_usd")) is int for s in steps
+    ):
+        values["steps"] = [
+            {**s, "cost_usd": float(s["cost_usd"])}
+            if isinstance(s, Mapping) and type(s.get("cost_usd")) is int
+            else s
+            for s in steps
+        ]
+    return values

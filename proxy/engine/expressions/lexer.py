@@ -1,0 +1,167 @@
+"""CEL's lexical grammar, and the bounds on a source checked from its tokens alone.
+
+Work is bounded before any parser sees the source: its length, its bracket nesting and its
+comprehension nesting.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from proxy.engine.expressions.vocabulary import COMPREHENSIONS
+
+MAX_EXPR_CHARS = 2_000
+MAX_EXPR_DEPTH = 32
+MAX_COMPREHENSION_DEPTH = 3
+
+
+@dataclass(frozen=True, slots=True)
+class Token:
+    kind: str  # ident, punct, int, uint, double, string, bytes, end
+    text: str
+    pos: int
+
+
+_IDENT = re.compile(r"[_a-zA-Z][_a-zA-Z0-9]*")
+_NUMBER = re.compile(
+    r"(?P<uint>(?:0x[0-9a-fA-F]+|[0-9]+)[uU])"
+    r"|(?P<double>[0-9]*\.[0-9]+(?:[eE][+-]?[0-9]+)?|[0-9]+[eE][+-]?[0-9]+)"
+    r"|(?P<int>0x[0-9a-fA-F]+|[0-9]+)"
+)
+_PUNCT = ("==", "!=", "<=", ">=", "&&", "||", *"<>!+-*/%?:.,()[]{}")
+_SIMPLE_ESCAPES = frozenset("abfnrtv\"'\\?`")
+_HEX = frozenset("0123456789abcdefABCDEF")
+_OCTAL = frozenset("01234567")
+# The letter after a backslash: which digits follow, how many, and where they start (the
+# first of an octal escape's three digits is the letter itself).
+_ESCAPE_DIGITS = {
+    **{letter: (_HEX, n, 2) for letter, n in (("x", 2), ("X", 2), ("u", 4), ("U", 8))},
+    **{digit: (_OCTAL, 3, 1) for digit in "0123"},
+}
+_OPENERS, _CLOSERS = "([{", ")]}"
+
+
+def where(source: str, pos: int) -> str:
+    """`line:column` of `pos`, both from 1, as the library reports them."""
+    line_start = source.rfind("\n", 0, pos) + 1
+    return f"{source.count(chr(10), 0, pos) + 1}:{pos - line_start + 1}"
+
+
+def scan(source: str) -> list[Token]:
+    """The tokens of `source`, once its length and nesting are known to be within bounds.
+
+    Raises `ValueError` for a source longer than `MAX_EXPR_CHARS` (before reading it), a
+    lexical error, brackets nested deeper than `MAX_EXPR_DEPTH` or comprehensions nested deeper
+    than `MAX_COMPREHENSION_DEPTH`.
+    """
+    if len(source) > MAX_EXPR_CHARS:
+        raise ValueError(
+            f"the expression is {len(source)} characters long; the limit is {MAX_EXPR_CHARS}"
+        )
+    tokens = _tokenize(source)
+    _check_nesting(source, tokens)
+    return tokens
+
+
+def _tokenize(source: str) -> list[Token]:
+    """CEL's lexical grammar. A string literal is one token, so nothing inside it is code."""
+    tokens: list[Token] = []
+    i, n = 0, len(source)
+    while i < n:
+        ch = source[i]
+        if ch in " \t\r\n\f":
+            i += 1
+        elif source.startswith("//", i):
+            end = source.find("\n", i)
+            i = n if end < 0 else end
+        elif (quote := _string_start(source, i)) is not None:
+            prefix = source[i:quote].lower()
+            end = _string_end(source, quote, raw="r" in prefix)
+            tokens.append(Token("bytes" if "b" in prefix else "string", source[i:end], i))
+            i = end
+        elif (number := _NUMBER.match(source, i)) is not None:
+            assert number.lastgroup is not None  # every alternative is a named group
+            tokens.append(Token(number.lastgroup, number.group(), i))
+            i = number.end()
+        elif (ident := _IDENT.match(source, i)) is not None:
+            kind = "punct" if ident.group() == "in" else "ident"
+            tokens.append(Token(kind, ident.group(), i))
+            i = ident.end()
+        else:
+            punct = next((p for p in _PUNCT if source.startswith(p, i)), None)
+            if punct is None:
+                raise ValueError(f"invalid CEL syntax: unexpected {ch!r} (at {where(source, i)})")
+            tokens.append(Token("punct", punct, i))
+            i += len(punct)
+    tokens.append(Token("end", "", n))
+    return tokens
+
+
+def _string_start(source: str, i: int) -> int | None:
+    """The index of the opening quote of a literal starting at `i` ([bB]?[rR]?quote), or None."""
+    j = i + 1 if source[i] in "bB" else i
+    j = j + 1 if source[j : j + 1] in ("r", "R") else j
+    return j if source[j : j + 1] in ("'", '"') else None
+
+
+def _string_end(source: str, quote: int, *, raw: bool) -> int:
+    """The index just past the literal whose opening quote is at `quote`."""
+    delimiter = source[quote] * 3 if source.startswith(source[quote] * 3, quote) else source[quote]
+    i = quote + len(delimiter)
+    while i < len(source):
+        if source.startswith(delimiter, i):
+            return i + len(delimiter)
+        ch = source[i]
+        if ch in "\r\n" and len(delimiter) == 1:
+            break
+        i = i + 1 if raw or ch != "\\" else _escape_end(source, i)
+    raise ValueError(f"invalid CEL syntax: unterminated string (at {where(source, quote)})")
+
+
+def _escape_end(source: str, i: int) -> int:
+    """The index just past the escape sequence at `i`; a malformed one is a syntax error."""
+    letter = source[i + 1 : i + 2]
+    if letter and letter in _SIMPLE_ESCAPES:
+        return i + 2
+    digits, count, offset = _ESCAPE_DIGITS.get(letter, (frozenset(), 0, 0))
+    start = i + offset
+    body = source[start : start + count]
+    if count == 0 or len(body) != count or any(c not in digits for c in body):
+        raise ValueError(f"invalid CEL syntax: invalid escape sequence (at {where(source, i)})")
+    return start + count
+
+
+def _check_nesting(source: str, tokens: list[Token]) -> None:
+    """Bracket and comprehension nesting, from the tokens alone: nothing has parsed them yet.
+
+    A call of a comprehension name (`.exists(`) counts as a comprehension whatever its
+    arguments: over-counting can only refuse an expression that would be refused anyway.
+    """
+    open_brackets: list[bool] = []  # one per open bracket: whether it opened a comprehension
+    comprehensions = 0
+    for k, tok in enumerate(tokens):
+        if tok.kind != "punct":
+            continue
+        if tok.text in _OPENERS:
+            is_macro = (
+                tok.text == "("
+                and k >= 2
+                and tokens[k - 1].kind == "ident"
+                and tokens[k - 1].text in COMPREHENSIONS
+                and tokens[k - 2].text == "."
+            )
+            open_brackets.append(is_macro)
+            comprehensions += is_macro
+            if len(open_brackets) > MAX_EXPR_DEPTH:
+                raise ValueError(
+                    f"brackets nest deeper than {MAX_EXPR_DEPTH} levels "
+                    f"(at {where(source, tok.pos)})"
+                )
+            if comprehensions > MAX_COMPREHENSION_DEPTH:
+                raise ValueError(
+                    f"comprehensions (all, exists, exists_one, map, filter) nest deeper than "
+                    f"{MAX_COMPREHENSION_DEPTH} levels (at {where(source, tok.pos)})"
+                )
+        elif tok.text in _CLOSERS and open_brackets:
+            comprehensions -= open_brackets.pop()
