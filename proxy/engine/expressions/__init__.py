@@ -32,9 +32,7 @@ from proxy.engine.expressions.lexer import (
     scan,
     where,
 )
-from proxy.engine.expressions.parser import Lit as _Lit  # noqa: F401  (the unit tests use it)
-from proxy.engine.expressions.parser import Parser as _Parser
-from proxy.engine.expressions.types import BOOL as _BOOL  # noqa: F401  (the unit tests use it)
+from proxy.engine.expressions.parser import Parser
 from proxy.engine.expressions.vocabulary import FUNCTIONS, MACROS, VARIABLES
 
 __all__ = [
@@ -107,7 +105,7 @@ def compile_condition(source: str) -> Expression:
     except ValueError as exc:
         raise ValueError(f"invalid CEL syntax: {_library_error(exc)}") from None
     checker = Checker(source)
-    result = checker.check(_Parser(source, tokens).parse())
+    result = checker.check(Parser(source, tokens).parse())
     if result.kind not in ("bool", "dyn"):
         raise ValueError(f"a stop condition must yield a boolean, but this one yields {result}")
     _cross_check(program, checker.bound)
