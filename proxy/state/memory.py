@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager
 
@@ -11,6 +11,9 @@ from proxy.state.locks import KeyedLocks
 from proxy.state.store import StoredContext, check_ttl
 
 SWEEP_AFTER = 1024  # the fewest puts between two sweeps of expired records
+# The most records kept: past it the oldest go first, so a busy process's memory stays bounded
+# whatever the TTLs (one process's recent runs are what this backend is for).
+MAX_RECORDS = 10_000
 
 
 class MemoryStore:
@@ -18,7 +21,7 @@ class MemoryStore:
         self._threads: dict[str, Counter[str]] = {}
         self._contexts: dict[str, bytes] = {}
         # (kind, key) -> (monotonic deadline, value)
-        self._records: dict[tuple[str, str], tuple[float, bytes]] = {}
+        self._records: OrderedDict[tuple[str, str], tuple[float, bytes]] = OrderedDict()
         self._puts_to_sweep = SWEEP_AFTER
         self._locks = KeyedLocks()
 
@@ -46,7 +49,11 @@ class MemoryStore:
         return self._contexts.pop(context_id, None) is not None
 
     async def put_record(self, kind: str, key: str, value: bytes, ttl_s: float) -> None:
-        self._records[(kind, key)] = (time.monotonic() + check_ttl(ttl_s), value)
+        until = time.monotonic() + check_ttl(ttl_s)
+        self._records.pop((kind, key), None)  # a replaced record is the newest again
+        self._records[(kind, key)] = (until, value)
+        if len(self._records) > MAX_RECORDS:
+            self._records.popitem(last=False)
         self._puts_to_sweep -= 1
         if self._puts_to_sweep <= 0:
             self._sweep()
@@ -69,7 +76,9 @@ class MemoryStore:
         """Drops expired records that nobody asked for again."""
         now = time.monotonic()
         # A new dict, as a dict does not shrink when entries are deleted.
-        self._records = {k: found for k, found in self._records.items() if found[0] > now}
+        self._records = OrderedDict(
+            (k, found) for k, found in self._records.items() if found[0] > now
+        )
         # Waiting as many puts as there are records left makes each put pay O(1) towards the
         # next sweep, and keeps the dict within twice what the last sweep left (or SWEEP_AFTER).
         self._puts_to_sweep = max(SWEEP_AFTER, len(self._records))

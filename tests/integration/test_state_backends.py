@@ -297,3 +297,18 @@ async def test_sqlite_records_survive_a_restart(tmp_path: Path) -> None:
     assert await second.get_record("run", "r1") == b"kept"
     assert await second.get_record("run", "r2") is None
     await second.close()
+
+
+async def test_the_memory_backend_keeps_at_most_max_records_oldest_out_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import proxy.state.memory as memory
+
+    monkeypatch.setattr(memory, "MAX_RECORDS", 3)
+    store = MemoryStore()
+    for key in ("a", "b", "c"):
+        await store.put_record("run", key, key.encode(), 60)
+    await store.put_record("run", "a", b"a2", 60)  # replaced: the newest again
+    await store.put_record("run", "d", b"d", 60)
+    assert await store.get_record("run", "b") is None  # the oldest went
+    assert [await store.get_record("run", k) for k in ("a", "c", "d")] == [b"a2", b"c", b"d"]
