@@ -55,13 +55,15 @@ class LoopPolicy:
     final_answer: bool = False
     parallel_tool_calls: bool | None = None
 
-    @property
-    def terminal_tools(self) -> frozenset[str]:
+    # The tools whose call ends the run: flagged terminal, terminating ids, exit rules.
+    terminal_tools: frozenset[str] = field(init=False)
+
+    def __post_init__(self) -> None:
         names = {name for name, spec in self.tools.items() if spec.terminal}
         if self.terminating is not None:
             names.update(self.terminating.tool_ids)
         names.update(RuleBook(self.tool_rules).exit_tools)
-        return frozenset(names)
+        object.__setattr__(self, "terminal_tools", frozenset(names))
 
     @property
     def has_cost_condition(self) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from functools import partial
 from typing import Any
 
 from proxy.engine import events as ev
@@ -34,7 +35,10 @@ class Run:
         self.offered = [t.definition for t in policy.tools.values()] + spec.client_tools
         self.checkpoints = Checkpoints(
             policy.build(
-                deps.prices.prices(spec.model), deps.checks, deps.threads, self._condition_failed
+                deps.prices.prices(spec.model),
+                deps.checks,
+                deps.threads,
+                partial(_condition_failed, self.voice),
             )
         )
         client = {t["function"]["name"] for t in spec.client_tools}
@@ -202,6 +206,9 @@ class Run:
             say=self.voice.say,
         )
 
-    def _condition_failed(self, run: RunState, path: str, reason: str) -> None:
-        log.warning("run %s: stop condition %s failed: %s", run.run_id, path, reason)
-        self.voice.notify(ev.ConditionFailed(run.run_id, run.step_count, path, reason))
+
+def _condition_failed(voice: Voice, run: RunState, path: str, reason: str) -> None:
+    # A function of the voice, not a method of the run: policies hold it, and a bound method
+    # would make every run a reference cycle.
+    log.warning("run %s: stop condition %s failed: %s", run.run_id, path, reason)
+    voice.notify(ev.ConditionFailed(run.run_id, run.step_count, path, reason))

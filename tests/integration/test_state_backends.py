@@ -10,9 +10,11 @@ import secrets
 import sqlite3
 import subprocess
 import sys
+import tracemalloc
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import orjson
 import pytest
 import redis
 
@@ -312,3 +314,17 @@ async def test_the_memory_backend_keeps_at_most_max_records_oldest_out_first(
     await store.put_record("run", "d", b"d", 60)
     assert await store.get_record("run", "b") is None  # the oldest went
     assert [await store.get_record("run", k) for k in ("a", "c", "d")] == [b"a2", b"c", b"d"]
+
+
+async def test_the_memory_backend_holds_small_records_in_small_allocations() -> None:
+    """orjson's output sits in a 4 KiB buffer; a store of 1,000 small reports holds ~100 KiB."""
+    store = MemoryStore()
+    tracemalloc.start()
+    try:
+        before, _ = tracemalloc.get_traced_memory()
+        for i in range(1000):
+            await store.put_record("run", f"r{i}", orjson.dumps({"run_id": i}), 60)
+        after, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert after - before < 1_000_000

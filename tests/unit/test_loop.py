@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 
 from proxy.engine import events as ev
@@ -165,3 +166,25 @@ async def test_content_filter_stops_the_run() -> None:
     result = await h.run()
     assert result.stop.reason is StopReason.CONTENT_FILTER
     assert result.finish_reason == "content_filter"
+
+
+async def test_a_finished_run_is_freed_by_reference_counting() -> None:
+    """A run leaves no reference cycle behind, so busy proxies do not wait on the cyclic GC."""
+    h = Harness(
+        [reply(calls=[("add", '{"a": 2, "b": 3}')]), reply("it is 5")],
+        {"add": lambda a: str(a["a"] + a["b"])},
+        stop_when=[{"expr": "size(steps) > 5"}, {"max_tokens_used": 10_000}],
+        terminal=("add",),
+    )
+    gc.collect()
+    gc.disable()
+    try:
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        await h.run()
+        gc.collect()
+        leaked = [o for o in gc.garbage if type(o).__module__.startswith("proxy.engine")]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert leaked == []
