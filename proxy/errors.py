@@ -112,6 +112,13 @@ class UpstreamStatusError(UpstreamFailure):
         self.content_type = content_type
 
 
+class StateUnavailable(ProxyError):
+    """The state backend failed or cannot be trusted (stop reason `state_unavailable`)."""
+
+    status = 503
+    code = "state_unavailable"
+
+
 class SpecError(InvalidRequest):
     """A policy (stop conditions, terminating config, …) that does not validate.
 

@@ -9,22 +9,20 @@ from starlette.types import Send
 
 from proxy.api.asgi import send_bytes, send_error
 from proxy.engine.run_spec import RunResult
-from proxy.engine.stop import StopReason
+from proxy.engine.stop import ERROR_STOPS
 from proxy.errors import (
     InternalError,
     LoopFailed,
     ProxyError,
+    StateUnavailable,
     UpstreamFailure,
     UpstreamStatusError,
     UpstreamUnavailable,
 )
 
-# Stops that answer with an error rather than a completion.
-_ERRORS = frozenset({StopReason.UPSTREAM_ERROR, StopReason.INTERNAL_ERROR})
-
 
 def failed(result: RunResult) -> bool:
-    return result.stop.is_failure or result.stop.reason in _ERRORS
+    return result.stop.is_failure or result.stop.reason in ERROR_STOPS
 
 
 def failure_error(result: RunResult) -> ProxyError:
@@ -34,7 +32,7 @@ def failure_error(result: RunResult) -> ProxyError:
         return LoopFailed(f"the run stopped: {stop.reason.value}", code=stop.error_code)
     if isinstance(error, UpstreamStatusError) and result.tools_ran:
         return UpstreamUnavailable(f"{error.message} after tools ran", code="upstream_error")
-    if isinstance(error, UpstreamFailure):
+    if isinstance(error, UpstreamFailure | StateUnavailable):
         return error
     return InternalError()
 

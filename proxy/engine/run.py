@@ -19,7 +19,7 @@ from proxy.engine.stop import Stop, StopReason
 from proxy.engine.tool_calls import ReplyCalls
 from proxy.engine.values import ModelReply, ModelRequest
 from proxy.engine.voice import Voice
-from proxy.errors import ClientDisconnected, UpstreamFailure
+from proxy.errors import ClientDisconnected, StateUnavailable, UpstreamFailure
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +73,9 @@ class Run:
         except ClientDisconnected as exc:
             ending = Ending(Stop(StopReason.CANCELLED, {"step": run.step_count}), {}, None)
             error = exc
+        except StateUnavailable as exc:
+            details = {"error": exc.message, "step": run.step_count}
+            ending, error = Ending(Stop(StopReason.STATE_UNAVAILABLE, details), {}, None), exc
         except UpstreamFailure as exc:
             details = {"error": str(exc), "step": run.step_count}
             ending, error = Ending(Stop(StopReason.UPSTREAM_ERROR, details), {}, None), exc

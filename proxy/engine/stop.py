@@ -23,6 +23,7 @@ class StopReason(StrEnum):
     NUDGES_EXHAUSTED = "nudges_exhausted"
     CONTENT_FILTER = "content_filter"
     UPSTREAM_ERROR = "upstream_error"
+    STATE_UNAVAILABLE = "state_unavailable"
     CANCELLED = "cancelled"
     INTERNAL_ERROR = "internal_error"
 
@@ -39,6 +40,11 @@ LIMIT_STOPS = frozenset(
         StopReason.CUSTOM_CONDITION,
         StopReason.TOOL_CALL_LIMIT,
     }
+)
+
+# Stops that answer with an error rather than a completion (and mark the run span an error).
+ERROR_STOPS = frozenset(
+    {StopReason.UPSTREAM_ERROR, StopReason.STATE_UNAVAILABLE, StopReason.INTERNAL_ERROR}
 )
 
 # finish_reason reported to the client for stops that do not keep the upstream's.

@@ -14,10 +14,8 @@ from opentelemetry import propagate, trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
 
 from proxy.engine import events as ev
-from proxy.engine.stop import StopReason
+from proxy.engine.stop import ERROR_STOPS
 from proxy.telemetry.error_types import error_type
-
-FAILED = frozenset({StopReason.UPSTREAM_ERROR, StopReason.INTERNAL_ERROR})
 
 
 @dataclass(slots=True)
@@ -194,7 +192,7 @@ class TracingObserver:
         span.set_attribute("loopwarden.tool_calls", event.tool_calls)
         if event.cost_usd is not None:
             span.set_attribute("loopwarden.cost_usd", event.cost_usd)
-        if event.stop.is_failure or event.stop.reason in FAILED:
+        if event.stop.is_failure or event.stop.reason in ERROR_STOPS:
             span.set_status(Status(StatusCode.ERROR, event.stop.reason.value))
             error = event.stop.error_code or (
                 error_type(event.error) if event.error else event.stop.reason.value

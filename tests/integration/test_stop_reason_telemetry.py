@@ -11,11 +11,18 @@ import pytest
 from opentelemetry.trace import StatusCode
 
 from proxy.engine.stop import StopReason
+from proxy.errors import StateUnavailable
 from proxy.state.memory import MemoryStore
 from tests.integration.conftest import Proxy, ProxyFactory
 from tests.scripted_upstream import Keep, Turn, call, fail, keep, say
 
-ERRORS = {"max_invocations", "nudges_exhausted", "upstream_error", "internal_error"}
+ERRORS = {
+    "max_invocations",
+    "nudges_exhausted",
+    "upstream_error",
+    "state_unavailable",
+    "internal_error",
+}
 HI = [{"role": "user", "content": "hi"}]
 RESEARCH = [{"role": "user", "content": "Research Lima."}]
 SEARCH = call("search_notes", query="Lima")
@@ -23,6 +30,15 @@ CLIENT_TOOL = {
     "type": "function",
     "function": {"name": "ask_user", "parameters": {"type": "object", "properties": {}}},
 }
+
+
+class DownStore(MemoryStore):
+    """A state backend that cannot be reached."""
+
+    async def reserve(
+        self, thread_id: str, limits: Mapping[str, int]
+    ) -> tuple[bool, dict[str, int]]:
+        raise StateUnavailable("the state backend is unreachable")
 
 
 class BrokenStore(MemoryStore):
@@ -109,6 +125,12 @@ CASES: dict[str, Case] = {
         {"model": "scripted", "messages": HI, "loop": {"tools": ["sleep"]}},
         (call("sleep", seconds=30),),  # still running when the client leaves
         leave_after_s=0.1,
+    ),
+    "state_unavailable": Case(
+        loop(thread_id="t-1", tool_call_limits=[{"thread_limit": 5}]),
+        (SEARCH,),
+        status=503,
+        store=DownStore(),
     ),
     "internal_error": Case(
         loop(thread_id="t-1", tool_call_limits=[{"thread_limit": 5}]),
