@@ -9,7 +9,7 @@ from collections.abc import Callable
 from starlette.types import Receive, Scope, Send
 
 from proxy.api.asgi import bearer_token, header, read_body, run_or_cancel, send_json
-from proxy.api.chat_request import ChatRequest, parse_chat_request
+from proxy.api.chat_request import THREAD_HEADER, ChatRequest, parse_chat_request
 from proxy.api.completion import completion_body, completion_id, loop_report
 from proxy.api.failures import failed, failure_error, send_failure
 from proxy.api.services import Services
@@ -18,7 +18,7 @@ from proxy.engine.run import Run
 from proxy.engine.stop import StopReason
 from proxy.errors import ClientDisconnected
 
-THREAD_HEADER = b"x-loopwarden-thread-id"
+_THREAD_HEADER = THREAD_HEADER.encode()
 
 
 class ChatCompletions:
@@ -30,7 +30,7 @@ class ChatCompletions:
         bearer = bearer_token(scope)
         caller = sv.keys.caller(bearer)
         raw = await read_body(receive, scope, sv.config.server.max_body_bytes)
-        req = parse_chat_request(raw, header(scope, THREAD_HEADER))
+        req = parse_chat_request(raw, header(scope, _THREAD_HEADER))
         plan = sv.planner.plan(req.run, caller)
         deps = sv.deps(plan.upstream, bearer, scope["path"])
         spec = plan.spec

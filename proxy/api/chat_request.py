@@ -8,6 +8,7 @@ from typing import Any
 import orjson
 
 from proxy.api.run_request import NO_LOOP, RunRequest, parse_loop
+from proxy.engine.options import MAX_NAME_CHARS
 from proxy.errors import InvalidRequest
 
 # Body fields the proxy owns; every other field goes upstream as the client sent it.
@@ -23,6 +24,7 @@ OWN_FIELDS = frozenset(
         "max_completion_tokens",
     }
 )
+THREAD_HEADER = "x-loopwarden-thread-id"
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 
 
@@ -46,9 +48,7 @@ def json_object(raw: bytes) -> dict[str, Any]:
 
 def parse_chat_request(raw: bytes, thread_header: str | None = None) -> ChatRequest:
     body = json_object(raw)
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise InvalidRequest("model is required and must be a string", param="model")
+    model = name(body.get("model"), "model")
     messages = _messages(body.get("messages"))
     stream = _boolean(body.get("stream", False), "stream")
     options = body.get("stream_options")
@@ -75,9 +75,18 @@ def parse_chat_request(raw: bytes, thread_header: str | None = None) -> ChatRequ
         body.get("tool_choice"),
         cap,
         params,
-        loop.thread_id or thread_header,
+        loop.thread_id or (name(thread_header, THREAD_HEADER) if thread_header else None),
     )
     return ChatRequest(run, stream, include_usage)
+
+
+def name(value: Any, param: str) -> str:
+    """A model, thread or context name: a non-empty string of at most MAX_NAME_CHARS."""
+    if not isinstance(value, str) or not value:
+        raise InvalidRequest(f"{param} is required and must be a string", param=param)
+    if len(value) > MAX_NAME_CHARS:
+        raise InvalidRequest(f"{param} is longer than {MAX_NAME_CHARS} characters", param=param)
+    return value
 
 
 def _boolean(value: Any, param: str) -> bool:
@@ -98,18 +107,39 @@ def _messages(value: Any) -> list[dict[str, Any]]:
     if not isinstance(value, list) or not value:
         raise InvalidRequest("messages must be a non-empty list", param="messages")
     for i, message in enumerate(value):
-        if not isinstance(message, dict):
-            raise InvalidRequest("each message must be an object", param=f"messages[{i}]")
-        role = message.get("role")
-        if role not in ROLES:
-            raise InvalidRequest(
-                f"role must be one of {', '.join(sorted(ROLES))}", param=f"messages[{i}].role"
-            )
-        if role == "tool" and not isinstance(message.get("tool_call_id"), str):
-            raise InvalidRequest(
-                "a tool message needs tool_call_id", param=f"messages[{i}].tool_call_id"
-            )
+        _message(message, f"messages[{i}]")
     return value
+
+
+def _message(message: Any, path: str) -> None:
+    """Checks the parts of a message that the proxy reads; the rest goes upstream as it is."""
+    if not isinstance(message, dict):
+        raise InvalidRequest("each message must be an object", param=path)
+    role = message.get("role")
+    if not isinstance(role, str) or role not in ROLES:
+        raise InvalidRequest(
+            f"role must be one of {', '.join(sorted(ROLES))}", param=f"{path}.role"
+        )
+    content = message.get("content")
+    if content is not None and not isinstance(content, str | list):
+        raise InvalidRequest("content must be a string or a list of parts", param=f"{path}.content")
+    if role == "tool" and not isinstance(message.get("tool_call_id"), str):
+        raise InvalidRequest("a tool message needs tool_call_id", param=f"{path}.tool_call_id")
+    calls = message.get("tool_calls")
+    if calls is None:
+        return
+    if role != "assistant" or not isinstance(calls, list):
+        raise InvalidRequest(
+            "tool_calls must be a list on an assistant message", param=f"{path}.tool_calls"
+        )
+    for j, call in enumerate(calls):
+        where = f"{path}.tool_calls[{j}]"
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(call.get("id"), str):
+            raise InvalidRequest("a tool call needs an id and a function", param=where)
+        for key in ("name", "arguments"):
+            if not isinstance(function.get(key), str):
+                raise InvalidRequest("must be a string", param=f"{where}.function.{key}")
 
 
 def _tools(value: Any) -> list[dict[str, Any]]:

@@ -28,7 +28,8 @@ from pydantic_core import PydanticCustomError
 PositiveInt = Annotated[int, Field(ge=1, strict=True)]
 Count = Annotated[int, Field(ge=0, strict=True)]
 PositiveNumber = Annotated[float, Field(gt=0, strict=True, allow_inf_nan=False)]
-Name = Annotated[str, StringConstraints(min_length=1, max_length=256)]
+MAX_NAME_CHARS = 256  # names of models, agents, tools, threads and contexts
+Name = Annotated[str, StringConstraints(min_length=1, max_length=MAX_NAME_CHARS)]
 NonEmptyNames = Annotated[list[Name], Field(min_length=1, max_length=256)]
 
 DEFAULT_NUDGE = (
@@ -339,26 +340,25 @@ class PolicyOptions(Options):
     @classmethod
     def _bounded_depth(cls, value: Any) -> Any:
         """Refuses deep `any`/`all`/`not` trees before they are validated recursively."""
-        level: list[Any] = value if isinstance(value, list) else []
-        depth = 0
-        while level:
-            depth += 1
-            if depth > MAX_CONDITION_DEPTH:
-                raise PydanticCustomError(
-                    "condition_depth",
-                    "stop conditions may nest at most {limit} levels deep",
-                    {"limit": MAX_CONDITION_DEPTH},
-                )
-            inner: list[Any] = []
-            for entry in level:
-                if isinstance(entry, dict):
-                    for key in ("any", "all"):
-                        if isinstance(entry.get(key), list):
-                            inner.extend(entry[key])
-                    if isinstance(entry.get("not"), dict):
-                        inner.append(entry["not"])
-            level = inner
+        for index, entry in enumerate(value if isinstance(value, list) else []):
+            level, depth = [entry], 0
+            while level:
+                depth += 1
+                if depth > MAX_CONDITION_DEPTH:
+                    raise PydanticCustomError(
+                        "condition_depth",
+                        "entry {index} nests any / all / not more than {limit} levels deep",
+                        {"index": index, "limit": MAX_CONDITION_DEPTH},
+                    )
+                level = [inner for e in level for inner in _children(e)]
         return value
+
+
+def _children(entry: Any) -> list[Any]:
+    if not isinstance(entry, dict):
+        return []
+    inner = [c for key in ("any", "all") if isinstance(entry.get(key), list) for c in entry[key]]
+    return [*inner, entry["not"]] if isinstance(entry.get("not"), dict) else inner
 
 
 # -- errors with JSON paths (SPEC §4.4) -----------------------------------------------------------

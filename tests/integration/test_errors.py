@@ -13,6 +13,25 @@ from tests.scripted_upstream import Failure, call, fail, say
 USER = [{"role": "user", "content": "hi"}]
 
 
+def nested(kind: str, depth: int) -> dict[str, Any]:
+    condition: dict[str, Any] = {"step_count_is": 1}
+    for _ in range(depth):
+        condition = {kind: condition if kind == "not" else [condition]}
+    return condition
+
+
+def expr(source: str) -> dict[str, Any]:
+    return {"model": "scripted", "messages": USER, "loop": {"stop_when": [{"expr": source}]}}
+
+
+def comprehensions(depth: int) -> str:
+    """`depth` nested `exists` over the run's steps: exponential to evaluate."""
+    body = "true"
+    for level in range(depth):
+        body = f"steps.exists(s{level}, {body})"
+    return body
+
+
 @pytest.mark.parametrize(
     ("body", "param"),
     [
@@ -84,6 +103,46 @@ USER = [{"role": "user", "content": "hi"}]
         (
             {"model": "scripted", "messages": USER, "loop": {"tool_rules": [{"type": "x"}]}},
             "loop.tool_rules[0].type",
+        ),
+        # Hostile input: every size and depth is bounded before the work (issue: hostile input).
+        ({"model": "m" * 7_000_000, "messages": USER}, "model"),
+        (
+            {"model": "scripted", "messages": USER, "loop": {"thread_id": "t" * 257}},
+            "loop.thread_id",
+        ),
+        (
+            {"model": "scripted", "messages": USER, "loop": {"stop_when": [nested("not", 300)]}},
+            "loop.stop_when",
+        ),
+        (
+            {"model": "scripted", "messages": USER, "loop": {"stop_when": [nested("any", 200)]}},
+            "loop.stop_when",
+        ),
+        (expr("+".join(["1"] * 50_000) + " > 0"), "loop.stop_when[0].expr"),
+        (expr("+".join(["1"] * 15_000) + " > 0"), "loop.stop_when[0].expr"),
+        (expr("usage" + ".b" * 20_000 + " > 0"), "loop.stop_when[0].expr"),
+        (expr("(" * 500 + "true" + ")" * 500), "loop.stop_when[0].expr"),
+        (expr(comprehensions(8)), "loop.stop_when[0].expr"),
+        (
+            {"model": "scripted", "messages": [{"role": {"a": 1}, "content": "x"}]},
+            "messages[0].role",
+        ),
+        (
+            {"model": "scripted", "messages": [{"role": "user", "content": {"a": 1}}]},
+            "messages[0].content",
+        ),
+        (
+            {"model": "scripted", "messages": [{"role": "assistant", "tool_calls": [1]}]},
+            "messages[0].tool_calls[0]",
+        ),
+        (
+            {
+                "model": "scripted",
+                "messages": [
+                    {"role": "assistant", "tool_calls": [{"id": "c", "function": {"name": 1}}]}
+                ],
+            },
+            "messages[0].tool_calls[0].function.name",
         ),
     ],
 )

@@ -1,0 +1,164 @@
+"""Any body on any route gets a 2xx or an OpenAI-shaped 4xx: never a 5xx, never a dropped
+connection (hypothesis, bounded by a fixed number of examples per route)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.integration.conftest import Proxy, ProxyFactory
+from tests.scripted_upstream import keep, say
+
+EXAMPLES = 150
+
+scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20)
+json_values = st.recursive(
+    scalars,
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+def near(*choices: Any) -> st.SearchStrategy[Any]:
+    """One of `choices` (values the route understands) or any JSON value."""
+    return st.sampled_from(choices) | json_values
+
+
+messages = st.lists(
+    st.fixed_dictionaries(
+        {"role": near("user", "assistant", "system", "tool"), "content": near("hi", "")},
+        optional={
+            "tool_calls": json_values,
+            "tool_call_id": json_values,
+            "name": json_values,
+        },
+    )
+    | json_values,
+    max_size=3,
+)
+conditions = st.lists(
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "max_steps": json_values,
+            "max_tokens_used": near(10, 0, -1),
+            "max_cost": near(0.01, -1.0),
+            "max_duration_s": near(1, 0),
+            "step_count_is": near(1, 0),
+            "has_tool_call": near("get_weather", ["x"]),
+            "expr": near("size(steps) > 1", "usage.total_tokens > 10", "1 +", "x"),
+            "any": json_values,
+            "not": json_values,
+        },
+    )
+    | json_values,
+    max_size=3,
+)
+loops = st.fixed_dictionaries(
+    {},
+    optional={
+        "agent": near("weather", "nope"),
+        "tools": near(["get_weather"], ["nope"], []),
+        "stop_when": conditions,
+        "terminating_config": near({"tool_ids": ["get_weather"]}, {}),
+        "tool_rules": near([{"type": "run_first", "tool_name": "get_weather"}], [{}]),
+        "tool_call_limits": near([{"run_limit": 1}], [{"thread_limit": 1}]),
+        "max_steps": near(1, 0, -1, 10**30),
+        "final_answer": json_values,
+        "thread_id": near("t-1", "", "a/b"),
+        "parallel_tool_calls": json_values,
+        "include_messages": json_values,
+        "include_loop_events": json_values,
+    },
+)
+chat_bodies = st.fixed_dictionaries(
+    {"model": near("weather", "scripted", ""), "messages": messages},
+    optional={
+        "stream": json_values,
+        "loop": loops | json_values,
+        "tools": json_values,
+        "tool_choice": json_values,
+        "stream_options": near({"include_usage": True}),
+        "max_completion_tokens": near(5, 0, -1),
+        "max_tokens": near(5, 0),
+        "n": near(1, 2),
+    },
+)
+context_bodies = st.fixed_dictionaries(
+    {},
+    optional={
+        "context_id": near("c-1", "", "a/b"),
+        "model": near("weather", "scripted"),
+        "agent": near("weather"),
+        "message": near("hi", {"role": "user", "content": "hi"}),
+        "messages": messages,
+        "content": near("hi"),
+        "loop": loops | json_values,
+    },
+)
+raw_bodies = st.binary(max_size=64) | json_values.map(lambda v: json.dumps(v).encode())
+
+ROUTES: dict[str, st.SearchStrategy[Any]] = {
+    "/v1/chat/completions": chat_bodies,
+    "/chat/completions": chat_bodies,
+    "/chat": context_bodies,
+    "/chat/invoke": context_bodies,
+    "/chat/add-ai-message": context_bodies,
+}
+
+
+@pytest.fixture
+def looping(proxy_for: ProxyFactory) -> Iterator[tuple[asyncio.AbstractEventLoop, Proxy]]:
+    """A proxy whose upstream always answers, on an event loop of the test's own (hypothesis
+    drives plain functions)."""
+    loop = asyncio.new_event_loop()
+    factory = proxy_for()
+    proxy = loop.run_until_complete(factory.__aenter__())
+    proxy.upstream.script(keep(say("ok")))
+    try:
+        yield loop, proxy
+    finally:
+        loop.run_until_complete(factory.__aexit__(None, None, None))
+        loop.close()
+
+
+def assert_answered(response: httpx.Response) -> None:
+    assert response.status_code < 500, response.text
+    if response.status_code >= 400:
+        error = response.json()["error"]
+        assert isinstance(error["message"], str)
+        assert error["message"]
+        assert set(error) >= {"message", "type", "param", "code"}
+
+
+@pytest.mark.parametrize("path", sorted(ROUTES))
+def test_any_body_gets_a_2xx_or_an_openai_shaped_4xx(
+    looping: tuple[asyncio.AbstractEventLoop, Proxy], path: str
+) -> None:
+    loop, proxy = looping
+
+    @settings(
+        max_examples=EXAMPLES,
+        deadline=None,
+        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+        database=None,
+    )
+    @given(body=ROUTES[path] | raw_bodies)
+    def check(body: Any) -> None:
+        content = body if isinstance(body, bytes) else json.dumps(body).encode()
+        headers = {"content-type": "application/json"}
+        response = loop.run_until_complete(
+            proxy.client.post(path, content=content, headers=headers)
+        )
+        assert_answered(response)
+
+    check()
