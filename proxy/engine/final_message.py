@@ -38,6 +38,8 @@ def stated_stop(stop: Stop) -> str:
     if reason is StopReason.TOOL_CALLED:
         called = ", ".join(details.get("observed") or ())
         return f"Stopped: the run called {called}."
+    if reason is StopReason.CONDITION_ERROR:
+        return f"Stopped: the stop condition {details.get('condition')} could not be evaluated."
     if reason is StopReason.TOOL_CALL_LIMIT:
         return str(details.get("message") or "Stopped: a tool call limit was reached.")
     return f"Stopped: the stop condition {details.get('condition')} held."

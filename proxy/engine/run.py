@@ -191,7 +191,7 @@ class Run:
     async def _end(
         self, run: RunState, stop: Stop, decided: dict[str, Any] | None = None
     ) -> Ending:
-        if "condition" in stop.details:
+        if "condition" in stop.details and stop.reason is not StopReason.CONDITION_ERROR:
             self.voice.notify(ev.ConditionHeld(run.run_id, run.step_count, stop.details))
 
         async def final_answer() -> ModelReply:

@@ -18,6 +18,7 @@ class StopReason(StrEnum):
     TIME_BUDGET = "time_budget"
     FINISH_REASON = "finish_reason"
     CUSTOM_CONDITION = "custom_condition"
+    CONDITION_ERROR = "condition_error"
     TOOL_CALL_LIMIT = "tool_call_limit"
     MAX_INVOCATIONS = "max_invocations"
     NUDGES_EXHAUSTED = "nudges_exhausted"
@@ -38,6 +39,7 @@ LIMIT_STOPS = frozenset(
         StopReason.TIME_BUDGET,
         StopReason.TOOL_CALLED,
         StopReason.CUSTOM_CONDITION,
+        StopReason.CONDITION_ERROR,
         StopReason.TOOL_CALL_LIMIT,
     }
 )
@@ -57,6 +59,7 @@ FINISH_REASONS: dict[StopReason, str] = {
     StopReason.COST_BUDGET: "length",
     StopReason.TIME_BUDGET: "length",
     StopReason.CUSTOM_CONDITION: "stop",
+    StopReason.CONDITION_ERROR: "stop",
     StopReason.TOOL_CALL_LIMIT: "stop",
 }
 

@@ -24,6 +24,10 @@ ERRORS = {
     "internal_error",
 }
 HI = [{"role": "user", "content": "hi"}]
+# Cheap over a few steps, over its evaluation cost limit after about fifteen.
+COSTLY = "steps.exists(a, steps.exists(b, steps.exists(c, {} < 0)))".format(
+    " + ".join(["a.index + b.index + c.index"] * 10)
+)
 RESEARCH = [{"role": "user", "content": "Research Lima."}]
 SEARCH = call("search_notes", query="Lima")
 CLIENT_TOOL = {
@@ -125,6 +129,10 @@ CASES: dict[str, Case] = {
         {"model": "scripted", "messages": HI, "loop": {"tools": ["sleep"]}},
         (call("sleep", seconds=30),),  # still running when the client leaves
         leave_after_s=0.1,
+    ),
+    "condition_error": Case(
+        loop(stop_when=[{"expr": COSTLY}]),
+        (keep(SEARCH),),
     ),
     "state_unavailable": Case(
         loop(thread_id="t-1", tool_call_limits=[{"thread_limit": 5}]),

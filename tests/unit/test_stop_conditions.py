@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from proxy.engine import events as ev
 from proxy.engine.stop import StopReason
 from proxy.engine.values import Prices
 from tests.fakes import FakeChecks, reply
@@ -139,6 +140,26 @@ async def test_cel_expression_over_steps() -> None:
     result = await h.run()
     assert (result.stop.reason, result.steps) == (StopReason.CUSTOM_CONDITION, 2)
     assert result.stop.details["threshold"] == expr
+
+
+async def test_an_expression_too_costly_for_the_run_data_ends_the_run() -> None:
+    """Three nested comprehensions are cheap over two steps and refused over forty: the library
+    holds the GIL while it evaluates, so the cost is bounded before it starts."""
+    expr = "steps.exists(a, steps.exists(b, steps.exists(c, a.index + b.index + c.index < 0)))"
+    h = Harness(looping(50), TOOLS, stop_when=[{"any": [{"step_count_is": 99}, {"expr": expr}]}])
+    result = await h.run()
+    assert result.stop.reason is StopReason.CONDITION_ERROR
+    assert 2 < result.steps < 40
+    details = result.stop.details
+    assert (details["condition"], details["kind"]) == ("stop_when[0].any[1]", "expr")
+    assert "the limit is 500,000" in details["error"]
+    assert result.finish_reason == "stop"
+    assert result.message["content"] == (
+        "Stopped: the stop condition stop_when[0].any[1] could not be evaluated."
+    )
+    (failed,) = h.observer.of(ev.ConditionFailed)
+    assert failed.path == "stop_when[0].any[1]"
+    assert h.observer.of(ev.ConditionHeld) == []
 
 
 async def test_cel_sees_tool_results_usage_and_cost() -> None:

@@ -44,6 +44,7 @@ __all__ = [
     "VARIABLES",
     "Expression",
     "ExpressionFailed",
+    "ExpressionTooCostly",
     "compile_condition",
 ]
 
@@ -58,6 +59,13 @@ _LIBRARY_ERROR = re.compile(
 _LIBRARY_INNER = re.compile(r'msg: "([^"]*)"')  # as in `OtherError(ParseError { ..., msg: "..." })`
 
 
+# What one evaluation may cost, in tokens x iterations of the nested comprehensions x KiB of
+# the longest string: about 30 ms of the library's time. The library holds the GIL while it
+# evaluates, so neither a thread nor a timeout could bound it: the cost is bounded before it
+# starts instead.
+MAX_EVALUATION_COST = 500_000
+
+
 class ExpressionFailed(Exception):
     """An expression that could not be evaluated, or did not yield a boolean; `reason` says why."""
 
@@ -66,12 +74,18 @@ class ExpressionFailed(Exception):
         self.reason = reason
 
 
+class ExpressionTooCostly(ExpressionFailed):
+    """An expression whose comprehensions would iterate over too much of the run's data."""
+
+
 @dataclass(frozen=True, slots=True)
 class Expression:
     """A checked stop condition. Build it with `compile_condition`."""
 
     source: str
     program: cel.Program = field(repr=False, compare=False)
+    terms: int = 1  # tokens: what one pass over the expression costs
+    depth: int = 0  # how deep its comprehensions nest
 
     def evaluate(self, snapshot: Mapping[str, Any]) -> bool:
         """The condition's value over `snapshot` (the shape of `RunState.snapshot()`).
@@ -79,6 +93,14 @@ class Expression:
         Raises `ExpressionFailed` when evaluation fails (an index out of range, a division by
         zero, a missing variable, an overflow) or yields something other than a boolean.
         """
+        widest, longest = extent(snapshot)
+        cost = self.terms * widest**self.depth * (1 + longest // 1024)
+        if cost > MAX_EVALUATION_COST:
+            raise ExpressionTooCostly(
+                f"over this run's data (lists of up to {widest} items, strings of up to "
+                f"{longest} characters) it would cost {cost:,} units of evaluation; the limit "
+                f"is {MAX_EVALUATION_COST:,}"
+            )
         try:
             result = self.program.execute(_with_doubles(snapshot))
         except Exception as exc:  # the library raises a different class for each failure
@@ -99,7 +121,7 @@ def compile_condition(source: str) -> Expression:
     valid regular expression literal; a comprehension over anything but the run's data, or a
     `map()` that builds values; and a result that cannot be a boolean.
     """
-    tokens = scan(source)
+    tokens, depth = scan(source)
     try:
         program = cel.compile(source)
     except ValueError as exc:
@@ -111,7 +133,24 @@ def compile_condition(source: str) -> Expression:
     _cross_check(program, checker.bound)
     for pos, literal in checker.patterns:
         _check_pattern(source, pos, literal)
-    return Expression(source, program)
+    return Expression(source, program, len(tokens), depth)
+
+
+def extent(value: Any) -> tuple[int, int]:
+    """The length of the longest list or map inside `value` (at least 1), and of the longest
+    string: what the cost of an evaluation over `value` grows with."""
+    widest, longest, pending = 1, 0, [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            longest = max(longest, len(item))
+        elif isinstance(item, Mapping):
+            widest = max(widest, len(item))
+            pending.extend(item.values())
+        elif isinstance(item, list | tuple):
+            widest = max(widest, len(item))
+            pending.extend(item)
+    return widest, longest
 
 
 def _cross_check(program: cel.Program, bound: set[str]) -> None:

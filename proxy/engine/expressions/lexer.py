@@ -48,8 +48,9 @@ def where(source: str, pos: int) -> str:
     return f"{source.count(chr(10), 0, pos) + 1}:{pos - line_start + 1}"
 
 
-def scan(source: str) -> list[Token]:
-    """The tokens of `source`, once its length and nesting are known to be within bounds.
+def scan(source: str) -> tuple[list[Token], int]:
+    """The tokens of `source`, once its length and nesting are known to be within bounds, and
+    how deep its comprehensions nest (0 without any).
 
     Raises `ValueError` for a source longer than `MAX_EXPR_CHARS` (before reading it), a
     lexical error, brackets nested deeper than `MAX_EXPR_DEPTH` or comprehensions nested deeper
@@ -60,8 +61,18 @@ def scan(source: str) -> list[Token]:
             f"the expression is {len(source)} characters long; the limit is {MAX_EXPR_CHARS}"
         )
     tokens = _tokenize(source)
-    _check_nesting(source, tokens)
-    return tokens
+    return tokens, _check_nesting(source, tokens)
+
+
+def _opens_comprehension(tokens: list[Token], k: int) -> bool:
+    """Whether the bracket at `k` is the `(` of a comprehension call (`.exists(`)."""
+    return (
+        tokens[k].text == "("
+        and k >= 2
+        and tokens[k - 1].kind == "ident"
+        and tokens[k - 1].text in COMPREHENSIONS
+        and tokens[k - 2].text == "."
+    )
 
 
 def _tokenize(source: str) -> list[Token]:
@@ -132,27 +143,23 @@ def _escape_end(source: str, i: int) -> int:
     return start + count
 
 
-def _check_nesting(source: str, tokens: list[Token]) -> None:
+def _check_nesting(source: str, tokens: list[Token]) -> int:
     """Bracket and comprehension nesting, from the tokens alone: nothing has parsed them yet.
+    Returns how deep the comprehensions nest.
 
     A call of a comprehension name (`.exists(`) counts as a comprehension whatever its
     arguments: over-counting can only refuse an expression that would be refused anyway.
     """
     open_brackets: list[bool] = []  # one per open bracket: whether it opened a comprehension
-    comprehensions = 0
+    comprehensions = deepest = 0
     for k, tok in enumerate(tokens):
         if tok.kind != "punct":
             continue
         if tok.text in _OPENERS:
-            is_macro = (
-                tok.text == "("
-                and k >= 2
-                and tokens[k - 1].kind == "ident"
-                and tokens[k - 1].text in COMPREHENSIONS
-                and tokens[k - 2].text == "."
-            )
+            is_macro = _opens_comprehension(tokens, k)
             open_brackets.append(is_macro)
             comprehensions += is_macro
+            deepest = max(deepest, comprehensions)
             if len(open_brackets) > MAX_EXPR_DEPTH:
                 raise ValueError(
                     f"brackets nest deeper than {MAX_EXPR_DEPTH} levels "
@@ -165,3 +172,4 @@ def _check_nesting(source: str, tokens: list[Token]) -> None:
                 )
         elif tok.text in _CLOSERS and open_brackets:
             comprehensions -= open_brackets.pop()
+    return deepest

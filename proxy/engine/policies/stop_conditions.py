@@ -6,7 +6,12 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.engine.expressions import Expression, ExpressionFailed, compile_condition
+from proxy.engine.expressions import (
+    Expression,
+    ExpressionFailed,
+    ExpressionTooCostly,
+    compile_condition,
+)
 from proxy.engine.options import ConditionOptions, kind_of
 from proxy.engine.policies.base import Policy
 from proxy.engine.ports import ConditionChecks
@@ -26,6 +31,15 @@ _COMBINATORS = ("any", "all", "not")
 
 # Told of a condition that could not be evaluated: (run, condition path, reason).
 FailureSink = Callable[[RunState, str, str], None]
+
+
+class Unevaluable(Exception):
+    """A condition whose evaluation the run cannot afford: it ends the run (`condition_error`)."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(reason)
+        self.path = path
+        self.reason = reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +72,8 @@ class Condition:
         self, run: RunState, checks: ConditionChecks | None, failed: FailureSink
     ) -> Held | None:
         """Whether the condition holds; one that cannot be evaluated does not hold, and is
-        reported to `failed` with its path."""
+        reported to `failed` with its path. Raises Unevaluable for an expression too costly to
+        evaluate over the run's data."""
         kind, value = self.kind, self.value
         if kind == "step_count_is":
             return (
@@ -99,6 +114,8 @@ class Condition:
                 result = self.program.evaluate(run.snapshot())
             except ExpressionFailed as exc:
                 failed(run, self.path, exc.reason)
+                if isinstance(exc, ExpressionTooCostly):
+                    raise Unevaluable(self.path, exc.reason) from None
                 return None
             return self._held(StopReason.CUSTOM_CONDITION, True, run) if result else None
         if checks is None:  # pragma: no cover - a run with custom conditions always has checks
@@ -168,7 +185,12 @@ class StopConditions(Policy):
 
     async def after_step(self, run: RunState) -> Stop | None:
         for cond in self.conditions:
-            held = await cond.evaluate(run, self.checks, self.failed)
+            try:
+                held = await cond.evaluate(run, self.checks, self.failed)
+            except Unevaluable as exc:
+                details: dict[str, Any] = {"condition": exc.path, "kind": "expr"}
+                details.update(error=exc.reason, step=run.step_count)
+                return Stop(StopReason.CONDITION_ERROR, details)
             if held is not None:
                 return Stop(held.reason, held.details)
         if self.max_steps is not None and run.step_count >= self.max_steps:
