@@ -57,6 +57,8 @@ class LoopPolicy:
 
     # The tools whose call ends the run: flagged terminal, terminating ids, exit rules.
     terminal_tools: frozenset[str] = field(init=False)
+    # The tightest `max_duration_s` that holds on its own: a deadline for every wait of the run.
+    time_budget: Condition | None = field(init=False)
 
     def __post_init__(self) -> None:
         names = {name for name, spec in self.tools.items() if spec.terminal}
@@ -64,6 +66,13 @@ class LoopPolicy:
             names.update(self.terminating.tool_ids)
         names.update(RuleBook(self.tool_rules).exit_tools)
         object.__setattr__(self, "terminal_tools", frozenset(names))
+        durations = [
+            leaf
+            for cond in self.stop_when
+            for leaf in cond.walk_any()
+            if leaf.kind == "max_duration_s"
+        ]
+        object.__setattr__(self, "time_budget", min(durations, key=_threshold, default=None))
 
     @property
     def has_cost_condition(self) -> bool:
@@ -91,6 +100,10 @@ class LoopPolicy:
             policies.append(ToolCallLimits(self.tool_call_limits, threads))
         policies.append(Budgets(self.stop_when, prices))
         return policies
+
+
+def _threshold(condition: Condition) -> float:
+    return float(condition.value)
 
 
 EMPTY = LoopPolicy()

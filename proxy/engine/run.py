@@ -16,7 +16,7 @@ from proxy.engine.ports import RunStream
 from proxy.engine.run_spec import Deps, RunResult, RunSpec
 from proxy.engine.state import RunState, StepRecord
 from proxy.engine.stop import Stop, StopReason
-from proxy.engine.tool_calls import ReplyCalls
+from proxy.engine.tool_calls import Outcome, ReplyCalls
 from proxy.engine.values import ModelReply, ModelRequest
 from proxy.engine.voice import Voice
 from proxy.errors import ClientDisconnected, StateUnavailable, UpstreamFailure
@@ -104,6 +104,7 @@ class Run:
 
     async def _loop(self, run: RunState) -> Ending:
         checkpoints = self.checkpoints
+        budget = self.spec.policy.time_budget
         while True:
             plan = StepPlan(
                 list(self.offered),
@@ -116,28 +117,44 @@ class Run:
                 return await self._end(run, stop)
             for extra in plan.extra_messages:
                 run.append(extra)
-            reply = await self._call_model(run, plan)
-            stop = checkpoints.after_reply(run, plan, reply)
-            if stop is not None:
-                run.append(without_tool_calls(reply.message))
-                return await self._end(run, stop)
-            if reply.tool_calls:
-                outcome = await self.calls.execute(run, reply)
-                if outcome is not None:
-                    return await self._end(run, outcome.stop, outcome.message)
-            else:
-                run.append(reply.message)
-                if reply.finish_reason == "content_filter":
-                    return await self._end(run, Stop(StopReason.CONTENT_FILTER))
-                verdict = checkpoints.after_reply_without_tools(run, reply)
-                if not isinstance(verdict, Nudge):
-                    return await self._end(run, verdict or Stop(StopReason.COMPLETED))
-                run.append({"role": "system", "content": verdict.message})
-                await self.voice.emit(ev.Nudged(run.run_id, run.step_count, verdict.message))
+            if budget is None:
+                outcome = await self._step(run, plan)
+            else:  # the time budget holds while the run waits on the upstream and on tools
+                try:
+                    async with asyncio.timeout(budget.value - run.elapsed_s) as deadline:
+                        outcome = await self._step(run, plan)
+                except TimeoutError:
+                    if not deadline.expired():
+                        raise
+                    run.now = self.deps.clock()
+                    held = budget.held(StopReason.TIME_BUDGET, round(run.elapsed_s, 3), run)
+                    outcome = Outcome(Stop(held.reason, held.details))
+            if outcome is not None:
+                return await self._end(run, outcome.stop, outcome.message)
             run.now = self.deps.clock()
             stop = await checkpoints.after_step(run)
             if stop is not None:
                 return await self._end(run, stop)
+
+    async def _step(self, run: RunState, plan: StepPlan) -> Outcome | None:
+        """One upstream call and its tool calls; how the run ends, if this step ends it."""
+        checkpoints = self.checkpoints
+        reply = await self._call_model(run, plan)
+        stop = checkpoints.after_reply(run, plan, reply)
+        if stop is not None:
+            run.append(without_tool_calls(reply.message))
+            return Outcome(stop)
+        if reply.tool_calls:
+            return await self.calls.execute(run, reply)
+        run.append(reply.message)
+        if reply.finish_reason == "content_filter":
+            return Outcome(Stop(StopReason.CONTENT_FILTER))
+        verdict = checkpoints.after_reply_without_tools(run, reply)
+        if not isinstance(verdict, Nudge):
+            return Outcome(verdict or Stop(StopReason.COMPLETED))
+        run.append({"role": "system", "content": verdict.message})
+        await self.voice.emit(ev.Nudged(run.run_id, run.step_count, verdict.message))
+        return None
 
     def _first_messages(self) -> list[dict[str, Any]]:
         parts = [self.spec.system_prompt] if self.spec.system_prompt else []

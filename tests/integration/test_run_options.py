@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from typing import Any
 
 from proxy.engine import events as ev
 from proxy.engine.stop import StopReason
 from tests.bodies import user
-from tests.integration.conftest import ProxyFactory
+from tests.integration.conftest import Proxy, ProxyFactory
 from tests.scripted_upstream import call, calls, keep, say
 
 SEEN: list[int] = []
@@ -79,3 +80,19 @@ async def test_a_client_that_goes_away_cancels_the_run(proxy_for: ProxyFactory) 
     finished = proxy.observer.of(ev.RunFinished)
     assert [f.stop.reason for f in finished] == [StopReason.CANCELLED]
     assert sent == []
+
+
+async def test_the_time_budget_holds_while_a_tool_runs(proxy: Proxy) -> None:
+    """`max_duration_s` ends a run whose tool is still running, not at the next step."""
+    proxy.upstream.script(call("sleep", seconds=30))
+    body = {
+        "model": "scripted",
+        "messages": user("Wait."),
+        "loop": {"tools": ["sleep"], "stop_when": [{"max_duration_s": 0.3}]},
+    }
+    r = await asyncio.wait_for(proxy.client.post("/v1/chat/completions", json=body), 20)
+    assert r.status_code == 200
+    loop = r.json()["loop"]
+    assert loop["stop_reason"] == "time_budget"
+    assert 0.3 <= loop["stop_details"]["observed"] < 20
+    assert r.json()["choices"][0]["finish_reason"] == "length"

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+from dataclasses import replace
 from typing import Any
 
 from proxy.engine.policies.budgets import estimate_prompt_tokens
 from proxy.engine.stop import StopReason
-from proxy.engine.values import ModelRequest, Prices
+from proxy.engine.values import DeltaSink, ModelReply, ModelRequest, Prices
 from tests.fakes import reply
 from tests.unit.harness import Harness
 
@@ -75,3 +78,24 @@ async def test_budget_inside_all_is_not_a_hard_cap() -> None:
     result = await h.run()
     assert h.model.requests[0].max_completion_tokens is None
     assert result.stop.reason is StopReason.CUSTOM_CONDITION
+
+
+class Stalling:
+    """A model that never answers: an upstream that keeps the connection open."""
+
+    async def complete(self, request: ModelRequest, on_delta: DeltaSink | None) -> ModelReply:
+        await asyncio.sleep(3600)
+        raise AssertionError("unreachable")
+
+
+async def test_the_time_budget_holds_while_the_run_waits_on_the_upstream() -> None:
+    h = Harness([], TOOLS, stop_when=[{"any": [{"max_duration_s": 60}, {"max_duration_s": 0.2}]}])
+    h.deps = replace(h.deps, model=Stalling(), clock=time.monotonic)
+    started = time.monotonic()
+    result = await asyncio.wait_for(h.run(), timeout=30)
+    assert result.stop.reason is StopReason.TIME_BUDGET
+    assert result.stop.details["condition"] == "stop_when[0].any[1]"
+    assert result.stop.details["threshold"] == 0.2
+    assert 0.2 <= result.stop.details["observed"] < 30
+    assert time.monotonic() - started < 30
+    assert result.message["content"] == "Stopped: the run reached its time budget (0.2 s)."

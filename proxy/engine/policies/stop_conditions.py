@@ -58,7 +58,7 @@ class Condition:
     id: str | None = None
     program: Expression | None = None  # of an `expr`
 
-    def _held(self, reason: StopReason, observed: Any, run: RunState) -> Held:
+    def held(self, reason: StopReason, observed: Any, run: RunState) -> Held:
         details: dict[str, Any] = {"condition": self.path, "kind": self.kind}
         if self.id is not None:
             details["id"] = self.id
@@ -77,23 +77,23 @@ class Condition:
         kind, value = self.kind, self.value
         if kind == "step_count_is":
             return (
-                self._held(_REASONS[kind], run.step_count, run) if run.step_count >= value else None
+                self.held(_REASONS[kind], run.step_count, run) if run.step_count >= value else None
             )
         if kind == "has_tool_call":
             called = sorted(run.called_tools() & set(value))
-            return self._held(_REASONS[kind], called, run) if called else None
+            return self.held(_REASONS[kind], called, run) if called else None
         if kind == "max_tokens_used":
             used = run.usage.total_tokens
-            return self._held(_REASONS[kind], used, run) if used >= value else None
+            return self.held(_REASONS[kind], used, run) if used >= value else None
         if kind == "max_cost":
             cost = run.cost_usd or 0.0
-            return self._held(_REASONS[kind], round(cost, 10), run) if cost >= value else None
+            return self.held(_REASONS[kind], round(cost, 10), run) if cost >= value else None
         if kind == "finish_reason_is":
             seen = [s.finish_reason for s in run.steps if s.finish_reason == value]
-            return self._held(_REASONS[kind], value, run) if seen else None
+            return self.held(_REASONS[kind], value, run) if seen else None
         if kind == "max_duration_s":
             elapsed = run.elapsed_s
-            return self._held(_REASONS[kind], round(elapsed, 3), run) if elapsed >= value else None
+            return self.held(_REASONS[kind], round(elapsed, 3), run) if elapsed >= value else None
         if kind == "any":
             for child in value:
                 held: Held | None = await child.evaluate(run, checks, failed)
@@ -104,10 +104,10 @@ class Condition:
             for child in value:
                 if await child.evaluate(run, checks, failed) is None:
                     return None
-            return self._held(StopReason.CUSTOM_CONDITION, True, run)
+            return self.held(StopReason.CUSTOM_CONDITION, True, run)
         if kind == "not":
             if await value.evaluate(run, checks, failed) is None:
-                return self._held(StopReason.CUSTOM_CONDITION, True, run)
+                return self.held(StopReason.CUSTOM_CONDITION, True, run)
             return None
         if kind == "expr" and self.program is not None:
             try:
@@ -117,11 +117,11 @@ class Condition:
                 if isinstance(exc, ExpressionTooCostly):
                     raise Unevaluable(self.path, exc.reason) from None
                 return None
-            return self._held(StopReason.CUSTOM_CONDITION, True, run) if result else None
+            return self.held(StopReason.CUSTOM_CONDITION, True, run) if result else None
         if checks is None:  # pragma: no cover - a run with custom conditions always has checks
             return None
         if await checks.check(kind, value, run.snapshot()):
-            return self._held(StopReason.CUSTOM_CONDITION, True, run)
+            return self.held(StopReason.CUSTOM_CONDITION, True, run)
         return None
 
     def walk_any(self) -> list[Condition]:
