@@ -25,10 +25,23 @@ class ServerConfig(_Model):
 
 
 class AuthKey(_Model):
-    name: str
+    """A proxy key and what it may use (the ownership model: README "Keys")."""
+
+    name: str = Field(min_length=1)
     key_env: str | None = None
     key_sha256: str | None = Field(None, pattern=r"^[0-9a-fA-F]{64}$")
-    agents: list[str] = ["*"]
+    agents: list[str] = ["*"]  # agents and models; `*` for all
+    # The server tools `loop.tools` may add, by name or id, `*` for all; unset: the tools of
+    # the agents this key may use (all of them with `agents: ["*"]`).
+    tools: list[str] | None = None
+    metrics: bool = False  # may read `GET /metrics` when `auth.metrics_key` protects it
+
+    @field_validator("name")
+    @classmethod
+    def _no_slash(cls, value: str) -> str:
+        if "/" in value:
+            raise ValueError("must not contain '/': a key's threads are named <key name>/<id>")
+        return value
 
     @model_validator(mode="after")
     def _one_source(self) -> AuthKey:
@@ -39,6 +52,7 @@ class AuthKey(_Model):
 
 class AuthConfig(_Model):
     keys: list[AuthKey] = []
+    metrics_key: bool = False  # `GET /metrics` needs a key with `metrics: true`; default open
 
 
 class UpstreamConfig(_Model):
@@ -184,9 +198,9 @@ def _entries(data: dict[str, Any], section: str) -> dict[str, Any]:
 
 
 def reference_problems(data: dict[str, Any]) -> list[tuple[str, str]]:
-    """What a config document names but does not define, read from the document itself so that
-    it is found even where the schema fails. Agents' policies are checked when they are
-    compiled against the tools (`proxy.api.planning`)."""
+    """What a config document names but does not define (and the names it must not repeat),
+    read from the document itself so that it is found even where the schema fails. Agents'
+    policies are checked when they are compiled against the tools (`proxy.api.planning`)."""
     errors: list[tuple[str, str]] = []
     upstreams = _entries(data, "upstreams") if "upstreams" in data else {"openai": {}}
     default = data.get("default_upstream", "openai")
@@ -212,8 +226,9 @@ def reference_problems(data: dict[str, Any]) -> list[tuple[str, str]]:
         for i, ref in enumerate(refs if isinstance(refs, list) else []):
             if isinstance(ref, str) and ref not in tools and ref not in ids:
                 errors.append((f"agents.{name}.tools[{i}]", f"no tool named {ref!r}"))
-    keys = _entries(data, "auth").get("keys")
-    if keys:
+    auth = _entries(data, "auth")
+    errors.extend(_key_problems(auth, set(tools) | ids))
+    if auth.get("keys"):
         errors.extend(
             (
                 f"upstreams.{name}.forward_client_key",
@@ -222,6 +237,31 @@ def reference_problems(data: dict[str, Any]) -> list[tuple[str, str]]:
             for name, upstream in upstreams.items()
             if isinstance(upstream, dict) and upstream.get("forward_client_key") is True
         )
+    return errors
+
+
+def _key_problems(auth: dict[str, Any], tools: set[str]) -> list[tuple[str, str]]:
+    """Keys' names are unique (a key's threads are named by it), the tools they list exist, and
+    a protected `/metrics` has a key that may read it."""
+    errors: list[tuple[str, str]] = []
+    listed = auth.get("keys")
+    keys = listed if isinstance(listed, list) else []
+    names: set[str] = set()
+    for i, key in enumerate(keys):
+        if not isinstance(key, dict):
+            continue  # the schema reports it
+        name = key.get("name")
+        if isinstance(name, str):
+            if name in names:
+                errors.append((f"auth.keys[{i}].name", f"name {name!r} is not unique"))
+            names.add(name)
+        refs = key.get("tools")
+        for j, ref in enumerate(refs if isinstance(refs, list) else []):
+            if isinstance(ref, str) and ref != "*" and ref not in tools:
+                errors.append((f"auth.keys[{i}].tools[{j}]", f"no tool named {ref!r}"))
+    readers = [k for k in keys if isinstance(k, dict) and k.get("metrics") is True]
+    if auth.get("metrics_key") is True and not readers:
+        errors.append(("auth.metrics_key", "no key has metrics: true, so none could read /metrics"))
     return errors
 
 

@@ -19,7 +19,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from proxy.api.asgi import ErrorBoundary
+from proxy.api.asgi import ErrorBoundary, bearer_token
 from proxy.api.chat import ChatCompletions
 from proxy.api.contexts import ContextRecords, ContextRuns
 from proxy.api.models import ModelList
@@ -133,6 +133,8 @@ def create_app(
                 tracing.shutdown()  # flushes the spans not yet exported
 
     async def metrics(request: Request) -> Response:
+        if config.auth.metrics_key:  # else open, for Prometheus scrapes without a key
+            services().keys.check_metrics(bearer_token(request.scope))
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     async def healthz(request: Request) -> Response:

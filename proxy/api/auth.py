@@ -1,27 +1,63 @@
-"""Proxy keys (SPEC §2 `auth`): who may call, and which agents and models they may use."""
+"""Proxy keys (SPEC §2 `auth`): who may call, and what each key may use: agents and models,
+the server tools it may add with `loop.tools`, its own threads, and a protected `/metrics`."""
 
 from __future__ import annotations
 
 import hashlib
 import hmac
 import os
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
-from proxy.config import AuthConfig
+from proxy.config import AuthConfig, AuthKey
 from proxy.errors import AuthenticationFailed, PermissionDenied
+
+ALL = "*"
 
 
 @dataclass(frozen=True, slots=True)
 class Caller:
     name: str
     agents: frozenset[str]
+    metrics: bool = False
 
     def allows(self, model: str) -> bool:
-        return "*" in self.agents or model in self.agents
+        return ALL in self.agents or model in self.agents
+
+    def thread(self, thread_id: str) -> str:
+        """The key's own thread of that name: two keys that name one thread id have a thread
+        each (key names have no `/`, so no two keys' threads share a name)."""
+        return f"{self.name}/{thread_id}"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolScope:
+    """The server tools a key may add to a run with `loop.tools`, by tool name."""
+
+    names: frozenset[str] = frozenset()
+    every: bool = False
+
+    def allows(self, name: str | None) -> bool:
+        return self.every or (name is not None and name in self.names)
+
+
+def tool_scope(
+    key: AuthKey, agent_tools: Mapping[str, Collection[str]], names: Mapping[str, str]
+) -> ToolScope:
+    """The key's `tools` (names or ids, `*` for all; `names` maps both to tool names), or when
+    it lists none, the tools of the agents it may use (`agent_tools`: agent -> tool names)."""
+    if key.tools is None:
+        if ALL in key.agents:
+            return ToolScope(every=True)
+        return ToolScope(frozenset(t for a in key.agents for t in agent_tools.get(a, ())))
+    if ALL in key.tools:
+        return ToolScope(every=True)
+    return ToolScope(frozenset(names[ref] for ref in key.tools if ref in names))
 
 
 class KeyRing:
     def __init__(self, config: AuthConfig) -> None:
+        self.metrics_key = config.metrics_key
         self.keys: list[tuple[bytes, Caller]] = []
         for key in config.keys:
             if key.key_sha256 is not None:
@@ -34,7 +70,7 @@ class KeyRing:
                         f"auth.keys.{key.name}: environment variable {key.key_env} is not set"
                     )
                 digest = hashlib.sha256(secret.encode()).digest()
-            self.keys.append((digest, Caller(key.name, frozenset(key.agents))))
+            self.keys.append((digest, Caller(key.name, frozenset(key.agents), key.metrics)))
 
     @property
     def enabled(self) -> bool:
@@ -56,3 +92,15 @@ class KeyRing:
     def check(caller: Caller | None, model: str) -> None:
         if caller is not None and not caller.allows(model):
             raise PermissionDenied(f"key {caller.name!r} may not use {model!r}", param="model")
+
+    def check_metrics(self, token: str | None) -> None:
+        """Raises unless `token` may read `/metrics`: anyone may, unless `auth.metrics_key`."""
+        if not self.metrics_key:
+            return
+        caller = self.caller(token)
+        if caller is None:  # no keys at all: the config check refuses that; stay closed
+            raise AuthenticationFailed("/metrics needs a proxy API key, and none is configured")
+        if not caller.metrics:
+            raise PermissionDenied(
+                f"key {caller.name!r} may not read /metrics", code="metrics_not_allowed"
+            )

@@ -76,6 +76,7 @@ def parse_chat_request(raw: bytes, thread_header: str | None = None) -> ChatRequ
         cap,
         params,
         loop.thread_id or (name(thread_header, THREAD_HEADER) if thread_header else None),
+        client_thread=True,
     )
     return ChatRequest(run, stream, include_usage)
 

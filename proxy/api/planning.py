@@ -10,7 +10,7 @@ import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from proxy.api.auth import Caller, KeyRing
+from proxy.api.auth import Caller, KeyRing, ToolScope, tool_scope
 from proxy.api.run_request import RunRequest
 from proxy.config import Config, ConfigError
 from proxy.engine.policy import (
@@ -24,7 +24,7 @@ from proxy.engine.policy import (
 from proxy.engine.ports import PriceBook
 from proxy.engine.run_spec import RunSpec
 from proxy.engine.values import ToolSpec
-from proxy.errors import InvalidRequest, PolicyInvalid
+from proxy.errors import InvalidRequest, PermissionDenied, PolicyInvalid
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +64,10 @@ class Planner:
             self.agents[name] = policy
         if problems:
             raise ConfigError(problems)
+        agent_tools = {name: list(policy.tools) for name, policy in self.agents.items()}
+        self.tool_scopes: dict[str, ToolScope] = {
+            key.name: tool_scope(key, agent_tools, self.catalog.names) for key in config.auth.keys
+        }
 
     def target(self, model: str) -> Target:
         alias = self.config.models.get(model)
@@ -87,9 +91,15 @@ class Planner:
         return req.model if req.model in self.config.agents else None
 
     def plan(self, req: RunRequest, caller: Caller | None) -> Plan:
-        """The run `req` asks for; a key that may not use its agent is refused first (403)."""
+        """The run `req` asks for; a key that may not use its agent, or a tool `loop.tools`
+        adds, is refused first (403)."""
         name = self.agent_name(req)
         KeyRing.check(caller, name or req.model)
+        thread_id = req.thread_id
+        if caller is not None:
+            self._check_tools(caller, req.loop.tools)
+            if thread_id is not None and req.client_thread:
+                thread_id = caller.thread(thread_id)
         agent = self.config.agents[name] if name else None
         target = self.target(agent.model if agent else req.model)
         policy = self.agents[name] if name else EMPTY
@@ -122,9 +132,22 @@ class Planner:
             client_tool_choice=req.tool_choice,
             max_completion_tokens=req.max_completion_tokens,
             params=req.params,
-            thread_id=req.thread_id,
+            thread_id=thread_id,
         )
         return Plan(spec, target.upstream, name)
+
+    def _check_tools(self, caller: Caller, refs: list[str]) -> None:
+        """A tool outside the key's scope is refused the same way whether it exists or not, so
+        a key learns nothing of the tools it may not use (a 400 for an unknown tool is left to
+        keys that may use every tool)."""
+        scope = self.tool_scopes[caller.name]
+        for i, ref in enumerate(refs):
+            if not scope.allows(self.catalog.names.get(ref)):
+                raise PermissionDenied(
+                    f"key {caller.name!r} may not use tool {ref!r}",
+                    param=f"loop.tools[{i}]",
+                    code="tool_not_allowed",
+                )
 
 
 def _param(path: str) -> str:

@@ -47,3 +47,6 @@ class RunRequest:
     max_completion_tokens: int | None = None
     params: dict[str, Any] = field(default_factory=dict)  # passed to the upstream as they are
     thread_id: str | None = None  # from `loop.thread_id`, or the endpoint's own source
+    # `thread_id` is a name the client chose (`loop.thread_id`, a header), so with proxy keys
+    # it names a thread of the caller's key; a stored context's thread is the context's own.
+    client_thread: bool = False

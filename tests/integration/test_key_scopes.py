@@ -1,0 +1,273 @@
+"""What a proxy key may use beyond its agents: the tools it may add with `loop.tools`, its own
+threads, and `GET /metrics` when that is protected."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from proxy.cli import main
+from proxy.config import ConfigError, parse_config
+from tests.bodies import user
+from tests.integration.conftest import BASE_CONFIG, Proxy, ProxyFactory
+from tests.scripted_upstream import call, say
+
+AGENTS: dict[str, Any] = {
+    "weather": {"model": "scripted", "tools": ["get_weather", "to_fahrenheit"]},
+    "notes": {"model": "scripted", "tools": ["search_notes"]},
+    "capped": {
+        "model": "scripted",
+        "tools": ["get_weather"],
+        "tool_call_limits": [{"tool_name": "get_weather", "thread_limit": 1}],
+    },
+}
+TOOLS = {**BASE_CONFIG["tools"], "sleep": {**BASE_CONFIG["tools"]["sleep"], "id": "tool-sleep"}}
+
+
+def sha(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def key(name: str, **fields: Any) -> dict[str, Any]:
+    """A key whose secret is `sk-<name>`."""
+    return {"name": name, "key_sha256": sha(f"sk-{name}"), **fields}
+
+
+def keyed(*keys: Any, **auth: Any) -> dict[str, Any]:
+    return {"auth": {"keys": list(keys), **auth}, "agents": AGENTS, "tools": TOOLS}
+
+
+async def chat_as(proxy: Proxy, name: str, **body: Any) -> httpx.Response:
+    body.setdefault("messages", user("Lima?"))
+    headers = {"authorization": f"Bearer sk-{name}"}
+    return await proxy.client.post("/v1/chat/completions", json=body, headers=headers)
+
+
+# --- tools -----------------------------------------------------------------------------------
+
+
+async def test_a_key_cannot_add_a_tool_that_only_another_agent_lists(
+    proxy_for: ProxyFactory,
+) -> None:
+    async with proxy_for(keyed(key("a", agents=["weather"]))) as proxy:
+        r = await chat_as(proxy, "a", model="weather", loop={"tools": ["search_notes"]})
+    assert r.status_code == 403
+    assert r.json()["error"] == {
+        "message": "key 'a' may not use tool 'search_notes'",
+        "type": "permission_error",
+        "param": "loop.tools[0]",
+        "code": "tool_not_allowed",
+    }
+    assert proxy.upstream.requests == []
+
+
+async def test_an_unknown_tool_reads_the_same_as_a_forbidden_one(
+    proxy_for: ProxyFactory,
+) -> None:
+    async with proxy_for(keyed(key("a", agents=["weather"]))) as proxy:
+        forbidden = await chat_as(
+            proxy, "a", model="weather", loop={"tools": ["get_weather", "search_notes"]}
+        )
+        unknown = await chat_as(
+            proxy, "a", model="weather", loop={"tools": ["get_weather", "no_such_tool"]}
+        )
+    assert (forbidden.status_code, unknown.status_code) == (403, 403)
+    shown = forbidden.json()["error"]
+    hidden = unknown.json()["error"]
+    assert hidden["message"] == shown["message"].replace("search_notes", "no_such_tool")
+    assert {k: v for k, v in hidden.items() if k != "message"} == {
+        k: v for k, v in shown.items() if k != "message"
+    }
+    assert hidden["param"] == "loop.tools[1]"
+
+
+async def test_by_default_a_key_may_add_the_tools_of_its_agents(
+    proxy_for: ProxyFactory,
+) -> None:
+    config = keyed(key("a", agents=["weather", "scripted"]), key("all"))
+    async with proxy_for(config) as proxy:
+        proxy.upstream.script(call("to_fahrenheit", celsius=20), say("68 °F."), say("Noted."))
+        own = await chat_as(proxy, "a", model="scripted", loop={"tools": ["to_fahrenheit"]})
+        other = await chat_as(proxy, "a", model="scripted", loop={"tools": ["search_notes"]})
+        every = await chat_as(proxy, "all", model="scripted", loop={"tools": ["search_notes"]})
+        unknown = await chat_as(proxy, "all", model="scripted", loop={"tools": ["ghost"]})
+    assert own.status_code == 200
+    assert own.json()["loop"]["tool_calls"] == 1
+    assert other.status_code == 403
+    assert every.status_code == 200
+    # A key that may use every tool learns nothing from a 400 for an unknown one.
+    assert unknown.status_code == 400
+    assert unknown.json()["error"]["param"] == "loop.tools[0]"
+
+
+async def test_a_keys_tools_list_names_tools_by_name_or_id(proxy_for: ProxyFactory) -> None:
+    config = keyed(
+        key("listed", agents=["weather"], tools=["search_notes", "tool-sleep"]),
+        key("star", agents=["weather"], tools=["*"]),
+    )
+    async with proxy_for(config) as proxy:
+        proxy.upstream.script(*(say(n) for n in ("One.", "Two.", "Three.", "Four.", "Five.")))
+        by_name = await chat_as(proxy, "listed", model="weather", loop={"tools": ["search_notes"]})
+        by_id = await chat_as(proxy, "listed", model="weather", loop={"tools": ["tool-sleep"]})
+        by_other_ref = await chat_as(proxy, "listed", model="weather", loop={"tools": ["sleep"]})
+        # The agent's own tools come with the agent, whatever the key's list says.
+        agent_only = await chat_as(proxy, "listed", model="weather")
+        outside = await chat_as(proxy, "listed", model="weather", loop={"tools": ["meet"]})
+        star = await chat_as(proxy, "star", model="weather", loop={"tools": ["meet"]})
+    assert [r.status_code for r in (by_name, by_id, by_other_ref, agent_only)] == [200] * 4
+    assert (outside.status_code, star.status_code) == (403, 200)
+    assert [t["function"]["name"] for t in proxy.upstream.bodies[3]["tools"]] == [
+        "get_weather",
+        "to_fahrenheit",
+    ]
+
+
+async def test_stored_context_runs_respect_the_keys_tools(proxy_for: ProxyFactory) -> None:
+    async with proxy_for(keyed(key("a", agents=["weather"]))) as proxy:
+        r = await proxy.client.post(
+            "/chat",
+            json={
+                "context_id": "c-1",
+                "agent": "weather",
+                "message": "hi",
+                "loop": {"tools": ["search_notes"]},
+            },
+            headers={"authorization": "Bearer sk-a"},
+        )
+    assert r.status_code == 403
+    assert r.json()["error"]["param"] == "loop.tools[0]"
+
+
+async def test_without_keys_any_configured_tool_can_be_added(proxy_for: ProxyFactory) -> None:
+    async with proxy_for({"agents": AGENTS}) as proxy:
+        proxy.upstream.script(say("Fine."))
+        added = await proxy.chat(model="weather", loop={"tools": ["search_notes"]})
+        unknown = await proxy.chat(model="weather", loop={"tools": ["ghost"]})
+    assert added.status_code == 200
+    assert unknown.status_code == 400
+
+
+# --- threads ---------------------------------------------------------------------------------
+
+
+async def test_two_keys_naming_one_thread_id_have_separate_counts(
+    proxy_for: ProxyFactory,
+) -> None:
+    two_calls = [call("get_weather", city="Lima"), call("get_weather", city="Lima"), say("Done.")]
+    async with proxy_for(keyed(key("a"), key("b"))) as proxy:
+        proxy.upstream.script(*two_calls, *two_calls, *two_calls)
+        first_a = await chat_as(proxy, "a", model="capped", loop={"thread_id": "t-1"})
+        # b names a's thread id: it gets a thread of its own, and spends none of a's limit.
+        first_b = await chat_as(proxy, "b", model="capped", loop={"thread_id": "t-1"})
+        again_a = await proxy.client.post(
+            "/v1/chat/completions",
+            json={"model": "capped", "messages": user("Lima?")},
+            headers={"authorization": "Bearer sk-a", "x-loopwarden-thread-id": "t-1"},
+        )
+    executed = [r.json()["loop"]["tool_calls"] for r in (first_a, first_b, again_a)]
+    assert executed == [1, 1, 0]
+
+
+async def test_a_keyed_thread_is_named_with_its_key_in_spans(proxy_for: ProxyFactory) -> None:
+    async with proxy_for(keyed(key("a"))) as proxy:
+        proxy.upstream.script(say("Hi."))
+        r = await chat_as(proxy, "a", model="capped", loop={"thread_id": "t-1"})
+    assert r.status_code == 200
+    runs = [s for s in proxy.spans() if s.name.startswith("invoke_agent")]
+    assert dict(runs[0].attributes or {})["gen_ai.conversation.id"] == "a/t-1"
+
+
+async def test_without_keys_thread_ids_are_used_as_sent(proxy_for: ProxyFactory) -> None:
+    async with proxy_for({"agents": AGENTS}) as proxy:
+        proxy.upstream.script(say("Hi."))
+        await proxy.chat(model="capped", loop={"thread_id": "t-1"})
+    runs = [s for s in proxy.spans() if s.name.startswith("invoke_agent")]
+    assert dict(runs[0].attributes or {})["gen_ai.conversation.id"] == "t-1"
+
+
+# --- /metrics --------------------------------------------------------------------------------
+
+
+async def test_metrics_stay_open_by_default(proxy_for: ProxyFactory) -> None:
+    async with proxy_for(keyed(key("a"))) as proxy:
+        r = await proxy.client.get("/metrics")
+    assert r.status_code == 200
+    assert "loopwarden_runs_total" in r.text
+
+
+async def test_protected_metrics_need_a_metrics_key(proxy_for: ProxyFactory) -> None:
+    config = keyed(key("team"), key("prometheus", agents=[], metrics=True), metrics_key=True)
+    async with proxy_for(config) as proxy:
+        anonymous = await proxy.client.get("/metrics")
+        wrong = await proxy.client.get("/metrics", headers={"authorization": "Bearer sk-nope"})
+        team = await proxy.client.get("/metrics", headers={"authorization": "Bearer sk-team"})
+        scraper = await proxy.client.get(
+            "/metrics", headers={"authorization": "Bearer sk-prometheus"}
+        )
+        healthz = await proxy.client.get("/healthz")
+        denied_run = await chat_as(proxy, "prometheus", model="weather")
+    assert (anonymous.status_code, wrong.status_code) == (401, 401)
+    assert anonymous.json()["error"]["type"] == "authentication_error"
+    assert team.status_code == 403
+    assert team.json()["error"] == {
+        "message": "key 'team' may not read /metrics",
+        "type": "permission_error",
+        "param": None,
+        "code": "metrics_not_allowed",
+    }
+    assert scraper.status_code == 200
+    assert "loopwarden_runs_total" in scraper.text
+    assert healthz.status_code == 200
+    assert denied_run.status_code == 403
+
+
+# --- start-up checks -------------------------------------------------------------------------
+
+
+def problems_of(config: dict[str, Any]) -> list[tuple[str, str]]:
+    with pytest.raises(ConfigError) as err:
+        parse_config({**BASE_CONFIG, **config})
+    return err.value.problems
+
+
+def test_a_keys_unknown_tool_is_a_start_up_error_with_its_path() -> None:
+    found = problems_of(keyed(key("a"), key("b", tools=["get_weather", "ghost", "*"])))
+    assert found == [("auth.keys[1].tools[1]", "no tool named 'ghost'")]
+    after_junk = problems_of(keyed("junk", key("b", tools=["ghost"])))
+    assert ("auth.keys[1].tools[0]", "no tool named 'ghost'") in after_junk
+
+
+def test_key_names_are_unique_and_free_of_slashes() -> None:
+    found = problems_of(keyed(key("a"), key("a"), key("team/x")))
+    assert ("auth.keys[1].name", "name 'a' is not unique") in found
+    assert any(path == "auth.keys[2].name" and "'/'" in msg for path, msg in found)
+
+
+def test_protected_metrics_need_a_key_that_may_read_them() -> None:
+    found = problems_of(keyed(key("a"), metrics_key=True))
+    assert found == [("auth.metrics_key", "no key has metrics: true, so none could read /metrics")]
+
+
+def test_check_names_a_keys_unknown_tool(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "keys.yaml"
+    config.write_text(
+        "tools:\n  final_answer: {kind: builtin}\n"
+        "auth:\n  keys:\n"
+        f"    - {{name: a, key_sha256: {sha('x')}, tools: [final_answer, ghost]}}\n"
+    )
+    assert main(["check", "--config", str(config)]) == 1
+    assert "auth.keys[0].tools[1]: no tool named 'ghost'" in capsys.readouterr().err
+
+
+def test_a_keys_tools_may_be_empty_or_name_tools_by_id() -> None:
+    config = parse_config(
+        {**BASE_CONFIG, **keyed(key("a", tools=[]), key("b", tools=["tool-sleep"]))}
+    )
+    assert [k.tools for k in config.auth.keys] == [[], ["tool-sleep"]]
+    assert [k.metrics for k in config.auth.keys] == [False, False]
