@@ -25,6 +25,8 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from proxy.engine.expressions.lexer import MAX_EXPR_CHARS
+
 PositiveInt = Annotated[int, Field(ge=1, strict=True)]
 Count = Annotated[int, Field(ge=0, strict=True)]
 PositiveNumber = Annotated[float, Field(gt=0, strict=True, allow_inf_nan=False)]
@@ -36,7 +38,6 @@ DEFAULT_NUDGE = (
     "You are currently in an autonomous execution mode with no user interaction. "
     "You must complete your task by calling one of the terminating tools."
 )
-MAX_EXPR_CHARS = 2000
 # Nesting of `any` / `all` / `not` in one stop condition: deeper trees are refused before they
 # are walked.
 MAX_CONDITION_DEPTH = 16

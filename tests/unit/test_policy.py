@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from proxy.engine.expressions import MAX_EXPR_CHARS, MAX_POLICY_EXPR_CHARS
 from proxy.engine.options import PolicyOptions
 from proxy.engine.policy import Catalog, LoopPolicy, check_references, compile_policy, tighten
 from proxy.errors import PolicyInvalid
@@ -111,3 +112,19 @@ def test_a_cost_condition_needs_a_price_and_only_then_asks_for_one() -> None:
         check_references(costly, [], "gpt-x", priced)
     assert (err.value.param, err.value.code) == ("model", "unknown_model_price")
     assert "'gpt-x'" in err.value.message
+
+
+def test_the_expressions_of_one_policy_are_bounded_together() -> None:
+    """Each may hold 2,000 characters; five of them 8,000 in all: compiling them is work on
+    the event loop, bounded before it starts."""
+    long = "cost_usd >= 0.0" + " " * (MAX_EXPR_CHARS - 15)
+    assert len(long) * 4 == MAX_POLICY_EXPR_CHARS
+    policy({"stop_when": [{"expr": long}] * 4}, [])
+    with pytest.raises(PolicyInvalid) as caught:
+        policy({"stop_when": [{"any": [{"expr": long}] * 5}]}, [], "loop.")
+    assert caught.value.problems == [
+        (
+            "loop.stop_when[0].any[4].expr",
+            "the expressions of one policy may hold 8000 characters in all",
+        )
+    ]

@@ -152,7 +152,7 @@ async def test_an_expression_too_costly_for_the_run_data_ends_the_run() -> None:
     assert 2 < result.steps < 40
     details = result.stop.details
     assert (details["condition"], details["kind"]) == ("stop_when[0].any[1]", "expr")
-    assert "the limit is 500,000" in details["error"]
+    assert "the limit is 250,000" in details["error"]
     assert result.finish_reason == "stop"
     assert result.message["content"] == (
         "Stopped: the stop condition stop_when[0].any[1] could not be evaluated."

@@ -29,6 +29,7 @@ from proxy.engine.expressions.lexer import (
     MAX_COMPREHENSION_DEPTH,
     MAX_EXPR_CHARS,
     MAX_EXPR_DEPTH,
+    MAX_POLICY_EXPR_CHARS,
     scan,
     where,
 )
@@ -41,6 +42,7 @@ __all__ = [
     "MAX_COMPREHENSION_DEPTH",
     "MAX_EXPR_CHARS",
     "MAX_EXPR_DEPTH",
+    "MAX_POLICY_EXPR_CHARS",
     "VARIABLES",
     "Expression",
     "ExpressionFailed",
@@ -60,10 +62,10 @@ _LIBRARY_INNER = re.compile(r'msg: "([^"]*)"')  # as in `OtherError(ParseError {
 
 
 # What one evaluation may cost, in tokens x iterations of the nested comprehensions x KiB of
-# the longest string: about 30 ms of the library's time. The library holds the GIL while it
+# the longest string: about 15 ms of the library's time. The library holds the GIL while it
 # evaluates, so neither a thread nor a timeout could bound it: the cost is bounded before it
 # starts instead.
-MAX_EVALUATION_COST = 500_000
+MAX_EVALUATION_COST = 250_000
 
 
 class ExpressionFailed(Exception):

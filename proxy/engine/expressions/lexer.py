@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from proxy.engine.expressions.vocabulary import COMPREHENSIONS
 
 MAX_EXPR_CHARS = 2_000
+# All the expressions of one policy (an agent's, or a request's `loop`) together.
+MAX_POLICY_EXPR_CHARS = 8_000
 MAX_EXPR_DEPTH = 32
 MAX_COMPREHENSION_DEPTH = 3
 

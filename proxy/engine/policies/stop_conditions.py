@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.engine.expressions import (
+    MAX_POLICY_EXPR_CHARS,
     Expression,
     ExpressionFailed,
     ExpressionTooCostly,
@@ -135,27 +136,48 @@ def compile_conditions(
     options: Sequence[ConditionOptions], path: str, problems: list[tuple[str, str]]
 ) -> tuple[Condition, ...]:
     """`stop_when` entries -> conditions with their paths; every expression that does not
-    compile is added to `problems`."""
-    return tuple(_compile(entry, f"{path}[{i}]", problems) for i, entry in enumerate(options))
+    compile, or that takes the policy's expressions past MAX_POLICY_EXPR_CHARS, is added to
+    `problems`."""
+    compiler = _Compiler(problems)
+    return tuple(compiler.compile(entry, f"{path}[{i}]") for i, entry in enumerate(options))
 
 
-def _compile(options: ConditionOptions, path: str, problems: list[tuple[str, str]]) -> Condition:
-    kind = kind_of(options)
-    value: Any = getattr(options, "not_" if kind == "not" else kind)
-    where = f"{path}.{kind}"
-    program = None
-    if kind in ("any", "all"):
-        value = tuple(_compile(c, f"{where}[{i}]", problems) for i, c in enumerate(value))
-    elif kind == "not":
-        value = _compile(value, where, problems)
-    elif kind == "has_tool_call":
-        value = tuple(value)
-    elif kind == "expr":
+@dataclass(slots=True)
+class _Compiler:
+    problems: list[tuple[str, str]]
+    chars_left: int = MAX_POLICY_EXPR_CHARS
+
+    def compile(self, options: ConditionOptions, path: str) -> Condition:
+        kind = kind_of(options)
+        value: Any = getattr(options, "not_" if kind == "not" else kind)
+        where = f"{path}.{kind}"
+        program = None
+        if kind in ("any", "all"):
+            value = tuple(self.compile(c, f"{where}[{i}]") for i, c in enumerate(value))
+        elif kind == "not":
+            value = self.compile(value, where)
+        elif kind == "has_tool_call":
+            value = tuple(value)
+        elif kind == "expr":
+            program = self._expression(value, where)
+        return Condition(path, kind, value, options.id, program)
+
+    def _expression(self, source: str, where: str) -> Expression | None:
+        self.chars_left -= len(source)
+        if self.chars_left < 0:
+            self.problems.append(
+                (
+                    where,
+                    f"the expressions of one policy may hold {MAX_POLICY_EXPR_CHARS} "
+                    "characters in all",
+                )
+            )
+            return None
         try:
-            program = compile_condition(value)
+            return compile_condition(source)
         except ValueError as exc:
-            problems.append((where, f"invalid CEL expression: {exc}"))
-    return Condition(path, kind, value, options.id, program)
+            self.problems.append((where, f"invalid CEL expression: {exc}"))
+            return None
 
 
 def walk(conditions: Sequence[Condition]) -> Iterator[Condition]:
