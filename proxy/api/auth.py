@@ -24,10 +24,10 @@ class Caller:
     def allows(self, model: str) -> bool:
         return ALL in self.agents or model in self.agents
 
-    def thread(self, thread_id: str) -> str:
-        """The key's own thread of that name: two keys that name one thread id have a thread
-        each (key names have no `/`, so no two keys' threads share a name)."""
-        return f"{self.name}/{thread_id}"
+    def scoped(self, name: str) -> str:
+        """`name` in the key's own namespace (threads, held calls): two keys that name one
+        thread id have a thread each (key names have no `/`, so no two keys' names meet)."""
+        return f"{self.name}/{name}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,9 +89,9 @@ class KeyRing:
         raise AuthenticationFailed("the proxy API key is not valid")
 
     @staticmethod
-    def check(caller: Caller | None, model: str) -> None:
+    def check(caller: Caller | None, model: str, param: str = "model") -> None:
         if caller is not None and not caller.allows(model):
-            raise PermissionDenied(f"key {caller.name!r} may not use {model!r}", param="model")
+            raise PermissionDenied(f"key {caller.name!r} may not use {model!r}", param=param)
 
     def check_metrics(self, token: str | None) -> None:
         """Raises unless `token` may read `/metrics`: anyone may, unless `auth.metrics_key`."""

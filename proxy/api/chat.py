@@ -9,6 +9,7 @@ from collections.abc import Callable
 from starlette.types import Receive, Scope, Send
 
 from proxy.api.asgi import bearer_token, header, read_body, run_or_cancel, send_json
+from proxy.api.auth import Caller
 from proxy.api.chat_request import THREAD_HEADER, ChatRequest, parse_chat_request
 from proxy.api.completion import completion_body, completion_id, loop_report
 from proxy.api.failures import failed, failure_error, send_failure
@@ -35,7 +36,7 @@ class ChatCompletions:
         deps = sv.deps(plan.upstream, bearer, scope["path"])
         spec = plan.spec
         if spec.policy.tools:
-            spec.messages = await sv.restore(spec.messages)
+            spec.messages = await sv.restore(spec.messages, caller)
         owner = plan.agent or req.run.model
         headers = {"x-loopwarden-run-id": spec.run_id}
         if req.stream:
@@ -46,14 +47,14 @@ class ChatCompletions:
                 headers,
                 req.run.loop.include_loop_events,
             )
-            await self._stream(Run(spec, deps, writer), writer, req, receive, sv, owner)
+            await self._stream(Run(spec, deps, writer), writer, req, receive, sv, owner, caller)
             return
         result = await run_or_cancel(Run(spec, deps).execute, receive)
         if result is None:
             return
         headers["x-loopwarden-stop-reason"] = result.stop.reason.value
         report = loop_report(result, req.run.loop.include_messages)
-        await sv.remember(result, report, owner)
+        await sv.remember(result, report, owner, caller)
         if failed(result):
             await send_failure(send, result, report, headers)
             return
@@ -70,6 +71,7 @@ class ChatCompletions:
         receive: Receive,
         sv: Services,
         owner: str,
+        caller: Caller | None,
     ) -> None:
         keepalive = asyncio.ensure_future(writer.keepalive(sv.config.server.keepalive_interval_s))
         try:
@@ -80,7 +82,7 @@ class ChatCompletions:
             return
         writer.headers["x-loopwarden-stop-reason"] = result.stop.reason.value
         report = loop_report(result, req.run.loop.include_messages)
-        await sv.remember(result, report, owner)
+        await sv.remember(result, report, owner, caller)
         try:
             if failed(result):
                 if not writer.started:

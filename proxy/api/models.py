@@ -16,7 +16,8 @@ CACHE_S = 60.0
 
 
 class ModelList:
-    """A raw ASGI app. The upstream's list is cached; an upstream that fails lists none."""
+    """A raw ASGI app. The upstream's list is cached; an upstream that fails lists none. A key
+    sees only the agents and models it may use."""
 
     def __init__(self, services: Callable[[], Services]) -> None:
         self.services = services
@@ -25,7 +26,7 @@ class ModelList:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         sv = self.services()
-        sv.keys.caller(bearer_token(scope))
+        caller = sv.keys.caller(bearer_token(scope))
         now = int(time.time())
         data = [
             {"id": name, "object": "model", "created": now, "owned_by": "loopwarden"}
@@ -33,6 +34,8 @@ class ModelList:
         ]
         seen = {entry["id"] for entry in data}
         data.extend(m for m in await self._upstream_models(sv) if m.get("id") not in seen)
+        if caller is not None:
+            data = [m for m in data if caller.allows(str(m.get("id")))]
         await send_json(send, 200, {"object": "list", "data": data})
 
     async def _upstream_models(self, sv: Services) -> list[dict[str, Any]]:

@@ -92,14 +92,16 @@ class Planner:
 
     def plan(self, req: RunRequest, caller: Caller | None) -> Plan:
         """The run `req` asks for; a key that may not use its agent, or a tool `loop.tools`
-        adds, is refused first (403)."""
+        adds, is refused first (403), whether that agent exists or not."""
+        if req.loop.agent is not None:
+            KeyRing.check(caller, req.loop.agent, "loop.agent")
         name = self.agent_name(req)
         KeyRing.check(caller, name or req.model)
         thread_id = req.thread_id
         if caller is not None:
             self._check_tools(caller, req.loop.tools)
             if thread_id is not None and req.client_thread:
-                thread_id = caller.thread(thread_id)
+                thread_id = caller.scoped(thread_id)
         agent = self.config.agents[name] if name else None
         target = self.target(agent.model if agent else req.model)
         policy = self.agents[name] if name else EMPTY

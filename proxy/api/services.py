@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import orjson
 
-from proxy.api.auth import KeyRing
+from proxy.api.auth import Caller, KeyRing
 from proxy.api.planning import Planner
 from proxy.conditions import ConfiguredChecks
 from proxy.config import Config
@@ -24,6 +24,8 @@ from proxy.upstream.client import AttemptHook, HeadersHook, Upstream
 
 RUN_RECORD = "run"  # a finished run's report, by run id
 HELD_RECORD = "held_calls"  # server calls held back from the client, by client call id
+# How many of a history's assistant messages with tool calls a request looks up held calls for.
+HELD_LOOKUPS = 16
 
 
 @dataclass(slots=True)
@@ -41,28 +43,44 @@ class Services:
     # The observers of runs started by a route, where they differ (the route's own metrics).
     route_observers: Mapping[str, Sequence[RunObserver]] = field(default_factory=dict)
 
-    async def remember(self, result: RunResult, report: dict[str, Any], owner: str) -> None:
+    async def remember(
+        self,
+        result: RunResult,
+        report: dict[str, Any],
+        owner: str,
+        caller: Caller | None = None,
+    ) -> None:
         """Keeps what later requests may ask for, for `state.run_ttl_s`: the run's report
-        (`GET /v1/runs/{id}`, with the agent or model that `owner` names) and the server calls
-        it held back from the client (SPEC §5.1.6)."""
+        (`GET /v1/runs/{id}`, for the key that ran it, with the agent or model that `owner`
+        names) and the server calls it held back from the client (SPEC §5.1.6), in the key's
+        own namespace."""
         ttl = self.config.state.run_ttl_s
-        record = orjson.dumps({"owner": owner, "loop": report})
+        key = caller.name if caller is not None else None
+        record = orjson.dumps({"owner": owner, "key": key, "loop": report})
         await self.store.put_record(RUN_RECORD, result.run_id, record, ttl)
         if result.held is not None:
             held = orjson.dumps(result.held)
             for call in result.message.get("tool_calls") or []:
-                await self.store.put_record(HELD_RECORD, call["id"], held, ttl)
+                await self.store.put_record(HELD_RECORD, _scoped(caller, call["id"]), held, ttl)
 
-    async def restore(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """`messages` with the server calls held back from the client put back in place."""
+    async def restore(
+        self, messages: list[dict[str, Any]], caller: Caller | None = None
+    ) -> list[dict[str, Any]]:
+        """`messages` with the server calls held back from the client put back in place; the
+        latest HELD_LOOKUPS assistant messages with tool calls are looked up."""
+        asked = [
+            str(m["tool_calls"][0].get("id"))
+            for m in messages
+            if m.get("role") == "assistant"
+            and isinstance(m.get("tool_calls"), list)
+            and m["tool_calls"]
+            and isinstance(m["tool_calls"][0], dict)
+        ]
         held: dict[str, dict[str, Any]] = {}
-        for message in messages:
-            calls = message.get("tool_calls") if message.get("role") == "assistant" else None
-            if isinstance(calls, list) and calls and isinstance(calls[0], dict):
-                call_id = calls[0].get("id")
-                found = await self.store.get_record(HELD_RECORD, str(call_id))
-                if found is not None:
-                    held[str(call_id)] = orjson.loads(found)
+        for call_id in asked[-HELD_LOOKUPS:]:
+            found = await self.store.get_record(HELD_RECORD, _scoped(caller, call_id))
+            if found is not None:
+                held[call_id] = orjson.loads(found)
         return restore_held_calls(messages, held) if held else messages
 
     def upstream(self, name: str, bearer: str | None) -> Upstream:
@@ -124,3 +142,7 @@ def build_services(
         observers=list(observers),
         route_observers=dict(route_observers or {}),
     )
+
+
+def _scoped(caller: Caller | None, name: str) -> str:
+    return caller.scoped(name) if caller is not None else name

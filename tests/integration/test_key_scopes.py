@@ -14,7 +14,7 @@ from proxy.cli import main
 from proxy.config import ConfigError, parse_config
 from tests.bodies import user
 from tests.integration.conftest import BASE_CONFIG, Proxy, ProxyFactory
-from tests.scripted_upstream import call, say
+from tests.scripted_upstream import call, calls, say
 
 AGENTS: dict[str, Any] = {
     "weather": {"model": "scripted", "tools": ["get_weather", "to_fahrenheit"]},
@@ -271,3 +271,79 @@ def test_a_keys_tools_may_be_empty_or_name_tools_by_id() -> None:
     )
     assert [k.tools for k in config.auth.keys] == [[], ["tool-sleep"]]
     assert [k.metrics for k in config.auth.keys] == [False, False]
+
+
+# --- models ----------------------------------------------------------------------------------
+
+
+async def test_a_key_lists_only_the_agents_and_models_it_may_use(proxy_for: ProxyFactory) -> None:
+    config = keyed(key("a", agents=["weather", "scripted"]), key("all"))
+    async with proxy_for(config) as proxy:
+        listed = {
+            name: [
+                m["id"]
+                for m in (
+                    await proxy.client.get(
+                        "/v1/models", headers={"authorization": f"Bearer sk-{name}"}
+                    )
+                ).json()["data"]
+            ]
+            for name in ("a", "all")
+        }
+    assert listed["a"] == ["weather", "scripted"]
+    assert {"weather", "notes", "capped", "scripted"} <= set(listed["all"])
+
+
+async def test_an_unknown_agent_reads_the_same_as_a_forbidden_one(proxy_for: ProxyFactory) -> None:
+    async with proxy_for(keyed(key("a", agents=["weather"]))) as proxy:
+        forbidden = await chat_as(proxy, "a", model="weather", loop={"agent": "notes"})
+        unknown = await chat_as(proxy, "a", model="weather", loop={"agent": "nobody"})
+    assert (forbidden.status_code, unknown.status_code) == (403, 403)
+    assert forbidden.json()["error"]["param"] == unknown.json()["error"]["param"] == "loop.agent"
+    assert unknown.json()["error"]["message"] == "key 'a' may not use 'nobody'"
+
+
+# --- what a key's runs leave behind ----------------------------------------------------------
+
+
+async def test_a_run_report_is_read_by_the_key_that_made_it_only(proxy_for: ProxyFactory) -> None:
+    async with proxy_for(keyed(key("a", agents=["weather"]), key("b"))) as proxy:
+        proxy.upstream.script(say("Clear."))
+        run_id = (await chat_as(proxy, "a", model="weather")).json()["loop"]["run_id"]
+        reads = {
+            name: await proxy.client.get(
+                f"/v1/runs/{run_id}", headers={"authorization": f"Bearer sk-{name}"}
+            )
+            for name in ("a", "b")
+        }
+    assert reads["a"].json()["run_id"] == run_id
+    assert reads["b"].status_code == 404  # not a 403 that confirms the run exists
+    assert reads["b"].json()["error"]["code"] == "not_found"
+
+
+async def test_held_server_calls_are_put_back_for_the_key_that_made_them_only(
+    proxy_for: ProxyFactory,
+) -> None:
+    ask_user = {"type": "function", "function": {"name": "ask_user", "parameters": {}}}
+    async with proxy_for(keyed(key("a"), key("b"))) as proxy:
+        proxy.upstream.script(
+            calls(call("get_weather", city="Oslo"), call("ask_user", question="Coat?")),
+            say("Take a coat."),
+            say("Take a coat."),
+        )
+        first = await chat_as(proxy, "a", model="weather", tools=[ask_user])
+        message = first.json()["choices"][0]["message"]
+        history = [
+            *user("Lima?"),
+            {k: v for k, v in message.items() if v is not None},
+            {"role": "tool", "tool_call_id": message["tool_calls"][0]["id"], "content": "yes"},
+        ]
+        for name in ("b", "a"):
+            r = await chat_as(proxy, name, model="weather", tools=[ask_user], messages=history)
+            assert r.status_code == 200
+    as_b, as_a = (
+        [m["role"] for m in body["messages"] if m["role"] != "system"]
+        for body in proxy.upstream.bodies[1:]
+    )
+    assert as_b == ["user", "assistant", "tool"]  # served as sent: b learns nothing of a's call
+    assert as_a == ["user", "assistant", "tool", "tool"]
