@@ -136,6 +136,10 @@ class StateConfig(_Model):
     # A run holds its context by a lease this long (sqlite, redis), renewed every third of it:
     # a crashed process frees its contexts within one lease.
     lock_lease_s: float = Field(30.0, ge=1, le=86400, allow_inf_nan=False)
+    # sqlite: `wal` (fast: no fsync per write) shares memory between processes through a mapped
+    # `-shm` file, which kills the process (SIGBUS) if that file is made immutable under it;
+    # `rollback` maps nothing, so any fault of the file is a 503, at an fsync per write.
+    sqlite_journal: Literal["wal", "rollback"] = "wal"
     # The most a stored context may hold: the JSON of its messages, in bytes.
     max_context_bytes: int = Field(4 * 1024 * 1024, ge=1024)
     # The longest context id; ids are also refused when empty, with '/' or control characters.

@@ -19,7 +19,10 @@ def open_store(config: StateConfig) -> StateStore:
 
         try:
             return SqliteStore(
-                config.path, timeout_s=config.timeout_s, lock_lease_s=config.lock_lease_s
+                config.path,
+                timeout_s=config.timeout_s,
+                lock_lease_s=config.lock_lease_s,
+                journal=config.sqlite_journal,
             )
         except Exception as exc:  # sqlite3.Error or OSError: an unusable path
             raise ValueError(f"state.path: cannot open {config.path!r}: {exc}") from None

@@ -64,8 +64,14 @@ _TABLES = [
 
 class SqliteStore:
     def __init__(
-        self, path: str | Path, *, timeout_s: float = 5.0, lock_lease_s: float = 30.0
+        self,
+        path: str | Path,
+        *,
+        timeout_s: float = 5.0,
+        lock_lease_s: float = 30.0,
+        journal: str = "wal",
     ) -> None:
+        """`journal`: `wal` or `rollback` (see `StateConfig.sqlite_journal`)."""
         self._path = str(path)
         self._lease = lock_lease_s
         in_memory = self._path == ":memory:"
@@ -76,8 +82,16 @@ class SqliteStore:
         )
         # The database file is never memory-mapped: a file that changes under a mapping (made
         # immutable, truncated) would kill the process with SIGBUS instead of failing a call.
+        # (WAL's `-shm` file is mapped all the same: the `rollback` journal maps nothing.)
         self._db.execute("PRAGMA mmap_size=0")
-        self._db.execute("PRAGMA journal_mode=WAL")
+        wanted = "wal" if journal == "wal" else "delete"
+        (mode,) = self._db.execute(f"PRAGMA journal_mode={wanted}").fetchone()
+        if mode != wanted:
+            self._db.close()
+            raise ValueError(
+                f"cannot use the {journal} journal: the file is in {mode} mode and open in "
+                "another process (state.sqlite_journal must be the same for every process)"
+            )
         self._db.execute("PRAGMA synchronous=NORMAL")
         _create_schema(self._db)
         # The file this connection has open: one deleted or replaced under it is noticed.

@@ -181,3 +181,21 @@ async def test_a_healthy_backend_is_ready(
     async with proxy_for({**CONFIG, "state": state}) as proxy:
         ready = await proxy.client.get("/readyz")
     assert ready.json() == {"status": "ready"}
+
+
+async def test_with_the_rollback_journal_a_file_made_immutable_while_open_is_a_503(
+    proxy_for: ProxyFactory, tmp_path: Path
+) -> None:
+    """WAL maps its `-shm` file, which the kernel answers with SIGBUS once it is immutable: the
+    rollback journal maps nothing, so every fault of the file is an error of a call."""
+    path = tmp_path / "state.db"
+    state = {"backend": "sqlite", "path": str(path), "sqlite_journal": "rollback"}
+    async with proxy_for({**CONFIG, "state": state}) as proxy:
+        proxy.upstream.script(say("Hi."), say("Back."))
+        assert (await chat(proxy, "c1", agent="reporter", message="hi")).status_code == 200
+        with unwritable(path):
+            assert (await proxy.client.get("/readyz")).status_code == 503
+            assert_state_unavailable(await chat(proxy, "c1", message="again"))
+            assert_state_unavailable(await proxy.client.delete("/v1/contexts/c1"))
+        assert (await proxy.client.get("/readyz")).status_code == 200
+        assert (await chat(proxy, "c1", message="again")).status_code == 200
