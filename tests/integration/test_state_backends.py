@@ -365,3 +365,37 @@ async def test_the_memory_backend_holds_small_records_in_small_allocations() -> 
     finally:
         tracemalloc.stop()
     assert after - before < 1_000_000
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "redis"])
+async def test_a_held_context_stays_held_past_its_lease_while_its_holder_lives(
+    backend: str, tmp_path: Path, redis_url: str
+) -> None:
+    """The lease is renewed while it is held: a run longer than the lease keeps its context."""
+    prefix = f"renew-{secrets.token_hex(4)}:"
+
+    def one() -> StateStore:
+        if backend == "sqlite":
+            return SqliteStore(tmp_path / "state.db", lock_lease_s=1)
+        return RedisStore(redis_url, prefix=prefix, lock_lease_s=1)
+
+    holder, waiter = one(), one()
+    order: list[str] = []
+    held = asyncio.Event()
+
+    async def hold_long() -> None:
+        async with holder.hold("c"):
+            order.append("held")
+            held.set()
+            await asyncio.sleep(2.5)  # two and a half leases
+            order.append("released")
+
+    async def wait_then_hold() -> None:
+        await held.wait()
+        async with waiter.hold("c"):
+            order.append("taken")
+
+    await asyncio.gather(hold_long(), wait_then_hold())
+    await holder.close()
+    await waiter.close()
+    assert order == ["held", "released", "taken"]
