@@ -14,12 +14,13 @@ from proxy.demo.runner import free_port
 
 
 @contextlib.contextmanager
-def redis_server(workdir: Path) -> Iterator[str]:
-    """A throwaway redis-server (Debian's `redis-server`); yields its URL."""
+def redis_server(workdir: Path, port: int | None = None) -> Iterator[str]:
+    """A throwaway redis-server (Debian's `redis-server`), on `port` or a free one; yields its
+    URL. Started again on the same port, a client of the first finds the second."""
     binary = shutil.which("redis-server")
     if binary is None:
         raise RuntimeError("redis-server is not installed (apt-get install -y redis-server)")
-    port = free_port()
+    port = port or free_port()
     args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
     proc = subprocess.Popen(
         [*args, "--dir", str(workdir)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL

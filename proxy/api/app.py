@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 from collections.abc import AsyncIterator, Sequence
@@ -28,7 +29,7 @@ from proxy.api.runs import RunReports
 from proxy.api.services import Services, build_services
 from proxy.config import Config
 from proxy.engine.ports import RunObserver
-from proxy.errors import InternalError, MethodNotAllowed, NotFound, ProxyError
+from proxy.errors import InternalError, MethodNotAllowed, NotFound, ProxyError, StateUnavailable
 from proxy.pricing import PriceTable
 from proxy.state.backend import open_store
 from proxy.state.store import StateStore
@@ -143,10 +144,12 @@ def create_app(
     async def readyz(request: Request) -> Response:
         if "services" not in holder:
             return JSONResponse({"status": "starting"}, status_code=503)
-        try:
-            await holder["services"].store.ping()
+        try:  # the backend is reachable, still the one opened, and takes writes
+            await asyncio.wait_for(holder["services"].store.ping(), config.state.timeout_s)
+        except StateUnavailable as exc:
+            return JSONResponse({"status": "unavailable", "detail": exc.message}, status_code=503)
         except Exception as exc:  # any failure of the backend means not ready
-            detail = f"state backend unreachable: {type(exc).__name__}"
+            detail = f"state backend unavailable: {type(exc).__name__}"
             return JSONResponse({"status": "unavailable", "detail": detail}, status_code=503)
         return JSONResponse({"status": "ready"})
 

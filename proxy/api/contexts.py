@@ -3,6 +3,8 @@ with `/v1/contexts/{id}`. A context is also the thread of its tool call limits."
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -11,7 +13,7 @@ import orjson
 from pydantic import ValidationError
 from starlette.types import Receive, Scope, Send
 
-from proxy.api.asgi import bearer_token, read_body, run_or_cancel, send_json
+from proxy.api.asgi import bearer_token, read_body, run_or_cancel, send_error, send_json
 from proxy.api.auth import Caller
 from proxy.api.chat_request import json_object
 from proxy.api.completion import loop_report
@@ -21,9 +23,18 @@ from proxy.api.services import Services
 from proxy.engine.options import TerminatingOptions, problems
 from proxy.engine.run import Run
 from proxy.engine.run_spec import RunResult
-from proxy.engine.stop import StopReason
-from proxy.errors import InvalidRequest, NotFound, PolicyInvalid
+from proxy.engine.stop import Stop, StopReason
+from proxy.errors import (
+    BodyTooLarge,
+    InvalidRequest,
+    NotFound,
+    PolicyInvalid,
+    ProxyError,
+    StateUnavailable,
+)
 from proxy.state.store import StoredContext
+
+log = logging.getLogger(__name__)
 
 # Each endpoint and the fields its body takes.
 MODES: dict[str, tuple[str, ...]] = {
@@ -41,13 +52,14 @@ MODES: dict[str, tuple[str, ...]] = {
 KEPT_ROLES = frozenset({"user", "assistant", "tool"})  # nudges and directives are per run
 
 
-def _body(raw: bytes, path: str) -> dict[str, Any]:
+def _body(raw: bytes, path: str, max_id_chars: int) -> dict[str, Any]:
     body = json_object(raw)
     fields = MODES[path]
     for key in body:
         if key not in fields:
             raise InvalidRequest(f"unknown field; expected one of {', '.join(fields)}", param=key)
     _text(body.get("context_id"), "context_id")
+    check_context_id(body["context_id"], max_id_chars)
     if path == "/chat":
         _text(body.get("message"), "message")
     for key in ("agent", "model", "prompt"):
@@ -59,6 +71,31 @@ def _body(raw: bytes, path: str) -> dict[str, Any]:
 def _text(value: Any, param: str) -> None:
     if not isinstance(value, str) or not value:
         raise InvalidRequest("must be a non-empty string", param=param)
+
+
+def check_context_id(context_id: str, max_chars: int) -> None:
+    """Refuses an id that `/v1/contexts/{id}` could not address (SPEC §10)."""
+    if len(context_id) > max_chars:
+        raise InvalidRequest(
+            f"must be at most {max_chars} characters (state.max_context_id_chars)",
+            param="context_id",
+        )
+    if "/" in context_id or context_id in (".", ".."):
+        raise InvalidRequest(
+            "must not contain '/' or be '.' or '..': GET /v1/contexts/{id} could not name it",
+            param="context_id",
+        )
+    if any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in context_id):
+        raise InvalidRequest("must not contain control characters", param="context_id")
+
+
+def _visible(context: StoredContext, caller: Caller | None) -> bool:
+    """A context belongs to the key that created it; one created without keys, to every key."""
+    return caller is None or context.owner is None or context.owner == caller.name
+
+
+def _size(messages: list[dict[str, Any]]) -> int:
+    return len(orjson.dumps(messages))
 
 
 def _request(body: dict[str, Any], context: StoredContext, messages: list[Any]) -> RunRequest:
@@ -81,8 +118,12 @@ def _request(body: dict[str, Any], context: StoredContext, messages: list[Any]) 
     return RunRequest(model, messages, loop, has_loop=True, thread_id=context.id)
 
 
-def _open(body: dict[str, Any], found: StoredContext | None) -> StoredContext:
+def _open(
+    body: dict[str, Any], found: StoredContext | None, caller: Caller | None
+) -> StoredContext:
     agent, model = body.get("agent"), body.get("model")
+    if found is not None and not _visible(found, caller):
+        raise NotFound(f"no context {found.id!r}", param="context_id")
     if found is None:
         if agent is None and model is None:
             raise InvalidRequest(
@@ -90,7 +131,8 @@ def _open(body: dict[str, Any], found: StoredContext | None) -> StoredContext:
                 "to create it",
                 param="agent",
             )
-        return StoredContext(body["context_id"], agent, model)
+        owner = caller.name if caller is not None else None
+        return StoredContext(body["context_id"], agent, model, owner=owner)
     for key, value, kept in (("agent", agent, found.agent), ("model", model, found.model)):
         if value is not None and value != kept:
             raise InvalidRequest(f"context {found.id!r} was created with {key} {kept!r}", param=key)
@@ -151,7 +193,7 @@ class ContextRuns:
         bearer = bearer_token(scope)
         caller = sv.keys.caller(bearer)
         raw = await read_body(receive, scope, sv.config.server.max_body_bytes)
-        body = _body(raw, scope["path"])
+        body = _body(raw, scope["path"], sv.config.state.max_context_id_chars)
         async with sv.store.hold(body["context_id"]):
             await self._run(sv, caller, bearer, scope, receive, send, body)
 
@@ -168,10 +210,19 @@ class ContextRuns:
         agent = body.get("agent")
         if agent is not None and agent not in sv.config.agents:
             raise InvalidRequest(f"no agent named {agent!r}", param="agent")
-        context = _open(body, await sv.store.load_context(body["context_id"]))
+        context = _open(body, await sv.store.load_context(body["context_id"]), caller)
         messages = list(context.messages)
         if body.get("message") is not None:
             messages.append({"role": "user", "content": body["message"]})
+        cap = sv.config.state.max_context_bytes
+        if _size(messages) > cap:
+            param = "message" if body.get("message") is not None else "context_id"
+            raise BodyTooLarge(
+                f"context {context.id!r} would hold more than {cap} bytes of messages "
+                "(state.max_context_bytes)",
+                param=param,
+                code="context_too_large",
+            )
         run_messages = list(messages)
         if body.get("prompt"):
             run_messages.append({"role": "system", "content": body["prompt"]})
@@ -185,19 +236,33 @@ class ContextRuns:
         result = await run_or_cancel(Run(plan.spec, deps).execute, receive)
         if result is None or result.stop.reason is StopReason.CANCELLED:
             return
+        added = kept_messages(result)
+        refused: ProxyError | None = None
+        if not failed(result):  # a failed run saves nothing
+            saved = messages + added
+            if _size(saved) > cap:
+                refused = BodyTooLarge(
+                    f"the run's messages would make context {context.id!r} larger than {cap} "
+                    "bytes (state.max_context_bytes); nothing was saved",
+                    param="context_id",
+                    code="context_too_large",
+                )
+            else:
+                result = await _save(sv, context, saved, result)
         headers = {
             "x-loopwarden-run-id": result.run_id,
             "x-loopwarden-stop-reason": result.stop.reason.value,
         }
         report = loop_report(result, False)
-        await sv.remember(result, report, plan.agent or context.model or "")
-        if failed(result):  # a failed run saves nothing
+        await _remember(sv, result, report, plan.agent or context.model or "")
+        if failed(result):
             await send_failure(send, result, report, headers)
             return
-        added = kept_messages(result)
-        context.messages = messages + added
-        context.updated = int(time.time())
-        await sv.store.save_context(context)
+        if refused is not None:
+            if result.tools_ran:
+                headers["x-should-retry"] = "false"
+            await send_error(send, refused, headers, {"loop": report})
+            return
         human = messages[-1:] if body.get("message") is not None else []
         reply = {
             "response": result.message.get("content") or "",
@@ -208,11 +273,35 @@ class ContextRuns:
         await send_json(send, 200, reply, headers)
 
 
+async def _save(
+    sv: Services, context: StoredContext, messages: list[dict[str, Any]], result: RunResult
+) -> RunResult:
+    """Saves the run's messages; a save the backend refuses (it failed, or another request
+    changed the context since this run read it) fails the run with `state_unavailable`."""
+    context.messages = messages
+    context.updated = int(time.time())
+    try:
+        await sv.store.save_context(context)
+    except StateUnavailable as exc:
+        stop = Stop(StopReason.STATE_UNAVAILABLE, {"error": exc.message, "step": result.steps})
+        return dataclasses.replace(result, stop=stop, error=exc)
+    return result
+
+
+async def _remember(sv: Services, result: RunResult, report: dict[str, Any], owner: str) -> None:
+    """Keeps the run's report when the backend can: its answer does not depend on it."""
+    try:
+        await sv.remember(result, report, owner)
+    except StateUnavailable as exc:
+        log.warning("the report of run %s was not kept: %s", result.run_id, exc.message)
+
+
 async def read_context(sv: Services, context_id: str, bearer: str | None) -> StoredContext:
-    """The context, when it exists and the caller may use its agent or model."""
+    """The context, when it exists, is the caller's (another key's is not found: a 403 would
+    tell that it exists) and the caller may use its agent or model."""
     caller = sv.keys.caller(bearer)
     context = await sv.store.load_context(context_id)
-    if context is None:
+    if context is None or not _visible(context, caller):
         raise NotFound(f"no context {context_id!r}")
     sv.keys.check(caller, context.agent or context.model or "")
     return context

@@ -18,7 +18,12 @@ def open_store(config: StateConfig) -> StateStore:
         from proxy.state.sqlite import SqliteStore
 
         try:
-            return SqliteStore(config.path)
+            return SqliteStore(
+                config.path,
+                timeout_s=config.timeout_s,
+                lock_lease_s=config.lock_lease_s,
+                journal=config.sqlite_journal,
+            )
         except Exception as exc:  # sqlite3.Error or OSError: an unusable path
             raise ValueError(f"state.path: cannot open {config.path!r}: {exc}") from None
     from proxy.state.redis import RedisStore
@@ -26,4 +31,10 @@ def open_store(config: StateConfig) -> StateStore:
     url = os.environ.get(config.url_env)
     if not url:
         raise ValueError(f"state.url_env: environment variable {config.url_env} is not set")
-    return RedisStore(url, prefix=config.key_prefix, context_ttl_s=config.context_ttl_s)
+    return RedisStore(
+        url,
+        prefix=config.key_prefix,
+        context_ttl_s=config.context_ttl_s,
+        timeout_s=config.timeout_s,
+        lock_lease_s=config.lock_lease_s,
+    )

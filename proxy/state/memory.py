@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager
 
 from proxy.state.locks import KeyedLocks
-from proxy.state.store import StoredContext, check_ttl
+from proxy.state.store import StoredContext, check_ttl, conflict
 
 SWEEP_AFTER = 1024  # the fewest puts between two sweeps of expired records
 # The most records kept: past it the oldest go first, so a busy process's memory stays bounded
@@ -19,7 +19,7 @@ MAX_RECORDS = 10_000
 class MemoryStore:
     def __init__(self) -> None:
         self._threads: dict[str, Counter[str]] = {}
-        self._contexts: dict[str, bytes] = {}
+        self._contexts: dict[str, tuple[int, bytes]] = {}  # id -> (version, stored form)
         # (kind, key) -> (monotonic deadline, value)
         self._records: OrderedDict[tuple[str, str], tuple[float, bytes]] = OrderedDict()
         self._puts_to_sweep = SWEEP_AFTER
@@ -39,11 +39,20 @@ class MemoryStore:
         return dict(self._threads.get(thread_id, {}))
 
     async def load_context(self, context_id: str) -> StoredContext | None:
-        data = self._contexts.get(context_id)
-        return None if data is None else StoredContext.loads(data)
+        found = self._contexts.get(context_id)
+        if found is None:
+            return None
+        context = StoredContext.loads(found[1])
+        context.version = found[0]
+        return context
 
     async def save_context(self, context: StoredContext) -> None:
-        self._contexts[context.id] = compact(context.dumps())
+        found = self._contexts.get(context.id)
+        if (found[0] if found is not None else 0) != context.version:
+            raise conflict(context.id)
+        version = context.version + 1
+        self._contexts[context.id] = (version, compact(context.dumps(version)))
+        context.version = version
 
     async def delete_context(self, context_id: str) -> bool:
         return self._contexts.pop(context_id, None) is not None

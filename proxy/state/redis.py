@@ -1,15 +1,23 @@
 """State in a redis server, shared by every proxy process: thread counts are reserved by one
-Lua script (atomic), contexts may expire, and runs on one context are serialised by a lock."""
+Lua script (atomic), contexts may expire and are saved by compare-and-set (another Lua script),
+and runs on one context are serialised by a leased lock. Every failure of the server is a
+`StateUnavailable`."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Mapping
+import logging
+from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import AbstractAsyncContextManager
 
 import redis.asyncio as aioredis
+from redis.exceptions import LockError, RedisError
 
-from proxy.state.store import StoredContext, check_ttl
+from proxy.errors import StateUnavailable
+from proxy.state.lease import renewed
+from proxy.state.store import StoredContext, check_ttl, conflict
+
+log = logging.getLogger(__name__)
 
 # KEYS[1]: the thread's hash; ARGV: key1, limit1, key2, limit2, ...
 # Returns {ok, count1, count2, ...}: the counts after, or as they are when one is at its limit.
@@ -28,17 +36,54 @@ table.insert(counts, 1, ok)
 return counts
 """
 
-LOCK_LEASE_S = 600.0  # a run holding a context longer than this loses its lock
+# KEYS[1]: the context; ARGV: the version it was read from, its new stored form, its TTL in ms
+# ('' for none). The stored form starts with {"version":N (a context stored before versions is
+# version 1), so the version is read from its first bytes. Returns 1 when saved, 0 otherwise.
+_SAVE = """
+local head = redis.call('GETRANGE', KEYS[1], 0, 31)
+local current = 0
+if head ~= '' then current = tonumber(string.match(head, '^{"version":(%d+)')) or 1 end
+if current ~= tonumber(ARGV[1]) then return 0 end
+if ARGV[3] == '' then
+  redis.call('SET', KEYS[1], ARGV[2])
+else
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+end
+return 1
+"""
+
+
+@contextlib.contextmanager
+def _reached() -> Iterator[None]:
+    """Turns the server's failures into `StateUnavailable` (their details go to the log only:
+    they name hosts)."""
+    try:
+        yield
+    except RedisError as exc:
+        log.warning("the redis state backend failed: %s: %s", type(exc).__name__, exc)
+        raise StateUnavailable(
+            f"the state backend (redis) is unavailable: {type(exc).__name__}"
+        ) from None
 
 
 class RedisStore:
     def __init__(
-        self, url: str, *, prefix: str = "loopwarden:", context_ttl_s: float | None = None
+        self,
+        url: str,
+        *,
+        prefix: str = "loopwarden:",
+        context_ttl_s: float | None = None,
+        timeout_s: float = 5.0,
+        lock_lease_s: float = 30.0,
     ) -> None:
-        self._redis = aioredis.Redis.from_url(url)
+        self._redis = aioredis.Redis.from_url(
+            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
+        )
         self._prefix = prefix
         self._ttl = context_ttl_s
+        self._lease = lock_lease_s
         self._reserve = self._redis.register_script(_RESERVE)
+        self._save = self._redis.register_script(_SAVE)
 
     def _thread(self, thread_id: str) -> str:
         return f"{self._prefix}thread:{thread_id}"
@@ -53,23 +98,33 @@ class RedisStore:
         args: list[str | int] = []
         for key in keys:
             args += [key, limits[key]]
-        reply = await self._reserve(keys=[self._thread(thread_id)], args=args)
+        with _reached():
+            reply = await self._reserve(keys=[self._thread(thread_id)], args=args)
         return bool(reply[0]), {key: int(n) for key, n in zip(keys, reply[1:], strict=True)}
 
     async def thread_counts(self, thread_id: str) -> dict[str, int]:
-        found = await self._redis.hgetall(self._thread(thread_id))
+        with _reached():
+            found = await self._redis.hgetall(self._thread(thread_id))
         return {_text(key): int(value) for key, value in found.items()}
 
     async def load_context(self, context_id: str) -> StoredContext | None:
-        data = await self._redis.get(self._context(context_id))
+        with _reached():
+            data = await self._redis.get(self._context(context_id))
         return None if data is None else StoredContext.loads(data)
 
     async def save_context(self, context: StoredContext) -> None:
-        ttl = None if self._ttl is None else max(1, round(self._ttl * 1000))
-        await self._redis.set(self._context(context.id), context.dumps(), px=ttl)
+        ttl: str | int = "" if self._ttl is None else max(1, round(self._ttl * 1000))
+        version = context.version + 1
+        args: list[str | int | bytes] = [context.version, context.dumps(version), ttl]
+        with _reached():
+            saved = await self._save(keys=[self._context(context.id)], args=args)
+        if not saved:
+            raise conflict(context.id)
+        context.version = version
 
     async def delete_context(self, context_id: str) -> bool:
-        return bool(await self._redis.delete(self._context(context_id)))
+        with _reached():
+            return bool(await self._redis.delete(self._context(context_id)))
 
     def _record(self, kind: str, key: str) -> str:
         # The kind's length keeps (kind, key) pairs apart whatever ':' either holds.
@@ -77,30 +132,48 @@ class RedisStore:
 
     async def put_record(self, kind: str, key: str, value: bytes, ttl_s: float) -> None:
         ttl_ms = max(1, round(check_ttl(ttl_s) * 1000))
-        await self._redis.set(self._record(kind, key), value, px=ttl_ms)
+        with _reached():
+            await self._redis.set(self._record(kind, key), value, px=ttl_ms)
 
     async def get_record(self, kind: str, key: str) -> bytes | None:
-        found = await self._redis.get(self._record(kind, key))
+        with _reached():
+            found = await self._redis.get(self._record(kind, key))
         if found is None:
             return None
         return found.encode() if isinstance(found, str) else bytes(found)
 
     async def delete_record(self, kind: str, key: str) -> bool:
-        return bool(await self._redis.delete(self._record(kind, key)))
+        with _reached():
+            return bool(await self._redis.delete(self._record(kind, key)))
 
     def hold(self, context_id: str) -> AbstractAsyncContextManager[None]:
         return self._hold(context_id)
 
     @contextlib.asynccontextmanager
     async def _hold(self, context_id: str) -> AsyncIterator[None]:
-        lock = self._redis.lock(
-            f"{self._prefix}lock:{context_id}", timeout=LOCK_LEASE_S, sleep=0.01
-        )
-        async with lock:
-            yield
+        lock = self._redis.lock(f"{self._prefix}lock:{context_id}", timeout=self._lease, sleep=0.01)
+        with _reached():
+            await lock.acquire()
+
+        async def renew() -> bool:
+            try:
+                await lock.reacquire()
+            except LockError:  # not ours any more: the lease expired and someone took it
+                return False
+            return True
+
+        try:
+            async with renewed(f"context {context_id!r}", self._lease, renew):
+                yield
+        finally:
+            try:
+                await lock.release()
+            except RedisError as exc:  # lost or unreachable: the lease expires on its own
+                log.warning("releasing the lock on context %r failed: %s", context_id, exc)
 
     async def ping(self) -> None:
-        await self._redis.ping()
+        with _reached():
+            await self._redis.ping()
 
     async def close(self) -> None:
         await self._redis.aclose()

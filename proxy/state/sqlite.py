@@ -1,61 +1,130 @@
-"""State in one SQLite file: survives restarts; thread counts stay exact between processes
-that share the file (each reservation is one IMMEDIATE transaction)."""
+"""State in one SQLite file: survives restarts, and processes that share the file share it
+exactly: each reservation is one IMMEDIATE transaction, contexts are saved by compare-and-set,
+and runs on one context are serialised by a leased lock row. A file deleted or replaced under
+the process, or one it cannot write, makes every call a `StateUnavailable`."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import math
+import os
+import secrets
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import TypeVar
 
+from proxy.errors import StateUnavailable
+from proxy.state.lease import renewed
 from proxy.state.locks import KeyedLocks
-from proxy.state.store import StoredContext, check_ttl
+from proxy.state.store import StoredContext, check_ttl, conflict
 
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 SWEEP_EVERY_S = 60.0  # the most often expired records are deleted
+LOCK_POLL_S = (0.005, 0.05)  # the first and the longest wait between two tries of a held lock
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS thread_calls (
-    thread_id TEXT NOT NULL,
-    key TEXT NOT NULL,
-    count INTEGER NOT NULL,
-    PRIMARY KEY (thread_id, key)
-);
-CREATE TABLE IF NOT EXISTS contexts (id TEXT PRIMARY KEY, body BLOB NOT NULL, updated REAL);
-CREATE TABLE IF NOT EXISTS records (
-    kind TEXT NOT NULL,
-    key TEXT NOT NULL,
-    value BLOB NOT NULL,
-    expires_at REAL NOT NULL,
-    PRIMARY KEY (kind, key)
-);
--- The sweep finds expired rows without reading the others (Responses are kept for days).
-CREATE INDEX IF NOT EXISTS records_by_expiry ON records (expires_at);
-"""
+_TABLES = [
+    """CREATE TABLE IF NOT EXISTS thread_calls (
+        thread_id TEXT NOT NULL,
+        key TEXT NOT NULL,
+        count INTEGER NOT NULL,
+        PRIMARY KEY (thread_id, key)
+    )""",
+    """CREATE TABLE IF NOT EXISTS contexts (
+        id TEXT PRIMARY KEY,
+        body BLOB NOT NULL,
+        updated REAL,
+        version INTEGER NOT NULL DEFAULT 1
+    )""",
+    """CREATE TABLE IF NOT EXISTS records (
+        kind TEXT NOT NULL,
+        key TEXT NOT NULL,
+        value BLOB NOT NULL,
+        expires_at REAL NOT NULL,
+        PRIMARY KEY (kind, key)
+    )""",
+    # The sweep finds expired rows without reading the others (Responses are kept for days).
+    "CREATE INDEX IF NOT EXISTS records_by_expiry ON records (expires_at)",
+    # Who holds each context (a random token) and until when (wall-clock, shared).
+    """CREATE TABLE IF NOT EXISTS context_locks (
+        id TEXT PRIMARY KEY,
+        token TEXT NOT NULL,
+        expires_at REAL NOT NULL
+    )""",
+    # Written by the readiness check.
+    "CREATE TABLE IF NOT EXISTS probe (id INTEGER PRIMARY KEY, at REAL NOT NULL)",
+]
 
 
 class SqliteStore:
-    def __init__(self, path: str | Path) -> None:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        timeout_s: float = 5.0,
+        lock_lease_s: float = 30.0,
+        journal: str = "wal",
+    ) -> None:
+        """`journal`: `wal` or `rollback` (see `StateConfig.sqlite_journal`)."""
+        self._path = str(path)
+        self._lease = lock_lease_s
+        in_memory = self._path == ":memory:"
+        if not in_memory:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(
-            path, timeout=30.0, isolation_level=None, check_same_thread=False
+            path, timeout=timeout_s, isolation_level=None, check_same_thread=False
         )
-        self._db.execute("PRAGMA journal_mode=WAL")
+        # The database file is never memory-mapped: a file that changes under a mapping (made
+        # immutable, truncated) would kill the process with SIGBUS instead of failing a call.
+        # (WAL's `-shm` file is mapped all the same: the `rollback` journal maps nothing.)
+        self._db.execute("PRAGMA mmap_size=0")
+        wanted = "wal" if journal == "wal" else "delete"
+        (mode,) = self._db.execute(f"PRAGMA journal_mode={wanted}").fetchone()
+        if mode != wanted:
+            self._db.close()
+            raise ValueError(
+                f"cannot use the {journal} journal: the file is in {mode} mode and open in "
+                "another process (state.sqlite_journal must be the same for every process)"
+            )
         self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(_SCHEMA)
+        _create_schema(self._db)
+        # The file this connection has open: one deleted or replaced under it is noticed.
+        self._identity = None if in_memory else _identity(self._path)
         self._mutex = threading.Lock()
         self._swept = -math.inf  # monotonic; the first put sweeps what expired before it
         self._locks = KeyedLocks()
 
+    def _check_file(self) -> None:
+        if self._identity is None:
+            return
+        try:
+            found = _identity(self._path)
+        except OSError:
+            found = None
+        if found != self._identity:
+            raise StateUnavailable(
+                "the state backend (sqlite) is unavailable: its file was deleted or replaced "
+                "since the proxy opened it; restart the proxy once the file is back"
+            )
+
     async def _call(self, work: Callable[[sqlite3.Connection], T]) -> T:
         def locked() -> T:
             with self._mutex:
-                return work(self._db)
+                self._check_file()
+                try:
+                    return work(self._db)
+                except (sqlite3.Error, OSError) as exc:
+                    log.warning("the sqlite state backend failed: %s", exc)
+                    _abandon(self._db)
+                    raise StateUnavailable(
+                        f"the state backend (sqlite) is unavailable: {exc}"
+                    ) from None
 
         return await asyncio.to_thread(locked)
 
@@ -65,21 +134,15 @@ class SqliteStore:
         keys = list(limits)
 
         def work(db: sqlite3.Connection) -> tuple[bool, dict[str, int]]:
-            db.execute("BEGIN IMMEDIATE")
-            try:
+            with _immediate(db):
                 counts = _counts(db, thread_id, keys)
                 if any(counts[key] >= limits[key] for key in keys):
-                    db.execute("ROLLBACK")
                     return False, counts
                 db.executemany(
                     "INSERT INTO thread_calls (thread_id, key, count) VALUES (?, ?, 1) "
                     "ON CONFLICT (thread_id, key) DO UPDATE SET count = count + 1",
                     [(thread_id, key) for key in keys],
                 )
-                db.execute("COMMIT")
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
             return True, {key: counts[key] + 1 for key in keys}
 
         return await self._call(work)
@@ -95,22 +158,39 @@ class SqliteStore:
 
     async def load_context(self, context_id: str) -> StoredContext | None:
         def work(db: sqlite3.Connection) -> StoredContext | None:
-            row = db.execute("SELECT body FROM contexts WHERE id = ?", (context_id,)).fetchone()
-            return None if row is None else StoredContext.loads(row[0])
+            row = db.execute(
+                "SELECT body, version FROM contexts WHERE id = ?", (context_id,)
+            ).fetchone()
+            if row is None:
+                return None
+            context = StoredContext.loads(row[0])
+            context.version = row[1]
+            return context
 
         return await self._call(work)
 
     async def save_context(self, context: StoredContext) -> None:
-        body = context.dumps()
+        version = context.version + 1
+        body = context.dumps(version)
 
-        def work(db: sqlite3.Connection) -> None:
-            db.execute(
-                "INSERT INTO contexts (id, body, updated) VALUES (?, ?, ?) "
-                "ON CONFLICT (id) DO UPDATE SET body = excluded.body, updated = excluded.updated",
-                (context.id, body, time.time()),
-            )
+        def work(db: sqlite3.Connection) -> bool:
+            if context.version == 0:
+                saved = db.execute(
+                    "INSERT INTO contexts (id, body, updated, version) VALUES (?, ?, ?, ?) "
+                    "ON CONFLICT (id) DO NOTHING",
+                    (context.id, body, time.time(), version),
+                )
+            else:
+                saved = db.execute(
+                    "UPDATE contexts SET body = ?, updated = ?, version = ? "
+                    "WHERE id = ? AND version = ?",
+                    (body, time.time(), version, context.id, context.version),
+                )
+            return saved.rowcount == 1
 
-        await self._call(work)
+        if not await self._call(work):
+            raise conflict(context.id)
+        context.version = version
 
     async def delete_context(self, context_id: str) -> bool:
         def work(db: sqlite3.Connection) -> bool:
@@ -161,13 +241,109 @@ class SqliteStore:
         return await self._call(work)
 
     def hold(self, context_id: str) -> AbstractAsyncContextManager[None]:
-        return self._locks.hold(context_id)
+        return self._hold(context_id)
+
+    @contextlib.asynccontextmanager
+    async def _hold(self, context_id: str) -> AsyncIterator[None]:
+        # One waiter per context and process polls the table; the others queue here.
+        async with self._locks.hold(context_id):
+            token = secrets.token_hex(16)
+            await self._take(context_id, token)
+
+            async def renew() -> bool:
+                def work(db: sqlite3.Connection) -> bool:
+                    renewed_row = db.execute(
+                        "UPDATE context_locks SET expires_at = ? WHERE id = ? AND token = ?",
+                        (time.time() + self._lease, context_id, token),
+                    )
+                    return renewed_row.rowcount == 1
+
+                return await self._call(work)
+
+            try:
+                async with renewed(f"context {context_id!r}", self._lease, renew):
+                    yield
+            finally:
+                try:
+                    await self._call(
+                        lambda db: db.execute(
+                            "DELETE FROM context_locks WHERE id = ? AND token = ?",
+                            (context_id, token),
+                        )
+                    )
+                except StateUnavailable as exc:  # the lease expires on its own
+                    log.warning("releasing the lock on context %r failed: %s", context_id, exc)
+
+    async def _take(self, context_id: str, token: str) -> None:
+        """Waits until this process holds the context's lock row (free, or its lease over)."""
+
+        def work(db: sqlite3.Connection) -> bool:
+            now = time.time()
+            taken = db.execute(
+                "INSERT INTO context_locks (id, token, expires_at) VALUES (?, ?, ?) "
+                "ON CONFLICT (id) DO UPDATE SET token = excluded.token, "
+                "expires_at = excluded.expires_at WHERE context_locks.expires_at <= ?",
+                (context_id, token, now + self._lease, now),
+            )
+            return taken.rowcount == 1
+
+        wait, longest = LOCK_POLL_S
+        while not await self._call(work):
+            await asyncio.sleep(wait)
+            wait = min(wait * 2, longest)
 
     async def ping(self) -> None:
-        await self._call(lambda db: db.execute("SELECT 1").fetchone())
+        """Fails unless the file is still the one opened and takes writes: one row written,
+        and the write-ahead log checkpointed into the file."""
+
+        def work(db: sqlite3.Connection) -> None:
+            db.execute("INSERT OR REPLACE INTO probe (id, at) VALUES (1, ?)", (time.time(),))
+            db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+
+        await self._call(work)
 
     async def close(self) -> None:
-        await self._call(lambda db: db.close())
+        def work() -> None:
+            with self._mutex:
+                self._db.close()
+
+        await asyncio.to_thread(work)
+
+
+@contextlib.contextmanager
+def _immediate(db: sqlite3.Connection) -> Iterator[None]:
+    """A write transaction taken at once (no other writer between its reads and writes)."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
+
+
+def _abandon(db: sqlite3.Connection) -> None:
+    """Rolls back what a failed call left open (a COMMIT that failed keeps its transaction),
+    so that the next call can begin its own."""
+    with contextlib.suppress(sqlite3.Error):
+        if db.in_transaction:
+            db.execute("ROLLBACK")
+
+
+def _create_schema(db: sqlite3.Connection) -> None:
+    """Creates the tables, and adds what older files lack, in one transaction (processes that
+    open one file at once do not race)."""
+    with _immediate(db):
+        for statement in _TABLES:
+            db.execute(statement)
+        columns = {row[1] for row in db.execute("PRAGMA table_info(contexts)")}
+        if "version" not in columns:  # a file from before contexts had versions
+            db.execute("ALTER TABLE contexts ADD COLUMN version INTEGER NOT NULL DEFAULT 1")
+
+
+def _identity(path: str) -> tuple[int, int]:
+    found = os.stat(path)
+    return found.st_dev, found.st_ino
 
 
 def _counts(db: sqlite3.Connection, thread_id: str, keys: list[str]) -> dict[str, int]:

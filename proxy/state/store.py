@@ -6,15 +6,21 @@ import math
 import time
 from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import orjson
 
+from proxy.errors import StateUnavailable
+
 
 @dataclass(slots=True)
 class StoredContext:
-    """A server-side conversation: its agent or model and its messages in OpenAI shape."""
+    """A server-side conversation: its agent or model, the key that owns it (None when it was
+    created without proxy keys) and its messages in OpenAI shape.
+
+    `version` is the version of the stored copy this one was read from (0: never stored); a save
+    succeeds only while the stored copy is still that one (compare-and-set), and bumps it."""
 
     id: str
     agent: str | None = None
@@ -22,16 +28,44 @@ class StoredContext:
     messages: list[dict[str, Any]] = field(default_factory=list)
     created: int = field(default_factory=lambda: int(time.time()))
     updated: int = field(default_factory=lambda: int(time.time()))
+    owner: str | None = None
+    version: int = 0
 
-    def dumps(self) -> bytes:
-        return orjson.dumps(asdict(self))
+    def dumps(self, version: int) -> bytes:
+        """The stored form, as `version`. The version comes first, so a backend can read it
+        from the first bytes (redis)."""
+        return orjson.dumps(
+            {
+                "version": version,
+                "id": self.id,
+                "agent": self.agent,
+                "model": self.model,
+                "owner": self.owner,
+                "created": self.created,
+                "updated": self.updated,
+                "messages": self.messages,
+            }
+        )
 
     @classmethod
     def loads(cls, data: bytes | str) -> StoredContext:
-        return cls(**orjson.loads(data))
+        fields = orjson.loads(data)
+        fields.setdefault("version", 1)  # stored before contexts had versions
+        return cls(**fields)
+
+
+def conflict(context_id: str) -> StateUnavailable:
+    """The error of a save that lost the race: another run saved the context since it was read
+    (this run's hold on it was lost, e.g. its lease expired), or it was deleted."""
+    return StateUnavailable(
+        f"context {context_id!r} was changed or deleted by another request while this run held "
+        "it (its lock was lost); this run's messages were not saved"
+    )
 
 
 class StateStore(Protocol):
+    """Every method raises `StateUnavailable` when the backend fails or cannot be trusted."""
+
     async def reserve(
         self, thread_id: str, limits: Mapping[str, int]
     ) -> tuple[bool, dict[str, int]]:
@@ -42,7 +76,11 @@ class StateStore(Protocol):
 
     async def load_context(self, context_id: str) -> StoredContext | None: ...
 
-    async def save_context(self, context: StoredContext) -> None: ...
+    async def save_context(self, context: StoredContext) -> None:
+        """Stores `context` when the stored copy is still the version it was read from (none,
+        for version 0), and sets `context.version` to the new one; raises `StateUnavailable`
+        (`conflict`) and stores nothing otherwise."""
+        ...
 
     async def delete_context(self, context_id: str) -> bool:
         """Drops the context (its thread counters stay, so limits cannot be reset by a
@@ -65,11 +103,14 @@ class StateStore(Protocol):
         ...
 
     def hold(self, context_id: str) -> AbstractAsyncContextManager[None]:
-        """Serialises the runs on one context."""
+        """Serialises the runs on one context, between every process sharing the backend. The
+        hold is a lease, renewed while it is held: when it is lost all the same (the process
+        stalled longer than the lease), the holder's `save_context` fails instead of
+        overwriting the next holder's."""
         ...
 
     async def ping(self) -> None:
-        """Raises when the backend cannot be reached."""
+        """Raises `StateUnavailable` when the backend cannot be reached or written."""
         ...
 
     async def close(self) -> None: ...

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 
@@ -215,3 +216,110 @@ async def test_a_context_keeps_its_agent(proxy_for: ProxyFactory) -> None:
         r = await post(proxy, "/chat", context_id="c10", agent="capped", message="hi")
     assert r.status_code == 400
     assert r.json()["error"]["param"] == "agent"
+
+
+KEYS = {
+    "keys": [
+        {"name": "alice", "key_env": "ALICE_KEY", "agents": ["reporter"]},
+        {"name": "bob", "key_env": "BOB_KEY", "agents": ["reporter"]},
+    ]
+}
+
+
+async def test_a_context_belongs_to_the_key_that_created_it(
+    proxy_for: ProxyFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ALICE_KEY", "sk-alice")
+    monkeypatch.setenv("BOB_KEY", "sk-bob")
+    alice = {"authorization": "Bearer sk-alice"}
+    bob = {"authorization": "Bearer sk-bob"}
+    async with proxy_for({**REPORTER, "auth": KEYS}) as proxy:
+        proxy.upstream.script(say("Hi Alice."), say("Again."))
+        body = {"context_id": "mine", "agent": "reporter", "message": "hi"}
+        created = await proxy.client.post("/chat", json=body, headers=alice)
+        others = [
+            await proxy.client.post("/chat", json=body, headers=bob),
+            await proxy.client.post("/chat", json={**body, "agent": None}, headers=bob),
+            await proxy.client.post("/chat/invoke", json={"context_id": "mine"}, headers=bob),
+            await proxy.client.get("/v1/contexts/mine", headers=bob),
+            await proxy.client.delete("/v1/contexts/mine", headers=bob),
+        ]
+        again = await proxy.client.post("/chat", json=body, headers=alice)
+        kept = await proxy.client.get("/v1/contexts/mine", headers=alice)
+    assert created.status_code == 200
+    for other in others:
+        assert other.status_code == 404, other.text
+        assert other.json()["error"]["code"] == "not_found"
+        assert other.json()["error"]["message"] == "no context 'mine'"
+    assert again.status_code == 200
+    assert [m["content"] for m in kept.json()["messages"]] == ["hi", "Hi Alice.", "hi", "Again."]
+
+
+@pytest.mark.parametrize(
+    ("context_id", "message"),
+    [
+        ("a/b", "must not contain '/'"),
+        ("/", "must not contain '/'"),
+        ("..", "must not contain '/' or be '.' or '..'"),
+        ("tab\there", "control characters"),
+        ("nul\x00", "control characters"),
+        ("x" * 257, "at most 256 characters (state.max_context_id_chars)"),
+        ("", "non-empty string"),
+    ],
+)
+async def test_a_context_id_the_api_cannot_address_is_refused(
+    proxy_for: ProxyFactory, context_id: str, message: str
+) -> None:
+    async with proxy_for(REPORTER) as proxy:
+        body = {"context_id": context_id, "agent": "reporter", "message": "hi"}
+        r = await proxy.client.post("/chat", json=body)
+        assert proxy.upstream.requests == []
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "context_id"
+    assert message in r.json()["error"]["message"]
+
+
+async def test_the_longest_context_id_is_addressable(proxy_for: ProxyFactory) -> None:
+    longest = "é%? #" + "x" * 251
+    async with proxy_for(REPORTER) as proxy:
+        proxy.upstream.script(say("Hi."))
+        body = {"context_id": longest, "agent": "reporter", "message": "hi"}
+        created = await proxy.client.post("/chat", json=body)
+        found = await proxy.client.get(f"/v1/contexts/{quote(longest, safe='')}")
+    assert created.status_code == 200
+    assert found.json()["id"] == longest
+
+
+SMALL = {**REPORTER, "state": {"backend": "memory", "max_context_bytes": 2048}}
+
+
+async def test_a_message_that_would_overfill_its_context_is_a_413(
+    proxy_for: ProxyFactory,
+) -> None:
+    async with proxy_for(SMALL) as proxy:
+        proxy.upstream.script(say("Hi."))
+        body = {"context_id": "small", "agent": "reporter", "message": "hi"}
+        assert (await proxy.client.post("/chat", json=body)).status_code == 200
+        big = await proxy.client.post("/chat", json={**body, "message": "x" * 2000})
+        stored = (await proxy.client.get("/v1/contexts/small")).json()
+    assert big.status_code == 413
+    error = big.json()["error"]
+    assert (error["code"], error["param"]) == ("context_too_large", "message")
+    assert "more than 2048 bytes of messages (state.max_context_bytes)" in error["message"]
+    assert len(stored["messages"]) == 2  # the upstream was not asked; nothing was saved
+
+
+async def test_a_run_whose_messages_would_overfill_its_context_saves_nothing(
+    proxy_for: ProxyFactory,
+) -> None:
+    async with proxy_for(SMALL) as proxy:
+        proxy.upstream.script(call("get_weather", city="Oslo"), say("y" * 2000))
+        body = {"context_id": "small", "agent": "reporter", "message": "Oslo?"}
+        r = await proxy.client.post("/chat", json=body)
+        missing = await proxy.client.get("/v1/contexts/small")
+    assert r.status_code == 413
+    assert r.json()["error"]["code"] == "context_too_large"
+    assert "nothing was saved" in r.json()["error"]["message"]
+    assert r.json()["loop"]["tool_calls"] == 1
+    assert r.headers["x-should-retry"] == "false"
+    assert missing.status_code == 404

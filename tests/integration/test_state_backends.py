@@ -16,9 +16,9 @@ from pathlib import Path
 
 import orjson
 import pytest
-import redis
 
 from proxy.config import StateConfig
+from proxy.errors import StateUnavailable
 from proxy.state import sqlite as sqlite_state
 from proxy.state.backend import open_store
 from proxy.state.memory import SWEEP_AFTER, MemoryStore
@@ -74,6 +74,42 @@ async def test_contexts_round_trip_and_delete(store: StateStore) -> None:
     assert await store.load_context("c1") is None
 
 
+async def test_a_save_fails_when_another_saved_the_context_since_it_was_read(
+    store: StateStore,
+) -> None:
+    await store.save_context(StoredContext("c", agent="a"))
+    late = await store.load_context("c")
+    first = await store.load_context("c")
+    assert late is not None
+    assert first is not None
+    first.messages = [{"role": "user", "content": "first"}]
+    await store.save_context(first)
+    late.messages = [{"role": "user", "content": "late"}]
+    with pytest.raises(StateUnavailable, match="were not saved"):
+        await store.save_context(late)
+    kept = await store.load_context("c")
+    assert kept is not None
+    assert kept.messages == first.messages
+    first.messages.append({"role": "assistant", "content": "again"})
+    await store.save_context(first)  # the winner's copy is current: it saves again
+
+
+async def test_a_context_is_created_once_and_not_revived_by_a_late_save(
+    store: StateStore,
+) -> None:
+    one, two = StoredContext("new", agent="a"), StoredContext("new", agent="b")
+    await store.save_context(one)
+    with pytest.raises(StateUnavailable):
+        await store.save_context(two)  # both read "no context": the second would overwrite
+    loaded = await store.load_context("new")
+    assert loaded is not None
+    assert loaded.agent == "a"
+    assert await store.delete_context("new") is True
+    with pytest.raises(StateUnavailable):
+        await store.save_context(loaded)  # deleted while it was held
+    assert await store.load_context("new") is None
+
+
 async def test_hold_serialises_work_on_one_context(store: StateStore) -> None:
     inside: list[str] = []
     overlaps = 0
@@ -116,7 +152,7 @@ async def test_sqlite_ping_succeeds_until_the_database_is_closed(tmp_path: Path)
     store = SqliteStore(tmp_path / "db.sqlite")
     await store.ping()
     await store.close()
-    with pytest.raises(sqlite3.ProgrammingError, match="closed"):
+    with pytest.raises(StateUnavailable, match="closed"):
         await store.ping()
 
 
@@ -124,7 +160,7 @@ async def test_redis_ping_succeeds_until_the_server_stops(tmp_path: Path) -> Non
     with redis_server(tmp_path) as url:
         store = RedisStore(url, prefix=f"ping-{secrets.token_hex(4)}:")
         await store.ping()
-    with pytest.raises(redis.ConnectionError, match=r"(?i)connect"):
+    with pytest.raises(StateUnavailable, match=r"redis\) is unavailable: ConnectionError"):
         await store.ping()
     await store.close()
 
@@ -137,6 +173,7 @@ def test_open_store_names_a_missing_redis_url() -> None:
 _HAMMER = """
 import asyncio, sys
 from proxy.config import StateConfig
+from proxy.errors import StateUnavailable
 from proxy.state.backend import open_store
 
 async def main():
@@ -328,3 +365,37 @@ async def test_the_memory_backend_holds_small_records_in_small_allocations() -> 
     finally:
         tracemalloc.stop()
     assert after - before < 1_000_000
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "redis"])
+async def test_a_held_context_stays_held_past_its_lease_while_its_holder_lives(
+    backend: str, tmp_path: Path, redis_url: str
+) -> None:
+    """The lease is renewed while it is held: a run longer than the lease keeps its context."""
+    prefix = f"renew-{secrets.token_hex(4)}:"
+
+    def one() -> StateStore:
+        if backend == "sqlite":
+            return SqliteStore(tmp_path / "state.db", lock_lease_s=1)
+        return RedisStore(redis_url, prefix=prefix, lock_lease_s=1)
+
+    holder, waiter = one(), one()
+    order: list[str] = []
+    held = asyncio.Event()
+
+    async def hold_long() -> None:
+        async with holder.hold("c"):
+            order.append("held")
+            held.set()
+            await asyncio.sleep(2.5)  # two and a half leases
+            order.append("released")
+
+    async def wait_then_hold() -> None:
+        await held.wait()
+        async with waiter.hold("c"):
+            order.append("taken")
+
+    await asyncio.gather(hold_long(), wait_then_hold())
+    await holder.close()
+    await waiter.close()
+    assert order == ["held", "released", "taken"]

@@ -1,0 +1,112 @@
+"""A run whose hold on its context was lost (its lease expired while it ran) does not overwrite
+the save of the run that took the context next: it fails with 503 `state_unavailable`.
+Two proxies share one backend, as two processes would: a sqlite file, or a real redis-server."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import sqlite3
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from proxy.state.redis import RedisStore
+from proxy.state.sqlite import SqliteStore
+from proxy.state.store import StateStore
+from tests.integration.conftest import Proxy, ProxyFactory
+from tests.scripted_upstream import call, say
+
+_entered: dict[str, asyncio.Event] = {}
+_opened: dict[str, asyncio.Event] = {}
+
+
+async def gate(name: str) -> str:
+    """A tool that waits until the test opens its gate: a run that is still running."""
+    _entered[name].set()
+    await _opened[name].wait()
+    return "opened"
+
+
+CONFIG: dict[str, Any] = {
+    "tools": {"gate": {"kind": "python", "callable": f"{__name__}:gate"}},
+    "agents": {"gated": {"model": "scripted", "tools": ["gate"]}},
+}
+
+
+async def chat(proxy: Proxy, message: str) -> Any:
+    return await proxy.client.post("/chat", json={"context_id": "c", "message": message})
+
+
+@contextlib.asynccontextmanager
+async def two_stores(
+    backend: str, tmp_path: Path, redis_url: str
+) -> AsyncIterator[tuple[StateStore, StateStore, Any]]:
+    """Two stores on one backend, and what makes the lease on context 'c' expire now."""
+    if backend == "sqlite":
+        path = tmp_path / "state.db"
+        stores: list[Any] = [SqliteStore(path), SqliteStore(path)]
+
+        async def expire() -> None:
+            await asyncio.to_thread(_delete_lock_row, path)
+
+    else:
+        prefix = f"lease-{secrets.token_hex(4)}:"
+        stores = [RedisStore(redis_url, prefix=prefix), RedisStore(redis_url, prefix=prefix)]
+        client = aioredis.Redis.from_url(redis_url)
+
+        async def expire() -> None:
+            assert await client.delete(f"{prefix}lock:c") == 1
+
+    try:
+        yield stores[0], stores[1], expire
+    finally:
+        for store in stores:
+            await store.close()
+        if backend == "redis":
+            await client.aclose()
+
+
+def _delete_lock_row(path: Path) -> None:
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        assert db.execute("DELETE FROM context_locks WHERE id = 'c'").rowcount == 1
+        db.commit()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "redis"])
+async def test_a_run_that_lost_its_lease_fails_instead_of_overwriting_the_next(
+    proxy_for: ProxyFactory, tmp_path: Path, redis_url: str, backend: str
+) -> None:
+    _entered["g"], _opened["g"] = asyncio.Event(), asyncio.Event()
+    async with (
+        two_stores(backend, tmp_path, redis_url) as (one, two, expire),
+        proxy_for(CONFIG, store=one) as first,
+        proxy_for(CONFIG, store=two) as second,
+    ):
+        first.upstream.script(say("Ready."))
+        created = await first.client.post(
+            "/chat", json={"context_id": "c", "agent": "gated", "message": "start"}
+        )
+        assert created.status_code == 200
+        # The late run asks for the gate, the next one answers at once, then the late one.
+        first.upstream.script(call("gate", name="g"), say("Second."), say("Late."))
+        late = asyncio.ensure_future(chat(first, "late"))
+        await asyncio.wait_for(_entered["g"].wait(), 10)  # the late run holds the context
+        await expire()
+        taken = await chat(second, "second")
+        _opened["g"].set()
+        lost = await asyncio.wait_for(late, 10)
+        stored = (await second.client.get("/v1/contexts/c")).json()
+    assert taken.status_code == 200, taken.text
+    assert lost.status_code == 503, lost.text
+    assert lost.json()["error"]["code"] == "state_unavailable"
+    assert "were not saved" in lost.json()["error"]["message"]
+    assert lost.json()["loop"]["stop_reason"] == "state_unavailable"
+    assert lost.headers["x-loopwarden-stop-reason"] == "state_unavailable"
+    assert lost.headers["x-should-retry"] == "false"  # its tool ran
+    said = [m["content"] for m in stored["messages"] if m["role"] in ("user", "assistant")]
+    assert said == ["start", "Ready.", "second", "Second."]
