@@ -254,7 +254,7 @@ class ContextRuns:
             "x-loopwarden-stop-reason": result.stop.reason.value,
         }
         report = loop_report(result, False)
-        await _remember(sv, result, report, plan.agent or context.model or "")
+        await sv.remember(result, report, plan.agent or context.model or "", caller)
         if failed(result):
             await send_failure(send, result, report, headers)
             return
@@ -286,14 +286,6 @@ async def _save(
         stop = Stop(StopReason.STATE_UNAVAILABLE, {"error": exc.message, "step": result.steps})
         return dataclasses.replace(result, stop=stop, error=exc)
     return result
-
-
-async def _remember(sv: Services, result: RunResult, report: dict[str, Any], owner: str) -> None:
-    """Keeps the run's report when the backend can: its answer does not depend on it."""
-    try:
-        await sv.remember(result, report, owner)
-    except StateUnavailable as exc:
-        log.warning("the report of run %s was not kept: %s", result.run_id, exc.message)
 
 
 async def read_context(sv: Services, context_id: str, bearer: str | None) -> StoredContext:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -17,10 +18,13 @@ from proxy.config import Config
 from proxy.engine.ports import RunObserver
 from proxy.engine.run_spec import Deps, RunResult
 from proxy.engine.tool_calls import restore_held_calls
+from proxy.errors import StateUnavailable
 from proxy.pricing import PriceTable
 from proxy.state.store import StateStore
 from proxy.tools.registry import ToolRegistry, build_registry
 from proxy.upstream.client import AttemptHook, HeadersHook, Upstream
+
+log = logging.getLogger(__name__)
 
 RUN_RECORD = "run"  # a finished run's report, by run id
 HELD_RECORD = "held_calls"  # server calls held back from the client, by client call id
@@ -53,7 +57,15 @@ class Services:
         """Keeps what later requests may ask for, for `state.run_ttl_s`: the run's report
         (`GET /v1/runs/{id}`, for the key that ran it, with the agent or model that `owner`
         names) and the server calls it held back from the client (SPEC §5.1.6), in the key's
-        own namespace."""
+        own namespace. A backend that fails is logged: the run's answer does not depend on it."""
+        try:
+            await self._remember(result, report, owner, caller)
+        except StateUnavailable as exc:
+            log.warning("run %s was not kept: %s", result.run_id, exc.message)
+
+    async def _remember(
+        self, result: RunResult, report: dict[str, Any], owner: str, caller: Caller | None
+    ) -> None:
         ttl = self.config.state.run_ttl_s
         key = caller.name if caller is not None else None
         record = orjson.dumps({"owner": owner, "key": key, "loop": report})

@@ -6,9 +6,11 @@ from __future__ import annotations
 import httpx
 import orjson
 
+from proxy.errors import StateUnavailable
 from proxy.state.memory import MemoryStore
 from proxy.state.store import StoredContext
 from tests.integration.conftest import UPSTREAM, ProxyFactory
+from tests.scripted_upstream import say
 
 
 async def echoing(request: httpx.Request) -> httpx.Response:
@@ -80,3 +82,18 @@ async def test_a_failing_state_backend_is_an_openai_shaped_error(proxy_for: Prox
     assert r.status_code == 500
     assert r.headers["content-type"] == "application/json"
     assert r.json()["error"]["code"] == "internal_error"
+
+
+class ForgetfulStore(MemoryStore):
+    """A backend that cannot keep records: the run's answer does not depend on them."""
+
+    async def put_record(self, kind: str, key: str, value: bytes, ttl_s: float) -> None:
+        raise StateUnavailable("the state backend is unreachable")
+
+
+async def test_a_run_answers_though_its_report_cannot_be_kept(proxy_for: ProxyFactory) -> None:
+    async with proxy_for(store=ForgetfulStore()) as proxy:
+        proxy.upstream.script(say("Hi."))
+        r = await proxy.chat(model="scripted")
+    assert r.status_code == 200
+    assert r.json()["loop"]["stop_reason"] == "completed"
