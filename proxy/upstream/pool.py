@@ -62,9 +62,10 @@ class BoundedTransport(httpx.AsyncBaseTransport):
         except BaseException:
             self._slots.release()
             raise
-        if isinstance(response.stream, httpx.AsyncByteStream):
-            response.stream = _Released(response.stream, self._slots)
-        else:  # a body already read: nothing holds the connection
+        stream = response.stream
+        if isinstance(stream, httpx.AsyncByteStream) and not isinstance(stream, httpx.ByteStream):
+            response.stream = _Released(stream, self._slots)
+        else:  # a body already in memory holds no connection
             self._slots.release()
         return response
 
