@@ -1,10 +1,22 @@
-"""Python callables named in the config as `package.module:function`."""
+"""Python callables named in the config as `package.module:function`, and the threads that the
+sync ones run in.
+
+A sync callable cannot be interrupted: one that hangs past its timeout keeps its thread until it
+returns. In asyncio's default executor, which the rest of the process shares (the sqlite
+backend, `/readyz`), a few stuck tools would stall everything. `CallThreads` gives them a
+bounded set of threads of their own, and a call that finds none free fails at once instead of
+queueing behind the stuck ones. The threads are daemons: a callable that never returns does not
+keep the process from exiting.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import importlib
 import inspect
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -25,8 +37,69 @@ def load_callable(ref: str) -> Callable[..., Any]:
     return target  # type: ignore[no-any-return]
 
 
-async def call(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """Awaits an async callable; runs a sync one in a worker thread, off the event loop."""
+class NoWorkerFree(Exception):
+    """Every thread is busy with a call that has not returned: slow or stuck callables."""
+
+
+class CallThreads:
+    """At most `limit` sync calls at once, each in a daemon thread of its own."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._busy = 0
+        self._lock = threading.Lock()
+
+    @property
+    def busy(self) -> int:
+        """Threads running a call, including calls whose caller gave up on them."""
+        return self._busy
+
+    async def run(self, func: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """`func(*args, **kwargs)` in a thread, in the caller's context; raises NoWorkerFree
+        when `limit` calls are still running."""
+        with self._lock:
+            if self._busy >= self.limit:
+                raise NoWorkerFree(
+                    f"no tool worker free: all {self.limit} tool threads are busy with calls "
+                    "that have not returned (server.tool_threads)"
+                )
+            self._busy += 1
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        context = contextvars.copy_context()
+
+        def settle(ok: bool, value: Any) -> None:
+            if future.done():  # the caller gave up on it (a timeout, a cancelled run)
+                return
+            if ok:
+                future.set_result(value)
+            else:
+                future.set_exception(value)
+
+        def work() -> None:
+            outcome: tuple[bool, Any]
+            try:
+                outcome = (True, context.run(func, *args, **kwargs))
+            except BaseException as exc:
+                outcome = (False, exc)
+            finally:
+                with self._lock:
+                    self._busy -= 1
+            # A closed loop raises RuntimeError: nobody waits for the result any more.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(settle, *outcome)
+
+        try:
+            threading.Thread(target=work, name="loopwarden-call", daemon=True).start()
+        except BaseException:
+            with self._lock:
+                self._busy -= 1
+            raise
+        return await future
+
+
+async def call(func: Callable[..., Any], threads: CallThreads, /, *args: Any, **kwargs: Any) -> Any:
+    """Awaits an async callable; runs a sync one in one of `threads`, off the event loop."""
     if inspect.iscoroutinefunction(func):
         return await func(*args, **kwargs)
-    return await asyncio.to_thread(func, *args, **kwargs)
+    return await threads.run(func, *args, **kwargs)

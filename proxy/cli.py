@@ -35,9 +35,8 @@ def _check(path: str | None) -> int:
 
 
 def _serve(path: str | None, host: str | None, port: int | None) -> int:
-    import uvicorn
-
     from proxy.api.app import create_app
+    from proxy.api.server import serve
 
     try:
         config = load_config(path)
@@ -51,14 +50,8 @@ def _serve(path: str | None, host: str | None, port: int | None) -> int:
     except ValueError as exc:  # telemetry settings from the environment
         print(str(exc), file=sys.stderr)
         return 1
-    uvicorn.run(
-        app,
-        host=host or config.server.host,
-        port=port if port is not None else config.server.port,
-        log_level="warning",
-        access_log=False,
-        timeout_graceful_shutdown=30,
-    )
+    server = config.server
+    serve(app, server, host or server.host, port if port is not None else server.port)
     return 0
 
 

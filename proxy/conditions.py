@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import orjson
 
-from proxy.callables import call, load_callable
+from proxy.callables import CallThreads, call, load_callable
 from proxy.config import ConditionConfig
 
 log = logging.getLogger(__name__)
@@ -21,10 +21,15 @@ class ConfiguredChecks:
     """Implements the engine's `ConditionChecks`. A check that fails does not hold."""
 
     def __init__(
-        self, conditions: Mapping[str, ConditionConfig], client: httpx.AsyncClient
+        self,
+        conditions: Mapping[str, ConditionConfig],
+        client: httpx.AsyncClient,
+        threads: CallThreads,
     ) -> None:
+        """Webhooks call through `client`, sync python conditions run in `threads`."""
         self.conditions = dict(conditions)
         self.client = client
+        self.threads = threads
         self.functions = {
             name: load_callable(cfg.callable)
             for name, cfg in conditions.items()
@@ -42,7 +47,7 @@ class ConfiguredChecks:
             return False
 
     async def _python(self, name: str, snapshot: Mapping[str, Any]) -> bool:
-        return bool(await call(self.functions[name], dict(snapshot)))
+        return bool(await call(self.functions[name], self.threads, dict(snapshot)))
 
     async def _webhook(self, cfg: ConditionConfig, snapshot: Mapping[str, Any]) -> bool:
         assert cfg.url is not None

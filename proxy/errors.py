@@ -102,6 +102,14 @@ class UpstreamTimeout(UpstreamFailure):
     code = "upstream_timeout"
 
 
+class UpstreamPoolExhausted(UpstreamFailure):
+    """Every connection to the upstreams was in use for `server.upstream_pool_timeout_s`: the
+    proxy is at its own limit, the upstream was not asked."""
+
+    status = 503
+    code = "upstream_pool_exhausted"
+
+
 class UpstreamStatusError(UpstreamFailure):
     """The upstream answered with an error status; its body is relayed as it came."""
 
@@ -110,6 +118,20 @@ class UpstreamStatusError(UpstreamFailure):
         self.status = status
         self.content = content
         self.content_type = content_type
+
+
+class ServerBusy(ProxyError):
+    """The proxy is at one of its own bounds (runs or requests in flight); retry later."""
+
+    status = 503
+    code = "server_busy"
+
+
+class RequestTimeout(InvalidRequest):
+    """The client did not send its whole request body within `server.body_timeout_s`."""
+
+    status = 408
+    code = "request_timeout"
 
 
 class StateUnavailable(ProxyError):

@@ -20,6 +20,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from proxy.api.admission import Admission
 from proxy.api.asgi import ErrorBoundary, bearer_token
 from proxy.api.chat import ChatCompletions
 from proxy.api.contexts import ContextRecords, ContextRuns
@@ -71,11 +72,12 @@ class ProxyApp(Starlette):
         await super().__call__(scope, receive, send)
 
 
-def default_transport() -> httpx.AsyncBaseTransport:
-    """The fast path: the httpx API over aiohttp's connection pool."""
+def default_transport(connections: int = 1000) -> httpx.AsyncBaseTransport:
+    """The fast path: the httpx API over aiohttp's connection pool of `connections`."""
     from httpx_aiohttp import AiohttpTransport
 
-    limits = httpx.Limits(max_connections=1000, max_keepalive_connections=200)
+    keepalive = min(200, connections)
+    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=keepalive)
     return AiohttpTransport(limits=limits)
 
 
@@ -106,11 +108,16 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        network = transport or default_transport()
+        # The upstreams and the tools (http tools, webhooks) each have a pool of their own.
+        network = transport or default_transport(config.server.upstream_connections)
+        tools_network = transport or default_transport(config.server.tool_connections)
         timeout = httpx.Timeout(120.0, connect=10.0)
         state = store or open_store(config.state)
         try:
-            async with httpx.AsyncClient(transport=network, timeout=timeout) as client:
+            async with (
+                httpx.AsyncClient(transport=tools_network, timeout=timeout) as client,
+                contextlib.aclosing(network),
+            ):
                 holder["services"] = build_services(
                     config,
                     client,
@@ -198,5 +205,6 @@ def create_app(
     )
     app.chat = chat
     tracer = tracing.get_tracer("loopwarden") if traced else None
-    app.served = HttpTelemetry(ErrorBoundary(app.route), telemetry.metrics, tracer, routes)
+    admitted = Admission(ErrorBoundary(app.route), config.server, RUN_ROUTES)
+    app.served = HttpTelemetry(admitted, telemetry.metrics, tracer, routes)
     return app

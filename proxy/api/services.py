@@ -13,6 +13,7 @@ import orjson
 
 from proxy.api.auth import Caller, KeyRing
 from proxy.api.planning import Planner
+from proxy.callables import CallThreads
 from proxy.conditions import ConfiguredChecks
 from proxy.config import Config
 from proxy.engine.ports import RunObserver
@@ -23,6 +24,7 @@ from proxy.pricing import PriceTable
 from proxy.state.store import StateStore
 from proxy.tools.registry import ToolRegistry, build_registry
 from proxy.upstream.client import AttemptHook, HeadersHook, Upstream
+from proxy.upstream.pool import BoundedTransport
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +37,7 @@ HELD_LOOKUPS = 16
 @dataclass(slots=True)
 class Services:
     config: Config
-    client: httpx.AsyncClient
+    client: httpx.AsyncClient  # http tools' and webhooks': never the upstreams' pool
     upstreams: dict[str, Upstream]
     registry: ToolRegistry
     planner: Planner
@@ -122,13 +124,20 @@ def build_services(
     prices: PriceTable | None = None,
 ) -> Services:
     """Raises ConfigError for agents whose policy does not compile, ValueError for anything
-    else that cannot be wired. `prices` shares a price table (and its cache) the caller
-    already has."""
+    else that cannot be wired. `client` is for http tools and webhooks, `transport` for the
+    upstreams (bounded here by `server.upstream_connections`): separate pools, so that a
+    thousand open streams do not hold up a tool call. `prices` shares a price table (and its
+    cache) the caller already has."""
+    server = config.server
+    bounded = BoundedTransport(
+        transport, server.upstream_connections, server.upstream_pool_timeout_s
+    )
+    threads = CallThreads(server.tool_threads)  # sync python tools and conditions
     upstreams = {
         name: Upstream(
             name=name,
             base_url=cfg.base_url,
-            transport=transport,
+            transport=bounded,
             api_key=os.environ.get(cfg.api_key_env) if cfg.api_key_env else None,
             timeout_s=cfg.timeout_s,
             connect_timeout_s=cfg.connect_timeout_s,
@@ -138,7 +147,7 @@ def build_services(
         )
         for name, cfg in config.upstreams.items()
     }
-    registry = build_registry(config, client)
+    registry = build_registry(config, client, threads)
     prices = prices or PriceTable(config.pricing)
     specs = {name: tool.spec for name, tool in registry.tools.items()}
     return Services(
@@ -148,7 +157,7 @@ def build_services(
         registry=registry,
         planner=Planner(config, specs, prices),
         prices=prices,
-        checks=ConfiguredChecks(config.conditions, client),
+        checks=ConfiguredChecks(config.conditions, client, threads),
         keys=KeyRing(config.auth),
         store=store,
         observers=list(observers),

@@ -21,6 +21,13 @@ class BadArguments(ToolFailed):
     pass
 
 
+def output_too_large(cap: int) -> ToolFailed:
+    return ToolFailed(
+        f"the tool's output is larger than {cap} bytes (its max_output_bytes); "
+        "it was discarded, none of it is given"
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class Tool:
     spec: ToolSpec
@@ -28,6 +35,7 @@ class Tool:
     timeout_s: float
     # Validates parsed arguments, returning them (possibly coerced); raises BadArguments.
     validate: Callable[[dict[str, Any]], dict[str, Any]]
+    max_output_bytes: int = 1024 * 1024  # of the text the model reads; more is a tool error
 
     @property
     def name(self) -> str:

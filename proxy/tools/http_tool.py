@@ -8,11 +8,36 @@ import httpx
 import orjson
 
 from proxy.engine.values import ToolContext
-from proxy.tools.base import Invoke, ToolFailed
+from proxy.tools.base import Invoke, ToolFailed, output_too_large
+
+ERROR_SNIPPET_BYTES = 500  # of a non-2xx body, in the error the model reads
+
+
+async def read_up_to(response: httpx.Response, cap: int) -> tuple[bytes, bool]:
+    """At most the first `cap` bytes of the body, read as it streams in (never the whole of a
+    larger one), and whether there was more."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.aiter_bytes():
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > cap:
+            return b"".join(chunks)[:cap], True
+    return b"".join(chunks), False
+
+
+def declared_length(response: httpx.Response) -> int | None:
+    value = response.headers.get("content-length", "")
+    return int(value) if value.isdigit() else None
 
 
 def http_invoke(
-    name: str, url: str, headers: dict[str, str], client: httpx.AsyncClient, timeout_s: float
+    name: str,
+    url: str,
+    headers: dict[str, str],
+    client: httpx.AsyncClient,
+    timeout_s: float,
+    max_output_bytes: int,
 ) -> Invoke:
     async def invoke(arguments: dict[str, Any], ctx: ToolContext) -> Any:
         payload = {
@@ -22,21 +47,32 @@ def http_invoke(
             "run_id": ctx.run_id,
             "thread_id": ctx.thread_id,
         }
+        request = client.build_request(
+            "POST",
+            url,
+            content=orjson.dumps(payload),
+            headers={"content-type": "application/json", **headers},
+            timeout=timeout_s,
+        )
         try:
-            response = await client.post(
-                url,
-                content=orjson.dumps(payload),
-                headers={"content-type": "application/json", **headers},
-                timeout=timeout_s,
-            )
+            response = await client.send(request, stream=True)
+            try:
+                ok = 200 <= response.status_code < 300
+                if ok and (declared_length(response) or 0) > max_output_bytes:
+                    raise output_too_large(max_output_bytes)
+                cap = max_output_bytes if ok else ERROR_SNIPPET_BYTES
+                body, more = await read_up_to(response, cap)
+            finally:
+                await response.aclose()
         except httpx.TimeoutException:
             raise TimeoutError from None
         except httpx.HTTPError as exc:
             raise ToolFailed(f"tool server unreachable: {type(exc).__name__}") from None
-        body = response.content
-        if not 200 <= response.status_code < 300:
-            snippet = body[:500].decode("utf-8", "replace")
+        if not ok:
+            snippet = body.decode("utf-8", "replace")
             raise ToolFailed(f"tool server answered HTTP {response.status_code}: {snippet}")
+        if more:
+            raise output_too_large(max_output_bytes)
         if "json" in response.headers.get("content-type", ""):
             try:
                 return orjson.dumps(orjson.loads(body)).decode()

@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import ConfigDict, ValidationError, create_model
 
-from proxy.callables import call
+from proxy.callables import CallThreads, call
 from proxy.engine.values import ToolContext
 from proxy.tools.base import BadArguments, Invoke
 
@@ -26,9 +26,10 @@ def _arguments_model(func: Callable[..., Any]) -> Any:
 
 
 def python_tool(
-    func: Callable[..., Any],
+    func: Callable[..., Any], threads: CallThreads
 ) -> tuple[Invoke, dict[str, Any], Callable[[dict[str, Any]], dict[str, Any]]]:
-    """The invoke, the parameters schema and the argument validator of a callable."""
+    """The invoke, the parameters schema and the argument validator of a callable; a sync
+    callable runs in one of `threads`."""
     model = _arguments_model(func)
     schema = model.model_json_schema()
     schema.pop("title", None)
@@ -44,6 +45,6 @@ def python_tool(
             raise BadArguments(f"invalid arguments at {where}: {first['msg']}") from None
 
     async def invoke(arguments: dict[str, Any], ctx: ToolContext) -> Any:
-        return await call(func, **arguments)
+        return await call(func, threads, **arguments)
 
     return invoke, schema, validate

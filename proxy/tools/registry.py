@@ -10,10 +10,10 @@ from typing import Any
 import httpx
 import orjson
 
-from proxy.callables import load_callable
+from proxy.callables import CallThreads, NoWorkerFree, load_callable
 from proxy.config import Config, ToolConfig
 from proxy.engine.values import ToolCall, ToolContext, ToolResult, ToolSpec
-from proxy.tools.base import Tool, ToolFailed, as_text, definition
+from proxy.tools.base import Tool, ToolFailed, as_text, definition, output_too_large
 from proxy.tools.builtin import BUILTINS, builtin_invoke
 from proxy.tools.http_tool import http_invoke
 from proxy.tools.python_tool import python_tool
@@ -46,15 +46,27 @@ class ToolRegistry:
             output = await asyncio.wait_for(tool.invoke(arguments, ctx), tool.timeout_s)
         except TimeoutError:
             return ToolResult(f"tool timed out after {tool.timeout_s:g}s", "timeout")
-        except ToolFailed as exc:
+        except (ToolFailed, NoWorkerFree) as exc:
             return ToolResult(str(exc), "error")
         except Exception as exc:
             return ToolResult(f"{type(exc).__name__}: {exc}", "error")
-        return ToolResult(as_text(output))
+        text = as_text(output)
+        # Characters are at most 4 bytes: only a long text needs encoding to be measured.
+        if len(text) * 4 > tool.max_output_bytes and len(text.encode()) > tool.max_output_bytes:
+            return ToolResult(str(output_too_large(tool.max_output_bytes)), "error")
+        return ToolResult(text)
 
 
-def build_tool(name: str, cfg: ToolConfig, client: httpx.AsyncClient) -> Tool:
-    """One configured tool; raises ValueError when it cannot be built."""
+def build_tool(
+    name: str,
+    cfg: ToolConfig,
+    client: httpx.AsyncClient,
+    threads: CallThreads,
+    default_max_output_bytes: int = 1024 * 1024,
+) -> Tool:
+    """One configured tool: http tools call through `client`, sync python tools run in
+    `threads`. Raises ValueError when it cannot be built."""
+    max_output = cfg.max_output_bytes or default_max_output_bytes
     terminal = cfg.terminal
     description = cfg.description
     if cfg.kind == "builtin":
@@ -69,7 +81,7 @@ def build_tool(name: str, cfg: ToolConfig, client: httpx.AsyncClient) -> Tool:
         terminal = terminal or builtin.terminal
     elif cfg.kind == "python":
         assert cfg.callable is not None
-        invoke, inferred, validate = python_tool(load_callable(cfg.callable))
+        invoke, inferred, validate = python_tool(load_callable(cfg.callable), threads)
         parameters = cfg.parameters or inferred
         if cfg.parameters:
             validate = schema_validator(cfg.parameters)
@@ -81,21 +93,23 @@ def build_tool(name: str, cfg: ToolConfig, client: httpx.AsyncClient) -> Tool:
             if value is None:
                 raise ValueError(f"environment variable {env} (header {header}) is not set")
             headers[header] = value
-        invoke = http_invoke(name, cfg.url, headers, client, cfg.timeout_s)
+        invoke = http_invoke(name, cfg.url, headers, client, cfg.timeout_s, max_output)
         parameters = cfg.parameters or OPEN_SCHEMA
         validate = schema_validator(parameters)
     check_schema(parameters)
     spec = ToolSpec(name, definition(name, description, parameters), terminal, cfg.id)
     # The registry's own timeout backs up the transport's, a little later.
-    return Tool(spec, invoke, cfg.timeout_s + (1.0 if cfg.kind == "http" else 0.0), validate)
+    timeout_s = cfg.timeout_s + (1.0 if cfg.kind == "http" else 0.0)
+    return Tool(spec, invoke, timeout_s, validate, max_output)
 
 
-def build_registry(config: Config, client: httpx.AsyncClient) -> ToolRegistry:
+def build_registry(config: Config, client: httpx.AsyncClient, threads: CallThreads) -> ToolRegistry:
     tools: dict[str, Tool] = {}
     problems: list[str] = []
+    default_max_output = config.server.max_tool_output_bytes
     for name, cfg in config.tools.items():
         try:
-            tools[name] = build_tool(name, cfg, client)
+            tools[name] = build_tool(name, cfg, client, threads, default_max_output)
         except ValueError as exc:
             problems.append(f"tools.{name}: {exc}")
     if problems:

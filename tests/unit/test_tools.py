@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator
 
 import httpx
 import pytest
 
+from proxy.callables import CallThreads
 from proxy.config import ToolConfig
 from proxy.engine.values import ToolCall, ToolContext
+from proxy.tools.base import Tool
 from proxy.tools.registry import ToolRegistry, build_tool
 
 CTX = ToolContext("run_1", None, 1, "call_1")
+THREADS = CallThreads(4)
 
 
 async def slow_echo(text: str, times: int = 1) -> str:
@@ -27,7 +31,9 @@ async def sleepy() -> str:
 
 def registry(**tools: ToolConfig) -> ToolRegistry:
     client = httpx.AsyncClient()
-    return ToolRegistry({name: build_tool(name, cfg, client) for name, cfg in tools.items()})
+    return ToolRegistry(
+        {name: build_tool(name, cfg, client, THREADS) for name, cfg in tools.items()}
+    )
 
 
 def test_python_tool_schema_comes_from_type_hints() -> None:
@@ -72,15 +78,15 @@ async def test_builtins() -> None:
 def test_unknown_builtin_and_bad_callable_fail_at_build() -> None:
     client = httpx.AsyncClient()
     with pytest.raises(ValueError, match="no builtin tool"):
-        build_tool("nope", ToolConfig(kind="builtin"), client)
+        build_tool("nope", ToolConfig(kind="builtin"), client, THREADS)
     with pytest.raises(ValueError, match="cannot import"):
-        build_tool("x", ToolConfig(kind="python", callable="no_such_module:f"), client)
+        build_tool("x", ToolConfig(kind="python", callable="no_such_module:f"), client, THREADS)
 
 
 def test_http_tool_parameters_must_be_a_valid_schema() -> None:
     cfg = ToolConfig(kind="http", url="http://t/x", parameters={"type": "object", "properties": 3})
     with pytest.raises(ValueError, match="not a valid JSON schema"):
-        build_tool("x", cfg, httpx.AsyncClient())
+        build_tool("x", cfg, httpx.AsyncClient(), THREADS)
 
 
 async def test_http_tool_posts_and_maps_failures() -> None:
@@ -95,8 +101,10 @@ async def test_http_tool_posts_and_maps_failures() -> None:
     client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
     reg = ToolRegistry(
         {
-            "up": build_tool("up", ToolConfig(kind="http", url="http://t/up"), client),
-            "down": build_tool("down", ToolConfig(kind="http", url="http://t/down"), client),
+            "up": build_tool("up", ToolConfig(kind="http", url="http://t/up"), client, THREADS),
+            "down": build_tool(
+                "down", ToolConfig(kind="http", url="http://t/down"), client, THREADS
+            ),
         }
     )
     ok = await reg.execute(ToolCall("c9", "up", '{"q": 1}'), CTX)
@@ -111,3 +119,64 @@ async def test_http_tool_posts_and_maps_failures() -> None:
     down = await reg.execute(ToolCall("c", "down", "{}"), CTX)
     assert down.outcome == "error"
     assert "unreachable" in down.output
+
+
+def big_answer(size: int) -> str:
+    return "x" * size
+
+
+class Endless(httpx.AsyncByteStream):
+    """A 50 MB body in 64 KiB chunks, counting what was read of it."""
+
+    def __init__(self) -> None:
+        self.sent = 0
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        chunk = b"y" * 65536
+        while self.sent < 50 * 1024 * 1024:
+            self.sent += len(chunk)
+            yield chunk
+
+
+async def test_a_python_tool_output_over_its_cap_is_a_tool_error() -> None:
+    target = "tests.unit.test_tools:big_answer"
+    capped = ToolConfig(kind="python", callable=target, max_output_bytes=100)
+    reg = registry(capped=capped, default=ToolConfig(kind="python", callable=target))
+    small = await reg.execute(ToolCall("c", "capped", '{"size": 100}'), CTX)
+    assert (small.output, small.outcome) == ("x" * 100, "ok")
+    large = await reg.execute(ToolCall("c", "capped", '{"size": 101}'), CTX)
+    assert large.outcome == "error"
+    assert "larger than 100 bytes" in large.output
+    huge = await reg.execute(ToolCall("c", "default", '{"size": 1048577}'), CTX)
+    assert huge.outcome == "error"
+    assert "larger than 1048576 bytes" in huge.output  # the default cap: 1 MiB
+
+
+async def test_an_http_tool_body_is_read_only_up_to_its_cap() -> None:
+    endless = Endless()
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/declared":
+            return httpx.Response(200, headers={"content-length": str(10**9)}, stream=endless)
+        if request.url.path == "/failing":
+            return httpx.Response(500, text="e" * 100_000)
+        return httpx.Response(200, stream=endless)
+
+    client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+    cap = 256 * 1024
+
+    def tool(path: str) -> Tool:
+        cfg = ToolConfig(kind="http", url=f"http://t/{path}", max_output_bytes=cap)
+        return build_tool(path, cfg, client, THREADS)
+
+    reg = ToolRegistry({name: tool(name) for name in ("streamed", "declared", "failing")})
+    streamed = await reg.execute(ToolCall("c", "streamed", "{}"), CTX)
+    assert streamed.outcome == "error"
+    assert f"larger than {cap} bytes" in streamed.output
+    assert endless.sent <= cap + 65536  # stopped reading past the cap, not at the end
+    endless.sent = 0
+    declared = await reg.execute(ToolCall("c", "declared", "{}"), CTX)
+    assert declared.outcome == "error"
+    assert endless.sent == 0  # a declared length over the cap is refused before reading
+    failing = await reg.execute(ToolCall("c", "failing", "{}"), CTX)
+    assert failing.output == "tool server answered HTTP 500: " + "e" * 500

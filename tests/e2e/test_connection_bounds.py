@@ -1,0 +1,153 @@
+"""`loopwarden serve` under connection exhaustion: a process with few descriptors, clients that
+send half a request and stop. The proxy keeps answering `/healthz`, and slow clients are cut off
+by the header and body deadlines."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import resource
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+import yaml
+
+from proxy.demo.runner import free_port
+from tests.e2e.conftest import ROOT, wait_healthy
+
+pytestmark = pytest.mark.e2e
+
+DESCRIPTORS = 256  # the proxy's RLIMIT_NOFILE: its default connection limit is 96
+HALF_BODY = (
+    b"POST /v1/chat/completions HTTP/1.1\r\nhost: proxy\r\ncontent-type: application/json\r\n"
+    b"content-length: 1000\r\n\r\n" + b'{"model": "m", "messages": ['
+)
+
+
+def _few_descriptors() -> Callable[[], None]:
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (DESCRIPTORS, DESCRIPTORS))
+
+    return limit
+
+
+@contextlib.contextmanager
+def proxy(tmp_path: Path, server: dict[str, Any] | None = None) -> Iterator[tuple[str, int]]:
+    """`loopwarden serve` with RLIMIT_NOFILE at DESCRIPTORS; yields its host and port."""
+    config: dict[str, Any] = {
+        "upstreams": {"main": {"base_url": "http://127.0.0.1:9/v1", "max_retries": 0}},
+        "default_upstream": "main",
+        "state": {"backend": "memory"},
+    }
+    if server:
+        config["server"] = server
+    path = tmp_path / "loopwarden.yaml"
+    path.write_text(yaml.safe_dump(config))
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    args = [sys.executable, "-m", "proxy", "serve", "--config", str(path), "--port", str(port)]
+    proc = subprocess.Popen(args, env=env, preexec_fn=_few_descriptors())
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}/healthz", proc)
+        yield "127.0.0.1", port
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
+
+
+def half_sent(host: str, port: int, data: bytes) -> socket.socket | None:
+    """A connection that sent `data` and nothing more; None when it could not connect."""
+    sock = socket.socket()
+    sock.settimeout(2)
+    try:
+        sock.connect((host, port))
+        sock.sendall(data)
+    except OSError:
+        sock.close()
+        return None
+    return sock
+
+
+def answer_of(sock: socket.socket, within_s: float) -> bytes:
+    """What the server sent until it closed the connection (b"" if it closed without a word)."""
+    sock.settimeout(within_s)
+    received = b""
+    with contextlib.suppress(ConnectionResetError):
+        while chunk := sock.recv(65536):
+            received += chunk
+    return received
+
+
+def test_healthz_answers_while_more_clients_than_descriptors_hold_half_sent_bodies(
+    tmp_path: Path,
+) -> None:
+    with proxy(tmp_path) as (host, port), contextlib.ExitStack() as held:
+        for _ in range(DESCRIPTORS + 100):
+            sock = half_sent(host, port, HALF_BODY)
+            if sock is not None:
+                held.callback(sock.close)
+        started = time.monotonic()
+        r = httpx.get(f"http://{host}:{port}/healthz", timeout=10)
+        assert r.status_code == 200
+        assert time.monotonic() - started < 5  # the body deadline (30 s) did not free room
+        assert httpx.get(f"http://{host}:{port}/readyz", timeout=10).status_code == 200
+
+
+def test_connections_past_the_limit_are_refused_with_a_503(tmp_path: Path) -> None:
+    server = {"max_connections": 4, "header_timeout_s": 30}
+    with proxy(tmp_path, server) as (host, port), contextlib.ExitStack() as held:
+        idle = [half_sent(host, port, b"") for _ in range(4)]
+        for sock in idle:
+            assert sock is not None
+            held.callback(sock.close)
+        time.sleep(0.2)  # the server has accepted them
+        refused = half_sent(host, port, b"")
+        assert refused is not None
+        held.callback(refused.close)
+        answer = answer_of(refused, 5)
+        assert answer.startswith(b"HTTP/1.1 503 ")
+        assert orjson.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]["code"] == "server_busy"
+
+
+def test_a_client_that_stops_mid_body_gets_a_408_and_its_connection_closed(
+    tmp_path: Path,
+) -> None:
+    with proxy(tmp_path, {"body_timeout_s": 0.5}) as (host, port):
+        sock = half_sent(host, port, HALF_BODY)
+        assert sock is not None
+        with sock:
+            answer = answer_of(sock, 10)  # returns once the proxy closed the connection
+    head, body = answer.split(b"\r\n\r\n", 1)
+    assert head.startswith(b"HTTP/1.1 408 ")
+    assert b"connection: close" in head.lower()
+    error = orjson.loads(body)["error"]
+    assert error["code"] == "request_timeout"
+    assert "body_timeout_s" in error["message"]
+
+
+def test_a_client_that_stops_mid_headers_is_disconnected(tmp_path: Path) -> None:
+    with proxy(tmp_path, {"header_timeout_s": 0.5}) as (host, port):
+        silent = half_sent(host, port, b"")
+        halfway = half_sent(host, port, b"GET /healthz HTTP/1.1\r\nhost: pro")
+        assert silent is not None
+        assert halfway is not None
+        with silent, halfway:
+            assert answer_of(silent, 10) == b""
+            assert answer_of(halfway, 10) == b""
+
+
+def test_an_idle_kept_alive_connection_is_closed(tmp_path: Path) -> None:
+    with proxy(tmp_path, {"keep_alive_timeout_s": 1}) as (host, port):
+        sock = half_sent(host, port, b"GET /healthz HTTP/1.1\r\nhost: proxy\r\n\r\n")
+        assert sock is not None
+        with sock:
+            answer = answer_of(sock, 10)
+    assert answer.startswith(b"HTTP/1.1 200 ")  # answered, then closed when idle
