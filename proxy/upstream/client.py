@@ -207,13 +207,15 @@ class Upstream:
         return response
 
     async def _send(self, content: bytes, call: _Call) -> httpx.Response:
-        call.waiting = True
+        call.waiting = True  # until `send` counted the attempt, which it does unless cancelled
         try:
             response = await self.send("POST", self._url, self.request_headers(), content)
-        except UpstreamUnavailable as unreachable:
-            raise Retry(unreachable) from None  # no answer came: worth another attempt
-        finally:
+        except Exception as exc:
             call.waiting = False
+            if isinstance(exc, UpstreamUnavailable):
+                raise Retry(exc) from None  # no answer came: worth another attempt
+            raise
+        call.waiting = False
         if not 200 <= response.status_code < 300:
             error = await self.status_error(response)
             if response.status_code in RETRY_STATUSES:
@@ -231,7 +233,7 @@ class Upstream:
                 async for chunk in response.aiter_bytes():
                     body += chunk
                     if len(body) > ERROR_BODY_LIMIT:
-                        body = b""  # too large to be a plain error: not shown
+                        body = body[:ERROR_BODY_LIMIT]  # cut: it reads as no JSON, not shown
                         break
         return status_failure(
             self.name,

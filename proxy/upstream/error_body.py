@@ -61,7 +61,7 @@ def status_failure(
         scrub(message, secrets) if isinstance(message, str) else f"upstream returned HTTP {status}",
         error_type=_field(error.get("type"), secrets) or "server_error",
         param=_field(error.get("param"), secrets),
-        code=_field(error.get("code"), secrets),
+        code=_field(error.get("code"), secrets, numbered=True),
     )
 
 
@@ -89,10 +89,12 @@ def _openai_error(body: bytes) -> dict[str, Any] | None:
     return None
 
 
-def _field(value: Any, secrets: tuple[str | None, ...]) -> str | None:
-    if isinstance(value, bool) or not isinstance(value, str | int):
-        return None
-    return scrub(str(value), secrets, FIELD_LIMIT)
+def _field(value: Any, secrets: tuple[str | None, ...], numbered: bool = False) -> str | None:
+    """A string field of the error, scrubbed; a number too when `numbered` (some upstreams give
+    their `code` as the HTTP status), as its text."""
+    if numbered and isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    return scrub(value, secrets, FIELD_LIMIT) if isinstance(value, str) else None
 
 
 def _generic(upstream: str, status: int, body: bytes, content_type: str | None) -> str:

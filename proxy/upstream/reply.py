@@ -171,7 +171,7 @@ def reported_usage(raw: Any, path: str) -> tuple[Usage, float | None]:
         if name.endswith("_details") and isinstance(details, dict):
             raw[name] = _sane_details(details, f"{path}.{name}")
     cost = raw.get("cost")
-    if cost is not None and not (_number(cost) and math.isfinite(cost) and cost >= 0):
+    if cost is not None and not (_number(cost) and _finite_and_not_negative(cost)):
         log.warning("upstream reported %s.cost = %r; not believed", path, cost)
         cost = None
     return Usage.from_openai(raw), float(cost) if cost is not None else None
@@ -228,7 +228,7 @@ def _sane_details(details: dict[str, Any], path: str) -> dict[str, Any]:
     for key, value in details.items():
         if isinstance(value, dict):
             sane[key] = _sane_details(value, f"{path}.{key}")
-        elif _number(value) and not (math.isfinite(value) and value >= 0):
+        elif _number(value) and not _finite_and_not_negative(value):
             log.warning("upstream reported %s.%s = %s; dropped", path, key, value)
         else:
             sane[key] = value
@@ -259,6 +259,13 @@ def _optional_text(value: Any, path: str) -> str | None:
 
 def _text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
+
+
+def _finite_and_not_negative(value: float) -> bool:
+    try:
+        return math.isfinite(value) and value >= 0
+    except OverflowError:  # an int too large for a float
+        return False
 
 
 def _number(value: Any) -> bool:

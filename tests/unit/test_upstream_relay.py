@@ -531,3 +531,15 @@ async def test_models_raises_unavailable_when_unreachable() -> None:
     with pytest.raises(UpstreamUnavailable):
         await upstream(failing(httpx.ConnectError("refused")), attempts).models()
     assert attempts == [("up", "connect_error")]
+
+
+async def test_an_error_body_too_large_to_be_an_error_is_not_shown() -> None:
+    huge = b'{"error": {"message": "' + b"x" * 200_000 + b'"}}'
+    refusal = httpx.Response(500, headers={"content-type": JSON}, stream=Chunks(huge))
+    up = upstream(httpx.MockTransport(lambda request: refusal))
+    async with relay(up, "GET", "/v1/files") as answer:
+        relayed = orjson.loads(b"".join(await read_all(answer.body)))
+    assert answer.status == 500
+    assert relayed["error"]["message"] == (
+        "upstream up answered HTTP 500; its application/json body is not shown"
+    )
