@@ -100,9 +100,20 @@ class AuthConfig(_Model):
 class UpstreamConfig(_Model):
     base_url: str
     api_key_env: str | None = None
-    timeout_s: float = Field(120.0, gt=0)
-    connect_timeout_s: float = Field(10.0, gt=0)
+    # The longest the upstream may stay silent: to start its answer, or between two reads of it.
+    timeout_s: float = Field(120.0, gt=0, allow_inf_nan=False)
+    connect_timeout_s: float = Field(10.0, gt=0, allow_inf_nan=False)
+    # The most one step's upstream call may take in all, however the bytes trickle in: every
+    # attempt, the waits between them, the whole body or stream.
+    step_timeout_s: float = Field(600.0, gt=0, allow_inf_nan=False)
     max_retries: int = Field(2, ge=0, le=10)
+    # The longest wait before a retry, whatever the upstream's Retry-After asks.
+    max_retry_wait_s: float = Field(30.0, ge=0, allow_inf_nan=False)
+    # What the proxy reads of one reply: the whole body or stream, one event of a stream, and
+    # the tool calls of one reply (a reply over any of them is a 502 upstream_error).
+    max_response_bytes: int = Field(32 * 1024 * 1024, ge=1024)
+    max_event_bytes: int = Field(8 * 1024 * 1024, ge=1024)
+    max_tool_calls_per_reply: int = Field(128, ge=1)
     reports_cost: bool = False
     forward_client_key: bool = False  # send the client's Authorization header upstream
     provider: str | None = None  # gen_ai.provider.name; guessed from base_url when unset

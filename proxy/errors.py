@@ -110,14 +110,38 @@ class UpstreamPoolExhausted(UpstreamFailure):
     code = "upstream_pool_exhausted"
 
 
-class UpstreamStatusError(UpstreamFailure):
-    """The upstream answered with an error status; its body is relayed as it came."""
+class CallDeadlineReached(UpstreamTimeout):
+    """The deadline the caller gave one model call (the run's time budget) passed before the
+    upstream finished; an upstream timeout to anyone who does not tell it apart."""
 
-    def __init__(self, status: int, content: bytes, content_type: str | None) -> None:
-        super().__init__(f"upstream returned HTTP {status}", code="upstream_error")
+
+class UpstreamBadReply(UpstreamFailure):
+    """The upstream answered, but not with anything the proxy can use as it came: a malformed
+    or oversized body, a stream cut short, a status no HTTP client understands."""
+
+    status = 502
+    code = "upstream_error"
+
+
+class UpstreamStatusError(UpstreamFailure):
+    """The upstream answered with an error status (400-599): relayed with that status and the
+    upstream's own error, OpenAI-shaped and scrubbed of secrets (`proxy.upstream.refusal`)."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        error_type: str = "server_error",
+        param: str | None = None,
+        code: str | None = "upstream_error",
+    ) -> None:
+        super().__init__(message, param=param, code=code)
         self.status = status
-        self.content = content
-        self.content_type = content_type
+        self.type = error_type
+
+    def __str__(self) -> str:
+        return f"upstream returned HTTP {self.status}: {self.message}"
 
 
 class ServerBusy(ProxyError):

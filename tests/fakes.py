@@ -54,7 +54,9 @@ class ScriptedModel:
     script: list[ModelReply | Callable[[ModelRequest], ModelReply]]
     requests: list[ModelRequest] = field(default_factory=list)
 
-    async def complete(self, request: ModelRequest, on_delta: DeltaSink | None) -> ModelReply:
+    async def complete(
+        self, request: ModelRequest, on_delta: DeltaSink | None, *, deadline: float | None = None
+    ) -> ModelReply:
         self.requests.append(request)
         if not self.script:
             raise AssertionError("the model was called more often than scripted")

@@ -25,6 +25,7 @@ from proxy.state.store import StateStore
 from proxy.tools.registry import ToolRegistry, build_registry
 from proxy.upstream.client import AttemptHook, HeadersHook, Upstream
 from proxy.upstream.pool import BoundedTransport
+from proxy.upstream.reply import ReplyLimits
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +142,12 @@ def build_services(
             api_key=os.environ.get(cfg.api_key_env) if cfg.api_key_env else None,
             timeout_s=cfg.timeout_s,
             connect_timeout_s=cfg.connect_timeout_s,
+            step_timeout_s=cfg.step_timeout_s,
             max_retries=cfg.max_retries,
+            max_retry_wait_s=cfg.max_retry_wait_s,
+            limits=ReplyLimits(
+                cfg.max_response_bytes, cfg.max_event_bytes, cfg.max_tool_calls_per_reply
+            ),
             on_attempt=on_attempt,
             inject_headers=inject_headers,
         )

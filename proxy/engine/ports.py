@@ -19,8 +19,12 @@ from proxy.engine.values import (
 
 
 class ChatModel(Protocol):
-    async def complete(self, request: ModelRequest, on_delta: DeltaSink | None) -> ModelReply:
-        """Call the model; stream content deltas to `on_delta` when given."""
+    async def complete(
+        self, request: ModelRequest, on_delta: DeltaSink | None, *, deadline: float | None = None
+    ) -> ModelReply:
+        """Call the model; stream content deltas to `on_delta` when given. `deadline` (a
+        `time.monotonic()` instant) is when the call must give up, if not before: it then
+        raises `proxy.errors.CallDeadlineReached` (an UpstreamTimeout)."""
         ...
 
 

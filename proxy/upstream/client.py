@@ -1,11 +1,11 @@
-"""An OpenAI-compatible upstream as the engine's `ChatModel`: JSON or SSE, with retries; its
-model list; and the one-attempt `send` that the relay shares."""
+"""An OpenAI-compatible upstream as the engine's `ChatModel`: JSON or SSE, with retries, all
+of one step's call within `step_timeout_s` (and the caller's deadline); its model list; and the
+one-attempt `send` that the relay shares."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -15,14 +15,21 @@ import httpx
 import orjson
 
 from proxy.engine.values import DeltaSink, ModelReply, ModelRequest
-from proxy.errors import UpstreamStatusError, UpstreamTimeout, UpstreamUnavailable
-from proxy.upstream.reply import ChunkAccumulator, reply_from_body
-from proxy.upstream.sse import SSEDecoder
+from proxy.errors import (
+    CallDeadlineReached,
+    UpstreamBadReply,
+    UpstreamFailure,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+)
+from proxy.upstream.error_body import ERROR_BODY_LIMIT, status_failure
+from proxy.upstream.reply import ReplyLimits
+from proxy.upstream.retry import RETRY_STATUSES, Retry
+from proxy.upstream.stream import ReplyReader
 
-RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
-MAX_RETRY_AFTER_S = 30.0
-# `GET /models` is asked while a client waits for its model list.
+# `GET /models` is asked while a client waits for its model list: 5 s per read, 10 s in all.
 MODELS_TIMEOUT = httpx.Timeout(5.0).as_dict()
+MODELS_TOTAL_S = 10.0
 # Client fields that only make sense when tools are offered.
 TOOL_FIELDS = ("tool_choice", "parallel_tool_calls")
 
@@ -36,7 +43,11 @@ def status_class(status: int) -> str:
 
 @dataclass(slots=True)
 class Upstream:
-    """One configured upstream. `with_key` gives a copy that sends another API key."""
+    """One configured upstream. `with_key` gives a copy that sends another API key.
+
+    `timeout_s` is the longest the upstream may stay silent (to start its answer, or between two
+    reads of it); `step_timeout_s` the most one step's call may take in all, however slowly the
+    bytes trickle in: every attempt, the waits between them, the whole body or stream."""
 
     name: str
     base_url: str
@@ -46,16 +57,21 @@ class Upstream:
     api_key: str | None = None
     timeout_s: float = 120.0
     connect_timeout_s: float = 10.0
+    step_timeout_s: float = 600.0
     max_retries: int = 2
+    max_retry_wait_s: float = 30.0
+    limits: ReplyLimits = field(default_factory=ReplyLimits)
     on_attempt: AttemptHook | None = None
     inject_headers: HeadersHook | None = None
     retry_base_s: float = 0.5
     _url: httpx.URL = field(init=False)  # parsed once: parsing a URL string costs a request 5%
     _timeout: dict[str, float | None] = field(init=False)
+    _reader: ReplyReader = field(init=False)
 
     def __post_init__(self) -> None:
         self._url = httpx.URL(f"{self.base_url}/chat/completions")
         self._timeout = httpx.Timeout(self.timeout_s, connect=self.connect_timeout_s).as_dict()
+        self._reader = ReplyReader(self.name, self.limits, [self.api_key])
 
     def with_key(self, api_key: str | None) -> Upstream:
         return replace(self, api_key=api_key)
@@ -96,19 +112,54 @@ class Upstream:
             self.inject_headers(headers)
         return headers
 
-    async def complete(self, request: ModelRequest, on_delta: DeltaSink | None) -> ModelReply:
+    async def complete(
+        self, request: ModelRequest, on_delta: DeltaSink | None, *, deadline: float | None = None
+    ) -> ModelReply:
+        """One step's call, retried as the config allows, given up at `step_timeout_s` or at
+        `deadline` (a `time.monotonic()` instant), whichever comes first.
+
+        Raises UpstreamFailure: UpstreamTimeout when `step_timeout_s` ran out, and its subclass
+        CallDeadlineReached when `deadline` did."""
+        now = time.monotonic()
+        own = now + self.step_timeout_s
+        theirs = deadline is not None and deadline < own
+        end = deadline if theirs and deadline is not None else own
+        call = _Call(end)
+        timeout = asyncio.timeout_at(asyncio.get_running_loop().time() + (end - now))
+        try:
+            async with timeout:
+                return await self._attempts(request, on_delta, call)
+        except TimeoutError:
+            if not timeout.expired():
+                raise
+            if call.waiting:
+                self._count("timeout")  # this attempt never got its answer
+            if theirs:
+                raise CallDeadlineReached(
+                    f"the deadline of this call passed while upstream {self.name} was answering"
+                ) from None
+            raise UpstreamTimeout(
+                f"upstream {self.name} did not finish within {self.step_timeout_s:g} s"
+            ) from None
+
+    async def _attempts(
+        self, request: ModelRequest, on_delta: DeltaSink | None, call: _Call
+    ) -> ModelReply:
         content = orjson.dumps(self.body(request))
         attempt = 0
         while True:
             try:
                 if request.stream:
-                    return await self._stream(content, on_delta)
-                return await self._json(content)
-            except _Retry as retry:
+                    return await self._stream(content, on_delta, call)
+                return await self._json(content, call)
+            except Retry as retry:
                 if attempt >= self.max_retries:
                     raise retry.error from None
                 attempt += 1
-                await asyncio.sleep(retry.delay_s(attempt, self.retry_base_s))
+                delay = retry.delay_s(attempt, self.retry_base_s, self.max_retry_wait_s)
+                if time.monotonic() + delay >= call.end:
+                    raise retry.error from None  # no time left to try again
+                await asyncio.sleep(delay)
 
     async def send(
         self,
@@ -124,10 +175,11 @@ class Upstream:
         response whatever its status, its body unread: the caller closes it. `timeouts` (httpx's
         extension dict) replace this upstream's.
 
-        Raises UpstreamUnavailable when the connection failed or timed out connecting, and
-        UpstreamTimeout when the response did not start in time. `caller_error` gives what the
-        caller's `content` stream raised, if anything: the transport reports that as a connection
-        failure, but the upstream is not at fault, so it is raised as it is and not counted.
+        Raises UpstreamUnavailable when the connection failed (refused, reset, closed) or timed
+        out connecting, and UpstreamTimeout when the response did not start in time.
+        `caller_error` gives what the caller's `content` stream raised, if anything: the
+        transport reports that as a connection failure, but the upstream is not at fault, so it
+        is raised as it is and not counted.
         """
         request = httpx.Request(
             method,
@@ -142,59 +194,83 @@ class Upstream:
             failed = caller_error() if caller_error is not None else None
             if failed is not None:
                 raise failed from None
-            if isinstance(exc, httpx.TimeoutException):
+            if timed_out(exc):
                 self._count("timeout")
                 if isinstance(exc, httpx.ConnectTimeout):
                     raise UpstreamUnavailable(f"upstream {self.name} unreachable") from None
                 raise UpstreamTimeout(f"upstream {self.name} timed out") from None
             self._count("connect_error")
             raise UpstreamUnavailable(
-                f"upstream {self.name} unreachable: {type(exc).__name__}"
+                f"upstream {self.name} unreachable: {_cause_name(exc)}"
             ) from None
         self._count(status_class(response.status_code))
         return response
 
-    async def _send(self, content: bytes) -> httpx.Response:
+    async def _send(self, content: bytes, call: _Call) -> httpx.Response:
+        call.waiting = True  # until `send` counted the attempt, which it does unless cancelled
         try:
             response = await self.send("POST", self._url, self.request_headers(), content)
-        except UpstreamUnavailable as unreachable:
-            raise _Retry(unreachable) from None  # no answer came: worth another attempt
-        if response.status_code >= 400:
-            error = await self._status_error(response)
+        except Exception as exc:
+            call.waiting = False
+            if isinstance(exc, UpstreamUnavailable):
+                raise Retry(exc) from None  # no answer came: worth another attempt
+            raise
+        call.waiting = False
+        if not 200 <= response.status_code < 300:
+            error = await self.status_error(response)
             if response.status_code in RETRY_STATUSES:
-                raise _Retry(error, response.headers.get("retry-after"))
+                raise Retry(error, response.headers.get("retry-after"))
             raise error
         return response
 
-    async def _status_error(self, response: httpx.Response) -> UpstreamStatusError:
-        """An answer with an error status as the error that relays it; closes the response."""
-        async with self.reading(response):
-            body = await response.aread()
-        return UpstreamStatusError(response.status_code, body, response.headers.get("content-type"))
+    async def status_error(self, response: httpx.Response) -> UpstreamFailure:
+        """An answer with a status other than 2xx as the error that relays it (see
+        `error_body.status_failure`), its body read up to ERROR_BODY_LIMIT bytes within
+        `timeout_s`; closes the response."""
+        body = b""
+        with contextlib.suppress(UpstreamFailure, TimeoutError):
+            async with asyncio.timeout(self.timeout_s), self.reading(response):
+                async for chunk in response.aiter_bytes():
+                    body += chunk
+                    if len(body) > ERROR_BODY_LIMIT:
+                        body = body[:ERROR_BODY_LIMIT]  # cut: it reads as no JSON, not shown
+                        break
+        return status_failure(
+            self.name,
+            response.status_code,
+            body,
+            response.headers.get("content-type"),
+            [self.api_key],
+        )
 
     async def models(self) -> list[dict[str, Any]]:
         """The models this upstream lists: the entries of `GET {base_url}/models`'s `data` that are
-        objects, asked with this upstream's own key, one attempt with a 5 s timeout.
+        objects, asked with this upstream's own key, one attempt with a 5 s timeout per read and
+        10 s in all.
 
-        Raises UpstreamUnavailable or UpstreamTimeout when the upstream cannot be reached or
-        answers with something other than a JSON object with a `data` list, and
-        UpstreamStatusError for any status but 200.
+        Raises UpstreamUnavailable, UpstreamTimeout or UpstreamBadReply when the upstream cannot
+        be reached, is too slow, or answers with something other than a JSON object with a
+        `data` list, and UpstreamStatusError for any other status but 200.
         """
-        response = await self.send(
-            "GET",
-            httpx.URL(f"{self.base_url}/models"),
-            self.request_headers(content_type=None),
-            timeouts=MODELS_TIMEOUT,
-        )
-        if response.status_code != 200:
-            raise await self._status_error(response)
-        data = (await self._read_object(response)).get("data")
+        try:
+            async with asyncio.timeout(MODELS_TOTAL_S):
+                response = await self.send(
+                    "GET",
+                    httpx.URL(f"{self.base_url}/models"),
+                    self.request_headers(content_type=None),
+                    timeouts=MODELS_TIMEOUT,
+                )
+                if response.status_code != 200:
+                    raise await self.status_error(response)
+                data = (await self._read_object(response)).get("data")
+        except TimeoutError:
+            raise UpstreamTimeout(f"upstream {self.name} timed out listing its models") from None
         if not isinstance(data, list):
-            raise UpstreamUnavailable(f"upstream {self.name} sent a model list without `data`")
+            raise UpstreamBadReply(f"upstream {self.name} sent a model list without `data`")
         return [entry for entry in data if isinstance(entry, dict)]
 
-    async def _json(self, content: bytes) -> ModelReply:
-        return await self._read_json(await self._send(content))
+    async def _json(self, content: bytes, call: _Call) -> ModelReply:
+        return self._reader.reply(await self._read_object(await self._send(content, call)))
 
     @contextlib.asynccontextmanager
     async def reading(self, response: httpx.Response) -> AsyncIterator[None]:
@@ -202,89 +278,65 @@ class Upstream:
         closes the response at the end."""
         try:
             yield
-        except httpx.TimeoutException:
-            raise UpstreamTimeout(f"upstream {self.name} timed out") from None
         except httpx.HTTPError as exc:
+            if timed_out(exc):
+                raise UpstreamTimeout(f"upstream {self.name} timed out") from None
             raise UpstreamUnavailable(
-                f"upstream {self.name} failed: {type(exc).__name__}"
+                f"upstream {self.name} failed mid-answer: the connection was closed or reset "
+                f"({_cause_name(exc)})"
             ) from None
         finally:
             await response.aclose()
 
-    async def _read_json(self, response: httpx.Response) -> ModelReply:
-        return reply_from_body(await self._read_object(response))
-
     async def _read_object(self, response: httpx.Response) -> dict[str, Any]:
         async with self.reading(response):
-            raw = await response.aread()
-        try:
-            body = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            raise UpstreamUnavailable(
-                f"upstream {self.name} sent a body that is not JSON"
-            ) from None
-        if not isinstance(body, dict):
-            raise UpstreamUnavailable(f"upstream {self.name} sent an unexpected body")
-        return body
+            length = response.headers.get("content-length")
+            raw = await self._reader.body(response.aiter_bytes(), length)
+        return self._reader.json_object(raw)
 
-    async def _stream(self, content: bytes, on_delta: DeltaSink | None) -> ModelReply:
+    async def _stream(self, content: bytes, on_delta: DeltaSink | None, call: _Call) -> ModelReply:
         started = time.monotonic()
-        first_chunk_s: float | None = None
-        response = await self._send(content)
+        response = await self._send(content, call)
         if "json" in response.headers.get("content-type", ""):
             # An upstream that ignores `stream` answers with one body: relay it as one delta.
-            reply = await self._read_json(response)
+            reply = self._reader.reply(await self._read_object(response))
             if reply.text and on_delta is not None:
                 await on_delta(reply.text)
             reply.raw = None
             return reply
-        acc = ChunkAccumulator()
-        decoder = SSEDecoder()
         async with self.reading(response):
-            async for raw in response.aiter_raw():
-                if first_chunk_s is None:
-                    first_chunk_s = time.monotonic() - started
-                # The deltas of one network read go out as one: fewer, larger client chunks.
-                text = "".join(self._deltas(acc, decoder.feed(raw)))
-                if text and on_delta is not None:
-                    await on_delta(text)
-                if decoder.done:
-                    break
-        reply = acc.reply()
-        reply.first_chunk_s = first_chunk_s
-        return reply
-
-    def _deltas(self, acc: ChunkAccumulator, events: list[bytes]) -> list[str]:
-        deltas = []
-        for data in events:
-            try:
-                chunk = orjson.loads(data)
-            except orjson.JSONDecodeError:
-                continue
-            if not isinstance(chunk, dict):
-                continue
-            if "error" in chunk and not chunk.get("choices"):
-                message = str(chunk["error"])[:500]
-                raise UpstreamUnavailable(f"upstream {self.name} failed mid-stream: {message}")
-            delta = acc.add(chunk)
-            if delta:
-                deltas.append(delta)
-        return deltas
+            return await self._reader.stream(response.aiter_raw(), on_delta, started)
 
     def _count(self, outcome: str) -> None:
         if self.on_attempt is not None:
             self.on_attempt(self.name, outcome)
 
 
-class _Retry(Exception):
-    def __init__(self, error: Exception, retry_after: str | None = None) -> None:
-        self.error = error
-        self.retry_after = retry_after
+@dataclass(slots=True)
+class _Call:
+    """One step's call: when it must end, and whether an attempt is waiting for its answer."""
 
-    def delay_s(self, attempt: int, base_s: float) -> float:
-        if self.retry_after:
-            try:
-                return min(max(float(self.retry_after), 0.0), MAX_RETRY_AFTER_S)
-            except ValueError:
-                pass
-        return float(base_s * 2 ** (attempt - 1) * (0.5 + random.random() / 2))
+    end: float
+    waiting: bool = False
+
+
+def timed_out(exc: httpx.HTTPError) -> bool:
+    """Whether a transport error is a timeout. httpx_aiohttp reports every aiohttp connection
+    error (a reset, a server that hung up) as a ConnectTimeout: the error it came from, when
+    there is one, says whether time ran out."""
+    if not isinstance(exc, httpx.TimeoutException):
+        return False
+    cause: BaseException | None = exc.__cause__
+    if cause is None:
+        return True
+    while cause is not None:
+        if isinstance(cause, TimeoutError) or type(cause).__name__.endswith("Timeout"):
+            return True
+        cause = cause.__cause__
+    return False
+
+
+def _cause_name(exc: httpx.HTTPError) -> str:
+    """The name of the error beneath a transport's error, which says what happened."""
+    cause = exc.__cause__
+    return type(cause if cause is not None else exc).__name__

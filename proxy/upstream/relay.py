@@ -6,6 +6,10 @@ client's header list and its body as an async iterator of bytes, and gets the up
 header list and body chunks. Both bodies are streamed: each chunk goes on as it arrives. A
 relayed request is sent once: it may not be idempotent.
 
+An upstream's error (a status of 400 or more) is not relayed as it came: its body becomes an
+OpenAI-shaped error, scrubbed of secrets (`error_body`), and a status no client can be given
+(600 and over) is a 502.
+
 Which upstream gets a request is the caller's choice; `sniff_model` reads the `model` of a JSON
 body for it, which means reading a body of up to MODEL_SNIFF_LIMIT bytes before sending it.
 """
@@ -20,6 +24,7 @@ from urllib.parse import unquote
 import httpx
 import orjson
 
+from proxy.errors import UpstreamStatusError
 from proxy.upstream.client import Upstream
 
 # A JSON body up to this size is read whole to find its model; a larger one is not parsed.
@@ -42,6 +47,15 @@ NOT_FORWARDED = frozenset(
 )
 # The server that serves the proxy adds its own (uvicorn does, whatever the app sends).
 NOT_RETURNED = frozenset({b"date", b"server"})
+# What no longer describes an upstream's error once the proxy has rewritten its body.
+NOT_RETURNED_WITH_AN_ERROR = NOT_RETURNED | {
+    b"content-type",
+    b"content-length",
+    b"content-encoding",
+    b"content-language",
+    b"content-disposition",
+    b"etag",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,14 +167,16 @@ async def relay(
     headers: Iterable[tuple[bytes, bytes]] = (),
     body: AsyncIterable[bytes] | None = None,
 ) -> AsyncIterator[Relayed]:
-    """Sends the client's request to `upstream` once and gives its answer, whatever the status,
-    for the block; the upstream response is closed when the block ends. `path` and `query` are
-    as `upstream_url` takes them, `headers` (the client's) as `forwarded_headers` does. `body`
-    is streamed as it is read; one that ends without a byte is sent as no body.
+    """Sends the client's request to `upstream` once and gives its answer for the block; the
+    upstream response is closed when the block ends. `path` and `query` are as `upstream_url`
+    takes them, `headers` (the client's) as `forwarded_headers` does. `body` is streamed as it
+    is read; one that ends without a byte is sent as no body. An answer with a status of 400 to
+    599 is given with the upstream's error, OpenAI-shaped and scrubbed (`error_answer`).
 
     Raises ValueError for a path `upstream_url` refuses; UpstreamUnavailable or UpstreamTimeout
-    when no answer started (counted through `on_attempt`, like every attempt); and whatever
-    `body` raised (a client that left) as it is, not counted, when the client's body failed.
+    when no answer started (counted through `on_attempt`, like every attempt); UpstreamBadReply
+    for a status of 600 or more; and whatever `body` raised (a client that left) as it is, not
+    counted, when the client's body failed.
     """
     url = upstream_url(upstream.base_url, path, query)
     sent = await _CallerBody.of(body) if body is not None else None
@@ -171,12 +187,32 @@ async def relay(
         sent,
         caller_error=sent.failure if sent is not None else None,
     )
-    chunks = _chunks(upstream, response)
     try:
-        yield Relayed(response.status_code, returned_headers(response.headers.raw), chunks)
+        if response.status_code >= 400:
+            yield await error_answer(upstream, response)
+            return
+        chunks = _chunks(upstream, response)
+        try:
+            yield Relayed(response.status_code, returned_headers(response.headers.raw), chunks)
+        finally:
+            await chunks.aclose()
     finally:
-        await chunks.aclose()
         await response.aclose()
+
+
+async def error_answer(upstream: Upstream, response: httpx.Response) -> Relayed:
+    """An upstream's error answer as it goes to the client: its status and headers (but those
+    of its body), and its error as an OpenAI-shaped JSON body, scrubbed. Raises the error
+    itself when it cannot be relayed (a status of 600 or more: UpstreamBadReply)."""
+    error = await upstream.status_error(response)
+    if not isinstance(error, UpstreamStatusError):
+        raise error
+    content = orjson.dumps(error.body())
+    headers = _end_to_end(
+        [(k.lower(), v) for k, v in response.headers.raw], NOT_RETURNED_WITH_AN_ERROR
+    )
+    headers += [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(content))]
+    return Relayed(error.status, headers, _prepend(content, _nothing()))
 
 
 class _CallerBody:
@@ -214,6 +250,11 @@ async def _chunks(upstream: Upstream, response: httpx.Response) -> AsyncGenerato
     async with upstream.reading(response):
         async for chunk in response.aiter_raw():
             yield chunk
+
+
+async def _nothing() -> AsyncIterator[bytes]:
+    return
+    yield
 
 
 async def _prepend(head: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:

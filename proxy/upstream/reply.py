@@ -1,48 +1,63 @@
-"""Turning upstream bodies and stream chunks into the engine's `ModelReply`."""
+"""Turning upstream bodies and stream chunks into the engine's `ModelReply`, checking their
+shape as they are read.
+
+A reply the proxy cannot read as it came raises MalformedReply, naming the field (the client
+turns it into a 502 `upstream_error`). What can be read safely is repaired and logged instead:
+a tool-call id that repeats one before it gets a fresh one (each call gets its own result), and
+a usage the upstream cannot mean (a negative or non-finite `cost`, negative token counts) is
+not believed, so no upstream can lower the run's totals below what it spent.
+"""
 
 from __future__ import annotations
 
+import logging
+import math
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from proxy.engine.usage import Usage
 from proxy.engine.values import ModelReply, ToolCall
 
+log = logging.getLogger(__name__)
 
-def _cost(usage: Any) -> float | None:
-    if isinstance(usage, dict):
-        cost = usage.get("cost")
-        if isinstance(cost, int | float) and not isinstance(cost, bool):
-            return float(cost)
-    return None
+TOKEN_FIELDS = ("prompt_tokens", "completion_tokens", "total_tokens")
 
 
-def _calls(raw: Any) -> list[ToolCall]:
-    calls = []
-    for i, call in enumerate(raw or []):
-        function = call.get("function") or {}
-        calls.append(
-            ToolCall(
-                call.get("id") or f"call_{i}",
-                function.get("name") or "",
-                function.get("arguments") or "",
-            )
-        )
-    return calls
+class MalformedReply(ValueError):
+    """A reply whose shape is not a Chat Completions reply; the message names the field."""
 
 
-def reply_from_body(body: dict[str, Any]) -> ModelReply:
-    choices = body.get("choices") or [{}]
-    choice = choices[0] if isinstance(choices[0], dict) else {}
-    message = choice.get("message") or {"role": "assistant", "content": None}
-    usage = body.get("usage")
+@dataclass(frozen=True, slots=True)
+class ReplyLimits:
+    """What one upstream reply may hold (UpstreamConfig's bounds of the same names)."""
+
+    max_response_bytes: int = 32 * 1024 * 1024
+    max_event_bytes: int = 8 * 1024 * 1024
+    max_tool_calls: int = 128
+
+
+def reply_from_body(body: dict[str, Any], limits: ReplyLimits = ReplyLimits()) -> ModelReply:
+    """The reply of a whole `chat.completion` body (its first choice)."""
+    choices = body.get("choices")
+    if not isinstance(choices, list) or not choices:
+        raise MalformedReply("choices is not a list with a choice in it")
+    choice = _object(choices[0], "choices[0]")
+    message = _object(choice.get("message"), "choices[0].message")
+    _content(message, "choices[0].message")
+    calls, entries = _calls(message.get("tool_calls"), "choices[0].message.tool_calls", limits)
+    if entries is not None:
+        message = {**message, "tool_calls": entries}
+    usage, cost = reported_usage(body.get("usage"), "usage")
     return ModelReply(
         message=message,
-        tool_calls=_calls(message.get("tool_calls")),
-        finish_reason=choice.get("finish_reason"),
-        usage=Usage.from_openai(usage),
-        reported_cost_usd=_cost(usage),
-        response_id=body.get("id"),
-        response_model=body.get("model"),
+        tool_calls=calls,
+        finish_reason=_finish_reason(choice, "choices[0].finish_reason"),
+        usage=usage,
+        reported_cost_usd=cost,
+        response_id=_text(body.get("id")),
+        response_model=_text(body.get("model")),
         raw=body,
     )
 
@@ -50,7 +65,8 @@ def reply_from_body(body: dict[str, Any]) -> ModelReply:
 class ChunkAccumulator:
     """Builds one reply from `chat.completion.chunk`s."""
 
-    def __init__(self) -> None:
+    def __init__(self, limits: ReplyLimits = ReplyLimits()) -> None:
+        self.limits = limits
         self.content: list[str] = []
         self.refusal: list[str] = []
         self.calls: dict[int, dict[str, Any]] = {}
@@ -60,39 +76,65 @@ class ChunkAccumulator:
         self.model: str | None = None
 
     def add(self, chunk: dict[str, Any]) -> str | None:
-        """Takes a chunk; returns its content delta, if any."""
-        self.id = self.id or chunk.get("id")
-        self.model = self.model or chunk.get("model")
-        if chunk.get("usage"):
-            self.usage = chunk["usage"]
+        """Takes a chunk; returns its content delta, if any. Raises MalformedReply."""
+        self.id = self.id or _text(chunk.get("id"))
+        self.model = self.model or _text(chunk.get("model"))
+        usage = chunk.get("usage")
+        if usage:
+            _object(usage, "usage")
+            self.usage = usage
         choices = chunk.get("choices")
         if not choices:
             return None
-        choice = choices[0]
-        if choice.get("finish_reason"):
-            self.finish_reason = choice["finish_reason"]
-        delta = choice.get("delta") or {}
-        for call in delta.get("tool_calls") or ():
-            slot = self.calls.setdefault(
-                call.get("index", len(self.calls)), {"id": None, "name": "", "arguments": []}
-            )
-            slot["id"] = slot["id"] or call.get("id")
-            function = call.get("function") or {}
-            slot["name"] += function.get("name") or ""
-            slot["arguments"].append(function.get("arguments") or "")
-        if delta.get("refusal"):
-            self.refusal.append(delta["refusal"])
-        content = delta.get("content")
+        if not isinstance(choices, list):
+            raise MalformedReply("choices of a chunk is not a list")
+        choice = _object(choices[0], "choices[0]")
+        finish = _finish_reason(choice, "choices[0].finish_reason")
+        if finish:
+            self.finish_reason = finish
+        delta = choice.get("delta")
+        if delta is None:
+            return None
+        delta = _object(delta, "choices[0].delta")
+        calls = delta.get("tool_calls")
+        if calls is not None:
+            if not isinstance(calls, list):
+                raise MalformedReply("choices[0].delta.tool_calls is not a list")
+            for i, call in enumerate(calls):
+                self._add_call(_object(call, f"choices[0].delta.tool_calls[{i}]"), i)
+        refusal = _optional_text(delta.get("refusal"), "choices[0].delta.refusal")
+        if refusal:
+            self.refusal.append(refusal)
+        content = _optional_text(delta.get("content"), "choices[0].delta.content")
         if content:
             self.content.append(content)
-            return str(content)
+            return content
         return None
 
+    def _add_call(self, call: dict[str, Any], i: int) -> None:
+        path = f"choices[0].delta.tool_calls[{i}]"
+        index = call.get("index", len(self.calls))
+        if isinstance(index, bool) or not isinstance(index, int):
+            raise MalformedReply(f"{path}.index is not an integer")
+        slot = self.calls.get(index)
+        if slot is None:
+            if len(self.calls) >= self.limits.max_tool_calls:
+                raise _too_many(self.limits)
+            slot = self.calls[index] = {"id": None, "name": "", "arguments": []}
+        slot["id"] = slot["id"] or _optional_text(call.get("id"), f"{path}.id")
+        function = call.get("function")
+        if function is None:
+            return
+        function = _object(function, f"{path}.function")
+        slot["name"] += _optional_text(function.get("name"), f"{path}.function.name") or ""
+        arguments = _optional_text(function.get("arguments"), f"{path}.function.arguments")
+        slot["arguments"].append(arguments or "")
+
     def reply(self) -> ModelReply:
-        calls = [
+        calls = unique_ids(
             ToolCall(slot["id"] or f"call_{index}", slot["name"], "".join(slot["arguments"]))
             for index, slot in sorted(self.calls.items())
-        ]
+        )
         message: dict[str, Any] = {
             "role": "assistant",
             "content": "".join(self.content) if self.content or not calls else None,
@@ -101,12 +143,130 @@ class ChunkAccumulator:
             message["refusal"] = "".join(self.refusal)
         if calls:
             message["tool_calls"] = [c.to_openai() for c in calls]
+        usage, cost = reported_usage(self.usage, "usage")
         return ModelReply(
             message=message,
             tool_calls=calls,
             finish_reason=self.finish_reason,
-            usage=Usage.from_openai(self.usage),
-            reported_cost_usd=_cost(self.usage),
+            usage=usage,
+            reported_cost_usd=cost,
             response_id=self.id,
             response_model=self.model,
         )
+
+
+def reported_usage(raw: Any, path: str) -> tuple[Usage, float | None]:
+    """The usage and cost a reply reports. Token counts below zero count as zero, details below
+    zero or not finite are dropped, and a `cost` below zero or not finite is no reported cost
+    (the price table prices the step instead); each is logged."""
+    if raw is None:
+        return Usage(), None
+    raw = dict(_object(raw, path))
+    for name in TOKEN_FIELDS:
+        value = raw.get(name)
+        if _number(value) and value < 0:
+            log.warning("upstream reported %s.%s = %s; counted as 0", path, name, value)
+            raw[name] = 0
+    for name, details in list(raw.items()):
+        if name.endswith("_details") and isinstance(details, dict):
+            raw[name] = _sane_details(details, f"{path}.{name}")
+    cost = raw.get("cost")
+    if cost is not None and not (_number(cost) and _finite_and_not_negative(cost)):
+        log.warning("upstream reported %s.cost = %r; not believed", path, cost)
+        cost = None
+    return Usage.from_openai(raw), float(cost) if cost is not None else None
+
+
+def unique_ids(calls: Iterable[ToolCall]) -> list[ToolCall]:
+    """`calls`, each id that repeats an earlier one (or is empty) replaced by a fresh one."""
+    seen: set[str] = set()
+    out = []
+    for call in calls:
+        if not call.id or call.id in seen:
+            fresh = f"call_{uuid.uuid4().hex[:24]}"
+            log.warning("upstream repeated tool call id %r; the call is now %s", call.id, fresh)
+            call = ToolCall(fresh, call.name, call.arguments)
+        seen.add(call.id)
+        out.append(call)
+    return out
+
+
+def _calls(
+    raw: Any, path: str, limits: ReplyLimits
+) -> tuple[list[ToolCall], list[dict[str, Any]] | None]:
+    """The tool calls of a message, and its `tool_calls` entries as they go on (with the ids
+    that were repaired), or None when they go on as they came."""
+    if raw is None:
+        return [], None
+    if not isinstance(raw, list):
+        raise MalformedReply(f"{path} is not a list")
+    if len(raw) > limits.max_tool_calls:
+        raise _too_many(limits)
+    read = []
+    for i, entry in enumerate(raw):
+        call = _object(entry, f"{path}[{i}]")
+        function = _object(call.get("function"), f"{path}[{i}].function")
+        name = function.get("name")
+        if not isinstance(name, str):
+            raise MalformedReply(f"{path}[{i}].function.name is not a string")
+        arguments = _optional_text(function.get("arguments"), f"{path}[{i}].function.arguments")
+        call_id = _optional_text(call.get("id"), f"{path}[{i}].id")
+        read.append(ToolCall(call_id or f"call_{i}", name, arguments or ""))
+    calls = unique_ids(read)
+    if all(call.id == entry.get("id") for call, entry in zip(calls, raw, strict=True)):
+        return calls, None
+    return calls, [{**entry, "id": call.id} for call, entry in zip(calls, raw, strict=True)]
+
+
+def _too_many(limits: ReplyLimits) -> MalformedReply:
+    limit = limits.max_tool_calls
+    return MalformedReply(f"more than {limit} tool calls in one reply (max_tool_calls_per_reply)")
+
+
+def _sane_details(details: dict[str, Any], path: str) -> dict[str, Any]:
+    sane: dict[str, Any] = {}
+    for key, value in details.items():
+        if isinstance(value, dict):
+            sane[key] = _sane_details(value, f"{path}.{key}")
+        elif _number(value) and not _finite_and_not_negative(value):
+            log.warning("upstream reported %s.%s = %s; dropped", path, key, value)
+        else:
+            sane[key] = value
+    return sane
+
+
+def _content(message: dict[str, Any], path: str) -> None:
+    content = message.get("content")
+    if content is not None and not isinstance(content, str | list):
+        raise MalformedReply(f"{path}.content is neither a string, a list nor null")
+
+
+def _finish_reason(choice: dict[str, Any], path: str) -> str | None:
+    return _optional_text(choice.get("finish_reason"), path)
+
+
+def _object(value: Any, path: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise MalformedReply(f"{path} is not an object")
+    return value
+
+
+def _optional_text(value: Any, path: str) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise MalformedReply(f"{path} is not a string")
+    return value
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _finite_and_not_negative(value: float) -> bool:
+    try:
+        return math.isfinite(value) and value >= 0
+    except OverflowError:  # an int too large for a float
+        return False
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)

@@ -3,28 +3,62 @@
 from __future__ import annotations
 
 
+class EventTooLarge(ValueError):
+    """One event (or one line of it) grew past the decoder's `max_event_bytes`."""
+
+
 class SSEDecoder:
     """Feeds on bytes as they arrive; returns each complete event's data (multi-line data
-    joined with newlines). `done` turns true at `data: [DONE]`, which is not returned."""
+    joined with newlines). `done` turns true at `data: [DONE]`, which is not returned, and
+    nothing after it is read.
 
-    def __init__(self) -> None:
-        self._buffer = b""
+    Raises EventTooLarge as soon as the event being read (its data and the line not yet ended)
+    holds more than `max_event_bytes`: a stream without line breaks cannot grow it without
+    bound. A line arriving in many pieces is joined once, when it ends."""
+
+    def __init__(self, max_event_bytes: int | None = None) -> None:
+        self._pieces: list[bytes] = []  # the line not yet ended
+        self._pieces_size = 0
         self._data: list[bytes] = []
+        self._data_size = 0
+        self.max_event_bytes = max_event_bytes
         self.done = False
 
     def feed(self, chunk: bytes) -> list[bytes]:
+        if self.done:
+            return []
+        if b"\n" not in chunk:
+            self._pieces.append(chunk)
+            self._pieces_size += len(chunk)
+            self._check()
+            return []
+        if self._pieces:
+            chunk = b"".join([*self._pieces, chunk])
+        *lines, rest = chunk.split(b"\n")
+        self._pieces = [rest] if rest else []
+        self._pieces_size = len(rest)
         events: list[bytes] = []
-        *lines, self._buffer = (self._buffer + chunk).split(b"\n")
         for raw in lines:
             line = raw.rstrip(b"\r")
             if not line:
-                if self._data:
-                    events.append(b"\n".join(self._data))
-                    self._data = []
+                if not self._data:
+                    continue
+                data = b"\n".join(self._data)
+                self._data, self._data_size = [], 0
+                if data == b"[DONE]":
+                    self.done = True
+                    return events
+                events.append(data)
             elif line.startswith(b"data:"):
                 value = line[5:]
-                self._data.append(value[1:] if value.startswith(b" ") else value)
-        if events and events[-1] == b"[DONE]":
-            self.done = True
-            events.pop()
+                value = value[1:] if value.startswith(b" ") else value
+                self._data.append(value)
+                self._data_size += len(value)
+                self._check()
+        self._check()
         return events
+
+    def _check(self) -> None:
+        limit = self.max_event_bytes
+        if limit is not None and self._data_size + self._pieces_size > limit:
+            raise EventTooLarge(f"an event of more than {limit} bytes")

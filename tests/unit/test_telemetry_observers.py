@@ -34,13 +34,13 @@ def run_events(stop: Stop, *, fail_step: bool = False) -> list[ev.RunEvent]:
         ev.StepStarted("run_1", 2, request, 1.0),
     ]
     if fail_step:
-        events.append(ev.ModelFailed("run_1", 2, UpstreamStatusError(503, b"{}", None), 0.1))
+        events.append(ev.ModelFailed("run_1", 2, UpstreamStatusError(503, "busy"), 0.1))
     else:
         events.append(ev.ModelReplied("run_1", 2, reply("done"), 0.001, 0.25))
         events.append(
             ev.ConditionHeld("run_1", 2, {"condition": "stop_when[0]", "kind": "max_cost"})
         )
-    error = UpstreamStatusError(503, b"{}", None) if fail_step else None
+    error = UpstreamStatusError(503, "busy") if fail_step else None
     events.append(
         ev.RunFinished(
             "run_1", "agent-a", "gpt-x", stop, 2, 1, Usage(60, 12, 72), 0.003, 2.0, 0.75, 0.25,

@@ -1,13 +1,22 @@
-"""Upstream SSE and chunk parsing, and the body sent upstream."""
+"""Upstream SSE and chunk parsing, replies and their usage, Retry-After, error bodies, and the
+body sent upstream."""
 
 from __future__ import annotations
 
-import httpx
+import math
+from datetime import UTC, datetime
+from typing import Any
 
-from proxy.engine.values import ModelRequest
+import httpx
+import pytest
+
+from proxy.engine.values import ModelRequest, ToolCall
+from proxy.errors import UpstreamBadReply, UpstreamStatusError
 from proxy.upstream.client import Upstream
-from proxy.upstream.reply import ChunkAccumulator
-from proxy.upstream.sse import SSEDecoder
+from proxy.upstream.error_body import MESSAGE_LIMIT, scrub, status_failure
+from proxy.upstream.reply import ChunkAccumulator, reply_from_body, reported_usage, unique_ids
+from proxy.upstream.retry import Retry, retry_after_s
+from proxy.upstream.sse import EventTooLarge, SSEDecoder
 
 
 def test_sse_events_split_across_reads() -> None:
@@ -82,3 +91,210 @@ def test_upstream_body_caps_tokens_and_drops_tool_fields_without_tools() -> None
     assert "tool_choice" not in body
     assert body["stream_options"] == {"include_usage": True}
     assert body["temperature"] == 0
+
+
+# Bounds and faults of the SSE decoder
+
+
+def test_sse_an_event_over_the_cap_is_refused_before_it_ends() -> None:
+    decoder = SSEDecoder(max_event_bytes=100)
+    assert decoder.feed(b"data: " + b"a" * 60 + b"\n") == []
+    with pytest.raises(EventTooLarge, match="more than 100 bytes"):
+        decoder.feed(b"data: " + b"b" * 50)  # the second line is not even ended
+
+
+def test_sse_a_line_without_end_is_refused_at_the_cap() -> None:
+    decoder = SSEDecoder(max_event_bytes=1000)
+    for _ in range(9):
+        assert decoder.feed(b": " + b"x" * 98) == []
+    with pytest.raises(EventTooLarge):
+        decoder.feed(b"x" * 200)
+
+
+def test_sse_a_line_in_many_pieces_is_read_whole() -> None:
+    decoder = SSEDecoder(max_event_bytes=10_000)
+    pieces = [b'data: {"a": "', *[b"x" * 10] * 50, b'"}', b"\n\n"]
+    events = [event for piece in pieces for event in decoder.feed(piece)]
+    assert events == [b'{"a": "' + b"x" * 500 + b'"}']
+
+
+def test_sse_nothing_after_done_is_read() -> None:
+    decoder = SSEDecoder()
+    assert decoder.feed(b"data: 1\n\ndata: [DONE]\n\ndata: 2\n\n") == [b"1"]
+    assert decoder.done
+    assert decoder.feed(b"data: 3\n\n") == []
+
+
+# Replies: ids, usage
+
+
+def test_repeated_and_missing_tool_call_ids_are_made_unique() -> None:
+    calls = unique_ids(
+        [ToolCall("a", "f", "{}"), ToolCall("a", "g", "{}"), ToolCall("", "h", "{}")]
+    )
+    assert calls[0] == ToolCall("a", "f", "{}")
+    assert [c.name for c in calls] == ["f", "g", "h"]
+    assert len({c.id for c in calls}) == 3
+    assert all(c.id.startswith("call_") for c in calls[1:])
+
+
+def test_a_repaired_id_keeps_the_rest_of_its_entry() -> None:
+    entry = {
+        "id": "same",
+        "type": "function",
+        "function": {"name": "f", "arguments": "{}"},
+        "extra_content": {"google": {"thought_signature": "sig"}},
+    }
+    message = {"role": "assistant", "content": None, "tool_calls": [entry, dict(entry)]}
+    reply = reply_from_body({"choices": [{"message": message, "finish_reason": "tool_calls"}]})
+    first, second = reply.message["tool_calls"]
+    assert first == entry
+    assert second == {**entry, "id": reply.tool_calls[1].id}
+    assert reply.tool_calls[1].id != "same"
+    assert message["tool_calls"][1]["id"] == "same"  # the upstream's body is left as it came
+
+
+@pytest.mark.parametrize(
+    ("usage", "tokens", "cost"),
+    [
+        ({"prompt_tokens": 3, "completion_tokens": 2, "cost": 0.5}, (3, 2, 5), 0.5),
+        ({"prompt_tokens": -3, "completion_tokens": 2, "cost": -0.5}, (0, 2, 2), None),
+        ({"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": -9}, (3, 2, 5), None),
+        ({"cost": math.inf}, (0, 0, 0), None),
+        ({"cost": math.nan}, (0, 0, 0), None),
+        ({"cost": "0.5"}, (0, 0, 0), None),
+        ({"cost": True}, (0, 0, 0), None),
+        ({"cost": 10**400}, (0, 0, 0), None),
+    ],
+)
+def test_usage_no_upstream_can_mean_is_not_believed(
+    usage: dict[str, Any], tokens: tuple[int, int, int], cost: float | None
+) -> None:
+    read, reported = reported_usage(usage, "usage")
+    assert (read.prompt_tokens, read.completion_tokens, read.total_tokens) == tokens
+    assert reported == cost
+
+
+def test_usage_details_below_zero_are_dropped() -> None:
+    raw = {"prompt_tokens": 10, "prompt_tokens_details": {"cached_tokens": -50, "audio_tokens": 2}}
+    read, _ = reported_usage(raw, "usage")
+    assert read.details == {"prompt_tokens_details": {"audio_tokens": 2}}
+
+
+# Retry-After
+
+
+NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("header", "seconds"),
+    [
+        (None, None),
+        ("", None),
+        ("3", 3.0),
+        (" 1.5 ", 1.5),
+        ("-5", 0.0),
+        ("nan", None),
+        ("inf", math.inf),
+        ("soon", None),
+        ("Thu, 01 Jan 2026 12:00:30 GMT", 30.0),
+        ("Thu, 01 Jan 2026 11:00:00 GMT", 0.0),
+    ],
+)
+def test_retry_after(header: str | None, seconds: float | None) -> None:
+    assert retry_after_s(header, NOW) == seconds
+
+
+@pytest.mark.parametrize("header", ["nan", "inf", "1e12", "-1", "garbage", None])
+def test_a_retry_waits_at_most_the_max(header: str | None) -> None:
+    delay = Retry(RuntimeError(), header).delay_s(attempt=3, base_s=0.5, max_s=2.0)
+    assert 0.0 <= delay <= 2.0
+
+
+# Upstream error bodies
+
+
+def test_scrub_removes_the_key_and_what_looks_like_one() -> None:
+    text = (
+        "key my-own-secret-key-123 rejected; Authorization: Bearer abc.def-ghi; "
+        "also sk-proj-AbCdEf0123456789 and api_key=hunter2&x=1"
+    )
+    assert scrub(text, ["my-own-secret-key-123"]) == (
+        "key [redacted] rejected; Authorization: [redacted]; also [redacted] and [redacted]&x=1"
+    )
+
+
+def test_scrub_caps_the_length() -> None:
+    assert len(scrub("x" * 5000)) == MESSAGE_LIMIT
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "content_type", "expected"),
+    [
+        (
+            429,
+            b'{"error": {"message": "slow down", "type": "rate_limit", "code": 429, "param": 1}}',
+            "application/json",
+            (429, "slow down", "rate_limit", None, "429"),
+        ),
+        (
+            400,
+            b'{"error": "no such model"}',
+            None,
+            (400, "no such model", "server_error", None, None),
+        ),
+        (
+            502,
+            b"<html>Bad Gateway</html>",
+            "text/html; charset=utf-8",
+            (
+                502,
+                "upstream u answered HTTP 502; its text/html body is not shown",
+                "server_error",
+                None,
+                "upstream_error",
+            ),
+        ),
+        (
+            500,
+            b'{"detail": "boom"}',
+            "application/json",
+            (
+                500,
+                "upstream u answered HTTP 500; its application/json body is not shown",
+                "server_error",
+                None,
+                "upstream_error",
+            ),
+        ),
+        (
+            503,
+            b"",
+            "text/plain",
+            (
+                503,
+                "upstream u answered HTTP 503 with no body",
+                "server_error",
+                None,
+                "upstream_error",
+            ),
+        ),
+    ],
+)
+def test_an_error_answer_is_relayed_openai_shaped(
+    status: int,
+    body: bytes,
+    content_type: str | None,
+    expected: tuple[int, str, str, str | None, str | None],
+) -> None:
+    error = status_failure("u", status, body, content_type)
+    assert isinstance(error, UpstreamStatusError)
+    assert (error.status, error.message, error.type, error.param, error.code) == expected
+
+
+def test_an_error_answer_with_a_status_no_client_can_be_given_is_a_bad_reply() -> None:
+    error = status_failure("u", 999, b'{"error": {"message": "odd"}}', "application/json")
+    assert isinstance(error, UpstreamBadReply)
+    assert (error.status, error.code) == (502, "upstream_error")
+    assert error.message == "upstream u answered HTTP 999, which is not a reply"

@@ -11,6 +11,7 @@ import pytest
 
 from proxy.errors import (
     ClientDisconnected,
+    UpstreamBadReply,
     UpstreamStatusError,
     UpstreamTimeout,
     UpstreamUnavailable,
@@ -314,17 +315,38 @@ async def test_the_response_body_comes_back_in_its_chunks_as_they_arrive() -> No
     assert stream.closed
 
 
-async def test_an_upstream_error_status_is_relayed_unchanged() -> None:
+async def test_an_upstream_error_is_relayed_openai_shaped_with_its_status() -> None:
     error = b'{"error": {"message": "bad input", "type": "invalid_request_error"}}'
     attempts = Attempts()
     body = Chunks(error[:20], error[20:])
-    refusal = httpx.Response(400, headers={"content-type": JSON}, stream=body)
+    headers = {"content-type": "application/json; charset=utf-8", "x-request-id": "req-1"}
+    refusal = httpx.Response(400, headers=headers, stream=body)
     up = upstream(httpx.MockTransport(lambda request: refusal), attempts)
     async with relay(up, "POST", "/v1/embeddings", body=chunks_of(b"{}")) as answer:
         assert answer.status == 400
         assert (b"content-type", JSON.encode()) in answer.headers
-        assert b"".join(await read_all(answer.body)) == error
+        assert (b"x-request-id", b"req-1") in answer.headers
+        relayed = b"".join(await read_all(answer.body))
+        assert (b"content-length", str(len(relayed)).encode()) in answer.headers
+    assert orjson.loads(relayed) == {
+        "error": {
+            "message": "bad input",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": None,
+        }
+    }
+    assert body.closed
     assert attempts == [("up", "4xx")]
+
+
+async def test_a_success_status_is_relayed_as_it_came() -> None:
+    page = b"<html>not json, and fine</html>"
+    answer_of = httpx.Response(203, headers={"content-type": "text/html"}, stream=Chunks(page))
+    up = upstream(httpx.MockTransport(lambda request: answer_of))
+    async with relay(up, "GET", "/v1/files/f-1/content") as answer:
+        assert answer.status == 203
+        assert b"".join(await read_all(answer.body)) == page
 
 
 async def test_the_upstream_response_is_closed_when_the_block_ends_unread() -> None:
@@ -493,13 +515,14 @@ async def test_models_raises_the_status_of_an_upstream_that_refuses() -> None:
     up = upstream(httpx.MockTransport(lambda request: response))
     with pytest.raises(UpstreamStatusError) as raised:
         await up.models()
-    assert (raised.value.status, raised.value.content) == (401, b'{"error": {}}')
+    message = "upstream up answered HTTP 401; its application/json body is not shown"
+    assert (raised.value.status, raised.value.message) == (401, message)
 
 
 @pytest.mark.parametrize("body", [b"<html>not json</html>", b"[]", b'{"data": "m-1"}', b"{}"])
-async def test_models_raises_unavailable_for_a_body_that_is_no_model_list(body: bytes) -> None:
+async def test_models_raises_a_bad_reply_for_a_body_that_is_no_model_list(body: bytes) -> None:
     up = upstream(httpx.MockTransport(lambda request: httpx.Response(200, content=body)))
-    with pytest.raises(UpstreamUnavailable):
+    with pytest.raises(UpstreamBadReply):
         await up.models()
 
 
@@ -508,3 +531,15 @@ async def test_models_raises_unavailable_when_unreachable() -> None:
     with pytest.raises(UpstreamUnavailable):
         await upstream(failing(httpx.ConnectError("refused")), attempts).models()
     assert attempts == [("up", "connect_error")]
+
+
+async def test_an_error_body_too_large_to_be_an_error_is_not_shown() -> None:
+    huge = b'{"error": {"message": "' + b"x" * 200_000 + b'"}}'
+    refusal = httpx.Response(500, headers={"content-type": JSON}, stream=Chunks(huge))
+    up = upstream(httpx.MockTransport(lambda request: refusal))
+    async with relay(up, "GET", "/v1/files") as answer:
+        relayed = orjson.loads(b"".join(await read_all(answer.body)))
+    assert answer.status == 500
+    assert relayed["error"]["message"] == (
+        "upstream up answered HTTP 500; its application/json body is not shown"
+    )

@@ -1,0 +1,106 @@
+"""An upstream's error answer as the proxy relays it: OpenAI-shaped, with the upstream's status
+and its own message, type, param and code when it sent an OpenAI-shaped JSON error, a generic
+message otherwise; every string scrubbed of secrets and capped in length. An upstream that
+echoes the key it was sent, or answers with an HTML page, never has that reach a client."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import Any
+
+import orjson
+
+from proxy.errors import UpstreamBadReply, UpstreamFailure, UpstreamStatusError
+
+# Statuses relayed as the upstream's error; any other is no status a client can be given.
+RELAYED_STATUSES = range(400, 600)
+ERROR_BODY_LIMIT = 64 * 1024  # of an error body, no more is read
+MESSAGE_LIMIT = 1000
+FIELD_LIMIT = 200
+REDACTED = "[redacted]"
+# What looks like a credential, whatever key the upstream was sent: a bearer token, an
+# `sk-`-style API key, a `key=value` pair that names a key, token or secret.
+_SECRET = re.compile(
+    r"""(?ix)
+    \bbearer\s+[^\s"',;]+
+    | \b(?:sk|rk|pk)-[a-z0-9_\-]{8,}
+    | \b(?:api[_-]?key|access[_-]?token|token|secret|password)\b["']?\s*[:=]\s*["']?[^\s"',;&]+
+    """
+)
+
+
+def scrub(text: str, secrets: Iterable[str | None] = (), limit: int = MESSAGE_LIMIT) -> str:
+    """`text` with every occurrence of `secrets` and everything that looks like a credential
+    replaced by `[redacted]`, cut to `limit` characters."""
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, REDACTED)
+    text = _SECRET.sub(REDACTED, text)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def status_failure(
+    upstream: str,
+    status: int,
+    body: bytes,
+    content_type: str | None,
+    secrets: Iterable[str | None] = (),
+) -> UpstreamFailure:
+    """The error an upstream's answer with a non-success `status` is relayed as: an
+    UpstreamStatusError for a status in RELAYED_STATUSES, else an UpstreamBadReply (502)."""
+    if status not in RELAYED_STATUSES:
+        return UpstreamBadReply(f"upstream {upstream} answered HTTP {status}, which is not a reply")
+    error = _openai_error(body)
+    if error is None:
+        return UpstreamStatusError(status, _generic(upstream, status, body, content_type))
+    secrets = tuple(secrets)
+    message = error.get("message")
+    return UpstreamStatusError(
+        status,
+        scrub(message, secrets) if isinstance(message, str) else f"upstream returned HTTP {status}",
+        error_type=_field(error.get("type"), secrets) or "server_error",
+        param=_field(error.get("param"), secrets),
+        code=_field(error.get("code"), secrets, numbered=True),
+    )
+
+
+def mid_stream_message(error: Any, secrets: Iterable[str | None] = ()) -> str:
+    """The message of an `error` member an upstream sent inside a stream, scrubbed."""
+    if isinstance(error, dict) and isinstance(error.get("message"), str):
+        return scrub(error["message"], secrets)
+    if isinstance(error, str):
+        return scrub(error, secrets)
+    return "an error without a message"
+
+
+def _openai_error(body: bytes) -> dict[str, Any] | None:
+    """The `error` object of an OpenAI-shaped JSON error body (`{"error": "text"}` counts, as
+    its message), else None."""
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    error = parsed.get("error") if isinstance(parsed, dict) else None
+    if isinstance(error, str):
+        return {"message": error}
+    if isinstance(error, dict) and isinstance(error.get("message"), str):
+        return error
+    return None
+
+
+def _field(value: Any, secrets: tuple[str | None, ...], numbered: bool = False) -> str | None:
+    """A string field of the error, scrubbed; a number too when `numbered` (some upstreams give
+    their `code` as the HTTP status), as its text."""
+    if numbered and isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    return scrub(value, secrets, FIELD_LIMIT) if isinstance(value, str) else None
+
+
+def _generic(upstream: str, status: int, body: bytes, content_type: str | None) -> str:
+    if not body.strip():
+        return f"upstream {upstream} answered HTTP {status} with no body"
+    media = (content_type or "").partition(";")[0].strip().lower()
+    if not re.fullmatch(r"[a-z0-9.+\-]+/[a-z0-9.+\-]+", media):
+        return f"upstream {upstream} answered HTTP {status}; its body is not shown"
+    return f"upstream {upstream} answered HTTP {status}; its {media} body is not shown"

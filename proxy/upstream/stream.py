@@ -1,0 +1,130 @@
+"""Reading an upstream's answer into one reply: a JSON body, or an SSE stream whose content
+deltas go on as they come. Both are bounded (ReplyLimits) while they are read, and nothing of
+them is dropped without a word: invalid UTF-8 is replaced and logged; an event that is not a
+JSON object, an `error` event, or a stream that ends with neither `[DONE]` nor a finish reason
+fails the step (UpstreamBadReply)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Iterable
+from typing import Any
+
+import orjson
+
+from proxy.engine.values import DeltaSink, ModelReply
+from proxy.errors import UpstreamBadReply
+from proxy.upstream.error_body import mid_stream_message
+from proxy.upstream.reply import ChunkAccumulator, MalformedReply, ReplyLimits, reply_from_body
+from proxy.upstream.sse import EventTooLarge, SSEDecoder
+
+log = logging.getLogger(__name__)
+
+
+class ReplyReader:
+    """Reads the answers of one upstream (`name`, used in messages), sent `secrets` (scrubbed
+    from any error message it relays), within `limits`."""
+
+    def __init__(self, name: str, limits: ReplyLimits, secrets: Iterable[str | None]) -> None:
+        self.name = name
+        self.limits = limits
+        self.secrets = tuple(secrets)
+
+    async def body(self, chunks: AsyncIterator[bytes], content_length: str | None) -> bytes:
+        """A whole body, refused as soon as it (or its declared length) passes the limit."""
+        limit = self.limits.max_response_bytes
+        if content_length is not None and content_length.isdigit() and int(content_length) > limit:
+            raise self._too_large()
+        read: list[bytes] = []
+        size = 0
+        async for chunk in chunks:
+            size += len(chunk)
+            if size > limit:
+                raise self._too_large()
+            read.append(chunk)
+        return b"".join(read)
+
+    def json_object(self, raw: bytes) -> dict[str, Any]:
+        body = self._json(raw, "a body")
+        if not isinstance(body, dict):
+            raise UpstreamBadReply(f"upstream {self.name} sent a body that is not a JSON object")
+        return body
+
+    def reply(self, body: dict[str, Any]) -> ModelReply:
+        try:
+            return reply_from_body(body, self.limits)
+        except MalformedReply as exc:
+            raise self._malformed(exc) from None
+
+    async def stream(
+        self, chunks: AsyncIterator[bytes], on_delta: DeltaSink | None, started: float
+    ) -> ModelReply:
+        """The reply of an SSE stream; the deltas of one network read go on as one, so a
+        client gets fewer, larger chunks. `started` is when the request was sent
+        (`time.monotonic()`), for the reply's `first_chunk_s`."""
+        acc = ChunkAccumulator(self.limits)
+        decoder = SSEDecoder(min(self.limits.max_event_bytes, self.limits.max_response_bytes))
+        limit = self.limits.max_response_bytes
+        size = 0
+        first_chunk_s: float | None = None
+        try:
+            async for raw in chunks:
+                if first_chunk_s is None:
+                    first_chunk_s = time.monotonic() - started
+                size += len(raw)
+                if size > limit:
+                    raise self._too_large()
+                deltas = [d for data in decoder.feed(raw) if (d := self._add(acc, data))]
+                if deltas and on_delta is not None:
+                    await on_delta("".join(deltas))
+                if decoder.done:
+                    break
+        except EventTooLarge as exc:
+            raise UpstreamBadReply(f"upstream {self.name} sent {exc} (max_event_bytes)") from None
+        except MalformedReply as exc:
+            raise self._malformed(exc) from None
+        if not decoder.done and acc.finish_reason is None:
+            raise UpstreamBadReply(
+                f"upstream {self.name}'s stream ended before the reply was complete "
+                "(no finish_reason and no [DONE])"
+            )
+        try:
+            reply = acc.reply()
+        except MalformedReply as exc:
+            raise self._malformed(exc) from None
+        reply.first_chunk_s = first_chunk_s
+        return reply
+
+    def _add(self, acc: ChunkAccumulator, data: bytes) -> str | None:
+        chunk = self._json(data, "an event")
+        if not isinstance(chunk, dict):
+            raise UpstreamBadReply(f"upstream {self.name} sent an event that is not a JSON object")
+        if "error" in chunk and not chunk.get("choices"):
+            message = mid_stream_message(chunk["error"], self.secrets)
+            raise UpstreamBadReply(f"upstream {self.name} failed mid-stream: {message}")
+        return acc.add(chunk)
+
+    def _json(self, raw: bytes, what: str) -> Any:
+        try:
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            pass
+        try:
+            raw.decode()
+        except UnicodeDecodeError:
+            log.warning("upstream %s sent %s with invalid UTF-8; replaced", self.name, what)
+            try:
+                return orjson.loads(raw.decode(errors="replace"))
+            except orjson.JSONDecodeError:
+                pass
+        raise UpstreamBadReply(f"upstream {self.name} sent {what} that is not JSON")
+
+    def _too_large(self) -> UpstreamBadReply:
+        limit = self.limits.max_response_bytes
+        return UpstreamBadReply(
+            f"upstream {self.name} sent a reply of more than {limit} bytes (max_response_bytes)"
+        )
+
+    def _malformed(self, exc: MalformedReply) -> UpstreamBadReply:
+        return UpstreamBadReply(f"upstream {self.name} sent a malformed reply: {exc}")

@@ -1,0 +1,240 @@
+"""What an upstream reply says, read faithfully (SPEC §4.4, §5): a reply the proxy cannot read
+is a 502 `upstream_error` naming the field, never a 500; what can be repaired is repaired and
+logged (repeated tool-call ids, usage no upstream can mean); Retry-After is only a hint."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from tests.bodies import user
+from tests.integration.conftest import UPSTREAM, Proxy, ProxyFactory
+from tests.integration.test_chat_stream import events
+from tests.scripted_upstream import Call, Reply, calls, fail, say, say_tool_result
+
+WEATHER = user("Weather in Oslo and Paris?")
+
+
+def answering(*bodies: dict[str, Any] | bytes, content_type: str = "application/json") -> Any:
+    """A handler for all of the proxy's outgoing HTTP: `bodies`, one a request, with status 200."""
+    left = list(bodies)
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = left.pop(0)
+        content = body if isinstance(body, bytes) else orjson.dumps(body)
+        stream = httpx.ByteStream(content)  # unread, as a network body is
+        return httpx.Response(200, stream=stream, headers={"content-type": content_type})
+
+    return handler
+
+
+def tool_call(call_id: Any = "c1", name: Any = "get_weather", arguments: Any = "{}") -> Any:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def body_with(choices: Any = None, **fields: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"id": "x", "object": "chat.completion", "model": "scripted"}
+    if choices is not None:
+        body["choices"] = choices
+    body.update(fields)
+    return body
+
+
+def choice(message: Any, finish_reason: Any = "stop") -> list[Any]:
+    return [{"index": 0, "message": message, "finish_reason": finish_reason}]
+
+
+MALFORMED: list[tuple[dict[str, Any], str]] = [
+    (body_with(), "choices is not a list with a choice in it"),
+    (body_with({"0": {}}), "choices is not a list with a choice in it"),
+    (body_with([]), "choices is not a list with a choice in it"),
+    (body_with(["text"]), "choices[0] is not an object"),
+    (body_with(choice("Hi")), "choices[0].message is not an object"),
+    (body_with(choice({"role": "assistant", "content": 42})), "choices[0].message.content is"),
+    (
+        body_with(choice({"role": "assistant", "content": None, "tool_calls": "all"})),
+        "choices[0].message.tool_calls is not a list",
+    ),
+    (
+        body_with(choice({"role": "assistant", "tool_calls": ["get_weather"]})),
+        "choices[0].message.tool_calls[0] is not an object",
+    ),
+    (
+        body_with(choice({"role": "assistant", "tool_calls": [{"id": "c1", "function": "f"}]})),
+        "choices[0].message.tool_calls[0].function is not an object",
+    ),
+    (
+        body_with(choice({"role": "assistant", "tool_calls": [tool_call(name=7)]})),
+        "choices[0].message.tool_calls[0].function.name is not a string",
+    ),
+    (
+        body_with(choice({"role": "assistant", "tool_calls": [tool_call(arguments={"a": 1})]})),
+        "choices[0].message.tool_calls[0].function.arguments is not a string",
+    ),
+    (
+        body_with(choice({"role": "assistant", "tool_calls": [tool_call(call_id=["c1"])]})),
+        "choices[0].message.tool_calls[0].id is not a string",
+    ),
+    (
+        body_with(choice({"role": "assistant", "content": "Hi"}, finish_reason=1)),
+        "choices[0].finish_reason is not a string",
+    ),
+    (
+        body_with(choice({"role": "assistant", "content": "Hi"}), usage=[1, 2]),
+        "usage is not an object",
+    ),
+]
+
+
+@pytest.mark.parametrize(("body", "says"), MALFORMED)
+async def test_a_malformed_reply_is_a_502_naming_the_field(
+    proxy_for: ProxyFactory, body: dict[str, Any], says: str
+) -> None:
+    async with proxy_for(handler=answering(body)) as proxy:
+        r = await proxy.chat(model="weather", messages=WEATHER)
+    assert r.status_code == 502
+    error = r.json()["error"]
+    assert (error["type"], error["code"]) == ("server_error", "upstream_error")
+    assert error["message"].startswith("upstream main sent a malformed reply: ")
+    assert says in error["message"]
+    assert r.headers["x-loopwarden-stop-reason"] == "upstream_error"
+
+
+def sse(*chunks: dict[str, Any] | bytes) -> bytes:
+    return b"".join(
+        b"data: " + (c if isinstance(c, bytes) else orjson.dumps(c)) + b"\n\n" for c in chunks
+    ) + (b"data: [DONE]\n\n")
+
+
+def chunk(delta: Any = None, **fields: Any) -> dict[str, Any]:
+    choice = {"index": 0, "delta": delta if delta is not None else {}, "finish_reason": None}
+    return {"id": "x", "object": "chat.completion.chunk", "choices": [choice], **fields}
+
+
+@pytest.mark.parametrize(
+    ("bad", "says"),
+    [
+        ({"id": "x", "choices": {"0": {}}}, "choices of a chunk is not a list"),
+        ({"id": "x", "choices": [7]}, "choices[0] is not an object"),
+        (chunk("Hi"), "choices[0].delta is not an object"),
+        (chunk({"content": ["Hi"]}), "choices[0].delta.content is not a string"),
+        (chunk({"tool_calls": {"index": 0}}), "choices[0].delta.tool_calls is not a list"),
+        (chunk({"tool_calls": [{"index": "0"}]}), "choices[0].delta.tool_calls[0].index"),
+        (
+            chunk({"tool_calls": [{"index": 0, "function": {"arguments": {"a": 1}}}]}),
+            "choices[0].delta.tool_calls[0].function.arguments is not a string",
+        ),
+        (chunk({}, usage="lots"), "usage is not an object"),
+        (b"[1, 2]", "an event that is not a JSON object"),
+    ],
+)
+async def test_a_malformed_chunk_is_a_502_naming_the_field(
+    proxy_for: ProxyFactory, bad: dict[str, Any] | bytes, says: str
+) -> None:
+    stream = sse(bad, chunk({"content": "Hi"}), chunk({}, finish_reason="stop"))
+    async with proxy_for(handler=answering(stream, content_type="text/event-stream")) as proxy:
+        r = await proxy.chat(model="scripted", stream=True)
+    assert r.status_code == 502
+    assert r.json()["error"]["code"] == "upstream_error"
+    assert says in r.json()["error"]["message"]
+
+
+async def test_a_reply_with_more_tool_calls_than_the_cap_is_a_502(
+    proxy_for: ProxyFactory,
+) -> None:
+    many = calls(*(Call("get_weather", {"city": f"C{i}"}) for i in range(6)))
+    overrides = {"upstreams": {"main": {"base_url": UPSTREAM, "max_tool_calls_per_reply": 5}}}
+    async with proxy_for(overrides) as proxy:
+        proxy.upstream.script(many, many)
+        r = await proxy.chat(model="weather", messages=WEATHER)
+        streamed = await proxy.chat(model="weather", messages=WEATHER, stream=True)
+    for answer in (r, streamed):
+        assert answer.status_code == 502
+        error = answer.json()["error"]
+        assert error["code"] == "upstream_error"
+        assert "more than 5 tool calls in one reply (max_tool_calls_per_reply)" in error["message"]
+        assert answer.json()["loop"]["tool_calls"] == 0  # none of them ran
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_repeated_tool_call_ids_get_a_result_each(
+    proxy: Proxy, stream: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    twice = calls(
+        Call("get_weather", {"city": "Oslo"}, id="call_same"),
+        Call("get_weather", {"city": "Paris"}, id="call_same"),
+    )
+    proxy.upstream.script(twice, say_tool_result("Last: {}"))
+    with caplog.at_level(logging.WARNING, logger="proxy.upstream"):
+        r = await proxy.chat(model="weather", messages=WEATHER, stream=stream)
+    assert r.status_code == 200
+    sent = proxy.upstream.bodies[1]["messages"]
+    asked = [c["id"] for m in sent if m["role"] == "assistant" for c in m["tool_calls"]]
+    results = {m["tool_call_id"]: m["content"] for m in sent if m["role"] == "tool"}
+    assert asked[0] == "call_same"
+    assert len(set(asked)) == 2
+    assert set(results) == set(asked)
+    assert '"Oslo"' in results[asked[0]]
+    assert '"Paris"' in results[asked[1]]
+    assert any("repeated tool call id 'call_same'" in rec.getMessage() for rec in caplog.records)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_negative_cost_is_not_believed(
+    proxy_for: ProxyFactory, stream: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    loop = {"tools": ["get_weather"], "stop_when": [{"max_cost": 0.5}]}
+    lying = {"cost": -1000.0, "prompt_tokens": -5000, "completion_tokens": 10}
+    async with proxy_for() as proxy:
+        proxy.upstream.script(
+            Reply(calls=(Call("get_weather", {"city": "Oslo"}),), usage=lying),
+            say("It is 4 degrees.").replace(usage={"cost": -1000.0}),
+        )
+        with caplog.at_level(logging.WARNING, logger="proxy.upstream"):
+            r = await proxy.chat(model="scripted", messages=WEATHER, loop=loop, stream=stream)
+        assert r.status_code == 200
+        report = events(r.text)[-2]["loop"] if stream else r.json()["loop"]
+        assert report["cost_usd"] > 0  # priced from the tokens instead
+        if not stream:
+            assert r.json()["usage"]["prompt_tokens"] > 0
+        cost = proxy.metric("loopwarden_cost_usd_total", agent="none", model="scripted")
+        assert cost == pytest.approx(report["cost_usd"])
+    assert any("usage.cost = -1000.0" in rec.getMessage() for rec in caplog.records)
+
+
+@pytest.mark.parametrize("retry_after", ["nan", "-5", "inf", "1e12", "soon", "Wed, 21 Oct 2999"])
+async def test_any_retry_after_is_a_bounded_wait(proxy_for: ProxyFactory, retry_after: str) -> None:
+    overrides = {
+        "upstreams": {"main": {"base_url": UPSTREAM, "max_retries": 1, "max_retry_wait_s": 0.05}}
+    }
+    slow_down = fail(
+        429, "slow down", error_type="rate_limit", headers={"retry-after": retry_after}
+    )
+    async with proxy_for(overrides) as proxy:
+        proxy.upstream.script(slow_down, say("Now then."))
+        r = await proxy.chat(model="scripted")
+    assert r.status_code == 200
+    assert r.json()["choices"][0]["message"]["content"] == "Now then."
+    assert len(proxy.upstream.requests) == 2
+
+
+async def test_an_error_event_mid_stream_is_relayed_scrubbed(
+    proxy_for: ProxyFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MAIN_KEY", "key-of-the-upstream-42")
+    overrides = {"upstreams": {"main": {"base_url": UPSTREAM, "api_key_env": "MAIN_KEY"}}}
+    failure = {"error": {"message": "key key-of-the-upstream-42 revoked", "code": "bad_key"}}
+    stream = sse(chunk({"content": "Hel"}), failure)
+    handler = answering(stream, content_type="text/event-stream")
+    async with proxy_for(overrides, handler=handler) as proxy:
+        r = await proxy.chat(model="scripted", stream=True)
+    assert "key-of-the-upstream-42" not in r.text
+    # One read held both events: the error came before any byte went to the client.
+    assert r.status_code == 502
+    final = r.json()
+    assert final["error"]["code"] == "upstream_error"
+    assert final["error"]["message"] == "upstream main failed mid-stream: key [redacted] revoked"
