@@ -7,6 +7,7 @@ import asyncio
 import json
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -113,6 +114,7 @@ ROUTES: dict[str, st.SearchStrategy[Any]] = {
     "/chat": context_bodies,
     "/chat/invoke": context_bodies,
     "/chat/add-ai-message": context_bodies,
+    "/v1/embeddings": json_values,  # relayed to the upstream
 }
 
 
@@ -159,6 +161,32 @@ def test_any_body_gets_a_2xx_or_an_openai_shaped_4xx(
         response = loop.run_until_complete(
             proxy.client.post(path, content=content, headers=headers)
         )
+        assert_answered(response)
+
+    check()
+
+
+@pytest.mark.parametrize(
+    ("method", "route"),
+    [(m, r) for m in ("GET", "DELETE") for r in ("/v1/contexts/", "/v1/runs/")],
+)
+def test_any_id_in_a_path_gets_a_2xx_or_an_openai_shaped_4xx(
+    looping: tuple[asyncio.AbstractEventLoop, Proxy], method: str, route: str
+) -> None:
+    loop, proxy = looping
+
+    @settings(
+        max_examples=EXAMPLES,
+        deadline=None,
+        suppress_health_check=[HealthCheck.function_scoped_fixture],
+        database=None,
+    )
+    @given(key=st.text(max_size=40))
+    def check(key: str) -> None:
+        url = httpx.URL("http://proxy.test" + route).copy_with(
+            raw_path=(route + quote(key)).encode()
+        )
+        response = loop.run_until_complete(proxy.client.request(method, url))
         assert_answered(response)
 
     check()
