@@ -31,6 +31,7 @@ def scraped_proxy(upstream_url: str) -> Iterator[str]:
     config = {
         "upstreams": {"scripted": {"base_url": upstream_url, "max_retries": 0}},
         "default_upstream": "scripted",
+        "state": {"backend": "memory"},
         "pricing": {"scripted": {"input": 2.0, "output": 8.0}},
         "tools": TOOLS,
         "agents": {
