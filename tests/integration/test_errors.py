@@ -283,6 +283,21 @@ async def test_errors_after_a_tool_ran_say_do_not_retry(proxy: Proxy) -> None:
     assert r.json()["loop"]["tool_calls"] == 1
 
 
+@pytest.mark.parametrize("depth", [255, 600])
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_body_nested_deeper_than_can_be_sent_on_is_a_400(
+    proxy: Proxy, depth: int, stream: bool
+) -> None:
+    """orjson reads 1,024 levels but writes 255: such a body failed every run with a 500."""
+    deep = '{"a":' * depth + "1" + "}" * depth
+    body = '{"model": "weather", "stream": %s, "messages": [{"role": "user", "content": "x"}], '
+    body = body % ("true" if stream else "false") + '"metadata": ' + deep + "}"
+    r = await proxy.client.post("/v1/chat/completions", content=body)
+    assert r.status_code == 400
+    assert r.json()["error"]["message"] == "the body nests deeper than 254 levels"
+    assert proxy.upstream.requests == []
+
+
 async def test_the_process_survives_garbage(proxy: Proxy) -> None:
     for content in (b"", b"null", b"[]", b'{"model": 1}', b"\xff\xfe"):
         r = await proxy.client.post("/v1/chat/completions", content=content)
