@@ -111,11 +111,11 @@ def comprehensions(depth: int) -> str:
             "loop.thread_id",
         ),
         (
-            {"model": "scripted", "messages": USER, "loop": {"stop_when": [nested("not", 300)]}},
+            {"model": "scripted", "messages": USER, "loop": {"stop_when": [nested("not", 100)]}},
             "loop.stop_when",
         ),
         (
-            {"model": "scripted", "messages": USER, "loop": {"stop_when": [nested("any", 200)]}},
+            {"model": "scripted", "messages": USER, "loop": {"stop_when": [nested("any", 60)]}},
             "loop.stop_when",
         ),
         (expr("+".join(["1"] * 50_000) + " > 0"), "loop.stop_when[0].expr"),
