@@ -38,7 +38,7 @@ def test_the_rules_pass_their_unit_tests() -> None:
 def test_every_alert_has_severity_summary_description_and_runbook() -> None:
     groups = yaml.safe_load((DASHBOARDS / "alerts.yml").read_text())["groups"]
     alerts = [r for g in groups for r in g["rules"] if "alert" in r]
-    assert len(alerts) == 8
+    assert len(alerts) == 9
     for alert in alerts:
         assert alert["labels"]["severity"] in ("warning", "critical")
         assert set(alert["annotations"]) == {"summary", "description", "runbook_url"}
