@@ -28,7 +28,7 @@ import itertools
 import math
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -39,6 +39,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from proxy.demo.runner import free_port, serve_in_thread
+from proxy.demo.scripted_model import sse_chunks
 
 Body = dict[str, Any]
 MODEL = "scripted"  # the one model `GET /v1/models` lists
@@ -287,7 +288,7 @@ class ScriptedUpstream:
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             return StreamingResponse(
-                _chunks(completion, include_usage), media_type="text/event-stream"
+                sse_chunks(completion, include_usage), media_type="text/event-stream"
             )
         return Response(orjson.dumps(completion), media_type="application/json")
 
@@ -346,43 +347,3 @@ class ScriptedUpstream:
 
 def _tokens(value: Any) -> int:
     return max(1, math.ceil(len(orjson.dumps(value)) / 4))
-
-
-async def _chunks(completion: dict[str, Any], include_usage: bool) -> AsyncIterator[bytes]:
-    """A completion as SSE: a role chunk, the content in pieces of 8 characters, each tool call
-    as a head delta then an arguments delta, the finish chunk, a usage chunk when asked, [DONE]."""
-    head = {k: completion[k] for k in ("id", "created", "model")}
-    head["object"] = "chat.completion.chunk"
-    choice = completion["choices"][0]
-    message = choice["message"]
-
-    def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
-        data = {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
-        return b"data: " + orjson.dumps(data) + b"\n\n"
-
-    yield chunk({"role": "assistant", "content": ""})
-    content = message.get("content") or ""
-    for i in range(0, len(content), 8):
-        yield chunk({"content": content[i : i + 8]})
-    for index, tool_call in enumerate(message.get("tool_calls") or []):
-        function = tool_call["function"]
-        yield chunk(
-            {
-                "tool_calls": [
-                    {
-                        "index": index,
-                        "id": tool_call["id"],
-                        "type": "function",
-                        "function": {"name": function["name"], "arguments": ""},
-                    }
-                ]
-            }
-        )
-        yield chunk(
-            {"tool_calls": [{"index": index, "function": {"arguments": function["arguments"]}}]}
-        )
-    yield chunk({}, choice["finish_reason"])
-    if include_usage:
-        data = {**head, "choices": [], "usage": completion["usage"]}
-        yield b"data: " + orjson.dumps(data) + b"\n\n"
-    yield b"data: [DONE]\n\n"

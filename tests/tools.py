@@ -1,4 +1,5 @@
-"""The tests' server tools (`kind: python`), and the `tools:` config section that names them."""
+"""The tests' server tools (`kind: python`), and the `tools:` config section that names them
+with the demo's."""
 
 from __future__ import annotations
 
@@ -6,19 +7,9 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
-WEATHER = {"Paris": 18.0, "Oslo": 4.0, "Lima": 23.0}
-
-
-def get_weather(city: str) -> dict[str, object]:
-    """Current temperature of a city, in degrees Celsius."""
-    return {"city": city, "celsius": WEATHER.get(city, 20.0), "sky": "clear"}
-
-
-def to_fahrenheit(celsius: float) -> str:
-    return f"{celsius * 9 / 5 + 32:.1f}°F"
-
 
 def search_notes(query: str) -> str:
+    """The demo's, without its cut of the query: an output as long as a test makes it."""
     return f"3 notes mention {query!r}; none settles it."
 
 
@@ -56,13 +47,13 @@ async def meet(group: str, parties: int, timeout_s: float) -> str:
     return f"{gathering.most} of {parties} inside at once"
 
 
-def _python(name: str) -> dict[str, Any]:
-    return {"kind": "python", "callable": f"tests.tools:{name}"}
+def _python(name: str, module: str = "tests.tools") -> dict[str, Any]:
+    return {"kind": "python", "callable": f"{module}:{name}"}
 
 
 TOOLS: dict[str, dict[str, Any]] = {
-    "get_weather": _python("get_weather"),
-    "to_fahrenheit": _python("to_fahrenheit"),
+    "get_weather": _python("get_weather", "proxy.demo.tools"),
+    "to_fahrenheit": _python("to_fahrenheit", "proxy.demo.tools"),
     "search_notes": _python("search_notes"),
     "sleep": _python("sleep"),
     "meet": _python("meet"),

@@ -135,10 +135,12 @@ def complete(body: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-async def _chunks(reply: dict[str, Any], include_usage: bool) -> AsyncIterator[bytes]:
-    head = {k: reply[k] for k in ("id", "created", "model")}
+async def sse_chunks(completion: dict[str, Any], include_usage: bool) -> AsyncIterator[bytes]:
+    """A completion as SSE: a role chunk, the content in pieces of 8 characters, each tool call
+    as a head delta then an arguments delta, the finish chunk, a usage chunk when asked, [DONE]."""
+    head = {k: completion[k] for k in ("id", "created", "model")}
     head["object"] = "chat.completion.chunk"
-    choice = reply["choices"][0]
+    choice = completion["choices"][0]
     message = choice["message"]
 
     def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
@@ -149,29 +151,26 @@ async def _chunks(reply: dict[str, Any], include_usage: bool) -> AsyncIterator[b
     content = message.get("content") or ""
     for i in range(0, len(content), 8):
         yield chunk({"content": content[i : i + 8]})
-    for index, call in enumerate(message.get("tool_calls") or []):
+    for index, tool_call in enumerate(message.get("tool_calls") or []):
+        function = tool_call["function"]
         yield chunk(
             {
                 "tool_calls": [
                     {
                         "index": index,
-                        "id": call["id"],
+                        "id": tool_call["id"],
                         "type": "function",
-                        "function": {"name": call["function"]["name"], "arguments": ""},
+                        "function": {"name": function["name"], "arguments": ""},
                     }
                 ]
             }
         )
         yield chunk(
-            {
-                "tool_calls": [
-                    {"index": index, "function": {"arguments": call["function"]["arguments"]}}
-                ]
-            }
+            {"tool_calls": [{"index": index, "function": {"arguments": function["arguments"]}}]}
         )
     yield chunk({}, choice["finish_reason"])
     if include_usage:
-        data = {**head, "choices": [], "usage": reply["usage"]}
+        data = {**head, "choices": [], "usage": completion["usage"]}
         yield b"data: " + orjson.dumps(data) + b"\n\n"
     yield b"data: [DONE]\n\n"
 
@@ -181,7 +180,7 @@ async def chat_completions(request: Request) -> Response:
     reply = complete(body)
     if body.get("stream"):
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        return StreamingResponse(_chunks(reply, include_usage), media_type="text/event-stream")
+        return StreamingResponse(sse_chunks(reply, include_usage), media_type="text/event-stream")
     return Response(orjson.dumps(reply), media_type="application/json")
 
 
