@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import argparse
 import logging
+import socket
 import sys
+from typing import TYPE_CHECKING
 
 import httpx
 
-from proxy.config import ConfigError, load_config
+from proxy.config import Config, ConfigError, load_config
+
+if TYPE_CHECKING:
+    from starlette.types import ASGIApp
 
 
 def _report(exc: ConfigError) -> None:
@@ -34,25 +39,40 @@ def _check(path: str | None) -> int:
     return 0
 
 
-def _serve(path: str | None, host: str | None, port: int | None) -> int:
-    from proxy.api.app import create_app
+def _serve(path: str | None, host: str | None, port: int | None, workers: int | None) -> int:
     from proxy.api.server import serve
 
     try:
         config = load_config(path)
+        if workers is not None:
+            config = config.with_workers(workers)
     except ConfigError as exc:
         _report(exc)
         return 1
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per upstream call is noise
+    server = config.server
+    host, port = host or server.host, port if port is not None else server.port
+    if server.workers > 1:
+        from proxy.api.workers import listen, supervise
+
+        def work(sock: socket.socket) -> None:
+            serve(_app(config), server, host, port, sock)
+
+        return supervise(server.workers, listen(host, port), work)
     try:
-        app = create_app(config)
+        app = _app(config)
     except ValueError as exc:  # telemetry settings from the environment
         print(str(exc), file=sys.stderr)
         return 1
-    server = config.server
-    serve(app, server, host or server.host, port if port is not None else server.port)
+    serve(app, server, host, port)
     return 0
+
+
+def _app(config: Config) -> ASGIApp:
+    from proxy.api.app import create_app
+
+    return create_app(config)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,12 +82,13 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--config")
     serve.add_argument("--host")
     serve.add_argument("--port", type=int)
+    serve.add_argument("--workers", type=int, help="worker processes (default: server.workers)")
     check = sub.add_parser("check", help="validate a config file")
     check.add_argument("--config")
     sub.add_parser("demo", help="run sample runs against a scripted model, offline")
     args = parser.parse_args(argv)
     if args.command == "serve":
-        return _serve(args.config, args.host, args.port)
+        return _serve(args.config, args.host, args.port, args.workers)
     if args.command == "check":
         return _check(args.config)
     from proxy.demo.runner import main as demo

@@ -8,7 +8,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from proxy.engine.options import PolicyOptions, problems
 
@@ -50,6 +58,7 @@ class ServerConfig(_Model):
     upstream_connections: int = Field(1000, ge=1)  # the upstreams' connection pool
     upstream_pool_timeout_s: float = Field(5.0, gt=0, allow_inf_nan=False)
     max_tool_output_bytes: int = Field(1024 * 1024, ge=1)  # each tool's own cap overrides
+    workers: int = Field(1, ge=1, le=256)  # processes behind one port (`serve --workers`)
 
     def connection_limit(self) -> int:
         """Client connections held at once: `max_connections`, else derived from the
@@ -235,6 +244,26 @@ class Config(_Model):
     agents: dict[str, AgentConfig] = {}
     state: StateConfig = StateConfig()
     telemetry: TelemetryConfig = TelemetryConfig()
+
+    @field_validator("state")
+    @classmethod
+    def _shared_by_the_workers(cls, state: StateConfig, info: ValidationInfo) -> StateConfig:
+        server = info.data.get("server")
+        if isinstance(server, ServerConfig) and server.workers > 1 and state.backend == "memory":
+            raise ValueError(
+                "the memory backend is per process: with server.workers above 1, thread limits "
+                "and stored contexts need sqlite or redis"
+            )
+        return state
+
+    def with_workers(self, workers: int) -> Config:
+        """This config served by `workers` processes (`serve --workers`), checked again."""
+        server = self.server.model_copy(update={"workers": workers})
+        try:
+            return Config.model_validate({**dict(self), "server": server})
+        except ValidationError as exc:
+            problems = [(".".join(map(str, e["loc"])), e["msg"]) for e in exc.errors()]
+            raise ConfigError(problems) from None
 
 
 class ConfigError(Exception):

@@ -35,7 +35,7 @@ from proxy.pricing import PriceTable
 from proxy.state.backend import open_store
 from proxy.state.store import StateStore
 from proxy.telemetry.http import HttpTelemetry
-from proxy.telemetry.metrics import OverheadObserver
+from proxy.telemetry.metrics import OverheadObserver, exposition_registry
 from proxy.telemetry.setup import build_telemetry, tracer_provider_from_env
 from proxy.telemetry.tracing import inject_trace_headers
 
@@ -140,10 +140,12 @@ def create_app(
             if own_tracing and isinstance(tracing, SdkTracerProvider):
                 tracing.shutdown()  # flushes the spans not yet exported
 
+    exposed = exposition_registry(registry)
+
     async def metrics(request: Request) -> Response:
         if config.auth.metrics_key:  # else open, for Prometheus scrapes without a key
             services().keys.check_metrics(bearer_token(request.scope))
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(generate_latest(exposed), media_type=CONTENT_TYPE_LATEST)
 
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok"})

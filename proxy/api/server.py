@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 from typing import Any
 
 import orjson
@@ -79,8 +80,11 @@ def guarded_protocol(max_connections: int, header_timeout_s: float) -> type[asyn
     return GuardedProtocol
 
 
-def serve(app: ASGIApp, server: ServerConfig, host: str, port: int) -> None:
-    """Serves `app` until the process is told to stop."""
+def serve(
+    app: ASGIApp, server: ServerConfig, host: str, port: int, sock: socket.socket | None = None
+) -> None:
+    """Serves `app` until the process is told to stop, on `sock` when given (a worker's share
+    of the supervisor's socket), else on host:port."""
     options: dict[str, Any] = {
         "host": host,
         "port": port,
@@ -90,4 +94,4 @@ def serve(app: ASGIApp, server: ServerConfig, host: str, port: int) -> None:
         "timeout_keep_alive": server.keep_alive_timeout_s,
         "http": guarded_protocol(server.connection_limit(), server.header_timeout_s),
     }
-    uvicorn.Server(uvicorn.Config(app, **options)).run()
+    uvicorn.Server(uvicorn.Config(app, **options)).run(sockets=[sock] if sock else None)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, multiprocess
 
 from proxy.engine import events as ev
 from proxy.engine.stop import StopReason
@@ -78,7 +79,13 @@ class Metrics:
             "loopwarden_run_tool_calls", "Executed server tool calls per run.",
             ["agent", "stop_reason"], buckets=COUNT_BUCKETS, registry=registry,
         )  # fmt: skip
-        self.in_flight = Gauge("loopwarden_runs_in_flight", "Runs under way.", registry=registry)
+        # With several workers (`serve --workers`) gauges are summed over the live ones.
+        self.in_flight = Gauge(
+            "loopwarden_runs_in_flight",
+            "Runs under way.",
+            registry=registry,
+            multiprocess_mode="livesum",
+        )
         self.tool_calls = Counter(
             "loopwarden_tool_calls",
             "Server tool calls, by outcome.",
@@ -132,7 +139,11 @@ class Metrics:
             buckets=OVERHEAD_BUCKETS, registry=registry,
         )  # fmt: skip
         self.build_info = Gauge(
-            "loopwarden_build_info", "The running version.", ["version"], registry=registry
+            "loopwarden_build_info",
+            "The running version.",
+            ["version"],
+            registry=registry,
+            multiprocess_mode="max",
         )
         self.build_info.labels(package_version()).set(1)
 
@@ -225,3 +236,13 @@ class OverheadObserver:
         if isinstance(event, ev.RunFinished):
             overhead = event.duration_s - event.upstream_s - event.tools_s
             self.histogram.observe(max(0.0, overhead))
+
+
+def exposition_registry(registry: CollectorRegistry) -> CollectorRegistry:
+    """What `/metrics` exposes: `registry`, or, under `serve --workers` (prometheus-client's
+    multiprocess mode), every worker's metrics read from the shared directory."""
+    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        return registry
+    merged = CollectorRegistry()
+    multiprocess.MultiProcessCollector(merged)  # type: ignore[no-untyped-call]
+    return merged

@@ -52,8 +52,13 @@ def test_the_defaults_run_one_replica_with_one_process() -> None:
     assert one(manifests, "Deployment")["spec"]["replicas"] == 1
     main = container(manifests)
     assert main["command"] == ["loopwarden", "serve"]
-    assert "--workers" not in main["args"]
+    assert main["args"][main["args"].index("--workers") + 1] == "1"
     assert main["image"] == "loopwarden:0.1.0"
+
+
+def test_workers_run_that_many_processes_in_each_pod() -> None:
+    main = container(render({"workers": 4}))
+    assert main["args"][main["args"].index("--workers") + 1] == "4"
 
 
 def test_the_chart_and_the_package_have_one_version() -> None:

@@ -1,0 +1,128 @@
+"""`loopwarden serve --workers N`: N worker processes behind one listening socket.
+
+The supervisor binds the socket, points prometheus-client's multiprocess mode at a directory
+of its own (emptied at start, removed at exit), then forks the workers; each builds its own app
+after the fork and serves the shared socket, so the kernel spreads connections over them. A
+worker that dies is replaced (its live gauges are dropped from `/metrics`). SIGTERM or SIGINT
+stops every worker gracefully.
+
+State that runs share must be shared by the workers: the config check refuses the memory
+backend with more than one worker (thread limits and stored contexts would be per process).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import socket
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
+def metrics_directory() -> Path:
+    """The directory the workers write their metrics to: `PROMETHEUS_MULTIPROC_DIR` when it is
+    set (emptied of what an earlier run left), else a fresh temporary one."""
+    configured = os.environ.get(MULTIPROC_ENV)
+    if configured:
+        folder = Path(configured)
+        folder.mkdir(parents=True, exist_ok=True)
+        for stale in folder.glob("*.db"):
+            stale.unlink()
+        return folder
+    folder = Path(tempfile.mkdtemp(prefix="loopwarden-metrics-"))
+    os.environ[MULTIPROC_ENV] = str(folder)
+    return folder
+
+
+def listen(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def supervise(workers: int, sock: socket.socket, work: Callable[[socket.socket], None]) -> int:
+    """Forks `workers` processes that each run `work(sock)`, replaces any that dies, and stops
+    them all on SIGTERM or SIGINT. Returns the exit status."""
+    folder = metrics_directory()
+    children: dict[int, int] = {}  # pid -> worker number
+    stopping = False
+
+    def start(number: int) -> None:
+        pid = os.fork()
+        if pid == 0:  # the worker
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            _use_multiprocess_values()
+            code = 0
+            try:
+                work(sock)
+            except BaseException:
+                log.exception("worker %d failed", number)
+                code = 1
+            os._exit(code)
+        children[pid] = number
+
+    def stop(signum: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+        for pid in children:
+            _signal(pid, signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    for number in range(workers):
+        start(number)
+    log.info("serving with %d workers on %s", workers, sock.getsockname())
+    try:
+        while children:
+            try:
+                pid, status = os.wait()
+            except ChildProcessError:
+                break
+            except InterruptedError:  # pragma: no cover - PEP 475 retries os.wait itself
+                continue
+            if pid not in children:
+                continue
+            number = children.pop(pid)
+            _mark_dead(pid)
+            if not stopping:
+                log.error(
+                    "worker %d (pid %d) exited with %d; starting another", number, pid, status
+                )
+                start(number)
+    finally:
+        sock.close()
+        if os.environ.get(MULTIPROC_ENV) == str(folder) and folder.name.startswith("loopwarden-"):
+            shutil.rmtree(folder, ignore_errors=True)
+    return 0
+
+
+def _use_multiprocess_values() -> None:
+    """Metrics created from now on write to the shared directory, even where prometheus-client
+    was imported before the directory was set."""
+    from prometheus_client import values
+
+    values.ValueClass = values.get_value_class()  # type: ignore[no-untyped-call]
+
+
+def _mark_dead(pid: int) -> None:
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(pid)  # type: ignore[no-untyped-call]
+
+
+def _signal(pid: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signum)

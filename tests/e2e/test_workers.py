@@ -1,0 +1,147 @@
+"""`loopwarden serve --workers N`: N processes behind one port, one `/metrics` for all of them,
+exact thread limits between them, a dead worker replaced, a clean stop."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from proxy.demo.runner import free_port
+from tests.e2e.conftest import ROOT, wait_healthy
+from tests.scripted_upstream import ScriptedUpstream, call, each_run, keep, say
+from tests.tools import TOOLS
+
+
+def config(upstream_url: str, state: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "upstreams": {"main": {"base_url": upstream_url, "max_retries": 0}},
+        "default_upstream": "main",
+        "tools": TOOLS,
+        "agents": {
+            "capped": {
+                "model": "scripted",
+                "tools": ["get_weather"],
+                "tool_call_limits": [{"tool_name": "get_weather", "thread_limit": 3}],
+            }
+        },
+        "state": state,
+    }
+
+
+@contextmanager
+def serving(path: Path, port: int, workers: int) -> Iterator[subprocess.Popen[bytes]]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    args = ["-m", "proxy", "serve", "--config", str(path), "--port", str(port)]
+    proc = subprocess.Popen([sys.executable, *args, "--workers", str(workers)], env=env)
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}/healthz", proc)
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(timeout=30)
+
+
+def workers_of(pid: int) -> set[int]:
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return {int(child) for child in children}
+
+
+def sample(text: str, name: str, **labels: str) -> float:
+    return sum(
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
+    )
+
+
+def until(check: Any, timeout_s: float = 20) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+async def test_two_workers_share_one_port_one_metrics_and_exact_thread_limits(
+    tmp_path: Path,
+) -> None:
+    upstream = ScriptedUpstream(keep(each_run(call("get_weather", city="Oslo"), say("4°C"))))
+    port = free_port()
+    path = tmp_path / "loopwarden.yaml"
+    with upstream.serve() as upstream_url:
+        state = {"backend": "sqlite", "path": str(tmp_path / "state.db")}
+        path.write_text(yaml.safe_dump(config(upstream_url, state)))
+        with serving(path, port, workers=2) as proc:
+            until(lambda: len(workers_of(proc.pid)) == 2)
+            url = f"http://127.0.0.1:{port}"
+            async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+                body = {"model": "capped", "messages": [{"role": "user", "content": "Oslo?"}]}
+                plain = {**body, "model": "scripted"}
+                upstream.script(keep(say("Hi.")))
+                replies = await asyncio.gather(
+                    *(client.post("/v1/chat/completions", json=plain) for _ in range(40))
+                )
+                assert {r.status_code for r in replies} == {200}
+                upstream.script(keep(each_run(call("get_weather", city="Oslo"), say("4°C"))))
+                threaded = {**body, "loop": {"thread_id": "t-1"}}
+                capped = await asyncio.gather(
+                    *(client.post("/v1/chat/completions", json=threaded) for _ in range(8))
+                )
+                assert {r.status_code for r in capped} == {200}
+                scraped = (await client.get("/metrics")).text
+    assert sample(scraped, "loopwarden_runs_total") == 48  # every worker's runs, from any one
+    assert sample(scraped, "loopwarden_tool_calls_total", outcome="ok") == 3  # exact across both
+    assert sample(scraped, "loopwarden_build_info") == 1
+    assert sample(scraped, "loopwarden_runs_in_flight") == 0
+    assert proc.returncode == 0
+
+
+def test_a_dead_worker_is_replaced_and_a_stop_ends_them_all(tmp_path: Path) -> None:
+    port = free_port()
+    path = tmp_path / "loopwarden.yaml"
+    state = {"backend": "sqlite", "path": str(tmp_path / "state.db")}
+    path.write_text(yaml.safe_dump(config("http://127.0.0.1:9/v1", state)))
+    with serving(path, port, workers=2) as proc:
+        until(lambda: len(workers_of(proc.pid)) == 2)
+        first = workers_of(proc.pid)
+        victim = min(first)
+        os.kill(victim, signal.SIGKILL)
+        until(lambda: len(workers_of(proc.pid)) == 2 and victim not in workers_of(proc.pid))
+        assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200
+        survivors = workers_of(proc.pid)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    for pid in survivors:
+        until(lambda pid=pid: not Path(f"/proc/{pid}").exists() or _zombie(pid))
+
+
+def _zombie(pid: int) -> bool:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return "\nState:\tZ" in status
+
+
+def test_workers_refuse_the_per_process_memory_backend(tmp_path: Path) -> None:
+    path = tmp_path / "loopwarden.yaml"
+    path.write_text(yaml.safe_dump(config("http://127.0.0.1:9/v1", {"backend": "memory"})))
+    args = ["-m", "proxy", "serve", "--config", str(path), "--workers", "2"]
+    done = subprocess.run(
+        [sys.executable, *args], env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert "state: " in done.stderr
+    assert "the memory backend is per process" in done.stderr
