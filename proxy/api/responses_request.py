@@ -1,0 +1,440 @@
+"""A Responses API body (SPEC §12.1), validated with JSON paths, as an endpoint-neutral run.
+
+The input items are checked here; they become messages once the stored items they refer to
+(`previous_response_id`, `item_reference`) are read (`proxy.api.responses`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from proxy.api.chat_request import json_object, name
+from proxy.api.response_items import CUSTOM_PARAMETERS, ClientTool, upstream_name
+from proxy.api.run_request import NO_LOOP, LoopOptions, RunRequest, parse_loop
+from proxy.engine.options import ToolCallLimitOptions
+from proxy.errors import InvalidRequest
+
+ROLES = frozenset({"user", "system", "developer", "assistant"})
+PART_TYPES = frozenset(
+    {"input_text", "output_text", "input_image", "input_file", "refusal", "summary_text"}
+)
+TEXT_PARTS = frozenset({"input_text", "output_text", "summary_text"})
+# Items that record what a hosted tool or reasoning did: accepted, never sent upstream.
+SKIPPED_ITEMS = frozenset(
+    {
+        "reasoning",
+        "web_search_call",
+        "file_search_call",
+        "code_interpreter_call",
+        "image_generation_call",
+        "computer_call",
+        "computer_call_output",
+        "local_shell_call",
+        "local_shell_call_output",
+        "shell_call",
+        "shell_call_output",
+        "apply_patch_call",
+        "apply_patch_call_output",
+        "mcp_list_tools",
+        "mcp_approval_request",
+        "mcp_approval_response",
+        "tool_search_call",
+        "tool_search_output",
+        "compaction",
+    }
+)
+ITEM_TYPES = frozenset(
+    {
+        "message",
+        "function_call",
+        "function_call_output",
+        "custom_tool_call",
+        "custom_tool_call_output",
+        "mcp_call",
+        "item_reference",
+    }
+)
+TOOL_CHOICES = frozenset({"auto", "none", "required"})
+FORMAT_TYPES = frozenset({"text", "json_schema", "json_object"})
+# Fields passed upstream under the same name when given.
+SAME_NAMED = ("temperature", "top_p", "user", "prompt_cache_key", "safety_identifier")
+UNSUPPORTED = {
+    "background": "background responses are not supported: leave background unset or false",
+    "conversation": "conversations are not supported: use previous_response_id or send input",
+}
+
+
+@dataclass(slots=True)
+class ResponsesRequest:
+    run: RunRequest  # `messages` are set once the stored items are read
+    stream: bool
+    store: bool
+    items: list[dict[str, Any]]
+    previous_response_id: str | None = None
+    instructions: str | None = None
+    names: dict[str, ClientTool] = field(default_factory=dict)
+    ignored_tools: list[str] = field(default_factory=list)
+    max_output_tokens: int | None = None
+    echo: dict[str, Any] = field(default_factory=dict)  # settings the response repeats
+
+
+def parse_responses_request(raw: bytes, thread_header: str | None = None) -> ResponsesRequest:
+    body = json_object(raw)
+    for key, why in UNSUPPORTED.items():
+        if body.get(key) not in (None, False):
+            raise InvalidRequest(why, param=key, code="unsupported_parameter")
+    model = name(body.get("model"), "model")
+    previous = body.get("previous_response_id")
+    if previous is not None:
+        previous = name(previous, "previous_response_id")
+    items = _input(body.get("input"), previous is not None)
+    instructions = _optional(body, "instructions", str, "a string")
+    stream = _optional(body, "stream", bool, "a boolean") or False
+    store = _optional(body, "store", bool, "a boolean")
+    store = True if store is None else store
+    tools, names, ignored = _tools(body.get("tools"))
+    params = _params(body)
+    max_output_tokens = _positive(body.get("max_output_tokens"), "max_output_tokens")
+    max_tool_calls = _positive(body.get("max_tool_calls"), "max_tool_calls")
+    has_loop = body.get("loop") is not None
+    loop = parse_loop(body["loop"]) if has_loop else NO_LOOP
+    if max_tool_calls is not None:
+        loop = _with_call_limit(loop, max_tool_calls)
+        has_loop = True
+    thread = loop.thread_id or (
+        name(thread_header, "x-loopwarden-thread-id") if thread_header else None
+    )
+    run = RunRequest(
+        model,
+        [],
+        loop,
+        has_loop,
+        tools,
+        _tool_choice(body.get("tool_choice"), names),
+        max_output_tokens,
+        params,
+        thread,
+        client_thread=True,
+    )
+    echo = {
+        "instructions": instructions,
+        "tools": body.get("tools") or [],
+        "tool_choice": body.get("tool_choice") or "auto",
+        "parallel_tool_calls": body.get("parallel_tool_calls", True),
+        "metadata": body.get("metadata") or {},
+        "temperature": body.get("temperature"),
+        "top_p": body.get("top_p"),
+        "max_output_tokens": max_output_tokens,
+        "max_tool_calls": max_tool_calls,
+        "previous_response_id": previous,
+        "store": store,
+        "text": body.get("text") or {"format": {"type": "text"}},
+        "reasoning": body.get("reasoning") or {"effort": None, "summary": None},
+        "truncation": body.get("truncation") or "disabled",
+        "user": body.get("user"),
+        "background": False,
+    }
+    return ResponsesRequest(
+        run,
+        stream,
+        store,
+        items,
+        previous,
+        instructions,
+        names,
+        ignored,
+        max_output_tokens,
+        echo,
+    )
+
+
+def _optional(body: dict[str, Any], key: str, kind: type, what: str) -> Any:
+    value = body.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+        raise InvalidRequest(f"{key} must be {what}", param=key)
+    return value
+
+
+def _positive(value: Any, param: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidRequest("must be a positive integer", param=param)
+    return value
+
+
+def _number(value: Any, param: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidRequest("must be a number", param=param)
+
+
+def _string(value: Any, param: str) -> str:
+    if not isinstance(value, str):
+        raise InvalidRequest("must be a string", param=param)
+    return value
+
+
+def _object(value: Any, param: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise InvalidRequest("must be an object", param=param)
+    return value
+
+
+# -- fields with an upstream meaning --------------------------------------------------------
+
+
+def _params(body: dict[str, Any]) -> dict[str, Any]:
+    """The Chat Completions fields the Responses fields map to (SPEC §12.1)."""
+    params: dict[str, Any] = {}
+    for key in SAME_NAMED:
+        value = body.get(key)
+        if value is None:
+            continue
+        if key in ("temperature", "top_p"):
+            _number(value, key)
+        else:
+            _string(value, key)
+        params[key] = value
+    if body.get("parallel_tool_calls") is not None:
+        params["parallel_tool_calls"] = _optional(body, "parallel_tool_calls", bool, "a boolean")
+    if body.get("service_tier") is not None:
+        params["service_tier"] = _string(body["service_tier"], "service_tier")
+    if body.get("metadata") is not None:
+        for key, value in _object(body["metadata"], "metadata").items():
+            _string(value, f"metadata.{key}")
+    for key in ("include",):
+        if body.get(key) is not None and not isinstance(body[key], list):
+            raise InvalidRequest("must be a list", param=key)
+    for key in ("truncation",):
+        if body.get(key) is not None:
+            _string(body[key], key)
+    for key in ("client_metadata", "stream_options"):
+        if body.get(key) is not None:
+            _object(body[key], key)
+    text = body.get("text")
+    if text is not None:
+        text = _object(text, "text")
+        if text.get("format") is not None:
+            response_format = _format(_object(text["format"], "text.format"))
+            if response_format is not None:
+                params["response_format"] = response_format
+        if text.get("verbosity") is not None:
+            params["verbosity"] = _string(text["verbosity"], "text.verbosity")
+    reasoning = body.get("reasoning")
+    if reasoning is not None:
+        reasoning = _object(reasoning, "reasoning")
+        if reasoning.get("effort") is not None:
+            params["reasoning_effort"] = _string(reasoning["effort"], "reasoning.effort")
+        if reasoning.get("summary") is not None:
+            _string(reasoning["summary"], "reasoning.summary")
+    return params
+
+
+def _format(fmt: dict[str, Any]) -> dict[str, Any] | None:
+    kind = fmt.get("type")
+    if kind not in FORMAT_TYPES:
+        raise InvalidRequest(
+            f"type must be one of {', '.join(sorted(FORMAT_TYPES))}", param="text.format.type"
+        )
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "json_object"}
+    schema: dict[str, Any] = {"name": name(fmt.get("name"), "text.format.name")}
+    if fmt.get("schema") is not None:
+        schema["schema"] = _object(fmt["schema"], "text.format.schema")
+    for key in ("strict", "description"):
+        if fmt.get(key) is not None:
+            schema[key] = fmt[key]
+    return {"type": "json_schema", "json_schema": schema}
+
+
+def _with_call_limit(loop: LoopOptions, count: int) -> LoopOptions:
+    """`max_tool_calls`: a run limit over all server tool calls that goes on (SPEC §12.1)."""
+    limit = ToolCallLimitOptions(run_limit=count, exit_behavior="continue")
+    return loop.model_copy(update={"tool_call_limits": [*loop.tool_call_limits, limit]})
+
+
+# -- tools ----------------------------------------------------------------------------------
+
+
+def _tools(value: Any) -> tuple[list[dict[str, Any]], dict[str, ClientTool], list[str]]:
+    """Client tools as upstream functions, the client's names of those renamed or custom, and
+    the hosted tool types left out."""
+    if value is None:
+        return [], {}, []
+    if not isinstance(value, list):
+        raise InvalidRequest("tools must be a list", param="tools")
+    functions: list[dict[str, Any]] = []
+    names: dict[str, ClientTool] = {}
+    ignored: list[str] = []
+    seen: set[str] = set()
+    for i, tool in enumerate(value):
+        path = f"tools[{i}]"
+        tool = _object(tool, path)
+        kind = tool.get("type")
+        if not isinstance(kind, str):
+            raise InvalidRequest("type must be a string", param=f"{path}.type")
+        if kind == "namespace":
+            namespace = name(tool.get("name"), f"{path}.name")
+            inner = tool.get("tools")
+            if not isinstance(inner, list):
+                raise InvalidRequest("tools must be a list", param=f"{path}.tools")
+            for j, member in enumerate(inner):
+                where = f"{path}.tools[{j}]"
+                member = _object(member, where)
+                if member.get("type") not in ("function", "custom"):
+                    raise InvalidRequest(
+                        "a namespace holds function and custom tools", param=f"{where}.type"
+                    )
+                _add(functions, names, seen, member, where, namespace)
+        elif kind in ("function", "custom"):
+            _add(functions, names, seen, tool, path, None)
+        else:  # a hosted tool the proxy cannot run
+            ignored.append(kind)
+    return functions, names, ignored
+
+
+def _add(
+    functions: list[dict[str, Any]],
+    names: dict[str, ClientTool],
+    seen: set[str],
+    tool: dict[str, Any],
+    path: str,
+    namespace: str | None,
+) -> None:
+    kind = tool["type"]
+    own = name(tool.get("name"), f"{path}.name")
+    flat = upstream_name(own, namespace)
+    if flat in seen:
+        raise InvalidRequest(f"duplicate tool {own!r}", param=f"{path}.name")
+    seen.add(flat)
+    function: dict[str, Any] = {"name": flat}
+    description = tool.get("description")
+    if description is not None:
+        function["description"] = _string(description, f"{path}.description")
+    if kind == "custom":
+        fmt = tool.get("format")
+        if isinstance(fmt, dict) and isinstance(fmt.get("definition"), str):
+            syntax = fmt.get("syntax", "grammar")
+            rule = f"The input follows this {syntax}:\n{fmt['definition']}"
+            function["description"] = f"{description}\n\n{rule}" if description else rule
+        function["parameters"] = CUSTOM_PARAMETERS
+        names[flat] = ClientTool("custom", own, namespace)
+    else:
+        parameters = tool.get("parameters")
+        function["parameters"] = (
+            _object(parameters, f"{path}.parameters")
+            if parameters is not None
+            else {"type": "object", "properties": {}}
+        )
+        if tool.get("strict") is not None:
+            function["strict"] = tool["strict"]
+        if namespace:
+            names[flat] = ClientTool("function", own, namespace)
+    functions.append({"type": "function", "function": function})
+
+
+def _tool_choice(value: Any, names: dict[str, ClientTool]) -> Any:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        if value not in TOOL_CHOICES:
+            raise InvalidRequest(
+                f"tool_choice must be one of {', '.join(sorted(TOOL_CHOICES))} or an object",
+                param="tool_choice",
+            )
+        return value
+    choice = _object(value, "tool_choice")
+    kind = choice.get("type")
+    if not isinstance(kind, str):
+        raise InvalidRequest("type must be a string", param="tool_choice.type")
+    if kind in ("function", "custom"):
+        own = name(choice.get("name"), "tool_choice.name")
+        flat = upstream_name(own, choice.get("namespace"))
+        return {"type": "function", "function": {"name": flat}}
+    if kind == "allowed_tools":
+        mode = choice.get("mode", "auto")
+        return mode if mode in TOOL_CHOICES else "auto"
+    return "auto"  # a hosted tool's choice: hosted tools are not offered
+
+
+# -- input items ----------------------------------------------------------------------------
+
+
+def _input(value: Any, has_previous: bool) -> list[dict[str, Any]]:
+    if value is None:
+        if has_previous:
+            return []
+        raise InvalidRequest("input is required: a string or a list of items", param="input")
+    if isinstance(value, str):
+        return [{"type": "message", "role": "user", "content": value}]
+    if not isinstance(value, list):
+        raise InvalidRequest("input must be a string or a list of items", param="input")
+    for i, item in enumerate(value):
+        _item(item, f"input[{i}]")
+    return value
+
+
+def _item(item: Any, path: str) -> None:
+    """Checks what the proxy reads of an item; the rest of it is not sent anywhere."""
+    item = _object(item, path)
+    kind = item.get("type")
+    if kind is None and "role" in item:
+        kind = "message"
+    if not isinstance(kind, str):
+        raise InvalidRequest("type must be a string", param=f"{path}.type")
+    if kind in SKIPPED_ITEMS:
+        return
+    if kind not in ITEM_TYPES:
+        raise InvalidRequest(f"unknown item type {kind[:64]!r}", param=f"{path}.type")
+    if kind == "message":
+        _message(item, path)
+    elif kind == "item_reference":
+        name(item.get("id"), f"{path}.id")
+    elif kind == "mcp_call":
+        for key in ("id", "name", "arguments"):
+            _string(item.get(key), f"{path}.{key}")
+        if item.get("output") is not None:
+            _string(item["output"], f"{path}.output")
+    else:
+        name(item.get("call_id"), f"{path}.call_id")
+        if kind == "function_call":
+            _string(item.get("name"), f"{path}.name")
+            _string(item.get("arguments"), f"{path}.arguments")
+        elif kind == "custom_tool_call":
+            _string(item.get("name"), f"{path}.name")
+            _string(item.get("input"), f"{path}.input")
+        else:
+            _content(item.get("output"), f"{path}.output")
+        namespace = item.get("namespace")
+        if namespace is not None:
+            _string(namespace, f"{path}.namespace")
+
+
+def _message(item: dict[str, Any], path: str) -> None:
+    role = item.get("role")
+    if not isinstance(role, str) or role not in ROLES:
+        raise InvalidRequest(
+            f"role must be one of {', '.join(sorted(ROLES))}", param=f"{path}.role"
+        )
+    _content(item.get("content"), f"{path}.content")
+
+
+def _content(content: Any, path: str) -> None:
+    if isinstance(content, str):
+        return
+    if not isinstance(content, list):
+        raise InvalidRequest("must be a string or a list of parts", param=path)
+    for j, part in enumerate(content):
+        where = f"{path}[{j}]"
+        part = _object(part, where)
+        kind = part.get("type")
+        if not isinstance(kind, str) or kind not in PART_TYPES:
+            raise InvalidRequest(
+                f"type must be one of {', '.join(sorted(PART_TYPES))}", param=f"{where}.type"
+            )
+        if kind in TEXT_PARTS:
+            _string(part.get("text"), f"{where}.text")
