@@ -218,15 +218,32 @@ class ServerCalls:
         result = event.result
         if result.is_error:
             item["status"] = "failed"
-            item["error"] = {
-                "type": "mcp_tool_execution_error",
-                "message": result.output,
-                "content": [{"type": "text", "text": result.output}],
-            }
+            item["error"] = _failure(result.output)
         else:
             item["status"] = "completed"
             item["output"] = result.output
         return item
+
+    def unfinished(self) -> list[dict[str, Any]]:
+        """Ends the calls that started but never finished (the run stopped meanwhile, e.g. at
+        its time budget) as `incomplete`; gives them."""
+        ended = list(self._open.values())
+        self._open.clear()
+        for item in ended:
+            item["status"] = "incomplete"
+            item["error"] = _failure(UNFINISHED)
+        return ended
+
+
+UNFINISHED = "The run stopped before this call finished."
+
+
+def _failure(message: str) -> dict[str, Any]:
+    return {
+        "type": "mcp_tool_execution_error",
+        "message": message,
+        "content": [{"type": "text", "text": message}],
+    }
 
 
 def client_call_item(call: dict[str, Any], item_id: str, names: ToolNames) -> dict[str, Any]:

@@ -93,6 +93,8 @@ class Responses:
         if failed(result):
             await send_failure(send, result, report, headers)
             return
+        if calls is not None:
+            calls.unfinished()
         output = output_items(result, prefix, req.names, calls.items if calls else [])
         body = context.response(result, spec.model, output, report)
         await context.keep(result, body)

@@ -177,6 +177,10 @@ class ResponsesStream:
                 {**where, "content_index": 0, "delta": text, "logprobs": []},
             )
         data += self._close_message()
+        for item in self.calls.unfinished() if self.calls is not None else ():
+            index = self._indexes[item["id"]]
+            self.output[index] = item
+            data += self._event("response.output_item.done", {"output_index": index, "item": item})
         for item in client_items:
             data += self._client_call(item)
         return data
