@@ -353,7 +353,10 @@ def _tool_choice(value: Any, names: dict[str, ClientTool]) -> Any:
         raise InvalidRequest("type must be a string", param="tool_choice.type")
     if kind in ("function", "custom"):
         own = name(choice.get("name"), "tool_choice.name")
-        flat = upstream_name(own, choice.get("namespace"))
+        namespace = choice.get("namespace")
+        if namespace is not None:
+            _string(namespace, "tool_choice.namespace")
+        flat = upstream_name(own, namespace)
         return {"type": "function", "function": {"name": flat}}
     if kind == "allowed_tools":
         mode = choice.get("mode", "auto")
