@@ -9,7 +9,7 @@ import httpx
 
 from tests.integration.conftest import Proxy, ProxyFactory
 from tests.response_events import checked, parse_events, stream_text
-from tests.scripted_upstream import call, fail, say, say_tool_result
+from tests.scripted_upstream import call, calls, fail, say, say_tool_result
 
 FUNCTION = {
     "type": "function",
@@ -117,3 +117,35 @@ async def test_server_calls_can_be_left_out_of_the_output(proxy_for: ProxyFactor
         assert [i["type"] for i in body["output"]] == ["message"]
         final = checked(parse_events((await stream(proxy, model="weather")).text))
         assert [i["type"] for i in final["output"]] == ["message"]
+
+
+async def test_left_out_server_calls_are_restored_from_the_held_calls(
+    proxy_for: ProxyFactory,
+) -> None:
+    async with proxy_for({"server": {"responses_server_calls": "omit"}}) as proxy:
+        proxy.upstream.script(
+            calls(call("get_weather", city="Paris"), call("lookup_order", order="A-1")),
+            say("Done."),
+        )
+        first = (
+            await proxy.client.post(
+                "/v1/responses",
+                json={"model": "weather", "input": "Go", "tools": [FUNCTION], "store": False},
+            )
+        ).json()
+        [fc] = first["output"]
+        assert fc["type"] == "function_call"
+        again = [
+            {"role": "user", "content": "Go"},
+            fc,
+            {"type": "function_call_output", "call_id": fc["call_id"], "output": "shipped"},
+        ]
+        r = await proxy.client.post(
+            "/v1/responses",
+            json={"model": "weather", "input": again, "tools": [FUNCTION], "store": False},
+        )
+        assert r.status_code == 200, r.text
+        sent = proxy.upstream.bodies[1]["messages"]
+        names = [c["function"]["name"] for c in sent[1]["tool_calls"]]
+        assert names == ["get_weather", "lookup_order"]
+        assert [m["role"] for m in sent[2:]] == ["tool", "tool"]
