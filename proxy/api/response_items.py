@@ -294,6 +294,14 @@ def custom_input(arguments: str) -> str:
     return arguments
 
 
+def client_items(result: RunResult, prefix: str, names: ToolNames) -> list[dict[str, Any]]:
+    """The items of the client calls a run ends with (none unless it stopped for them)."""
+    return [
+        client_call_item(call, f"fc_{prefix}_{i}", names)
+        for i, call in enumerate(result.message.get("tool_calls") or [])
+    ]
+
+
 def message_item(item_id: str, text: str, status: str = "completed") -> dict[str, Any]:
     return {
         "id": item_id,
@@ -312,9 +320,7 @@ def output_items(
 ) -> list[dict[str, Any]]:
     """The `output` of a run that did not fail, in order: its server calls, its client calls,
     and its final message when it has text (SPEC §12.2)."""
-    items = list(server_calls)
-    for i, call in enumerate(result.message.get("tool_calls") or []):
-        items.append(client_call_item(call, f"fc_{prefix}_{i}", names))
+    items = [*server_calls, *client_items(result, prefix, names)]
     text = result.message.get("content")
     if isinstance(text, str) and text:
         items.append(message_item(f"msg_{prefix}", text))

@@ -5,6 +5,7 @@ resolve the stored items, plan, run, render. Errors they raise are rendered by t
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from proxy.api.response_body import (
 from proxy.api.response_items import (
     OUTPUT_ITEMS,
     ServerCalls,
-    client_call_item,
+    client_items,
     items_to_messages,
     output_items,
 )
@@ -39,8 +40,9 @@ from proxy.api.services import Services
 from proxy.engine.run import Run
 from proxy.engine.run_spec import RunResult
 from proxy.engine.stop import StopReason
-from proxy.errors import ClientDisconnected, InvalidRequest, NotFound
+from proxy.errors import ClientDisconnected, InvalidRequest, NotFound, StateUnavailable
 
+log = logging.getLogger(__name__)
 _THREAD_HEADER = THREAD_HEADER.encode()
 
 
@@ -89,15 +91,15 @@ class Responses:
             return
         headers["x-loopwarden-stop-reason"] = result.stop.reason.value
         report = context.report(result)
-        await sv.remember(result, report, owner, caller)
         if failed(result):
+            await sv.remember(result, report, owner, caller)
             await send_failure(send, result, report, headers)
             return
         if calls is not None:
             calls.unfinished()
         output = output_items(result, prefix, req.names, calls.items if calls else [])
         body = context.response(result, spec.model, output, report)
-        await context.keep(result, body)
+        await context.keep(result, body, report)
         await send_json(send, 200, body, headers)
 
     async def _stream(
@@ -113,9 +115,9 @@ class Responses:
             return
         writer.headers["x-loopwarden-stop-reason"] = result.stop.reason.value
         report = context.report(result)
-        await sv.remember(result, report, context.owner, context.caller)
         try:
             if failed(result):
+                await sv.remember(result, report, context.owner, context.caller)
                 if not writer.started:
                     await send_failure(writer.send, result, report, writer.headers)
                     return
@@ -126,7 +128,7 @@ class Responses:
                 text if isinstance(text, str) else None, context.client_items(result)
             )
             body = context.response(result, writer.base["model"], writer.output, report)
-            await context.keep(result, body)
+            await context.keep(result, body, report)
             await writer.finish(data, body)
         except ClientDisconnected:
             return
@@ -153,10 +155,7 @@ class _Context:
         return report
 
     def client_items(self, result: RunResult) -> list[dict[str, Any]]:
-        return [
-            client_call_item(call, f"fc_{self.prefix}_{i}", self.req.names)
-            for i, call in enumerate(result.message.get("tool_calls") or [])
-        ]
+        return client_items(result, self.prefix, self.req.names)
 
     def response(
         self,
@@ -179,15 +178,24 @@ class _Context:
         body["loop"] = report
         return body
 
-    async def keep(self, result: RunResult, body: dict[str, Any]) -> None:
+    async def keep(self, result: RunResult, body: dict[str, Any], report: dict[str, Any]) -> None:
         """Stores the response when asked (`store`, the default): its body, and the
-        conversation through it for `previous_response_id` (SPEC §12.4)."""
-        if not self.req.store:
-            return
-        generated = [m for m in result.generated if m.get("role") != "system"]
-        key = self.caller.name if self.caller is not None else None
-        stored = StoredResponse(body, self.history + generated, self.thread, self.owner, key)
-        await self.store.save(body["id"], stored)
+        conversation through it for `previous_response_id` (SPEC §12.4). That record also
+        answers `GET /v1/runs/{id}`, so the run's own is written only without it, or for the
+        server calls it held back (`Services.remember`). A backend that fails is logged: the
+        answer does not depend on it."""
+        if self.req.store:
+            generated = [m for m in result.generated if m.get("role") != "system"]
+            key = self.caller.name if self.caller is not None else None
+            stored = StoredResponse(body, self.history + generated, self.thread, self.owner, key)
+            try:
+                await self.store.save(body["id"], stored)
+            except StateUnavailable as exc:
+                log.warning("response %s was not stored: %s", body["id"], exc.message)
+            else:
+                if result.held is None:
+                    return
+        await self.sv.remember(result, report, self.owner, self.caller)
 
 
 async def _history(

@@ -77,9 +77,16 @@ class ResponsesStream:
         if self.opened:
             return b""
         self.opened = True
-        return self._event("response.created", {"response": self.base}) + self._event(
-            "response.in_progress", {"response": self.base}
-        )
+        response = b',"response":' + orjson.dumps(self.base) + b"}\n\n"
+        data = b""
+        for kind in (b"response.created", b"response.in_progress"):
+            number = str(self._sequence).encode()
+            self._sequence += 1
+            data += (
+                b"event: " + kind + b'\ndata: {"type":"' + kind
+                + b'","sequence_number":' + number + response
+            )  # fmt: skip
+        return data
 
     def _add(self, item: dict[str, Any]) -> tuple[int, bytes]:
         index = len(self.output)
