@@ -1,7 +1,7 @@
 """A Responses API body (SPEC §12.1), validated with JSON paths, as an endpoint-neutral run.
 
-The input items are checked here; they become messages once the stored items they refer to
-(`previous_response_id`, `item_reference`) are read (`proxy.api.responses`)."""
+The input items are checked by `proxy.api.response_input`; they become messages once the stored
+items they refer to (`previous_response_id`, `item_reference`) are read (`proxy.api.responses`)."""
 
 from __future__ import annotations
 
@@ -9,51 +9,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.api.chat_request import json_object, name
+from proxy.api.response_input import checked_input, json_object_param, string_param
 from proxy.api.response_items import CUSTOM_PARAMETERS, ClientTool, upstream_name
 from proxy.api.run_request import NO_LOOP, LoopOptions, RunRequest, parse_loop
 from proxy.engine.options import ToolCallLimitOptions
 from proxy.errors import InvalidRequest
 
-ROLES = frozenset({"user", "system", "developer", "assistant"})
-PART_TYPES = frozenset(
-    {"input_text", "output_text", "input_image", "input_file", "refusal", "summary_text"}
-)
-TEXT_PARTS = frozenset({"input_text", "output_text", "summary_text"})
-# Items that record what a hosted tool or reasoning did: accepted, never sent upstream.
-SKIPPED_ITEMS = frozenset(
-    {
-        "reasoning",
-        "web_search_call",
-        "file_search_call",
-        "code_interpreter_call",
-        "image_generation_call",
-        "computer_call",
-        "computer_call_output",
-        "local_shell_call",
-        "local_shell_call_output",
-        "shell_call",
-        "shell_call_output",
-        "apply_patch_call",
-        "apply_patch_call_output",
-        "mcp_list_tools",
-        "mcp_approval_request",
-        "mcp_approval_response",
-        "tool_search_call",
-        "tool_search_output",
-        "compaction",
-    }
-)
-ITEM_TYPES = frozenset(
-    {
-        "message",
-        "function_call",
-        "function_call_output",
-        "custom_tool_call",
-        "custom_tool_call_output",
-        "mcp_call",
-        "item_reference",
-    }
-)
 TOOL_CHOICES = frozenset({"auto", "none", "required"})
 FORMAT_TYPES = frozenset({"text", "json_schema", "json_object"})
 # Fields passed upstream under the same name when given.
@@ -87,7 +48,7 @@ def parse_responses_request(raw: bytes, thread_header: str | None = None) -> Res
     previous = body.get("previous_response_id")
     if previous is not None:
         previous = name(previous, "previous_response_id")
-    items = _input(body.get("input"), previous is not None)
+    items = checked_input(body.get("input"), previous is not None)
     instructions = _optional(body, "instructions", str, "a string")
     stream = _optional(body, "stream", bool, "a boolean") or False
     store = _optional(body, "store", bool, "a boolean")
@@ -170,18 +131,6 @@ def _number(value: Any, param: str) -> None:
         raise InvalidRequest("must be a number", param=param)
 
 
-def _string(value: Any, param: str) -> str:
-    if not isinstance(value, str):
-        raise InvalidRequest("must be a string", param=param)
-    return value
-
-
-def _object(value: Any, param: str) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise InvalidRequest("must be an object", param=param)
-    return value
-
-
 # -- fields with an upstream meaning --------------------------------------------------------
 
 
@@ -195,40 +144,40 @@ def _params(body: dict[str, Any]) -> dict[str, Any]:
         if key in ("temperature", "top_p"):
             _number(value, key)
         else:
-            _string(value, key)
+            string_param(value, key)
         params[key] = value
     if body.get("parallel_tool_calls") is not None:
         params["parallel_tool_calls"] = _optional(body, "parallel_tool_calls", bool, "a boolean")
     if body.get("service_tier") is not None:
-        params["service_tier"] = _string(body["service_tier"], "service_tier")
+        params["service_tier"] = string_param(body["service_tier"], "service_tier")
     if body.get("metadata") is not None:
-        for key, value in _object(body["metadata"], "metadata").items():
-            _string(value, f"metadata.{key}")
+        for key, value in json_object_param(body["metadata"], "metadata").items():
+            string_param(value, f"metadata.{key}")
     for key in ("include",):
         if body.get(key) is not None and not isinstance(body[key], list):
             raise InvalidRequest("must be a list", param=key)
     for key in ("truncation",):
         if body.get(key) is not None:
-            _string(body[key], key)
+            string_param(body[key], key)
     for key in ("client_metadata", "stream_options"):
         if body.get(key) is not None:
-            _object(body[key], key)
+            json_object_param(body[key], key)
     text = body.get("text")
     if text is not None:
-        text = _object(text, "text")
+        text = json_object_param(text, "text")
         if text.get("format") is not None:
-            response_format = _format(_object(text["format"], "text.format"))
+            response_format = _format(json_object_param(text["format"], "text.format"))
             if response_format is not None:
                 params["response_format"] = response_format
         if text.get("verbosity") is not None:
-            params["verbosity"] = _string(text["verbosity"], "text.verbosity")
+            params["verbosity"] = string_param(text["verbosity"], "text.verbosity")
     reasoning = body.get("reasoning")
     if reasoning is not None:
-        reasoning = _object(reasoning, "reasoning")
+        reasoning = json_object_param(reasoning, "reasoning")
         if reasoning.get("effort") is not None:
-            params["reasoning_effort"] = _string(reasoning["effort"], "reasoning.effort")
+            params["reasoning_effort"] = string_param(reasoning["effort"], "reasoning.effort")
         if reasoning.get("summary") is not None:
-            _string(reasoning["summary"], "reasoning.summary")
+            string_param(reasoning["summary"], "reasoning.summary")
     return params
 
 
@@ -244,7 +193,7 @@ def _format(fmt: dict[str, Any]) -> dict[str, Any] | None:
         return {"type": "json_object"}
     schema: dict[str, Any] = {"name": name(fmt.get("name"), "text.format.name")}
     if fmt.get("schema") is not None:
-        schema["schema"] = _object(fmt["schema"], "text.format.schema")
+        schema["schema"] = json_object_param(fmt["schema"], "text.format.schema")
     for key in ("strict", "description"):
         if fmt.get(key) is not None:
             schema[key] = fmt[key]
@@ -273,7 +222,7 @@ def _tools(value: Any) -> tuple[list[dict[str, Any]], dict[str, ClientTool], lis
     seen: set[str] = set()
     for i, tool in enumerate(value):
         path = f"tools[{i}]"
-        tool = _object(tool, path)
+        tool = json_object_param(tool, path)
         kind = tool.get("type")
         if not isinstance(kind, str):
             raise InvalidRequest("type must be a string", param=f"{path}.type")
@@ -284,7 +233,7 @@ def _tools(value: Any) -> tuple[list[dict[str, Any]], dict[str, ClientTool], lis
                 raise InvalidRequest("tools must be a list", param=f"{path}.tools")
             for j, member in enumerate(inner):
                 where = f"{path}.tools[{j}]"
-                member = _object(member, where)
+                member = json_object_param(member, where)
                 if member.get("type") not in ("function", "custom"):
                     raise InvalidRequest(
                         "a namespace holds function and custom tools", param=f"{where}.type"
@@ -314,7 +263,7 @@ def _add(
     function: dict[str, Any] = {"name": flat}
     description = tool.get("description")
     if description is not None:
-        function["description"] = _string(description, f"{path}.description")
+        function["description"] = string_param(description, f"{path}.description")
     if kind == "custom":
         fmt = tool.get("format")
         if isinstance(fmt, dict) and isinstance(fmt.get("definition"), str):
@@ -326,7 +275,7 @@ def _add(
     else:
         parameters = tool.get("parameters")
         function["parameters"] = (
-            _object(parameters, f"{path}.parameters")
+            json_object_param(parameters, f"{path}.parameters")
             if parameters is not None
             else {"type": "object", "properties": {}}
         )
@@ -347,7 +296,7 @@ def _tool_choice(value: Any, names: dict[str, ClientTool]) -> Any:
                 param="tool_choice",
             )
         return value
-    choice = _object(value, "tool_choice")
+    choice = json_object_param(value, "tool_choice")
     kind = choice.get("type")
     if not isinstance(kind, str):
         raise InvalidRequest("type must be a string", param="tool_choice.type")
@@ -355,89 +304,10 @@ def _tool_choice(value: Any, names: dict[str, ClientTool]) -> Any:
         own = name(choice.get("name"), "tool_choice.name")
         namespace = choice.get("namespace")
         if namespace is not None:
-            _string(namespace, "tool_choice.namespace")
+            string_param(namespace, "tool_choice.namespace")
         flat = upstream_name(own, namespace)
         return {"type": "function", "function": {"name": flat}}
     if kind == "allowed_tools":
         mode = choice.get("mode", "auto")
         return mode if mode in TOOL_CHOICES else "auto"
     return "auto"  # a hosted tool's choice: hosted tools are not offered
-
-
-# -- input items ----------------------------------------------------------------------------
-
-
-def _input(value: Any, has_previous: bool) -> list[dict[str, Any]]:
-    if value is None:
-        if has_previous:
-            return []
-        raise InvalidRequest("input is required: a string or a list of items", param="input")
-    if isinstance(value, str):
-        return [{"type": "message", "role": "user", "content": value}]
-    if not isinstance(value, list):
-        raise InvalidRequest("input must be a string or a list of items", param="input")
-    for i, item in enumerate(value):
-        _item(item, f"input[{i}]")
-    return value
-
-
-def _item(item: Any, path: str) -> None:
-    """Checks what the proxy reads of an item; the rest of it is not sent anywhere."""
-    item = _object(item, path)
-    kind = item.get("type")
-    if kind is None and "role" in item:
-        kind = "message"
-    if not isinstance(kind, str):
-        raise InvalidRequest("type must be a string", param=f"{path}.type")
-    if kind in SKIPPED_ITEMS:
-        return
-    if kind not in ITEM_TYPES:
-        raise InvalidRequest(f"unknown item type {kind[:64]!r}", param=f"{path}.type")
-    if kind == "message":
-        _message(item, path)
-    elif kind == "item_reference":
-        name(item.get("id"), f"{path}.id")
-    elif kind == "mcp_call":
-        for key in ("id", "name", "arguments"):
-            _string(item.get(key), f"{path}.{key}")
-        if item.get("output") is not None:
-            _string(item["output"], f"{path}.output")
-    else:
-        name(item.get("call_id"), f"{path}.call_id")
-        if kind == "function_call":
-            _string(item.get("name"), f"{path}.name")
-            _string(item.get("arguments"), f"{path}.arguments")
-        elif kind == "custom_tool_call":
-            _string(item.get("name"), f"{path}.name")
-            _string(item.get("input"), f"{path}.input")
-        else:
-            _content(item.get("output"), f"{path}.output")
-        namespace = item.get("namespace")
-        if namespace is not None:
-            _string(namespace, f"{path}.namespace")
-
-
-def _message(item: dict[str, Any], path: str) -> None:
-    role = item.get("role")
-    if not isinstance(role, str) or role not in ROLES:
-        raise InvalidRequest(
-            f"role must be one of {', '.join(sorted(ROLES))}", param=f"{path}.role"
-        )
-    _content(item.get("content"), f"{path}.content")
-
-
-def _content(content: Any, path: str) -> None:
-    if isinstance(content, str):
-        return
-    if not isinstance(content, list):
-        raise InvalidRequest("must be a string or a list of parts", param=path)
-    for j, part in enumerate(content):
-        where = f"{path}[{j}]"
-        part = _object(part, where)
-        kind = part.get("type")
-        if not isinstance(kind, str) or kind not in PART_TYPES:
-            raise InvalidRequest(
-                f"type must be one of {', '.join(sorted(PART_TYPES))}", param=f"{where}.type"
-            )
-        if kind in TEXT_PARTS:
-            _string(part.get("text"), f"{where}.text")
