@@ -59,6 +59,9 @@ class ServerConfig(_Model):
     upstream_pool_timeout_s: float = Field(5.0, gt=0, allow_inf_nan=False)
     max_tool_output_bytes: int = Field(1024 * 1024, ge=1)  # each tool's own cap overrides
     workers: int = Field(1, ge=1, le=256)  # processes behind one port (`serve --workers`)
+    # How `/v1/responses` shows the server tool calls that ran: as `mcp_call` output items, or
+    # not at all (for a client that cannot read them).
+    responses_server_calls: Literal["mcp_call", "omit"] = "mcp_call"
 
     def connection_limit(self) -> int:
         """Client connections held at once: `max_connections`, else derived from the
@@ -209,6 +212,8 @@ class StateConfig(_Model):
     context_ttl_s: float | None = Field(None, gt=0)  # redis: contexts expire when left alone
     # Run reports (GET /v1/runs/{id}) and held server calls (SPEC §5.1.6) are kept this long.
     run_ttl_s: float = Field(86400.0, gt=0, allow_inf_nan=False)
+    # Stored responses (`/v1/responses` with `store`, SPEC §12.4) are kept this long.
+    response_ttl_s: float = Field(30 * 86400.0, gt=0, allow_inf_nan=False)
     # The longest one call to the backend may wait (redis socket timeouts, sqlite's busy
     # timeout, the /readyz check) before it fails with 503 state_unavailable.
     timeout_s: float = Field(5.0, gt=0, le=300, allow_inf_nan=False)

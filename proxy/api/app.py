@@ -26,6 +26,7 @@ from proxy.api.chat import ChatCompletions
 from proxy.api.contexts import ContextRecords, ContextRuns
 from proxy.api.models import ModelList
 from proxy.api.passthrough import METHODS, Passthrough
+from proxy.api.responses import Responses, StoredResponses
 from proxy.api.runs import RunReports
 from proxy.api.services import Services, build_services
 from proxy.config import Config
@@ -52,23 +53,31 @@ def error_response(error: ProxyError) -> Response:
 
 
 CHAT_PATHS = frozenset({"/v1/chat/completions", "/chat/completions"})
+RESPONSES_PATHS = frozenset({"/v1/responses", "/responses"})
 # Routes that start runs: each has its own run observers (the overhead metric's `route`).
-RUN_ROUTES = (*CHAT_PATHS, "/chat", "/chat/invoke", "/chat/add-ai-message")
+RUN_ROUTES = (*CHAT_PATHS, *RESPONSES_PATHS, "/chat", "/chat/invoke", "/chat/add-ai-message")
 
 
 class ProxyApp(Starlette):
-    """Chat completions skip starlette's middleware and router: they are the hot path."""
+    """Chat completions and responses skip starlette's middleware and router: they are the hot
+    path."""
 
     chat: ASGIApp
+    responses: ASGIApp
     served: ASGIApp  # `route` inside the error boundary, inside the HTTP telemetry
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self.served(scope, receive, send)
 
     async def route(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in CHAT_PATHS:
-            await self.chat(scope, receive, send)
-            return
+        if scope["type"] == "http" and scope["method"] == "POST":
+            path = scope["path"]
+            if path in CHAT_PATHS:
+                await self.chat(scope, receive, send)
+                return
+            if path in RESPONSES_PATHS:
+                await self.responses(scope, receive, send)
+                return
         await super().__call__(scope, receive, send)
 
 
@@ -175,6 +184,8 @@ def create_app(
         return error_response(NotFound(f"no route {request.method} {request.url.path}"))
 
     chat = ChatCompletions(services)
+    responses = Responses(services)
+    stored_responses = StoredResponses(services)
     model_list = ModelList(services)
     runs = ContextRuns(services)
     routes = [
@@ -185,6 +196,10 @@ def create_app(
         Route("/v1/runs/{run_id}", RunReports(services), methods=["GET"]),
         Route("/v1/chat/completions", chat, methods=["POST"]),
         Route("/chat/completions", chat, methods=["POST"]),
+        Route("/v1/responses", responses, methods=["POST"]),
+        Route("/responses", responses, methods=["POST"]),
+        Route("/v1/responses/{response_id}", stored_responses, methods=["GET", "DELETE"]),
+        Route("/responses/{response_id}", stored_responses, methods=["GET", "DELETE"]),
         Route("/v1/models", model_list, methods=["GET"]),
         Route("/models", model_list, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
@@ -206,6 +221,7 @@ def create_app(
         },
     )
     app.chat = chat
+    app.responses = responses
     tracer = tracing.get_tracer("loopwarden") if traced else None
     admitted = Admission(ErrorBoundary(app.route), config.server, RUN_ROUTES)
     app.served = HttpTelemetry(admitted, telemetry.metrics, tracer, routes)

@@ -1,5 +1,6 @@
 """`GET /v1/runs/{id}`: the `loop` report of a recent run, by its run id or by the id of the
-completion or response it answered with (SPEC §4.2), from the state backend."""
+completion or response it answered with (SPEC §4.2), from the state backend: the run's record,
+or the stored response it answered with (which is the one record such a run writes)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import orjson
 from starlette.types import Receive, Scope, Send
 
 from proxy.api.asgi import bearer_token, send_json
+from proxy.api.response_store import RESPONSE_RECORD
 from proxy.api.services import RUN_RECORD, Services
 from proxy.errors import NotFound
 
@@ -35,9 +37,14 @@ class RunReports:
         asked = scope["path_params"]["run_id"]
         run_id = run_id_of(asked)
         found = await sv.store.get_record(RUN_RECORD, run_id) if run_id else None
-        if found is None:
+        record = orjson.loads(found) if found is not None else None
+        if record is None and run_id is not None:  # a stored response keeps its run's report
+            kept = await sv.store.get_record(RESPONSE_RECORD, "resp_" + run_id[4:])
+            if kept is not None:
+                stored = orjson.loads(kept)
+                record = {"key": stored["key"], "loop": stored["response"]["loop"]}
+        if record is None:
             raise NotFound(f"no recent run {asked!r}")
-        record = orjson.loads(found)
         if caller is not None and record.get("key") != caller.name:
             raise NotFound(f"no recent run {asked!r}")
         await send_json(send, 200, {"object": "loopwarden.run", **record["loop"]})

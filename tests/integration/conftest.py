@@ -76,8 +76,11 @@ class Proxy:
         body.setdefault("messages", [{"role": "user", "content": "hi"}])
         return await self.client.post("/v1/chat/completions", json=body)
 
-    async def leaving(self, body: dict[str, Any], after_s: float) -> list[Message]:
-        """Posts a chat completion and disconnects `after_s` later; gives what the app sent.
+    async def leaving(
+        self, body: dict[str, Any], after_s: float, path: str = "/v1/chat/completions"
+    ) -> list[Message]:
+        """Posts a chat completion (or `body` to `path`) and disconnects `after_s` later; gives
+        what the app sent.
         (httpx's ASGI transport cannot disconnect: this talks ASGI to the app itself.)"""
         app = self.client._transport.app  # type: ignore[attr-defined]
         messages = [{"type": "http.request", "body": orjson.dumps(body), "more_body": False}]
@@ -96,7 +99,7 @@ class Proxy:
         scope = {
             "type": "http",
             "method": "POST",
-            "path": "/v1/chat/completions",
+            "path": path,
             "headers": [(b"content-type", b"application/json")],
             "query_string": b"",
             "root_path": "",

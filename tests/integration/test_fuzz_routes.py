@@ -106,6 +106,57 @@ context_bodies = st.fixed_dictionaries(
         "loop": loops | json_values,
     },
 )
+items = st.lists(
+    st.fixed_dictionaries(
+        {"type": near("message", "function_call", "function_call_output", "item_reference")},
+        optional={
+            "role": near("user", "assistant", "developer", "system"),
+            "content": near(
+                "hi", [{"type": "input_text", "text": "hi"}], [{"type": "input_image"}]
+            ),
+            "call_id": near("c1", ""),
+            "name": near("get_weather", "f"),
+            "arguments": near("{}", "{"),
+            "output": near("ok", [{"type": "input_text", "text": "ok"}]),
+            "id": near("msg_x", "fc_abc_0", "resp_x"),
+        },
+    )
+    | json_values,
+    max_size=3,
+)
+response_tools = st.lists(
+    st.fixed_dictionaries(
+        {"type": near("function", "custom", "namespace", "web_search")},
+        optional={
+            "name": near("f", "get_weather", ""),
+            "parameters": json_values,
+            "tools": json_values,
+            "format": json_values,
+        },
+    )
+    | json_values,
+    max_size=3,
+)
+responses_bodies = st.fixed_dictionaries(
+    {"model": near("weather", "scripted", ""), "input": near("hi") | items},
+    optional={
+        "stream": json_values,
+        "store": json_values,
+        "loop": loops | json_values,
+        "tools": response_tools | json_values,
+        "tool_choice": near("auto", {"type": "function", "name": "f"}, {"type": "allowed_tools"}),
+        "instructions": near("Be brief."),
+        "previous_response_id": near("resp_x", ""),
+        "max_output_tokens": near(5, 0, -1),
+        "max_tool_calls": near(1, 0),
+        "text": near({"format": {"type": "json_schema", "name": "x"}}, {"verbosity": 1}),
+        "reasoning": near({"effort": "low"}, {"summary": 1}),
+        "metadata": near({"a": "b"}, {"a": 1}),
+        "background": json_values,
+        "conversation": json_values,
+        "include": json_values,
+    },
+)
 raw_bodies = st.binary(max_size=64) | json_values.map(lambda v: json.dumps(v).encode())
 
 ROUTES: dict[str, st.SearchStrategy[Any]] = {
@@ -114,6 +165,8 @@ ROUTES: dict[str, st.SearchStrategy[Any]] = {
     "/chat": context_bodies,
     "/chat/invoke": context_bodies,
     "/chat/add-ai-message": context_bodies,
+    "/v1/responses": responses_bodies,
+    "/responses": responses_bodies,
     "/v1/embeddings": json_values,  # relayed to the upstream
 }
 
@@ -168,7 +221,7 @@ def test_any_body_gets_a_2xx_or_an_openai_shaped_4xx(
 
 @pytest.mark.parametrize(
     ("method", "route"),
-    [(m, r) for m in ("GET", "DELETE") for r in ("/v1/contexts/", "/v1/runs/")],
+    [(m, r) for m in ("GET", "DELETE") for r in ("/v1/contexts/", "/v1/runs/", "/v1/responses/")],
 )
 def test_any_id_in_a_path_gets_a_2xx_or_an_openai_shaped_4xx(
     looping: tuple[asyncio.AbstractEventLoop, Proxy], method: str, route: str

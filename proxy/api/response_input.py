@@ -1,0 +1,138 @@
+"""The input items of a Responses body, checked with JSON paths (SPEC §12.1): what the proxy
+reads of each item must have the right type; the rest is never sent anywhere."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from proxy.api.chat_request import name
+from proxy.errors import InvalidRequest
+
+ROLES = frozenset({"user", "system", "developer", "assistant"})
+PART_TYPES = frozenset(
+    {"input_text", "output_text", "input_image", "input_file", "refusal", "summary_text"}
+)
+TEXT_PARTS = frozenset({"input_text", "output_text", "summary_text"})
+# Items that record what a hosted tool or reasoning did: accepted, never sent upstream.
+SKIPPED_ITEMS = frozenset(
+    {
+        "reasoning",
+        "web_search_call",
+        "file_search_call",
+        "code_interpreter_call",
+        "image_generation_call",
+        "computer_call",
+        "computer_call_output",
+        "local_shell_call",
+        "local_shell_call_output",
+        "shell_call",
+        "shell_call_output",
+        "apply_patch_call",
+        "apply_patch_call_output",
+        "mcp_list_tools",
+        "mcp_approval_request",
+        "mcp_approval_response",
+        "tool_search_call",
+        "tool_search_output",
+        "compaction",
+    }
+)
+ITEM_TYPES = frozenset(
+    {
+        "message",
+        "function_call",
+        "function_call_output",
+        "custom_tool_call",
+        "custom_tool_call_output",
+        "mcp_call",
+        "item_reference",
+    }
+)
+
+
+def string_param(value: Any, param: str) -> str:
+    if not isinstance(value, str):
+        raise InvalidRequest("must be a string", param=param)
+    return value
+
+
+def json_object_param(value: Any, param: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise InvalidRequest("must be an object", param=param)
+    return value
+
+
+def checked_input(value: Any, has_previous: bool) -> list[dict[str, Any]]:
+    if value is None:
+        if has_previous:
+            return []
+        raise InvalidRequest("input is required: a string or a list of items", param="input")
+    if isinstance(value, str):
+        return [{"type": "message", "role": "user", "content": value}]
+    if not isinstance(value, list):
+        raise InvalidRequest("input must be a string or a list of items", param="input")
+    for i, item in enumerate(value):
+        _item(item, f"input[{i}]")
+    return value
+
+
+def _item(item: Any, path: str) -> None:
+    """Checks what the proxy reads of an item; the rest of it is not sent anywhere."""
+    item = json_object_param(item, path)
+    kind = item.get("type")
+    if kind is None and "role" in item:
+        kind = "message"
+    if not isinstance(kind, str):
+        raise InvalidRequest("type must be a string", param=f"{path}.type")
+    if kind in SKIPPED_ITEMS:
+        return
+    if kind not in ITEM_TYPES:
+        raise InvalidRequest(f"unknown item type {kind[:64]!r}", param=f"{path}.type")
+    if kind == "message":
+        _message(item, path)
+    elif kind == "item_reference":
+        name(item.get("id"), f"{path}.id")
+    elif kind == "mcp_call":
+        for key in ("id", "name", "arguments"):
+            string_param(item.get(key), f"{path}.{key}")
+        if item.get("output") is not None:
+            string_param(item["output"], f"{path}.output")
+    else:
+        name(item.get("call_id"), f"{path}.call_id")
+        if kind == "function_call":
+            string_param(item.get("name"), f"{path}.name")
+            string_param(item.get("arguments"), f"{path}.arguments")
+        elif kind == "custom_tool_call":
+            string_param(item.get("name"), f"{path}.name")
+            string_param(item.get("input"), f"{path}.input")
+        else:
+            _content(item.get("output"), f"{path}.output")
+        namespace = item.get("namespace")
+        if namespace is not None:
+            string_param(namespace, f"{path}.namespace")
+
+
+def _message(item: dict[str, Any], path: str) -> None:
+    role = item.get("role")
+    if not isinstance(role, str) or role not in ROLES:
+        raise InvalidRequest(
+            f"role must be one of {', '.join(sorted(ROLES))}", param=f"{path}.role"
+        )
+    _content(item.get("content"), f"{path}.content")
+
+
+def _content(content: Any, path: str) -> None:
+    if isinstance(content, str):
+        return
+    if not isinstance(content, list):
+        raise InvalidRequest("must be a string or a list of parts", param=path)
+    for j, part in enumerate(content):
+        where = f"{path}[{j}]"
+        part = json_object_param(part, where)
+        kind = part.get("type")
+        if not isinstance(kind, str) or kind not in PART_TYPES:
+            raise InvalidRequest(
+                f"type must be one of {', '.join(sorted(PART_TYPES))}", param=f"{where}.type"
+            )
+        if kind in TEXT_PARTS:
+            string_param(part.get("text"), f"{where}.text")

@@ -1,0 +1,81 @@
+"""Stored responses (SPEC §12.4): a response, the conversation through it and its thread, in the
+state backend for `state.response_ttl_s`, readable only by the key that created it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from proxy.api.auth import Caller, KeyRing
+from proxy.state.store import StateStore
+
+RESPONSE_RECORD = "response"
+ITEM_PREFIXES = ("msg_", "fc_", "mcp_")
+
+
+@dataclass(slots=True)
+class StoredResponse:
+    """`messages` is the conversation through the response, as the engine saw it (the
+    `instructions` aside: they are not carried over, as OpenAI does); `thread` the chain's
+    thread name, before any key scoping."""
+
+    response: dict[str, Any]
+    messages: list[dict[str, Any]]
+    thread: str | None
+    owner: str  # the agent or model: a key that may not use it may not read it
+    key: str | None
+
+    def dumps(self) -> bytes:
+        return orjson.dumps(
+            {
+                "response": self.response,
+                "messages": self.messages,
+                "thread": self.thread,
+                "owner": self.owner,
+                "key": self.key,
+            }
+        )
+
+    def item(self, item_id: str) -> dict[str, Any] | None:
+        for item in self.response.get("output") or ():
+            if item.get("id") == item_id:
+                return dict(item)
+        return None
+
+
+def response_of_item(item_id: str) -> str | None:
+    """The id of the response an output item id belongs to (`fc_<hex>_2` -> `resp_<hex>`)."""
+    for prefix in ITEM_PREFIXES:
+        if item_id.startswith(prefix):
+            hex_part = item_id.removeprefix(prefix).split("_", 1)[0]
+            return f"resp_{hex_part}" if hex_part else None
+    return None
+
+
+class ResponseStore:
+    def __init__(self, store: StateStore, ttl_s: float) -> None:
+        self.store = store
+        self.ttl_s = ttl_s
+
+    async def save(self, response_id: str, stored: StoredResponse) -> None:
+        await self.store.put_record(RESPONSE_RECORD, response_id, stored.dumps(), self.ttl_s)
+
+    async def load(self, response_id: str, caller: Caller | None) -> StoredResponse | None:
+        """The stored response, when it exists and `caller` made it (None otherwise: another
+        key's responses do not exist for it). Raises PermissionDenied when the key may no
+        longer use the response's agent."""
+        found = await self.store.get_record(RESPONSE_RECORD, response_id)
+        if found is None:
+            return None
+        fields = orjson.loads(found)
+        stored = StoredResponse(**fields)
+        if caller is not None:
+            if stored.key != caller.name:
+                return None
+            KeyRing.check(caller, stored.owner)
+        return stored
+
+    async def delete(self, response_id: str) -> bool:
+        return await self.store.delete_record(RESPONSE_RECORD, response_id)

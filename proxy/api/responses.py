@@ -1,0 +1,288 @@
+"""`POST /v1/responses` and `GET`/`DELETE /v1/responses/{id}` (SPEC §12) as raw ASGI apps: read,
+resolve the stored items, plan, run, render. Errors they raise are rendered by the app's
+`ErrorBoundary`."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.types import Receive, Scope, Send
+
+from proxy.api.asgi import bearer_token, header, read_body, run_or_cancel, send_json
+from proxy.api.auth import Caller
+from proxy.api.chat_request import THREAD_HEADER
+from proxy.api.completion import loop_report
+from proxy.api.failures import failed, failure_error, send_failure
+from proxy.api.planning import Plan
+from proxy.api.response_body import (
+    finished_response,
+    item_prefix,
+    response_id,
+    response_object,
+    response_usage,
+)
+from proxy.api.response_items import (
+    OUTPUT_ITEMS,
+    ServerCalls,
+    client_items,
+    items_to_messages,
+    output_items,
+)
+from proxy.api.response_store import ResponseStore, StoredResponse, response_of_item
+from proxy.api.responses_request import ResponsesRequest, parse_responses_request
+from proxy.api.responses_stream import ResponsesStream
+from proxy.api.services import Services
+from proxy.engine.run import Run
+from proxy.engine.run_spec import RunResult
+from proxy.engine.stop import StopReason
+from proxy.errors import ClientDisconnected, InvalidRequest, NotFound, StateUnavailable
+
+log = logging.getLogger(__name__)
+_THREAD_HEADER = THREAD_HEADER.encode()
+
+
+class Responses:
+    """`POST /v1/responses`: the Responses API on the run loop."""
+
+    def __init__(self, services: Callable[[], Services]) -> None:
+        self.services = services
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        sv = self.services()
+        bearer = bearer_token(scope)
+        caller = sv.keys.caller(bearer)
+        raw = await read_body(receive, scope, sv.config.server.max_body_bytes)
+        req = parse_responses_request(raw, header(scope, _THREAD_HEADER))
+        store = ResponseStore(sv.store, sv.config.state.response_ttl_s)
+        history = await _history(req, store, caller)
+        run = req.run
+        run.messages = (
+            [{"role": "system", "content": req.instructions}, *history]
+            if req.instructions
+            else history
+        )
+        plan = sv.planner.plan(run, caller)
+        spec = plan.spec
+        thread = _thread(req, plan, caller)
+        deps = sv.deps(plan.upstream, bearer, scope["path"])
+        shown = sv.config.server.responses_server_calls == "mcp_call"
+        if spec.policy.tools and not shown:  # the client cannot send the server calls back
+            spec.messages = await sv.restore(spec.messages, caller)
+        prefix = item_prefix(spec.run_id)
+        calls = ServerCalls(prefix) if shown and spec.policy.tools else None
+        created = int(time.time())
+        owner = plan.agent or run.model
+        headers = {"x-loopwarden-run-id": spec.run_id}
+        context = _Context(sv, req, store, caller, history, thread, owner, created, prefix)
+        if req.stream:
+            base = response_object(spec.run_id, created, spec.model, req.echo, "in_progress", [])
+            writer = ResponsesStream(send, base, headers, calls, prefix)
+            await self._stream(Run(spec, deps, writer), writer, context, receive)
+            return
+        if calls is not None:
+            deps.observers = [*deps.observers, calls]
+        result = await run_or_cancel(Run(spec, deps).execute, receive)
+        if result is None:
+            return
+        headers["x-loopwarden-stop-reason"] = result.stop.reason.value
+        report = context.report(result)
+        if failed(result):
+            await sv.remember(result, report, owner, caller)
+            await send_failure(send, result, report, headers)
+            return
+        if calls is not None:
+            calls.unfinished()
+        output = output_items(result, prefix, req.names, calls.items if calls else [])
+        body = context.response(result, spec.model, output, report)
+        await context.keep(result, body, report)
+        await send_json(send, 200, body, headers)
+
+    async def _stream(
+        self, run: Run, writer: ResponsesStream, context: _Context, receive: Receive
+    ) -> None:
+        sv = context.sv
+        keepalive = asyncio.ensure_future(writer.keepalive(sv.config.server.keepalive_interval_s))
+        try:
+            result = await run_or_cancel(run.execute, receive)
+        finally:
+            keepalive.cancel()
+        if result is None or result.stop.reason is StopReason.CANCELLED:
+            return
+        writer.headers["x-loopwarden-stop-reason"] = result.stop.reason.value
+        report = context.report(result)
+        try:
+            if failed(result):
+                await sv.remember(result, report, context.owner, context.caller)
+                if not writer.started:
+                    await send_failure(writer.send, result, report, writer.headers)
+                    return
+                await writer.fail(context.failed_response(result, writer.base, report))
+                return
+            text = result.message.get("content")
+            data = writer.closing(
+                text if isinstance(text, str) else None, context.client_items(result)
+            )
+            body = context.response(result, writer.base["model"], writer.output, report)
+            await context.keep(result, body, report)
+            await writer.finish(data, body)
+        except ClientDisconnected:
+            return
+
+
+@dataclass(slots=True)
+class _Context:
+    """What a create request carries from its parse to its answer."""
+
+    sv: Services
+    req: ResponsesRequest
+    store: ResponseStore
+    caller: Caller | None
+    history: list[dict[str, Any]]
+    thread: str | None
+    owner: str
+    created: int
+    prefix: str
+
+    def report(self, result: RunResult) -> dict[str, Any]:
+        report = loop_report(result, self.req.run.loop.include_messages)
+        if self.req.ignored_tools:
+            report["ignored_tools"] = self.req.ignored_tools
+        return report
+
+    def client_items(self, result: RunResult) -> list[dict[str, Any]]:
+        return client_items(result, self.prefix, self.req.names)
+
+    def response(
+        self,
+        result: RunResult,
+        model: str,
+        output: list[dict[str, Any]],
+        report: dict[str, Any],
+    ) -> dict[str, Any]:
+        req = self.req
+        return finished_response(
+            result, self.created, model, req.echo, output, report, req.max_output_tokens
+        )
+
+    def failed_response(
+        self, result: RunResult, base: dict[str, Any], report: dict[str, Any]
+    ) -> dict[str, Any]:
+        error = failure_error(result)
+        body = {**base, "status": "failed", "usage": response_usage(result.usage)}
+        body["error"] = {"code": error.code or error.type, "message": error.message}
+        body["loop"] = report
+        return body
+
+    async def keep(self, result: RunResult, body: dict[str, Any], report: dict[str, Any]) -> None:
+        """Stores the response when asked (`store`, the default): its body, and the
+        conversation through it for `previous_response_id` (SPEC §12.4). That record also
+        answers `GET /v1/runs/{id}`, so the run's own is written only without it, or for the
+        server calls it held back (`Services.remember`). A backend that fails is logged: the
+        answer does not depend on it."""
+        if self.req.store:
+            generated = [m for m in result.generated if m.get("role") != "system"]
+            key = self.caller.name if self.caller is not None else None
+            stored = StoredResponse(body, self.history + generated, self.thread, self.owner, key)
+            try:
+                await self.store.save(body["id"], stored)
+            except StateUnavailable as exc:
+                log.warning("response %s was not stored: %s", body["id"], exc.message)
+            else:
+                if result.held is None:
+                    return
+        await self.sv.remember(result, report, self.owner, self.caller)
+
+
+async def _history(
+    req: ResponsesRequest, store: ResponseStore, caller: Caller | None
+) -> list[dict[str, Any]]:
+    """The conversation a request continues: the stored one of `previous_response_id`, then
+    its input items with every `item_reference` read. A function call output must answer a
+    call of that conversation."""
+    previous: StoredResponse | None = None
+    if req.previous_response_id is not None:
+        previous = await store.load(req.previous_response_id, caller)
+        if previous is None:
+            raise NotFound(
+                f"no stored response {req.previous_response_id!r}", param="previous_response_id"
+            )
+        if req.run.thread_id is None:
+            req.run.thread_id = previous.thread
+    known: set[str] = set()
+    if previous is not None:
+        for message in previous.messages:
+            for call in message.get("tool_calls") or ():
+                known.add(call["id"])
+    items: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for i, item in enumerate(req.items):
+        kind = item.get("type", "message")
+        if kind == "item_reference":
+            ref = item["id"]
+            if ref in seen:  # the same stored item named twice (a call, and its result)
+                continue
+            seen.add(ref)
+            item = await _referenced(ref, store, caller, f"input[{i}].id")
+            kind = item.get("type", "message")
+        if kind in ("function_call", "custom_tool_call"):
+            known.add(item["call_id"])
+        elif kind == "mcp_call":
+            known.add(item["id"])
+        elif kind in OUTPUT_ITEMS and item["call_id"] not in known:
+            raise InvalidRequest(
+                f"no tool call with call_id {item['call_id'][:64]!r} comes before this output",
+                param=f"input[{i}].call_id",
+            )
+        items.append(item)
+    messages = items_to_messages(items)
+    return [*previous.messages, *messages] if previous is not None else messages
+
+
+async def _referenced(
+    item_id: str, store: ResponseStore, caller: Caller | None, param: str
+) -> dict[str, Any]:
+    owner = response_of_item(item_id)
+    stored = await store.load(owner, caller) if owner else None
+    item = stored.item(item_id) if stored is not None else None
+    if item is None:
+        raise NotFound(f"no stored item {item_id[:64]!r}", param=param)
+    return item
+
+
+def _thread(req: ResponsesRequest, plan: Plan, caller: Caller | None) -> str | None:
+    """The thread a stored response's chain keeps: the one it continues, else its own id
+    (SPEC §12.4). A run with no thread of its own gets that thread, in the key's namespace."""
+    if req.run.thread_id is not None:
+        return req.run.thread_id
+    if not req.store:
+        return None
+    own = response_id(plan.spec.run_id)
+    plan.spec.thread_id = caller.scoped(own) if caller is not None else own
+    return own
+
+
+class StoredResponses:
+    """`GET` and `DELETE /v1/responses/{id}`: a key reads and drops the responses it created;
+    to any other key they do not exist."""
+
+    def __init__(self, services: Callable[[], Services]) -> None:
+        self.services = services
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        sv = self.services()
+        caller = sv.keys.caller(bearer_token(scope))
+        asked = scope["path_params"]["response_id"]
+        store = ResponseStore(sv.store, sv.config.state.response_ttl_s)
+        stored = await store.load(asked, caller)
+        if stored is None:
+            raise NotFound(f"no stored response {asked[:64]!r}")
+        if scope["method"] == "DELETE":
+            await store.delete(asked)
+            await send_json(send, 200, {"id": asked, "object": "response", "deleted": True})
+            return
+        await send_json(send, 200, stored.response)

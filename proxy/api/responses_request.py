@@ -1,0 +1,313 @@
+"""A Responses API body (SPEC §12.1), validated with JSON paths, as an endpoint-neutral run.
+
+The input items are checked by `proxy.api.response_input`; they become messages once the stored
+items they refer to (`previous_response_id`, `item_reference`) are read (`proxy.api.responses`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from proxy.api.chat_request import json_object, name
+from proxy.api.response_input import checked_input, json_object_param, string_param
+from proxy.api.response_items import CUSTOM_PARAMETERS, ClientTool, upstream_name
+from proxy.api.run_request import NO_LOOP, LoopOptions, RunRequest, parse_loop
+from proxy.engine.options import ToolCallLimitOptions
+from proxy.errors import InvalidRequest
+
+TOOL_CHOICES = frozenset({"auto", "none", "required"})
+FORMAT_TYPES = frozenset({"text", "json_schema", "json_object"})
+# Fields passed upstream under the same name when given.
+SAME_NAMED = ("temperature", "top_p", "user", "prompt_cache_key", "safety_identifier")
+UNSUPPORTED = {
+    "background": "background responses are not supported: leave background unset or false",
+    "conversation": "conversations are not supported: use previous_response_id or send input",
+}
+
+
+@dataclass(slots=True)
+class ResponsesRequest:
+    run: RunRequest  # `messages` are set once the stored items are read
+    stream: bool
+    store: bool
+    items: list[dict[str, Any]]
+    previous_response_id: str | None = None
+    instructions: str | None = None
+    names: dict[str, ClientTool] = field(default_factory=dict)
+    ignored_tools: list[str] = field(default_factory=list)
+    max_output_tokens: int | None = None
+    echo: dict[str, Any] = field(default_factory=dict)  # settings the response repeats
+
+
+def parse_responses_request(raw: bytes, thread_header: str | None = None) -> ResponsesRequest:
+    body = json_object(raw)
+    for key, why in UNSUPPORTED.items():
+        if body.get(key) not in (None, False):
+            raise InvalidRequest(why, param=key, code="unsupported_parameter")
+    model = name(body.get("model"), "model")
+    previous = body.get("previous_response_id")
+    if previous is not None:
+        previous = name(previous, "previous_response_id")
+    items = checked_input(body.get("input"), previous is not None)
+    instructions = _optional(body, "instructions", str, "a string")
+    stream = _optional(body, "stream", bool, "a boolean") or False
+    store = _optional(body, "store", bool, "a boolean")
+    store = True if store is None else store
+    tools, names, ignored = _tools(body.get("tools"))
+    params = _params(body)
+    max_output_tokens = _positive(body.get("max_output_tokens"), "max_output_tokens")
+    max_tool_calls = _positive(body.get("max_tool_calls"), "max_tool_calls")
+    has_loop = body.get("loop") is not None
+    loop = parse_loop(body["loop"]) if has_loop else NO_LOOP
+    if max_tool_calls is not None:
+        loop = _with_call_limit(loop, max_tool_calls)
+        has_loop = True
+    thread = loop.thread_id or (
+        name(thread_header, "x-loopwarden-thread-id") if thread_header else None
+    )
+    run = RunRequest(
+        model,
+        [],
+        loop,
+        has_loop,
+        tools,
+        _tool_choice(body.get("tool_choice"), names),
+        max_output_tokens,
+        params,
+        thread,
+        client_thread=True,
+    )
+    echo = {
+        "instructions": instructions,
+        "tools": body.get("tools") or [],
+        "tool_choice": body.get("tool_choice") or "auto",
+        "parallel_tool_calls": body.get("parallel_tool_calls", True),
+        "metadata": body.get("metadata") or {},
+        "temperature": body.get("temperature"),
+        "top_p": body.get("top_p"),
+        "max_output_tokens": max_output_tokens,
+        "max_tool_calls": max_tool_calls,
+        "previous_response_id": previous,
+        "store": store,
+        "text": body.get("text") or {"format": {"type": "text"}},
+        "reasoning": body.get("reasoning") or {"effort": None, "summary": None},
+        "truncation": body.get("truncation") or "disabled",
+        "user": body.get("user"),
+        "background": False,
+    }
+    return ResponsesRequest(
+        run,
+        stream,
+        store,
+        items,
+        previous,
+        instructions,
+        names,
+        ignored,
+        max_output_tokens,
+        echo,
+    )
+
+
+def _optional(body: dict[str, Any], key: str, kind: type, what: str) -> Any:
+    value = body.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+        raise InvalidRequest(f"{key} must be {what}", param=key)
+    return value
+
+
+def _positive(value: Any, param: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidRequest("must be a positive integer", param=param)
+    return value
+
+
+def _number(value: Any, param: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidRequest("must be a number", param=param)
+
+
+# -- fields with an upstream meaning --------------------------------------------------------
+
+
+def _params(body: dict[str, Any]) -> dict[str, Any]:
+    """The Chat Completions fields the Responses fields map to (SPEC §12.1)."""
+    params: dict[str, Any] = {}
+    for key in SAME_NAMED:
+        value = body.get(key)
+        if value is None:
+            continue
+        if key in ("temperature", "top_p"):
+            _number(value, key)
+        else:
+            string_param(value, key)
+        params[key] = value
+    if body.get("parallel_tool_calls") is not None:
+        params["parallel_tool_calls"] = _optional(body, "parallel_tool_calls", bool, "a boolean")
+    if body.get("service_tier") is not None:
+        params["service_tier"] = string_param(body["service_tier"], "service_tier")
+    if body.get("metadata") is not None:
+        for key, value in json_object_param(body["metadata"], "metadata").items():
+            string_param(value, f"metadata.{key}")
+    for key in ("include",):
+        if body.get(key) is not None and not isinstance(body[key], list):
+            raise InvalidRequest("must be a list", param=key)
+    for key in ("truncation",):
+        if body.get(key) is not None:
+            string_param(body[key], key)
+    for key in ("client_metadata", "stream_options"):
+        if body.get(key) is not None:
+            json_object_param(body[key], key)
+    text = body.get("text")
+    if text is not None:
+        text = json_object_param(text, "text")
+        if text.get("format") is not None:
+            response_format = _format(json_object_param(text["format"], "text.format"))
+            if response_format is not None:
+                params["response_format"] = response_format
+        if text.get("verbosity") is not None:
+            params["verbosity"] = string_param(text["verbosity"], "text.verbosity")
+    reasoning = body.get("reasoning")
+    if reasoning is not None:
+        reasoning = json_object_param(reasoning, "reasoning")
+        if reasoning.get("effort") is not None:
+            params["reasoning_effort"] = string_param(reasoning["effort"], "reasoning.effort")
+        if reasoning.get("summary") is not None:
+            string_param(reasoning["summary"], "reasoning.summary")
+    return params
+
+
+def _format(fmt: dict[str, Any]) -> dict[str, Any] | None:
+    kind = fmt.get("type")
+    if kind not in FORMAT_TYPES:
+        raise InvalidRequest(
+            f"type must be one of {', '.join(sorted(FORMAT_TYPES))}", param="text.format.type"
+        )
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "json_object"}
+    schema: dict[str, Any] = {"name": name(fmt.get("name"), "text.format.name")}
+    if fmt.get("schema") is not None:
+        schema["schema"] = json_object_param(fmt["schema"], "text.format.schema")
+    for key in ("strict", "description"):
+        if fmt.get(key) is not None:
+            schema[key] = fmt[key]
+    return {"type": "json_schema", "json_schema": schema}
+
+
+def _with_call_limit(loop: LoopOptions, count: int) -> LoopOptions:
+    """`max_tool_calls`: a run limit over all server tool calls that goes on (SPEC §12.1)."""
+    limit = ToolCallLimitOptions(run_limit=count, exit_behavior="continue")
+    return loop.model_copy(update={"tool_call_limits": [*loop.tool_call_limits, limit]})
+
+
+# -- tools ----------------------------------------------------------------------------------
+
+
+def _tools(value: Any) -> tuple[list[dict[str, Any]], dict[str, ClientTool], list[str]]:
+    """Client tools as upstream functions, the client's names of those renamed or custom, and
+    the hosted tool types left out."""
+    if value is None:
+        return [], {}, []
+    if not isinstance(value, list):
+        raise InvalidRequest("tools must be a list", param="tools")
+    functions: list[dict[str, Any]] = []
+    names: dict[str, ClientTool] = {}
+    ignored: list[str] = []
+    seen: set[str] = set()
+    for i, tool in enumerate(value):
+        path = f"tools[{i}]"
+        tool = json_object_param(tool, path)
+        kind = tool.get("type")
+        if not isinstance(kind, str):
+            raise InvalidRequest("type must be a string", param=f"{path}.type")
+        if kind == "namespace":
+            namespace = name(tool.get("name"), f"{path}.name")
+            inner = tool.get("tools")
+            if not isinstance(inner, list):
+                raise InvalidRequest("tools must be a list", param=f"{path}.tools")
+            for j, member in enumerate(inner):
+                where = f"{path}.tools[{j}]"
+                member = json_object_param(member, where)
+                if member.get("type") not in ("function", "custom"):
+                    raise InvalidRequest(
+                        "a namespace holds function and custom tools", param=f"{where}.type"
+                    )
+                _add(functions, names, seen, member, where, namespace)
+        elif kind in ("function", "custom"):
+            _add(functions, names, seen, tool, path, None)
+        else:  # a hosted tool the proxy cannot run
+            ignored.append(kind)
+    return functions, names, ignored
+
+
+def _add(
+    functions: list[dict[str, Any]],
+    names: dict[str, ClientTool],
+    seen: set[str],
+    tool: dict[str, Any],
+    path: str,
+    namespace: str | None,
+) -> None:
+    kind = tool["type"]
+    own = name(tool.get("name"), f"{path}.name")
+    flat = upstream_name(own, namespace)
+    if flat in seen:
+        raise InvalidRequest(f"duplicate tool {own!r}", param=f"{path}.name")
+    seen.add(flat)
+    function: dict[str, Any] = {"name": flat}
+    description = tool.get("description")
+    if description is not None:
+        function["description"] = string_param(description, f"{path}.description")
+    if kind == "custom":
+        fmt = tool.get("format")
+        if isinstance(fmt, dict) and isinstance(fmt.get("definition"), str):
+            syntax = fmt.get("syntax", "grammar")
+            rule = f"The input follows this {syntax}:\n{fmt['definition']}"
+            function["description"] = f"{description}\n\n{rule}" if description else rule
+        function["parameters"] = CUSTOM_PARAMETERS
+        names[flat] = ClientTool("custom", own, namespace)
+    else:
+        parameters = tool.get("parameters")
+        function["parameters"] = (
+            json_object_param(parameters, f"{path}.parameters")
+            if parameters is not None
+            else {"type": "object", "properties": {}}
+        )
+        if tool.get("strict") is not None:
+            function["strict"] = tool["strict"]
+        if namespace:
+            names[flat] = ClientTool("function", own, namespace)
+    functions.append({"type": "function", "function": function})
+
+
+def _tool_choice(value: Any, names: dict[str, ClientTool]) -> Any:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        if value not in TOOL_CHOICES:
+            raise InvalidRequest(
+                f"tool_choice must be one of {', '.join(sorted(TOOL_CHOICES))} or an object",
+                param="tool_choice",
+            )
+        return value
+    choice = json_object_param(value, "tool_choice")
+    kind = choice.get("type")
+    if not isinstance(kind, str):
+        raise InvalidRequest("type must be a string", param="tool_choice.type")
+    if kind in ("function", "custom"):
+        own = name(choice.get("name"), "tool_choice.name")
+        namespace = choice.get("namespace")
+        if namespace is not None:
+            string_param(namespace, "tool_choice.namespace")
+        flat = upstream_name(own, namespace)
+        return {"type": "function", "function": {"name": flat}}
+    if kind == "allowed_tools":
+        mode = choice.get("mode", "auto")
+        return mode if mode in TOOL_CHOICES else "auto"
+    return "auto"  # a hosted tool's choice: hosted tools are not offered

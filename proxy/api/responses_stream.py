@@ -1,0 +1,244 @@
+"""The streaming side of `/v1/responses`: the Responses event stream (SPEC §12.3) written straight
+to ASGI `send`, every event with a rising `sequence_number`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import Any
+
+import orjson
+from starlette.types import Send
+
+from proxy.api.asgi import header_list
+from proxy.api.response_items import ServerCalls, message_item
+from proxy.api.sse import KEEPALIVE
+from proxy.engine import events as ev
+from proxy.errors import ClientDisconnected
+
+DELTA = b"response.output_text.delta"
+
+
+class ResponsesStream:
+    """Implements the engine's `RunStream`. Nothing is sent before the run has something to
+    show (text, a server call, its end), so a run that fails before then still gets a plain
+    HTTP error; the first event is always `response.created`. The final message is one
+    `message` item, open from the run's first text to its end; each server call that runs is
+    an `mcp_call` item of its own meanwhile (when `calls` records them)."""
+
+    def __init__(
+        self,
+        send: Send,
+        base: dict[str, Any],
+        headers: dict[str, str],
+        calls: ServerCalls | None,
+        prefix: str,
+    ) -> None:
+        self.send = send
+        self.base = base  # the response as `response.created` shows it
+        self.headers = headers
+        self.calls = calls
+        self.started = False  # the HTTP response has begun
+        self.opened = False  # `response.created` was sent
+        self.last_write = time.monotonic()
+        self.output: list[dict[str, Any]] = []  # items by output_index
+        self._sequence = 0
+        self._message_id = f"msg_{prefix}"
+        self._message_index: int | None = None
+        self._text: list[str] = []
+        self._indexes: dict[str, int] = {}  # item id -> output_index
+        self._delta_head = b""
+
+    async def _write(self, data: bytes) -> None:
+        try:
+            if not self.started:
+                self.started = True
+                raw = [
+                    (b"content-type", b"text/event-stream; charset=utf-8"),
+                    (b"cache-control", b"no-cache"),
+                    (b"x-accel-buffering", b"no"),
+                    *header_list(self.headers),
+                ]
+                await self.send({"type": "http.response.start", "status": 200, "headers": raw})
+            await self.send({"type": "http.response.body", "body": data, "more_body": True})
+        except OSError as exc:
+            raise ClientDisconnected(str(exc)) from None
+        self.last_write = time.monotonic()
+
+    def _event(self, kind: str, fields: dict[str, Any]) -> bytes:
+        number = self._sequence
+        self._sequence += 1
+        head = {"type": kind, "sequence_number": number}
+        return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps({**head, **fields}) + b"\n\n"
+
+    def _opening(self) -> bytes:
+        """`response.created` and `response.in_progress`, once, before any other event."""
+        if self.opened:
+            return b""
+        self.opened = True
+        response = b',"response":' + orjson.dumps(self.base) + b"}\n\n"
+        data = b""
+        for kind in (b"response.created", b"response.in_progress"):
+            number = str(self._sequence).encode()
+            self._sequence += 1
+            data += (
+                b"event: " + kind + b'\ndata: {"type":"' + kind
+                + b'","sequence_number":' + number + response
+            )  # fmt: skip
+        return data
+
+    def _add(self, item: dict[str, Any]) -> tuple[int, bytes]:
+        index = len(self.output)
+        self.output.append(item)
+        self._indexes[item["id"]] = index
+        added = {"output_index": index, "item": item}
+        return index, self._event("response.output_item.added", added)
+
+    # -- the run's text -----------------------------------------------------------------------
+
+    async def content(self, text: str) -> None:
+        data = self._opening()
+        if self._message_index is None:
+            data += self._open_message()
+        self._text.append(text)
+        number = self._sequence
+        self._sequence += 1
+        data += (
+            self._delta_head
+            + str(number).encode()
+            + b',"delta":'
+            + orjson.dumps(text)
+            + b',"logprobs":[]}\n\n'
+        )
+        await self._write(data)
+
+    def _open_message(self) -> bytes:
+        item = message_item(self._message_id, "", "in_progress")
+        item["content"] = []
+        index, data = self._add(item)
+        self._message_index = index
+        part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+        where = {"item_id": self._message_id, "output_index": index, "content_index": 0}
+        data += self._event("response.content_part.added", {**where, "part": part})
+        self._delta_head = (
+            b"event: " + DELTA + b'\ndata: {"type":"' + DELTA + b'","item_id":'
+            + orjson.dumps(self._message_id)
+            + b',"output_index":' + str(index).encode()
+            + b',"content_index":0,"sequence_number":'
+        )  # fmt: skip
+        return data
+
+    def _close_message(self) -> bytes:
+        index = self._message_index
+        if index is None:
+            return b""
+        text = "".join(self._text)
+        where = {"item_id": self._message_id, "output_index": index, "content_index": 0}
+        part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+        item = message_item(self._message_id, text)
+        self.output[index] = item
+        return (
+            self._event("response.output_text.done", {**where, "text": text, "logprobs": []})
+            + self._event("response.content_part.done", {**where, "part": part})
+            + self._event("response.output_item.done", {"output_index": index, "item": item})
+        )
+
+    # -- server calls -------------------------------------------------------------------------
+
+    async def progress(self, event: ev.RunEvent) -> None:
+        calls = self.calls
+        if calls is None:
+            return
+        if isinstance(event, ev.ToolStarted):
+            item = calls.started(event)
+            data = self._opening()
+            index, added = self._add(item)
+            where = {"output_index": index, "item_id": item["id"]}
+            await self._write(data + added + self._event("response.mcp_call.in_progress", where))
+        elif isinstance(event, ev.ToolExecuted):
+            done = calls.executed(event)
+            if done is None:
+                return
+            index = self._indexes[done["id"]]
+            self.output[index] = done
+            where = {"output_index": index, "item_id": done["id"]}
+            kind = "response.mcp_call.failed" if done["error"] else "response.mcp_call.completed"
+            await self._write(
+                self._event(kind, where)
+                + self._event("response.output_item.done", {"output_index": index, "item": done})
+            )
+
+    # -- the end ------------------------------------------------------------------------------
+
+    def closing(self, text: str | None, client_items: list[dict[str, Any]]) -> bytes:
+        """The events that end the output: the message closed (with `text` sent first when
+        none was streamed) and the client calls. `output` is then whole."""
+        data = self._opening()
+        if self._message_index is None and text:
+            data += self._open_message()
+            self._text.append(text)
+            where = {"item_id": self._message_id, "output_index": self._message_index}
+            data += self._event(
+                "response.output_text.delta",
+                {**where, "content_index": 0, "delta": text, "logprobs": []},
+            )
+        data += self._close_message()
+        for item in self.calls.unfinished() if self.calls is not None else ():
+            index = self._indexes[item["id"]]
+            self.output[index] = item
+            data += self._event("response.output_item.done", {"output_index": index, "item": item})
+        for item in client_items:
+            data += self._client_call(item)
+        return data
+
+    async def finish(self, closing: bytes, response: dict[str, Any]) -> None:
+        """Sends `closing` and `response.completed` (or `.incomplete`) with `response`."""
+        kind = "response.incomplete" if response["status"] == "incomplete" else "response.completed"
+        await self._write(closing + self._event(kind, {"response": response}))
+        await self.close()
+
+    def _client_call(self, item: dict[str, Any]) -> bytes:
+        custom = item["type"] == "custom_tool_call"
+        field, family = (
+            ("input", "custom_tool_call_input")
+            if custom
+            else ("arguments", "function_call_arguments")
+        )
+        value = item[field]
+        index, data = self._add({**item, "status": "in_progress", field: ""})
+        self.output[index] = item
+        where = {"item_id": item["id"], "output_index": index}
+        done = {**where, field: value}
+        if not custom:
+            done["name"] = item["name"]
+        return (
+            data
+            + self._event(f"response.{family}.delta", {**where, "delta": value})
+            + self._event(f"response.{family}.done", done)
+            + self._event("response.output_item.done", {"output_index": index, "item": item})
+        )
+
+    async def fail(self, response: dict[str, Any]) -> None:
+        """A failure after the first byte: `response.failed`, with the error and the `loop`
+        report in `response` (SPEC §12.3)."""
+        response["output"] = [i for i in self.output if i.get("status") != "in_progress"]
+        data = self._opening() + self._event("response.failed", {"response": response})
+        await self._write(data)
+        await self.close()
+
+    async def close(self) -> None:
+        with contextlib.suppress(OSError):
+            await self.send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def keepalive(self, interval_s: float) -> None:
+        """Sends an SSE comment whenever nothing was written for `interval_s`."""
+        while True:
+            wait = self.last_write + interval_s - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+                continue
+            try:
+                await self._write(KEEPALIVE)
+            except ClientDisconnected:
+                return

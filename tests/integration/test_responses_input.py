@@ -1,0 +1,141 @@
+"""Bad input to `/v1/responses` is a 400 naming the field (SPEC §12.1, §4.4), never a 500."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.integration.conftest import Proxy
+
+CALL = {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}
+OUTPUT = {"type": "function_call_output", "call_id": "c1", "output": "x"}
+
+BAD: list[tuple[dict[str, Any], str]] = [
+    ({"input": "hi"}, "model"),
+    ({"model": "scripted"}, "input"),
+    ({"model": "scripted", "input": 5}, "input"),
+    ({"model": "scripted", "input": ["hi"]}, "input[0]"),
+    ({"model": "scripted", "input": [{"type": "nope"}]}, "input[0].type"),
+    ({"model": "scripted", "input": [{"role": "robot", "content": "x"}]}, "input[0].role"),
+    ({"model": "scripted", "input": [{"role": "user", "content": 3}]}, "input[0].content"),
+    (
+        {"model": "scripted", "input": [{"role": "user", "content": [{"type": "input_text"}]}]},
+        "input[0].content[0].text",
+    ),
+    ({"model": "scripted", "input": [{"type": "function_call", "call_id": "c"}]}, "input[0].name"),
+    (
+        {
+            "model": "scripted",
+            "input": [{"role": "user", "content": "x"}, CALL, {**OUTPUT, "call_id": "zz"}],
+        },
+        "input[2].call_id",
+    ),
+    ({"model": "scripted", "input": [OUTPUT]}, "input[0].call_id"),
+    ({"model": "scripted", "input": [{"type": "item_reference"}]}, "input[0].id"),
+    ({"model": "scripted", "input": "x", "tools": [{"name": "f"}]}, "tools[0].type"),
+    ({"model": "scripted", "input": "x", "tools": [{"type": "function"}]}, "tools[0].name"),
+    ({"model": "scripted", "input": "x", "tools": {"type": "function"}}, "tools"),
+    (
+        {
+            "model": "scripted",
+            "input": "x",
+            "tools": [{"type": "function", "name": "f", "parameters": 1}],
+        },
+        "tools[0].parameters",
+    ),
+    (
+        {
+            "model": "scripted",
+            "input": "x",
+            "tools": [{"type": "function", "name": "f"}, {"type": "custom", "name": "f"}],
+        },
+        "tools[1].name",
+    ),
+    (
+        {
+            "model": "scripted",
+            "input": "x",
+            "tools": [{"type": "namespace", "name": "n", "tools": [{"type": "x"}]}],
+        },
+        "tools[0].tools[0].type",
+    ),
+    ({"model": "scripted", "input": "x", "tool_choice": "always"}, "tool_choice"),
+    ({"model": "scripted", "input": "x", "instructions": 1}, "instructions"),
+    ({"model": "scripted", "input": "x", "stream": "yes"}, "stream"),
+    ({"model": "scripted", "input": "x", "store": 1}, "store"),
+    ({"model": "scripted", "input": "x", "max_output_tokens": 0}, "max_output_tokens"),
+    ({"model": "scripted", "input": "x", "max_tool_calls": "3"}, "max_tool_calls"),
+    ({"model": "scripted", "input": "x", "temperature": "hot"}, "temperature"),
+    ({"model": "scripted", "input": "x", "metadata": {"a": 1}}, "metadata.a"),
+    ({"model": "scripted", "input": "x", "text": {"format": {"type": "xml"}}}, "text.format.type"),
+    ({"model": "scripted", "input": "x", "reasoning": {"effort": 2}}, "reasoning.effort"),
+    ({"model": "scripted", "input": "x", "previous_response_id": 7}, "previous_response_id"),
+    (
+        {"model": "scripted", "input": "x", "previous_response_id": "resp_nope"},
+        "previous_response_id",
+    ),
+    ({"model": "scripted", "input": "x", "background": True}, "background"),
+    ({"model": "scripted", "input": "x", "conversation": "conv_1"}, "conversation"),
+    ({"model": "scripted", "input": "x", "loop": {"max_steps": 0}}, "loop.max_steps"),
+]
+
+
+@pytest.mark.parametrize(("body", "param"), BAD, ids=[p for _, p in BAD])
+async def test_bad_input_is_a_400_naming_the_field(
+    proxy: Proxy, body: dict[str, Any], param: str
+) -> None:
+    r = await proxy.client.post("/v1/responses", json=body)
+    assert r.status_code in (400, 404), r.text
+    error = r.json()["error"]
+    assert error["param"] == param
+    assert error["message"]
+    if param in ("background", "conversation"):
+        assert "not supported" in error["message"]
+    if param == "previous_response_id" and isinstance(body["previous_response_id"], str):
+        assert r.status_code == 404
+    else:
+        assert r.status_code == 400
+        assert error["type"] == "invalid_request_error"
+    assert proxy.upstream.bodies == []
+
+
+async def test_fields_real_clients_send_are_accepted(proxy: Proxy) -> None:
+    from tests.scripted_upstream import say
+
+    proxy.upstream.script(say("ok"))
+    r = await proxy.client.post(
+        "/v1/responses",
+        json={
+            "model": "scripted",
+            "input": [
+                {
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": "hi"}],
+                }
+            ],
+            "include": ["reasoning.encrypted_content"],
+            "prompt_cache_key": "abc",
+            "client_metadata": {"x": "y"},
+            "truncation": "auto",
+            "safety_identifier": "s",
+            "service_tier": "auto",
+            "reasoning": {"effort": "medium", "summary": "auto"},
+            "stream_options": {"include_obfuscation": False},
+            "background": False,
+            "store": False,
+            "tools": [{"type": "web_search"}, {"type": "local_shell"}],
+        },
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()["loop"]["ignored_tools"] == ["web_search", "local_shell"]
+
+
+async def test_a_namespace_in_tool_choice_must_be_a_string(proxy: Proxy) -> None:
+    choice = {"type": "function", "name": "f", "namespace": 3}
+    r = await proxy.client.post(
+        "/v1/responses", json={"model": "scripted", "input": "x", "tool_choice": choice}
+    )
+    assert r.status_code == 400
+    assert r.json()["error"]["param"] == "tool_choice.namespace"

@@ -1,0 +1,168 @@
+"""Stored responses on every state backend, owned by the key that created them; a chain of
+responses is one thread for tool call limits, across proxies sharing a redis (SPEC §12.4)."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from proxy.config import StateConfig
+from proxy.state.backend import open_store
+from proxy.state.store import StateStore
+from tests.integration.conftest import Proxy, ProxyFactory
+from tests.integration.test_key_scopes import AGENTS, key, keyed
+from tests.scripted_upstream import call, keep, say
+
+LIMITED = "Tool call limit exceeded"
+
+
+def state(kind: str, tmp_path: Path, redis_url: str, prefix: str | None = None) -> StateStore:
+    os.environ["LOOPWARDEN_TEST_REDIS"] = redis_url
+    return open_store(
+        StateConfig(
+            backend=kind,  # type: ignore[arg-type]
+            path=str(tmp_path / "state.db"),
+            url_env="LOOPWARDEN_TEST_REDIS",
+            key_prefix=prefix or f"test-{secrets.token_hex(4)}:",
+        )
+    )
+
+
+@pytest.fixture(params=["memory", "sqlite", "redis"])
+async def backend(
+    request: pytest.FixtureRequest, tmp_path: Path, redis_url: str
+) -> AsyncIterator[StateStore]:
+    opened = state(request.param, tmp_path, redis_url)
+    yield opened
+    await opened.close()
+
+
+async def respond(proxy: Proxy, as_key: str | None = None, **body: Any) -> httpx.Response:
+    body.setdefault("input", "Lima?")
+    headers = {"authorization": f"Bearer sk-{as_key}"} if as_key else {}
+    return await proxy.client.post("/v1/responses", json=body, headers=headers)
+
+
+def tool_results(body: dict[str, Any]) -> list[str]:
+    return [m["content"] for m in body["messages"] if m["role"] == "tool"]
+
+
+async def test_stored_responses_on_every_backend(
+    proxy_for: ProxyFactory, backend: StateStore
+) -> None:
+    async with proxy_for(store=backend) as proxy:
+        proxy.upstream.script(say("One."), say("Two."))
+        first = (await respond(proxy, model="scripted")).json()
+        second = (await respond(proxy, model="scripted", previous_response_id=first["id"])).json()
+        assert second["output"][0]["content"][0]["text"] == "Two."
+        assert [m["role"] for m in proxy.upstream.bodies[1]["messages"]] == [
+            "user",
+            "assistant",
+            "user",
+        ]
+        got = await proxy.client.get(f"/v1/responses/{first['id']}")
+        assert got.json() == first
+        assert (await proxy.client.delete(f"/v1/responses/{first['id']}")).status_code == 200
+        assert (await proxy.client.get(f"/v1/responses/{first['id']}")).status_code == 404
+        assert (await proxy.client.delete(f"/v1/responses/{first['id']}")).status_code == 404
+
+
+async def test_a_stored_response_belongs_to_its_key(proxy_for: ProxyFactory) -> None:
+    async with proxy_for(keyed(key("a"), key("b"))) as proxy:
+        proxy.upstream.script(keep(say("Mine.")))
+        mine = (await respond(proxy, "a", model="weather")).json()
+        headers = {"authorization": "Bearer sk-b"}
+        for method in ("GET", "DELETE"):
+            r = await proxy.client.request(method, f"/v1/responses/{mine['id']}", headers=headers)
+            assert r.status_code == 404
+        r = await respond(proxy, "b", model="weather", previous_response_id=mine["id"])
+        assert r.status_code == 404
+        assert r.json()["error"]["param"] == "previous_response_id"
+        reference = [{"type": "item_reference", "id": mine["output"][0]["id"]}]
+        r = await respond(proxy, "b", model="weather", input=reference)
+        assert r.status_code == 404
+        assert (
+            await proxy.client.get(f"/v1/runs/{mine['id']}", headers=headers)
+        ).status_code == 404
+        own = await proxy.client.get(
+            f"/v1/responses/{mine['id']}", headers={"authorization": "Bearer sk-a"}
+        )
+        assert own.status_code == 200
+        assert (
+            await respond(proxy, "a", model="weather", previous_response_id=mine["id"])
+        ).status_code == 200
+
+
+async def test_a_chain_of_responses_is_one_thread(proxy_for: ProxyFactory) -> None:
+    async with proxy_for({"agents": AGENTS}) as proxy:
+        proxy.upstream.script(
+            call("get_weather", city="Lima"),
+            say("Sunny."),
+            call("get_weather", city="Lima"),
+            say("Still sunny."),
+            call("get_weather", city="Lima"),
+            say("Fresh."),
+        )
+        first = (await respond(proxy, model="capped")).json()
+        assert first["output"][0]["status"] == "completed"
+        second = (
+            await respond(proxy, model="capped", input="Again?", previous_response_id=first["id"])
+        ).json()
+        assert second["loop"]["tool_calls"] == 0  # the chain's one call was used
+        assert LIMITED in tool_results(proxy.upstream.bodies[3])[-1]
+        other = (await respond(proxy, model="capped")).json()  # a new chain, a new thread
+        assert other["loop"]["tool_calls"] == 1
+        thread_ids = {
+            s.attributes.get("gen_ai.conversation.id")
+            for s in proxy.spans()
+            if s.name.startswith("invoke_agent") and s.attributes
+        }
+        assert thread_ids == {first["id"], other["id"]}
+
+
+async def test_a_chain_is_one_thread_across_two_proxies_on_one_redis(
+    proxy_for: ProxyFactory, tmp_path: Path, redis_url: str
+) -> None:
+    prefix = f"shared-{secrets.token_hex(4)}:"
+    one, two = (
+        state("redis", tmp_path, redis_url, prefix),
+        state("redis", tmp_path, redis_url, prefix),
+    )
+    config = keyed(key("a"))
+    try:
+        async with proxy_for(config, store=one) as a, proxy_for(config, store=two) as b:
+            a.upstream.script(
+                call("get_weather", city="Lima"),
+                say("Sunny."),
+                call("get_weather", city="Lima"),
+                say("Still sunny."),
+            )
+            first = (await respond(a, "a", model="capped")).json()
+            assert first["loop"]["tool_calls"] == 1
+            second = await respond(b, "a", model="capped", previous_response_id=first["id"])
+            assert second.status_code == 200, second.text
+            assert second.json()["loop"]["tool_calls"] == 0
+            assert LIMITED in tool_results(a.upstream.bodies[3])[-1]
+            assert (await two.thread_counts(f"a/{first['id']}")) == {"get_weather": 1}
+    finally:
+        await one.close()
+        await two.close()
+
+
+async def test_loop_thread_id_names_the_thread_instead(proxy_for: ProxyFactory) -> None:
+    async with proxy_for({"agents": AGENTS}) as proxy:
+        proxy.upstream.script(
+            call("get_weather", city="Lima"),
+            say("Sunny."),
+            call("get_weather", city="Lima"),
+            say("x"),
+        )
+        await respond(proxy, model="capped", loop={"thread_id": "t-9"})
+        second = (await respond(proxy, model="capped", loop={"thread_id": "t-9"})).json()
+        assert second["loop"]["tool_calls"] == 0

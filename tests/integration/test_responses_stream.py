@@ -1,0 +1,151 @@
+"""`POST /v1/responses` with `stream: true`: the event stream of SPEC §12.3."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+
+from tests.integration.conftest import Proxy, ProxyFactory
+from tests.response_events import checked, parse_events, stream_text
+from tests.scripted_upstream import call, calls, fail, say, say_tool_result
+
+FUNCTION = {
+    "type": "function",
+    "name": "lookup_order",
+    "parameters": {"type": "object", "properties": {"order": {"type": "string"}}},
+}
+
+
+async def stream(proxy: Proxy, **body: Any) -> httpx.Response:
+    body.setdefault("input", "hi")
+    return await proxy.client.post("/v1/responses", json={**body, "stream": True})
+
+
+async def test_a_streamed_tool_loop(proxy: Proxy) -> None:
+    proxy.upstream.script(call("get_weather", city="Paris"), say_tool_result("Found: {}"))
+    r = await stream(proxy, model="weather", input="Paris?")
+    assert r.headers["content-type"].startswith("text/event-stream")
+    assert r.headers["x-loopwarden-run-id"]
+    events = parse_events(r.text)
+    final = checked(events)
+    kinds = [e["type"] for e in events]
+    assert kinds[2:5] == [
+        "response.output_item.added",
+        "response.mcp_call.in_progress",
+        "response.mcp_call.completed",
+    ]
+    assert kinds[-1] == "response.completed"
+    mcp, message = final["output"]
+    assert (mcp["type"], mcp["name"], mcp["status"]) == ("mcp_call", "get_weather", "completed")
+    assert message["content"][0]["text"] == stream_text(events)
+    assert stream_text(events).startswith("Found: {")
+    assert final["status"] == "completed"
+    assert final["loop"]["stop_reason"] == "completed"
+    assert final["usage"]["total_tokens"] > 0
+    assert all(sent["stream"] is True for sent in proxy.upstream.bodies)
+
+
+async def test_a_streamed_client_call_and_custom_call(proxy: Proxy) -> None:
+    patch = {"type": "custom", "name": "apply_patch"}
+    proxy.upstream.script(
+        call("lookup_order", order="A-1"), call("apply_patch", input="*** Begin Patch")
+    )
+    first = checked(parse_events((await stream(proxy, model="scripted", tools=[FUNCTION])).text))
+    [fc] = first["output"]
+    assert (fc["type"], json.loads(fc["arguments"])) == ("function_call", {"order": "A-1"})
+    assert first["loop"]["stop_reason"] == "client_tool_call"
+    events = parse_events((await stream(proxy, model="scripted", tools=[patch])).text)
+    kinds = [e["type"] for e in events]
+    assert "response.custom_tool_call_input.delta" in kinds
+    [ctc] = checked(events)["output"]
+    assert (ctc["type"], ctc["input"]) == ("custom_tool_call", "*** Begin Patch")
+
+
+async def test_keep_alives_while_tools_run(proxy_for: ProxyFactory) -> None:
+    async with proxy_for({"server": {"keepalive_interval_s": 0.05}}) as proxy:
+        proxy.upstream.script(call("sleep", seconds=0.3), say("Rested."))
+        r = await stream(proxy, model="scripted", loop={"tools": ["sleep"]})
+        assert ": keep-alive\n\n" in r.text
+        assert checked(parse_events(r.text))["status"] == "completed"
+
+
+async def test_an_upstream_failure_after_a_tool_ran_is_response_failed(proxy: Proxy) -> None:
+    proxy.upstream.script(call("get_weather", city="Paris"), fail(500, "down"))
+    r = await stream(proxy, model="weather")
+    assert r.status_code == 200
+    events = parse_events(r.text)
+    final = checked(events)
+    assert events[-1]["type"] == "response.failed"
+    assert final["status"] == "failed"
+    assert final["error"]["code"] == "upstream_error"
+    assert final["loop"]["stop_reason"] == "upstream_error"
+    assert [i["type"] for i in final["output"]] == ["mcp_call"]
+    assert (await proxy.client.get(f"/v1/responses/{final['id']}")).status_code == 404
+
+
+async def test_an_upstream_failure_before_any_output_keeps_its_status(proxy: Proxy) -> None:
+    proxy.upstream.script(fail(429, "slow down", error_type="rate_limit_error"))
+    r = await stream(proxy, model="scripted")
+    assert r.status_code == 429
+    assert r.json()["error"]["message"] == "slow down"
+
+
+async def test_a_stream_continues_a_stored_one(proxy: Proxy) -> None:
+    proxy.upstream.script(say("First."), say("Second."))
+    first = checked(parse_events((await stream(proxy, model="scripted")).text))
+    second = checked(
+        parse_events((await stream(proxy, model="scripted", previous_response_id=first["id"])).text)
+    )
+    assert second["output"][0]["content"][0]["text"] == "Second."
+    roles = [m["role"] for m in proxy.upstream.bodies[1]["messages"]]
+    assert roles == ["user", "assistant", "user"]
+
+
+async def test_server_calls_can_be_left_out_of_the_output(proxy_for: ProxyFactory) -> None:
+    async with proxy_for({"server": {"responses_server_calls": "omit"}}) as proxy:
+        proxy.upstream.script(
+            call("get_weather", city="Paris"),
+            say_tool_result("Found: {}"),
+            call("get_weather", city="Rome"),
+            say_tool_result("Found: {}"),
+        )
+        body = (
+            await proxy.client.post("/v1/responses", json={"model": "weather", "input": "hi"})
+        ).json()
+        assert [i["type"] for i in body["output"]] == ["message"]
+        final = checked(parse_events((await stream(proxy, model="weather")).text))
+        assert [i["type"] for i in final["output"]] == ["message"]
+
+
+async def test_left_out_server_calls_are_restored_from_the_held_calls(
+    proxy_for: ProxyFactory,
+) -> None:
+    async with proxy_for({"server": {"responses_server_calls": "omit"}}) as proxy:
+        proxy.upstream.script(
+            calls(call("get_weather", city="Paris"), call("lookup_order", order="A-1")),
+            say("Done."),
+        )
+        first = (
+            await proxy.client.post(
+                "/v1/responses",
+                json={"model": "weather", "input": "Go", "tools": [FUNCTION], "store": False},
+            )
+        ).json()
+        [fc] = first["output"]
+        assert fc["type"] == "function_call"
+        again = [
+            {"role": "user", "content": "Go"},
+            fc,
+            {"type": "function_call_output", "call_id": fc["call_id"], "output": "shipped"},
+        ]
+        r = await proxy.client.post(
+            "/v1/responses",
+            json={"model": "weather", "input": again, "tools": [FUNCTION], "store": False},
+        )
+        assert r.status_code == 200, r.text
+        sent = proxy.upstream.bodies[1]["messages"]
+        names = [c["function"]["name"] for c in sent[1]["tool_calls"]]
+        assert names == ["get_weather", "lookup_order"]
+        assert [m["role"] for m in sent[2:]] == ["tool", "tool"]
