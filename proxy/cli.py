@@ -1,14 +1,15 @@
-"""`loopwarden serve | check | demo` (SPEC §3)."""
+"""`loopwarden serve | check | tools | demo` (SPEC §3, §13)."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 
 import httpx
 
-from proxy.config import ConfigError, load_config
+from proxy.config import Config, ConfigError, load_config
 
 
 def _report(exc: ConfigError) -> None:
@@ -34,6 +35,51 @@ def _check(path: str | None) -> int:
     return 0
 
 
+def _tools(path: str | None) -> int:
+    """Connects the MCP sources and prints every server tool with its schema."""
+    import asyncio
+
+    try:
+        config = load_config(path)
+    except ConfigError as exc:
+        _report(exc)
+        return 1
+    return asyncio.run(_list_tools(config))
+
+
+async def _list_tools(config: Config) -> int:
+    from proxy.callables import CallThreads
+    from proxy.tools.registry import build_registry
+
+    try:
+        registry = build_registry(config, httpx.AsyncClient(), CallThreads(1))
+    except ValueError as exc:
+        print(str(exc), file=sys.stderr)
+        return 1
+    await registry.open()
+    try:
+        failed = 0
+        for source in registry.missing():
+            failed += 1
+            print(f"tools.{source.name}: {source.describe()}: {source.error}", file=sys.stderr)
+        for problem in registry.problems:
+            print(problem, file=sys.stderr)
+        for name, tool in registry.tools.items():
+            if name in registry.stand_ins:
+                continue
+            function = tool.spec.definition["function"]
+            origin = f"mcp: {tool.spec.source}" if tool.spec.source else config.tools[name].kind
+            flags = ", terminal" if tool.spec.terminal else ""
+            print(f"{name}  ({origin}{flags})")
+            if function.get("description"):
+                print(f"  {function['description']}")
+            schema = json.dumps(function["parameters"], indent=2, sort_keys=True)
+            print("\n".join(f"  {line}" for line in schema.splitlines()))
+        return 1 if failed or registry.problems else 0
+    finally:
+        await registry.close()
+
+
 def _serve(path: str | None, host: str | None, port: int | None) -> int:
     from proxy.api.app import create_app
     from proxy.api.server import serve
@@ -51,8 +97,8 @@ def _serve(path: str | None, host: str | None, port: int | None) -> int:
         print(str(exc), file=sys.stderr)
         return 1
     server = config.server
-    serve(app, server, host or server.host, port if port is not None else server.port)
-    return 0
+    started = serve(app, server, host or server.host, port if port is not None else server.port)
+    return 0 if started else 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,12 +110,16 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--port", type=int)
     check = sub.add_parser("check", help="validate a config file")
     check.add_argument("--config")
+    tools = sub.add_parser("tools", help="connect the MCP sources and list every server tool")
+    tools.add_argument("--config")
     sub.add_parser("demo", help="run sample runs against a scripted model, offline")
     args = parser.parse_args(argv)
     if args.command == "serve":
         return _serve(args.config, args.host, args.port)
     if args.command == "check":
         return _check(args.config)
+    if args.command == "tools":
+        return _tools(args.config)
     from proxy.demo.runner import main as demo
 
     return demo()

@@ -79,8 +79,9 @@ def guarded_protocol(max_connections: int, header_timeout_s: float) -> type[asyn
     return GuardedProtocol
 
 
-def serve(app: ASGIApp, server: ServerConfig, host: str, port: int) -> None:
-    """Serves `app` until the process is told to stop."""
+def serve(app: ASGIApp, server: ServerConfig, host: str, port: int) -> bool:
+    """Serves `app` until the process is told to stop; False when it did not start (its
+    lifespan failed: a required MCP server did not connect, say)."""
     options: dict[str, Any] = {
         "host": host,
         "port": port,
@@ -90,4 +91,6 @@ def serve(app: ASGIApp, server: ServerConfig, host: str, port: int) -> None:
         "timeout_keep_alive": server.keep_alive_timeout_s,
         "http": guarded_protocol(server.connection_limit(), server.header_timeout_s),
     }
-    uvicorn.Server(uvicorn.Config(app, **options)).run()
+    served = uvicorn.Server(uvicorn.Config(app, **options))
+    served.run()
+    return served.started
