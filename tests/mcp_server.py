@@ -81,6 +81,12 @@ def build() -> MCPServer:
         return str((meta or {}).get("traceparent"))
 
     @server.tool(structured_output=False)
+    def authorization(ctx: Context) -> str:
+        """The Authorization header of this call (streamable HTTP)."""
+        request: Any = ctx.request_context.request  # the HTTP request
+        return str(request.headers.get("authorization") if request is not None else None)
+
+    @server.tool(structured_output=False)
     async def grow(ctx: Context) -> str:
         """Adds the tool `extra` and says that the tool list changed."""
 

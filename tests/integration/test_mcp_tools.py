@@ -5,16 +5,20 @@ or single tools, rules and limits count the exposed names, faults are tool error
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import orjson
 import pytest
 
+from proxy.demo.runner import free_port
 from proxy.tools.registry import SourcesUnavailable
 from tests.bodies import offered, user
+from tests.e2e.conftest import wait_healthy
 from tests.integration.conftest import Proxy, ProxyFactory
-from tests.mcp_config import stdio_entry
+from tests.mcp_config import http_entry, http_server_args, stdio_entry
 from tests.scripted_upstream import call, calls, say, say_tool_result
 
 AGENTS = {
@@ -217,3 +221,51 @@ async def wait_for(condition: Any, timeout_s: float = 20) -> None:
             return
         await asyncio.sleep(0.05)
     raise AssertionError(f"not within {timeout_s:g}s")
+
+
+async def test_a_required_source_that_drops_makes_readyz_fail(proxy_for: ProxyFactory) -> None:
+    async with proxy_for(config(required=True)) as proxy:
+        assert (await proxy.client.get("/readyz")).status_code == 200
+        proxy.upstream.script(call("t_die"), say("died"))
+        await proxy.chat(model="mcp", messages=user("die"))
+        dropped = await proxy.client.get("/readyz")
+        await wait_for(lambda: proxy_source(proxy).connected)
+        back = await proxy.client.get("/readyz")
+    assert dropped.status_code == 503
+    assert dropped.json()["detail"] == "MCP servers not connected: srv"
+    assert dropped.json()["mcp_missing"][0]["required"] is True
+    assert back.json() == {"status": "ready"}
+
+
+@pytest.fixture(scope="module")
+def http_server() -> Iterator[str]:
+    """The tests' MCP server over streamable HTTP (handshake era: it gives session ids)."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, *http_server_args(port)])
+    try:
+        url = f"http://127.0.0.1:{port}/mcp"
+        wait_healthy(url, proc)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
+
+
+async def test_http_sources_send_headers_and_name_their_session_on_spans(
+    proxy_for: ProxyFactory, http_server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MCP_TEST_TOKEN", "Bearer sesame")
+    headers = {"Authorization": "MCP_TEST_TOKEN"}
+    entry = http_entry(http_server, prefix="t_", headers_env=headers)
+    overrides = {"tools": {"srv": entry}, "agents": AGENTS}
+    async with proxy_for(overrides) as proxy:
+        proxy.upstream.script(call("t_authorization"), say_tool_result())
+        response = await proxy.chat(model="mcp", messages=user("http"))
+        session = proxy_source(proxy).session_id
+    assert response.json()["choices"][0]["message"]["content"] == "Bearer sesame"
+    span = next(s for s in proxy.spans() if s.name == "execute_tool t_authorization")
+    attributes = dict(span.attributes or {})
+    assert session
+    assert attributes["mcp.session.id"] == session
+    assert attributes["server.address"] == "127.0.0.1"
+    assert attributes["server.port"] == int(http_server.rsplit(":", 1)[1].split("/")[0])
