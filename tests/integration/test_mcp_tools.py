@@ -210,9 +210,13 @@ async def test_two_sources_exposing_one_name_stop_start_up(proxy_for: ProxyFacto
             pass
 
 
-def proxy_source(proxy: Proxy) -> Any:
+def proxy_registry(proxy: Proxy) -> Any:
     app = proxy.client._transport.app  # type: ignore[attr-defined]
-    return app.services().registry.sources["srv"]
+    return app.services().registry
+
+
+def proxy_source(proxy: Proxy) -> Any:
+    return proxy_registry(proxy).sources["srv"]
 
 
 async def wait_for(condition: Any, timeout_s: float = 20) -> None:
@@ -251,7 +255,7 @@ def http_server() -> Iterator[str]:
         proc.wait(timeout=15)
 
 
-async def test_http_sources_send_headers_and_name_their_session_on_spans(
+async def test_http_sources_send_headers_name_their_session_and_follow_list_changes(
     proxy_for: ProxyFactory, http_server: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("MCP_TEST_TOKEN", "Bearer sesame")
@@ -259,9 +263,13 @@ async def test_http_sources_send_headers_and_name_their_session_on_spans(
     entry = http_entry(http_server, prefix="t_", headers_env=headers)
     overrides = {"tools": {"srv": entry}, "agents": AGENTS}
     async with proxy_for(overrides) as proxy:
-        proxy.upstream.script(call("t_authorization"), say_tool_result())
+        proxy.upstream.script(call("t_authorization"), say_tool_result(), call("t_grow"), say("."))
         response = await proxy.chat(model="mcp", messages=user("http"))
-        session = proxy_source(proxy).session_id
+        source = proxy_source(proxy)
+        session = source.session_id
+        await proxy.chat(model="mcp", messages=user("grow"))
+        # A handshake-era server says so with `notifications/tools/list_changed`.
+        await wait_for(lambda: "t_extra" in proxy_registry(proxy).tools)
     assert response.json()["choices"][0]["message"]["content"] == "Bearer sesame"
     span = next(s for s in proxy.spans() if s.name == "execute_tool t_authorization")
     attributes = dict(span.attributes or {})
