@@ -1,8 +1,9 @@
-"""`loopwarden serve | check | demo` (SPEC §3)."""
+"""`loopwarden serve | check | tools | demo` (SPEC §3, §13)."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import socket
 import sys
@@ -39,6 +40,51 @@ def _check(path: str | None) -> int:
     return 0
 
 
+def _tools(path: str | None) -> int:
+    """Connects the MCP sources and prints every server tool with its schema."""
+    import asyncio
+
+    try:
+        config = load_config(path)
+    except ConfigError as exc:
+        _report(exc)
+        return 1
+    return asyncio.run(_list_tools(config))
+
+
+async def _list_tools(config: Config) -> int:
+    from proxy.callables import CallThreads
+    from proxy.tools.registry import build_registry
+
+    try:
+        registry = build_registry(config, httpx.AsyncClient(), CallThreads(1))
+    except ValueError as exc:
+        print(str(exc), file=sys.stderr)
+        return 1
+    await registry.open()
+    try:
+        failed = 0
+        for source in registry.missing():
+            failed += 1
+            print(f"tools.{source.name}: {source.describe()}: {source.error}", file=sys.stderr)
+        for problem in registry.problems:
+            print(problem, file=sys.stderr)
+        for name, tool in registry.tools.items():
+            if name in registry.stand_ins:
+                continue
+            function = tool.spec.definition["function"]
+            origin = f"mcp: {tool.spec.source}" if tool.spec.source else config.tools[name].kind
+            flags = ", terminal" if tool.spec.terminal else ""
+            print(f"{name}  ({origin}{flags})")
+            if function.get("description"):
+                print(f"  {function['description']}")
+            schema = json.dumps(function["parameters"], indent=2, sort_keys=True)
+            print("\n".join(f"  {line}" for line in schema.splitlines()))
+        return 1 if failed or registry.problems else 0
+    finally:
+        await registry.close()
+
+
 def _serve(path: str | None, host: str | None, port: int | None, workers: int | None) -> int:
     from proxy.api.server import serve
 
@@ -56,8 +102,8 @@ def _serve(path: str | None, host: str | None, port: int | None, workers: int | 
     if server.workers > 1:
         from proxy.api.workers import listen, supervise
 
-        def work(sock: socket.socket) -> None:
-            serve(_app(config), server, host, port, sock)
+        def work(sock: socket.socket) -> bool:
+            return serve(_app(config), server, host, port, sock)
 
         return supervise(server.workers, listen(host, port), work)
     try:
@@ -65,8 +111,7 @@ def _serve(path: str | None, host: str | None, port: int | None, workers: int | 
     except ValueError as exc:  # telemetry settings from the environment
         print(str(exc), file=sys.stderr)
         return 1
-    serve(app, server, host, port)
-    return 0
+    return 0 if serve(app, server, host, port) else 1
 
 
 def _app(config: Config) -> ASGIApp:
@@ -85,12 +130,16 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--workers", type=int, help="worker processes (default: server.workers)")
     check = sub.add_parser("check", help="validate a config file")
     check.add_argument("--config")
+    tools = sub.add_parser("tools", help="connect the MCP sources and list every server tool")
+    tools.add_argument("--config")
     sub.add_parser("demo", help="run sample runs against a scripted model, offline")
     args = parser.parse_args(argv)
     if args.command == "serve":
         return _serve(args.config, args.host, args.port, args.workers)
     if args.command == "check":
         return _check(args.config)
+    if args.command == "tools":
+        return _tools(args.config)
     from proxy.demo.runner import main as demo
 
     return demo()

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import httpx
@@ -38,7 +39,10 @@ from proxy.state.store import StateStore
 from proxy.telemetry.http import HttpTelemetry
 from proxy.telemetry.metrics import OverheadObserver, exposition_registry
 from proxy.telemetry.setup import build_telemetry, tracer_provider_from_env
-from proxy.telemetry.tracing import inject_trace_headers
+from proxy.telemetry.tracing import annotate_tool_span, inject_trace_headers
+from proxy.tools.registry import SourcesUnavailable
+
+log = logging.getLogger(__name__)
 
 
 class JSONResponse(Response):
@@ -65,6 +69,7 @@ class ProxyApp(Starlette):
     chat: ASGIApp
     responses: ASGIApp
     served: ASGIApp  # `route` inside the error boundary, inside the HTTP telemetry
+    services: Callable[[], Services]  # while the lifespan runs: the wired services
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self.served(scope, receive, send)
@@ -127,7 +132,7 @@ def create_app(
                 httpx.AsyncClient(transport=tools_network, timeout=timeout) as client,
                 contextlib.aclosing(network),
             ):
-                holder["services"] = build_services(
+                services = build_services(
                     config,
                     client,
                     network,
@@ -140,8 +145,21 @@ def create_app(
                     on_attempt=telemetry.metrics.upstream_attempt,
                     inject_headers=inject_trace_headers if traced else None,
                     prices=prices,
+                    on_tool_call=annotate_tool_span if traced else None,
                 )
-                yield
+                registry = services.registry
+                registry.listeners.append(lambda: telemetry.label_tools(registry.tools))
+                telemetry.label_tools(registry.tools)
+                try:
+                    await services.open_sources()
+                except SourcesUnavailable as exc:
+                    log.error("start-up failed:\n%s", exc)
+                    raise
+                holder["services"] = services
+                try:
+                    yield
+                finally:
+                    await services.close_sources()
         finally:
             holder.clear()
             if store is None:
@@ -169,7 +187,20 @@ def create_app(
         except Exception as exc:  # any failure of the backend means not ready
             detail = f"state backend unavailable: {type(exc).__name__}"
             return JSONResponse({"status": "unavailable", "detail": detail}, status_code=503)
-        return JSONResponse({"status": "ready"})
+        sources = holder["services"].registry.missing()
+        if not sources:
+            return JSONResponse({"status": "ready"})
+        # Ready without optional sources (their tools answer tool errors); not without required.
+        missing = [
+            {"source": s.name, "required": s.cfg.required, "error": s.error} for s in sources
+        ]
+        names = ", ".join(s.name for s in sources)
+        if any(s.cfg.required for s in sources):
+            detail = f"MCP servers not connected: {names}"
+            body = {"status": "unavailable", "detail": detail, "mcp_missing": missing}
+            return JSONResponse(body, status_code=503)
+        detail = f"optional MCP servers not connected: {names}"
+        return JSONResponse({"status": "ready", "detail": detail, "mcp_missing": missing})
 
     async def proxy_error(request: Request, exc: Exception) -> Response:
         return error_response(exc if isinstance(exc, ProxyError) else InternalError())
@@ -222,6 +253,7 @@ def create_app(
     )
     app.chat = chat
     app.responses = responses
+    app.services = services
     tracer = tracing.get_tracer("loopwarden") if traced else None
     admitted = Admission(ErrorBoundary(app.route), config.server, RUN_ROUTES)
     app.served = HttpTelemetry(admitted, telemetry.metrics, tracer, routes)

@@ -7,7 +7,7 @@ only compiles its own `loop` and tightens the agent's policy with it.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from proxy.api.auth import Caller, KeyRing, ToolScope, tool_scope
@@ -45,18 +45,29 @@ def new_run_id() -> str:
 
 
 class Planner:
-    """Raises ConfigError, with every problem, for agents whose policy does not compile."""
+    """Raises ConfigError, with every problem, for agents whose policy does not compile.
 
-    def __init__(self, config: Config, tools: Mapping[str, ToolSpec], prices: PriceBook) -> None:
+    `groups` maps the name of each MCP entry to the tools it exposes: an agent's or a request's
+    `tools` may name the entry for all of them (SPEC §13)."""
+
+    def __init__(
+        self,
+        config: Config,
+        tools: Mapping[str, ToolSpec],
+        prices: PriceBook,
+        groups: Mapping[str, Sequence[str]] | None = None,
+    ) -> None:
         self.config = config
         self.prices = prices
+        self.groups = dict(groups or {})
         self.catalog = Catalog(tools, {name: cond.kind for name, cond in config.conditions.items()})
         self.agents: dict[str, LoopPolicy] = {}
         problems: list[tuple[str, str]] = []
         for name, agent in config.agents.items():
             target = self.target(agent.model)
             try:
-                policy = compile_policy(agent, agent.tools, self.catalog)
+                refs = self.expand(agent.tools, "")
+                policy = compile_policy(agent, refs, self.catalog)
                 check_references(policy, (), target.model, self._priced(target))
             except PolicyInvalid as exc:
                 problems.extend((f"agents.{name}.{path}", msg) for path, msg in exc.problems)
@@ -65,9 +76,30 @@ class Planner:
         if problems:
             raise ConfigError(problems)
         agent_tools = {name: list(policy.tools) for name, policy in self.agents.items()}
-        self.tool_scopes: dict[str, ToolScope] = {
-            key.name: tool_scope(key, agent_tools, self.catalog.names) for key in config.auth.keys
-        }
+        self.tool_scopes: dict[str, ToolScope] = {}
+        for key in config.auth.keys:
+            scope = tool_scope(key, agent_tools, self.catalog.names)
+            listed = [self.groups[ref] for ref in key.tools or () if ref in self.groups]
+            if listed and not scope.every:  # a key that lists an MCP entry may use its tools
+                scope = ToolScope(scope.names.union(*listed))
+            self.tool_scopes[key.name] = scope
+
+    def expand(self, refs: Sequence[str], path: str) -> list[str]:
+        """`refs` with each MCP entry's name replaced by the tools it exposes; raises
+        PolicyInvalid for a name that is neither a tool nor an entry, at its own index."""
+        problems = [
+            (f"{path}tools[{i}]", f"no server tool named {ref!r}")
+            for i, ref in enumerate(refs)
+            if ref not in self.groups and ref not in self.catalog.names
+        ]
+        if problems:
+            raise PolicyInvalid(problems)
+        if not any(ref in self.groups for ref in refs):
+            return list(refs)
+        out: list[str] = []
+        for ref in refs:
+            out.extend(self.groups.get(ref, (ref,)))
+        return out
 
     def target(self, model: str) -> Target:
         alias = self.config.models.get(model)
@@ -108,7 +140,8 @@ class Planner:
         client_names = [t["function"]["name"] for t in req.client_tools]
         if req.has_loop:
             try:
-                own = compile_policy(req.loop, req.loop.tools, self.catalog, "loop.")
+                refs = self.expand(req.loop.tools, "loop.")
+                own = compile_policy(req.loop, refs, self.catalog, "loop.")
                 policy = tighten(policy, own)
                 check_references(policy, client_names, target.model, self._priced(target))
             except PolicyInvalid as exc:
@@ -144,7 +177,11 @@ class Planner:
         keys that may use every tool)."""
         scope = self.tool_scopes[caller.name]
         for i, ref in enumerate(refs):
-            if not scope.allows(self.catalog.names.get(ref)):
+            if ref in self.groups:
+                allowed = all(scope.allows(name) for name in self.groups[ref])
+            else:
+                allowed = scope.allows(self.catalog.names.get(ref))
+            if not allowed:
                 raise PermissionDenied(
                     f"key {caller.name!r} may not use tool {ref!r}",
                     param=f"loop.tools[{i}]",

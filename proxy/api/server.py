@@ -82,9 +82,10 @@ def guarded_protocol(max_connections: int, header_timeout_s: float) -> type[asyn
 
 def serve(
     app: ASGIApp, server: ServerConfig, host: str, port: int, sock: socket.socket | None = None
-) -> None:
+) -> bool:
     """Serves `app` until the process is told to stop, on `sock` when given (a worker's share
-    of the supervisor's socket), else on host:port."""
+    of the supervisor's socket), else on host:port. False when it did not start (its lifespan
+    failed: a required MCP server did not connect, say)."""
     options: dict[str, Any] = {
         "host": host,
         "port": port,
@@ -94,4 +95,6 @@ def serve(
         "timeout_keep_alive": server.keep_alive_timeout_s,
         "http": guarded_protocol(server.connection_limit(), server.header_timeout_s),
     }
-    uvicorn.Server(uvicorn.Config(app, **options)).run(sockets=[sock] if sock else None)
+    served = uvicorn.Server(uvicorn.Config(app, **options))
+    served.run(sockets=[sock] if sock else None)
+    return served.started

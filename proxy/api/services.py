@@ -15,13 +15,14 @@ from proxy.api.auth import Caller, KeyRing
 from proxy.api.planning import Planner
 from proxy.callables import CallThreads
 from proxy.conditions import ConfiguredChecks
-from proxy.config import Config
+from proxy.config import Config, ConfigError
 from proxy.engine.ports import RunObserver
 from proxy.engine.run_spec import Deps, RunResult
 from proxy.engine.tool_calls import restore_held_calls
 from proxy.errors import StateUnavailable
 from proxy.pricing import PriceTable
 from proxy.state.store import StateStore
+from proxy.tools.mcp_tool import CallHook
 from proxy.tools.registry import ToolRegistry, build_registry
 from proxy.upstream.client import AttemptHook, HeadersHook, Upstream
 from proxy.upstream.pool import BoundedTransport
@@ -98,6 +99,33 @@ class Services:
                 held[call_id] = orjson.loads(found)
         return restore_held_calls(messages, held) if held else messages
 
+    async def open_sources(self) -> None:
+        """Connects the MCP sources and plans with the tools they expose; from then on a change
+        of their tools is planned with too. Raises SourcesUnavailable (or ConfigError) when
+        start-up cannot go on, the sources closed again."""
+        await self.registry.open()
+        try:
+            self.registry.check_started()
+            self.replan()
+        except BaseException:
+            await self.registry.close()
+            raise
+        self.registry.listeners.append(self._tools_changed)
+
+    async def close_sources(self) -> None:
+        await self.registry.close()
+
+    def replan(self) -> None:
+        """Compiles the agents again against the tools as they are now."""
+        registry = self.registry
+        self.planner = Planner(self.config, registry.specs(), self.prices, registry.groups)
+
+    def _tools_changed(self) -> None:
+        try:
+            self.replan()
+        except ConfigError as exc:
+            log.error("the MCP sources' tools changed; runs keep the tools they had: %s", exc)
+
     def upstream(self, name: str, bearer: str | None) -> Upstream:
         """The upstream `name`. The client's bearer token goes upstream only where the config
         forwards it, which it may not while the proxy has keys of its own."""
@@ -123,12 +151,14 @@ def build_services(
     on_attempt: AttemptHook | None = None,
     inject_headers: HeadersHook | None = None,
     prices: PriceTable | None = None,
+    on_tool_call: CallHook | None = None,
 ) -> Services:
     """Raises ConfigError for agents whose policy does not compile, ValueError for anything
     else that cannot be wired. `client` is for http tools and webhooks, `transport` for the
     upstreams (bounded here by `server.upstream_connections`): separate pools, so that a
     thousand open streams do not hold up a tool call. `prices` shares a price table (and its
-    cache) the caller already has."""
+    cache) the caller already has; `on_tool_call` is told of each MCP call as it starts. The MCP
+    sources are connected by `open_sources`."""
     server = config.server
     bounded = BoundedTransport(
         transport, server.upstream_connections, server.upstream_pool_timeout_s
@@ -153,15 +183,14 @@ def build_services(
         )
         for name, cfg in config.upstreams.items()
     }
-    registry = build_registry(config, client, threads)
+    registry = build_registry(config, client, threads, on_tool_call)
     prices = prices or PriceTable(config.pricing)
-    specs = {name: tool.spec for name, tool in registry.tools.items()}
     return Services(
         config=config,
         client=client,
         upstreams=upstreams,
         registry=registry,
-        planner=Planner(config, specs, prices),
+        planner=Planner(config, registry.specs(), prices, registry.groups),
         prices=prices,
         checks=ConfiguredChecks(config.conditions, client, threads),
         keys=KeyRing(config.auth),

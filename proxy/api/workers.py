@@ -3,8 +3,9 @@
 The supervisor binds the socket, points prometheus-client's multiprocess mode at a directory
 of its own (emptied at start, removed at exit), then forks the workers; each builds its own app
 after the fork and serves the shared socket, so the kernel spreads connections over them. A
-worker that dies is replaced (its live gauges are dropped from `/metrics`). SIGTERM or SIGINT
-stops every worker gracefully.
+worker that dies is replaced (its live gauges are dropped from `/metrics`); one that cannot
+start (its lifespan failed) stops them all, since the next would fail the same way. SIGTERM or
+SIGINT stops every worker gracefully.
 
 State that runs share must be shared by the workers: the config check refuses the memory
 backend with more than one worker (thread limits and stored contexts would be per process).
@@ -25,6 +26,7 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+NOT_STARTED = 3  # a worker's exit status when its app did not start
 
 
 def metrics_directory() -> Path:
@@ -52,12 +54,13 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-def supervise(workers: int, sock: socket.socket, work: Callable[[socket.socket], None]) -> int:
-    """Forks `workers` processes that each run `work(sock)`, replaces any that dies, and stops
-    them all on SIGTERM or SIGINT. Returns the exit status."""
+def supervise(workers: int, sock: socket.socket, work: Callable[[socket.socket], bool]) -> int:
+    """Forks `workers` processes that each run `work(sock)` (False: it did not start), replaces
+    any that dies, and stops them all on SIGTERM or SIGINT. Returns the exit status."""
     folder = metrics_directory()
     children: dict[int, int] = {}  # pid -> worker number
     stopping = False
+    failed = False
 
     def start(number: int) -> None:
         pid = os.fork()
@@ -65,12 +68,13 @@ def supervise(workers: int, sock: socket.socket, work: Callable[[socket.socket],
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.SIG_DFL)
             _use_multiprocess_values()
-            code = 0
+            code = 1
             try:
-                work(sock)
+                code = 0 if work(sock) else NOT_STARTED
+            except SystemExit:  # uvicorn's answer to a lifespan that failed
+                code = NOT_STARTED
             except BaseException:
                 log.exception("worker %d failed", number)
-                code = 1
             os._exit(code)
         children[pid] = number
 
@@ -97,6 +101,10 @@ def supervise(workers: int, sock: socket.socket, work: Callable[[socket.socket],
                 continue
             number = children.pop(pid)
             _mark_dead(pid)
+            if os.waitstatus_to_exitcode(status) == NOT_STARTED and not stopping:
+                log.error("worker %d could not start; stopping", number)
+                failed = True
+                stop(signal.SIGTERM, None)
             if not stopping:
                 log.error(
                     "worker %d (pid %d) exited with %d; starting another", number, pid, status
@@ -106,7 +114,7 @@ def supervise(workers: int, sock: socket.socket, work: Callable[[socket.socket],
         sock.close()
         if os.environ.get(MULTIPROC_ENV) == str(folder) and folder.name.startswith("loopwarden-"):
             shutil.rmtree(folder, ignore_errors=True)
-    return 0
+    return 1 if failed else 0
 
 
 def _use_multiprocess_values() -> None:

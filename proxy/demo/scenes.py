@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+# The demo's MCP server, a child of the proxy over stdio (SPEC §13).
+ALMANAC = [sys.executable, str(Path(__file__).with_name("mcp_server.py"))]
 
 DEMO_CONFIG: dict[str, Any] = {
     "upstreams": {"scripted": {"base_url": "http://127.0.0.1:0/v1", "max_retries": 0}},
@@ -15,6 +20,7 @@ DEMO_CONFIG: dict[str, Any] = {
         "to_fahrenheit": {"kind": "python", "callable": "proxy.demo.tools:to_fahrenheit"},
         "search_notes": {"kind": "python", "callable": "proxy.demo.tools:search_notes"},
         "final_answer": {"kind": "builtin"},
+        "almanac": {"kind": "mcp", "command": ALMANAC, "timeout_s": 10},
     },
     "agents": {
         "weather": {
@@ -30,6 +36,11 @@ DEMO_CONFIG: dict[str, Any] = {
             "model": "scripted",
             "tools": ["search_notes"],
             "stop_when": [{"max_cost": 0.004}],
+        },
+        "almanac": {
+            "model": "scripted",
+            "tools": ["almanac"],  # every tool of the MCP server
+            "tool_call_limits": [{"tool_name": "sunrise", "run_limit": 1}],
         },
         "planner": {
             "model": "scripted",
@@ -60,6 +71,11 @@ SCENES = [
         "A tool loop",
         "weather",
         "What is the weather in Paris? Use get_weather, then to_fahrenheit.",
+    ),
+    Scene(
+        "A tool of an MCP server (stdio)",
+        "almanac",
+        "When is the sunrise in Oslo? Use sunrise.",
     ),
     Scene(
         "A terminal tool", "reporter", "Check get_weather in Oslo and give it with final_answer."

@@ -87,6 +87,8 @@ class ToolSpec:
     definition: dict[str, Any]  # OpenAI `tools[]` entry
     terminal: bool = False
     id: str | None = None
+    # The `tools:` entry of the MCP server the tool comes from (SPEC §13); None for the others.
+    source: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

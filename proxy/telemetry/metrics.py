@@ -39,7 +39,8 @@ class Labels:
     """Keeps label values bounded: names outside the config (or price data) become `other`."""
 
     agents: frozenset[str]
-    tools: frozenset[str]
+    # The config's tools; the app adds the tools its MCP sources expose as they are listed.
+    tools: set[str]
     known_model: Callable[[str], bool]
     providers: Callable[[str], str]  # model -> gen_ai.provider.name
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -94,6 +94,10 @@ class Telemetry:
     tracing: TracingObserver
     tracer_provider: AnyTracerProvider
 
+    def label_tools(self, names: Iterable[str]) -> None:
+        """Tools whose metrics carry their own name (the exposed tools of MCP sources)."""
+        self.metrics_observer.labels.tools.update(names)
+
 
 def build_telemetry(
     config: Config,
@@ -124,7 +128,7 @@ def build_telemetry(
 
     labels = Labels(
         agents=frozenset(config.agents),
-        tools=frozenset(config.tools),
+        tools=set(config.tools),
         known_model=known_model,
         providers=lambda model: endpoint(model)[0],
     )

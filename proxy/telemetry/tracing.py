@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -25,6 +25,8 @@ class _RunSpans:
     token: object | None = None  # the attached context of the chat span
     provider: str = "openai"
     server: tuple[str, int | None] = ("", None)
+    # The `execute_tool` spans of calls under way, by call id, with their attached contexts.
+    tools: dict[str, tuple[Span, object]] = field(default_factory=dict)
 
 
 class TracingObserver:
@@ -54,6 +56,8 @@ class TracingObserver:
             self._replied(spans, event)
         elif isinstance(event, ev.ModelFailed):
             self._end_chat(spans, event.error)
+        elif isinstance(event, ev.ToolStarted):
+            self._tool_started(spans, event)
         elif isinstance(event, ev.ToolExecuted):
             self._tool(spans, event)
         elif isinstance(event, ev.CallBlocked):
@@ -154,26 +158,45 @@ class TracingObserver:
             span.set_attribute("error.type", error_type(error))
         span.end()
 
-    def _tool(self, spans: _RunSpans, event: ev.ToolExecuted) -> None:
-        end = time.time_ns()
+    def _tool_span(
+        self, spans: _RunSpans, event: ev.ToolStarted | ev.ToolExecuted, start_time: int | None
+    ) -> Span:
         attributes: dict[str, Any] = {
             "gen_ai.operation.name": "execute_tool",
             "gen_ai.tool.name": event.call.name,
             "gen_ai.tool.call.id": event.call.id,
             "gen_ai.tool.type": "extension",
             "loopwarden.step": event.step,
-            "loopwarden.tool.outcome": event.result.outcome,
         }
         if self.capture_content:
             attributes["gen_ai.tool.call.arguments"] = event.call.arguments
-            attributes["gen_ai.tool.call.result"] = event.result.output
-        span = self.tracer.start_span(
+        return self.tracer.start_span(
             f"execute_tool {event.call.name}",
             trace.set_span_in_context(spans.run),
             kind=SpanKind.INTERNAL,
             attributes=attributes,
-            start_time=end - int(event.duration_s * 1e9),
+            start_time=start_time,
         )
+
+    def _tool_started(self, spans: _RunSpans, event: ev.ToolStarted) -> None:
+        span = self._tool_span(spans, event, None)
+        # Current while the tool runs (in the task that runs it), so that what the tool sends
+        # carries this span's context (an MCP call's `params._meta.traceparent`).
+        token = otel_context.attach(trace.set_span_in_context(span))
+        spans.tools[event.call.id] = (span, token)
+
+    def _tool(self, spans: _RunSpans, event: ev.ToolExecuted) -> None:
+        started = spans.tools.pop(event.call.id, None)
+        end: int | None = None
+        if started is None:  # no start was seen: the span is dated back from the duration
+            end = time.time_ns()
+            span = self._tool_span(spans, event, end - int(event.duration_s * 1e9))
+        else:
+            span, token = started
+            otel_context.detach(token)  # type: ignore[arg-type]
+        span.set_attribute("loopwarden.tool.outcome", event.result.outcome)
+        if self.capture_content:
+            span.set_attribute("gen_ai.tool.call.result", event.result.output)
         if event.result.is_error:
             span.set_status(Status(StatusCode.ERROR, event.result.output[:200]))
             span.set_attribute(
@@ -183,6 +206,10 @@ class TracingObserver:
 
     def _finished(self, spans: _RunSpans, event: ev.RunFinished) -> None:
         self._end_chat(spans, event.error)  # a chat span still open failed with the run
+        for span, _ in spans.tools.values():  # calls cut short with the run (cancelled)
+            span.set_status(Status(StatusCode.ERROR, event.stop.reason.value))
+            span.end()
+        spans.tools.clear()
         del self._runs[event.run_id]
         span = spans.run
         span.set_attribute("gen_ai.usage.input_tokens", event.usage.prompt_tokens)
@@ -199,6 +226,12 @@ class TracingObserver:
             )
             span.set_attribute("error.type", error)
         span.end()
+
+
+def annotate_tool_span(attributes: Mapping[str, Any]) -> None:
+    """Adds attributes to the current span: an MCP call's (`mcp.method.name`,
+    `mcp.session.id`, `server.address`) to its `execute_tool` span."""
+    trace.get_current_span().set_attributes(dict(attributes))
 
 
 def inject_trace_headers(headers: dict[str, str]) -> None:

@@ -1,35 +1,169 @@
-"""The server tools of a config, and the executor the engine calls."""
+"""The server tools of a config, and the executor the engine calls. The tools of MCP sources
+come and go with their servers' lists: the registry is rebuilt from them on every change."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import httpx
 import orjson
 
 from proxy.callables import CallThreads, NoWorkerFree, load_callable
-from proxy.config import Config, ToolConfig
+from proxy.config import AgentConfig, Config, ToolConfig
 from proxy.engine.values import ToolCall, ToolContext, ToolResult, ToolSpec
 from proxy.tools.base import Tool, ToolFailed, as_text, definition, output_too_large
 from proxy.tools.builtin import BUILTINS, builtin_invoke
 from proxy.tools.http_tool import http_invoke
+from proxy.tools.mcp_source import McpSource
+from proxy.tools.mcp_tool import CallHook, exposed_tool, unavailable_tool
 from proxy.tools.python_tool import python_tool
 from proxy.tools.schema import check_schema, schema_validator
+
+log = logging.getLogger(__name__)
 
 OPEN_SCHEMA: dict[str, Any] = {"type": "object", "properties": {}}
 
 
-class ToolRegistry:
-    """Runs server tools. Tool failures become error results, never exceptions."""
+class SourcesUnavailable(RuntimeError):
+    """Start-up cannot go on: a required MCP source did not connect, or the sources' tools do
+    not fit the config."""
 
-    def __init__(self, tools: Mapping[str, Tool]) -> None:
-        self.tools = dict(tools)
+
+class ToolRegistry:
+    """Runs server tools. Tool failures become error results, never exceptions.
+
+    `tools` holds the config's own tools, the tools the MCP `sources` expose now, and, for each
+    name the config uses (`references`) that a source could expose but does not now, a stand-in
+    whose calls are tool errors, so that agents naming it still compile. `groups` maps each
+    source's entry name to the names it stands for. `listeners` are called after every change.
+    `server_references` are the names that must be server tools (not client tools).
+    """
+
+    def __init__(
+        self,
+        tools: Mapping[str, Tool],
+        sources: Iterable[McpSource] = (),
+        references: Iterable[str] = (),
+        server_references: Iterable[str] = (),
+        default_max_output_bytes: int = 1024 * 1024,
+        on_call: CallHook | None = None,
+    ) -> None:
+        self.static = dict(tools)
+        self.sources = {source.name: source for source in sources}
+        self.references = sorted(set(references) - set(self.static))
+        self.server_references = frozenset(server_references)
+        self.default_max_output_bytes = default_max_output_bytes
+        self.on_call = on_call
+        self.listeners: list[Callable[[], None]] = []
+        self.tools: dict[str, Tool] = dict(tools)
+        self.groups: dict[str, tuple[str, ...]] = {}
+        self.stand_ins: frozenset[str] = frozenset()
+        self.problems: list[str] = []  # what the last lists did not fit (clashes, bad schemas)
+        for source in self.sources.values():
+            source.listeners.append(self._changed)
+        self.refresh()
 
     def spec(self, name: str) -> ToolSpec:
         return self.tools[name].spec
+
+    def specs(self) -> dict[str, ToolSpec]:
+        return {name: tool.spec for name, tool in self.tools.items()}
+
+    def refresh(self) -> None:
+        """Rebuilds `tools` and `groups` from the sources' lists as they are now."""
+        tools = dict(self.static)
+        groups: dict[str, list[str]] = {}
+        problems: list[str] = []
+        for source in self.sources.values():
+            names = groups.setdefault(source.name, [])
+            for listed in source.tools:
+                exposed = source.cfg.exposed_name(listed.name)
+                if exposed is None:
+                    continue
+                if len(names) >= source.cfg.max_tools:
+                    problems.append(
+                        f"tools.{source.name}: more than max_tools ({source.cfg.max_tools}) tools;"
+                        f" {exposed!r} and later ones are left out"
+                    )
+                    break
+                clash = tools.get(exposed)
+                if clash is not None:
+                    source_name = clash.spec.source
+                    owner = f"MCP server {source_name!r}" if source_name else "the config"
+                    problems.append(f"tools.{source.name}: {exposed!r} is also a tool of {owner}")
+                    continue
+                try:
+                    tools[exposed] = exposed_tool(
+                        source, listed, exposed, self.default_max_output_bytes, self.on_call
+                    )
+                except ValueError as exc:
+                    problems.append(f"tools.{source.name}: tool {listed.name!r}: {exc}")
+                    continue
+                names.append(exposed)
+        stand_ins = set()
+        for name in self.references:
+            claimant = self._claimant(name) if name not in tools else None
+            if claimant is not None:
+                tools[name] = unavailable_tool(claimant, name, self.default_max_output_bytes)
+                if not claimant.listed:  # the entry may stand for it: nothing says otherwise yet
+                    groups[claimant.name].append(name)
+                stand_ins.add(name)
+        for problem in problems:
+            if problem not in self.problems:
+                log.error("%s", problem)
+        self.tools = tools
+        self.groups = {name: tuple(names) for name, names in groups.items()}
+        self.stand_ins = frozenset(stand_ins)
+        self.problems = problems
+
+    def _claimant(self, name: str) -> McpSource | None:
+        for source in self.sources.values():
+            prefix = source.cfg.prefix or ""
+            if name.startswith(prefix) and source.cfg.exposed_name(name[len(prefix) :]) == name:
+                return source
+        return None
+
+    def _changed(self, source: McpSource) -> None:
+        self.refresh()
+        for listener in list(self.listeners):
+            listener()
+
+    async def open(self) -> None:
+        """Connects every source; returns when each has connected or failed once."""
+        await asyncio.gather(*(source.start() for source in self.sources.values()))
+
+    async def close(self) -> None:
+        await asyncio.gather(*(source.close() for source in self.sources.values()))
+
+    def missing(self) -> list[McpSource]:
+        """The sources not connected now."""
+        return [s for s in self.sources.values() if not s.connected]
+
+    def check_started(self) -> None:
+        """Raises SourcesUnavailable, naming each problem, when a required source is not
+        connected, the sources' tools clash, or a name the config uses is not exposed by the
+        connected source it belongs to."""
+        problems = list(self.problems)
+        for source in self.missing():
+            if source.cfg.required:
+                problems.append(
+                    f"tools.{source.name}: required {source.describe()} did not connect:"
+                    f" {source.error or 'no answer'}"
+                )
+        for name in sorted(self.stand_ins & self.server_references):
+            source = self.sources[self.tools[name].spec.source or ""]
+            if source.connected:
+                offered = ", ".join(self.groups[source.name][:50]) or "none"
+                problems.append(
+                    f"tools.{source.name}: the config names {name!r}, which"
+                    f" {source.describe()} does not expose (it exposes: {offered})"
+                )
+        if problems:
+            raise SourcesUnavailable("\n".join(problems))
 
     async def execute(self, call: ToolCall, ctx: ToolContext) -> ToolResult:
         tool = self.tools.get(call.name)
@@ -67,7 +201,7 @@ def build_tool(
     """One configured tool: http tools call through `client`, sync python tools run in
     `threads`. Raises ValueError when it cannot be built."""
     max_output = cfg.max_output_bytes or default_max_output_bytes
-    terminal = cfg.terminal
+    terminal = cfg.terminal is True
     description = cfg.description
     if cfg.kind == "builtin":
         which = cfg.builtin or name
@@ -103,15 +237,70 @@ def build_tool(
     return Tool(spec, invoke, timeout_s, validate, max_output)
 
 
-def build_registry(config: Config, client: httpx.AsyncClient, threads: CallThreads) -> ToolRegistry:
+def build_registry(
+    config: Config,
+    client: httpx.AsyncClient,
+    threads: CallThreads,
+    on_call: CallHook | None = None,
+    env: Mapping[str, str] = os.environ,
+) -> ToolRegistry:
+    """The config's tools; its MCP sources are not connected until `open()`. Raises ValueError
+    naming every tool that cannot be built."""
     tools: dict[str, Tool] = {}
+    sources: list[McpSource] = []
     problems: list[str] = []
     default_max_output = config.server.max_tool_output_bytes
     for name, cfg in config.tools.items():
         try:
-            tools[name] = build_tool(name, cfg, client, threads, default_max_output)
+            if cfg.kind == "mcp":
+                sources.append(McpSource(name, cfg, env))
+            else:
+                tools[name] = build_tool(name, cfg, client, threads, default_max_output)
         except ValueError as exc:
             problems.append(f"tools.{name}: {exc}")
     if problems:
         raise ValueError("\n".join(problems))
-    return ToolRegistry(tools)
+    server, named = referenced_tools(config)
+    return ToolRegistry(tools, sources, named, server, default_max_output, on_call)
+
+
+def referenced_tools(config: Config) -> tuple[set[str], set[str]]:
+    """The tool names the config's agents and keys use: those that must be server tools (tools,
+    terminating config, limits, keys), and all of them (rules and `has_tool_call` conditions
+    may name client tools too)."""
+    server: set[str] = set()
+    named: set[str] = set()
+    for agent in config.agents.values():
+        server.update(agent.tools)
+        if agent.terminating_config is not None:
+            server.update(agent.terminating_config.tool_ids)
+        server.update(limit.tool_name for limit in agent.tool_call_limits if limit.tool_name)
+        named.update(_rules_and_conditions(agent))
+    for key in config.auth.keys:
+        server.update(ref for ref in key.tools or [] if ref != "*")
+    entries = set(config.tools)
+    return server - entries, (server | named) - entries
+
+
+def _rules_and_conditions(agent: AgentConfig) -> set[str]:
+    names: set[str] = set()
+    for rule in agent.tool_rules:
+        for field in ("tool_name", "default_child"):
+            value = getattr(rule, field, None)
+            if isinstance(value, str):
+                names.add(value)
+        names.update(getattr(rule, "children", None) or [])
+        names.update((getattr(rule, "child_output_mapping", None) or {}).values())
+    names.update(limit.tool_name for limit in agent.tool_call_limits if limit.tool_name)
+    if agent.terminating_config is not None:
+        names.update(agent.terminating_config.tool_ids)
+    conditions: list[Any] = list(agent.stop_when)
+    while conditions:
+        condition = conditions.pop()
+        names.update(getattr(condition, "has_tool_call", None) or [])
+        conditions.extend(getattr(condition, "any", None) or [])
+        conditions.extend(getattr(condition, "all", None) or [])
+        inner = getattr(condition, "not_", None)
+        if inner is not None:
+            conditions.append(inner)
+    return names

@@ -28,7 +28,7 @@ def config(upstream_url: str, state: dict[str, Any]) -> dict[str, Any]:
     return {
         "upstreams": {"main": {"base_url": upstream_url, "max_retries": 0}},
         "default_upstream": "main",
-        "tools": TOOLS,
+        "tools": dict(TOOLS),
         "agents": {
             "capped": {
                 "model": "scripted",
@@ -145,3 +145,26 @@ def test_workers_refuse_the_per_process_memory_backend(tmp_path: Path) -> None:
     assert done.returncode == 1
     assert "state: " in done.stderr
     assert "the memory backend is per process" in done.stderr
+
+
+def test_workers_that_cannot_start_stop_the_server(tmp_path: Path) -> None:
+    """A required MCP source that cannot connect fails every worker the same way: the server
+    exits 1 instead of starting workers for ever."""
+    path = tmp_path / "loopwarden.yaml"
+    state = {"backend": "sqlite", "path": str(tmp_path / "state.db")}
+    document = config("http://127.0.0.1:9/v1", state)
+    document["tools"]["down"] = {
+        "kind": "mcp",
+        "url": "http://127.0.0.1:9/mcp",
+        "required": True,
+        "connect_timeout_s": 1,
+    }
+    path.write_text(yaml.safe_dump(document))
+    args = ["-m", "proxy", "serve", "--config", str(path), "--workers", "2"]
+    args += ["--port", str(free_port())]
+    done = subprocess.run(
+        [sys.executable, *args], env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert "could not start" in done.stderr

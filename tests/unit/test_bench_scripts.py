@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.bench import telemetry_cost
+from tests.bench import mcp_cost, telemetry_cost
 
 
 def test_the_telemetry_cost_benchmark_prints_every_row(capsys: pytest.CaptureFixture[str]) -> None:
@@ -17,3 +17,11 @@ def test_the_telemetry_cost_benchmark_prints_every_row(capsys: pytest.CaptureFix
     assert float(rows["pass-through run: metrics observer"]) > 0
     assert float(rows["3-step tool run: spans observer"]) > 0
     assert float(rows["HTTP request: metrics and server span"]) > 0
+
+
+def test_the_mcp_cost_benchmark_prints_every_row(capsys: pytest.CaptureFixture[str]) -> None:
+    mcp_cost.main(["--runs", "3"])
+    lines = capsys.readouterr().out.splitlines()
+    rows = dict(line.rsplit(maxsplit=1) for line in lines[1:])
+    assert set(rows) == {"python tool", "MCP tool (stdio)", "added per MCP call"}
+    assert float(rows["MCP tool (stdio)"]) > 0

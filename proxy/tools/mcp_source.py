@@ -1,0 +1,276 @@
+"""One MCP server as a source of tools (SPEC §13): its session, held open by a task of its own
+from the lifespan's start to its end, reconnected with backoff when it drops, and its tool list,
+read at connect and again whenever the server says it changed."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import os
+import shutil
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Literal
+
+import anyio
+import httpx2
+import mcp_types
+from mcp import Client
+from mcp.client.subscriptions import ListenNotSupportedError, SubscriptionLost
+from mcp.shared.exceptions import MCPError
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+from proxy.config import ToolConfig
+from proxy.tools.base import ToolFailed
+from proxy.tools.mcp_transport import Endpoint, endpoint, open_transport, resolve_env
+
+log = logging.getLogger(__name__)
+
+FIRST_RETRY_S = 0.5  # the first wait before a reconnect; it doubles up to reconnect_max_s
+MAX_LIST_PAGES = 64  # of one tools/list walk
+CLOSE_TIMEOUT_S = 10.0  # for a session to end on shutdown (a stdio child gets 4 s to exit)
+# Errors after which the session is taken for dropped: the SDK's own for a closed connection,
+# and a streamable HTTP server's 404 for a session it no longer knows (a restarted server).
+DROPPED_CODES = frozenset({mcp_types.CONNECTION_CLOSED, mcp_types.INVALID_REQUEST})
+DROPPED_ERRORS = (
+    anyio.ClosedResourceError,
+    anyio.BrokenResourceError,
+    anyio.EndOfStream,
+    OSError,
+    httpx2.TransportError,
+)
+
+CLIENT_INFO = mcp_types.Implementation(name="loopwarden", version="1")
+
+State = Literal["connecting", "connected", "disconnected", "closed"]
+Listener = Callable[["McpSource"], None]
+
+
+class McpSource:
+    """The session with one configured MCP server. Calls made while it is not connected fail
+    at once with a tool error that says so; the tools stay as last listed."""
+
+    def __init__(self, name: str, cfg: ToolConfig, env: Mapping[str, str] = os.environ) -> None:
+        """Raises ValueError when the command's program is not found or a variable of `env_env`
+        or `headers_env` is not set: what can be checked without connecting."""
+        self.name = name
+        self.cfg = cfg
+        if cfg.command is not None:
+            if shutil.which(cfg.command[0], path=env.get("PATH")) is None:
+                raise ValueError(f"command: no program {cfg.command[0]!r} (on PATH or as a path)")
+            self._secrets = resolve_env(cfg.env_env, env, "env_env")
+        else:
+            self._secrets = resolve_env(cfg.headers_env, env, "header")
+        self.endpoint: Endpoint = endpoint(cfg)
+        self.state: State = "disconnected"
+        self.error: str | None = None  # why the last attempt failed or the session dropped
+        self.tools: tuple[mcp_types.Tool, ...] = ()
+        self.listed = False  # a list was ever read
+        self.session_id: str | None = None
+        self.listeners: list[Listener] = []
+        self._client: Client | None = None
+        self._dropped = asyncio.Event()
+        self._relist = asyncio.Event()
+        self._closing = asyncio.Event()
+        self._attempted = asyncio.Event()  # the first connect attempt has ended
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def connected(self) -> bool:
+        """Connected, and no sign yet that the session dropped."""
+        return self.state == "connected" and not self._dropped.is_set()
+
+    def describe(self) -> str:
+        where = self.cfg.url or " ".join(self.cfg.command or [])
+        return f"MCP server {self.name!r} ({where})"
+
+    async def start(self) -> None:
+        """Starts the session's task; returns when the first attempt to connect has ended
+        (within `connect_timeout_s`), connected or not."""
+        if self._task is None:
+            self._task = asyncio.create_task(self._supervise(), name=f"mcp:{self.name}")
+        await self._attempted.wait()
+
+    async def close(self) -> None:
+        """Ends the session (a stdio child is stopped) and stops reconnecting."""
+        self._closing.set()
+        task, self._task = self._task, None
+        if task is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(task), CLOSE_TIMEOUT_S)
+            except TimeoutError:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self.state = "closed"
+
+    async def call(self, tool: str, arguments: dict[str, Any]) -> mcp_types.CallToolResult:
+        """`tools/call`; ToolFailed when the server cannot be asked or fails to answer. The SDK
+        puts the current span's context in `params._meta.traceparent`."""
+        client = self._client
+        if client is None or not self.connected:
+            reason = f": {self.error}" if self.error else ""
+            raise ToolFailed(f"{self.describe()} is not connected{reason}; retry later")
+        try:
+            return await client.call_tool(tool, arguments)
+        except MCPError as exc:
+            if exc.error.code in DROPPED_CODES:
+                self._drop(f"the session dropped during the call: {exc.error.message}")
+                message = f"{self.describe()} dropped the call: {exc.error.message}"
+                raise ToolFailed(message) from None
+            raise ToolFailed(f"{self.describe()} refused the call: {exc.error.message}") from None
+        except DROPPED_ERRORS as exc:
+            self._drop(f"the connection failed during the call: {type(exc).__name__}")
+            raise ToolFailed(f"{self.describe()} is unreachable: {type(exc).__name__}") from None
+
+    def _drop(self, reason: str) -> None:
+        if self.connected:
+            self.error = reason
+            self._dropped.set()
+
+    async def _supervise(self) -> None:
+        delay = FIRST_RETRY_S
+        while not self._closing.is_set():
+            was_connected = False
+            try:
+                was_connected = await self._session()
+            except Exception as exc:  # any failure to connect is retried
+                self.error = _reason(exc)
+            finally:
+                self._client = None
+                if self.state != "closed":
+                    self.state = "disconnected"
+                self._attempted.set()
+            if self._closing.is_set():
+                break
+            if was_connected:
+                delay = FIRST_RETRY_S
+                log.warning("%s disconnected: %s; reconnecting", self.describe(), self.error)
+            else:
+                log.warning("%s: cannot connect: %s", self.describe(), self.error)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._closing.wait(), delay)
+            delay = min(delay * 2, self.cfg.reconnect_max_s)
+
+    async def _session(self) -> bool:
+        """One session, from connect to drop or close; True when it got connected."""
+        self.state = "connecting"
+        self._dropped.clear()
+        self._relist.clear()
+        self.session_id = None
+        with anyio.CancelScope(deadline=anyio.current_time() + self.cfg.connect_timeout_s) as scope:
+            transport = open_transport(self.cfg, self._secrets, self._on_end, self._on_session)
+            client = Client(
+                transport,
+                mode="auto",
+                cache=None,
+                message_handler=self._on_message,
+                client_info=CLIENT_INFO,
+            )
+            async with client, anyio.create_task_group() as group:
+                await self._list(client)
+                scope.deadline = math.inf  # connected: no deadline but the session's own end
+                self._client = client
+                self.state = "connected"
+                self.error = None
+                self._attempted.set()
+                log.info("%s connected: %d tools", self.describe(), len(self.tools))
+                self._published()
+                if _announces_changes(client):
+                    group.start_soon(self._listen, client)
+                await self._serve(client)
+                group.cancel_scope.cancel()
+                return True
+        if scope.cancelled_caught:
+            limit = self.cfg.connect_timeout_s
+            raise TimeoutError(f"no answer within connect_timeout_s ({limit:g}s)")
+        return False
+
+    async def _serve(self, client: Client) -> None:
+        """Waits for the session's end, re-listing the tools whenever they change."""
+        while True:
+            waits = [self._dropped.wait(), self._closing.wait(), self._relist.wait()]
+            await _first(waits)
+            if self._dropped.is_set() or self._closing.is_set():
+                return
+            self._relist.clear()
+            try:
+                with anyio.fail_after(self.cfg.connect_timeout_s):
+                    await self._list(client)
+            except Exception as exc:
+                self.error = f"the tool list could not be read again: {_reason(exc)}"
+                return
+            log.info("%s changed its tools: %d tools", self.describe(), len(self.tools))
+            self._published()
+
+    async def _list(self, client: Client) -> None:
+        tools: list[mcp_types.Tool] = []
+        cursor: str | None = None
+        for _ in range(MAX_LIST_PAGES):
+            page = await client.list_tools(cursor=cursor, cache_mode="bypass")
+            tools.extend(page.tools)
+            cursor = page.next_cursor
+            if cursor is None:
+                break
+        self.tools = tuple(tools)
+        self.listed = True
+
+    async def _listen(self, client: Client) -> None:
+        """A 2026-era server sends its change events on a `subscriptions/listen` stream; the
+        stream's loss is the session's."""
+        try:
+            async with client.listen(tools_list_changed=True) as events:
+                async for _ in events:
+                    self._relist.set()
+        except (SubscriptionLost, MCPError, *DROPPED_ERRORS) as exc:
+            self._drop(f"the server's event stream ended: {_reason(exc)}")
+            return
+        except ListenNotSupportedError:
+            return
+        self._drop("the server closed its event stream")
+
+    async def _on_message(self, message: Any) -> None:
+        # A handshake-era server's `notifications/tools/list_changed`.
+        if isinstance(message, mcp_types.ToolListChangedNotification):
+            self._relist.set()
+
+    def _on_end(self) -> None:
+        self._drop("the connection ended")
+
+    def _on_session(self, session_id: str) -> None:
+        self.session_id = session_id
+
+    def _published(self) -> None:
+        for listener in list(self.listeners):
+            try:
+                listener(self)
+            except Exception:
+                log.exception("a listener of %s failed", self.describe())
+
+
+def _announces_changes(client: Client) -> bool:
+    """The server is of the 2026 era and says its tool list may change."""
+    if client.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+        return False
+    tools = client.server_capabilities.tools
+    return bool(tools and tools.list_changed)
+
+
+async def _first(waits: Sequence[Awaitable[Any]]) -> None:
+    tasks = [asyncio.ensure_future(w) for w in waits]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, MCPError):
+        return exc.error.message
+    text = str(exc)
+    name = type(exc).__name__
+    if isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        return _reason(exc.exceptions[0])
+    return f"{name}: {text}" if text else name

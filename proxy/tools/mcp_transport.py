@@ -1,0 +1,127 @@
+"""How the proxy reaches one MCP server: a stdio child or streamable HTTP, through the `mcp`
+SDK's own transports, with a watch on the connection's end."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx2
+from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.message import SessionMessage
+
+from proxy.config import ToolConfig
+
+SESSION_HEADER = "mcp-session-id"
+# An HTTP session's longest silence while a response streams; calls have their own timeout_s.
+READ_TIMEOUT_S = 300.0
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """Where a source's server is, for spans: `server.address` and `server.port` (HTTP)."""
+
+    transport: str  # "pipe" (stdio) or "tcp"
+    address: str | None = None
+    port: int | None = None
+
+
+def resolve_env(names: Mapping[str, str], env: Mapping[str, str], what: str) -> dict[str, str]:
+    """`{key: value}` from `{key: NAME_OF_VARIABLE}`; ValueError naming the first unset one."""
+    values = {}
+    for key, variable in names.items():
+        value = env.get(variable)
+        if value is None:
+            raise ValueError(f"environment variable {variable} ({what} {key}) is not set")
+        values[key] = value
+    return values
+
+
+def endpoint(cfg: ToolConfig) -> Endpoint:
+    if cfg.url is None:
+        return Endpoint("pipe")
+    parts = urlsplit(cfg.url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return Endpoint("tcp", parts.hostname, port)
+
+
+class WatchedStream:
+    """A transport's read stream that calls `on_end` once when the server's side ends (a stdio
+    child that exits, a transport torn down), so that a dropped session is noticed while idle."""
+
+    def __init__(self, inner: Any, on_end: Callable[[], None]) -> None:
+        self.inner = inner
+        self.on_end = on_end
+
+    @property
+    def last_context(self) -> Any:
+        return getattr(self.inner, "last_context", None)
+
+    async def receive(self) -> SessionMessage | Exception:
+        try:
+            item: SessionMessage | Exception = await self.inner.receive()
+            return item
+        except BaseException:
+            self.on_end()
+            raise
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+    def __aiter__(self) -> WatchedStream:
+        return self
+
+    async def __anext__(self) -> SessionMessage | Exception:
+        try:
+            item: SessionMessage | Exception = await self.inner.__anext__()
+            return item
+        except BaseException:
+            self.on_end()
+            raise
+
+    async def __aenter__(self) -> WatchedStream:
+        await self.inner.__aenter__()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_val: BaseException | None,
+        exc_tb: TracebackType | None,
+    ) -> bool | None:
+        self.on_end()
+        result: bool | None = await self.inner.__aexit__(exc_type, exc_val, exc_tb)
+        return result
+
+
+@contextlib.asynccontextmanager
+async def open_transport(
+    cfg: ToolConfig,
+    secrets: Mapping[str, str],
+    on_end: Callable[[], None],
+    on_session: Callable[[str], None],
+) -> AsyncIterator[tuple[Any, Any]]:
+    """The SDK transport for `cfg`: a stdio child with `secrets` as its extra environment, or
+    streamable HTTP with `secrets` as headers. `on_session` gets the HTTP session id the server
+    assigns; `on_end` is called when the connection ends."""
+    if cfg.command is not None:
+        params = StdioServerParameters(command=cfg.command[0], args=cfg.command[1:], env=secrets)
+        async with stdio_client(params) as (read, write):
+            yield WatchedStream(read, on_end), write
+        return
+    assert cfg.url is not None
+
+    async def seen(response: httpx2.Response) -> None:
+        session = response.headers.get(SESSION_HEADER)
+        if session:
+            on_session(session)
+
+    timeout = httpx2.Timeout(cfg.connect_timeout_s, read=max(READ_TIMEOUT_S, cfg.timeout_s))
+    http = httpx2.AsyncClient(headers=secrets, timeout=timeout, event_hooks={"response": [seen]})
+    async with http, streamable_http_client(cfg.url, http_client=http) as (read, write):
+        yield WatchedStream(read, on_end), write

@@ -1,0 +1,177 @@
+"""MCP tool sources end to end (SPEC §13): the proxy under uvicorn with two real MCP servers, one
+over streamable HTTP on 127.0.0.1 (a process of its own, restarted by a test) and one over stdio
+(the proxy's child, killed by a test), driven with the real `openai` SDK."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+import yaml
+from openai import OpenAI
+
+from proxy.demo.runner import free_port
+from tests.bodies import loop_of
+from tests.e2e.conftest import running, wait_healthy
+from tests.mcp_config import http_entry, http_server_args, stdio_entry
+from tests.scripted_upstream import ScriptedUpstream, call, each_run, keep, say, say_tool_result
+
+pytestmark = pytest.mark.e2e
+
+
+class McpHttpServer:
+    """The tests' MCP server on 127.0.0.1:port/mcp, in the handshake era (session ids), as a
+    process that a test may stop and start again on the same port."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/mcp"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, *http_server_args(self.port)])
+        wait_healthy(self.url, self.proc)  # any HTTP answer (a 4xx without a session) will do
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(timeout=15)
+            self.proc = None
+
+
+@pytest.fixture(scope="module")
+def mcp_server() -> Iterator[McpHttpServer]:
+    server = McpHttpServer()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def mcp_proxy(
+    upstream_url: str, mcp_server: McpHttpServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    web = http_entry(mcp_server.url, prefix="w_", reconnect_max_s=1)
+    config = {
+        "upstreams": {"scripted": {"base_url": upstream_url, "max_retries": 0}},
+        "default_upstream": "scripted",
+        "pricing": {"scripted": {"input": 1.0, "output": 4.0}},
+        "state": {"backend": "memory"},
+        "tools": {"web": web, "local": stdio_entry(reconnect_max_s=1)},
+        "agents": {
+            "ruled": {
+                "model": "scripted",
+                "tools": ["web", "t_forecast", "t_die", "t_pid"],
+                "tool_rules": [{"type": "run_first", "tool_name": "w_echo"}],
+                "tool_call_limits": [{"tool_name": "w_echo", "run_limit": 1}],
+            },
+            "free": {"model": "scripted", "tools": ["web", "local"]},
+        },
+    }
+    folder = Path(tmp_path_factory.mktemp("mcp"))
+    path = folder / "loopwarden.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    port = free_port()
+    args = ["-m", "proxy", "serve", "--config", str(path), "--port", str(port)]
+    with running(args, f"http://127.0.0.1:{port}/healthz"):
+        wait_ready(f"http://127.0.0.1:{port}")
+        yield f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture
+def client(mcp_proxy: str) -> Iterator[OpenAI]:
+    with OpenAI(base_url=f"{mcp_proxy}/v1", api_key="x", max_retries=0, timeout=30) as c:
+        yield c
+
+
+def wait_ready(base: str, timeout_s: float = 30) -> dict[str, object]:
+    """/readyz once every MCP source is connected."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        body = httpx.get(f"{base}/readyz", timeout=5).json()
+        if body["status"] == "ready" and "mcp_missing" not in body:
+            return dict(body)
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not ready: {body}")
+        time.sleep(0.1)
+
+
+def ask(client: OpenAI, model: str, text: str, stream: bool = False) -> tuple[str, dict[str, Any]]:
+    """The answer and the loop report of one run, asked with the SDK (streaming or not)."""
+    messages: Any = [{"role": "user", "content": text}]
+    if not stream:
+        reply = client.chat.completions.create(model=model, messages=messages)
+        return reply.choices[0].message.content or "", loop_of(reply)
+    content, loop = "", {}
+    for chunk in client.chat.completions.create(model=model, messages=messages, stream=True):
+        if chunk.choices:
+            content += chunk.choices[0].delta.content or ""
+            if chunk.choices[0].finish_reason:
+                loop = loop_of(chunk)
+    return content, loop
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_loop_calls_mcp_tools_under_a_rule_and_a_limit(
+    client: OpenAI, upstream: ScriptedUpstream, stream: bool
+) -> None:
+    upstream.script(
+        call("w_echo", text="first"),
+        call("w_echo", text="again"),  # over the run limit: blocked, the run goes on
+        call("t_forecast", city="Oslo"),
+        say_tool_result("Forecast: {}"),
+    )
+    content, loop = ask(client, "ruled", "forecast", stream)
+    assert content.endswith('Forecast: {"city":"Oslo","celsius":21.5}')
+    assert (loop["stop_reason"], loop["tool_calls"]) == ("completed", 2)
+    assert upstream.bodies[0]["tool_choice"]["function"]["name"] == "w_echo"  # run_first
+    tool_messages = [m for m in upstream.bodies[3]["messages"] if m["role"] == "tool"]
+    assert tool_messages[0]["content"] == "echo: first"
+    assert "Tool call limit exceeded" in orjson.loads(tool_messages[1]["content"])["error"]
+
+
+def test_the_stdio_server_killed_mid_run_is_a_tool_error_then_restarted(
+    client: OpenAI, upstream: ScriptedUpstream, mcp_proxy: str
+) -> None:
+    upstream.script(call("w_echo", text="x"), call("t_pid"), call("t_die"), say("it died"))
+    content, loop = ask(client, "ruled", "die")
+    assert (content, loop["stop_reason"]) == ("it died", "completed")
+    died = [m for m in upstream.bodies[3]["messages"] if m["role"] == "tool"][-1]
+    assert "dropped the call" in orjson.loads(died["content"])["error"]
+    old_pid = [m for m in upstream.bodies[2]["messages"] if m["role"] == "tool"][-1]["content"]
+    wait_ready(mcp_proxy)
+    upstream.script(call("w_echo", text="x"), call("t_pid"), say_tool_result())
+    new_pid, _ = ask(client, "ruled", "pid")
+    assert new_pid.isdigit()
+    assert new_pid != old_pid
+
+
+def test_the_http_server_restarted_is_reconnected(
+    client: OpenAI, upstream: ScriptedUpstream, mcp_proxy: str, mcp_server: McpHttpServer
+) -> None:
+    upstream.script(keep(each_run(call("w_pid"), say_tool_result())))
+    before, _ = ask(client, "free", "pid")
+    assert before.isdigit()
+    mcp_server.stop()
+    down, loop = ask(client, "free", "pid while down")
+    assert "error" in orjson.loads(down)  # a tool error, not an HTTP error
+    assert loop["stop_reason"] == "completed"
+    mcp_server.start()
+    after = down
+    for _ in range(100):  # reconnects wait at most reconnect_max_s (1 s) between attempts
+        after, _ = ask(client, "free", "pid after restart")
+        if after.isdigit():
+            break
+        time.sleep(0.2)
+    assert after.isdigit()
+    assert after != before  # the new server's session
+    wait_ready(mcp_proxy)

@@ -1,0 +1,279 @@
+"""MCP tool sources (SPEC §13): the tools of a real MCP server (a stdio child of the proxy, written
+with the `mcp` package's server API) run in the loop like any server tool: agents name the entry
+or single tools, rules and limits count the exposed names, faults are tool errors."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+import pytest
+
+from proxy.demo.runner import free_port
+from proxy.tools.registry import SourcesUnavailable
+from tests.bodies import offered, user
+from tests.e2e.conftest import wait_healthy
+from tests.integration.conftest import Proxy, ProxyFactory
+from tests.mcp_config import http_entry, http_server_args, stdio_entry
+from tests.scripted_upstream import call, calls, say, say_tool_result
+
+AGENTS = {
+    "mcp": {"model": "scripted", "tools": ["srv"]},  # the entry: every tool it exposes
+    "picked": {"model": "scripted", "tools": ["t_echo", "get_weather"]},
+}
+
+
+def config(**entry: Any) -> dict[str, Any]:
+    return {"tools": {"srv": stdio_entry(**entry)}, "agents": AGENTS}
+
+
+def tool_messages(proxy: Proxy, request: int) -> list[str]:
+    return [m["content"] for m in proxy.upstream.bodies[request]["messages"] if m["role"] == "tool"]
+
+
+async def test_an_agent_naming_the_entry_runs_its_tools(proxy_for: ProxyFactory) -> None:
+    async with proxy_for(config(exclude=["die"])) as proxy:
+        proxy.upstream.script(
+            calls(call("t_echo", text="hi"), call("t_forecast", city="Oslo")),
+            say_tool_result("done: {}"),
+        )
+        response = await proxy.chat(model="mcp", messages=user("go"))
+        metric = proxy.metric("loopwarden_tool_calls_total", tool="t_echo", outcome="ok")
+    assert response.status_code == 200, response.text
+    assert response.json()["loop"]["tool_calls"] == 2
+    offers = offered(proxy.upstream.bodies[0])
+    assert {"t_echo", "t_grow"} <= set(offers)
+    assert "t_die" not in offers  # excluded
+    echo = next(t for t in proxy.upstream.bodies[0]["tools"] if t["function"]["name"] == "t_echo")
+    assert echo["function"]["parameters"]["required"] == ["text"]  # the server's inputSchema
+    # Text parts as they are; structured content as compact JSON.
+    assert tool_messages(proxy, 1) == ["echo: hi", '{"city":"Oslo","celsius":21.5}']
+    assert metric == 1.0  # labelled by the exposed name
+
+
+async def test_spans_carry_mcp_attributes_and_the_call_carries_their_context(
+    proxy_for: ProxyFactory,
+) -> None:
+    async with proxy_for(config()) as proxy:
+        proxy.upstream.script(call("t_trace_context"), say_tool_result())
+        response = await proxy.chat(model="mcp", messages=user("trace"))
+    assert response.status_code == 200
+    span = next(s for s in proxy.spans() if s.name == "execute_tool t_trace_context")
+    attributes = dict(span.attributes or {})
+    assert attributes["mcp.method.name"] == "tools/call"
+    assert attributes["network.transport"] == "pipe"
+    assert attributes["loopwarden.tool.outcome"] == "ok"
+    context = span.get_span_context()
+    assert context is not None
+    traceparent = tool_messages(proxy, 1)[0]
+    assert traceparent.split("-")[1:3] == [f"{context.trace_id:032x}", f"{context.span_id:016x}"]
+
+
+async def test_faults_are_tool_errors_and_the_session_goes_on(proxy_for: ProxyFactory) -> None:
+    async with proxy_for(config(timeout_s=0.5)) as proxy:
+        proxy.upstream.script(
+            call("t_fail", message="no such issue"),
+            call("t_nap", seconds=3),
+            call("t_picture"),
+            call("t_echo", text="still here"),
+            say("ok"),
+        )
+        response = await proxy.chat(model="mcp", messages=user("faults"))
+        timeouts = proxy.metric("loopwarden_tool_calls_total", tool="t_nap", outcome="timeout")
+        errors = proxy.metric("loopwarden_tool_calls_total", tool="t_fail", outcome="error")
+    assert response.status_code == 200
+    failed, napped, picture, echoed = tool_messages(proxy, 4)
+    assert "no such issue" in orjson.loads(failed)["error"]  # isError
+    assert "timed out after 0.5s" in orjson.loads(napped)["error"]
+    assert picture == "[image content not shown]"
+    assert echoed == "echo: still here"  # a timeout leaves the session up
+    assert (timeouts, errors) == (1.0, 1.0)
+
+
+async def test_a_stdio_child_that_dies_mid_call_is_a_tool_error_and_is_restarted(
+    proxy_for: ProxyFactory,
+) -> None:
+    async with proxy_for(config()) as proxy:
+        proxy.upstream.script(call("t_pid"), say_tool_result(), call("t_die"), say("died"))
+        first = await proxy.chat(model="mcp", messages=user("pid"))
+        died = await proxy.chat(model="mcp", messages=user("die"))
+        source = proxy_source(proxy)
+        await wait_for(lambda: source.connected)
+        proxy.upstream.script(call("t_pid"), say_tool_result())
+        after = await proxy.chat(model="mcp", messages=user("pid again"))
+    assert died.status_code == 200
+    error = orjson.loads(tool_messages(proxy, 3)[0])["error"]
+    assert "dropped the call" in error
+    old_pid = first.json()["choices"][0]["message"]["content"]
+    new_pid = after.json()["choices"][0]["message"]["content"]
+    assert old_pid.isdigit()
+    assert new_pid.isdigit()
+    assert old_pid != new_pid
+
+
+async def test_rules_limits_and_terminal_tools_name_the_exposed_tools(
+    proxy_for: ProxyFactory,
+) -> None:
+    agent = {
+        "model": "scripted",
+        "tools": ["srv"],
+        "tool_rules": [{"type": "run_first", "tool_name": "t_echo"}],
+        "tool_call_limits": [{"tool_name": "t_echo", "run_limit": 1}],
+    }
+    overrides = config(terminal=["forecast"])
+    overrides["agents"] = {"ruled": agent}
+    async with proxy_for(overrides) as proxy:
+        proxy.upstream.script(
+            call("t_echo", text="one"),
+            call("t_echo", text="two"),
+            call("t_forecast", city="Lima"),
+        )
+        response = await proxy.chat(model="ruled", messages=user("go"), stream=True)
+        blocked = proxy.metric(
+            "loopwarden_tool_calls_total", tool="t_echo", outcome="blocked_limit"
+        )
+    assert response.status_code == 200
+    assert proxy.upstream.bodies[0]["tool_choice"] == {
+        "type": "function",
+        "function": {"name": "t_echo"},
+    }
+    assert "Tool call limit exceeded" in tool_messages(proxy, 2)[-1]
+    assert blocked == 1.0
+    chunks = [
+        orjson.loads(line[6:]) for line in response.text.splitlines() if line.startswith("data: {")
+    ]
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    assert text.endswith('{"city":"Lima","celsius":21.5}')  # the terminal tool's output
+    assert chunks[-1]["loop"]["stop_reason"] == "terminal_tool"
+
+
+async def test_a_changed_tool_list_is_read_again_without_a_restart(
+    proxy_for: ProxyFactory,
+) -> None:
+    async with proxy_for(config()) as proxy:
+        proxy.upstream.script(call("t_grow"), say("grown"))
+        await proxy.chat(model="mcp", messages=user("grow"))
+        source = proxy_source(proxy)
+        await wait_for(lambda: any(t.name == "extra" for t in source.tools))
+        proxy.upstream.script(call("t_extra", note="new"), say_tool_result())
+        response = await proxy.chat(model="mcp", messages=user("use the new one"))
+    assert "t_extra" in offered(proxy.upstream.bodies[2])
+    assert response.json()["choices"][0]["message"]["content"] == "extra: new"
+
+
+async def test_loop_tools_may_name_the_entry(proxy_for: ProxyFactory) -> None:
+    async with proxy_for(config()) as proxy:
+        proxy.upstream.script(call("t_echo", text="x"), say_tool_result())
+        response = await proxy.chat(model="scripted", messages=user("x"), loop={"tools": ["srv"]})
+    assert response.json()["choices"][0]["message"]["content"] == "echo: x"
+
+
+async def test_a_required_source_that_cannot_connect_stops_start_up(
+    proxy_for: ProxyFactory,
+) -> None:
+    broken = {"kind": "mcp", "command": [sys.executable, "-c", "pass"], "required": True}
+    with pytest.raises(SourcesUnavailable, match=r"tools\.gone: required MCP server 'gone'"):
+        async with proxy_for({"tools": {"gone": broken}}):
+            pass
+
+
+async def test_an_optional_source_missing_is_named_by_readyz(proxy_for: ProxyFactory) -> None:
+    missing = {"kind": "mcp", "command": [sys.executable, "-c", "pass"], "prefix": "m_"}
+    agents = {"uses": {"model": "scripted", "tools": ["m_lookup", "get_weather"]}}
+    async with proxy_for({"tools": {"gone": missing}, "agents": agents}) as proxy:
+        ready = await proxy.client.get("/readyz")
+        proxy.upstream.script(call("m_lookup"), say_tool_result())
+        response = await proxy.chat(model="uses", messages=user("look up"))
+    assert ready.status_code == 200
+    assert ready.json()["status"] == "ready"
+    assert [m["source"] for m in ready.json()["mcp_missing"]] == ["gone"]
+    assert response.status_code == 200  # the agent compiled with a stand-in for m_lookup
+    assert "is not connected" in orjson.loads(tool_messages(proxy, 1)[0])["error"]
+
+
+async def test_a_name_the_server_does_not_expose_stops_start_up(proxy_for: ProxyFactory) -> None:
+    overrides = config()
+    overrides["agents"] = {"typo": {"model": "scripted", "tools": ["t_ecoh"]}}
+    with pytest.raises(SourcesUnavailable, match=r"names 't_ecoh'.*does not expose"):
+        async with proxy_for(overrides):
+            pass
+
+
+async def test_two_sources_exposing_one_name_stop_start_up(proxy_for: ProxyFactory) -> None:
+    tools = {"one": stdio_entry(include=["echo"]), "two": stdio_entry(include=["echo"])}
+    with pytest.raises(SourcesUnavailable, match="'t_echo' is also a tool of MCP server 'one'"):
+        async with proxy_for({"tools": tools}):
+            pass
+
+
+def proxy_registry(proxy: Proxy) -> Any:
+    app = proxy.client._transport.app  # type: ignore[attr-defined]
+    return app.services().registry
+
+
+def proxy_source(proxy: Proxy) -> Any:
+    return proxy_registry(proxy).sources["srv"]
+
+
+async def wait_for(condition: Any, timeout_s: float = 20) -> None:
+    for _ in range(int(timeout_s / 0.05)):
+        if condition():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"not within {timeout_s:g}s")
+
+
+async def test_a_required_source_that_drops_makes_readyz_fail(proxy_for: ProxyFactory) -> None:
+    async with proxy_for(config(required=True)) as proxy:
+        assert (await proxy.client.get("/readyz")).status_code == 200
+        proxy.upstream.script(call("t_die"), say("died"))
+        await proxy.chat(model="mcp", messages=user("die"))
+        dropped = await proxy.client.get("/readyz")
+        await wait_for(lambda: proxy_source(proxy).connected)
+        back = await proxy.client.get("/readyz")
+    assert dropped.status_code == 503
+    assert dropped.json()["detail"] == "MCP servers not connected: srv"
+    assert dropped.json()["mcp_missing"][0]["required"] is True
+    assert back.json() == {"status": "ready"}
+
+
+@pytest.fixture(scope="module")
+def http_server() -> Iterator[str]:
+    """The tests' MCP server over streamable HTTP (handshake era: it gives session ids)."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, *http_server_args(port)])
+    try:
+        url = f"http://127.0.0.1:{port}/mcp"
+        wait_healthy(url, proc)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
+
+
+async def test_http_sources_send_headers_name_their_session_and_follow_list_changes(
+    proxy_for: ProxyFactory, http_server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MCP_TEST_TOKEN", "Bearer sesame")
+    headers = {"Authorization": "MCP_TEST_TOKEN"}
+    entry = http_entry(http_server, prefix="t_", headers_env=headers)
+    overrides = {"tools": {"srv": entry}, "agents": AGENTS}
+    async with proxy_for(overrides) as proxy:
+        proxy.upstream.script(call("t_authorization"), say_tool_result(), call("t_grow"), say("."))
+        response = await proxy.chat(model="mcp", messages=user("http"))
+        source = proxy_source(proxy)
+        session = source.session_id
+        await proxy.chat(model="mcp", messages=user("grow"))
+        # A handshake-era server says so with `notifications/tools/list_changed`.
+        await wait_for(lambda: "t_extra" in proxy_registry(proxy).tools)
+    assert response.json()["choices"][0]["message"]["content"] == "Bearer sesame"
+    span = next(s for s in proxy.spans() if s.name == "execute_tool t_authorization")
+    attributes = dict(span.attributes or {})
+    assert session
+    assert attributes["mcp.session.id"] == session
+    assert attributes["server.address"] == "127.0.0.1"
+    assert attributes["server.port"] == int(http_server.rsplit(":", 1)[1].split("/")[0])

@@ -1,0 +1,127 @@
+"""An MCP server for the tests, written with the `mcp` package's server API.
+
+    python tests/mcp_server.py stdio               # over stdio (a child of the proxy)
+    python tests/mcp_server.py http PORT [legacy]  # streamable HTTP on 127.0.0.1:PORT/mcp
+
+`legacy` refuses the 2026 `server/discover` probe, so that clients fall back to the handshake
+era: sessions with an `mcp-session-id` and `notifications/tools/list_changed` on the session.
+Its tools succeed, fail, sleep, return structured content, die mid-call, and change the tool
+list.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from typing import Any, TypedDict
+
+import uvicorn
+from mcp.server import MCPServer
+from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
+from mcp.server.mcpserver import Context
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.mcpserver.utilities.types import Image
+from mcp.shared.exceptions import MCPError
+from mcp_types import METHOD_NOT_FOUND
+
+
+class Forecast(TypedDict):
+    city: str
+    celsius: float
+
+
+def build() -> MCPServer:
+    server = MCPServer("loopwarden-tests", log_level="WARNING")
+
+    @server.tool(structured_output=False)
+    def echo(text: str) -> str:
+        """Says the text back."""
+        return f"echo: {text}"
+
+    @server.tool()
+    def forecast(city: str) -> Forecast:
+        """The forecast of a city (structured content)."""
+        return {"city": city, "celsius": 21.5}
+
+    @server.tool(structured_output=False)
+    def fail(message: str) -> str:
+        """Always fails with the message (isError)."""
+        raise ToolError(message)
+
+    @server.tool(structured_output=False)
+    async def nap(seconds: float) -> str:
+        """Answers after `seconds`."""
+        import anyio
+
+        await anyio.sleep(seconds)
+        return f"slept {seconds:g}s"
+
+    @server.tool(structured_output=False)
+    def pid() -> str:
+        """The server's process id."""
+        return str(os.getpid())
+
+    @server.tool(structured_output=False)
+    def die() -> str:
+        """The server exits in the middle of the call."""
+        os._exit(3)
+
+    @server.tool(structured_output=False)
+    def picture() -> Image:
+        """An image, which the proxy does not show the model."""
+        return Image(data=b"\x89PNG\r\n", format="png")
+
+    @server.tool(structured_output=False)
+    def trace_context(ctx: Context) -> str:
+        """The `traceparent` of this call's `_meta`."""
+        meta: Any = ctx.request_context.meta
+        if meta is not None and not isinstance(meta, dict):
+            meta = meta.model_dump(by_alias=True)
+        return str((meta or {}).get("traceparent"))
+
+    @server.tool(structured_output=False)
+    def authorization(ctx: Context) -> str:
+        """The Authorization header of this call (streamable HTTP)."""
+        request: Any = ctx.request_context.request  # the HTTP request
+        return str(request.headers.get("authorization") if request is not None else None)
+
+    @server.tool(structured_output=False)
+    async def grow(ctx: Context) -> str:
+        """Adds the tool `extra` and says that the tool list changed."""
+
+        def extra(note: str) -> str:
+            """A tool that was not there at first."""
+            return f"extra: {note}"
+
+        if "extra" not in {t.name for t in await server.list_tools()}:
+            server.add_tool(extra, name="extra", structured_output=False)
+        await ctx.notify_tools_changed()  # 2026 era: on the listen stream
+        with contextlib.suppress(Exception):  # handshake era: on the session
+            await ctx.session.send_tool_list_changed()
+        return "grown"
+
+    return server
+
+
+async def refuse_discover(
+    ctx: ServerRequestContext[Any, Any], call_next: CallNext
+) -> HandlerResult:
+    if ctx.method == "server/discover":
+        raise MCPError(code=METHOD_NOT_FOUND, message="Method not found")
+    return await call_next(ctx)
+
+
+def main(argv: list[str]) -> None:
+    server = build()
+    if argv[0] == "stdio":
+        server.run("stdio")
+        return
+    if "legacy" in argv[2:]:
+        server.middleware.append(refuse_discover)
+    app = server.streamable_http_app()
+    uvicorn.run(app, host="127.0.0.1", port=int(argv[1]), log_level="warning")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
