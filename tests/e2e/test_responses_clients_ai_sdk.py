@@ -144,7 +144,8 @@ def test_store_false_sends_the_whole_conversation_back(
     clients: Path, proxy_url: str, upstream: ScriptedUpstream, inventory: ToolServer
 ) -> None:
     """With `store: false` the SDK sends messages in full (assistant messages with an `id` and
-    no `type`) and leaves the server calls out: the second turn still works."""
+    no `type`) and leaves the server calls out: the proxy puts back the server call it held
+    under the client call's id (SPEC §5.1 step 6), so the model still sees its result once."""
     upstream.script(
         call("check_inventory", item="washers"),
         call("ask_user", question="Order more washers?"),
@@ -168,4 +169,6 @@ def test_store_false_sends_the_whole_conversation_back(
     assert report["asked"] == ["Order more washers?"]
     contents = [str(m.get("content")) for m in upstream.bodies[-1]["messages"]]
     assert "The user says: the user approves" in contents
+    assert tool_results(upstream.bodies[2]).count(STOCK) == 1
+    assert tool_results(upstream.bodies[3]).count(STOCK) == 1
     assert len(inventory.calls) == 1

@@ -1,28 +1,31 @@
 """Codex CLI (`codex exec`) with a custom model provider (`wire_api = "responses"`, `base_url` at
 the proxy) answering prompts through an agent with server tools. Codex streams, sends
-`store: false` with its whole history each time, `developer` messages, `namespace`, `custom` and
-hosted tool types, and ignores the `mcp_call` items of the server calls."""
+`store: false` with its whole history each time, `developer` messages, `namespace` and hosted
+tool types, and ignores the `mcp_call` items of the server calls.
+
+The agent is `stock`: Codex's own prompt and tools are about 10k tokens, past the researcher's
+1500-token stop condition."""
 
 from __future__ import annotations
 
 import json
 import os
 import subprocess
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.e2e.conftest import ToolServer
 from tests.e2e.node import RUN_TIMEOUT_S, installed
-from tests.scripted_upstream import Body, Reply, ScriptedUpstream, call, last_tool_result, say
+from tests.scripted_upstream import ScriptedUpstream, call, say_tool_result
 
 pytestmark = pytest.mark.e2e
 
-NOTES = "3 notes mention 'tides'; none settles it."  # search_notes(query="tides")
+STOCK = '{"item":"washers","in_stock":7}'  # what the tool server answers check_inventory
 
 CONFIG = """\
-model = "researcher"
+model = "stock"
 model_provider = "lw"
 approval_policy = "never"
 sandbox_mode = "read-only"
@@ -49,15 +52,12 @@ def clients(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return installed(tmp_path_factory.getbasetemp())
 
 
-def small(reply: Reply) -> Reply:
-    """`reply` with a small usage: Codex's prompt (~10k tokens by the scripted upstream's honest
-    count) would otherwise end the researcher's run at its 1500-token stop condition."""
-    return reply.replace(usage={"prompt_tokens": 100, "completion_tokens": 10})
-
-
-def answer(template: str) -> Callable[[Body], Reply]:
-    """A turn that puts the last tool result in `template`, with a small usage."""
-    return lambda body: small(say(template.format(last_tool_result(body))))
+@pytest.fixture
+def inventory(tool_server: tuple[str, ToolServer]) -> ToolServer:
+    """The tool server behind `check_inventory`, with no calls recorded."""
+    _, server = tool_server
+    server.calls.clear()
+    return server
 
 
 def codex_exec(clients: Path, proxy_url: str, home: Path, prompt: str) -> list[dict[str, Any]]:
@@ -97,33 +97,42 @@ def completed(events: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
 
 
 def test_codex_exec_answers_through_an_agent_with_server_tools(
-    clients: Path, proxy_url: str, upstream: ScriptedUpstream, tmp_path: Path
+    clients: Path,
+    proxy_url: str,
+    upstream: ScriptedUpstream,
+    inventory: ToolServer,
+    tmp_path: Path,
 ) -> None:
-    upstream.script(small(call("search_notes", query="tides")), answer("From your notes: {}"))
-    events = codex_exec(clients, proxy_url, tmp_path, "What do my notes say about tides?")
-    assert [m["text"] for m in completed(events, "agent_message")] == [f"From your notes: {NOTES}"]
+    upstream.script(call("check_inventory", item="washers"), say_tool_result("In stock: {}"))
+    events = codex_exec(clients, proxy_url, tmp_path, "How many washers are in stock?")
+    assert [m["text"] for m in completed(events, "agent_message")] == [f"In stock: {STOCK}"]
     assert events[-1]["type"] == "turn.completed"
     assert len(upstream.requests) == 2
     first = upstream.bodies[0]
     names = {t["function"]["name"] for t in first["tools"]}
-    assert {"search_notes", "exec_command"} <= names
+    assert {"check_inventory", "exec_command"} <= names
     assert {t["type"] for t in first["tools"]} == {"function"}
     assert first["messages"][0]["role"] == "system"
-    assert "What do my notes say about tides?" in str(first["messages"][-1]["content"])
+    assert "How many washers are in stock?" in str(first["messages"][-1]["content"])
+    assert len(inventory.calls) == 1
 
 
 def test_codex_runs_its_own_tool_between_server_tools(
-    clients: Path, proxy_url: str, upstream: ScriptedUpstream, tmp_path: Path
+    clients: Path,
+    proxy_url: str,
+    upstream: ScriptedUpstream,
+    inventory: ToolServer,
+    tmp_path: Path,
 ) -> None:
     """The proxy returns Codex's `exec_command` call with the server call before it; Codex runs
     the command in its sandbox and sends its whole history back (`store: false`), with the
     server call left out: the run goes on, and the model sees each result once."""
     upstream.script(
-        small(call("search_notes", query="tides")),
-        small(call("exec_command", cmd="echo approved")),
-        answer("The command said: {}"),
+        call("check_inventory", item="washers"),
+        call("exec_command", cmd="echo approved"),
+        say_tool_result("The command said: {}"),
     )
-    events = codex_exec(clients, proxy_url, tmp_path, "Check the notes, then run echo.")
+    events = codex_exec(clients, proxy_url, tmp_path, "Check the washers, then run echo.")
     [command] = completed(events, "command_execution")
     assert command["exit_code"] == 0
     [message] = completed(events, "agent_message")
@@ -131,5 +140,6 @@ def test_codex_runs_its_own_tool_between_server_tools(
     assert "approved" in message["text"]
     assert len(upstream.requests) == 3
     results = [str(m["content"]) for m in upstream.bodies[-1]["messages"] if m["role"] == "tool"]
-    assert results.count(NOTES) == 1
+    assert results.count(STOCK) == 1
     assert "approved" in results[-1]
+    assert len(inventory.calls) == 1

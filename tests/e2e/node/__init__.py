@@ -1,10 +1,12 @@
 """The real Node clients of the Responses e2e tests: the Vercel AI SDK (`ai`, `@ai-sdk/openai`)
 and Codex CLI (`@openai/codex`, which ships its binary), installed with `npm ci` from the
 package.json and package-lock.json beside this file into a folder of the test session, once per
-session, with the scripts that drive them."""
+session, with the scripts that drive them. The folder (Codex's binary is ~400 MB) is removed when
+the session's process ends."""
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import shutil
@@ -24,6 +26,7 @@ def installed(base: Path) -> Path:
     if done.exists():
         return folder
     folder.mkdir(exist_ok=True)
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
     for source in HERE.iterdir():
         if source.suffix in (".json", ".mjs"):
             shutil.copy(source, folder / source.name)
