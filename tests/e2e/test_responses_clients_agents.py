@@ -183,3 +183,33 @@ async def test_a_failed_server_call_is_an_mcp_call_with_an_error(
     later = await Runner.run(agent, [*result.to_input_list(), {"role": "user", "content": "And?"}])
     assert later.final_output == "Still none."
     assert tool_results(upstream.bodies[-1]) == errors
+
+
+async def test_runs_chained_by_previous_response_id(
+    upstream: ScriptedUpstream, inventory: ToolServer
+) -> None:
+    """With `auto_previous_response_id` the SDK sends only the new items and the previous
+    response's id (the proxy's stored conversation), and a later turn continues from
+    `last_response_id`: the model sees the whole conversation, each result once."""
+    upstream.script(
+        call("check_inventory", item="washers"),
+        call("ask_user", question="Order more washers?"),
+        say_tool_result("The user says: {}"),
+        say("Ordered."),
+    )
+    asked: list[str] = []
+    agent = Agent(name="clerk", model="stock", tools=[ask_user_tool(asked)])
+    result = await Runner.run(agent, "Washers?", auto_previous_response_id=True)
+    assert asked == ["Order more washers?"]
+    assert result.final_output == "The user says: the user approves"
+    results = tool_results(upstream.bodies[-1])
+    assert results.count(STOCK) == 1
+    assert results[-1] == "the user approves"
+
+    later = await Runner.run(agent, "Go.", previous_response_id=result.last_response_id)
+    assert later.final_output == "Ordered."
+    messages = upstream.bodies[-1]["messages"]
+    assert "Washers?" in str(messages[1]["content"])
+    assert "The user says: the user approves" in [m.get("content") for m in messages]
+    assert tool_results(upstream.bodies[-1]).count(STOCK) == 1
+    assert len(inventory.calls) == 1
