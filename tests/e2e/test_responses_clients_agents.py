@@ -61,7 +61,7 @@ def ask_user_tool(asked: list[str]) -> FunctionTool:
 
 def raw_items(result: RunResult | RunResultStreaming) -> list[tuple[str, str]]:
     """(item type, raw item type) of the run's new items."""
-    found = []
+    found: list[tuple[str, str]] = []
     for item in result.new_items:
         raw: Any = item.raw_item
         found.append((item.type, raw["type"] if isinstance(raw, dict) else raw.type))
