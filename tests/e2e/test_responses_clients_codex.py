@@ -75,7 +75,15 @@ def codex_exec(clients: Path, proxy_url: str, home: Path, prompt: str) -> list[d
         "LW_KEY": "sk-e2e",
     }
     codex = clients / "node_modules" / ".bin" / "codex"
-    args = [str(codex), "exec", "--skip-git-repo-check", "--ephemeral", "--json", prompt]
+    args = [
+        str(codex),
+        "exec",
+        "--strict-config",
+        "--skip-git-repo-check",
+        "--ephemeral",
+        "--json",
+        prompt,
+    ]
     finished = subprocess.run(
         args,
         cwd=work,
