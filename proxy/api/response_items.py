@@ -16,6 +16,7 @@ import orjson
 from proxy.engine import events as ev
 from proxy.engine.run_spec import RunResult
 from proxy.engine.tool_calls import error_content
+from proxy.engine.values import ToolSpec
 
 DEFAULT_SERVER_LABEL = "loopwarden"
 CALL_ITEMS = frozenset({"function_call", "custom_tool_call", "mcp_call"})
@@ -51,10 +52,10 @@ def upstream_name(name: str, namespace: str | None) -> str:
     return f"{namespace}{name}" if namespace.endswith("_") else f"{namespace}__{name}"
 
 
-def server_label(tool: str) -> str:
+def server_label(spec: ToolSpec | None) -> str:
     """The `server_label` of a server tool's `mcp_call` items: the tool's MCP source, or
     `loopwarden` for the proxy's other tools."""
-    return DEFAULT_SERVER_LABEL
+    return spec.source if spec is not None and spec.source else DEFAULT_SERVER_LABEL
 
 
 # -- items into messages --------------------------------------------------------------------
@@ -184,8 +185,9 @@ class ServerCalls:
     """The `mcp_call` items of the server calls a run executes, in the order they started,
     built from the run's events (an observer for JSON runs; the stream feeds its own)."""
 
-    def __init__(self, item_prefix: str) -> None:
+    def __init__(self, item_prefix: str, tools: Mapping[str, ToolSpec]) -> None:
         self.prefix = item_prefix
+        self.tools = tools
         self.items: list[dict[str, Any]] = []
         self._open: dict[str, dict[str, Any]] = {}
 
@@ -201,7 +203,7 @@ class ServerCalls:
             "id": f"mcp_{self.prefix}_{len(self.items)}",
             "type": "mcp_call",
             "status": "in_progress",
-            "server_label": server_label(call.name),
+            "server_label": server_label(self.tools.get(call.name)),
             "name": call.name,
             "arguments": call.arguments,
             "output": None,

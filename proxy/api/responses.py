@@ -71,10 +71,10 @@ class Responses:
         thread = _thread(req, plan, caller)
         deps = sv.deps(plan.upstream, bearer, scope["path"])
         shown = sv.config.server.responses_server_calls == "mcp_call"
-        if spec.policy.tools and not shown:  # the client cannot send the server calls back
+        if spec.policy.tools:  # server calls a client did not send back are put back (§5.1.6)
             spec.messages = await sv.restore(spec.messages, caller)
         prefix = item_prefix(spec.run_id)
-        calls = ServerCalls(prefix) if shown and spec.policy.tools else None
+        calls = ServerCalls(prefix, spec.policy.tools) if shown and spec.policy.tools else None
         created = int(time.time())
         owner = plan.agent or run.model
         headers = {"x-loopwarden-run-id": spec.run_id}

@@ -105,6 +105,7 @@ class ReplyCalls:
                 break
         await flush()
 
+        earlier = [m for m in run.generated if m.get("role") in ("assistant", "tool")]
         if server:
             message = dict(reply.message)
             message["tool_calls"] = [c.to_openai() for c in server]
@@ -119,7 +120,8 @@ class ReplyCalls:
             message = dict(reply.message)
             if server:
                 message["content"] = None
-                run.held = held_calls(reply, server, outputs)
+            if server or earlier:
+                run.held = held_calls(earlier, reply, server, outputs)
             message["tool_calls"] = [c.to_openai() for c in client]
             run.generated.append(message)
             return Outcome(Stop(StopReason.CLIENT_TOOL_CALL), message)
@@ -153,11 +155,15 @@ class ReplyCalls:
 
 
 def held_calls(
-    reply: ModelReply, server: list[ToolCall], outputs: Mapping[str, str]
+    earlier: list[dict[str, Any]],
+    reply: ModelReply,
+    server: list[ToolCall],
+    outputs: Mapping[str, str],
 ) -> dict[str, Any]:
-    """What the client is not shown of a reply that also called its tools (SPEC §5.1.6): the
-    reply with every call, and the results of the server's calls."""
+    """What the client is not shown of a run that ends calling its tools (SPEC §5.1.6): the
+    run's earlier steps, the reply with every call, and the results of its server calls."""
     return {
+        "earlier": earlier,
         "message": dict(reply.message),
         "results": [
             {"role": "tool", "tool_call_id": c.id, "content": outputs[c.id]} for c in server
@@ -169,17 +175,31 @@ def restore_held_calls(
     messages: list[dict[str, Any]], held: Mapping[str, dict[str, Any]]
 ) -> list[dict[str, Any]]:
     """`messages` with each assistant message the client got back with only its calls replaced
-    by the reply it came from, followed by the server calls' results, so the model sees
-    everything that ran. `held` maps a client call id to what `held_calls` kept."""
+    by the run's earlier steps and the reply it came from, followed by the server calls'
+    results, so the model sees everything that ran. `held` maps a client call id to what
+    `held_calls` kept. A history that already holds those results (a stored conversation, or
+    a client that sent the server calls back) is left as it is."""
+    answered = {m.get("tool_call_id") for m in messages if m.get("role") == "tool"}
     restored: list[dict[str, Any]] = []
     for message in messages:
         kept = held.get(_first_call_id(message) or "")
-        if kept is None or not _same_client_calls(message, kept["message"]):
+        if (
+            kept is None
+            or not _same_client_calls(message, kept["message"])
+            or not answered.isdisjoint(_results_of(kept))
+        ):
             restored.append(message)
             continue
+        restored.extend(kept.get("earlier", ()))
         restored.append(kept["message"])
         restored.extend(kept["results"])
     return restored
+
+
+def _results_of(kept: Mapping[str, Any]) -> set[str]:
+    """The ids of the server calls whose results a held record brings back."""
+    tool_messages = [*kept.get("earlier", ()), *kept["results"]]
+    return {m["tool_call_id"] for m in tool_messages if m.get("role") == "tool"}
 
 
 def _first_call_id(message: dict[str, Any]) -> str | None:

@@ -140,3 +140,40 @@ async def test_server_calls_of_a_reply_with_client_calls_are_put_back_in_the_his
     assert names == ["get_weather", "ask_user"]  # the reply as the model gave it
     assert "Oslo" in sent[2]["content"]  # the server call's result, where it ran
     assert sent[3]["content"] == "yes"
+
+
+async def test_earlier_server_steps_of_a_run_that_ends_with_client_calls_are_put_back(
+    proxy: Proxy,
+) -> None:
+    """The client sees only the reply with its own calls; the steps the server ran before it
+    come back into the history when the client returns its results, once."""
+    proxy.upstream.script(
+        call("get_weather", city="Oslo"),
+        call("ask_user", question="Coat?"),
+        say("Take a coat."),
+        say("Still a coat."),
+    )
+    ask_user = {"type": "function", "function": {"name": "ask_user", "parameters": {}}}
+    first = (await proxy.chat(model="weather", tools=[ask_user])).json()
+    message = first["choices"][0]["message"]
+    history = [
+        {"role": "user", "content": "hi"},
+        {k: v for k, v in message.items() if v is not None},
+        {"role": "tool", "tool_call_id": message["tool_calls"][0]["id"], "content": "yes"},
+    ]
+    await proxy.chat(model="weather", tools=[ask_user], messages=history)
+    sent = [m for m in proxy.upstream.bodies[2]["messages"] if m["role"] != "system"]
+    assert [m["role"] for m in sent] == ["user", "assistant", "tool", "assistant", "tool"]
+    assert sent[1]["tool_calls"][0]["function"]["name"] == "get_weather"
+    assert "Oslo" in sent[2]["content"]
+    # A history that already holds the server's steps is sent as it is: nothing twice.
+    second = (
+        await proxy.chat(model="weather", tools=[ask_user], messages=[*sent, say_back()])
+    ).json()
+    assert second["choices"][0]["message"]["content"] == "Still a coat."
+    again = [m for m in proxy.upstream.bodies[3]["messages"] if m["role"] != "system"]
+    assert again == [*sent, say_back()]
+
+
+def say_back() -> dict[str, str]:
+    return {"role": "user", "content": "And tomorrow?"}

@@ -12,14 +12,13 @@ from proxy.api.response_items import (
     custom_input,
     items_to_messages,
     output_items,
-    server_label,
     upstream_name,
 )
 from proxy.engine import events as ev
 from proxy.engine.run_spec import RunResult
 from proxy.engine.stop import Stop, StopReason
 from proxy.engine.usage import Usage
-from proxy.engine.values import ToolCall, ToolResult
+from proxy.engine.values import ToolCall, ToolResult, ToolSpec
 
 
 def fn_call(call_id: str, name: str = "f", arguments: str = "{}", **more: Any) -> dict[str, Any]:
@@ -153,8 +152,12 @@ def test_an_mcp_call_is_a_call_followed_by_its_result() -> None:
     ]
 
 
+def spec(name: str, source: str | None = None) -> ToolSpec:
+    return ToolSpec(name, {"type": "function", "function": {"name": name}}, source=source)
+
+
 def test_server_calls_become_mcp_call_items_in_the_order_they_started() -> None:
-    calls = ServerCalls("abc")
+    calls = ServerCalls("abc", {"search": spec("search", "notes"), "fetch": spec("fetch")})
     first, second = ToolCall("c1", "search", '{"q":1}'), ToolCall("c2", "fetch", "{}")
     calls.on_event(ev.ToolStarted("run_abc", 1, first))
     calls.on_event(ev.ToolStarted("run_abc", 1, second))
@@ -166,19 +169,20 @@ def test_server_calls_become_mcp_call_items_in_the_order_they_started() -> None:
         "id": "mcp_abc_0",
         "type": "mcp_call",
         "status": "completed",
-        "server_label": server_label("search"),
+        "server_label": "notes",  # the tool's MCP source
         "name": "search",
         "arguments": '{"q":1}',
         "output": "found",
         "error": None,
     }
     assert failed["status"] == "failed"
+    assert failed["server_label"] == "loopwarden"  # a tool of the proxy's own
     assert failed["output"] is None
     assert failed["error"]["message"] == "nope"
 
 
 def test_a_call_that_never_finished_is_incomplete() -> None:
-    calls = ServerCalls("abc")
+    calls = ServerCalls("abc", {})
     calls.on_event(ev.ToolStarted("run_abc", 1, ToolCall("c1", "sleep", "{}")))
     [item] = calls.unfinished()
     assert item["status"] == "incomplete"
