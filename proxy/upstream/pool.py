@@ -23,9 +23,8 @@ class _Released(httpx.AsyncByteStream):
         self.inner = inner
         self.slot: asyncio.Semaphore | None = release
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        async for chunk in self.inner:
-            yield chunk
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self.inner.__aiter__()  # the inner stream's own iterator: no layer per chunk
 
     async def aclose(self) -> None:
         try:
@@ -49,14 +48,10 @@ class BoundedTransport(httpx.AsyncBaseTransport):
         self._slots = asyncio.Semaphore(connections)
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        try:
-            async with asyncio.timeout(self.pool_timeout_s):
-                await self._slots.acquire()
-        except TimeoutError:
-            raise UpstreamPoolExhausted(
-                f"all {self.connections} upstream connections were busy for "
-                f"{self.pool_timeout_s:g}s (server.upstream_connections); retry later"
-            ) from None
+        if self._slots.locked():  # else a slot is free and taken at once, with no timer
+            await self._wait_for_slot()
+        else:
+            await self._slots.acquire()
         try:
             response = await self.inner.handle_async_request(request)
         except BaseException:
@@ -68,6 +63,16 @@ class BoundedTransport(httpx.AsyncBaseTransport):
         else:  # a body already in memory holds no connection
             self._slots.release()
         return response
+
+    async def _wait_for_slot(self) -> None:
+        try:
+            async with asyncio.timeout(self.pool_timeout_s):
+                await self._slots.acquire()
+        except TimeoutError:
+            raise UpstreamPoolExhausted(
+                f"all {self.connections} upstream connections were busy for "
+                f"{self.pool_timeout_s:g}s (server.upstream_connections); retry later"
+            ) from None
 
     async def aclose(self) -> None:
         await self.inner.aclose()
