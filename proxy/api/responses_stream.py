@@ -3,24 +3,19 @@ to ASGI `send`, every event with a rising `sequence_number`."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import time
 from typing import Any
 
 import orjson
 from starlette.types import Send
 
-from proxy.api.asgi import header_list
+from proxy.api.event_stream import EventStream
 from proxy.api.response_items import ServerCalls, message_item
-from proxy.api.sse import KEEPALIVE
 from proxy.engine import events as ev
-from proxy.errors import ClientDisconnected
 
 DELTA = b"response.output_text.delta"
 
 
-class ResponsesStream:
+class ResponsesStream(EventStream):
     """Implements the engine's `RunStream`. Nothing is sent before the run has something to
     show (text, a server call, its end), so a run that fails before then still gets a plain
     HTTP error; the first event is always `response.created`. The final message is one
@@ -35,13 +30,10 @@ class ResponsesStream:
         calls: ServerCalls | None,
         prefix: str,
     ) -> None:
-        self.send = send
+        super().__init__(send, headers)
         self.base = base  # the response as `response.created` shows it
-        self.headers = headers
         self.calls = calls
-        self.started = False  # the HTTP response has begun
         self.opened = False  # `response.created` was sent
-        self.last_write = time.monotonic()
         self.output: list[dict[str, Any]] = []  # items by output_index
         self._sequence = 0
         self._message_id = f"msg_{prefix}"
@@ -49,22 +41,6 @@ class ResponsesStream:
         self._text: list[str] = []
         self._indexes: dict[str, int] = {}  # item id -> output_index
         self._delta_head = b""
-
-    async def _write(self, data: bytes) -> None:
-        try:
-            if not self.started:
-                self.started = True
-                raw = [
-                    (b"content-type", b"text/event-stream; charset=utf-8"),
-                    (b"cache-control", b"no-cache"),
-                    (b"x-accel-buffering", b"no"),
-                    *header_list(self.headers),
-                ]
-                await self.send({"type": "http.response.start", "status": 200, "headers": raw})
-            await self.send({"type": "http.response.body", "body": data, "more_body": True})
-        except OSError as exc:
-            raise ClientDisconnected(str(exc)) from None
-        self.last_write = time.monotonic()
 
     def _event(self, kind: str, fields: dict[str, Any]) -> bytes:
         number = self._sequence
@@ -226,19 +202,3 @@ class ResponsesStream:
         data = self._opening() + self._event("response.failed", {"response": response})
         await self._write(data)
         await self.close()
-
-    async def close(self) -> None:
-        with contextlib.suppress(OSError):
-            await self.send({"type": "http.response.body", "body": b"", "more_body": False})
-
-    async def keepalive(self, interval_s: float) -> None:
-        """Sends an SSE comment whenever nothing was written for `interval_s`."""
-        while True:
-            wait = self.last_write + interval_s - time.monotonic()
-            if wait > 0:
-                await asyncio.sleep(wait)
-                continue
-            try:
-                await self._write(KEEPALIVE)
-            except ClientDisconnected:
-                return

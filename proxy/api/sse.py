@@ -2,25 +2,20 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import time
 from typing import Any
 
 import orjson
 from starlette.types import Send
 
-from proxy.api.asgi import header_list
+from proxy.api.event_stream import EventStream
 from proxy.engine import events as ev
-from proxy.errors import ClientDisconnected
 
-KEEPALIVE = b": keep-alive\n\n"
 DONE = b"data: [DONE]\n\n"
 
 
-class SSEWriter:
-    """Implements the engine's `RunStream`. The response starts with the first byte sent, so
-    a run that fails before then still gets a plain HTTP error; `send` is the raw ASGI send."""
+class SSEWriter(EventStream):
+    """Implements the engine's `RunStream` as `chat.completion.chunk` events."""
 
     def __init__(
         self,
@@ -30,12 +25,9 @@ class SSEWriter:
         headers: dict[str, str],
         include_loop_events: bool,
     ) -> None:
-        self.send = send
-        self.headers = headers
+        super().__init__(send, headers)
         self.include_loop_events = include_loop_events
-        self.started = False
         self.role_sent = False
-        self.last_write = time.monotonic()
         self._prefix = (
             b'{"id":'
             + orjson.dumps(completion_id)
@@ -44,22 +36,6 @@ class SSEWriter:
             + b',"model":'
             + orjson.dumps(model)
         )
-
-    async def _write(self, data: bytes) -> None:
-        try:
-            if not self.started:
-                self.started = True
-                raw = [
-                    (b"content-type", b"text/event-stream; charset=utf-8"),
-                    (b"cache-control", b"no-cache"),
-                    (b"x-accel-buffering", b"no"),
-                    *header_list(self.headers),
-                ]
-                await self.send({"type": "http.response.start", "status": 200, "headers": raw})
-            await self.send({"type": "http.response.body", "body": data, "more_body": True})
-        except OSError as exc:
-            raise ClientDisconnected(str(exc)) from None
-        self.last_write = time.monotonic()
 
     def _chunk(self, rest: dict[str, Any]) -> bytes:
         return b"data: " + self._prefix + b"," + orjson.dumps(rest)[1:] + b"\n\n"
@@ -106,22 +82,6 @@ class SSEWriter:
         data = orjson.dumps({"error": error["error"], "loop": report})
         await self._write(b"data: " + data + b"\n\n" + DONE)
         await self.close()
-
-    async def close(self) -> None:
-        with contextlib.suppress(OSError):
-            await self.send({"type": "http.response.body", "body": b"", "more_body": False})
-
-    async def keepalive(self, interval_s: float) -> None:
-        """Sends an SSE comment whenever nothing was written for `interval_s`."""
-        while True:
-            wait = self.last_write + interval_s - time.monotonic()
-            if wait > 0:
-                await asyncio.sleep(wait)
-                continue
-            try:
-                await self._write(KEEPALIVE)
-            except ClientDisconnected:
-                return
 
 
 def loop_event(event: ev.RunEvent) -> dict[str, Any] | None:

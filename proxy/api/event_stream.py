@@ -1,0 +1,56 @@
+"""A server-sent event stream written straight to ASGI `send`: the HTTP response starts with
+the first byte sent (so a run that fails before then still gets a plain HTTP error), and an
+SSE comment keeps an idle stream alive. The chat and Responses writers build on it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+from starlette.types import Send
+
+from proxy.api.asgi import header_list
+from proxy.errors import ClientDisconnected
+
+KEEPALIVE = b": keep-alive\n\n"
+
+
+class EventStream:
+    def __init__(self, send: Send, headers: dict[str, str]) -> None:
+        self.send = send
+        self.headers = headers
+        self.started = False  # the HTTP response has begun
+        self.last_write = time.monotonic()
+
+    async def _write(self, data: bytes) -> None:
+        try:
+            if not self.started:
+                self.started = True
+                raw = [
+                    (b"content-type", b"text/event-stream; charset=utf-8"),
+                    (b"cache-control", b"no-cache"),
+                    (b"x-accel-buffering", b"no"),
+                    *header_list(self.headers),
+                ]
+                await self.send({"type": "http.response.start", "status": 200, "headers": raw})
+            await self.send({"type": "http.response.body", "body": data, "more_body": True})
+        except OSError as exc:
+            raise ClientDisconnected(str(exc)) from None
+        self.last_write = time.monotonic()
+
+    async def close(self) -> None:
+        with contextlib.suppress(OSError):
+            await self.send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def keepalive(self, interval_s: float) -> None:
+        """Sends an SSE comment whenever nothing was written for `interval_s`."""
+        while True:
+            wait = self.last_write + interval_s - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+                continue
+            try:
+                await self._write(KEEPALIVE)
+            except ClientDisconnected:
+                return
