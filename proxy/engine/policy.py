@@ -90,15 +90,21 @@ class LoopPolicy:
         threads: ThreadCounters | None,
         failed: FailureSink,
     ) -> list[Policy]:
-        """Fresh, per-run policy objects. Their order is the order of their answers: the first
-        stop wins (`proxy.engine.checkpoints`)."""
-        policies: list[Policy] = [TerminalTools(self.terminal_tools, self.terminating)]
+        """Fresh, per-run policy objects, only those with something to do (a pass-through run
+        has none). Their order is the order of their answers: the first stop wins
+        (`proxy.engine.checkpoints`)."""
+        policies: list[Policy] = []
+        if self.terminal_tools or self.terminating is not None:
+            policies.append(TerminalTools(self.terminal_tools, self.terminating))
         if self.tool_rules:
             policies.append(ToolRules(RuleBook(self.tool_rules)))
-        policies.append(StopConditions(self.stop_when, self.effective_max_steps(), checks, failed))
+        max_steps = self.effective_max_steps()
+        if self.stop_when or max_steps is not None:
+            policies.append(StopConditions(self.stop_when, max_steps, checks, failed))
         if self.tool_call_limits:
             policies.append(ToolCallLimits(self.tool_call_limits, threads))
-        policies.append(Budgets(self.stop_when, prices))
+        if self.stop_when:
+            policies.append(Budgets(self.stop_when, prices))
         return policies
 
 
