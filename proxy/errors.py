@@ -6,7 +6,7 @@ Every error the proxy returns to a client is built from a `ProxyError`, so the b
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 
 class ProxyError(Exception):
@@ -15,6 +15,7 @@ class ProxyError(Exception):
     status = 500
     type = "server_error"
     code: str | None = None
+    headers: ClassVar[dict[str, str]] = {}  # sent with the error's response
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
@@ -156,6 +157,7 @@ class RequestTimeout(InvalidRequest):
 
     status = 408
     code = "request_timeout"
+    headers: ClassVar[dict[str, str]] = {"connection": "close"}  # the rest of the body is lost
 
 
 class StateUnavailable(ProxyError):

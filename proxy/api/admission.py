@@ -50,8 +50,7 @@ class Admission:
         self.runs += run
         try:
             deadline = asyncio.get_running_loop().time() + self.body_timeout_s
-            timed = _body_deadline(receive, send, deadline, self.body_timeout_s)
-            await self.app(scope, *timed)
+            await self.app(scope, _body_deadline(receive, deadline, self.body_timeout_s), send)
         finally:
             self.requests -= 1
             self.runs -= run
@@ -62,24 +61,20 @@ class Admission:
         await send_error(send, error, {"retry-after": RETRY_AFTER_S, "connection": "close"})
 
 
-def _body_deadline(
-    receive: Receive, send: Send, deadline: float, timeout_s: float
-) -> tuple[Receive, Send]:
-    """`receive` that raises RequestTimeout when the body is not whole by `deadline` (loop
-    time; after the body it waits as long as the route likes, for a disconnect), and `send`
-    that closes the connection after the 408."""
+def _body_deadline(receive: Receive, deadline: float, timeout_s: float) -> Receive:
+    """`receive` that raises RequestTimeout (a 408 that closes the connection) when the body
+    is not whole by `deadline` (loop time); after the body it waits as long as the route
+    likes, for a disconnect."""
     body_done = False
-    timed_out = False
 
     async def timed_receive() -> Message:
-        nonlocal body_done, timed_out
+        nonlocal body_done
         if body_done:
             return await receive()
         try:
             async with asyncio.timeout_at(deadline):
                 message = await receive()
         except TimeoutError:
-            timed_out = True
             raise RequestTimeout(
                 f"the request body did not arrive within {timeout_s:g}s (server.body_timeout_s)"
             ) from None
@@ -87,9 +82,4 @@ def _body_deadline(
             body_done = True
         return message
 
-    async def closing_send(message: Message) -> None:
-        if timed_out and message["type"] == "http.response.start":
-            message = {**message, "headers": [*message["headers"], (b"connection", b"close")]}
-        await send(message)
-
-    return timed_receive, closing_send
+    return timed_receive

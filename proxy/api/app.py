@@ -53,7 +53,7 @@ class JSONResponse(Response):
 
 
 def error_response(error: ProxyError) -> Response:
-    return JSONResponse(error.body(), status_code=error.status)
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers or None)
 
 
 CHAT_PATHS = frozenset({"/v1/chat/completions", "/chat/completions"})

@@ -137,7 +137,7 @@ class ErrorBoundary:
             return
         except ProxyError as exc:
             if not started:
-                await send_error(send, exc)
+                await send_error(send, exc, exc.headers or None)
         except Exception:
             log.exception("%s %s failed", scope.get("method"), scope.get("path"))
             if not started:
