@@ -41,6 +41,9 @@ from proxy.telemetry.metrics import OverheadObserver, exposition_registry
 from proxy.telemetry.setup import build_telemetry, tracer_provider_from_env
 from proxy.telemetry.tracing import annotate_tool_span, inject_trace_headers
 from proxy.tools.registry import SourcesUnavailable
+from proxy.upstream.aiohttp_transport import AiohttpTransport
+from proxy.upstream.httpx_transport import HttpxTransport
+from proxy.upstream.transport import Transport
 
 log = logging.getLogger(__name__)
 
@@ -86,8 +89,8 @@ class ProxyApp(Starlette):
         await super().__call__(scope, receive, send)
 
 
-def default_transport(connections: int = 1000) -> httpx.AsyncBaseTransport:
-    """The fast path: the httpx API over aiohttp's connection pool of `connections`."""
+def tools_transport(connections: int) -> httpx.AsyncBaseTransport:
+    """The http tools' and webhooks' pool: the httpx API over aiohttp's connections."""
     from httpx_aiohttp import AiohttpTransport
 
     keepalive = min(200, connections)
@@ -123,8 +126,12 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         # The upstreams and the tools (http tools, webhooks) each have a pool of their own.
-        network = transport or default_transport(config.server.upstream_connections)
-        tools_network = transport or default_transport(config.server.tool_connections)
+        network: Transport = (
+            HttpxTransport(transport)
+            if transport is not None
+            else AiohttpTransport(config.server.upstream_connections)
+        )
+        tools_network = transport or tools_transport(config.server.tool_connections)
         timeout = httpx.Timeout(120.0, connect=10.0)
         state = store or open_store(config.state)
         try:

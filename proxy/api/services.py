@@ -27,6 +27,7 @@ from proxy.tools.registry import ToolRegistry, build_registry
 from proxy.upstream.client import AttemptHook, HeadersHook, Upstream
 from proxy.upstream.pool import BoundedTransport
 from proxy.upstream.reply import ReplyLimits
+from proxy.upstream.transport import Transport
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +145,7 @@ class Services:
 def build_services(
     config: Config,
     client: httpx.AsyncClient,
-    transport: httpx.AsyncBaseTransport,
+    transport: Transport,
     store: StateStore,
     observers: Sequence[RunObserver] = (),
     route_observers: Mapping[str, Sequence[RunObserver]] | None = None,

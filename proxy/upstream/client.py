@@ -7,11 +7,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import httpx
 import orjson
 
 from proxy.engine.values import DeltaSink, ModelReply, ModelRequest
@@ -26,9 +25,10 @@ from proxy.upstream.error_body import ERROR_BODY_LIMIT, status_failure
 from proxy.upstream.reply import ReplyLimits
 from proxy.upstream.retry import RETRY_STATUSES, Retry
 from proxy.upstream.stream import ReplyReader
+from proxy.upstream.transport import Answer, Body, Failure, Headers, Timeouts, Transport
 
 # `GET /models` is asked while a client waits for its model list: 5 s per read, 10 s in all.
-MODELS_TIMEOUT = httpx.Timeout(5.0).as_dict()
+MODELS_TIMEOUT = Timeouts(5.0, 5.0)
 MODELS_TOTAL_S = 10.0
 # Client fields that only make sense when tools are offered.
 TOOL_FIELDS = ("tool_choice", "parallel_tool_calls")
@@ -53,7 +53,7 @@ class Upstream:
     base_url: str
     # The transport itself: the client's cookie, auth and redirect layers cost a quarter of
     # the relay's CPU and do nothing for an API call.
-    transport: httpx.AsyncBaseTransport
+    transport: Transport
     api_key: str | None = None
     timeout_s: float = 120.0
     connect_timeout_s: float = 10.0
@@ -64,13 +64,13 @@ class Upstream:
     on_attempt: AttemptHook | None = None
     inject_headers: HeadersHook | None = None
     retry_base_s: float = 0.5
-    _url: httpx.URL = field(init=False)  # parsed once: parsing a URL string costs a request 5%
-    _timeout: dict[str, float | None] = field(init=False)
+    _url: str = field(init=False)
+    _timeouts: Timeouts = field(init=False)
     _reader: ReplyReader = field(init=False)
 
     def __post_init__(self) -> None:
-        self._url = httpx.URL(f"{self.base_url}/chat/completions")
-        self._timeout = httpx.Timeout(self.timeout_s, connect=self.connect_timeout_s).as_dict()
+        self._url = f"{self.base_url}/chat/completions"
+        self._timeouts = Timeouts(self.connect_timeout_s, self.timeout_s)
         self._reader = ReplyReader(self.name, self.limits, [self.api_key])
 
     def with_key(self, api_key: str | None) -> Upstream:
@@ -164,16 +164,16 @@ class Upstream:
     async def send(
         self,
         method: str,
-        url: httpx.URL,
-        headers: httpx.Headers | Mapping[str, str] | Sequence[tuple[bytes, bytes]],
-        content: bytes | AsyncIterable[bytes] | None = None,
+        url: str,
+        headers: Headers,
+        content: Body = None,
         *,
-        timeouts: dict[str, float | None] | None = None,
+        timeouts: Timeouts | None = None,
         caller_error: Callable[[], BaseException | None] | None = None,
-    ) -> httpx.Response:
+    ) -> Answer:
         """One attempt, never retried, counted through `on_attempt` by its outcome. Returns the
-        response whatever its status, its body unread: the caller closes it. `timeouts` (httpx's
-        extension dict) replace this upstream's.
+        answer whatever its status, its body unread: the caller closes it. `timeouts` replace
+        this upstream's.
 
         Raises UpstreamUnavailable when the connection failed (refused, reset, closed) or timed
         out connecting, and UpstreamTimeout when the response did not start in time.
@@ -181,32 +181,28 @@ class Upstream:
         transport reports that as a connection failure, but the upstream is not at fault, so it
         is raised as it is and not counted.
         """
-        request = httpx.Request(
-            method,
-            url,
-            content=content,
-            headers=headers,
-            extensions={"timeout": self._timeout if timeouts is None else timeouts},
-        )
         try:
-            response = await self.transport.handle_async_request(request)
-        except httpx.HTTPError as exc:
+            answer = await self.transport.send(
+                method, url, headers, content, self._timeouts if timeouts is None else timeouts
+            )
+        except Exception as exc:
             failed = caller_error() if caller_error is not None else None
             if failed is not None:
                 raise failed from None
-            if timed_out(exc):
+            failure = self.transport.failure(exc)
+            if failure is None:
+                raise
+            if failure is Failure.TIMEOUT:
                 self._count("timeout")
-                if isinstance(exc, httpx.ConnectTimeout):
-                    raise UpstreamUnavailable(f"upstream {self.name} unreachable") from None
                 raise UpstreamTimeout(f"upstream {self.name} timed out") from None
-            self._count("connect_error")
+            self._count("timeout" if failure is Failure.CONNECT_TIMEOUT else "connect_error")
             raise UpstreamUnavailable(
                 f"upstream {self.name} unreachable: {_cause_name(exc)}"
             ) from None
-        self._count(status_class(response.status_code))
-        return response
+        self._count(status_class(answer.status))
+        return answer
 
-    async def _send(self, content: bytes, call: _Call) -> httpx.Response:
+    async def _send(self, content: bytes, call: _Call) -> Answer:
         call.waiting = True  # until `send` counted the attempt, which it does unless cancelled
         try:
             response = await self.send("POST", self._url, self.request_headers(), content)
@@ -216,30 +212,30 @@ class Upstream:
                 raise Retry(exc) from None  # no answer came: worth another attempt
             raise
         call.waiting = False
-        if not 200 <= response.status_code < 300:
+        if not 200 <= response.status < 300:
             error = await self.status_error(response)
-            if response.status_code in RETRY_STATUSES:
-                raise Retry(error, response.headers.get("retry-after"))
+            if response.status in RETRY_STATUSES:
+                raise Retry(error, response.header("retry-after"))
             raise error
         return response
 
-    async def status_error(self, response: httpx.Response) -> UpstreamFailure:
+    async def status_error(self, response: Answer) -> UpstreamFailure:
         """An answer with a status other than 2xx as the error that relays it (see
         `error_body.status_failure`), its body read up to ERROR_BODY_LIMIT bytes within
         `timeout_s`; closes the response."""
         body = b""
         with contextlib.suppress(UpstreamFailure, TimeoutError):
             async with asyncio.timeout(self.timeout_s), self.reading(response):
-                async for chunk in response.aiter_bytes():
+                async for chunk in response.chunks():
                     body += chunk
                     if len(body) > ERROR_BODY_LIMIT:
                         body = body[:ERROR_BODY_LIMIT]  # cut: it reads as no JSON, not shown
                         break
         return status_failure(
             self.name,
-            response.status_code,
+            response.status,
             body,
-            response.headers.get("content-type"),
+            response.header("content-type"),
             [self.api_key],
         )
 
@@ -256,11 +252,11 @@ class Upstream:
             async with asyncio.timeout(MODELS_TOTAL_S):
                 response = await self.send(
                     "GET",
-                    httpx.URL(f"{self.base_url}/models"),
+                    f"{self.base_url}/models",
                     self.request_headers(content_type=None),
                     timeouts=MODELS_TIMEOUT,
                 )
-                if response.status_code != 200:
+                if response.status != 200:
                     raise await self.status_error(response)
                 data = (await self._read_object(response)).get("data")
         except TimeoutError:
@@ -273,13 +269,16 @@ class Upstream:
         return self._reader.reply(await self._read_object(await self._send(content, call)))
 
     @contextlib.asynccontextmanager
-    async def reading(self, response: httpx.Response) -> AsyncIterator[None]:
+    async def reading(self, response: Answer) -> AsyncIterator[None]:
         """Reads of `response`'s body inside fail as UpstreamTimeout or UpstreamUnavailable;
         closes the response at the end."""
         try:
             yield
-        except httpx.HTTPError as exc:
-            if timed_out(exc):
+        except Exception as exc:
+            failure = self.transport.failure(exc)
+            if failure is None:
+                raise
+            if failure is Failure.TIMEOUT:
                 raise UpstreamTimeout(f"upstream {self.name} timed out") from None
             raise UpstreamUnavailable(
                 f"upstream {self.name} failed mid-answer: the connection was closed or reset "
@@ -288,16 +287,16 @@ class Upstream:
         finally:
             await response.aclose()
 
-    async def _read_object(self, response: httpx.Response) -> dict[str, Any]:
+    async def _read_object(self, response: Answer) -> dict[str, Any]:
         async with self.reading(response):
-            length = response.headers.get("content-length")
-            raw = await self._reader.body(response.aiter_bytes(), length)
+            length = response.header("content-length")
+            raw = await self._reader.body(response.chunks(), length)
         return self._reader.json_object(raw)
 
     async def _stream(self, content: bytes, on_delta: DeltaSink | None, call: _Call) -> ModelReply:
         started = time.monotonic()
         response = await self._send(content, call)
-        if "json" in response.headers.get("content-type", ""):
+        if "json" in (response.header("content-type") or ""):
             # An upstream that ignores `stream` answers with one body: relay it as one delta.
             reply = self._reader.reply(await self._read_object(response))
             if reply.text and on_delta is not None:
@@ -305,7 +304,7 @@ class Upstream:
             reply.raw = None
             return reply
         async with self.reading(response):
-            return await self._reader.stream(response.aiter_raw(), on_delta, started)
+            return await self._reader.stream(response.chunks(), on_delta, started)
 
     def _count(self, outcome: str) -> None:
         if self.on_attempt is not None:
@@ -320,23 +319,7 @@ class _Call:
     waiting: bool = False
 
 
-def timed_out(exc: httpx.HTTPError) -> bool:
-    """Whether a transport error is a timeout. httpx_aiohttp reports every aiohttp connection
-    error (a reset, a server that hung up) as a ConnectTimeout: the error it came from, when
-    there is one, says whether time ran out."""
-    if not isinstance(exc, httpx.TimeoutException):
-        return False
-    cause: BaseException | None = exc.__cause__
-    if cause is None:
-        return True
-    while cause is not None:
-        if isinstance(cause, TimeoutError) or type(cause).__name__.endswith("Timeout"):
-            return True
-        cause = cause.__cause__
-    return False
-
-
-def _cause_name(exc: httpx.HTTPError) -> str:
+def _cause_name(exc: BaseException) -> str:
     """The name of the error beneath a transport's error, which says what happened."""
     cause = exc.__cause__
     return type(cause if cause is not None else exc).__name__

@@ -2,8 +2,8 @@
 connection within the pool timeout fails with 503 `upstream_pool_exhausted` instead of queueing
 silently behind a thousand open streams.
 
-A connection is held from the request until its response is closed (the callers close every
-response they get), and released at once when the request fails.
+A connection is held from the request until its answer is closed (the callers close every
+answer they get), and released at once when the request fails.
 """
 
 from __future__ import annotations
@@ -11,58 +11,67 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-import httpx
-
 from proxy.errors import UpstreamPoolExhausted
+from proxy.upstream.transport import Answer, Body, Failure, Headers, Timeouts, Transport
 
 
-class _Released(httpx.AsyncByteStream):
-    """A response body that gives its pool slot back when it is closed (once)."""
+class _Held:
+    """An answer that gives its pool slot back when it is closed (once)."""
 
-    def __init__(self, inner: httpx.AsyncByteStream, release: asyncio.Semaphore) -> None:
-        self.inner = inner
-        self.slot: asyncio.Semaphore | None = release
+    __slots__ = ("_answer", "_slot")
 
-    def __aiter__(self) -> AsyncIterator[bytes]:
-        return self.inner.__aiter__()  # the inner stream's own iterator: no layer per chunk
+    def __init__(self, answer: Answer, slot: asyncio.Semaphore) -> None:
+        self._answer = answer
+        self._slot: asyncio.Semaphore | None = slot
+
+    @property
+    def status(self) -> int:
+        return self._answer.status
+
+    def header(self, name: str) -> str | None:
+        return self._answer.header(name)
+
+    def raw_headers(self) -> list[tuple[bytes, bytes]]:
+        return self._answer.raw_headers()
+
+    def chunks(self) -> AsyncIterator[bytes]:
+        return self._answer.chunks()  # the inner iterator itself: no layer per chunk
 
     async def aclose(self) -> None:
         try:
-            await self.inner.aclose()
+            await self._answer.aclose()
         finally:
-            if self.slot is not None:
-                self.slot.release()
-                self.slot = None
+            if self._slot is not None:
+                self._slot.release()
+                self._slot = None
 
 
-class BoundedTransport(httpx.AsyncBaseTransport):
+class BoundedTransport:
     """At most `connections` requests in flight through `inner`; the next waits at most
     `pool_timeout_s` for one to finish."""
 
-    def __init__(
-        self, inner: httpx.AsyncBaseTransport, connections: int, pool_timeout_s: float
-    ) -> None:
+    def __init__(self, inner: Transport, connections: int, pool_timeout_s: float) -> None:
         self.inner = inner
         self.connections = connections
         self.pool_timeout_s = pool_timeout_s
         self._slots = asyncio.Semaphore(connections)
 
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+    async def send(
+        self, method: str, url: str, headers: Headers, body: Body, timeouts: Timeouts
+    ) -> Answer:
         if self._slots.locked():  # else a slot is free and taken at once, with no timer
             await self._wait_for_slot()
         else:
             await self._slots.acquire()
         try:
-            response = await self.inner.handle_async_request(request)
+            answer = await self.inner.send(method, url, headers, body, timeouts)
         except BaseException:
             self._slots.release()
             raise
-        stream = response.stream
-        if isinstance(stream, httpx.AsyncByteStream) and not isinstance(stream, httpx.ByteStream):
-            response.stream = _Released(stream, self._slots)
-        else:  # a body already in memory holds no connection
-            self._slots.release()
-        return response
+        return _Held(answer, self._slots)
+
+    def failure(self, exc: BaseException) -> Failure | None:
+        return self.inner.failure(exc)
 
     async def _wait_for_slot(self) -> None:
         try:

@@ -21,11 +21,11 @@ from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Iterab
 from dataclasses import dataclass
 from urllib.parse import unquote
 
-import httpx
 import orjson
 
 from proxy.errors import UpstreamStatusError
 from proxy.upstream.client import Upstream
+from proxy.upstream.transport import Answer
 
 # A JSON body up to this size is read whole to find its model; a larger one is not parsed.
 MODEL_SNIFF_LIMIT = 1 << 20
@@ -69,7 +69,7 @@ class Relayed:
     body: AsyncIterator[bytes]
 
 
-def upstream_url(base_url: str, path: str, query: str = "") -> httpx.URL:
+def upstream_url(base_url: str, path: str, query: str = "") -> str:
     """`base_url` plus what follows `/v1` in `path`: `/v1/embeddings` is
     `{base_url}/embeddings`. `path` is the raw request path (ASGI `raw_path`, still
     percent-encoded, so an encoded `/` inside an id stays one) and `query` the raw query string;
@@ -83,19 +83,20 @@ def upstream_url(base_url: str, path: str, query: str = "") -> httpx.URL:
     if any(unquote(segment) in (".", "..") for segment in path.split("/")):
         raise ValueError(f"a path with a dot segment: {path!r}")
     target = f"{base_url.rstrip('/')}{path[3:]}"
-    return httpx.URL(f"{target}?{query}" if query else target)
+    return f"{target}?{query}" if query else target
 
 
 def forwarded_headers(
     client: Iterable[tuple[bytes, bytes]], upstream: Upstream
-) -> list[tuple[bytes, bytes]]:
+) -> list[tuple[str, str]]:
     """The client's headers as they go to `upstream`: without the hop-by-hop ones and those in
     NOT_FORWARDED, and with the upstream's own (its key, `accept-encoding: identity`, the trace
     context when the hook is set) replacing any of the same name. `client` names are lowercase,
     as ASGI gives them."""
-    headers = httpx.Headers(_end_to_end(client, NOT_FORWARDED))
-    headers.update(upstream.request_headers(content_type=None))
-    return headers.raw
+    own = upstream.request_headers(content_type=None)
+    replaced = NOT_FORWARDED | {name.encode("latin-1") for name in own}
+    headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in _end_to_end(client, replaced)]
+    return headers + list(own.items())
 
 
 def returned_headers(upstream: Sequence[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
@@ -188,19 +189,19 @@ async def relay(
         caller_error=sent.failure if sent is not None else None,
     )
     try:
-        if response.status_code >= 400:
+        if response.status >= 400:
             yield await error_answer(upstream, response)
             return
         chunks = _chunks(upstream, response)
         try:
-            yield Relayed(response.status_code, returned_headers(response.headers.raw), chunks)
+            yield Relayed(response.status, returned_headers(response.raw_headers()), chunks)
         finally:
             await chunks.aclose()
     finally:
         await response.aclose()
 
 
-async def error_answer(upstream: Upstream, response: httpx.Response) -> Relayed:
+async def error_answer(upstream: Upstream, response: Answer) -> Relayed:
     """An upstream's error answer as it goes to the client: its status and headers (but those
     of its body), and its error as an OpenAI-shaped JSON body, scrubbed. Raises the error
     itself when it cannot be relayed (a status of 600 or more: UpstreamBadReply)."""
@@ -209,7 +210,7 @@ async def error_answer(upstream: Upstream, response: httpx.Response) -> Relayed:
         raise error
     content = orjson.dumps(error.body())
     headers = _end_to_end(
-        [(k.lower(), v) for k, v in response.headers.raw], NOT_RETURNED_WITH_AN_ERROR
+        [(k.lower(), v) for k, v in response.raw_headers()], NOT_RETURNED_WITH_AN_ERROR
     )
     headers += [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(content))]
     return Relayed(error.status, headers, _prepend(content, _nothing()))
@@ -246,9 +247,9 @@ class _CallerBody:
             raise
 
 
-async def _chunks(upstream: Upstream, response: httpx.Response) -> AsyncGenerator[bytes]:
+async def _chunks(upstream: Upstream, response: Answer) -> AsyncGenerator[bytes]:
     async with upstream.reading(response):
-        async for chunk in response.aiter_raw():
+        async for chunk in response.chunks():
             yield chunk
 
 

@@ -13,6 +13,7 @@ import pytest
 from proxy.engine.values import ModelRequest
 from proxy.errors import CallDeadlineReached, UpstreamStatusError, UpstreamTimeout
 from proxy.upstream.client import Upstream
+from proxy.upstream.httpx_transport import HttpxTransport
 
 # A bound that holds fails in about a second; one that does not hangs until this.
 HANG_S = 20
@@ -47,7 +48,7 @@ def request(stream: bool = True) -> ModelRequest:
 
 def upstream(handler: object, **fields: object) -> Upstream:
     transport = httpx.MockTransport(handler)  # type: ignore[arg-type]
-    return Upstream("up", "http://up.test/v1", transport, **fields)  # type: ignore[arg-type]
+    return Upstream("up", "http://up.test/v1", HttpxTransport(transport), **fields)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("stream", [True, False])

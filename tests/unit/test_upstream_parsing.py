@@ -14,6 +14,7 @@ from proxy.engine.values import ModelRequest, ToolCall
 from proxy.errors import UpstreamBadReply, UpstreamStatusError
 from proxy.upstream.client import Upstream
 from proxy.upstream.error_body import MESSAGE_LIMIT, scrub, status_failure
+from proxy.upstream.httpx_transport import HttpxTransport
 from proxy.upstream.reply import ChunkAccumulator, reply_from_body, reported_usage, unique_ids
 from proxy.upstream.retry import Retry, retry_after_s
 from proxy.upstream.sse import EventTooLarge, SSEDecoder
@@ -74,7 +75,7 @@ def test_chunks_accumulate_content_tool_calls_and_usage() -> None:
 
 
 def test_upstream_body_caps_tokens_and_drops_tool_fields_without_tools() -> None:
-    up = Upstream("u", "http://u/v1", httpx.AsyncHTTPTransport())
+    up = Upstream("u", "http://u/v1", HttpxTransport(httpx.AsyncHTTPTransport()))
     request = ModelRequest(
         model="m",
         messages=[{"role": "user", "content": "x"}],

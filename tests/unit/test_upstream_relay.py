@@ -17,6 +17,7 @@ from proxy.errors import (
     UpstreamUnavailable,
 )
 from proxy.upstream.client import Upstream
+from proxy.upstream.httpx_transport import HttpxTransport
 from proxy.upstream.relay import (
     json_model,
     relay,
@@ -46,7 +47,7 @@ def upstream(
     return Upstream(
         "up",
         "http://up.test/v1",
-        transport,
+        HttpxTransport(transport),
         api_key=api_key,
         on_attempt=attempts,
         inject_headers=inject if traced else None,
@@ -137,9 +138,7 @@ def test_upstream_url_is_the_base_url_and_the_path_after_v1(
     base_url: str, path: str, query: str, url: str | None
 ) -> None:
     expected = url or f"http://up.test/v1{path[3:]}?{query}"
-    got = upstream_url(base_url, path, query)
-    assert str(got) == expected
-    assert got.raw_path == expected.removeprefix("http://up.test").encode()
+    assert upstream_url(base_url, path, query) == expected  # still percent-encoded
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,68 @@
+"""The port beneath every upstream call: send one HTTP request, get its answer with the body
+unread. Production uses aiohttp directly (`aiohttp_transport`); any httpx transport fits too
+(`httpx_transport`: tests, respx).
+
+A transport does not wrap its library's errors, which would cost a layer per body chunk:
+`failure` says what one of them means, and the caller raises its own error for it.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+Headers = Mapping[str, str] | Sequence[tuple[str, str]]
+Body = bytes | AsyncIterable[bytes] | None
+
+
+class Failure(enum.Enum):
+    """What a transport error means for the call."""
+
+    UNREACHABLE = "unreachable"  # no connection: refused, no route
+    CONNECT_TIMEOUT = "connect_timeout"  # no connection within the connect timeout
+    TIMEOUT = "timeout"  # the upstream stayed silent longer than the read timeout
+    BROKEN = "broken"  # the connection was closed or reset while in use
+
+
+@dataclass(frozen=True, slots=True)
+class Timeouts:
+    connect_s: float
+    read_s: float  # the longest silence: before the answer starts, or between two reads
+
+
+class Answer(Protocol):
+    """An upstream's answer. The caller closes it (`aclose`, idempotent) however it ends."""
+
+    @property
+    def status(self) -> int: ...
+
+    def header(self, name: str) -> str | None:
+        """The value of header `name` (any case), the first if it came more than once."""
+        ...
+
+    def raw_headers(self) -> list[tuple[bytes, bytes]]:
+        """Every header as it came: names in their case, values raw."""
+        ...
+
+    def chunks(self) -> AsyncIterator[bytes]:
+        """The body as it comes, as the upstream encoded it (content encodings untouched)."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+class Transport(Protocol):
+    async def send(
+        self, method: str, url: str, headers: Headers, body: Body, timeouts: Timeouts
+    ) -> Answer:
+        """One request, never retried nor redirected; returns whatever status came."""
+        ...
+
+    def failure(self, exc: BaseException) -> Failure | None:
+        """What `exc`, raised by `send` or while reading an answer, means; None when it is
+        not this transport's (the caller's own body failed, say)."""
+        ...
+
+    async def aclose(self) -> None: ...
