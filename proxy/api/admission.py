@@ -48,10 +48,11 @@ class Admission:
             return
         self.requests += 1
         self.runs += run
+        body = _BodyDeadline(receive, self.body_timeout_s)
         try:
-            deadline = asyncio.get_running_loop().time() + self.body_timeout_s
-            await self.app(scope, _body_deadline(receive, deadline, self.body_timeout_s), send)
+            await self.app(scope, body.receive, send)
         finally:
+            body.disarm()
             self.requests -= 1
             self.runs -= run
 
@@ -61,25 +62,56 @@ class Admission:
         await send_error(send, error, {"retry-after": RETRY_AFTER_S, "connection": "close"})
 
 
-def _body_deadline(receive: Receive, deadline: float, timeout_s: float) -> Receive:
-    """`receive` that raises RequestTimeout (a 408 that closes the connection) when the body
-    is not whole by `deadline` (loop time); after the body it waits as long as the route
-    likes, for a disconnect."""
-    body_done = False
+class _BodyDeadline:
+    """`receive` that raises RequestTimeout (a 408 that closes the connection) when the body is
+    not whole `timeout_s` after the request started; after the body it waits as long as the
+    route likes, for a disconnect. One timer per request: it cancels a `receive` still waiting
+    for the body when it fires, and is disarmed as soon as the body is whole."""
 
-    async def timed_receive() -> Message:
-        nonlocal body_done
-        if body_done:
-            return await receive()
+    __slots__ = ("_late", "_receive", "_timeout_s", "_timer", "_waiting")
+
+    def __init__(self, receive: Receive, timeout_s: float) -> None:
+        self._receive = receive
+        self._timeout_s = timeout_s
+        self._timer: asyncio.TimerHandle | None = asyncio.get_running_loop().call_later(
+            timeout_s, self._fire
+        )
+        self._waiting: asyncio.Task[object] | None = None
+        self._late = False
+
+    def _fire(self) -> None:
+        self._timer = None
+        self._late = True
+        if self._waiting is not None:
+            self._waiting.cancel()
+
+    def expired(self) -> bool:
+        return self._late
+
+    def disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    async def receive(self) -> Message:
+        if self._timer is None and not self._late:  # the body is whole
+            return await self._receive()
+        if self._late:
+            raise self._timed_out()
+        self._waiting = task = asyncio.current_task()
         try:
-            async with asyncio.timeout_at(deadline):
-                message = await receive()
-        except TimeoutError:
-            raise RequestTimeout(
-                f"the request body did not arrive within {timeout_s:g}s (server.body_timeout_s)"
-            ) from None
+            message = await self._receive()
+        except asyncio.CancelledError:
+            if self.expired() and task is not None and task.uncancel() == 0:
+                raise self._timed_out() from None
+            raise
+        finally:
+            self._waiting = None
         if message["type"] != "http.request" or not message.get("more_body"):
-            body_done = True
+            self.disarm()
         return message
 
-    return timed_receive
+    def _timed_out(self) -> RequestTimeout:
+        return RequestTimeout(
+            f"the request body did not arrive within {self._timeout_s:g}s (server.body_timeout_s)"
+        )

@@ -4,7 +4,6 @@ and the boundary that renders every error of every route."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -89,19 +88,29 @@ async def until_disconnect(receive: Receive) -> None:
 
 
 async def run_or_cancel(run: Callable[[], Awaitable[T]], receive: Receive) -> T | None:
-    """Runs to the end, or cancels the run when the client goes away (returns None)."""
-    task = asyncio.ensure_future(run())
-    watcher = asyncio.ensure_future(until_disconnect(receive))
+    """Runs to the end in this task, or cancels the run when the client goes away (returns
+    None). One task watches for the disconnect: the run itself needs none of its own."""
+    task = asyncio.current_task()
+    assert task is not None
+    running, gone = True, False
+
+    async def watch() -> None:
+        nonlocal gone
+        await until_disconnect(receive)
+        if running:  # else the run ended first, and this task has moved on
+            gone = True
+            task.cancel()
+
+    watcher = asyncio.get_running_loop().create_task(watch())
     try:
-        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+        return await run()
+    except asyncio.CancelledError:
+        if gone and task.uncancel() == 0:
+            return None
+        raise
     finally:
+        running = False
         watcher.cancel()
-    if task.done():
-        return task.result()
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
-    return None
 
 
 def bearer_token(scope: Scope) -> str | None:

@@ -91,6 +91,7 @@ def serve(
         "port": port,
         "log_level": "warning",
         "access_log": False,
+        "proxy_headers": False,  # the client's address is never used: no layer to rewrite it
         "timeout_graceful_shutdown": 30,
         "timeout_keep_alive": server.keep_alive_timeout_s,
         "http": guarded_protocol(server.connection_limit(), server.header_timeout_s),

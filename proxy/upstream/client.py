@@ -13,6 +13,7 @@ from typing import Any
 
 import orjson
 
+from proxy.deadline import Deadline
 from proxy.engine.values import DeltaSink, ModelReply, ModelRequest
 from proxy.errors import (
     CallDeadlineReached,
@@ -125,12 +126,11 @@ class Upstream:
         theirs = deadline is not None and deadline < own
         end = deadline if theirs and deadline is not None else own
         call = _Call(end)
-        timeout = asyncio.timeout_at(asyncio.get_running_loop().time() + (end - now))
+        timer = Deadline(asyncio.get_running_loop().time() + (end - now))
         try:
-            async with timeout:
-                return await self._attempts(request, on_delta, call)
-        except TimeoutError:
-            if not timeout.expired():
+            return await self._attempts(request, on_delta, call)
+        except asyncio.CancelledError:
+            if not timer.disarm():
                 raise
             if call.waiting:
                 self._count("timeout")  # this attempt never got its answer
@@ -141,6 +141,8 @@ class Upstream:
             raise UpstreamTimeout(
                 f"upstream {self.name} did not finish within {self.step_timeout_s:g} s"
             ) from None
+        finally:
+            timer.disarm()
 
     async def _attempts(
         self, request: ModelRequest, on_delta: DeltaSink | None, call: _Call

@@ -1,0 +1,42 @@
+"""A deadline on the current task: what `asyncio.timeout` does, for a third of its cost (one
+timer, no context manager), on paths every request takes."""
+
+from __future__ import annotations
+
+import asyncio
+
+
+class Deadline:
+    """Cancels the current task at `when` (event loop time) unless `disarm`ed first. The
+    caller catches the CancelledError and asks `disarm` whether it was this deadline's."""
+
+    __slots__ = ("_cancelling", "_expired", "_task", "_timer")
+
+    def __init__(self, when: float) -> None:
+        task = asyncio.current_task()
+        if task is None:
+            raise RuntimeError("a Deadline needs a running task")
+        self._task = task
+        self._cancelling = task.cancelling()  # cancellations already asked for, not ours
+        self._expired = False
+        self._timer: asyncio.TimerHandle | None = asyncio.get_running_loop().call_at(
+            when, self._fire
+        )
+
+    def _fire(self) -> None:
+        self._timer = None
+        self._expired = True
+        self._task.cancel()
+
+    def disarm(self) -> bool:
+        """Stops the timer (once; later calls do nothing). True when the deadline had passed
+        and cancelled the task, and no one else did: the CancelledError is this deadline's, to
+        be raised as the caller's own timeout."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+            return False
+        if not self._expired:
+            return False
+        self._expired = False
+        return self._task.uncancel() <= self._cancelling
