@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import socket
 from typing import Any
 
@@ -35,6 +36,26 @@ def _refusal() -> bytes:
 
 
 REFUSED = _refusal()  # what a connection past the limit gets before it is closed
+
+# The cyclic garbage collector, as it comes, scans the whole heap of start-up (the config, the
+# tool schemas, the libraries' modules) again and again under load: measured, a fifth of the
+# CPU. Once serving, that heap is frozen out of its scans, and the young generation collected
+# every 20,000 net allocations rather than 700 (a run leaves no cycles behind: what it
+# allocates is freed by reference counting).
+GC_THRESHOLDS = (20_000, 10, 10)
+
+
+def settle_gc() -> None:
+    """Collects the garbage of start-up, then keeps what is left out of later collections."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
+
+
+class _Server(uvicorn.Server):
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        settle_gc()
 
 
 def guarded_protocol(max_connections: int, header_timeout_s: float) -> type[asyncio.Protocol]:
@@ -96,6 +117,6 @@ def serve(
         "timeout_keep_alive": server.keep_alive_timeout_s,
         "http": guarded_protocol(server.connection_limit(), server.header_timeout_s),
     }
-    served = uvicorn.Server(uvicorn.Config(app, **options))
+    served = _Server(uvicorn.Config(app, **options))
     served.run(sockets=[sock] if sock else None)
     return served.started
