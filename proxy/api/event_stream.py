@@ -39,6 +39,15 @@ class EventStream:
             raise ClientDisconnected(str(exc)) from None
         self.last_write = time.monotonic()
 
+    async def begin(self) -> None:
+        """Starts the response, if nothing has yet: an upstream's answer has begun."""
+        if not self.started:
+            await self._write(self.opening())
+
+    def opening(self) -> bytes:
+        """What a response that starts before it has anything to say sends first."""
+        return KEEPALIVE
+
     async def close(self) -> None:
         with contextlib.suppress(OSError):
             await self.send({"type": "http.response.body", "body": b"", "more_body": False})

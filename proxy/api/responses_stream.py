@@ -48,6 +48,9 @@ class ResponsesStream(EventStream):
         head = {"type": kind, "sequence_number": number}
         return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps({**head, **fields}) + b"\n\n"
 
+    def opening(self) -> bytes:
+        return self._opening()
+
     def _opening(self) -> bytes:
         """`response.created` and `response.in_progress`, once, before any other event."""
         if self.opened:

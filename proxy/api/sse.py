@@ -50,6 +50,9 @@ class SSEWriter(EventStream):
             ]
         }
 
+    def opening(self) -> bytes:
+        return self._chunk(self._delta({"content": ""}))  # the role, as OpenAI opens a stream
+
     async def content(self, text: str) -> None:
         await self._write(self._chunk(self._delta({"content": text})))
 

@@ -66,6 +66,10 @@ class RunObserver(Protocol):
 class RunStream(Protocol):
     """Where a streaming run sends what the client sees while it runs."""
 
+    async def begin(self) -> None:
+        """A streamed answer has begun to arrive: the client's response may start now."""
+        ...
+
     async def content(self, text: str) -> None: ...
 
     async def progress(self, event: RunEvent) -> None:

@@ -56,6 +56,7 @@ class ModelReply:
         return content if isinstance(content, str) else ""
 
 
+# Where a streamed answer's text goes as it comes; told "" once, when its first bytes arrive.
 DeltaSink = Callable[[str], Awaitable[None]]
 
 Outcome = Literal["ok", "error", "timeout"]

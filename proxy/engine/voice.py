@@ -52,7 +52,9 @@ class Voice:
 
         async def sink(text: str) -> None:
             nonlocal first
-            if first:
+            if not text:
+                await stream.begin()
+            elif first:
                 first = False
                 await self.say(text)
             else:

@@ -74,9 +74,11 @@ class ChunkAccumulator:
         self.usage: Any = None
         self.id: str | None = None
         self.model: str | None = None
+        self.chunks = 0  # taken so far
 
     def add(self, chunk: dict[str, Any]) -> str | None:
         """Takes a chunk; returns its content delta, if any. Raises MalformedReply."""
+        self.chunks += 1
         self.id = self.id or _text(chunk.get("id"))
         self.model = self.model or _text(chunk.get("model"))
         usage = chunk.get("usage")

@@ -68,6 +68,7 @@ class ReplyReader:
         limit = self.limits.max_response_bytes
         size = 0
         first_chunk_s: float | None = None
+        begun = False  # the sink heard that the answer has begun
         try:
             async for raw in chunks:
                 if first_chunk_s is None:
@@ -76,8 +77,12 @@ class ReplyReader:
                 if size > limit:
                     raise self._too_large()
                 deltas = [d for data in decoder.feed(raw) if (d := self._add(acc, data))]
-                if deltas and on_delta is not None:
-                    await on_delta("".join(deltas))
+                if on_delta is not None:
+                    if not begun and acc.chunks:  # its first event was read, and is sound
+                        begun = True
+                        await on_delta("")
+                    if deltas:
+                        await on_delta("".join(deltas))
                 if decoder.done:
                     break
         except EventTooLarge as exc:

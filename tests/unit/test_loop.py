@@ -141,6 +141,9 @@ async def test_streaming_sends_content_and_loop_events() -> None:
         def __init__(self) -> None:
             self.items: list[object] = []
 
+        async def begin(self) -> None:
+            pass
+
         async def content(self, text: str) -> None:
             self.items.append(text)
 
