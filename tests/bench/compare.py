@@ -29,7 +29,7 @@ from typing import Any
 import orjson
 
 from tests.bench.load import ttft, wrk
-from tests.bench.processes import Servers, cores, cpu_seconds, running
+from tests.bench.processes import Servers, busy_seconds, cores, cpu_seconds, own_seconds, running
 
 LITELLM_KEY = "sk-bench-1234"
 
@@ -48,7 +48,9 @@ def start(servers: Servers, args: argparse.Namespace) -> list[Target]:
     mock, mock_pid = servers.mock("0")
     floor, floor_pid = servers.floor(mock, args.server, "1")
     workers = args.workers
-    ours, ours_pid = servers.loopwarden(mock, workers, "1" if workers == 1 else "")
+    cpus = "1" if workers == 1 else ""  # several workers get every core
+    untraced = {"OTEL_TRACES_EXPORTER": "none"}  # whatever this shell's OTEL_* say
+    ours, ours_pid = servers.loopwarden(mock, workers, cpus, **untraced)
     name = "loopwarden" if workers == 1 else f"loopwarden x{workers}"
     targets = [Target("direct", mock, mock_pid), Target("floor", floor, floor_pid)]
     targets.append(Target(name, ours, ours_pid))
@@ -61,10 +63,10 @@ def start(servers: Servers, args: argparse.Namespace) -> list[Target]:
             "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
             "OTEL_TRACES_SAMPLER": "always_on",
         }
-        traced, traced_pid = servers.loopwarden(mock, workers, "1" if workers == 1 else "", **env)
+        traced, traced_pid = servers.loopwarden(mock, workers, cpus, **env)
         targets.append(Target(f"{name} traced", traced, traced_pid))
     if args.scaling:
-        scaled, scaled_pid = servers.loopwarden(mock, 2, "")
+        scaled, scaled_pid = servers.loopwarden(mock, 2, "", **untraced)
         targets.append(Target("loopwarden x2", scaled, scaled_pid))
     litellm = shutil.which("litellm") if args.litellm == "auto" else args.litellm
     if litellm and litellm != "off":
@@ -73,13 +75,18 @@ def start(servers: Servers, args: argparse.Namespace) -> list[Target]:
     return targets
 
 
-def load(target: Target, mode: str, conc: int, seconds: float, wrk_cpus: str) -> dict[str, Any]:
-    before = cpu_seconds(target.pid)
+def load(target: Target, mode: str, conc: int, seconds: float, args: Any) -> dict[str, Any]:
+    """One wrk run, with the target's CPU per request and the cores that processes other than
+    the benchmark's kept busy meanwhile (noise from other tenants)."""
+    before, own, busy = cpu_seconds(target.pid), own_seconds(args.pids), busy_seconds()
+    started = time.monotonic()
     result = wrk(
         target.url, target.model, conc=conc, seconds=seconds, stream=mode == "stream",
-        key=target.key, cpus=wrk_cpus,
+        key=target.key, cpus=args.wrk_cpus,
     )  # fmt: skip
     spent = cpu_seconds(target.pid) - before
+    others = (busy_seconds() - busy) - (own_seconds(args.pids) - own)
+    result["other_cores"] = max(0.0, others) / (time.monotonic() - started)
     result["cpu_ms_per_req"] = 1000 * spent / result["requests"] if result["requests"] else None
     return result
 
@@ -90,18 +97,19 @@ def measure(targets: list[Target], args: argparse.Namespace) -> tuple[list[Any],
     for mode in args.modes:
         for conc in args.conc:
             for target in targets if args.warmup else []:
-                load(target, mode, conc, args.warmup, args.wrk_cpus)
+                load(target, mode, conc, args.warmup, args)
     for rep in range(args.reps):
         order = targets[rep % len(targets) :] + targets[: rep % len(targets)]
         for mode in args.modes:
             for conc in args.conc:
                 for target in order:
-                    run = load(target, mode, conc, args.duration, args.wrk_cpus)
+                    run = load(target, mode, conc, args.duration, args)
                     runs.append(
                         {**run, "rep": rep, "mode": mode, "conc": conc, "target": target.name}
                     )
                     say(f"rep {rep} {mode} c={conc} {target.name}: {run['rps']:.0f} rps, "
-                        f"p50 {run['p50_ms']:.2f} ms, {run['error_count']} errors")  # fmt: skip
+                        f"p50 {run['p50_ms']:.2f} ms, {run['error_count']} errors, "
+                        f"other load {run['other_cores']:.2f} cores")  # fmt: skip
                     time.sleep(args.pause)
         for target in order:
             if args.ttft and target.ttft_model:
@@ -194,6 +202,11 @@ def report(targets: list[Target], runs: list[Any], probes: list[Any], args: Any)
                     fmt(median_of(probes, name, lambda p: p["first_byte_p50_ms"])),
                 ]
                 lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    noise = [r["other_cores"] for r in runs]
+    if noise:
+        extra.append(f"- other processes on the machine while measuring: median "
+                     f"{statistics.median(noise):.2f}, max {max(noise):.2f} cores busy "
+                     "(noise: compare runs taken when it is near 0)")  # fmt: skip
     return "\n".join([*machine(args), "", *lines, *(["", *extra] if extra else [])])
 
 
@@ -237,6 +250,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parse(argv)
     with tempfile.TemporaryDirectory() as folder, running(Path(folder)) as servers:
         targets = start(servers, args)
+        args.pids = servers.pids
         runs, probes = measure(targets, args)
     print(report(targets, runs, probes, args))
     if args.out:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -42,6 +43,7 @@ class Servers:
 
     folder: Path
     started: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    pids: list[int] = field(default_factory=list)  # every one started, for CPU accounting
 
     def start(self, argv: list[str], health: str, cpus: str = "", **env: str) -> int:
         path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
@@ -52,6 +54,7 @@ class Servers:
             start_new_session=True,  # its own process group: stopped with its workers
         )
         self.started.append(proc)
+        self.pids.append(proc.pid)
         deadline = time.monotonic() + 60
         while not _answers(health):
             if proc.poll() is not None or time.monotonic() > deadline:
@@ -189,6 +192,23 @@ def cpu_seconds(pid: int) -> float:
                 fields = f.read().rsplit(")", 1)[1].split()
             ticks += int(fields[11]) + int(fields[12])
     return ticks / CLOCK_TICKS
+
+
+def busy_seconds() -> float:
+    """CPU time spent by the whole machine (every core, every process), from /proc/stat."""
+    with open("/proc/stat") as f:
+        ticks = [int(x) for x in f.readline().split()[1:]]
+    return (sum(ticks[:8]) - ticks[3] - ticks[4]) / CLOCK_TICKS  # idle and iowait aside
+
+
+def own_seconds(pids: list[int]) -> float:
+    """CPU time of this process, its finished children (wrk) and the servers `pids`."""
+    me, children = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+    )
+    spent = me.ru_utime + me.ru_stime + children.ru_utime + children.ru_stime
+    return spent + sum(cpu_seconds(pid) for pid in pids)
 
 
 def rss_bytes(pid: int) -> int:
