@@ -51,6 +51,7 @@ class Servers:
             [*pinned(cpus), *argv],
             env={**os.environ, "PYTHONPATH": path, **env},
             cwd=self.folder,
+            stdout=2,  # to this process's stderr: the table alone goes to stdout
             start_new_session=True,  # its own process group: stopped with its workers
         )
         self.started.append(proc)
