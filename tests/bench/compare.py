@@ -162,8 +162,8 @@ def report(targets: list[Target], runs: list[Any], probes: list[Any], args: Any)
     names = [t.name for t in targets]
     lines = [
         "| mode | conc | target | RPS | x floor | p50 ms | p99 ms | added p50 ms | CPU ms/req "
-        "| errors |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| errors | other load |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     extra: list[str] = []
     ours, step, scaled = names[2], f"{names[2]} tool step", "loopwarden x2"
@@ -182,6 +182,7 @@ def report(targets: list[Target], runs: list[Any], probes: list[Any], args: Any)
                     fmt(median_of(rows, name, added)),
                     fmt(cpu[name], 3),
                     str(sum(r["error_count"] for r in rows if r["target"] == name)),
+                    fmt(median_of(rows, name, lambda r: r["other_cores"])),
                 ]
                 lines.append(f"| {mode} | {conc} | {name} | " + " | ".join(cells) + " |")
             if (with_step := cpu.get(step)) is not None and (plain := cpu[ours]) is not None:
@@ -204,9 +205,9 @@ def report(targets: list[Target], runs: list[Any], probes: list[Any], args: Any)
                 lines.append(f"| {name} | " + " | ".join(cells) + " |")
     noise = [r["other_cores"] for r in runs]
     if noise:
-        extra.append(f"- other processes on the machine while measuring: median "
-                     f"{statistics.median(noise):.2f}, max {max(noise):.2f} cores busy "
-                     "(noise: compare runs taken when it is near 0)")  # fmt: skip
+        extra.append(f"- other load: the cores that processes outside the benchmark kept busy "
+                     f"during a row (median {statistics.median(noise):.2f}, max "
+                     f"{max(noise):.2f}); trust the rows where it is near 0")  # fmt: skip
     return "\n".join([*machine(args), "", *lines, *(["", *extra] if extra else [])])
 
 

@@ -196,10 +196,12 @@ def cpu_seconds(pid: int) -> float:
 
 
 def busy_seconds() -> float:
-    """CPU time spent by the whole machine (every core, every process), from /proc/stat."""
+    """CPU time the processes of the whole machine ran (user, nice, system) and the time other
+    guests of the host took (steal), every core, from /proc/stat; interrupts aside, since the
+    kernel charges them to no process."""
     with open("/proc/stat") as f:
-        ticks = [int(x) for x in f.readline().split()[1:]]
-    return (sum(ticks[:8]) - ticks[3] - ticks[4]) / CLOCK_TICKS  # idle and iowait aside
+        user, nice, system, _, _, _, _, steal = (int(x) for x in f.readline().split()[1:9])
+    return (user + nice + system + steal) / CLOCK_TICKS
 
 
 def own_seconds(pids: list[int]) -> float:
