@@ -16,6 +16,7 @@ import contextlib
 import contextvars
 import importlib
 import inspect
+import queue
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -41,18 +42,31 @@ class NoWorkerFree(Exception):
     """Every thread is busy with a call that has not returned: slow or stuck callables."""
 
 
+# Threads kept waiting for the next call once theirs returned: starting a thread per call cost
+# a tool step more CPU than the rest of its work.
+KEEP_IDLE = 8
+
+
 class CallThreads:
-    """At most `limit` sync calls at once, each in a daemon thread of its own."""
+    """At most `limit` sync calls at once, each in a daemon thread; a thread whose call
+    returned waits for the next (up to KEEP_IDLE of them wait)."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self._busy = 0
+        self._idle = 0  # threads waiting for a call
         self._lock = threading.Lock()
+        self._calls: queue.SimpleQueue[Callable[[], Callable[[], None]]] = queue.SimpleQueue()
 
     @property
     def busy(self) -> int:
         """Threads running a call, including calls whose caller gave up on them."""
         return self._busy
+
+    @property
+    def idle(self) -> int:
+        """Threads waiting for a call."""
+        return self._idle
 
     async def run(self, func: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         """`func(*args, **kwargs)` in a thread, in the caller's context; raises NoWorkerFree
@@ -64,6 +78,9 @@ class CallThreads:
                     "that have not returned (server.tool_threads)"
                 )
             self._busy += 1
+            start = self._idle == 0
+            if not start:
+                self._idle -= 1  # that one takes this call
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         context = contextvars.copy_context()
@@ -76,26 +93,40 @@ class CallThreads:
             else:
                 future.set_exception(value)
 
-        def work() -> None:
+        def work() -> Callable[[], None]:
             outcome: tuple[bool, Any]
             try:
                 outcome = (True, context.run(func, *args, **kwargs))
             except BaseException as exc:
                 outcome = (False, exc)
-            finally:
+
+            def deliver() -> None:
+                # A closed loop raises RuntimeError: nobody waits for the result any more.
+                with contextlib.suppress(RuntimeError):
+                    loop.call_soon_threadsafe(settle, *outcome)
+
+            return deliver
+
+        if start:
+            try:
+                threading.Thread(target=self._serve, name="loopwarden-call", daemon=True).start()
+            except BaseException:
                 with self._lock:
                     self._busy -= 1
-            # A closed loop raises RuntimeError: nobody waits for the result any more.
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(settle, *outcome)
-
-        try:
-            threading.Thread(target=work, name="loopwarden-call", daemon=True).start()
-        except BaseException:
-            with self._lock:
-                self._busy -= 1
-            raise
+                raise
+        self._calls.put(work)
         return await future
+
+    def _serve(self) -> None:
+        while True:
+            deliver = self._calls.get()()
+            with self._lock:  # free (and waiting, if kept) before the caller hears back
+                self._busy -= 1
+                keep = self._idle < KEEP_IDLE
+                self._idle += keep
+            deliver()
+            if not keep:
+                return
 
 
 async def call(func: Callable[..., Any], threads: CallThreads, /, *args: Any, **kwargs: Any) -> Any:
