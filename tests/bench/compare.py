@@ -65,7 +65,9 @@ def start(servers: Servers, args: argparse.Namespace) -> list[Target]:
         }
         traced, traced_pid = servers.loopwarden(mock, workers, cpus, **env)
         targets.append(Target(f"{name} traced", traced, traced_pid))
-    if args.scaling:
+    if args.scaling:  # 2 workers over 1, both on sqlite: several workers cannot share memory
+        single, single_pid = servers.loopwarden(mock, 1, "1", sqlite=True, **untraced)
+        targets.append(Target("loopwarden sqlite", single, single_pid))
         scaled, scaled_pid = servers.loopwarden(mock, 2, "", **untraced)
         targets.append(Target("loopwarden x2", scaled, scaled_pid))
     litellm = shutil.which("litellm") if args.litellm == "auto" else args.litellm
@@ -189,8 +191,9 @@ def report(targets: list[Target], runs: list[Any], probes: list[Any], args: Any)
                 extra.append(f"- {mode} c={conc}: a server tool step (with its second upstream "
                              f"call) costs {with_step - plain:.3f} ms CPU")  # fmt: skip
             if scaled in names and scaled != ours:
-                gain = median_of(rows, scaled, relative(rows, ours, "rps", ratio))
-                extra.append(f"- {mode} c={conc}: 2 workers / {ours} = {fmt(gain)}x RPS")
+                single = "loopwarden sqlite" if "loopwarden sqlite" in names else ours
+                gain = median_of(rows, scaled, relative(rows, single, "rps", ratio))
+                extra.append(f"- {mode} c={conc}: 2 workers / 1 ({single}) = {fmt(gain)}x RPS")
     if probes:
         lines += ["", "| TTFT (sequential streams, 2 ms chunk gap) | TTFT p50 ms "
                   "| added TTFT p50 ms | first byte p50 ms |", "|---|---|---|---|"]  # fmt: skip

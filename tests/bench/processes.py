@@ -95,10 +95,19 @@ class Servers:
         return f"http://127.0.0.1:{port}/v1", pid
 
     def loopwarden(
-        self, upstream: str, workers: int = 1, cpus: str = "1", server: Any = None, **env: str
+        self,
+        upstream: str,
+        workers: int = 1,
+        cpus: str = "1",
+        server: Any = None,
+        sqlite: bool = False,
+        **env: str,
     ) -> tuple[str, int]:
+        """Loopwarden on `workers` processes; its state in sqlite when `sqlite` or several
+        workers (which cannot share memory), else in memory."""
         port = free_port()
-        config = loopwarden_config(upstream, self.folder / f"state-{port}", workers, server or {})
+        state = self.folder / f"state-{port}"
+        config = loopwarden_config(upstream, state, workers > 1 or sqlite, server or {})
         path = self.folder / f"loopwarden-{port}.yaml"
         path.write_text(yaml.safe_dump(config, sort_keys=False))
         argv = [sys.executable, "-m", "proxy", "serve", "--config", str(path), "--port", str(port)]
@@ -140,12 +149,12 @@ def running(folder: Path) -> Iterator[Servers]:
 
 
 def loopwarden_config(
-    upstream: str, state: Path, workers: int, server: dict[str, Any]
+    upstream: str, state: Path, sqlite: bool, server: dict[str, Any]
 ) -> dict[str, Any]:
     """One upstream (the mock, no retries), prices, a python server tool and an agent that
-    calls it; memory state for one worker, sqlite for several."""
+    calls it; state in memory, or in sqlite under `state`."""
     backend: dict[str, Any] = {"backend": "memory"}
-    if workers > 1:
+    if sqlite:
         state.mkdir(parents=True, exist_ok=True)
         backend = {"backend": "sqlite", "path": str(state / "loopwarden.db")}
     return {
