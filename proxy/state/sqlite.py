@@ -10,6 +10,7 @@ import contextlib
 import logging
 import math
 import os
+import random
 import secrets
 import sqlite3
 import threading
@@ -62,6 +63,21 @@ _TABLES = [
 ]
 
 
+def _while_locked(step: Callable[[], T], timeout_s: float) -> T:
+    """`step`, tried again while another process holds the file: workers that start together
+    open one new file together, and a journal mode change does not wait on sqlite's busy
+    timeout, it fails at once."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return step()
+        except sqlite3.OperationalError as exc:
+            busy = "locked" in str(exc) or "busy" in str(exc)
+            if not busy or time.monotonic() >= deadline:
+                raise
+        time.sleep(0.01 + random.random() * 0.04)
+
+
 class SqliteStore:
     def __init__(
         self,
@@ -85,7 +101,9 @@ class SqliteStore:
         # (WAL's `-shm` file is mapped all the same: the `rollback` journal maps nothing.)
         self._db.execute("PRAGMA mmap_size=0")
         wanted = "wal" if journal == "wal" else "delete"
-        (mode,) = self._db.execute(f"PRAGMA journal_mode={wanted}").fetchone()
+        (mode,) = _while_locked(
+            lambda: self._db.execute(f"PRAGMA journal_mode={wanted}").fetchone(), timeout_s
+        )
         if mode != wanted:
             self._db.close()
             raise ValueError(
@@ -93,7 +111,7 @@ class SqliteStore:
                 "another process (state.sqlite_journal must be the same for every process)"
             )
         self._db.execute("PRAGMA synchronous=NORMAL")
-        _create_schema(self._db)
+        _while_locked(lambda: _create_schema(self._db), timeout_s)
         # The file this connection has open: one deleted or replaced under it is noticed.
         self._identity = None if in_memory else _identity(self._path)
         self._mutex = threading.Lock()
