@@ -69,6 +69,8 @@ def case_code(reason: str) -> str:
     return {
         "max_invocations": "max_invocations_exceeded",
         "nudges_exhausted": "max_consecutive_nudges_exceeded",
+        "internal_error": "internal_error",
+        "state_unavailable": "state_unavailable",
     }[reason]
 
 
