@@ -78,7 +78,7 @@ class FaultyUpstream:
         assert task is not None
         self._handlers.add(task)
         try:
-            received = await _read_request(reader)
+            received = await read_request(reader)
             if received is None:
                 return
             self.requests.append(received)
@@ -98,7 +98,7 @@ class FaultyUpstream:
                 await writer.wait_closed()
 
 
-async def _read_request(reader: asyncio.StreamReader) -> Received | None:
+async def read_request(reader: asyncio.StreamReader) -> Received | None:
     try:
         head = await reader.readuntil(CRLF + CRLF)
     except asyncio.IncompleteReadError:

@@ -3,7 +3,8 @@ another library on top), over one pool of kept-alive connections."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+from collections.abc import AsyncIterator, Callable
 
 import aiohttp
 from yarl import URL
@@ -13,13 +14,23 @@ from proxy.upstream.transport import Answer, Body, Failure, Headers, Timeouts
 # What aiohttp would add on its own: the request goes with the headers it was given.
 NOT_ADDED = ("User-Agent", "Accept", "Content-Type")
 URL_CACHE = 1024  # parsed URLs kept: a run's upstream URL is parsed once, not per call
+# The end of a body that the caller did not need (a stream's last chunk after `[DONE]`) is
+# read in the background to keep the connection, for at most this long and this many bytes.
+END_WAIT_S = 0.5
+END_BYTES = 65536
 
 
 class AiohttpAnswer:
-    __slots__ = ("_response",)
+    __slots__ = ("_finish", "_keep", "_response")
 
-    def __init__(self, response: aiohttp.ClientResponse) -> None:
+    def __init__(
+        self,
+        response: aiohttp.ClientResponse,
+        finish: Callable[[aiohttp.ClientResponse], None],
+    ) -> None:
         self._response = response
+        self._finish = finish  # reads the rest of a body in the background, then releases it
+        self._keep = False
 
     @property
     def status(self) -> int:
@@ -34,9 +45,18 @@ class AiohttpAnswer:
     def chunks(self) -> AsyncIterator[bytes]:
         return self._response.content.iter_any()
 
+    def keep_alive(self) -> None:
+        self._keep = True
+
     async def aclose(self) -> None:
-        # Back to the pool when the body was read to its end, else the connection is closed.
-        self._response.release()
+        # Back to the pool when the body was read to its end, else the connection is closed,
+        # unless the caller said that only the body's end is left: that is read first.
+        response = self._response
+        if self._keep and not response.content.is_eof():
+            self._keep = False
+            self._finish(response)
+        else:
+            response.release()
 
 
 class AiohttpTransport:
@@ -49,6 +69,8 @@ class AiohttpTransport:
         self._session: aiohttp.ClientSession | None = None
         self._timeouts: dict[Timeouts, aiohttp.ClientTimeout] = {}
         self._urls: dict[str, URL] = {}
+        # Bodies read to their end in the background, to keep their connections.
+        self._ends: dict[asyncio.Task[None], aiohttp.ClientResponse] = {}
 
     def _open(self) -> aiohttp.ClientSession:
         connector = aiohttp.TCPConnector(
@@ -75,7 +97,12 @@ class AiohttpTransport:
             allow_redirects=False,
             timeout=self._timeout(timeouts),
         )
-        return AiohttpAnswer(response)
+        return AiohttpAnswer(response, self._read_end)
+
+    def _read_end(self, response: aiohttp.ClientResponse) -> None:
+        task = asyncio.get_running_loop().create_task(_read_end(response))
+        self._ends[task] = response
+        task.add_done_callback(self._ends.pop)
 
     def _url(self, url: str) -> URL:
         parsed = self._urls.get(url)
@@ -107,6 +134,27 @@ class AiohttpTransport:
         return None
 
     async def aclose(self) -> None:
+        for task, response in list(self._ends.items()):
+            task.cancel()
+            response.close()  # also when the task was cancelled before it began
+        await asyncio.gather(*self._ends, return_exceptions=True)
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+
+async def _read_end(response: aiohttp.ClientResponse) -> None:
+    """Reads what is left of `response`'s body, then gives its connection back to the pool;
+    a body that does not end within END_WAIT_S and END_BYTES closes its connection."""
+    left = END_BYTES
+    try:
+        async with asyncio.timeout(END_WAIT_S):
+            while left >= 0 and (chunk := await response.content.readany()):
+                left -= len(chunk)
+    except (TimeoutError, aiohttp.ClientError):
+        pass
+    finally:
+        if response.content.is_eof() and left >= 0:
+            response.release()
+        else:
+            response.close()

@@ -306,7 +306,9 @@ class Upstream:
             reply.raw = None
             return reply
         async with self.reading(response):
-            return await self._reader.stream(response.chunks(), on_delta, started)
+            reply = await self._reader.stream(response.chunks(), on_delta, started)
+            response.keep_alive()  # a whole reply: what may be left is the body's end
+            return reply
 
     def _count(self, outcome: str) -> None:
         if self.on_attempt is not None:

@@ -34,6 +34,9 @@ class HttpxAnswer:
             return self._response.aiter_raw()
         return _once(content)
 
+    def keep_alive(self) -> None:
+        """Not done here: httpx closes a connection whose body was not read to its end."""
+
     async def aclose(self) -> None:
         await self._response.aclose()
 

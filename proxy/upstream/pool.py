@@ -3,7 +3,9 @@ connection within the pool timeout fails with 503 `upstream_pool_exhausted` inst
 silently behind a thousand open streams.
 
 A connection is held from the request until its answer is closed (the callers close every
-answer they get), and released at once when the request fails.
+answer they get), and released at once when the request fails. (A body's end still to come
+after the caller closed it, read in the background to keep the connection, counts against the
+transport's own limit only, for at most a moment.)
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ class _Held:
 
     def chunks(self) -> AsyncIterator[bytes]:
         return self._answer.chunks()  # the inner iterator itself: no layer per chunk
+
+    def keep_alive(self) -> None:
+        self._answer.keep_alive()
 
     async def aclose(self) -> None:
         try:

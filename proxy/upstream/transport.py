@@ -50,6 +50,11 @@ class Answer(Protocol):
         """The body as it comes, as the upstream encoded it (content encodings untouched)."""
         ...
 
+    def keep_alive(self) -> None:
+        """The caller read all it needs (a stream's `[DONE]`): what is left of the body is its
+        end, which `aclose` may read out of the caller's way to keep the connection."""
+        ...
+
     async def aclose(self) -> None: ...
 
 

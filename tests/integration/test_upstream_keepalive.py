@@ -1,0 +1,187 @@
+"""Upstream connections outlive the streams they carry: a stream's `[DONE]` usually comes a
+moment before the end of its body, and the connection is kept by reading that end out of the
+run's way (a new connection per streamed step would cost a TLS handshake each against a real
+provider). A body that does not end is closed within a bound; a client that goes away closes
+its upstream connection at once. The proxy talks to a real server over its default transport."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import orjson
+from prometheus_client import CollectorRegistry
+from starlette.types import ASGIApp, Message
+
+from proxy.api.app import create_app
+from proxy.config import parse_config
+from proxy.upstream.aiohttp_transport import END_WAIT_S
+from tests.faulty_upstream import DONE, delta, read_request
+
+HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+CHAT = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+
+
+class KeptAliveUpstream:
+    """Answers every request of a connection with a stream whose last chunk (the end of the
+    body) waits for `end` after `[DONE]`; counts connections and sees them close."""
+
+    def __init__(self) -> None:
+        self.end = asyncio.Event()
+        self.done_sent = asyncio.Event()
+        self.opened = 0
+        self.closed = asyncio.Queue[int]()
+        self.url = ""
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.opened += 1
+        number = self.opened
+        try:
+            while await read_request(reader) is not None:
+                self.done_sent.clear()
+                writer.write(HEAD)
+                for piece in (delta(""), delta("Hello", finish_reason="stop"), DONE):
+                    writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+                await writer.drain()
+                self.done_sent.set()
+                if not await _first(self.end.wait(), reader.read(1)):
+                    return  # the proxy closed the connection (read b"") before the end
+                writer.write(b"0\r\n\r\n")
+                await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            self.closed.put_nowait(number)
+            writer.close()
+
+
+async def _first(*waits: Any) -> Any:
+    """The result of whichever of `waits` finishes first; the others are cancelled."""
+    tasks = [asyncio.ensure_future(w) for w in waits]
+    done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+    return next(iter(done)).result()
+
+
+@contextlib.asynccontextmanager
+async def running(upstream: KeptAliveUpstream) -> AsyncIterator[ASGIApp]:
+    handlers: set[asyncio.Task[None]] = set()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        handlers.add(task)
+        await upstream.serve(reader, writer)
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    upstream.url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1"
+    config = {
+        "upstreams": {"main": {"base_url": upstream.url, "max_retries": 0}},
+        "default_upstream": "main",
+        "state": {"backend": "memory"},
+    }
+    app = create_app(parse_config(config), registry=CollectorRegistry())
+    try:
+        async with app.router.lifespan_context(app):
+            yield app
+    finally:
+        server.close()
+        for task in handlers:
+            task.cancel()
+        await asyncio.gather(*handlers, return_exceptions=True)
+
+
+async def stream(app: ASGIApp) -> str:
+    """One streamed completion through the proxy: its text, checked whole."""
+    transport = httpx.ASGITransport(app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://proxy") as client:
+        r = await client.post("/v1/chat/completions", json=CHAT)
+    assert r.status_code == 200, r.text
+    assert r.text.endswith("data: [DONE]\n\n")
+    events = [orjson.loads(line[6:]) for line in r.text.split("\n\n") if line.startswith("data: {")]
+    return "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e["choices"])
+
+
+async def test_a_stream_whose_body_ends_after_done_keeps_its_upstream_connection() -> None:
+    upstream = KeptAliveUpstream()
+    async with running(upstream) as app:
+        for _ in range(3):
+            upstream.end.clear()
+            async with asyncio.timeout(10):
+                # The client has the whole answer while the body's end is still held back.
+                assert await stream(app) == "Hello"
+            upstream.end.set()
+            await asyncio.sleep(0.2)  # the end reaches the proxy, which reads it at once
+        assert upstream.opened == 1
+        assert upstream.closed.empty()
+
+
+async def test_a_body_that_does_not_end_after_done_is_closed_within_the_bound() -> None:
+    upstream = KeptAliveUpstream()  # `end` never set: the body never ends
+    async with running(upstream) as app:
+        async with asyncio.timeout(10):
+            assert await stream(app) == "Hello"
+        async with asyncio.timeout(END_WAIT_S + 5):
+            assert await upstream.closed.get() == 1
+        async with asyncio.timeout(10):
+            assert await stream(app) == "Hello"
+        assert upstream.opened == 2
+
+
+async def test_a_client_that_goes_away_closes_its_upstream_connection_at_once() -> None:
+    upstream = KeptAliveUpstream()
+    gone = asyncio.Event()
+    body = orjson.dumps(CHAT)
+    received: list[Message] = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def receive() -> Message:
+        if received:
+            return received.pop()
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: Message) -> None:
+        return None
+
+    async with running(upstream) as app:
+        upstream.done_sent.clear()
+        # Held before `[DONE]`: the stream is cut while the run still reads it.
+        held = asyncio.Event()
+        original = upstream.serve
+
+        async def before_done(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            upstream.opened += 1
+            try:
+                await read_request(reader)
+                writer.write(HEAD + b"%x\r\n%s\r\n" % (len(delta("")), delta("")))
+                await writer.drain()
+                held.set()
+                await reader.read()  # until the proxy closes the connection
+            finally:
+                upstream.closed.put_nowait(upstream.opened)
+                writer.close()
+
+        upstream.serve = before_done  # type: ignore[method-assign]
+        request = asyncio.create_task(app(scope(), receive, send))
+        async with asyncio.timeout(10):
+            await held.wait()
+        gone.set()
+        async with asyncio.timeout(END_WAIT_S / 2):  # not read on: closed at once
+            assert await upstream.closed.get() == 1
+        async with asyncio.timeout(10):
+            await request
+        upstream.serve = original  # type: ignore[method-assign]
+
+
+def scope() -> dict[str, Any]:
+    return {
+        "type": "http", "method": "POST", "path": "/v1/chat/completions",
+        "raw_path": b"/v1/chat/completions", "query_string": b"", "root_path": "",
+        "headers": [(b"content-type", b"application/json")], "http_version": "1.1",
+        "scheme": "http", "server": ("127.0.0.1", 80), "client": ("127.0.0.1", 1),
+    }  # fmt: skip
