@@ -3,7 +3,6 @@ rendered by the app's `ErrorBoundary`."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 
 from starlette.types import Receive, Scope, Send
@@ -73,11 +72,8 @@ class ChatCompletions:
         owner: str,
         caller: Caller | None,
     ) -> None:
-        keepalive = asyncio.ensure_future(writer.keepalive(sv.config.server.keepalive_interval_s))
-        try:
+        with writer.kept_alive(sv.config.server.keepalive_interval_s):
             result = await run_or_cancel(run.execute, receive)
-        finally:
-            keepalive.cancel()
         if result is None or result.stop.reason is StopReason.CANCELLED:
             return
         writer.headers["x-loopwarden-stop-reason"] = result.stop.reason.value

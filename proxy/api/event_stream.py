@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Iterator
 
 from starlette.types import Send
 
@@ -52,14 +53,30 @@ class EventStream:
         with contextlib.suppress(OSError):
             await self.send({"type": "http.response.body", "body": b"", "more_body": False})
 
-    async def keepalive(self, interval_s: float) -> None:
-        """Sends an SSE comment whenever nothing was written for `interval_s`."""
-        while True:
+    @contextlib.contextmanager
+    def kept_alive(self, interval_s: float) -> Iterator[None]:
+        """Inside, an SSE comment goes out whenever nothing was written for `interval_s`: a
+        timer that costs nothing until a comment is due, then writes it in a task of its own."""
+        loop = asyncio.get_running_loop()
+        writing: asyncio.Task[None] | None = None
+        timer: asyncio.TimerHandle
+
+        def due() -> None:
+            nonlocal timer, writing
             wait = self.last_write + interval_s - time.monotonic()
-            if wait > 0:
-                await asyncio.sleep(wait)
-                continue
-            try:
-                await self._write(KEEPALIVE)
-            except ClientDisconnected:
-                return
+            if wait <= 0 and (writing is None or writing.done()):
+                writing = loop.create_task(self._comment())
+                wait = interval_s
+            timer = loop.call_later(max(wait, 0.001), due)
+
+        timer = loop.call_later(interval_s, due)
+        try:
+            yield
+        finally:
+            timer.cancel()
+            if writing is not None:
+                writing.cancel()
+
+    async def _comment(self) -> None:
+        with contextlib.suppress(ClientDisconnected):
+            await self._write(KEEPALIVE)

@@ -4,7 +4,6 @@ resolve the stored items, plan, run, render. Errors they raise are rendered by t
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -106,11 +105,8 @@ class Responses:
         self, run: Run, writer: ResponsesStream, context: _Context, receive: Receive
     ) -> None:
         sv = context.sv
-        keepalive = asyncio.ensure_future(writer.keepalive(sv.config.server.keepalive_interval_s))
-        try:
+        with writer.kept_alive(sv.config.server.keepalive_interval_s):
             result = await run_or_cancel(run.execute, receive)
-        finally:
-            keepalive.cancel()
         if result is None or result.stop.reason is StopReason.CANCELLED:
             return
         writer.headers["x-loopwarden-stop-reason"] = result.stop.reason.value
