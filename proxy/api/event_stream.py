@@ -24,7 +24,8 @@ class EventStream:
         self.started = False  # the HTTP response has begun
         self.last_write = time.monotonic()
 
-    async def _write(self, data: bytes) -> None:
+    async def _write(self, data: bytes, *, last: bool = False) -> None:
+        """Sends `data`; `last`: as the response's end, in the same message."""
         try:
             if not self.started:
                 self.started = True
@@ -35,7 +36,7 @@ class EventStream:
                     *header_list(self.headers),
                 ]
                 await self.send({"type": "http.response.start", "status": 200, "headers": raw})
-            await self.send({"type": "http.response.body", "body": data, "more_body": True})
+            await self.send({"type": "http.response.body", "body": data, "more_body": not last})
         except OSError as exc:
             raise ClientDisconnected(str(exc)) from None
         self.last_write = time.monotonic()
@@ -48,10 +49,6 @@ class EventStream:
     def opening(self) -> bytes:
         """What a response that starts before it has anything to say sends first."""
         return KEEPALIVE
-
-    async def close(self) -> None:
-        with contextlib.suppress(OSError):
-            await self.send({"type": "http.response.body", "body": b"", "more_body": False})
 
     @contextlib.contextmanager
     def kept_alive(self, interval_s: float) -> Iterator[None]:

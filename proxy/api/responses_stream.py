@@ -174,8 +174,7 @@ class ResponsesStream(EventStream):
     async def finish(self, closing: bytes, response: dict[str, Any]) -> None:
         """Sends `closing` and `response.completed` (or `.incomplete`) with `response`."""
         kind = "response.incomplete" if response["status"] == "incomplete" else "response.completed"
-        await self._write(closing + self._event(kind, {"response": response}))
-        await self.close()
+        await self._write(closing + self._event(kind, {"response": response}), last=True)
 
     def _client_call(self, item: dict[str, Any]) -> bytes:
         custom = item["type"] == "custom_tool_call"
@@ -203,5 +202,4 @@ class ResponsesStream(EventStream):
         report in `response` (SPEC §12.3)."""
         response["output"] = [i for i in self.output if i.get("status") != "in_progress"]
         data = self._opening() + self._event("response.failed", {"response": response})
-        await self._write(data)
-        await self.close()
+        await self._write(data, last=True)

@@ -76,15 +76,13 @@ class SSEWriter(EventStream):
         data = self._chunk(last)
         if usage is not None:
             data += self._chunk({"choices": [], "usage": usage})
-        await self._write(data + DONE)
-        await self.close()
+        await self._write(data + DONE, last=True)
 
     async def fail(self, error: dict[str, Any], report: dict[str, Any]) -> None:
         """A failure after the first byte: an event with `error` and no `choices`, as OpenAI
         sends it, so that every SDK raises it (SPEC §4.3)."""
         data = orjson.dumps({"error": error["error"], "loop": report})
-        await self._write(b"data: " + data + b"\n\n" + DONE)
-        await self.close()
+        await self._write(b"data: " + data + b"\n\n" + DONE, last=True)
 
 
 def loop_event(event: ev.RunEvent) -> dict[str, Any] | None:

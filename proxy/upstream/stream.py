@@ -80,7 +80,8 @@ class ReplyReader:
                 if on_delta is not None:
                     if not begun and acc.chunks:  # its first event was read, and is sound
                         begun = True
-                        await on_delta("")
+                        if not deltas:  # else the text itself begins the answer
+                            await on_delta("")
                     if deltas:
                         await on_delta("".join(deltas))
                 if decoder.done:

@@ -99,6 +99,9 @@ async def test_a_stream_starts_when_the_upstream_answer_begins() -> None:
     assert b'"content":"Hello"' in text
     assert b'"role"' not in text  # the role was said once, first
     assert text.endswith(b"data: [DONE]\n\n")
+    last = sent[-1]  # the last event and the end of the response go in one message
+    assert last["body"].endswith(b"data: [DONE]\n\n")
+    assert last["more_body"] is False
 
 
 async def test_a_pass_through_completion_carries_the_upstream_fields_unchanged() -> None:
