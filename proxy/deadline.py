@@ -4,6 +4,10 @@ timer, no context manager), on paths every request takes."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 class Deadline:
@@ -40,3 +44,17 @@ class Deadline:
             return False
         self._expired = False
         return self._task.uncancel() <= self._cancelling
+
+
+async def within(work: Awaitable[T], timeout_s: float) -> T:
+    """`await work`, or TimeoutError after `timeout_s`: `asyncio.wait_for` without the task it
+    makes for `work` (a cancellation from elsewhere is raised as it is)."""
+    timer = Deadline(asyncio.get_running_loop().time() + timeout_s)
+    try:
+        return await work
+    except asyncio.CancelledError:
+        if timer.disarm():
+            raise TimeoutError from None
+        raise
+    finally:
+        timer.disarm()

@@ -14,6 +14,7 @@ import orjson
 
 from proxy.callables import CallThreads, NoWorkerFree, load_callable
 from proxy.config import AgentConfig, Config, ToolConfig
+from proxy.deadline import within
 from proxy.engine.values import ToolCall, ToolContext, ToolResult, ToolSpec
 from proxy.tools.base import Tool, ToolFailed, as_text, definition, output_too_large
 from proxy.tools.builtin import BUILTINS, builtin_invoke
@@ -177,7 +178,7 @@ class ToolRegistry:
             return ToolResult("arguments must be a JSON object", "error")
         try:
             arguments = tool.validate(arguments)
-            output = await asyncio.wait_for(tool.invoke(arguments, ctx), tool.timeout_s)
+            output = await within(tool.invoke(arguments, ctx), tool.timeout_s)
         except TimeoutError:
             return ToolResult(f"tool timed out after {tool.timeout_s:g}s", "timeout")
         except (ToolFailed, NoWorkerFree) as exc:

@@ -1,0 +1,55 @@
+"""`within`: `asyncio.wait_for` without a task of its own, on the path of every tool call."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from proxy.deadline import within
+
+
+async def test_the_result_comes_back_when_the_work_ends_in_time() -> None:
+    async def work() -> str:
+        await asyncio.sleep(0)
+        return "done"
+
+    assert await within(work(), 5) == "done"
+
+
+async def test_work_that_takes_too_long_is_cancelled_and_times_out() -> None:
+    cancelled = asyncio.Event()
+
+    async def work() -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    with pytest.raises(TimeoutError):
+        await within(work(), 0.01)
+    assert cancelled.is_set()
+    assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]
+
+
+async def test_a_cancellation_from_elsewhere_is_not_a_timeout() -> None:
+    started = asyncio.Event()
+
+    async def work() -> None:
+        started.set()
+        await asyncio.Event().wait()
+
+    task = asyncio.create_task(within(work(), 60))
+    await started.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_an_error_of_the_work_is_raised_as_it_is() -> None:
+    async def work() -> None:
+        raise ValueError("bad")
+
+    with pytest.raises(ValueError, match="bad"):
+        await within(work(), 5)
