@@ -29,7 +29,8 @@ class AiohttpAnswer:
         finish: Callable[[aiohttp.ClientResponse], None],
     ) -> None:
         self._response = response
-        self._finish = finish  # reads the rest of a body in the background, then releases it
+        # Reads the rest of a body in the background, then releases it; None once it has.
+        self._finish: Callable[[aiohttp.ClientResponse], None] | None = finish
         self._keep = False
 
     @property
@@ -51,10 +52,12 @@ class AiohttpAnswer:
     async def aclose(self) -> None:
         # Back to the pool when the body was read to its end, else the connection is closed,
         # unless the caller said that only the body's end is left: that is read first.
-        response = self._response
+        response, finish = self._response, self._finish
+        if finish is None:
+            return  # handed to the reader of its end, which releases it
         if self._keep and not response.content.is_eof():
-            self._keep = False
-            self._finish(response)
+            self._finish = None
+            finish(response)
         else:
             response.release()
 
@@ -151,7 +154,7 @@ async def _read_end(response: aiohttp.ClientResponse) -> None:
         async with asyncio.timeout(END_WAIT_S):
             while left >= 0 and (chunk := await response.content.readany()):
                 left -= len(chunk)
-    except (TimeoutError, aiohttp.ClientError):
+    except (TimeoutError, aiohttp.ClientError, OSError):
         pass
     finally:
         if response.content.is_eof() and left >= 0:

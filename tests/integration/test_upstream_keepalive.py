@@ -18,7 +18,8 @@ from starlette.types import ASGIApp, Message
 
 from proxy.api.app import create_app
 from proxy.config import parse_config
-from proxy.upstream.aiohttp_transport import END_WAIT_S
+from proxy.upstream.aiohttp_transport import END_WAIT_S, AiohttpTransport
+from proxy.upstream.transport import Timeouts
 from tests.faulty_upstream import DONE, delta, read_request
 
 HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
@@ -185,3 +186,32 @@ def scope() -> dict[str, Any]:
         "headers": [(b"content-type", b"application/json")], "http_version": "1.1",
         "scheme": "http", "server": ("127.0.0.1", 80), "client": ("127.0.0.1", 1),
     }  # fmt: skip
+
+
+async def test_the_transport_keeps_a_connection_whose_caller_read_up_to_done() -> None:
+    """The port's contract, on the aiohttp transport itself: `keep_alive` then `aclose` (twice:
+    closing is idempotent) keeps the connection for the next request."""
+    upstream = KeptAliveUpstream()
+    server = await asyncio.start_server(upstream.serve, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1/chat/completions"
+    transport = AiohttpTransport()
+    timeouts = Timeouts(connect_s=5, read_s=5)
+    try:
+        for _ in range(2):
+            upstream.end.clear()  # the end comes after the caller closed the answer
+            answer = await transport.send("POST", url, {}, orjson.dumps(CHAT), timeouts)
+            read = b""
+            async for chunk in answer.chunks():
+                read += chunk
+                if DONE in read:
+                    break
+            answer.keep_alive()
+            await answer.aclose()
+            await answer.aclose()
+            upstream.end.set()
+            await asyncio.sleep(0.2)  # the end is read in the background
+        assert upstream.opened == 1
+    finally:
+        await transport.aclose()
+        server.close()
+        await server.wait_closed()
