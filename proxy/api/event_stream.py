@@ -52,28 +52,42 @@ class EventStream:
 
     @contextlib.contextmanager
     def kept_alive(self, interval_s: float) -> Iterator[None]:
-        """Inside, an SSE comment goes out whenever nothing was written for `interval_s`: a
-        timer that costs nothing until a comment is due, then writes it in a task of its own."""
-        loop = asyncio.get_running_loop()
-        writing: asyncio.Task[None] | None = None
-        timer: asyncio.TimerHandle
-
-        def due() -> None:
-            nonlocal timer, writing
-            wait = self.last_write + interval_s - time.monotonic()
-            if wait <= 0 and (writing is None or writing.done()):
-                writing = loop.create_task(self._comment())
-                wait = interval_s
-            timer = loop.call_later(max(wait, 0.001), due)
-
-        timer = loop.call_later(interval_s, due)
+        """Inside, an SSE comment goes out whenever nothing was written for `interval_s`."""
+        keepalive = _KeepAlive(self, interval_s)
         try:
             yield
         finally:
-            timer.cancel()
-            if writing is not None:
-                writing.cancel()
+            keepalive.stop()
 
-    async def _comment(self) -> None:
+    async def comment(self) -> None:
+        """Writes a keep-alive comment; a client that has gone is left to the run to notice."""
         with contextlib.suppress(ClientDisconnected):
             await self._write(KEEPALIVE)
+
+
+class _KeepAlive:
+    """A stream's keep-alive: a timer that costs nothing until a comment is due, then writes it
+    in a task of its own. Only the pending timer refers back to it, and stopping cancels that
+    timer, so a finished stream leaves no reference cycle behind (its whole request would wait
+    for the garbage collector)."""
+
+    __slots__ = ("interval_s", "loop", "stream", "timer", "writing")
+
+    def __init__(self, stream: EventStream, interval_s: float) -> None:
+        self.stream = stream
+        self.interval_s = interval_s
+        self.loop = asyncio.get_running_loop()
+        self.writing: asyncio.Task[None] | None = None
+        self.timer = self.loop.call_later(interval_s, self.due)
+
+    def due(self) -> None:
+        wait = self.stream.last_write + self.interval_s - time.monotonic()
+        if wait <= 0 and (self.writing is None or self.writing.done()):
+            self.writing = self.loop.create_task(self.stream.comment())
+            wait = self.interval_s
+        self.timer = self.loop.call_later(max(wait, 0.001), self.due)
+
+    def stop(self) -> None:
+        self.timer.cancel()
+        if self.writing is not None:
+            self.writing.cancel()
