@@ -143,7 +143,9 @@ async def test_an_unwritable_sqlite_file_is_not_ready_and_a_503_not_a_crash(
     proxy_for: ProxyFactory, tmp_path: Path
 ) -> None:
     path = tmp_path / "state.db"
-    SqliteStore(path)  # an existing file, with its schema
+    # An existing file, with its schema, from a process that has stopped (closed: sqlite may
+    # hand a connection of this process a descriptor that another one left open).
+    await SqliteStore(path).close()
     with unwritable(path):
         store = SqliteStore(path)  # opened as it is in a restart
         try:
