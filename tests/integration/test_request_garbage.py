@@ -38,12 +38,13 @@ REQUESTS: dict[str, tuple[str, dict[str, Any], int]] = {
 
 
 @asynccontextmanager
-async def proxy(tmp_path: Path) -> AsyncIterator[ASGIApp]:
-    """The app in-process, in front of the fast mock upstream serving in the same loop."""
+async def proxy(tmp_path: Path, sqlite: bool = False) -> AsyncIterator[ASGIApp]:
+    """The app in-process, in front of the fast mock upstream serving in the same loop; state
+    in memory, or in sqlite."""
     upstream = await asyncio.get_running_loop().create_server(MockProtocol, "127.0.0.1", 0)
     async with upstream:
         port = upstream.sockets[0].getsockname()[1]
-        config = loopwarden_config(f"http://127.0.0.1:{port}/v1", tmp_path, False, {})
+        config = loopwarden_config(f"http://127.0.0.1:{port}/v1", tmp_path, sqlite, {})
         app = create_app(parse_config(config), registry=CollectorRegistry())
         async with app.router.lifespan_context(app):
             yield app
@@ -83,10 +84,12 @@ def collector_off() -> Iterator[None]:
         gc.enable()
 
 
-@pytest.mark.parametrize("kind", list(REQUESTS))
-async def test_a_request_leaves_no_reference_cycle(kind: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("kind", "sqlite"), [*((kind, False) for kind in REQUESTS), ("chat", True), ("responses", True)]
+)
+async def test_a_request_leaves_no_reference_cycle(kind: str, sqlite: bool, tmp_path: Path) -> None:
     path, body, status = REQUESTS[kind]
-    async with proxy(tmp_path) as app:
+    async with proxy(tmp_path, sqlite) as app:
         for _ in range(3):  # caches, pools and lazily built things settle first
             assert await call(app, path, body) == status
         with collector_off():

@@ -28,6 +28,13 @@ def checkpoint_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == "loopwarden-sqlite-checkpoints"]
 
 
+def grown(path: Path, size: int, within_s: float) -> None:
+    deadline = time.monotonic() + within_s
+    while path.stat().st_size < size:
+        assert time.monotonic() < deadline, f"{path} is {path.stat().st_size} bytes, not {size}"
+        time.sleep(0.02)
+
+
 async def write(store: SqliteStore, count: int) -> None:
     for i in range(count):
         await store.put_record("run", f"run_{i}", VALUE, 3600.0)
@@ -54,10 +61,7 @@ async def test_the_checkpointer_copies_the_log_into_the_file(tmp_path: Path) -> 
     store = SqliteStore(path, checkpoint_every_s=0.05)
     try:
         await write(store, 200)
-        deadline = time.monotonic() + 5
-        while path.stat().st_size < 200 * len(VALUE) and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
-        assert path.stat().st_size >= 200 * len(VALUE)  # the records are in the file itself
+        await asyncio.to_thread(grown, path, 200 * len(VALUE), 5.0)  # the records, in the file
     finally:
         await store.close()
     with sqlite3.connect(path) as db:
