@@ -110,3 +110,19 @@ def test_compare_runs_end_to_end(tmp_path: Path) -> None:
         ("floor", 3, 0),
         ("loopwarden", 3, 0),
     ]
+
+
+def test_the_busy_tool_benchmark_runs_a_computing_tool_beside_the_load() -> None:
+    if shutil.which("wrk") is None:
+        pytest.fail("wrk is not installed (apt-get install -y wrk): the benchmark needs it")
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.bench.busy_tool", "--seconds", "1"],
+        capture_output=True, text=True, timeout=90, env={**os.environ, "PYTHONPATH": path},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    rows = [line.split("|")[1:-1] for line in done.stdout.splitlines() if line.startswith("| ")]
+    assert [row[0].strip() for row in rows[1:]] == ["alone", "while a tool computes"]
+    assert all(float(row[1].replace(",", "")) > 0 for row in rows[1:])
+    assert "runs of the computing tool meanwhile: " in done.stdout
+    assert "stopped by ['completed']" in done.stdout
