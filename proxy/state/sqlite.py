@@ -15,7 +15,6 @@ import secrets
 import sqlite3
 import threading
 import time
-import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
@@ -24,7 +23,6 @@ from typing import TypeVar
 from proxy.errors import StateUnavailable
 from proxy.state.lease import renewed
 from proxy.state.locks import KeyedLocks
-from proxy.state.sqlite_checkpoints import CHECKPOINT_EVERY_S, Checkpointer
 from proxy.state.store import StoredContext, check_ttl, conflict
 
 log = logging.getLogger(__name__)
@@ -88,10 +86,8 @@ class SqliteStore:
         timeout_s: float = 5.0,
         lock_lease_s: float = 30.0,
         journal: str = "wal",
-        checkpoint_every_s: float = CHECKPOINT_EVERY_S,
     ) -> None:
-        """`journal`: `wal` or `rollback` (see `StateConfig.sqlite_journal`); with `wal`, the
-        log is checkpointed every `checkpoint_every_s`, off the requests' path."""
+        """`journal`: `wal` or `rollback` (see `StateConfig.sqlite_journal`)."""
         self._path = str(path)
         self._lease = lock_lease_s
         in_memory = self._path == ":memory:"
@@ -115,13 +111,6 @@ class SqliteStore:
                 "another process (state.sqlite_journal must be the same for every process)"
             )
         self._db.execute("PRAGMA synchronous=NORMAL")
-        self._checkpoints: Checkpointer | None = None
-        if wanted == "wal" and not in_memory:
-            self._db.execute("PRAGMA wal_autocheckpoint=0")  # see sqlite_checkpoints
-            own = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-            own.execute("PRAGMA mmap_size=0")
-            self._checkpoints = Checkpointer(own, checkpoint_every_s)
-            weakref.finalize(self, self._checkpoints.stop)  # a store dropped unclosed
         _while_locked(lambda: _create_schema(self._db), timeout_s)
         # The file this connection has open: one deleted or replaced under it is noticed.
         self._identity = None if in_memory else _identity(self._path)
@@ -333,8 +322,6 @@ class SqliteStore:
 
     async def close(self) -> None:
         def work() -> None:
-            if self._checkpoints is not None:
-                self._checkpoints.stop()
             with self._mutex:
                 self._db.close()
 

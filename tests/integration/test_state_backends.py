@@ -338,6 +338,33 @@ async def test_sqlite_records_survive_a_restart(tmp_path: Path) -> None:
     await second.close()
 
 
+def _sizes(*paths: Path) -> list[int]:
+    return [path.stat().st_size for path in paths]
+
+
+async def test_the_sqlite_log_stays_bounded_under_writers_that_never_pause(
+    tmp_path: Path,
+) -> None:
+    """Two connections (as two workers) writing all the time: the write-ahead log is copied
+    into the file and begun again, not left to grow with every write."""
+    path = tmp_path / "state.db"
+    stores = [SqliteStore(path), SqliteStore(path)]
+    value = b"x" * 4096  # a page or more per record
+
+    async def write(store: SqliteStore, name: str) -> None:
+        for i in range(1_500):
+            await store.put_record("run", f"{name}-{i}", value, 3600.0)
+
+    try:
+        await asyncio.gather(*(write(store, f"w{n}") for n, store in enumerate(stores)))
+        log, file = await asyncio.to_thread(_sizes, Path(f"{path}-wal"), path)
+        assert log < 3_000 * len(value), f"the log holds {log} bytes"  # unbounded: > 24 MB
+        assert file > 3_000 * len(value)  # the records are in the file itself
+    finally:
+        for store in stores:
+            await store.close()
+
+
 async def test_the_memory_backend_keeps_at_most_max_records_oldest_out_first(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
