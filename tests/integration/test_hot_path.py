@@ -16,6 +16,7 @@ from starlette.types import ASGIApp, Message
 
 from proxy.api.app import create_app
 from proxy.config import parse_config
+from tests.direct_asgi import body_then_stay, post_scope
 from tests.faulty_upstream import (
     CRLF,
     FaultyUpstream,
@@ -62,28 +63,16 @@ async def test_a_stream_starts_when_the_upstream_answer_begins() -> None:
     body = orjson.dumps(
         {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
     )
-    received = [{"type": "http.request", "body": body, "more_body": False}]
-
-    async def receive() -> Message:
-        if received:
-            return received.pop()
-        await asyncio.Event().wait()  # the client stays
-        raise AssertionError("unreachable")
 
     async def send(message: Message) -> None:
         sent.append(message)
         if message["type"] == "http.response.body":
             first_bytes.set()
 
-    scope = {
-        "type": "http", "method": "POST", "path": "/v1/chat/completions",
-        "raw_path": b"/v1/chat/completions", "query_string": b"", "root_path": "",
-        "headers": [(b"content-type", b"application/json")], "http_version": "1.1",
-        "scheme": "http", "server": ("127.0.0.1", 80), "client": ("127.0.0.1", 1),
-    }  # fmt: skip
     async with FaultyUpstream() as upstream, proxy(upstream) as app:
         upstream.script(held_stream(release))
-        request = asyncio.create_task(app(scope, receive, send))
+        scope = post_scope("/v1/chat/completions")
+        request = asyncio.create_task(app(scope, body_then_stay(body), send))
         async with asyncio.timeout(10):
             await first_bytes.wait()  # while the upstream still holds its text back
         assert not request.done()

@@ -23,6 +23,7 @@ from proxy.api.event_stream import EventStream
 from proxy.config import parse_config
 from tests.bench.mock_upstream import MockProtocol
 from tests.bench.processes import loopwarden_config
+from tests.direct_asgi import body_then_stay, post_scope
 
 CHAT = "/v1/chat/completions"
 HI = [{"role": "user", "content": "hi"}]
@@ -52,25 +53,12 @@ async def proxy(tmp_path: Path, sqlite: bool = False) -> AsyncIterator[ASGIApp]:
 
 async def call(app: ASGIApp, path: str, body: dict[str, Any]) -> int:
     """One request through the ASGI app, as a server would make it; its status."""
-    received = [{"type": "http.request", "body": orjson.dumps(body), "more_body": False}]
     sent: list[Message] = []
-
-    async def receive() -> Message:
-        if received:
-            return received.pop()
-        await asyncio.Event().wait()  # the client stays
-        raise AssertionError("unreachable")
 
     async def send(message: Message) -> None:
         sent.append(message)
 
-    scope = {
-        "type": "http", "method": "POST", "path": path, "raw_path": path.encode(),
-        "query_string": b"", "root_path": "", "http_version": "1.1", "scheme": "http",
-        "headers": [(b"content-type", b"application/json")],
-        "server": ("127.0.0.1", 80), "client": ("127.0.0.1", 1),
-    }  # fmt: skip
-    await app(scope, receive, send)
+    await app(post_scope(path), body_then_stay(orjson.dumps(body)), send)
     return int(sent[0]["status"])
 
 
