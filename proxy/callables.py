@@ -2,8 +2,8 @@
 sync ones run in.
 
 A sync callable cannot be interrupted: one that hangs past its timeout keeps its thread until it
-returns. In asyncio's default executor, which the rest of the process shares (the sqlite
-backend, `/readyz`), a few stuck tools would stall everything. `CallThreads` gives them a
+returns. In a pool the rest of the process shares (asyncio's default executor, the state
+backend's thread), a few stuck tools would stall everything. `CallThreads` gives them a
 bounded set of threads of their own, and a call that finds none free fails at once instead of
 queueing behind the stuck ones. The threads are daemons: a callable that never returns does not
 keep the process from exiting.

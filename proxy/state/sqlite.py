@@ -16,6 +16,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import TypeVar
@@ -115,6 +116,10 @@ class SqliteStore:
         # The file this connection has open: one deleted or replaced under it is noticed.
         self._identity = None if in_memory else _identity(self._path)
         self._mutex = threading.Lock()
+        # One thread makes every call, in order: calls that would each wait in a thread of
+        # their own for the connection (64 of them at 64 requests in flight) cost the process
+        # their wake-ups and switches.
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="loopwarden-sqlite")
         self._swept = -math.inf  # monotonic; the first put sweeps what expired before it
         self._locks = KeyedLocks()
 
@@ -144,7 +149,7 @@ class SqliteStore:
                         f"the state backend (sqlite) is unavailable: {exc}"
                     ) from None
 
-        return await asyncio.to_thread(locked)
+        return await asyncio.get_running_loop().run_in_executor(self._thread, locked)
 
     async def reserve(
         self, thread_id: str, limits: Mapping[str, int]
@@ -325,7 +330,9 @@ class SqliteStore:
             with self._mutex:
                 self._db.close()
 
-        await asyncio.to_thread(work)
+        # The thread stays for calls after this one, which fail as a closed database's do; it
+        # ends with the store.
+        await asyncio.get_running_loop().run_in_executor(self._thread, work)
 
 
 @contextlib.contextmanager

@@ -10,6 +10,7 @@ import secrets
 import sqlite3
 import subprocess
 import sys
+import threading
 import tracemalloc
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -336,6 +337,19 @@ async def test_sqlite_records_survive_a_restart(tmp_path: Path) -> None:
     assert await second.get_record("run", "r1") == b"kept"
     assert await second.get_record("run", "r2") is None
     await second.close()
+
+
+async def test_sqlite_calls_take_turns_on_one_thread_of_the_store(tmp_path: Path) -> None:
+    """Calls in flight together do not each take a thread to wait for the connection in."""
+    store = SqliteStore(tmp_path / "state.db")
+    before = {thread.ident for thread in threading.enumerate()}
+    try:
+        await asyncio.gather(*(store.put_record("run", f"r{i}", b"v", 60) for i in range(64)))
+        assert [await store.get_record("run", f"r{i}") for i in (0, 63)] == [b"v", b"v"]
+        started = [t.name for t in threading.enumerate() if t.ident not in before]
+        assert started == ["loopwarden-sqlite_0"]
+    finally:
+        await store.close()
 
 
 def _sizes(*paths: Path) -> list[int]:
