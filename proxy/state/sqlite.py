@@ -13,7 +13,6 @@ import os
 import random
 import secrets
 import sqlite3
-import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -115,10 +114,9 @@ class SqliteStore:
         _while_locked(lambda: _create_schema(self._db), timeout_s)
         # The file this connection has open: one deleted or replaced under it is noticed.
         self._identity = None if in_memory else _identity(self._path)
-        self._mutex = threading.Lock()
-        # One thread makes every call, in order: calls that would each wait in a thread of
-        # their own for the connection (64 of them at 64 requests in flight) cost the process
-        # their wake-ups and switches.
+        # The connection's one thread: every call after start-up is made on it, in order, so
+        # no two touch the connection at once (a thread per call, each waiting for the
+        # connection, cost 64 wake-ups and switches at 64 requests in flight).
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="loopwarden-sqlite")
         self._swept = -math.inf  # monotonic; the first put sweeps what expired before it
         self._locks = KeyedLocks()
@@ -137,19 +135,17 @@ class SqliteStore:
             )
 
     async def _call(self, work: Callable[[sqlite3.Connection], T]) -> T:
-        def locked() -> T:
-            with self._mutex:
-                self._check_file()
-                try:
-                    return work(self._db)
-                except (sqlite3.Error, OSError) as exc:
-                    log.warning("the sqlite state backend failed: %s", exc)
-                    _abandon(self._db)
-                    raise StateUnavailable(
-                        f"the state backend (sqlite) is unavailable: {exc}"
-                    ) from None
+        def on_thread() -> T:
+            self._check_file()
+            try:
+                return work(self._db)
+            except (sqlite3.Error, OSError) as exc:
+                log.warning("the sqlite state backend failed: %s", exc)
+                _abandon(self._db)
+                reason = f"the state backend (sqlite) is unavailable: {exc}"
+                raise StateUnavailable(reason) from None
 
-        return await asyncio.get_running_loop().run_in_executor(self._thread, locked)
+        return await asyncio.get_running_loop().run_in_executor(self._thread, on_thread)
 
     async def reserve(
         self, thread_id: str, limits: Mapping[str, int]
@@ -326,13 +322,9 @@ class SqliteStore:
         await self._call(work)
 
     async def close(self) -> None:
-        def work() -> None:
-            with self._mutex:
-                self._db.close()
-
         # The thread stays for calls after this one, which fail as a closed database's do; it
         # ends with the store.
-        await asyncio.get_running_loop().run_in_executor(self._thread, work)
+        await asyncio.get_running_loop().run_in_executor(self._thread, self._db.close)
 
 
 @contextlib.contextmanager
