@@ -163,9 +163,14 @@ def create_app(
                     log.error("start-up failed:\n%s", exc)
                     raise
                 holder["services"] = services
+                # Other workers' scrapes read this one's metrics from its files: applied there
+                # once a second (and at the end); its own scrapes apply them first anyway.
+                applying = asyncio.create_task(telemetry.metrics.tally.apply_every(1.0))
                 try:
                     yield
                 finally:
+                    applying.cancel()
+                    telemetry.metrics.tally.apply()
                     await services.close_sources()
         finally:
             holder.clear()
@@ -174,7 +179,7 @@ def create_app(
             if own_tracing and isinstance(tracing, SdkTracerProvider):
                 tracing.shutdown()  # flushes the spans not yet exported
 
-    exposed = exposition_registry(registry)
+    exposed = exposition_registry(telemetry.metrics)
 
     async def metrics(request: Request) -> Response:
         if config.auth.metrics_key:  # else open, for Prometheus scrapes without a key

@@ -103,14 +103,14 @@ def main() -> int:
             httpx.Client(base_url=proxy, timeout=30) as client,
         ):
             print(f"Loopwarden demo: proxy at {proxy}, scripted model at {upstream}\n")
-            before = samples(registry)
+            before = samples(client.get("/metrics").text)
             run_ids = []
             for scene in SCENES:
                 data = run_scene(client, scene)
                 run_ids.append(data.get("loop", {}).get("run_id"))
                 print(describe(scene, data))
                 print()
-            after = samples(registry)
+            after = samples(client.get("/metrics").text)
         print(f"── The span tree of the first run ({run_ids[0]}) " + "─" * 20)
         print("\n".join(span_tree(exporter.get_finished_spans(), run_ids[0])))
         print()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from opentelemetry.sdk.trace import ReadableSpan
-from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
 
 Sample = tuple[str, tuple[tuple[str, str], ...]]
 _SHOWN_ATTRIBUTES = (
@@ -51,9 +51,10 @@ def span_tree(spans: Sequence[ReadableSpan], run_id: str) -> list[str]:
     return lines
 
 
-def samples(registry: CollectorRegistry) -> dict[Sample, float]:
+def samples(exposition: str) -> dict[Sample, float]:
+    """The counters of a `/metrics` text."""
     out: dict[Sample, float] = {}
-    for family in registry.collect():
+    for family in text_string_to_metric_families(exposition):
         for sample in family.samples:
             if not sample.name.endswith("_total"):  # counters tell the story; skip histograms
                 continue

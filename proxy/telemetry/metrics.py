@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, mult
 from proxy.engine import events as ev
 from proxy.engine.stop import StopReason
 from proxy.telemetry.error_types import error_type
+from proxy.telemetry.tally import Pending, Tally
 
 OTHER = "other"
 NO_AGENT = "none"
@@ -57,11 +58,13 @@ class Labels:
 
 
 class Metrics:
-    """Every metric of SPEC §11.2, registered on one registry."""
+    """Every metric of SPEC §11.2, registered on one registry, updated through its `tally`."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
-        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+        self.tally = Tally()
+        registry.register(self.tally)  # first: collecting the registry applies it first
+        self._children: dict[tuple[int, tuple[str, ...]], Pending] = {}
         self.runs = Counter(
             "loopwarden_runs",
             "Runs, by why they stopped.",
@@ -81,12 +84,13 @@ class Metrics:
             ["agent", "stop_reason"], buckets=COUNT_BUCKETS, registry=registry,
         )  # fmt: skip
         # With several workers (`serve --workers`) gauges are summed over the live ones.
-        self.in_flight = Gauge(
+        in_flight = Gauge(
             "loopwarden_runs_in_flight",
             "Runs under way.",
             registry=registry,
             multiprocess_mode="livesum",
         )
+        self.in_flight = self.tally.count(in_flight)
         self.tool_calls = Counter(
             "loopwarden_tool_calls",
             "Server tool calls, by outcome.",
@@ -149,11 +153,15 @@ class Metrics:
         self.build_info.labels(package_version()).set(1)
 
     def child(self, metric: Any, *values: str) -> Any:
-        """`metric.labels(*values)`, cached: label lookups take a lock and dominate the cost."""
+        """The series `metric.labels(*values)`, counted through the tally; cached, since label
+        lookups take a lock."""
         key = (id(metric), values)
         found = self._children.get(key)
         if found is None:
-            found = self._children[key] = metric.labels(*values)
+            series, tally = metric.labels(*values), self.tally
+            histogram = isinstance(metric, Histogram)
+            found = tally.histogram(series) if histogram else tally.count(series)
+            self._children[key] = found
         return found
 
     def start_series(self, pairs: Iterable[tuple[str, str]]) -> None:
@@ -239,11 +247,13 @@ class OverheadObserver:
             self.histogram.observe(max(0.0, overhead))
 
 
-def exposition_registry(registry: CollectorRegistry) -> CollectorRegistry:
-    """What `/metrics` exposes: `registry`, or, under `serve --workers` (prometheus-client's
-    multiprocess mode), every worker's metrics read from the shared directory."""
+def exposition_registry(metrics: Metrics) -> CollectorRegistry:
+    """What `/metrics` exposes: the metrics' registry, or, under `serve --workers`
+    (prometheus-client's multiprocess mode), every worker's metrics read from the shared
+    directory, this worker's pending updates applied first."""
     if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        return registry
+        return metrics.registry
     merged = CollectorRegistry()
+    merged.register(metrics.tally)
     multiprocess.MultiProcessCollector(merged)  # type: ignore[no-untyped-call]
     return merged

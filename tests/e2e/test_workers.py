@@ -23,6 +23,8 @@ from tests.e2e.conftest import ROOT, wait_healthy
 from tests.scripted_upstream import ScriptedUpstream, call, each_run, keep, say
 from tests.tools import TOOLS
 
+RUNS = "loopwarden_runs_total"
+
 
 def config(upstream_url: str, state: dict[str, Any]) -> dict[str, Any]:
     return {
@@ -69,6 +71,15 @@ def sample(text: str, name: str, **labels: str) -> float:
     )
 
 
+async def scrape_until(client: httpx.AsyncClient, check: Any, timeout_s: float) -> str:
+    """The first `/metrics` text that passes `check`, scraped every 0.1 s for `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not check(scraped := (await client.get("/metrics")).text):
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.1)
+    return scraped
+
+
 def until(check: Any, timeout_s: float = 20) -> None:
     deadline = time.monotonic() + timeout_s
     while not check():
@@ -102,8 +113,9 @@ async def test_two_workers_share_one_port_one_metrics_and_exact_thread_limits(
                     *(client.post("/v1/chat/completions", json=threaded) for _ in range(8))
                 )
                 assert {r.status_code for r in capped} == {200}
-                scraped = (await client.get("/metrics")).text
-    assert sample(scraped, "loopwarden_runs_total") == 48  # every worker's runs, from any one
+                # A worker applies its own updates before its scrape, the others' within 1 s.
+                scraped = await scrape_until(client, lambda s: sample(s, RUNS) == 48, 3.0)
+    assert sample(scraped, RUNS) == 48  # every worker's runs, from any one
     assert sample(scraped, "loopwarden_tool_calls_total", outcome="ok") == 3  # exact across both
     assert sample(scraped, "loopwarden_build_info") == 1
     assert sample(scraped, "loopwarden_runs_in_flight") == 0
