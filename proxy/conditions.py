@@ -12,7 +12,7 @@ import httpx
 import orjson
 
 from proxy.callables import CallThreads, call, load_callable
-from proxy.config import ConditionConfig
+from proxy.config.agents import ConditionConfig
 
 log = logging.getLogger(__name__)
 

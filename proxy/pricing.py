@@ -8,7 +8,7 @@ from functools import lru_cache
 
 import genai_prices
 
-from proxy.config import Price
+from proxy.config.upstreams import Price
 from proxy.engine.usage import Usage
 from proxy.engine.values import Prices
 

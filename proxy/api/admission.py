@@ -16,7 +16,7 @@ from collections.abc import Collection
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from proxy.api.asgi import send_error
-from proxy.config import ServerConfig
+from proxy.config.server import ServerConfig
 from proxy.errors import RequestTimeout, ServerBusy
 
 PROBES = frozenset({"/healthz", "/readyz", "/metrics"})  # never refused, never counted

@@ -9,7 +9,7 @@ import os
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
-from proxy.config import AuthConfig, AuthKey
+from proxy.config.auth import AuthConfig, AuthKey
 from proxy.errors import AuthenticationFailed, PermissionDenied
 
 ALL = "*"

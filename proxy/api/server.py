@@ -23,7 +23,7 @@ import uvicorn
 from starlette.types import ASGIApp
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from proxy.config import ServerConfig
+from proxy.config.server import ServerConfig
 from proxy.errors import ServerBusy
 
 

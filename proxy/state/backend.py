@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from proxy.config import StateConfig
+from proxy.config.state import StateConfig
 from proxy.state.store import StateStore
 
 

@@ -21,7 +21,7 @@ from mcp.client.subscriptions import ListenNotSupportedError, SubscriptionLost
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from proxy.config import ToolConfig
+from proxy.config.tools import ToolConfig
 from proxy.tools.base import ToolFailed
 from proxy.tools.mcp_transport import Endpoint, endpoint, open_transport, resolve_env
 

@@ -15,7 +15,7 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.message import SessionMessage
 
-from proxy.config import ToolConfig
+from proxy.config.tools import ToolConfig
 
 SESSION_HEADER = "mcp-session-id"
 # An HTTP session's longest silence while a response streams; calls have their own timeout_s.

@@ -13,7 +13,9 @@ import httpx
 import orjson
 
 from proxy.callables import CallThreads, NoWorkerFree, load_callable
-from proxy.config import AgentConfig, Config, ToolConfig
+from proxy.config import Config
+from proxy.config.agents import AgentConfig
+from proxy.config.tools import ToolConfig
 from proxy.deadline import within
 from proxy.engine.values import ToolCall, ToolContext, ToolResult, ToolSpec
 from proxy.tools.base import Tool, ToolFailed, as_text, definition, output_too_large

@@ -23,7 +23,7 @@ SERVED = textwrap.dedent(
     """
     import gc, json, sys
     from proxy.api.server import serve
-    from proxy.config import ServerConfig
+    from proxy.config.server import ServerConfig
 
     async def app(scope, receive, send):
         if scope["type"] != "http":

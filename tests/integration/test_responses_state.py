@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from proxy.config import StateConfig
+from proxy.config.state import StateConfig
 from proxy.state.backend import open_store
 from proxy.state.store import StateStore
 from tests.integration.conftest import Proxy, ProxyFactory

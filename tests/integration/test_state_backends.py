@@ -18,7 +18,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from proxy.config import StateConfig
+from proxy.config.state import StateConfig
 from proxy.errors import StateUnavailable
 from proxy.state import sqlite as sqlite_state
 from proxy.state.backend import open_store
@@ -173,7 +173,7 @@ def test_open_store_names_a_missing_redis_url() -> None:
 
 _HAMMER = """
 import asyncio, sys
-from proxy.config import StateConfig
+from proxy.config.state import StateConfig
 from proxy.errors import StateUnavailable
 from proxy.state.backend import open_store
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.config import Price
+from proxy.config.upstreams import Price
 from proxy.engine.usage import Usage
 from proxy.pricing import PriceTable
 

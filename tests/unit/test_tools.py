@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from proxy.callables import CallThreads
-from proxy.config import ToolConfig
+from proxy.config.tools import ToolConfig
 from proxy.engine.values import ToolCall, ToolContext
 from proxy.tools.base import Tool
 from proxy.tools.registry import ToolRegistry, build_tool

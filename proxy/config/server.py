@@ -1,0 +1,61 @@
+"""`server`: the listener, its bounds, and the pools and threads it shares among requests."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from proxy.config.model import ConfigModel
+
+# Descriptors the process keeps for itself (state files, logs, listeners) before client
+# connections, upstream connections and tool connections share the rest.
+FD_HEADROOM = 64
+
+
+def _descriptor_limit() -> int:
+    """The process's soft RLIMIT_NOFILE; 1,024 where it cannot be read or is unlimited."""
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):
+        return 1024
+    return soft if 0 < soft < 2**31 else 1024
+
+
+class ServerConfig(ConfigModel):
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=0, le=65535)
+    max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
+    keepalive_interval_s: float = Field(15.0, gt=0)
+    # Client connections held at once; more are closed as they arrive. Unset: half of the
+    # descriptors left after FD_HEADROOM, since a client connection may hold an upstream one.
+    max_connections: int | None = Field(None, ge=1)
+    header_timeout_s: float = Field(10.0, gt=0, allow_inf_nan=False)  # request line + headers
+    body_timeout_s: float = Field(30.0, gt=0, allow_inf_nan=False)  # the whole request body
+    keep_alive_timeout_s: int = Field(5, ge=1)  # an idle connection between requests
+    max_concurrent_runs: int = Field(1000, ge=1)  # runs in flight; more answer 503
+    tool_threads: int = Field(16, ge=1)  # threads for sync python tools and conditions
+    tool_connections: int = Field(100, ge=1)  # http tools' and webhooks' connection pool
+    upstream_connections: int = Field(1000, ge=1)  # the upstreams' connection pool
+    upstream_pool_timeout_s: float = Field(5.0, gt=0, allow_inf_nan=False)
+    max_tool_output_bytes: int = Field(1024 * 1024, ge=1)  # each tool's own cap overrides
+    workers: int = Field(1, ge=1, le=256)  # processes behind one port (`serve --workers`)
+    # How `/v1/responses` shows the server tool calls that ran: as `mcp_call` output items, or
+    # not at all (for a client that cannot read them).
+    responses_server_calls: Literal["mcp_call", "omit"] = "mcp_call"
+
+    def connection_limit(self) -> int:
+        """Client connections held at once: `max_connections`, else derived from the
+        process's descriptor limit."""
+        if self.max_connections is not None:
+            return self.max_connections
+        return max(16, (_descriptor_limit() - FD_HEADROOM) // 2)
+
+    def request_limit(self) -> int:
+        """Requests in flight at once, health probes aside: a little below the connection
+        limit, so that a probe still finds a connection and an answer when every other
+        request is slow."""
+        limit = self.connection_limit()
+        return max(1, limit - max(8, limit // 16))

@@ -1,0 +1,111 @@
+"""`tools`: the server's tools (http, python, builtin) and MCP sources."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from proxy.config.model import ConfigModel
+
+
+class ToolConfig(ConfigModel):
+    kind: Literal["http", "python", "builtin", "mcp"]
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    timeout_s: float = Field(30.0, gt=0)
+    # The most output the model gets from this tool; more is a tool error. Unset:
+    # `server.max_tool_output_bytes`.
+    max_output_bytes: int | None = Field(None, ge=1)
+    # `true` for a tool that ends the run (§7.1); for an mcp entry, the list of its tools that
+    # do, by the server's name or the exposed one.
+    terminal: bool | list[str] = False
+    id: str | None = None
+    url: str | None = None
+    headers_env: dict[str, str] = {}
+    callable: str | None = None
+    builtin: str | None = None  # which builtin; defaults to the tool's name
+    # mcp (SPEC §13): `url` (streamable HTTP) or `command` (stdio, a child of the proxy).
+    command: list[str] | None = None
+    env_env: dict[str, str] = {}  # the child's variables, from the proxy's environment
+    prefix: str | None = None  # exposed names: <prefix><tool>
+    include: list[str] | None = None  # the server's tool names to expose; default: all
+    exclude: list[str] = []
+    required: bool = False  # start-up fails when it cannot connect
+    # The longest one attempt to connect and list the tools may take (start-up and reconnects).
+    connect_timeout_s: float = Field(10.0, gt=0, allow_inf_nan=False)
+    # Reconnects wait 0.5 s, then twice as long each time, up to this.
+    reconnect_max_s: float = Field(30.0, gt=0, allow_inf_nan=False)
+    # The most tools one source exposes; the rest are left out (and logged).
+    max_tools: int = Field(128, ge=1, le=4096)
+
+    @model_validator(mode="after")
+    def _fields_for_kind(self) -> ToolConfig:
+        if self.kind == "http" and not self.url:
+            raise ValueError("an http tool needs url")
+        if self.kind == "python" and not self.callable:
+            raise ValueError("a python tool needs callable (package.module:function)")
+        if self.callable is not None and not re.match(r"^[\w.]+:[\w.]+$", self.callable):
+            raise ValueError("callable must look like package.module:function")
+        if self.kind == "mcp":
+            self._check_mcp()
+        else:
+            wrong = [f for f in _MCP_ONLY if f in self.model_fields_set]
+            if wrong:
+                raise ValueError(f"{', '.join(wrong)}: only for kind mcp")
+            if isinstance(self.terminal, list):
+                raise ValueError("terminal is true or false (a list is for kind mcp)")
+        return self
+
+    def _check_mcp(self) -> None:
+        if (self.url is None) == (self.command is None):
+            raise ValueError("an mcp entry needs url (streamable HTTP) or command (stdio): one")
+        if self.command is not None and (not self.command or not self.command[0]):
+            raise ValueError("command must name a program: [program, arg, ...]")
+        if self.url is not None and not re.match(r"^https?://[^/\s]+", self.url):
+            raise ValueError("url must be an http:// or https:// URL")
+        if self.headers_env and self.url is None:
+            raise ValueError("headers_env is for a url entry; a command entry takes env_env")
+        if self.env_env and self.command is None:
+            raise ValueError("env_env is for a command entry; a url entry takes headers_env")
+        given = self.model_fields_set
+        wrong = [f for f in ("parameters", "callable", "builtin", "id") if f in given]
+        if wrong:
+            raise ValueError(f"{', '.join(wrong)}: not for kind mcp (the server gives them)")
+        if self.include is not None and self.exclude:
+            raise ValueError("set include or exclude, not both")
+        if self.terminal is True:
+            raise ValueError("terminal lists the tools of this entry that end the run")
+
+    def exposed_name(self, tool: str) -> str | None:
+        """The name a server tool `tool` is exposed under, or None when include/exclude leave
+        it out (mcp)."""
+        if self.include is not None and tool not in self.include:
+            return None
+        if tool in self.exclude:
+            return None
+        return f"{self.prefix or ''}{tool}"
+
+    def is_terminal(self, tool: str, exposed: str) -> bool:
+        if isinstance(self.terminal, bool):
+            return self.terminal
+        return tool in self.terminal or exposed in self.terminal
+
+
+_MCP_ONLY = ("command", "env_env", "prefix", "include", "exclude", "required")
+
+
+def could_expose(entry: Any, name: str) -> bool:
+    """Whether an mcp entry of a config document (before validation) could expose a tool under
+    `name`, judged by its prefix and include/exclude alone (without connecting)."""
+    if not isinstance(entry, dict) or entry.get("kind") != "mcp":
+        return False
+    prefix = entry.get("prefix") or ""
+    if not isinstance(prefix, str) or not name.startswith(prefix):
+        return False
+    tool = name[len(prefix) :]
+    include, exclude = entry.get("include"), entry.get("exclude")
+    if isinstance(include, list) and tool not in include:
+        return False
+    return not (isinstance(exclude, list) and tool in exclude)
