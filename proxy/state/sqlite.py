@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import logging
 import math
 import os
 import random
 import secrets
 import sqlite3
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -119,6 +121,9 @@ class SqliteStore:
         # connection, cost 64 wake-ups and switches at 64 requests in flight).
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="loopwarden-sqlite")
         self._swept = -math.inf  # monotonic; the first put sweeps what expired before it
+        # Records put and not yet taken by the thread, each with the future its put awaits.
+        self._puts: list[tuple[tuple[str, str, bytes, float], asyncio.Future[None]]] = []
+        self._puts_lock = threading.Lock()  # the loop adds to the list, the thread takes it
         self._locks = KeyedLocks()
 
     def _check_file(self) -> None:
@@ -135,17 +140,18 @@ class SqliteStore:
             )
 
     async def _call(self, work: Callable[[sqlite3.Connection], T]) -> T:
-        def on_thread() -> T:
-            self._check_file()
-            try:
-                return work(self._db)
-            except (sqlite3.Error, OSError) as exc:
-                log.warning("the sqlite state backend failed: %s", exc)
-                _abandon(self._db)
-                reason = f"the state backend (sqlite) is unavailable: {exc}"
-                raise StateUnavailable(reason) from None
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._thread, self._on_thread, work)
 
-        return await asyncio.get_running_loop().run_in_executor(self._thread, on_thread)
+    def _on_thread(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        self._check_file()
+        try:
+            return work(self._db)
+        except (sqlite3.Error, OSError) as exc:
+            log.warning("the sqlite state backend failed: %s", exc)
+            _abandon(self._db)
+            reason = f"the state backend (sqlite) is unavailable: {exc}"
+            raise StateUnavailable(reason) from None
 
     async def reserve(
         self, thread_id: str, limits: Mapping[str, int]
@@ -218,25 +224,45 @@ class SqliteStore:
         return await self._call(work)
 
     async def put_record(self, kind: str, key: str, value: bytes, ttl_s: float) -> None:
+        """Written with the other records put meanwhile, in one transaction (group commit): it
+        returns once that transaction is committed."""
         # Deadlines are wall-clock times: other processes and later runs read them.
+        expires_at = time.time() + check_ttl(ttl_s)
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        with self._puts_lock:
+            puts, first = self._puts, not self._puts
+            puts.append(((kind, key, value, expires_at), done))
+        if first:  # the thread takes this batch, and any record put before it gets to it
+            self._thread.submit(self._write_puts, loop)
+        await done
+
+    def _write_puts(self, loop: asyncio.AbstractEventLoop) -> None:
+        with self._puts_lock:
+            puts, self._puts = self._puts, []
         now = time.time()
-        expires_at = now + check_ttl(ttl_s)
         clock = time.monotonic()
         sweep = clock - self._swept >= SWEEP_EVERY_S
         if sweep:
             self._swept = clock
 
         def work(db: sqlite3.Connection) -> None:
-            db.execute(
-                "INSERT INTO records (kind, key, value, expires_at) VALUES (?, ?, ?, ?) "
-                "ON CONFLICT (kind, key) DO UPDATE SET value = excluded.value, "
-                "expires_at = excluded.expires_at",
-                (kind, key, value, expires_at),
-            )
-            if sweep:  # expired rows do not pile up
-                db.execute("DELETE FROM records WHERE expires_at <= ?", (now,))
+            with _immediate(db):
+                db.executemany(
+                    "INSERT INTO records (kind, key, value, expires_at) VALUES (?, ?, ?, ?) "
+                    "ON CONFLICT (kind, key) DO UPDATE SET value = excluded.value, "
+                    "expires_at = excluded.expires_at",
+                    [row for row, _ in puts],
+                )
+                if sweep:  # expired rows do not pile up
+                    db.execute("DELETE FROM records WHERE expires_at <= ?", (now,))
 
-        await self._call(work)
+        error: BaseException | None = None
+        try:
+            self._on_thread(work)
+        except BaseException as exc:  # every put of the batch fails with it
+            error = exc
+        loop.call_soon_threadsafe(_settle, [done for _, done in puts], error)
 
     async def get_record(self, kind: str, key: str) -> bytes | None:
         def work(db: sqlite3.Connection) -> bytes | None:
@@ -337,6 +363,17 @@ def _immediate(db: sqlite3.Connection) -> Iterator[None]:
         db.execute("ROLLBACK")
         raise
     db.execute("COMMIT")
+
+
+def _settle(waiting: list[asyncio.Future[None]], error: BaseException | None) -> None:
+    """Ends the puts of a batch: each with the batch's error (a copy of its own), if any."""
+    for future in waiting:
+        if future.done():  # its put was cancelled
+            continue
+        if error is None:
+            future.set_result(None)
+        else:
+            future.set_exception(copy.copy(error))
 
 
 def _abandon(db: sqlite3.Connection) -> None:

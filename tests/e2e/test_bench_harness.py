@@ -126,3 +126,16 @@ def test_the_busy_tool_benchmark_runs_a_computing_tool_beside_the_load() -> None
     assert all(float(row[1].replace(",", "")) > 0 for row in rows[1:])
     assert "runs of the computing tool meanwhile: " in done.stdout
     assert "stopped by ['completed']" in done.stdout
+
+
+def test_the_state_writes_benchmark_measures_every_backend() -> None:
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.bench.state_writes", "--writes", "256", "--redis"],
+        capture_output=True, text=True, timeout=90, env={**os.environ, "PYTHONPATH": path},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    rows = [line.split("|")[1:-1] for line in done.stdout.splitlines() if line.startswith("| ")]
+    named = [(row[0].strip(), row[1].strip()) for row in rows[1:]]
+    assert named == [(b, w) for b in ("memory", "sqlite", "redis") for w in ("1", "64")]
+    assert all(float(row[2].replace(",", "")) > 0 for row in rows[1:])

@@ -1,0 +1,84 @@
+"""Records written to each state backend with 1 and with 64 writers at once (each run's report
+is one record): writes per second and CPU per write, in this process (event loop and the
+store's threads).
+
+    python -m tests.bench.state_writes [--writes 6000] [--redis]
+
+The sqlite store commits the records put meanwhile in one transaction, so many writers at once
+share its commits; one writer pays a commit for each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import resource
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from proxy.state.memory import MemoryStore
+from proxy.state.redis import RedisStore
+from proxy.state.sqlite import SqliteStore
+from proxy.state.store import StateStore
+from tests.servers import redis_server
+
+RECORD = b'{"run_id": "run_x", "stop_reason": "completed", "usage": {}}' + b" " * 540
+
+
+def cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+async def measure(store: StateStore, writers: int, writes: int) -> tuple[float, float]:
+    """Writes per second and CPU µs per write of `writers` writing `writes` records in all."""
+    each = max(1, writes // writers)
+
+    async def writer(w: int) -> None:
+        for i in range(each):
+            await store.put_record("run", f"{w}-{i}", RECORD, 3600)
+
+    await writer(-1)  # the schema, the connection: once
+    cpu, started = cpu_seconds(), time.perf_counter()
+    await asyncio.gather(*(writer(w) for w in range(writers)))
+    elapsed, spent = time.perf_counter() - started, cpu_seconds() - cpu
+    return writers * each / elapsed, 1e6 * spent / (writers * each)
+
+
+@contextlib.contextmanager
+def stores(folder: Path, redis: bool) -> Iterator[list[tuple[str, StateStore]]]:
+    with contextlib.ExitStack() as stack:
+        found: list[tuple[str, StateStore]] = [
+            ("memory", MemoryStore()),
+            ("sqlite", SqliteStore(folder / "state.db")),
+        ]
+        if redis:
+            url = stack.enter_context(redis_server(folder))
+            found.append(("redis", RedisStore(url)))
+        yield found
+
+
+async def run(writes: int, redis: bool) -> str:
+    lines = ["| backend | writers | writes/s | CPU µs/write |", "|---|---|---|---|"]
+    with tempfile.TemporaryDirectory() as folder, stores(Path(folder), redis) as found:
+        for name, store in found:
+            for writers in (1, 64):
+                rate, cpu = await measure(store, writers, writes)
+                lines.append(f"| {name} | {writers} | {rate:,.0f} | {cpu:.1f} |")
+            await store.close()
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--writes", type=int, default=6000, help="records per row")
+    parser.add_argument("--redis", action="store_true", help="also redis (needs redis-server)")
+    args = parser.parse_args(argv)
+    print(asyncio.run(run(args.writes, args.redis)))
+
+
+if __name__ == "__main__":
+    main()
