@@ -5,6 +5,7 @@ and runs on one context are serialised by a leased lock. Every failure of the se
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Iterator, Mapping
@@ -15,7 +16,7 @@ from redis.exceptions import LockError, RedisError
 
 from proxy.errors import StateUnavailable
 from proxy.state.lease import renewed
-from proxy.state.store import StoredContext, check_ttl, conflict
+from proxy.state.store import StoredContext, check_ttl, conflict, settle
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +84,11 @@ class RedisStore:
         self._ttl = context_ttl_s
         self._lease = lock_lease_s
         self._reserve = self._redis.register_script(_RESERVE)
+        # Whether a record is on its way; the records put meanwhile, each with the future its
+        # put awaits; the task that sends them.
+        self._sending = False
+        self._puts: list[tuple[str, bytes, int, asyncio.Future[None]]] = []
+        self._writer: asyncio.Task[None] | None = None
         self._save = self._redis.register_script(_SAVE)
 
     def _thread(self, thread_id: str) -> str:
@@ -131,9 +137,47 @@ class RedisStore:
         return f"{self._prefix}record:{len(kind)}:{kind}:{key}"
 
     async def put_record(self, kind: str, key: str, value: bytes, ttl_s: float) -> None:
-        ttl_ms = max(1, round(check_ttl(ttl_s) * 1000))
-        with _reached():
-            await self._redis.set(self._record(kind, key), value, px=ttl_ms)
+        """Sent at once when no other record is on its way, else with every record put
+        meanwhile, in one pipeline, after it (group commit): it returns once the server has
+        taken its record."""
+        put = (self._record(kind, key), value, max(1, round(check_ttl(ttl_s) * 1000)))
+        if self._sending:
+            done = asyncio.get_running_loop().create_future()
+            self._puts.append((*put, done))
+            await done
+            return
+        self._sending = True
+        try:
+            with _reached():
+                await self._redis.set(put[0], put[1], px=put[2])
+        finally:
+            self._send_the_rest()
+
+    def _send_the_rest(self) -> None:
+        if self._puts:
+            self._writer = asyncio.create_task(self._write_puts())
+        else:
+            self._sending = False
+
+    async def _write_puts(self) -> None:
+        """Sends what was put, a pipeline at a time, until nothing is left."""
+        try:
+            while self._puts:
+                puts, self._puts = self._puts, []
+                error: BaseException | None = None
+                try:
+                    with _reached():
+                        async with self._redis.pipeline(transaction=False) as pipe:
+                            for name, value, ttl_ms, _ in puts:
+                                pipe.set(name, value, px=ttl_ms)
+                            await pipe.execute()
+                except BaseException as exc:  # every put of the pipeline fails with it
+                    error = exc
+                settle([done for *_, done in puts], error)
+                if error is not None and not isinstance(error, Exception):
+                    raise error  # cancelled: what is left waits for the next put
+        finally:
+            self._sending = False
 
     async def get_record(self, kind: str, key: str) -> bytes | None:
         with _reached():

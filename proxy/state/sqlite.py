@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import logging
 import math
 import os
@@ -25,7 +24,7 @@ from typing import TypeVar
 from proxy.errors import StateUnavailable
 from proxy.state.lease import renewed
 from proxy.state.locks import KeyedLocks
-from proxy.state.store import StoredContext, check_ttl, conflict
+from proxy.state.store import StoredContext, check_ttl, conflict, settle
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -262,7 +261,7 @@ class SqliteStore:
             self._on_thread(work)
         except BaseException as exc:  # every put of the batch fails with it
             error = exc
-        loop.call_soon_threadsafe(_settle, [done for _, done in puts], error)
+        loop.call_soon_threadsafe(settle, [done for _, done in puts], error)
 
     async def get_record(self, kind: str, key: str) -> bytes | None:
         def work(db: sqlite3.Connection) -> bytes | None:
@@ -363,17 +362,6 @@ def _immediate(db: sqlite3.Connection) -> Iterator[None]:
         db.execute("ROLLBACK")
         raise
     db.execute("COMMIT")
-
-
-def _settle(waiting: list[asyncio.Future[None]], error: BaseException | None) -> None:
-    """Ends the puts of a batch: each with the batch's error (a copy of its own), if any."""
-    for future in waiting:
-        if future.done():  # its put was cancelled
-            continue
-        if error is None:
-            future.set_result(None)
-        else:
-            future.set_exception(copy.copy(error))
 
 
 def _abandon(db: sqlite3.Connection) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import copy
 import math
 import time
 from collections.abc import Mapping
@@ -121,3 +123,15 @@ def check_ttl(ttl_s: float) -> float:
     if not (0 < ttl_s < math.inf):  # also refuses NaN
         raise ValueError(f"a record's TTL must be a positive number of seconds, not {ttl_s!r}")
     return ttl_s
+
+
+def settle(waiting: list[asyncio.Future[None]], error: BaseException | None) -> None:
+    """Ends the writes of a batch (group commit): each with the batch's error, if any, as a copy
+    of its own."""
+    for future in waiting:
+        if future.done():  # its put was cancelled
+            continue
+        if error is None:
+            future.set_result(None)
+        else:
+            future.set_exception(copy.copy(error))

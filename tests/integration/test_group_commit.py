@@ -1,0 +1,143 @@
+"""Records put meanwhile are written together (group commit): in one sqlite transaction, in
+one redis pipeline. Every put returns once its record is written, fails with its batch (an
+error of its own), keeps its order among puts of one key, and may be cancelled alone."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import sqlite3
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from proxy.errors import StateUnavailable
+from proxy.state.redis import RedisStore
+from proxy.state.sqlite import SqliteStore
+from proxy.state.store import StateStore
+from tests.servers import redis_server
+
+PUTS = 64
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+async def store(
+    request: pytest.FixtureRequest, tmp_path: Path, redis_url: str
+) -> AsyncIterator[StateStore]:
+    if request.param == "sqlite":
+        opened: StateStore = SqliteStore(tmp_path / "state.db")
+    else:
+        opened = RedisStore(redis_url, prefix=f"batch-{secrets.token_hex(4)}:")
+    yield opened
+    await opened.close()
+
+
+async def put_many(store: StateStore, values: list[bytes], key: str = "r{}") -> None:
+    await asyncio.gather(
+        *(store.put_record("run", key.format(i), value, 60) for i, value in enumerate(values))
+    )
+
+
+async def test_records_put_at_once_are_all_written(store: StateStore) -> None:
+    values = [b'{"n": %d}' % i for i in range(PUTS)]
+    await put_many(store, values)
+    assert [await store.get_record("run", f"r{i}") for i in range(PUTS)] == values
+
+
+async def test_puts_of_one_key_keep_their_order(store: StateStore) -> None:
+    await put_many(store, [b"%d" % i for i in range(20)], key="same")
+    assert await store.get_record("run", "same") == b"19"
+
+
+async def test_a_cancelled_put_leaves_its_batch_alone(store: StateStore) -> None:
+    puts = [asyncio.create_task(store.put_record("run", f"r{i}", b"{}", 60)) for i in range(8)]
+    await asyncio.sleep(0)  # every put has joined a batch
+    puts[3].cancel()
+    results = await asyncio.gather(*puts, return_exceptions=True)
+    assert isinstance(results[3], asyncio.CancelledError)
+    assert [r for i, r in enumerate(results) if i != 3] == [None] * 7
+    assert await store.get_record("run", "r7") == b"{}"
+    await store.put_record("run", "after", b"{}", 60)  # the way is free again
+    assert await store.get_record("run", "after") == b"{}"
+
+
+def wal_frames(path: Path) -> int:
+    """The frames in the file's write-ahead log: each commit writes one at least."""
+    with sqlite3.connect(path) as db:
+        _, frames, _ = db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+    return int(frames)
+
+
+async def test_sqlite_commits_records_put_at_once_together(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    store = SqliteStore(path)
+    try:
+        await store.put_record("run", "warm-up", b"{}", 60)  # the schema's pages, once
+        frames = wal_frames(path)
+        await put_many(store, [b"{}"] * PUTS)
+        # Every put returned with its record committed: a connection of its own reads them.
+        with sqlite3.connect(path) as db:
+            (count,) = db.execute("SELECT count(*) FROM records WHERE key LIKE 'r%'").fetchone()
+        assert count == PUTS
+        assert wal_frames(path) - frames < PUTS  # fewer commits than puts
+    finally:
+        await store.close()
+
+
+def connections(url: str) -> int:
+    with redis.Redis.from_url(url) as admin:
+        return len(admin.client_list()) - 1  # without this one
+
+
+async def test_redis_sends_records_put_at_once_on_few_connections(redis_url: str) -> None:
+    store = RedisStore(redis_url, prefix=f"batch-{secrets.token_hex(4)}:")
+    before = connections(redis_url)
+    try:
+        await put_many(store, [b"{}"] * PUTS)
+        # One command at once, the rest in one pipeline after it: two connections at most
+        # (a command a connection would have opened one for each put).
+        assert connections(redis_url) - before <= 2
+        assert await store.get_record("run", f"r{PUTS - 1}") == b"{}"
+    finally:
+        await store.close()
+
+
+def remove(path: Path) -> None:
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "redis"])
+async def test_every_put_of_a_failed_batch_fails_and_none_hangs(kind: str, tmp_path: Path) -> None:
+    server = redis_server(tmp_path / "redis") if kind == "redis" else None
+    if server is not None:
+        (tmp_path / "redis").mkdir()
+        store: StateStore = RedisStore(server.__enter__(), timeout_s=2)
+    else:
+        store = SqliteStore(tmp_path / "state.db")
+    try:
+        await store.put_record("run", "before", b"{}", 60)
+        if server is not None:
+            server.__exit__(None, None, None)
+        else:
+            remove(tmp_path / "state.db")
+        results = await asyncio.wait_for(
+            asyncio.gather(
+                *(store.put_record("run", f"r{i}", b"{}", 60) for i in range(10)),
+                return_exceptions=True,
+            ),
+            timeout=20,
+        )
+        assert all(isinstance(r, StateUnavailable) for r in results), results
+        assert len({id(r) for r in results}) == 10  # each its own error, not one shared
+    finally:
+        await store.close()
+
+
+async def test_a_put_on_a_closed_sqlite_store_fails_at_once(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "state.db")
+    await store.close()
+    with pytest.raises(StateUnavailable, match="closed database"):
+        await asyncio.wait_for(store.put_record("run", "late", b"{}", 60), timeout=5)
