@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import os
@@ -15,7 +16,7 @@ import secrets
 import sqlite3
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
@@ -29,6 +30,8 @@ from proxy.state.store import StoredContext, check_ttl, conflict, settle
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 SWEEP_EVERY_S = 60.0  # the most often expired records are deleted
+ROWS_PER_WRITE = 200  # records in one statement: 4 parameters each, within sqlite's 999
+_SWEEP = "DELETE FROM records WHERE expires_at <= ?"
 LOCK_POLL_S = (0.005, 0.05)  # the first and the longest wait between two tries of a held lock
 
 _TABLES = [
@@ -237,31 +240,27 @@ class SqliteStore:
         await done
 
     def _write_puts(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Writes the records put so far, up to ROWS_PER_WRITE in each statement. One statement
+        is one transaction, whose write lock sqlite holds inside that one call: an explicit
+        transaction would hold it across the statements, each waiting for the GIL while the
+        event loop runs, and another process's writers would wait their busy timeout for it."""
         with self._puts_lock:
             puts, self._puts = self._puts, []
         now = time.time()
         clock = time.monotonic()
-        sweep = clock - self._swept >= SWEEP_EVERY_S
-        if sweep:
+        if clock - self._swept >= SWEEP_EVERY_S:  # expired rows do not pile up
             self._swept = clock
-
-        def work(db: sqlite3.Connection) -> None:
-            with _immediate(db):
-                db.executemany(
-                    "INSERT INTO records (kind, key, value, expires_at) VALUES (?, ?, ?, ?) "
-                    "ON CONFLICT (kind, key) DO UPDATE SET value = excluded.value, "
-                    "expires_at = excluded.expires_at",
-                    [row for row, _ in puts],
-                )
-                if sweep:  # expired rows do not pile up
-                    db.execute("DELETE FROM records WHERE expires_at <= ?", (now,))
-
-        error: BaseException | None = None
-        try:
-            self._on_thread(work)
-        except BaseException as exc:  # every put of the batch fails with it
-            error = exc
-        loop.call_soon_threadsafe(settle, [done for _, done in puts], error)
+            with contextlib.suppress(StateUnavailable):  # the writes below say so too
+                self._on_thread(_statement(_SWEEP, (now,)))
+        for start in range(0, len(puts), ROWS_PER_WRITE):
+            chunk = puts[start : start + ROWS_PER_WRITE]
+            values = [value for row, _ in chunk for value in row]
+            error: BaseException | None = None
+            try:
+                self._on_thread(_statement(_insert(len(chunk)), values))
+            except BaseException as exc:  # every put of the statement fails with it
+                error = exc
+            loop.call_soon_threadsafe(settle, [done for _, done in chunk], error)
 
     async def get_record(self, kind: str, key: str) -> bytes | None:
         def work(db: sqlite3.Connection) -> bytes | None:
@@ -362,6 +361,21 @@ def _immediate(db: sqlite3.Connection) -> Iterator[None]:
         db.execute("ROLLBACK")
         raise
     db.execute("COMMIT")
+
+
+def _statement(sql: str, parameters: Sequence[object]) -> Callable[[sqlite3.Connection], object]:
+    return lambda db: db.execute(sql, parameters)
+
+
+@functools.lru_cache(maxsize=ROWS_PER_WRITE)
+def _insert(rows: int) -> str:
+    """One statement that writes `rows` records (a later one of a key replaces an earlier)."""
+    values = ", ".join(["(?, ?, ?, ?)"] * rows)
+    return (
+        f"INSERT INTO records (kind, key, value, expires_at) VALUES {values} "
+        "ON CONFLICT (kind, key) DO UPDATE SET value = excluded.value, "
+        "expires_at = excluded.expires_at"
+    )
 
 
 def _abandon(db: sqlite3.Connection) -> None:
