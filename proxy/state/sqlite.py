@@ -161,16 +161,20 @@ class SqliteStore:
         keys = list(limits)
 
         def work(db: sqlite3.Connection) -> tuple[bool, dict[str, int]]:
-            with _immediate(db):
-                counts = _counts(db, thread_id, keys)
-                if any(counts[key] >= limits[key] for key in keys):
-                    return False, counts
-                db.executemany(
-                    "INSERT INTO thread_calls (thread_id, key, count) VALUES (?, ?, 1) "
-                    "ON CONFLICT (thread_id, key) DO UPDATE SET count = count + 1",
-                    [(thread_id, key) for key in keys],
-                )
-            return True, {key: counts[key] + 1 for key in keys}
+            # One statement, so sqlite holds the write lock inside one call (see _write_puts);
+            # it reads the counts before it writes any, so it adds to all or to none.
+            wanted = ", ".join(["(?, ?)"] * len(keys))
+            db.execute(
+                f"WITH wanted (key, cap) AS (VALUES {wanted}) "
+                "INSERT INTO thread_calls (thread_id, key, count) "
+                "SELECT ?, key, 1 FROM wanted WHERE NOT EXISTS ("
+                "SELECT 1 FROM thread_calls t JOIN wanted w ON t.key = w.key "
+                "WHERE t.thread_id = ? AND t.count >= w.cap) "
+                "ON CONFLICT (thread_id, key) DO UPDATE SET count = count + 1",
+                [*(v for key in keys for v in (key, limits[key])), thread_id, thread_id],
+            )
+            (added,) = db.execute("SELECT changes()").fetchone()  # rowcount misses WITH
+            return added == len(keys), _counts(db, thread_id, keys)
 
         return await self._call(work)
 
