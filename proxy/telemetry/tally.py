@@ -6,8 +6,8 @@ memory-mapped file: about 1 µs and 2 µs each, and a request makes fifteen or m
 is a float (a histogram's: its bucket counts and sum) added to its prometheus-client series
 when the metrics are read. Registered first on a registry, the tally is applied whenever that
 registry is collected (a scrape, `get_sample_value`), so a scrape never misses an update of
-its own process; with several workers each applies its own once a second (`apply_every`), so
-a scrape of any worker shows every worker's updates within a second.
+its own process; and once a second (`apply_every`), so that under `serve --workers` a scrape
+of any worker shows every worker's updates within a second.
 
 Only the event loop's thread may count: the amounts are not guarded against other threads.
 """
