@@ -84,12 +84,12 @@ class RedisStore:
         self._ttl = context_ttl_s
         self._lease = lock_lease_s
         self._reserve = self._redis.register_script(_RESERVE)
+        self._save = self._redis.register_script(_SAVE)
         # Whether a record is on its way; the records put meanwhile, each with the future its
         # put awaits; the task that sends them.
         self._sending = False
         self._puts: list[tuple[str, bytes, int, asyncio.Future[None]]] = []
         self._writer: asyncio.Task[None] | None = None
-        self._save = self._redis.register_script(_SAVE)
 
     def _thread(self, thread_id: str) -> str:
         return f"{self._prefix}thread:{thread_id}"

@@ -230,8 +230,8 @@ class SqliteStore:
         return await self._call(work)
 
     async def put_record(self, kind: str, key: str, value: bytes, ttl_s: float) -> None:
-        """Written with the other records put meanwhile, in one transaction (group commit): it
-        returns once that transaction is committed."""
+        """Written with the other records put meanwhile (group commit, see `_write_puts`): it
+        returns once the statement that wrote it is committed."""
         # Deadlines are wall-clock times: other processes and later runs read them.
         expires_at = time.time() + check_ttl(ttl_s)
         loop = asyncio.get_running_loop()
