@@ -9,17 +9,18 @@ from typing import Any
 
 from proxy.engine import events as ev
 from proxy.engine.checkpoints import Checkpoints
+from proxy.engine.failures import failed
 from proxy.engine.final_message import Ending, final_message, without_tool_calls
+from proxy.engine.model_call import call_model
 from proxy.engine.policies.base import Nudge, StepPlan
 from proxy.engine.policies.terminal import terminal_hint
 from proxy.engine.ports import RunStream
 from proxy.engine.run_spec import Deps, RunResult, RunSpec
-from proxy.engine.state import RunState, StepRecord
+from proxy.engine.state import RunState
 from proxy.engine.stop import Stop, StopReason
 from proxy.engine.tool_calls import Outcome, ReplyCalls
-from proxy.engine.values import ModelReply, ModelRequest
+from proxy.engine.values import ModelReply
 from proxy.engine.voice import Voice
-from proxy.errors import ClientDisconnected, StateUnavailable, UpstreamFailure
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +53,6 @@ class Run:
             deps.clock,
             self.voice.emit,
         )
-        self.last_reply: ModelReply | None = None
 
     async def execute(self) -> RunResult:
         spec, clock = self.spec, self.deps.clock
@@ -70,37 +70,12 @@ class Run:
         except asyncio.CancelledError:
             ending = Ending(Stop(StopReason.CANCELLED, {"step": run.step_count}), {}, None)
             raise
-        except ClientDisconnected as exc:
-            ending = Ending(Stop(StopReason.CANCELLED, {"step": run.step_count}), {}, None)
-            error = exc
-        except StateUnavailable as exc:
-            details = {"error": exc.message, "step": run.step_count}
-            ending, error = Ending(Stop(StopReason.STATE_UNAVAILABLE, details), {}, None), exc
-        except UpstreamFailure as exc:
-            details = {"error": str(exc), "step": run.step_count}
-            ending, error = Ending(Stop(StopReason.UPSTREAM_ERROR, details), {}, None), exc
         except Exception as exc:
-            log.exception("run %s failed", spec.run_id)
-            ending = Ending(Stop(StopReason.INTERNAL_ERROR, {"step": run.step_count}), {}, None)
-            error = exc
+            ending, error = failed(exc, spec.run_id, run.step_count), exc
         finally:
             run.now = clock()
             self.voice.notify(ev.RunFinished.of(run, spec.agent, ending.stop, error))
-        return RunResult(
-            spec.run_id,
-            ending.stop,
-            ending.message,
-            ending.finish_reason,
-            run.usage,
-            run.cost_usd,
-            run.step_count,
-            run.tool_calls,
-            run.generated,
-            run.tools_ran,
-            self.last_reply,
-            error,
-            run.held,
-        )
+        return RunResult.of(run, ending, error)
 
     async def _loop(self, run: RunState) -> Ending:
         checkpoints = self.checkpoints
@@ -139,7 +114,7 @@ class Run:
     async def _step(self, run: RunState, plan: StepPlan) -> Outcome | None:
         """One upstream call and its tool calls; how the run ends, if this step ends it."""
         checkpoints = self.checkpoints
-        reply = await self._call_model(run, plan)
+        reply = await call_model(self.spec, self.deps, self.voice, run, plan, final=False)
         stop = checkpoints.after_reply(run, plan, reply)
         if stop is not None:
             run.append(without_tool_calls(reply.message))
@@ -166,45 +141,6 @@ class Run:
             messages.insert(0, {"role": "system", "content": "\n\n".join(parts)})
         return messages
 
-    async def _call_model(
-        self, run: RunState, plan: StepPlan, *, final: bool = False
-    ) -> ModelReply:
-        index = run.step_count + 1
-        request = ModelRequest(
-            model=self.spec.model,
-            messages=list(run.messages),
-            tools=plan.tools,
-            tool_choice=plan.tool_choice,
-            max_completion_tokens=plan.max_completion_tokens,
-            stream=self.stream is not None,
-            params=self.spec.params,
-            step=index,
-        )
-        clock = self.deps.clock
-        started = clock()
-        await self.voice.emit(ev.StepStarted(run.run_id, index, request, started))
-        run.invocations += 1
-        try:
-            reply = await self.deps.model.complete(request, self.voice.step_sink())
-        except BaseException as exc:
-            run.upstream_s += clock() - started
-            self.voice.notify(ev.ModelFailed(run.run_id, index, exc, clock() - started))
-            raise
-        elapsed = clock() - started
-        run.upstream_s += elapsed
-        cost = reply.reported_cost_usd
-        if cost is None:
-            cost = self.deps.prices.cost(self.spec.model, reply.usage)
-        run.usage.add(reply.usage)
-        run.add_cost(cost)
-        calls = [] if final else reply.tool_calls
-        run.steps.append(
-            StepRecord(index, list(calls), [], reply.usage, cost, reply.finish_reason, reply.text)
-        )
-        self.last_reply = reply
-        await self.voice.emit(ev.ModelReplied(run.run_id, index, reply, cost, elapsed))
-        return reply
-
     async def _end(
         self, run: RunState, stop: Stop, decided: dict[str, Any] | None = None
     ) -> Ending:
@@ -214,14 +150,14 @@ class Run:
         async def final_answer() -> ModelReply:
             choice = "none" if self.offered else None
             plan = StepPlan(list(self.offered), choice, self.spec.max_completion_tokens)
-            return await self._call_model(run, plan, final=True)
+            return await call_model(self.spec, self.deps, self.voice, run, plan, final=True)
 
         wants_answer = self.spec.policy.final_answer
         return await final_message(
             run,
             stop,
             decided,
-            self.last_reply,
+            run.last_reply,
             final_answer=final_answer if wants_answer else None,
             say=self.voice.say,
         )

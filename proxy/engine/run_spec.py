@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from proxy.engine.final_message import Ending
 from proxy.engine.policy import LoopPolicy
 from proxy.engine.ports import (
     ChatModel,
@@ -16,6 +17,7 @@ from proxy.engine.ports import (
     ThreadCounters,
     ToolExecutor,
 )
+from proxy.engine.state import RunState
 from proxy.engine.stop import Stop
 from proxy.engine.usage import Usage
 from proxy.engine.values import ModelReply
@@ -64,3 +66,21 @@ class RunResult:
     last_reply: ModelReply | None = None
     error: BaseException | None = None
     held: dict[str, Any] | None = None  # see `RunState.held`
+
+    @classmethod
+    def of(cls, run: RunState, ending: Ending, error: BaseException | None) -> RunResult:
+        return cls(
+            run.run_id,
+            ending.stop,
+            ending.message,
+            ending.finish_reason,
+            run.usage,
+            run.cost_usd,
+            run.step_count,
+            run.tool_calls,
+            run.generated,
+            run.tools_ran,
+            run.last_reply,
+            error,
+            run.held,
+        )

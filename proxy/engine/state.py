@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.engine.usage import Usage
-from proxy.engine.values import ToolCall
+from proxy.engine.values import ModelReply, ToolCall
 
 
 @dataclass(slots=True)
@@ -55,6 +55,7 @@ class RunState:
     # The server calls of a reply that also called client tools, kept for the client's next
     # request (SPEC §5.1.6).
     held: dict[str, Any] | None = None
+    last_reply: ModelReply | None = None  # the model's latest reply, for the run's answer
 
     @property
     def step_count(self) -> int:
