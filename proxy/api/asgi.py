@@ -17,6 +17,10 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 JSON = b"application/json"
+# How long a run goes before a task watches for its client's disconnect: a task per request
+# costs more than many a whole run against a fast upstream, and a client that left within
+# this time still stops its run, this much later.
+WATCH_AFTER_S = 0.05
 
 
 def header_list(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
@@ -89,28 +93,55 @@ async def until_disconnect(receive: Receive) -> None:
 
 async def run_or_cancel(run: Callable[[], Awaitable[T]], receive: Receive) -> T | None:
     """Runs to the end in this task, or cancels the run when the client goes away (returns
-    None). One task watches for the disconnect: the run itself needs none of its own."""
+    None). The client is watched once the run has lasted WATCH_AFTER_S: a disconnect before
+    then is seen then, and a run that ends sooner costs no watching at all."""
     task = asyncio.current_task()
     assert task is not None
-    running, gone = True, False
-
-    async def watch() -> None:
-        nonlocal gone
-        await until_disconnect(receive)
-        if running:  # else the run ended first, and this task has moved on
-            gone = True
-            task.cancel()
-
-    watcher = asyncio.get_running_loop().create_task(watch())
+    watch = _Watch(task, receive)
     try:
         return await run()
     except asyncio.CancelledError:
-        if gone and task.uncancel() == 0:
+        if watch.gone and task.uncancel() == 0:
             return None
         raise
     finally:
-        running = False
-        watcher.cancel()
+        watch.stop()
+
+
+class _Watch:
+    """One task that waits for the client's disconnect, started by a timer, and cancels the
+    run's `task` if the run is still going."""
+
+    __slots__ = ("gone", "receive", "task", "timer", "watcher")
+
+    def __init__(self, task: asyncio.Task[Any], receive: Receive) -> None:
+        self.task: asyncio.Task[Any] | None = task
+        self.receive = receive
+        self.gone = False
+        self.watcher: asyncio.Task[None] | None = None
+        self.timer: asyncio.TimerHandle | None = asyncio.get_running_loop().call_later(
+            WATCH_AFTER_S, self._start
+        )
+
+    def _start(self) -> None:
+        self.timer = None
+        self.watcher = asyncio.get_running_loop().create_task(self._watch())
+
+    async def _watch(self) -> None:
+        await until_disconnect(self.receive)
+        if self.task is not None:  # else the run ended first, and its task has moved on
+            self.gone = True
+            self.task.cancel()
+
+    def stop(self) -> None:
+        """The run ended: nothing to watch any more."""
+        self.task = None
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if self.watcher is not None:
+            self.watcher.cancel()
+            self.watcher = None
 
 
 def bearer_token(scope: Scope) -> str | None:
