@@ -37,7 +37,8 @@ from proxy.pricing import PriceTable
 from proxy.state.backend import open_store
 from proxy.state.store import StateStore
 from proxy.telemetry.http import HttpTelemetry
-from proxy.telemetry.metrics import OverheadObserver, exposition_registry
+from proxy.telemetry.metrics import exposition_registry
+from proxy.telemetry.run_metrics import OverheadObserver
 from proxy.telemetry.setup import build_telemetry, tracer_provider_from_env
 from proxy.telemetry.tracing import annotate_tool_span, inject_trace_headers
 from proxy.tools.registry import SourcesUnavailable

@@ -10,9 +10,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, multiprocess
 
-from proxy.engine import events as ev
 from proxy.engine.stop import StopReason
-from proxy.telemetry.error_types import error_type
 from proxy.telemetry.tally import Pending, Tally
 
 OTHER = "other"
@@ -173,78 +171,6 @@ class Metrics:
 
     def upstream_attempt(self, upstream: str, status_class: str) -> None:
         self.child(self.upstream_requests, upstream, status_class).inc()
-
-
-class MetricsObserver:
-    """Turns run events into metrics."""
-
-    def __init__(self, metrics: Metrics, labels: Labels) -> None:
-        self.metrics = metrics
-        self.labels = labels
-        self._runs: dict[str, tuple[str, str]] = {}  # run id -> (agent, model) labels
-
-    def on_event(self, event: ev.RunEvent) -> None:
-        m, labels = self.metrics, self.labels
-        if isinstance(event, ev.RunStarted):
-            m.in_flight.inc()
-            self._runs[event.run_id] = (labels.agent(event.agent), event.model)
-        elif isinstance(event, ev.ModelReplied):
-            self._model_call(event.run_id, event.duration_s, None, event)
-        elif isinstance(event, ev.ModelFailed):
-            self._model_call(event.run_id, event.duration_s, error_type(event.error), None)
-        elif isinstance(event, ev.ToolExecuted):
-            tool = labels.tool(event.call.name)
-            m.child(m.tool_calls, tool, event.result.outcome).inc()
-            m.child(m.tool_duration, tool).observe(event.duration_s)
-        elif isinstance(event, ev.CallBlocked):
-            m.child(m.tool_calls, labels.tool(event.call.name), event.outcome).inc()
-        elif isinstance(event, ev.Nudged):
-            m.child(m.nudges, self._runs.get(event.run_id, (OTHER, ""))[0]).inc()
-        elif isinstance(event, ev.RunFinished):
-            self._finished(event)
-
-    def _model_call(
-        self, run_id: str, duration_s: float, error: str | None, replied: ev.ModelReplied | None
-    ) -> None:
-        raw_model = self._runs.get(run_id, (OTHER, OTHER))[1]
-        model = self.labels.model(raw_model)
-        common = ("chat", self.labels.providers(raw_model), model)
-        m = self.metrics
-        m.child(m.operation, *common, error or "").observe(duration_s)
-        if replied is None:
-            return
-        usage = replied.reply.usage
-        m.child(m.tokens, *common, "input").observe(usage.prompt_tokens)
-        m.child(m.tokens, *common, "output").observe(usage.completion_tokens)
-        if replied.reply.first_chunk_s is not None:
-            m.child(m.first_chunk, *common).observe(replied.reply.first_chunk_s)
-
-    def _finished(self, event: ev.RunFinished) -> None:
-        m = self.metrics
-        self._runs.pop(event.run_id, None)
-        m.in_flight.dec()
-        agent = self.labels.agent(event.agent)
-        model = self.labels.model(event.model)
-        reason = event.stop.reason.value
-        m.child(m.runs, agent, model, reason).inc()
-        m.child(m.run_duration, agent, reason).observe(event.duration_s)
-        m.child(m.run_steps, agent, reason).observe(event.steps)
-        m.child(m.run_tool_calls, agent, reason).observe(event.tool_calls)
-        if event.cost_usd:
-            m.child(m.cost, agent, model).inc(event.cost_usd)
-
-
-class OverheadObserver:
-    """`loopwarden_proxy_overhead_seconds` of the runs one route starts (the engine knows no
-    routes: the app gives each route its own observer)."""
-
-    def __init__(self, metrics: Metrics, route: str) -> None:
-        self.histogram = metrics.child(metrics.overhead, route)
-
-    def on_event(self, event: ev.RunEvent) -> None:
-        if isinstance(event, ev.RunFinished):
-            overhead = event.duration_s - event.upstream_s - event.tools_s
-            self.histogram.observe(max(0.0, overhead))
 
 
 def exposition_registry(metrics: Metrics) -> CollectorRegistry:

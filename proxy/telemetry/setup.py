@@ -20,7 +20,8 @@ from prometheus_client import CollectorRegistry
 
 from proxy.config import Config
 from proxy.engine.ports import PriceBook
-from proxy.telemetry.metrics import Labels, Metrics, MetricsObserver
+from proxy.telemetry.metrics import Labels, Metrics
+from proxy.telemetry.run_metrics import MetricsObserver
 from proxy.telemetry.tracing import TracingObserver
 
 CAPTURE_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"

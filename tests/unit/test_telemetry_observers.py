@@ -13,7 +13,8 @@ from proxy.engine.stop import Stop, StopReason
 from proxy.engine.usage import Usage
 from proxy.engine.values import ModelRequest, ToolCall, ToolResult
 from proxy.errors import UpstreamStatusError
-from proxy.telemetry.metrics import Labels, Metrics, MetricsObserver, OverheadObserver
+from proxy.telemetry.metrics import Labels, Metrics
+from proxy.telemetry.run_metrics import MAX_SERIES_CACHED, MetricsObserver, OverheadObserver
 from proxy.telemetry.tracing import TracingObserver
 from tests.fakes import reply
 
@@ -113,6 +114,37 @@ def test_a_failed_step_is_timed_with_its_error_type_and_unknown_names_fold() -> 
         == 1
     )
     assert registry.get_sample_value("loopwarden_nudges_total", {"agent": "other"}) == 1
+
+
+def test_runs_of_many_client_model_names_fold_into_other_and_keep_few_series() -> None:
+    registry = CollectorRegistry()
+    observer = MetricsObserver(Metrics(registry), labels())
+    runs = MAX_SERIES_CACHED + 100
+    for i in range(runs):
+        run_id, model = f"run_{i}", f"client-model-{i}"
+        observer.on_event(ev.RunStarted(run_id, "agent-a", model, None, 0.0))
+        observer.on_event(ev.ModelReplied(run_id, 1, reply("hi", prompt=3), 0.0, 0.1))
+        observer.on_event(
+            ev.RunFinished(
+                run_id, "agent-a", model, Stop(StopReason.COMPLETED), 1, 0, Usage(3, 1, 4),
+                None, 0.2, 0.1, 0.0,
+            )
+        )  # fmt: skip
+        assert len(observer._series) <= MAX_SERIES_CACHED
+    labels_ = {"agent": "agent-a", "model": "other", "stop_reason": "completed"}
+    assert registry.get_sample_value("loopwarden_runs_total", labels_) == runs
+    genai = {
+        "gen_ai_operation_name": "chat",
+        "gen_ai_provider_name": "openai",
+        "gen_ai_request_model": "other",
+        "gen_ai_token_type": "input",
+    }
+    assert registry.get_sample_value("gen_ai_client_token_usage_sum", genai) == 3 * runs
+    # Runs that were never priced or streamed add no cost or first-chunk series, not even 0.
+    samples = {m.name: m.samples for m in registry.collect()}
+    assert samples["loopwarden_cost_usd"] == []
+    assert samples["gen_ai_client_operation_time_to_first_chunk_seconds"] == []
+    assert samples["loopwarden_runs"] != []
 
 
 def traced(events: list[ev.RunEvent], capture: bool = False) -> InMemorySpanExporter:
