@@ -139,3 +139,23 @@ def test_the_state_writes_benchmark_measures_every_backend() -> None:
     named = [(row[0].strip(), row[1].strip()) for row in rows[1:]]
     assert named == [(b, w) for b in ("memory", "sqlite", "redis") for w in ("1", "64")]
     assert all(float(row[2].replace(",", "")) > 0 for row in rows[1:])
+
+
+def test_the_scaling_benchmark_compares_two_workers_with_two_processes() -> None:
+    if shutil.which("wrk") is None:
+        pytest.fail("wrk is not installed (apt-get install -y wrk): the benchmark needs it")
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.bench.scaling", "--seconds", "1", "--reps", "1",
+         "--conc", "8"],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": path},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    rows = [line.split("|")[1:-1] for line in done.stdout.splitlines() if line.startswith("| ")]
+    named = [(row[0].strip(), row[1].strip()) for row in rows[1:]]
+    targets = ("one worker", "serve --workers 2", "two processes")
+    assert named == [(mode, target) for mode in ("json", "stream") for target in targets]
+    assert all(float(row[2].replace(",", "")) > 0 for row in rows[1:])
+    assert all(float(row[4]) > 0 for row in rows[1:])
+    assert [row[3].strip() for row in rows[1:]][::3] == ["1.00x", "1.00x"]
+    assert "- json: serve --workers 2 carries " in done.stdout
