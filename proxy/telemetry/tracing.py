@@ -132,18 +132,22 @@ class TracingObserver:
         span, reply = spans.chat, event.reply
         if span is None:
             return
+        # One `set_attributes`: each `set_attribute` takes the span's lock on its own.
+        attributes: dict[str, Any] = {
+            "gen_ai.usage.input_tokens": reply.usage.prompt_tokens,
+            "gen_ai.usage.output_tokens": reply.usage.completion_tokens,
+        }
         if reply.response_model:
-            span.set_attribute("gen_ai.response.model", reply.response_model)
+            attributes["gen_ai.response.model"] = reply.response_model
         if reply.response_id:
-            span.set_attribute("gen_ai.response.id", reply.response_id)
+            attributes["gen_ai.response.id"] = reply.response_id
         if reply.finish_reason:
-            span.set_attribute("gen_ai.response.finish_reasons", [reply.finish_reason])
-        span.set_attribute("gen_ai.usage.input_tokens", reply.usage.prompt_tokens)
-        span.set_attribute("gen_ai.usage.output_tokens", reply.usage.completion_tokens)
+            attributes["gen_ai.response.finish_reasons"] = [reply.finish_reason]
         if event.cost_usd is not None:
-            span.set_attribute("loopwarden.cost_usd", event.cost_usd)
+            attributes["loopwarden.cost_usd"] = event.cost_usd
         if self.capture_content:
-            span.set_attribute("gen_ai.output.messages", orjson.dumps([reply.message]).decode())
+            attributes["gen_ai.output.messages"] = orjson.dumps([reply.message]).decode()
+        span.set_attributes(attributes)
         self._end_chat(spans, None)
 
     def _end_chat(self, spans: _RunSpans, error: BaseException | None) -> None:
@@ -212,19 +216,21 @@ class TracingObserver:
         spans.tools.clear()
         del self._runs[event.run_id]
         span = spans.run
-        span.set_attribute("gen_ai.usage.input_tokens", event.usage.prompt_tokens)
-        span.set_attribute("gen_ai.usage.output_tokens", event.usage.completion_tokens)
-        span.set_attribute("loopwarden.stop_reason", event.stop.reason.value)
-        span.set_attribute("loopwarden.steps", event.steps)
-        span.set_attribute("loopwarden.tool_calls", event.tool_calls)
+        attributes: dict[str, Any] = {
+            "gen_ai.usage.input_tokens": event.usage.prompt_tokens,
+            "gen_ai.usage.output_tokens": event.usage.completion_tokens,
+            "loopwarden.stop_reason": event.stop.reason.value,
+            "loopwarden.steps": event.steps,
+            "loopwarden.tool_calls": event.tool_calls,
+        }
         if event.cost_usd is not None:
-            span.set_attribute("loopwarden.cost_usd", event.cost_usd)
+            attributes["loopwarden.cost_usd"] = event.cost_usd
         if event.stop.is_failure or event.stop.reason in ERROR_STOPS:
             span.set_status(Status(StatusCode.ERROR, event.stop.reason.value))
-            error = event.stop.error_code or (
+            attributes["error.type"] = event.stop.error_code or (
                 error_type(event.error) if event.error else event.stop.reason.value
             )
-            span.set_attribute("error.type", error)
+        span.set_attributes(attributes)
         span.end()
 
 
