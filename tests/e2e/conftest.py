@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,7 @@ import pytest
 import yaml
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from proxy.demo.runner import free_port, serve_in_thread
@@ -95,11 +95,18 @@ class ToolServer:
         return JSONResponse({"item": item, "in_stock": 7})
 
 
+@contextlib.contextmanager
+def serving_post(path: str, endpoint: Callable[[Request], Awaitable[Response]]) -> Iterator[str]:
+    """`POST path` answered by `endpoint`, on a free port of 127.0.0.1 in a thread."""
+    app = Starlette(routes=[Route(path, endpoint, methods=["POST"])])
+    with serve_in_thread(app, free_port()) as url:
+        yield url
+
+
 @pytest.fixture(scope="session")
 def tool_server() -> Iterator[tuple[str, ToolServer]]:
     server = ToolServer()
-    app = Starlette(routes=[Route("/inventory", server.inventory, methods=["POST"])])
-    with serve_in_thread(app, free_port()) as url:
+    with serving_post("/inventory", server.inventory) as url:
         yield url, server
 
 

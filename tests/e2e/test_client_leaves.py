@@ -15,13 +15,11 @@ import orjson
 import pytest
 import yaml
 from openai import OpenAI
-from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
-from starlette.routing import Route
 
-from proxy.demo.runner import free_port, serve_in_thread
-from tests.e2e.conftest import running
+from proxy.demo.runner import free_port
+from tests.e2e.conftest import running, serving_post
 
 GAP_S = 0.05
 CHUNKS = 200  # 10 s of stream: far longer than any test waits
@@ -66,8 +64,7 @@ class SlowUpstream:
 @pytest.fixture(scope="module")
 def slow() -> Iterator[tuple[str, SlowUpstream]]:
     upstream = SlowUpstream()
-    app = Starlette(routes=[Route("/v1/chat/completions", upstream.chat, methods=["POST"])])
-    with serve_in_thread(app, free_port()) as url:
+    with serving_post("/v1/chat/completions", upstream.chat) as url:
         yield url, upstream
 
 

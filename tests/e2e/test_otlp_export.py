@@ -13,13 +13,11 @@ import pytest
 import yaml
 from openai import OpenAI
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
 
-from proxy.demo.runner import free_port, serve_in_thread
-from tests.e2e.conftest import running
+from proxy.demo.runner import free_port
+from tests.e2e.conftest import running, serving_post
 from tests.scripted_upstream import ScriptedUpstream, call, say
 from tests.tools import TOOLS
 
@@ -51,8 +49,7 @@ class Receiver:
 @pytest.fixture(scope="module")
 def receiver() -> Iterator[tuple[str, Receiver]]:
     sink = Receiver()
-    app = Starlette(routes=[Route("/v1/traces", sink.traces, methods=["POST"])])
-    with serve_in_thread(app, free_port()) as url:
+    with serving_post("/v1/traces", sink.traces) as url:
         yield url, sink
 
 
