@@ -11,7 +11,7 @@ from proxy.errors import ClientDisconnected, StateUnavailable, UpstreamFailure
 log = logging.getLogger(__name__)
 
 
-def failed(exc: Exception, run_id: str, step: int) -> Ending:
+def ending_for(exc: Exception, run_id: str, step: int) -> Ending:
     """The ending of a run whose loop raised `exc` at `step` (cancellation is the caller's: it
     must go on being raised)."""
     if isinstance(exc, ClientDisconnected):

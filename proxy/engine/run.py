@@ -9,7 +9,7 @@ from typing import Any
 
 from proxy.engine import events as ev
 from proxy.engine.checkpoints import Checkpoints
-from proxy.engine.failures import failed
+from proxy.engine.failures import ending_for
 from proxy.engine.final_message import Ending, final_message, without_tool_calls
 from proxy.engine.model_call import call_model
 from proxy.engine.policies.base import Nudge, StepPlan
@@ -71,7 +71,7 @@ class Run:
             ending = Ending(Stop(StopReason.CANCELLED, {"step": run.step_count}), {}, None)
             raise
         except Exception as exc:
-            ending, error = failed(exc, spec.run_id, run.step_count), exc
+            ending, error = ending_for(exc, spec.run_id, run.step_count), exc
         finally:
             run.now = clock()
             self.voice.notify(ev.RunFinished.of(run, spec.agent, ending.stop, error))
