@@ -77,27 +77,50 @@ class ChunkAccumulator:
         self.chunks = 0  # taken so far
 
     def add(self, chunk: dict[str, Any]) -> str | None:
-        """Takes a chunk; returns its content delta, if any. Raises MalformedReply."""
+        """Takes a chunk; returns its content delta, if any. Raises MalformedReply.
+
+        Called for every event of every stream: the checks of the fields that nearly every
+        chunk has are written out here rather than called."""
         self.chunks += 1
-        self.id = self.id or _text(chunk.get("id"))
-        self.model = self.model or _text(chunk.get("model"))
+        if not self.id:
+            self.id = _text(chunk.get("id"))
+        if not self.model:
+            self.model = _text(chunk.get("model"))
         usage = chunk.get("usage")
         if usage:
-            _object(usage, "usage")
-            self.usage = usage
+            self.usage = _object(usage, "usage")
         choices = chunk.get("choices")
         if not choices:
             return None
         if not isinstance(choices, list):
             raise MalformedReply("choices of a chunk is not a list")
-        choice = _object(choices[0], "choices[0]")
-        finish = _finish_reason(choice, "choices[0].finish_reason")
-        if finish:
-            self.finish_reason = finish
+        choice = choices[0]
+        if not isinstance(choice, dict):
+            raise MalformedReply("choices[0] is not an object")
+        finish = choice.get("finish_reason")
+        if finish is not None:
+            if not isinstance(finish, str):
+                raise MalformedReply("choices[0].finish_reason is not a string")
+            self.finish_reason = finish or self.finish_reason
         delta = choice.get("delta")
         if delta is None:
             return None
-        delta = _object(delta, "choices[0].delta")
+        if not isinstance(delta, dict):
+            raise MalformedReply("choices[0].delta is not an object")
+        if len(delta) > ("content" in delta) + ("role" in delta):  # more than text
+            self._add_rest(delta)
+        content = delta.get("content")
+        if content is None:
+            return None
+        if not isinstance(content, str):
+            raise MalformedReply("choices[0].delta.content is not a string")
+        if content:
+            self.content.append(content)
+            return content
+        return None
+
+    def _add_rest(self, delta: dict[str, Any]) -> None:
+        """A delta's tool calls and refusal."""
         calls = delta.get("tool_calls")
         if calls is not None:
             if not isinstance(calls, list):
@@ -107,11 +130,6 @@ class ChunkAccumulator:
         refusal = _optional_text(delta.get("refusal"), "choices[0].delta.refusal")
         if refusal:
             self.refusal.append(refusal)
-        content = _optional_text(delta.get("content"), "choices[0].delta.content")
-        if content:
-            self.content.append(content)
-            return content
-        return None
 
     def _add_call(self, call: dict[str, Any], i: int) -> None:
         path = f"choices[0].delta.tool_calls[{i}]"

@@ -15,7 +15,13 @@ from proxy.errors import UpstreamBadReply, UpstreamStatusError
 from proxy.upstream.client import Upstream
 from proxy.upstream.error_body import MESSAGE_LIMIT, scrub, status_failure
 from proxy.upstream.httpx_transport import HttpxTransport
-from proxy.upstream.reply import ChunkAccumulator, reply_from_body, reported_usage, unique_ids
+from proxy.upstream.reply import (
+    ChunkAccumulator,
+    MalformedReply,
+    reply_from_body,
+    reported_usage,
+    unique_ids,
+)
 from proxy.upstream.retry import Retry, retry_after_s
 from proxy.upstream.sse import EventTooLarge, SSEDecoder
 
@@ -72,6 +78,24 @@ def test_chunks_accumulate_content_tool_calls_and_usage() -> None:
     assert reply.finish_reason == "tool_calls"
     assert reply.usage.total_tokens == 5
     assert reply.reported_cost_usd == 0.25
+
+
+def test_a_delta_with_text_and_more_keeps_all_of_it() -> None:
+    """Text deltas take a shorter path; one that carries a tool call or a refusal beside its
+    text (and a role) keeps them too."""
+    acc = ChunkAccumulator()
+    call = {"index": 0, "id": "c1", "function": {"name": "look", "arguments": "{}"}}
+    text_and_call = {"role": "assistant", "content": "Let me look.", "tool_calls": [call]}
+    assert acc.add({"choices": [{"delta": text_and_call}]}) == "Let me look."
+    assert acc.add({"choices": [{"delta": {"content": " No.", "refusal": "not that"}}]}) == " No."
+    assert acc.add({"choices": [{"delta": {"role": "assistant"}, "finish_reason": "stop"}]}) is None
+    reply = acc.reply()
+    assert reply.text == "Let me look. No."
+    assert [(c.id, c.name, c.arguments) for c in reply.tool_calls] == [("c1", "look", "{}")]
+    assert reply.message["refusal"] == "not that"
+    assert reply.finish_reason == "stop"
+    with pytest.raises(MalformedReply, match=r"choices\[0\].delta.refusal is not a string"):
+        acc.add({"choices": [{"delta": {"content": "x", "refusal": 5}}]})
 
 
 def test_upstream_body_caps_tokens_and_drops_tool_fields_without_tools() -> None:
