@@ -56,6 +56,8 @@ def start(servers: Servers, args: argparse.Namespace) -> list[Target]:
     targets.append(Target(name, ours, ours_pid))
     if args.tool_step:
         targets.append(Target(f"{name} tool step", ours, ours_pid, "bench-agent", None))
+        async_step = Target(f"{name} async tool step", ours, ours_pid, "bench-agent-async", None)
+        targets.append(async_step)
     if args.tracing:
         receiver, _ = servers.mock("0")
         env = {
@@ -168,7 +170,8 @@ def report(targets: list[Target], runs: list[Any], probes: list[Any], args: Any)
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     extra: list[str] = []
-    ours, step, scaled = names[2], f"{names[2]} tool step", "loopwarden x2"
+    ours, scaled = names[2], "loopwarden x2"
+    steps = {f"{ours} tool step": "sync", f"{ours} async tool step": "async"}
     for mode in args.modes:
         for conc in args.conc:
             rows = [r for r in runs if r["mode"] == mode and r["conc"] == conc]
@@ -187,9 +190,11 @@ def report(targets: list[Target], runs: list[Any], probes: list[Any], args: Any)
                     fmt(median_of(rows, name, lambda r: r["other_cores"])),
                 ]
                 lines.append(f"| {mode} | {conc} | {name} | " + " | ".join(cells) + " |")
-            if (with_step := cpu.get(step)) is not None and (plain := cpu[ours]) is not None:
-                extra.append(f"- {mode} c={conc}: a server tool step (with its second upstream "
-                             f"call) costs {with_step - plain:.3f} ms CPU")  # fmt: skip
+            for step, kind in steps.items():
+                if (with_step := cpu.get(step)) is not None and (plain := cpu[ours]) is not None:
+                    costs = f"costs {with_step - plain:.3f} ms CPU"
+                    extra.append(f"- {mode} c={conc}: a server tool step ({kind} tool, with its "
+                                 f"second upstream call) {costs}")  # fmt: skip
             if scaled in names and scaled != ours:
                 single = "loopwarden sqlite" if "loopwarden sqlite" in names else ours
                 gain = median_of(rows, scaled, relative(rows, single, "rps", ratio))
@@ -238,7 +243,8 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--modes", type=lambda s: s.split(","), default=["json", "stream"])
     parser.add_argument("--workers", type=int, default=1, help="Loopwarden's worker processes")
     parser.add_argument("--server", choices=["uvicorn", "granian"], default="uvicorn")
-    parser.add_argument("--tool-step", action="store_true", help="add a server tool step row")
+    steps = "add server tool step rows (a sync and an async python tool)"
+    parser.add_argument("--tool-step", action="store_true", help=steps)
     parser.add_argument("--tracing", action="store_true", help="add Loopwarden traced at 100%%")
     parser.add_argument("--scaling", action="store_true", help="add Loopwarden on 2 workers")
     parser.add_argument("--wrk-cpus", default="0" if cores() >= 2 else "", help="taskset -c")

@@ -151,8 +151,8 @@ def running(folder: Path) -> Iterator[Servers]:
 def loopwarden_config(
     upstream: str, state: Path, sqlite: bool, server: dict[str, Any]
 ) -> dict[str, Any]:
-    """One upstream (the mock, no retries), prices, a python server tool and an agent that
-    calls it; state in memory, or in sqlite under `state`."""
+    """One upstream (the mock, no retries), prices, a python server tool, sync and async, and
+    an agent that calls each; state in memory, or in sqlite under `state`."""
     backend: dict[str, Any] = {"backend": "memory"}
     if sqlite:
         state.mkdir(parents=True, exist_ok=True)
@@ -163,8 +163,14 @@ def loopwarden_config(
         "default_upstream": "mock",
         "pricing": {"mock": {"input": 0.15, "output": 0.6}},
         "state": backend,
-        "tools": {"get_weather": {"kind": "python", "callable": "proxy.demo.tools:get_weather"}},
-        "agents": {"bench-agent": {"model": "mock", "tools": ["get_weather"]}},
+        "tools": {
+            "get_weather": {"kind": "python", "callable": "proxy.demo.tools:get_weather"},
+            "get_weather_async": {"kind": "python", "callable": "tests.bench.tools:get_weather"},
+        },
+        "agents": {
+            "bench-agent": {"model": "mock", "tools": ["get_weather"]},
+            "bench-agent-async": {"model": "mock", "tools": ["get_weather_async"]},
+        },
     }
 
 

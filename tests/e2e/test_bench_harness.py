@@ -85,12 +85,16 @@ def test_the_probe_sees_the_chunk_gap_of_the_model_suffix(relays: dict[str, str]
     assert probe["first_byte_p50_ms"] < probe["ttft_p50_ms"]
 
 
+STEPS = ("loopwarden tool step", "loopwarden async tool step")
+
+
 def test_compare_runs_end_to_end(tmp_path: Path) -> None:
     if shutil.which("wrk") is None:
         pytest.fail("wrk is not installed (apt-get install -y wrk): the benchmark needs it")
     out = tmp_path / "runs.json"
     args = ["--duration", "1", "--reps", "1", "--conc", "1", "--modes", "json,stream"]
     args += ["--warmup", "0", "--ttft", "3", "--pause", "0", "--litellm", "off", "--out", str(out)]
+    args += ["--tool-step"]
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     done = subprocess.run(
         [sys.executable, "-m", "tests.bench.compare", *args],
@@ -98,11 +102,13 @@ def test_compare_runs_end_to_end(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     for mode in ("json", "stream"):
-        for target in ("direct", "floor", "loopwarden"):
+        for target in ("direct", "floor", "loopwarden", *STEPS):
             assert f"| {mode} | 1 | {target} |" in done.stdout
+        for kind in ("sync", "async"):
+            assert f"- {mode} c=1: a server tool step ({kind} tool, " in done.stdout
     assert "| loopwarden | " in done.stdout  # the TTFT table
     runs = json.loads(out.read_text())
-    assert len(runs["runs"]) == 6
+    assert len(runs["runs"]) == 10
     assert all(r["requests"] > 0 and r["error_count"] == 0 for r in runs["runs"])
     assert all(r["cpu_ms_per_req"] > 0 for r in runs["runs"])
     assert [(p["target"], p["requests"], p["bad"]) for p in runs["ttft"]] == [
