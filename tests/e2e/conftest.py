@@ -46,6 +46,24 @@ def running(
         proc.wait(timeout=15)
 
 
+def config_file(folder: Path, config: dict[str, Any]) -> Path:
+    """`config` written as the proxy's YAML config in `folder`."""
+    path = folder / "loopwarden.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+@contextlib.contextmanager
+def proxy_process(
+    config: Path, env: dict[str, str] | None = None, health: str = "/readyz"
+) -> Iterator[str]:
+    """`loopwarden serve` of `config` on a free port; its base URL once `health` answers."""
+    port = free_port()
+    args = ["-m", "proxy", "serve", "--config", str(config), "--port", str(port)]
+    with running(args, f"http://127.0.0.1:{port}{health}", env):
+        yield f"http://127.0.0.1:{port}"
+
+
 def wait_healthy(url: str, proc: subprocess.Popen[bytes]) -> None:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -150,9 +168,5 @@ def proxy_url(
     }
     folder = Path(tmp_path_factory.mktemp("e2e"))
     config["state"] = {"backend": "sqlite", "path": str(folder / "loopwarden.db")}
-    path = folder / "loopwarden.yaml"
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    port = free_port()
-    args = ["-m", "proxy", "serve", "--config", str(path), "--port", str(port)]
-    with running(args, f"http://127.0.0.1:{port}/healthz"):
-        yield f"http://127.0.0.1:{port}/v1"
+    with proxy_process(config_file(folder, config), health="/healthz") as base:
+        yield f"{base}/v1"

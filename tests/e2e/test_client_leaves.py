@@ -13,13 +13,11 @@ from pathlib import Path
 import httpx
 import orjson
 import pytest
-import yaml
 from openai import OpenAI
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
-from proxy.demo.runner import free_port
-from tests.e2e.conftest import running, serving_post
+from tests.e2e.conftest import config_file, proxy_process, serving_post
 
 GAP_S = 0.05
 CHUNKS = 200  # 10 s of stream: far longer than any test waits
@@ -77,12 +75,9 @@ def proxy(
         "upstreams": {"slow": {"base_url": f"{url}/v1", "max_retries": 0}},
         "default_upstream": "slow",
     }
-    path = Path(tmp_path_factory.mktemp("leaves")) / "loopwarden.yaml"
-    path.write_text(yaml.safe_dump(config))
-    port = free_port()
-    args = ["-m", "proxy", "serve", "--config", str(path), "--port", str(port)]
-    with running(args, f"http://127.0.0.1:{port}/healthz"):
-        yield f"http://127.0.0.1:{port}"
+    path = config_file(Path(tmp_path_factory.mktemp("leaves")), config)
+    with proxy_process(path, health="/healthz") as base:
+        yield base
 
 
 def cancelled_runs(proxy: str) -> float:

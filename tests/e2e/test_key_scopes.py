@@ -10,12 +10,10 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-import yaml
 from openai import OpenAI
 
-from proxy.demo.runner import free_port
 from tests.bodies import loop_of, user
-from tests.e2e.conftest import ToolServer, running
+from tests.e2e.conftest import ToolServer, config_file, proxy_process
 from tests.scripted_upstream import ScriptedUpstream, call, each_run, keep, say_tool_result
 from tests.tools import TOOLS
 
@@ -57,12 +55,8 @@ def keyed_proxy(
         },
         "state": {"backend": "sqlite", "path": str(folder / "state.db")},
     }
-    path = folder / "loopwarden.yaml"
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    port = free_port()
-    args = ["-m", "proxy", "serve", "--config", str(path), "--port", str(port)]
-    with running(args, f"http://127.0.0.1:{port}/readyz", SECRETS):
-        yield f"http://127.0.0.1:{port}"
+    with proxy_process(config_file(folder, config), SECRETS) as base:
+        yield base
 
 
 def sdk(base: str, secret: str) -> OpenAI:

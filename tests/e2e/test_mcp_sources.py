@@ -14,12 +14,11 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-import yaml
 from openai import OpenAI
 
 from proxy.demo.runner import free_port
 from tests.bodies import loop_of
-from tests.e2e.conftest import running, wait_healthy
+from tests.e2e.conftest import config_file, proxy_process, wait_healthy
 from tests.mcp_config import http_entry, http_server_args, stdio_entry
 from tests.scripted_upstream import ScriptedUpstream, call, each_run, keep, say, say_tool_result
 
@@ -77,14 +76,10 @@ def mcp_proxy(
             "free": {"model": "scripted", "tools": ["web", "local"]},
         },
     }
-    folder = Path(tmp_path_factory.mktemp("mcp"))
-    path = folder / "loopwarden.yaml"
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    port = free_port()
-    args = ["-m", "proxy", "serve", "--config", str(path), "--port", str(port)]
-    with running(args, f"http://127.0.0.1:{port}/healthz"):
-        wait_ready(f"http://127.0.0.1:{port}")
-        yield f"http://127.0.0.1:{port}"
+    path = config_file(Path(tmp_path_factory.mktemp("mcp")), config)
+    with proxy_process(path, health="/healthz") as base:
+        wait_ready(base)
+        yield base
 
 
 @pytest.fixture

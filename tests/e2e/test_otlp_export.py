@@ -10,14 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from openai import OpenAI
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from starlette.requests import Request
 from starlette.responses import Response
 
-from proxy.demo.runner import free_port
-from tests.e2e.conftest import running, serving_post
+from tests.e2e.conftest import config_file, proxy_process, serving_post
 from tests.scripted_upstream import ScriptedUpstream, call, say
 from tests.tools import TOOLS
 
@@ -73,8 +71,6 @@ def test_a_run_arrives_as_one_trace_over_otlp_http(
         "agents": {"weather": {"model": "scripted", "tools": ["get_weather", "to_fahrenheit"]}},
         "state": {"backend": "memory"},
     }
-    path = tmp_path / "loopwarden.yaml"
-    path.write_text(yaml.safe_dump(config))
     env = {
         "OTEL_EXPORTER_OTLP_ENDPOINT": url,
         "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
@@ -82,13 +78,11 @@ def test_a_run_arrives_as_one_trace_over_otlp_http(
         "OTEL_BSP_SCHEDULE_DELAY": "50",
         "OTEL_TRACES_SAMPLER": "parentbased_always_on",
     }
-    port = free_port()
-    args = ["-m", "proxy", "serve", "--config", str(path), "--port", str(port)]
     upstream.script(
         call("get_weather", city="Oslo"), call("to_fahrenheit", celsius=4.0), say("39.2°F in Oslo.")
     )
-    with running(args, f"http://127.0.0.1:{port}/healthz", env):
-        with OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0) as client:
+    with proxy_process(config_file(tmp_path, config), env, health="/healthz") as base:
+        with OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0) as client:
             client.chat.completions.create(
                 model="weather",
                 messages=[{"role": "user", "content": "Oslo in Fahrenheit?"}],

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import secrets
 from collections.abc import Iterator
@@ -14,12 +13,10 @@ from typing import Any
 import httpx
 import openai
 import pytest
-import yaml
 from openai import OpenAI
 
-from proxy.demo.runner import free_port
 from tests.bodies import loop_of, offered
-from tests.e2e.conftest import ToolServer, running
+from tests.e2e.conftest import ToolServer, config_file, proxy_process
 from tests.scripted_upstream import ScriptedUpstream, call, each_run, keep, say, say_tool_result
 from tests.tools import TOOLS
 
@@ -70,17 +67,7 @@ def write_config(folder: Path, upstream: str, tools_url: str, state: dict[str, A
         },
         "state": state,
     }
-    path = folder / "loopwarden.yaml"
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    return path
-
-
-@contextlib.contextmanager
-def proxy_process(config: Path, env: dict[str, str] | None = None) -> Iterator[str]:
-    port = free_port()
-    args = ["-m", "proxy", "serve", "--config", str(config), "--port", str(port)]
-    with running(args, f"http://127.0.0.1:{port}/readyz", env):
-        yield f"http://127.0.0.1:{port}"
+    return config_file(folder, config)
 
 
 @pytest.fixture(scope="module")
