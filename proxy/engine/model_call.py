@@ -34,8 +34,9 @@ async def call_model(
     try:
         reply = await deps.model.complete(request, voice.step_sink())
     except BaseException as exc:
-        run.upstream_s += clock() - started
-        voice.notify(ev.ModelFailed(run.run_id, index, exc, clock() - started))
+        elapsed = clock() - started
+        run.upstream_s += elapsed
+        voice.notify(ev.ModelFailed(run.run_id, index, exc, elapsed))
         raise
     elapsed = clock() - started
     run.upstream_s += elapsed
