@@ -25,6 +25,7 @@ from typing import TypeVar
 from proxy.errors import StateUnavailable
 from proxy.state.lease import renewed
 from proxy.state.locks import KeyedLocks
+from proxy.state.sqlite_checkpoints import LOG_FILE_BYTES, Checkpointer
 from proxy.state.store import StoredContext, check_ttl, conflict, settle
 
 log = logging.getLogger(__name__)
@@ -33,13 +34,6 @@ SWEEP_EVERY_S = 60.0  # the most often expired records are deleted
 ROWS_PER_WRITE = 200  # records in one statement: 4 parameters each, within sqlite's 999
 _SWEEP = "DELETE FROM records WHERE expires_at <= ?"
 LOCK_POLL_S = (0.005, 0.05)  # the first and the longest wait between two tries of a held lock
-# sqlite's own checkpoints (passive, after a commit that takes the write-ahead log past 1,000
-# pages) let the log begin again only while no other connection reads it, which connections
-# that write all the time (several workers on one file) seldom allow: the log grew with every
-# write. Past this size it is checkpointed and truncated, waiting for the other connections'
-# statements to end (their busy timeout); its size is looked at every WAL_CHECK_EVERY writes.
-WAL_LIMIT_BYTES = 8 * 1024 * 1024
-WAL_CHECK_EVERY = 32
 
 _TABLES = [
     """CREATE TABLE IF NOT EXISTS thread_calls (
@@ -125,8 +119,13 @@ class SqliteStore:
         _while_locked(lambda: _create_schema(self._db), timeout_s)
         # The file this connection has open: one deleted or replaced under it is noticed.
         self._identity = None if in_memory else _identity(self._path)
-        self._wal = None if in_memory or wanted != "wal" else f"{self._path}-wal"
-        self._writes = 0  # calls that wrote, for WAL_CHECK_EVERY
+        # The log is copied into the file by a checkpointer (see sqlite_checkpoints), not in
+        # the commit that makes it long.
+        self._checkpoints: Checkpointer | None = None
+        if not in_memory and wanted == "wal":
+            self._db.execute("PRAGMA wal_autocheckpoint=0")
+            self._db.execute(f"PRAGMA journal_size_limit={LOG_FILE_BYTES}")
+            self._checkpoints = Checkpointer(self._path)
         # The connection's one thread: every call after start-up is made on it, in order, so
         # no two touch the connection at once (a thread per call, each waiting for the
         # connection, cost 64 wake-ups and switches at 64 requests in flight).
@@ -160,25 +159,14 @@ class SqliteStore:
         try:
             changes = db.total_changes
             result = work(db)
-            if db.total_changes != changes:
-                self._wrote(db)
+            if db.total_changes != changes and self._checkpoints is not None:
+                self._checkpoints.wrote(db)
             return result
         except (sqlite3.Error, OSError) as exc:
             log.warning("the sqlite state backend failed: %s", exc)
             _abandon(self._db)
             reason = f"the state backend (sqlite) is unavailable: {exc}"
             raise StateUnavailable(reason) from None
-
-    def _wrote(self, db: sqlite3.Connection) -> None:
-        self._writes += 1
-        if self._wal is None or self._writes % WAL_CHECK_EVERY:
-            return
-        try:
-            size = os.stat(self._wal).st_size
-        except FileNotFoundError:  # the last connection closed; sqlite removed it
-            return
-        if size > WAL_LIMIT_BYTES:
-            db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
 
     async def reserve(
         self, thread_id: str, limits: Mapping[str, int]
@@ -377,7 +365,12 @@ class SqliteStore:
     async def close(self) -> None:
         # The thread stays for calls after this one, which fail as a closed database's do; it
         # ends with the store.
-        await asyncio.get_running_loop().run_in_executor(self._thread, self._db.close)
+        await asyncio.get_running_loop().run_in_executor(self._thread, self._close)
+
+    def _close(self) -> None:
+        if self._checkpoints is not None:
+            self._checkpoints.close()
+        self._db.close()
 
 
 @contextlib.contextmanager
