@@ -125,7 +125,7 @@ class SqliteStore:
         if not in_memory and wanted == "wal":
             self._db.execute("PRAGMA wal_autocheckpoint=0")
             self._db.execute(f"PRAGMA journal_size_limit={LOG_FILE_BYTES}")
-            self._checkpoints = Checkpointer(self._path)
+            self._checkpoints = Checkpointer(self._path, timeout_s)
         # The connection's one thread: every call after start-up is made on it, in order, so
         # no two touch the connection at once (a thread per call, each waiting for the
         # connection, cost 64 wake-ups and switches at 64 requests in flight).

@@ -30,20 +30,27 @@ RESTART_FRAMES = 1000  # pages in the log (sqlite's own checkpoint's) that have 
 LOG_FILE_BYTES = 16 * 1024 * 1024
 CATCH_UP_COPIES = 4  # passive copies at most before a restarting one
 FEW_FRAMES = 64  # frames written during a passive copy that the restarting one may copy
+# The longest a restarting copy waits for other connections (one reading for long would hold
+# every call of the store), until the log holds LONG_LOG_FRAMES.
+RESTART_WAIT_MS = 10
+LONG_LOG_FRAMES = 4 * RESTART_FRAMES
 
 
 class Checkpointer:
     """Copies the log of the sqlite file at `path` after writes. `wrote` and `close` are called
     on the store's thread."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, timeout_s: float) -> None:
+        self._timeout_ms = int(timeout_s * 1000)  # the store's busy timeout
         # Passive copies wait for no lock: no busy timeout.
         self._db = sqlite3.connect(path, timeout=0, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA mmap_size=0")  # as the store's: never a mapped file
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="loopwarden-sqlite-checkpoint")
         self._due = False  # a copy is asked for and not yet begun
         self._last = -EVERY_S  # monotonic: when the last copy began
-        self._restart = False  # the log is long and copied but for a little: have it begin again
+        # The log is long and copied but for a little: the longest the restarting copy may wait
+        # for other connections (ms), or None.
+        self._restart: int | None = None
         self._closed = threading.Event()
         self._failing = False  # the last copy failed (logged once until one succeeds)
 
@@ -51,12 +58,14 @@ class Checkpointer:
         """After a write on `db`, the store's connection. The restarting copy is made on it,
         between two of its statements: no other statement of this process is under way then,
         to wait for or to be held off."""
-        if self._restart:
-            self._restart = False
+        wait_ms = self._restart
+        if wait_ms is not None:
             try:
-                db.execute("PRAGMA wal_checkpoint(RESTART)").fetchall()
+                _restart(db, wait_ms)
             except sqlite3.Error as exc:  # the write is done; the next copy tries again
                 log.warning("checkpointing the sqlite state file failed: %s", exc)
+            finally:
+                self._restart = None  # copies may go on (it answers busy beside one)
         if not self._due:
             self._due = True
             self._thread.submit(self._copy)
@@ -65,6 +74,8 @@ class Checkpointer:
         if self._closed.wait(self._last + EVERY_S - time.monotonic()):
             return
         self._due = False  # writes from here on ask for the next copy
+        if self._restart is not None:  # the store's thread has not made it yet
+            return
         self._last = time.monotonic()
         try:
             frames, copied = self._passive()
@@ -76,7 +87,11 @@ class Checkpointer:
                     if then - copied <= FEW_FRAMES:
                         break
                     copied = then
-                self._restart = True
+                # Writers of other processes that never pause may keep a short wait from ever
+                # finding the log free: a log grown past LONG_LOG_FRAMES waits as long as
+                # any call of the store.
+                long = frames >= LONG_LOG_FRAMES
+                self._restart = self._timeout_ms if long else RESTART_WAIT_MS
             self._failing = False
         except sqlite3.Error as exc:  # the file's faults are the store's to report
             if not self._failing:
@@ -93,3 +108,14 @@ class Checkpointer:
         self._closed.set()
         self._thread.submit(self._db.close)
         self._thread.shutdown(wait=True)
+
+
+def _restart(db: sqlite3.Connection, wait_ms: int) -> None:
+    """A restarting copy that waits at most `wait_ms` for other connections' writers and
+    readers; one that could not restart the log answers busy, and a later one tries again."""
+    (timeout_ms,) = db.execute("PRAGMA busy_timeout").fetchone()
+    db.execute(f"PRAGMA busy_timeout={wait_ms}")
+    try:
+        db.execute("PRAGMA wal_checkpoint(RESTART)").fetchall()
+    finally:
+        db.execute(f"PRAGMA busy_timeout={int(timeout_ms)}")

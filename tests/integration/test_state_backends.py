@@ -368,6 +368,7 @@ async def test_the_sqlite_log_stays_bounded_under_writers_that_never_pause(
 
     monkeypatch.setattr(checkpoints, "RESTART_FRAMES", 64)  # ~256 KiB
     monkeypatch.setattr(checkpoints, "FEW_FRAMES", 16)
+    monkeypatch.setattr(checkpoints, "LONG_LOG_FRAMES", 256)
     monkeypatch.setattr(checkpoints, "EVERY_S", 0.005)
     path = tmp_path / "state.db"
     wal = Path(f"{path}-wal")
