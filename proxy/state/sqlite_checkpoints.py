@@ -2,7 +2,7 @@
 
 By default sqlite copies the log into the file in the commit that takes it past 1,000 pages,
 with the copy's fsync: that write, and every state call of the process queued behind it on the
-store's one thread, waited 10-20 ms. The store's connection turns that off
+store's one thread, waited 10-17 ms. The store's connection turns that off
 (`wal_autocheckpoint=0`) and tells a `Checkpointer` of its writes, which copies on a connection
 and a thread of its own, at most every EVERY_S: a passive copy, which holds no lock a writer
 waits for.
@@ -41,7 +41,7 @@ class Checkpointer:
     on the store's thread."""
 
     def __init__(self, path: str, timeout_s: float) -> None:
-        self._timeout_ms = int(timeout_s * 1000)  # the store's busy timeout
+        self._timeout_ms = int(timeout_s * 1000)  # the store's busy timeout, as sqlite3 sets it
         # Passive copies wait for no lock: no busy timeout.
         self._db = sqlite3.connect(path, timeout=0, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA mmap_size=0")  # as the store's: never a mapped file
@@ -61,7 +61,7 @@ class Checkpointer:
         wait_ms = self._restart
         if wait_ms is not None:
             try:
-                _restart(db, wait_ms)
+                self._restart_log(db, wait_ms)
             except sqlite3.Error as exc:  # the write is done; the next copy tries again
                 log.warning("checkpointing the sqlite state file failed: %s", exc)
             finally:
@@ -103,19 +103,18 @@ class Checkpointer:
         (_, frames, copied) = self._db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
         return frames, copied
 
+    def _restart_log(self, db: sqlite3.Connection, wait_ms: int) -> None:
+        """A restarting copy on `db` that waits at most `wait_ms` for other connections'
+        writers and readers, then gives `db` the store's busy timeout back; one that could not
+        restart the log answers busy, and a later one tries again."""
+        db.execute(f"PRAGMA busy_timeout={wait_ms}")
+        try:
+            db.execute("PRAGMA wal_checkpoint(RESTART)").fetchall()
+        finally:
+            db.execute(f"PRAGMA busy_timeout={self._timeout_ms}")
+
     def close(self) -> None:
         """Drops a copy asked for, waits for one under way, and closes the connection."""
         self._closed.set()
         self._thread.submit(self._db.close)
         self._thread.shutdown(wait=True)
-
-
-def _restart(db: sqlite3.Connection, wait_ms: int) -> None:
-    """A restarting copy that waits at most `wait_ms` for other connections' writers and
-    readers; one that could not restart the log answers busy, and a later one tries again."""
-    (timeout_ms,) = db.execute("PRAGMA busy_timeout").fetchone()
-    db.execute(f"PRAGMA busy_timeout={wait_ms}")
-    try:
-        db.execute("PRAGMA wal_checkpoint(RESTART)").fetchall()
-    finally:
-        db.execute(f"PRAGMA busy_timeout={int(timeout_ms)}")
