@@ -86,6 +86,8 @@ class TracingObserver:
             self._finished(spans, event)
 
     def _started(self, event: ev.RunStarted) -> None:
+        if _unsampled(trace.get_current_span()):
+            return  # its request is not sampled: no span of the run would be either
         name = event.agent or event.model
         attributes: dict[str, Any] = {
             "gen_ai.operation.name": "invoke_agent",
@@ -232,6 +234,16 @@ class TracingObserver:
             )
         span.set_attributes(attributes)
         span.end()
+
+
+def _unsampled(parent: Span) -> bool:
+    """The run's parent (its request's span) was not sampled. Every sampler OpenTelemetry
+    configures decides once per trace (by the parent, or by the trace id), so the run's spans
+    would not be sampled either: they are not made at all, and a request left out of the traces
+    costs the run nothing. The request's own span is still current, and what the run sends
+    upstream carries its context, which says "not sampled"."""
+    context = parent.get_span_context()
+    return context.is_valid and not context.trace_flags.sampled
 
 
 def annotate_tool_span(attributes: Mapping[str, Any]) -> None:

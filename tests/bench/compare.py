@@ -60,13 +60,21 @@ def start(servers: Servers, args: argparse.Namespace) -> list[Target]:
         targets.append(async_step)
     if args.tracing:
         receiver, _ = servers.mock("0")
-        env = {
+        otlp = {
             "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.removesuffix("/v1"),
             "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
-            "OTEL_TRACES_SAMPLER": "always_on",
         }
-        traced, traced_pid = servers.loopwarden(mock, workers, cpus, **env)
-        targets.append(Target(f"{name} traced", traced, traced_pid))
+        # Exporting, and sampling no request (a ratio of 0), then every request.
+        for label, sampler, ratio in (
+            ("unsampled", "traceidratio", "0"),
+            ("traced", "always_on", "1"),
+        ):
+            sampling = {
+                "OTEL_TRACES_SAMPLER": f"parentbased_{sampler}",
+                "OTEL_TRACES_SAMPLER_ARG": ratio,
+            }
+            url, pid = servers.loopwarden(mock, workers, cpus, **otlp, **sampling)
+            targets.append(Target(f"{name} {label}", url, pid))
     if args.scaling:  # 2 workers over 1, both on sqlite: several workers cannot share memory
         single, single_pid = servers.loopwarden(mock, 1, "1", sqlite=True, **untraced)
         targets.append(Target("loopwarden sqlite", single, single_pid))
@@ -245,7 +253,11 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--server", choices=["uvicorn", "granian"], default="uvicorn")
     steps = "add server tool step rows (a sync and an async python tool)"
     parser.add_argument("--tool-step", action="store_true", help=steps)
-    parser.add_argument("--tracing", action="store_true", help="add Loopwarden traced at 100%%")
+    parser.add_argument(
+        "--tracing",
+        action="store_true",
+        help="add Loopwarden exporting traces, sampling none and all",
+    )
     parser.add_argument("--scaling", action="store_true", help="add Loopwarden on 2 workers")
     parser.add_argument("--wrk-cpus", default="0" if cores() >= 2 else "", help="taskset -c")
     parser.add_argument("--warmup", type=float, default=2.0, help="unrecorded seconds per row")

@@ -14,6 +14,7 @@ import respx
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import Sampler
 from prometheus_client import CollectorRegistry
 from starlette.types import Message
 
@@ -131,13 +132,15 @@ def upstream() -> Iterator[ScriptedUpstream]:
 @pytest.fixture
 def proxy_for(router: respx.MockRouter, upstream: ScriptedUpstream) -> ProxyFactory:
     """Builds a proxy: `overrides` merged over BASE_CONFIG; `handler` answers all outgoing HTTP
-    instead of the scripted upstream and respx (for failures below HTTP, or other routes)."""
+    instead of the scripted upstream and respx (for failures below HTTP, or other routes);
+    `sampler` decides which traces are recorded (by default, as the request's parent says)."""
 
     @asynccontextmanager
     async def make(
         overrides: dict[str, Any] | None = None,
         handler: Callable[[httpx.Request], Any] | None = None,
         store: StateStore | None = None,
+        sampler: Sampler | None = None,
     ) -> AsyncIterator[Proxy]:
         config = dict(BASE_CONFIG)
         for key, value in (overrides or {}).items():
@@ -149,7 +152,7 @@ def proxy_for(router: respx.MockRouter, upstream: ScriptedUpstream) -> ProxyFact
         else:
             transport = httpx.MockTransport(handler)
         exporter = InMemorySpanExporter()
-        tracing = TracerProvider()
+        tracing = TracerProvider(sampler=sampler)
         tracing.add_span_processor(SimpleSpanProcessor(exporter))
         registry = CollectorRegistry()
         app = create_app(

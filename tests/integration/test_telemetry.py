@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, Sampler, SamplingResult
 from opentelemetry.trace import SpanKind, StatusCode
 
 from proxy.engine.stop import StopReason
@@ -81,6 +82,49 @@ async def test_a_run_is_one_span_tree_under_the_incoming_trace(proxy: Proxy) -> 
     assert [str(p).split("-")[2] for p in sent] == [
         format(c.context.span_id, "016x") for c in chats
     ]
+
+
+class CountingSampler(Sampler):
+    """The default sampler (as the parent says, else sampled), counting the spans it is asked
+    about: every span a request begins, recorded or not."""
+
+    def __init__(self) -> None:
+        self.sampler = ParentBased(ALWAYS_ON)
+        self.asked: list[str] = []
+
+    def should_sample(self, *args: Any, **kwargs: Any) -> SamplingResult:
+        self.asked.append(args[2])  # the span's name
+        return self.sampler.should_sample(*args, **kwargs)
+
+    def get_description(self) -> str:
+        return "counting"
+
+
+async def test_a_request_left_out_of_the_traces_begins_no_span_of_its_run(
+    proxy_for: ProxyFactory,
+) -> None:
+    """A request whose trace is not sampled costs its run no span work: its spans would not be
+    recorded either. The upstream still hears, in the request's context, that it is not
+    sampled; a sampled request gets every span."""
+    sampler = CountingSampler()
+    unsampled = f"00-{TRACE_ID}-00f067aa0ba902b7-00"
+    async with proxy_for(sampler=sampler) as proxy:
+        proxy.upstream.script(*PARIS, *PARIS)
+        for traceparent in (unsampled, TRACEPARENT):
+            r = await proxy.client.post(
+                "/v1/chat/completions",
+                json={"model": "weather", "messages": user(WEATHER)},
+                headers={"traceparent": traceparent},
+            )
+            assert r.status_code == 200
+        spans = proxy.spans()
+    assert sampler.asked[0] == "POST /v1/chat/completions"  # then the sampled request's 7
+    assert sampler.asked[1:] == [s.name for s in sorted(spans, key=lambda s: s.start_time or 0)]
+    assert len(spans) == 7
+    sent = [str(p).split("-") for p in proxy.upstream.traceparents]
+    assert [(trace, flags) for _, trace, _, flags in sent] == [(TRACE_ID, "00")] * 3 + [
+        (TRACE_ID, "01")
+    ] * 3
 
 
 async def test_content_is_on_spans_only_when_opted_in(proxy_for: ProxyFactory) -> None:
