@@ -7,6 +7,7 @@ import logging
 from functools import partial
 from typing import Any
 
+from proxy.deadline import Deadline
 from proxy.engine import events as ev
 from proxy.engine.checkpoints import Checkpoints
 from proxy.engine.failures import ending_for
@@ -95,15 +96,18 @@ class Run:
             if budget is None:
                 outcome = await self._step(run, plan)
             else:  # the time budget holds while the run waits on the upstream and on tools
+                loop = asyncio.get_running_loop()
+                deadline = Deadline(loop.time() + budget.value - run.elapsed_s)
                 try:
-                    async with asyncio.timeout(budget.value - run.elapsed_s) as deadline:
-                        outcome = await self._step(run, plan)
-                except TimeoutError:
-                    if not deadline.expired():
+                    outcome = await self._step(run, plan)
+                except asyncio.CancelledError:
+                    if not deadline.disarm():
                         raise
                     run.now = self.deps.clock()
                     held = budget.held(StopReason.TIME_BUDGET, round(run.elapsed_s, 3), run)
                     outcome = Outcome(Stop(held.reason, held.details))
+                finally:
+                    deadline.disarm()
             if outcome is not None:
                 return await self._end(run, outcome.stop, outcome.message)
             run.now = self.deps.clock()

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Container
 from dataclasses import dataclass, field
 from typing import Any
 
+from proxy.engine.expressions.vocabulary import VARIABLES
 from proxy.engine.usage import Usage
 from proxy.engine.values import ModelReply, ToolCall
 
@@ -81,15 +83,19 @@ class RunState:
         self.messages.append(message)
         self.generated.append(message)
 
-    def snapshot(self) -> dict[str, Any]:
-        """The variables a custom condition sees (SPEC §6 `expr`)."""
-        return {
-            "steps": [step.snapshot() for step in self.steps],
-            "usage": {
+    def snapshot(self, names: Container[str] = VARIABLES) -> dict[str, Any]:
+        """The variables a custom condition sees (SPEC §6 `expr`), or those of them it `names`."""
+        values: dict[str, Any] = {}
+        if "steps" in names:
+            values["steps"] = [step.snapshot() for step in self.steps]
+        if "usage" in names:
+            values["usage"] = {
                 "prompt_tokens": self.usage.prompt_tokens,
                 "completion_tokens": self.usage.completion_tokens,
                 "total_tokens": self.usage.total_tokens,
-            },
-            "cost_usd": self.cost_usd or 0.0,
-            "elapsed_s": self.elapsed_s,
-        }
+            }
+        if "cost_usd" in names:
+            values["cost_usd"] = self.cost_usd or 0.0
+        if "elapsed_s" in names:
+            values["elapsed_s"] = self.elapsed_s
+        return values

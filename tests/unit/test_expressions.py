@@ -17,6 +17,7 @@ from proxy.engine.expressions import (
     MAX_EXPR_CHARS,
     MAX_EXPR_DEPTH,
     ExpressionFailed,
+    ExpressionTooCostly,
     compile_condition,
 )
 from proxy.engine.expressions.parser import Lit, Parser
@@ -349,6 +350,42 @@ def test_evaluation_failures_raise_expression_failed(
     assert caught.value.reason.startswith(reason)
     assert str(caught.value) == caught.value.reason
     assert "CEL does not coerce" not in caught.value.reason  # the library's advice is dropped
+
+
+@pytest.mark.parametrize(
+    ("source", "variables"),
+    [
+        ("cost_usd > 0.5 || elapsed_s > 60.0", {"cost_usd", "elapsed_s"}),
+        ("usage.total_tokens > 10", {"usage"}),
+        (SPEC_EXAMPLE, {"steps"}),
+        # A comprehension variable with a variable's name: taken as used, never left out.
+        ("steps.exists(usage, usage.cost_usd > 1.0)", {"steps", "usage"}),
+        ("'steps' == 'usage'", set()),
+    ],
+)
+def test_an_expression_knows_the_variables_it_reads(source: str, variables: set[str]) -> None:
+    assert compile_condition(source).variables == variables
+
+
+def test_only_the_variables_an_expression_reads_are_sized_and_converted() -> None:
+    """Data the expression never reads costs it nothing: not converted for the library, and not
+    counted against the evaluation's bound (which text this long would pass for an expression
+    of this size that read the steps)."""
+    long_text = step(0, text="x" * 800_000)
+    cheap = compile_condition(" || ".join(["cost_usd > 1.0"] * 100))
+    assert cheap.evaluate(snapshot(long_text, cost=2.0)) is True
+    assert cheap.evaluate({"cost_usd": 2.0}) is True  # a snapshot of what it reads is enough
+    costly = compile_condition(" || ".join(["cost_usd > 1.0"] * 99) + " || size(steps) > 9")
+    with pytest.raises(ExpressionTooCostly):
+        costly.evaluate(snapshot(long_text, cost=2.0))
+
+
+def test_a_run_state_snapshots_only_the_variables_asked_for() -> None:
+    run = RunState("run_1", "gpt-x", 0.0, [], now=2.5)
+    run.steps.append(StepRecord(1, [], [], Usage(3, 4, 7), 0.25, "stop", "hi"))
+    run.usage, run.cost_usd = Usage(3, 4, 7), 0.25
+    assert run.snapshot({"cost_usd", "elapsed_s"}) == {"cost_usd": 0.25, "elapsed_s": 2.5}
+    assert set(run.snapshot()) == {"steps", "usage", "cost_usd", "elapsed_s"}
 
 
 def test_integer_costs_and_durations_are_read_as_doubles() -> None:

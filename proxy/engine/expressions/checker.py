@@ -70,6 +70,7 @@ class Checker:
         self.source = source
         self.scope: list[tuple[str, Type]] = []  # comprehension variables, innermost last
         self.bound: set[str] = set()
+        self.free: set[str] = set()  # the snapshot's variables it uses
         self.patterns: list[tuple[int, str]] = []  # matches() literals, checked by the library
 
     def fail(self, pos: int, problem: str) -> ValueError:
@@ -125,6 +126,7 @@ class Checker:
             if name == node.name:
                 return type_
         if node.name in SCHEMA:
+            self.free.add(node.name)
             return SCHEMA[node.name]
         raise self.fail(
             node.pos,

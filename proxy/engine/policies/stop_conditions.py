@@ -112,7 +112,7 @@ class Condition:
             return None
         if kind == "expr" and self.program is not None:
             try:
-                result = self.program.evaluate(run.snapshot())
+                result = self.program.evaluate(run.snapshot(self.program.variables))
             except ExpressionFailed as exc:
                 failed(run, self.path, exc.reason)
                 if isinstance(exc, ExpressionTooCostly):
