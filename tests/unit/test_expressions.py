@@ -19,6 +19,7 @@ from proxy.engine.expressions import (
     ExpressionFailed,
     ExpressionTooCostly,
     compile_condition,
+    extent,
 )
 from proxy.engine.expressions.parser import Lit, Parser
 from proxy.engine.expressions.types import BOOL
@@ -378,6 +379,17 @@ def test_only_the_variables_an_expression_reads_are_sized_and_converted() -> Non
     costly = compile_condition(" || ".join(["cost_usd > 1.0"] * 99) + " || size(steps) > 9")
     with pytest.raises(ExpressionTooCostly):
         costly.evaluate(snapshot(long_text, cost=2.0))
+
+
+def test_the_extent_of_data_counts_its_widest_list_or_map_and_longest_string() -> None:
+    from types import MappingProxyType
+
+    assert extent({"cost_usd": 1.5, "elapsed_s": None}) == (2, 0)
+    # A step has 7 fields; its longest string is its finish reason, "stop".
+    assert extent(snapshot(step(0, text="abc"), step(1, calls=("a", "b", "c")))) == (7, 4)
+    # Other mappings and sequences count as the snapshot's own dicts and lists do.
+    other = MappingProxyType({"a": ("x" * 7, "y", "z", "w", "v", "u", "t", "s", "r")})
+    assert extent({"v": other}) == (9, 7)
 
 
 def test_a_run_state_snapshots_only_the_variables_asked_for() -> None:
