@@ -4,7 +4,6 @@ the server tools it may add with `loop.tools`, its own threads, and a protected 
 from __future__ import annotations
 
 import hashlib
-import hmac
 import os
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
@@ -58,7 +57,10 @@ def tool_scope(
 class KeyRing:
     def __init__(self, config: AuthConfig) -> None:
         self.metrics_key = config.metrics_key
-        self.keys: list[tuple[bytes, Caller]] = []
+        # By the SHA-256 digest of the key: a request's token is hashed and looked up, in one
+        # step whatever the number of keys. What the lookup's timing could tell of the stored
+        # digests is no help in finding a key: that takes a preimage of SHA-256.
+        self.keys: dict[bytes, Caller] = {}
         for key in config.keys:
             if key.key_sha256 is not None:
                 digest = bytes.fromhex(key.key_sha256)
@@ -70,7 +72,8 @@ class KeyRing:
                         f"auth.keys.{key.name}: environment variable {key.key_env} is not set"
                     )
                 digest = hashlib.sha256(secret.encode()).digest()
-            self.keys.append((digest, Caller(key.name, frozenset(key.agents), key.metrics)))
+            # Two names for one key: the first listed names the caller.
+            self.keys.setdefault(digest, Caller(key.name, frozenset(key.agents), key.metrics))
 
     @property
     def enabled(self) -> bool:
@@ -82,11 +85,10 @@ class KeyRing:
             return None
         if not token:
             raise AuthenticationFailed("a proxy API key is required (Authorization: Bearer …)")
-        digest = hashlib.sha256(token.encode()).digest()
-        for known, caller in self.keys:
-            if hmac.compare_digest(known, digest):
-                return caller
-        raise AuthenticationFailed("the proxy API key is not valid")
+        caller = self.keys.get(hashlib.sha256(token.encode()).digest())
+        if caller is None:
+            raise AuthenticationFailed("the proxy API key is not valid")
+        return caller
 
     @staticmethod
     def check(caller: Caller | None, model: str, param: str = "model") -> None:

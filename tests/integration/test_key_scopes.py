@@ -189,6 +189,26 @@ async def test_without_keys_thread_ids_are_used_as_sent(proxy_for: ProxyFactory)
     assert dict(runs[0].attributes or {})["gen_ai.conversation.id"] == "t-1"
 
 
+# --- many keys -------------------------------------------------------------------------------
+
+
+async def test_each_of_many_keys_names_its_own_caller(proxy_for: ProxyFactory) -> None:
+    """A request's key is found among a thousand; one listed under two names is the first's."""
+    many = [key(f"k{i}", agents=["notes"]) for i in range(1000)]
+    first = {"name": "first", "key_sha256": sha("sk-shared"), "agents": ["weather"]}
+    second = {"name": "second", "key_sha256": sha("sk-shared"), "agents": ["notes"]}
+    async with proxy_for(keyed(*many, first, second)) as proxy:
+        proxy.upstream.script(say("Lima is warm."), say("Lima is warm."))
+        assert (await chat_as(proxy, "k0", model="notes")).status_code == 200
+        assert (await chat_as(proxy, "k999", model="notes")).status_code == 200
+        denied = await chat_as(proxy, "k999", model="weather")
+        unknown = await chat_as(proxy, "k1000", model="notes")
+        shared = await chat_as(proxy, "shared", model="notes")
+    assert denied.json()["error"]["message"] == "key 'k999' may not use 'weather'"
+    assert unknown.status_code == 401
+    assert shared.json()["error"]["message"] == "key 'first' may not use 'notes'"
+
+
 # --- /metrics --------------------------------------------------------------------------------
 
 
