@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.bench import mcp_cost, telemetry_cost
+from tests.bench import mcp_cost, policy_cost, telemetry_cost
 
 
 def test_the_telemetry_cost_benchmark_prints_every_row(capsys: pytest.CaptureFixture[str]) -> None:
@@ -25,3 +25,12 @@ def test_the_mcp_cost_benchmark_prints_every_row(capsys: pytest.CaptureFixture[s
     rows = dict(line.rsplit(maxsplit=1) for line in lines[1:])
     assert set(rows) == {"python tool", "MCP tool (stdio)", "added per MCP call"}
     assert float(rows["MCP tool (stdio)"]) > 0
+
+
+def test_the_policy_cost_benchmark_prints_every_feature(capsys: pytest.CaptureFixture[str]) -> None:
+    policy_cost.main(["--runs", "3", "--rounds", "1"])
+    lines = capsys.readouterr().out.splitlines()
+    rows = {line[:40].strip(): line[40:].split() for line in lines[1:]}
+    assert set(rows) == set(policy_cost.FEATURES)
+    assert float(rows["nothing configured"][0]) > 0
+    assert rows["nothing configured"][1] == "+0"
