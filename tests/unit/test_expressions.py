@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from proxy.engine.expressions import (
     MAX_COMPREHENSION_DEPTH,
     MAX_EXPR_CHARS,
     MAX_EXPR_DEPTH,
+    Expression,
     ExpressionFailed,
     ExpressionTooCostly,
     compile_condition,
@@ -152,6 +154,64 @@ def test_valid_conditions_evaluate_true_and_false(
     assert expression.source == source
     assert expression.evaluate(holds) is True
     assert expression.evaluate(fails) is False
+
+
+def test_a_condition_is_given_only_the_fields_it_reads() -> None:
+    expression = compile_condition(SPEC_EXAMPLE)
+    assert expression.projection is not None
+    snap = snapshot(step(0, calls=("search",), text="long"), step(1), tokens=5)
+    assert expression.projection.of({"steps": snap["steps"]}) == {
+        "steps": [{"tool_calls": [{"name": "search"}]}, {"tool_calls": []}]
+    }
+    assert compile_condition("steps[0] == steps[1]").projection is None  # compared whole
+
+
+# Two steps that differ only in fields a projection could leave out: their texts, their calls'
+# arguments, their results' outputs.
+TWINS = snapshot(step(0, calls=("a",), text="one"), step(0, calls=("a",), text="two"))
+TWINS["steps"][1]["tool_calls"][0]["arguments"] = '{"x": 1}'
+TWINS["steps"][1]["tool_results"][0]["output"] = "other"
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "steps[0] == steps[1]",
+        "steps[0] != steps[1]",
+        "steps[0].tool_calls == steps[1].tool_calls",
+        "steps[0].tool_results[0] == steps[1].tool_results[0]",
+        "steps[0] in [steps[1]]",
+        "[steps[0]] == [steps[1]]",
+        "steps.filter(s, s.index == 0) == [steps[1], steps[1]]",
+        "steps.map(s, s)[0] == steps[1]",
+        "steps.map(s, s.tool_calls)[0] == steps[1].tool_calls",
+        "(size(steps) > 1 ? steps[0] : steps[1]) == steps[1]",
+        "size(steps[0]) == 7",
+        "'text' in steps[0] && size(steps[0].tool_calls[0]) == 2",
+        "steps[0].exists(k, k == 'text')",
+        "steps[0].exists(k, steps[0][k] == 'one')",
+        "steps.exists(s, s.tool_calls.exists(c, c.name == 'a')) && steps[0].usage == usage",
+        "has(steps[1].text) && size(steps[1].tool_results) == 1",
+        "steps.exists(s, s.text == 'two')",
+        "steps.map(s, s.tool_results[0].output).exists(o, o == 'other')",
+        "size(steps) == 2 && size(steps[0].tool_calls) == 1",
+    ],
+)
+def test_what_a_condition_is_given_leaves_its_value_unchanged(source: str) -> None:
+    """Evaluated over the fields it reads, and over the whole snapshot: the same value, on data
+    where any field left out by mistake would change it."""
+    expression = compile_condition(source)
+    whole = replace(expression, projection=None)
+    for snap in (TWINS, snapshot(step(0, text="one"), step(0, text="one"), tokens=10)):
+        assert outcome(expression, snap) == outcome(whole, snap)
+    assert isinstance(outcome(expression, TWINS), bool)
+
+
+def outcome(expression: Expression, snap: dict[str, Any]) -> bool | str:
+    try:
+        return expression.evaluate(snap)
+    except ExpressionFailed as exc:
+        return exc.reason
 
 
 def test_conditions_read_the_snapshot_a_run_state_produces() -> None:
@@ -371,12 +431,12 @@ def test_an_expression_knows_the_variables_it_reads(source: str, variables: set[
 def test_only_the_variables_an_expression_reads_are_sized_and_converted() -> None:
     """Data the expression never reads costs it nothing: not converted for the library, and not
     counted against the evaluation's bound (which text this long would pass for an expression
-    of this size that read the steps)."""
+    of this size that read it)."""
     long_text = step(0, text="x" * 800_000)
     cheap = compile_condition(" || ".join(["cost_usd > 1.0"] * 100))
     assert cheap.evaluate(snapshot(long_text, cost=2.0)) is True
     assert cheap.evaluate({"cost_usd": 2.0}) is True  # a snapshot of what it reads is enough
-    costly = compile_condition(" || ".join(["cost_usd > 1.0"] * 99) + " || size(steps) > 9")
+    costly = compile_condition(" || ".join(["cost_usd > 1.0"] * 97) + " || steps[0].text == ''")
     with pytest.raises(ExpressionTooCostly):
         costly.evaluate(snapshot(long_text, cost=2.0))
 

@@ -34,6 +34,7 @@ from proxy.engine.expressions.lexer import (
     where,
 )
 from proxy.engine.expressions.parser import Parser
+from proxy.engine.expressions.projection import Projection
 from proxy.engine.expressions.vocabulary import FUNCTIONS, MACROS, VARIABLES
 
 __all__ = [
@@ -94,6 +95,8 @@ class Expression:
     # The snapshot's variables it uses: only these are sized and handed to the library, whose
     # conversion of its input is most of an evaluation's cost (1-2 µs a value).
     variables: frozenset[str] = frozenset(VARIABLES)
+    # The fields of the snapshot's objects it reads; None: it reads them all.
+    projection: Projection | None = field(default=None, repr=False, compare=False)
 
     def evaluate(self, snapshot: Mapping[str, Any]) -> bool:
         """The condition's value over `snapshot` (the shape of `RunState.snapshot()`; only
@@ -103,6 +106,8 @@ class Expression:
         zero, a missing variable, an overflow) or yields something other than a boolean.
         """
         snapshot = {name: snapshot[name] for name in self.variables if name in snapshot}
+        if self.projection is not None:
+            snapshot = self.projection.of(snapshot)
         widest, longest = extent(snapshot)
         cost = self.terms * widest**self.depth * (1 + longest // 1024)
         if cost > MAX_EVALUATION_COST:
@@ -137,7 +142,7 @@ def compile_condition(source: str) -> Expression:
     except ValueError as exc:
         raise ValueError(f"invalid CEL syntax: {_library_error(exc)}") from None
     checker = Checker(source)
-    result = checker.check(Parser(source, tokens).parse())
+    result = checker.used(checker.check(Parser(source, tokens).parse()))
     if result.kind not in ("bool", "dyn"):
         raise ValueError(f"a stop condition must yield a boolean, but this one yields {result}")
     _cross_check(program, checker.bound)
@@ -145,7 +150,15 @@ def compile_condition(source: str) -> Expression:
         _check_pattern(source, pos, literal)
     # The library's references too: a comprehension variable may carry a variable's name.
     named = checker.free | set(program.references()["variables"])
-    return Expression(source, program, len(tokens), depth, frozenset(named & set(VARIABLES)))
+    projection = Projection(checker.fields, checker.whole)
+    return Expression(
+        source,
+        program,
+        len(tokens),
+        depth,
+        frozenset(named & set(VARIABLES)),
+        projection if projection.drops else None,
+    )
 
 
 def extent(value: Any) -> tuple[int, int]:

@@ -71,6 +71,11 @@ class Checker:
         self.scope: list[tuple[str, Type]] = []  # comprehension variables, innermost last
         self.bound: set[str] = set()
         self.free: set[str] = set()  # the snapshot's variables it uses
+        # What it reads of the snapshot's objects, by type name: the fields it selects, and the
+        # types it uses whole (compared, iterated by key, counted by field), whose every field
+        # (and every field of the objects inside them) it may read.
+        self.fields: dict[str, set[str]] = {}
+        self.whole: set[str] = set()
         self.patterns: list[tuple[int, str]] = []  # matches() literals, checked by the library
 
     def fail(self, pos: int, problem: str) -> ValueError:
@@ -83,7 +88,7 @@ class Checker:
             case Ident():
                 return self.variable(node)
             case List():
-                return list_of(join_all([self.check(item) for item in node.items]))
+                return list_of(join_all([self.used(self.check(item)) for item in node.items]))
             case Map():
                 return self.map_literal(node)
             case Unary():
@@ -112,11 +117,23 @@ class Checker:
             result = self.postfix(link, result)
         return result
 
+    def used(self, value: Type) -> Type:
+        """`value` is used as a whole value (not through its fields): every object in it may be
+        read whole."""
+        pending = [value]
+        while pending:
+            item = pending.pop()
+            if item.kind == "object" and item.name not in self.whole:
+                self.whole.add(item.name)
+                pending.extend(field for _, field in item.fields)
+            pending.extend(item.args)
+        return value
+
     def postfix(self, node: Postfix, target: Type) -> Type:
         if isinstance(node, Select):
             return self.select(node.pos, target, node.field)
         if isinstance(node, Index):
-            return self.index(node, target, self.check(node.index))
+            return self.index(node, target, self.used(self.check(node.index)))
         if isinstance(node, Call):
             return self.function(node, target)
         return self.comprehension(node, target)
@@ -140,6 +157,7 @@ class Checker:
             if found is None:
                 fields = ", ".join(f for f, _ in target.fields)
                 raise self.fail(pos, f"{target} has no field {name!r}; its fields are {fields}")
+            self.fields.setdefault(target.name, set()).add(name)
             return found
         if target.kind == "map" and comparable(target.args[0], STRING):
             return target.args[1]
@@ -160,6 +178,7 @@ class Checker:
             key = node.index
             if isinstance(key, Lit) and key.type == STRING:
                 return self.select(node.pos, target, str(cel.evaluate(key.text)))
+            self.used(target)  # any of its fields
             return DYN
         if target.kind == "dyn":
             return DYN
@@ -196,7 +215,11 @@ class Checker:
         if name == "size":
             if value.kind not in ("string", "bytes", "list", "map", "object", "dyn"):
                 raise self.fail(node.pos, f"size() needs a string, bytes, list or map, not {value}")
+            if value.kind != "list":  # a list's size needs none of its elements' fields
+                self.used(value)
             return INT
+        for operand in operands:
+            self.used(operand)
         if name in CONVERSIONS:
             accepted = NUMBERS | {"string", "dyn"} | ({"bytes"} if name == "string" else set())
             if value.kind not in accepted:
@@ -225,6 +248,7 @@ class Checker:
             var = range_.args[0]
         elif range_.kind in ("object", "dyn"):
             var = STRING if range_.kind == "object" else DYN
+            self.used(range_)  # its field names
         else:
             raise self.fail(node.pos, f"{node.macro}() cannot range over {range_}")
         self.bound.add(node.var)
@@ -255,7 +279,7 @@ class Checker:
         return list_of(value)
 
     def unary(self, node: Unary) -> Type:
-        result = self.check(node.operand)
+        result = self.used(self.check(node.operand))
         for op in reversed(node.ops):
             allowed = ("bool", "dyn") if op == "!" else ("int", "double", "dyn")
             if result.kind not in allowed:
@@ -264,6 +288,8 @@ class Checker:
         return result
 
     def binary(self, op: str, pos: int, a: Type, b: Type) -> Type:
+        self.used(a)
+        self.used(b)
         kinds = {a.kind, b.kind}
         if op in ("&&", "||"):
             if not kinds <= {"bool", "dyn"}:
@@ -317,12 +343,12 @@ class Checker:
         result: Type | None = None
         for condition, value in [*node.branches, (None, node.otherwise)]:
             if condition is not None:
-                test = self.check(condition)
+                test = self.used(self.check(condition))
                 if test.kind not in ("bool", "dyn"):
                     raise self.fail(
                         condition.pos, f"the condition of '?:' must be a boolean, not {test}"
                     )
-            branch = self.check(value)
+            branch = self.used(self.check(value))
             joined = branch if result is None else join(result, branch)
             if joined is None:
                 raise self.fail(
@@ -333,11 +359,11 @@ class Checker:
         return result
 
     def map_literal(self, node: Map) -> Type:
-        keys = [self.check(key) for key, _ in node.entries]
+        keys = [self.used(self.check(key)) for key, _ in node.entries]
         for (key, _), key_type in zip(node.entries, keys, strict=True):
             if key_type.kind not in ("int", "uint", "bool", "string", "dyn"):
                 raise self.fail(
                     key.pos, f"a map key must be an int, uint, bool or string, not {key_type}"
                 )
-        values = [self.check(value) for _, value in node.entries]
+        values = [self.used(self.check(value)) for _, value in node.entries]
         return Type("map", (join_all(keys), join_all(values)))

@@ -1,0 +1,70 @@
+"""The part of a run's snapshot a condition reads.
+
+The expression library converts every value it is given, at 1-5 µs a value, before it evaluates
+anything, and a condition is evaluated after each step over all the steps so far. A condition
+that reads `steps[i].tool_calls[j].name` is given steps that hold their tool calls' names and
+nothing else. An object the condition uses whole (compares, iterates by field name, counts the
+fields of, indexes by a computed name) keeps every field, down to the objects inside it: what
+the checker found (`Checker.fields`, `Checker.whole`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from proxy.engine.expressions.types import SCHEMA, Type
+
+
+class Projection:
+    """Takes from a snapshot the fields of each object type that `fields` names (by type name),
+    all of them for the types in `whole`."""
+
+    __slots__ = ("_keep",)
+
+    def __init__(self, fields: Mapping[str, Iterable[str]], whole: Iterable[str]) -> None:
+        # Per object type that loses fields: the fields kept, with their types.
+        self._keep: dict[str, tuple[tuple[str, Type], ...]] = {}
+        kept_whole = set(whole)
+        for type_ in _object_types():
+            if type_.name in kept_whole:
+                continue
+            read = set(fields.get(type_.name, ()))
+            if read != {name for name, _ in type_.fields}:
+                self._keep[type_.name] = tuple((n, t) for n, t in type_.fields if n in read)
+
+    @property
+    def drops(self) -> bool:
+        """Whether any field is left out: else the snapshot is given as it is."""
+        return bool(self._keep)
+
+    def of(self, snapshot: Mapping[str, Any]) -> dict[str, Any]:
+        """`snapshot` (a variable's name to its value) with only the fields read."""
+        return {name: self._value(value, SCHEMA[name]) for name, value in snapshot.items()}
+
+    def _value(self, value: Any, type_: Type) -> Any:
+        if type_.kind == "object":
+            keep = self._keep.get(type_.name)
+            if keep is None or not isinstance(value, Mapping):
+                return value
+            return {name: self._value(value[name], t) for name, t in keep if name in value}
+        if type_.kind == "list" and isinstance(value, list) and _has_objects(type_.args[0]):
+            return [self._value(item, type_.args[0]) for item in value]
+        return value
+
+
+def _object_types() -> list[Type]:
+    """Every object type of the snapshot's schema."""
+    found: dict[str, Type] = {}
+    pending = list(SCHEMA.values())
+    while pending:
+        type_ = pending.pop()
+        if type_.kind == "object" and type_.name not in found:
+            found[type_.name] = type_
+            pending.extend(t for _, t in type_.fields)
+        pending.extend(type_.args)
+    return list(found.values())
+
+
+def _has_objects(type_: Type) -> bool:
+    return type_.kind == "object" or any(_has_objects(arg) for arg in type_.args)
