@@ -48,6 +48,9 @@ async def test_python_tool_runs_and_validates_arguments() -> None:
     reg = registry(echo=ToolConfig(kind="python", callable="tests.unit.test_tools:slow_echo"))
     ok = await reg.execute(ToolCall("c", "echo", '{"text": "ab", "times": 2}'), CTX)
     assert (ok.output, ok.outcome) == ("abab", "ok")
+    defaulted = await reg.execute(ToolCall("c", "echo", '{"text": "ab"}'), CTX)
+    coerced = await reg.execute(ToolCall("c", "echo", '{"text": "ab", "times": "3"}'), CTX)
+    assert (defaulted.output, coerced.output) == ("ab", "ababab")
     bad = await reg.execute(ToolCall("c", "echo", '{"times": "many"}'), CTX)
     assert bad.outcome == "error"
     assert "invalid arguments" in bad.output
