@@ -72,7 +72,12 @@ class ReplyCalls:
 
         async def flush() -> None:
             nonlocal stop
-            results = await asyncio.gather(*(self._run(run, c) for c in batch))
+            if len(batch) == 1:  # a lone call runs in this task: a task of its own costs more
+                results = [await self._run(run, batch[0])]
+            elif batch:
+                results = await asyncio.gather(*(self._run(run, c) for c in batch))
+            else:
+                return
             for call, result in zip(batch, results, strict=True):
                 outputs[call.id] = tool_content(result)
                 held = self.checkpoints.after_tool(run, call, result)
