@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -25,8 +26,9 @@ class _RunSpans:
     token: object | None = None  # the attached context of the chat span
     provider: str = "openai"
     server: tuple[str, int | None] = ("", None)
-    # The `execute_tool` spans of calls under way, by call id, with their attached contexts.
-    tools: dict[str, tuple[Span, object]] = field(default_factory=dict)
+    # The `execute_tool` spans of calls under way, by call id, with their attached contexts
+    # and the task each was attached in.
+    tools: dict[str, tuple[Span, object, object]] = field(default_factory=dict)
 
 
 class TracingObserver:
@@ -189,7 +191,7 @@ class TracingObserver:
         # Current while the tool runs (in the task that runs it), so that what the tool sends
         # carries this span's context (an MCP call's `params._meta.traceparent`).
         token = otel_context.attach(trace.set_span_in_context(span))
-        spans.tools[event.call.id] = (span, token)
+        spans.tools[event.call.id] = (span, token, _current_task())
 
     def _tool(self, spans: _RunSpans, event: ev.ToolExecuted) -> None:
         started = spans.tools.pop(event.call.id, None)
@@ -198,7 +200,7 @@ class TracingObserver:
             end = time.time_ns()
             span = self._tool_span(spans, event, end - int(event.duration_s * 1e9))
         else:
-            span, token = started
+            span, token, _ = started
             otel_context.detach(token)  # type: ignore[arg-type]
         span.set_attribute("loopwarden.tool.outcome", event.result.outcome)
         if self.capture_content:
@@ -212,7 +214,10 @@ class TracingObserver:
 
     def _finished(self, spans: _RunSpans, event: ev.RunFinished) -> None:
         self._end_chat(spans, event.error)  # a chat span still open failed with the run
-        for span, _ in spans.tools.values():  # calls cut short with the run (cancelled)
+        task = _current_task()
+        for span, token, attached_in in spans.tools.values():  # calls cut short with the run
+            if task is not None and attached_in is task:  # it ran in the run's own task
+                otel_context.detach(token)  # type: ignore[arg-type]
             span.set_status(Status(StatusCode.ERROR, event.stop.reason.value))
             span.end()
         spans.tools.clear()
@@ -234,6 +239,14 @@ class TracingObserver:
             )
         span.set_attributes(attributes)
         span.end()
+
+
+def _current_task() -> asyncio.Task[Any] | None:
+    """The task events come from; None outside an event loop (events fed by hand)."""
+    try:
+        return asyncio.current_task()
+    except RuntimeError:
+        return None
 
 
 def _unsampled(parent: Span) -> bool:

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+from dataclasses import replace
+
+import pytest
+from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -17,6 +23,7 @@ from proxy.telemetry.metrics import Labels, Metrics
 from proxy.telemetry.run_metrics import MAX_SERIES_CACHED, MetricsObserver, OverheadObserver
 from proxy.telemetry.tracing import TracingObserver
 from tests.fakes import reply
+from tests.unit.harness import Harness
 
 CALL = ToolCall("call_1", "search", '{"q": "x"}')
 
@@ -193,3 +200,33 @@ def test_content_is_captured_only_when_asked() -> None:
     spans = traced(run_events(Stop(StopReason.COMPLETED)), capture=True).get_finished_spans()
     tool = next(s for s in spans if s.name.startswith("execute_tool"))
     assert dict(tool.attributes or {})["gen_ai.tool.call.arguments"] == '{"q": "x"}'
+
+
+class StuckTools:
+    """Tools whose calls never return: the run's time budget cuts them short."""
+
+    async def execute(self, call: ToolCall, ctx: object) -> ToolResult:
+        await asyncio.sleep(3600)
+        raise AssertionError("unreachable")
+
+
+@pytest.mark.parametrize("calls", [1, 2])
+async def test_a_tool_call_cut_short_leaves_no_span_current(calls: int) -> None:
+    """A call the time budget cuts short ends its span with the run, and its span is not left
+    current in the task that ran it (the run's own, for a lone call)."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    observer = TracingObserver(provider.get_tracer("t"), lambda model: ("openai", "h", 443))
+    script = [reply(calls=[("search", "{}")] * calls)]
+    h = Harness(
+        script, {"search": lambda _: "x"}, stop_when=[{"max_duration_s": 0.1}], parallel=True
+    )
+    h.deps = replace(h.deps, tools=StuckTools(), clock=time.monotonic, observers=[observer])
+    before = trace.get_current_span()
+    result = await h.run()
+    assert result.stop.reason is StopReason.TIME_BUDGET
+    assert trace.get_current_span() is before
+    tools = [s for s in exporter.get_finished_spans() if s.name.startswith("execute_tool")]
+    assert len(tools) == calls
+    assert all(s.status.status_code is StatusCode.ERROR for s in tools)
