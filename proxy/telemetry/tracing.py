@@ -250,11 +250,11 @@ def _current_task() -> asyncio.Task[Any] | None:
 
 
 def _unsampled(parent: Span) -> bool:
-    """The run's parent (its request's span) was not sampled. Every sampler OpenTelemetry
-    configures decides once per trace (by the parent, or by the trace id), so the run's spans
-    would not be sampled either: they are not made at all, and a request left out of the traces
-    costs the run nothing. The request's own span is still current, and what the run sends
-    upstream carries its context, which says "not sampled"."""
+    """The run's parent (its request's span) was not sampled. The SDK's samplers that
+    `OTEL_TRACES_SAMPLER` names decide once per trace (by the parent, or by the trace id), so
+    the run's spans would not be sampled either: they are not made at all, and a request left
+    out of the traces costs the run nothing. The request's own span is still current, and
+    what the run sends upstream carries its context, which says "not sampled"."""
     context = parent.get_span_context()
     return context.is_valid and not context.trace_flags.sampled
 

@@ -69,7 +69,11 @@ CONFIG: dict[str, Any] = {
 def canned(request: httpx.Request) -> httpx.Response:
     """The upstream: a call of the tool, or, once its result is in, an answer."""
     answered = b'"role":"tool"' in request.content
+    UPSTREAM_CALLS[answered] += 1
     return httpx.Response(200, content=ANSWER if answered else CALL, headers=JSON)
+
+
+UPSTREAM_CALLS = [0, 0]  # calls answered with the tool call, with the answer
 
 
 def _reply(message: dict[str, Any], finish_reason: str) -> bytes:
@@ -103,10 +107,13 @@ async def cpu_per_run(app: ASGIApp, agent: str, thread: str | None, runs: int) -
     async def send(message: Message) -> None:
         sent.append(message)
 
+    calls = list(UPSTREAM_CALLS)
     started = time.process_time()
     for _ in range(runs):
         await app(scope, body_then_stay(body), send)
     seconds = (time.process_time() - started) / runs
+    # What is measured: each run called the tool once, and the upstream twice.
+    assert [n - before for n, before in zip(UPSTREAM_CALLS, calls, strict=True)] == [runs, runs]
     statuses = {m["status"] for m in sent if m["type"] == "http.response.start"}
     assert statuses == {200}, sent[-1]
     return seconds

@@ -164,6 +164,16 @@ def test_a_condition_is_given_only_the_fields_it_reads() -> None:
         "steps": [{"tool_calls": [{"name": "search"}]}, {"tool_calls": []}]
     }
     assert compile_condition("steps[0] == steps[1]").projection is None  # compared whole
+    # Every field of a step read, none of its calls': the calls inside still lose theirs.
+    every = (
+        "steps.exists(s, s.index >= 0 && size(s.tool_calls) >= 0 && size(s.tool_results) >= 0"
+        " && has(s.usage) && s.cost_usd >= 0.0 && s.finish_reason != '' && s.text == 'hi')"
+    )
+    projection = compile_condition(every).projection
+    assert projection is not None
+    (read,) = projection.of({"steps": [step(0, calls=("a",), text="hi")]})["steps"]
+    assert (read["tool_calls"], read["tool_results"], read["usage"]) == ([{}], [{}], {})
+    assert read["text"] == "hi"
 
 
 # Two steps that differ only in fields a projection could leave out: their texts, their calls'

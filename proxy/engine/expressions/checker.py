@@ -72,8 +72,8 @@ class Checker:
         self.bound: set[str] = set()
         self.free: set[str] = set()  # the snapshot's variables it uses
         # What it reads of the snapshot's objects, by type name: the fields it selects, and the
-        # types it uses whole (compared, iterated by key, counted by field), whose every field
-        # (and every field of the objects inside them) it may read.
+        # types it uses whole (any use but a selection, an index, a comprehension's range over
+        # a list or `size()` of a list), whose every field, nested ones too, it may read.
         self.fields: dict[str, set[str]] = {}
         self.whole: set[str] = set()
         self.patterns: list[tuple[int, str]] = []  # matches() literals, checked by the library

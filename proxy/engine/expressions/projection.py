@@ -3,13 +3,16 @@
 The expression library converts every value it is given, at 1-5 µs a value, before it evaluates
 anything, and a condition is evaluated after each step over all the steps so far. A condition
 that reads `steps[i].tool_calls[j].name` is given steps that hold their tool calls' names and
-nothing else. An object the condition uses whole (compares, iterates by field name, counts the
-fields of, indexes by a computed name) keeps every field, down to the objects inside it: what
-the checker found (`Checker.fields`, `Checker.whole`).
+nothing else. An object the condition uses whole keeps every field, down to the objects inside
+it: any use but a field's selection, an element's index, a range of a comprehension over a
+list and `size()` of a list (an operand of any operator, a `?:` branch, an item of a literal,
+a range iterated by field name, an index by a computed name, `size()` of the object itself).
+What the checker found: `Checker.fields`, `Checker.whole`.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -20,23 +23,20 @@ class Projection:
     """Takes from a snapshot the fields of each object type that `fields` names (by type name),
     all of them for the types in `whole`."""
 
-    __slots__ = ("_keep",)
+    __slots__ = ("_keep", "drops")
 
     def __init__(self, fields: Mapping[str, Iterable[str]], whole: Iterable[str]) -> None:
-        # Per object type that loses fields: the fields kept, with their types.
+        # Per object type not used whole: the fields kept, with their types (all of them, for a
+        # type whose every field is read: the objects inside it may still lose some).
         self._keep: dict[str, tuple[tuple[str, Type], ...]] = {}
+        self.drops = False  # whether any field is left out: else the snapshot goes as it is
         kept_whole = set(whole)
         for type_ in _object_types():
             if type_.name in kept_whole:
                 continue
             read = set(fields.get(type_.name, ()))
-            if read != {name for name, _ in type_.fields}:
-                self._keep[type_.name] = tuple((n, t) for n, t in type_.fields if n in read)
-
-    @property
-    def drops(self) -> bool:
-        """Whether any field is left out: else the snapshot is given as it is."""
-        return bool(self._keep)
+            self._keep[type_.name] = tuple((n, t) for n, t in type_.fields if n in read)
+            self.drops |= len(self._keep[type_.name]) < len(type_.fields)
 
     def of(self, snapshot: Mapping[str, Any]) -> dict[str, Any]:
         """`snapshot` (a variable's name to its value) with only the fields read."""
@@ -66,5 +66,6 @@ def _object_types() -> list[Type]:
     return list(found.values())
 
 
+@functools.cache
 def _has_objects(type_: Type) -> bool:
     return type_.kind == "object" or any(_has_objects(arg) for arg in type_.args)
