@@ -328,6 +328,13 @@ def test_conditions_read_the_snapshot_a_run_state_produces() -> None:
         ),
         ("size(steps.map(s, [s, s])) > 0", "map() may only pick values out of the run's data"),
         (
+            "steps[0].map(k, k)[0] == 'text'",
+            "map() over the field names of step would list them in no fixed order, so the "
+            "condition could hold one time and not the next; use all(), exists() or "
+            "exists_one(), or name the fields (at 1:10)",
+        ),
+        ("size(usage.filter(k, k != '')) == 3", "filter() over the field names of usage"),
+        (
             "steps.exists(s, s.text.matches(s.finish_reason))",
             "the pattern of matches() must be a string literal, such as 'a.*b' (at 1:24)",
         ),

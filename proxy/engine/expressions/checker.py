@@ -247,6 +247,13 @@ class Checker:
         if range_.kind in ("list", "map"):
             var = range_.args[0]
         elif range_.kind in ("object", "dyn"):
+            if range_.kind == "object" and node.macro in ("map", "filter"):
+                raise self.fail(
+                    node.pos,
+                    f"{node.macro}() over the field names of {range_} would list them in no "
+                    "fixed order, so the condition could hold one time and not the next; "
+                    "use all(), exists() or exists_one(), or name the fields",
+                )
             var = STRING if range_.kind == "object" else DYN
             self.used(range_)  # its field names
         else:
