@@ -40,6 +40,7 @@ from proxy.engine.expressions.types import (
     join,
     join_all,
     list_of,
+    object_types,
 )
 from proxy.engine.expressions.vocabulary import (
     COMPREHENSIONS,
@@ -120,13 +121,7 @@ class Checker:
     def used(self, value: Type) -> Type:
         """`value` is used as a whole value (not through its fields): every object in it may be
         read whole."""
-        pending = [value]
-        while pending:
-            item = pending.pop()
-            if item.kind == "object" and item.name not in self.whole:
-                self.whole.add(item.name)
-                pending.extend(field for _, field in item.fields)
-            pending.extend(item.args)
+        self.whole.update(object_types(value))
         return value
 
     def postfix(self, node: Postfix, target: Type) -> Type:

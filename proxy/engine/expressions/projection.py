@@ -16,7 +16,7 @@ import functools
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from proxy.engine.expressions.types import SCHEMA, Type
+from proxy.engine.expressions.types import SCHEMA, Type, object_types
 
 
 class Projection:
@@ -31,7 +31,7 @@ class Projection:
         self._keep: dict[str, tuple[tuple[str, Type], ...]] = {}
         self.drops = False  # whether any field is left out: else the snapshot goes as it is
         kept_whole = set(whole)
-        for type_ in _object_types():
+        for type_ in _OBJECT_TYPES:
             if type_.name in kept_whole:
                 continue
             read = set(fields.get(type_.name, ()))
@@ -53,19 +53,9 @@ class Projection:
         return value
 
 
-def _object_types() -> list[Type]:
-    """Every object type of the snapshot's schema."""
-    found: dict[str, Type] = {}
-    pending = list(SCHEMA.values())
-    while pending:
-        type_ = pending.pop()
-        if type_.kind == "object" and type_.name not in found:
-            found[type_.name] = type_
-            pending.extend(t for _, t in type_.fields)
-        pending.extend(type_.args)
-    return list(found.values())
+_OBJECT_TYPES = tuple(object_types(*SCHEMA.values()).values())  # of the snapshot's schema
 
 
 @functools.cache
 def _has_objects(type_: Type) -> bool:
-    return type_.kind == "object" or any(_has_objects(arg) for arg in type_.args)
+    return bool(object_types(type_))

@@ -53,6 +53,20 @@ _STEP = _object(
 SCHEMA = {"steps": list_of(_STEP), "usage": _USAGE, "cost_usd": DOUBLE, "elapsed_s": DOUBLE}
 
 
+def object_types(*types: Type) -> dict[str, Type]:
+    """Every object type in `types`, by name: objects, the objects in their fields, and those in
+    lists and maps, however deep."""
+    found: dict[str, Type] = {}
+    pending = list(types)
+    while pending:
+        type_ = pending.pop()
+        if type_.kind == "object" and type_.name not in found:
+            found[type_.name] = type_
+            pending.extend(field for _, field in type_.fields)
+        pending.extend(type_.args)
+    return found
+
+
 def join(a: Type, b: Type) -> Type | None:
     """The type of a value that is either an `a` or a `b`, or None if they cannot mix."""
     if a == b:
