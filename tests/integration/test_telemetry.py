@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import httpx
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, Sampler, SamplingResult
@@ -30,13 +31,16 @@ def by_name(spans: list[ReadableSpan], prefix: str) -> list[ReadableSpan]:
     return [s for s in spans if s.name.startswith(prefix)]
 
 
+async def ask_weather(proxy: Proxy, traceparent: str) -> httpx.Response:
+    """The weather agent's question, sent under the caller's `traceparent`."""
+    body = {"model": "weather", "messages": user(WEATHER)}
+    headers = {"traceparent": traceparent}
+    return await proxy.client.post("/v1/chat/completions", json=body, headers=headers)
+
+
 async def test_a_run_is_one_span_tree_under_the_incoming_trace(proxy: Proxy) -> None:
     proxy.upstream.script(*PARIS)
-    r = await proxy.client.post(
-        "/v1/chat/completions",
-        json={"model": "weather", "messages": user(WEATHER)},
-        headers={"traceparent": TRACEPARENT},
-    )
+    r = await ask_weather(proxy, TRACEPARENT)
     assert r.status_code == 200
     spans = proxy.spans()
     (server,) = by_name(spans, "POST /v1/chat/completions")
@@ -111,12 +115,7 @@ async def test_a_request_left_out_of_the_traces_begins_no_span_of_its_run(
     async with proxy_for(sampler=sampler) as proxy:
         proxy.upstream.script(*PARIS, *PARIS)
         for traceparent in (unsampled, TRACEPARENT):
-            r = await proxy.client.post(
-                "/v1/chat/completions",
-                json={"model": "weather", "messages": user(WEATHER)},
-                headers={"traceparent": traceparent},
-            )
-            assert r.status_code == 200
+            assert (await ask_weather(proxy, traceparent)).status_code == 200
         spans = proxy.spans()
     assert sampler.asked[0] == "POST /v1/chat/completions"  # then the sampled request's 7
     assert sampler.asked[1:] == [s.name for s in sorted(spans, key=lambda s: s.start_time or 0)]
