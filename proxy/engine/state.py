@@ -26,11 +26,7 @@ class StepRecord:
             "index": self.index,
             "tool_calls": [{"name": c.name, "arguments": c.arguments} for c in self.tool_calls],
             "tool_results": list(self.tool_results),
-            "usage": {
-                "prompt_tokens": self.usage.prompt_tokens,
-                "completion_tokens": self.usage.completion_tokens,
-                "total_tokens": self.usage.total_tokens,
-            },
+            "usage": _counts(self.usage),
             "cost_usd": self.cost_usd if self.cost_usd is not None else 0.0,
             "finish_reason": self.finish_reason or "",
             "text": self.text,
@@ -89,13 +85,18 @@ class RunState:
         if "steps" in names:
             values["steps"] = [step.snapshot() for step in self.steps]
         if "usage" in names:
-            values["usage"] = {
-                "prompt_tokens": self.usage.prompt_tokens,
-                "completion_tokens": self.usage.completion_tokens,
-                "total_tokens": self.usage.total_tokens,
-            }
+            values["usage"] = _counts(self.usage)
         if "cost_usd" in names:
             values["cost_usd"] = self.cost_usd or 0.0
         if "elapsed_s" in names:
             values["elapsed_s"] = self.elapsed_s
         return values
+
+
+def _counts(usage: Usage) -> dict[str, int]:
+    """A usage as a condition sees it: its three token counts, no details."""
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+    }
