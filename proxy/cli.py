@@ -27,10 +27,10 @@ def _check(path: str | None) -> int:
         config = load_config(path)
         from proxy.api.services import build_services
         from proxy.state.memory import MemoryStore
-        from proxy.upstream.aiohttp_transport import AiohttpTransport
+        from proxy.upstream.http1_transport import Http1Transport
 
         # Wires everything but the state backend, which `serve` opens (and `/readyz` checks).
-        build_services(config, httpx.AsyncClient(), AiohttpTransport(), MemoryStore())
+        build_services(config, httpx.AsyncClient(), Http1Transport(), MemoryStore())
     except ConfigError as exc:
         _report(exc)
         return 1

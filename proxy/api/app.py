@@ -42,7 +42,7 @@ from proxy.telemetry.run_metrics import OverheadObserver
 from proxy.telemetry.setup import build_telemetry, tracer_provider_from_env
 from proxy.telemetry.tracing import annotate_tool_span, inject_trace_headers
 from proxy.tools.registry import SourcesUnavailable
-from proxy.upstream.aiohttp_transport import AiohttpTransport
+from proxy.upstream.http1_transport import Http1Transport
 from proxy.upstream.httpx_transport import HttpxTransport
 from proxy.upstream.transport import Transport
 
@@ -130,7 +130,7 @@ def create_app(
         network: Transport = (
             HttpxTransport(transport)
             if transport is not None
-            else AiohttpTransport(config.server.upstream_connections)
+            else Http1Transport(config.server.upstream_connections)
         )
         tools_network = transport or tools_transport(config.server.tool_connections)
         timeout = httpx.Timeout(120.0, connect=10.0)

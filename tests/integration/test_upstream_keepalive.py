@@ -18,7 +18,8 @@ from starlette.types import ASGIApp, Message
 
 from proxy.api.app import create_app
 from proxy.config import parse_config
-from proxy.upstream.aiohttp_transport import END_WAIT_S, AiohttpTransport
+from proxy.upstream.http1_connection import END_WAIT_S
+from proxy.upstream.http1_transport import Http1Transport
 from proxy.upstream.transport import Timeouts
 from tests.faulty_upstream import DONE, delta, read_request
 
@@ -194,7 +195,7 @@ async def test_the_transport_keeps_a_connection_whose_caller_read_up_to_done() -
     upstream = KeptAliveUpstream()
     server = await asyncio.start_server(upstream.serve, "127.0.0.1", 0)
     url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1/chat/completions"
-    transport = AiohttpTransport()
+    transport = Http1Transport()
     timeouts = Timeouts(connect_s=5, read_s=5)
     try:
         for _ in range(2):
