@@ -106,6 +106,10 @@ class Http1Transport:
                 self._waiters.append(waiter)
                 try:
                     await waiter
+                except asyncio.CancelledError:
+                    if waiter.done() and not waiter.cancelled():
+                        self._wake_one()  # woken, then cancelled: the next one may go
+                    raise
                 finally:
                     if not waiter.done():
                         waiter.cancel()

@@ -1,6 +1,6 @@
 """The port beneath every upstream call: send one HTTP request, get its answer with the body
-unread. Production uses aiohttp directly (`aiohttp_transport`); any httpx transport fits too
-(`httpx_transport`: tests, respx).
+unread. Production uses an HTTP/1.1 client of its own on httptools (`http1_transport`); any
+httpx transport fits too (`httpx_transport`: tests, respx).
 
 A transport does not wrap its library's errors, which would cost a layer per body chunk:
 `failure` says what one of them means, and the caller raises its own error for it.

@@ -5,11 +5,12 @@ of a Python relay (and over LiteLLM, when it is installed), on this machine, in 
         [--workers N] [--server uvicorn|granian] [--tool-step] [--tracing] [--scaling]
         [--wrk-cpus 0] [--warmup S] [--ttft N] [--litellm auto|off|PATH] [--out FILE]
 
-Starts the mock upstream (and wrk) on CPU 0, the floor (`tests.bench.floor`) and Loopwarden
-each on CPU 1 (when there are two cores), runs wrk against every target in turn, the order
-rotating each rep, charges each target's process tree its CPU time per request, then probes
-the time to the first token with sequential streams whose chunks come 2 ms apart. Prints
-markdown tables of the medians over the reps.
+Starts the mock upstream (and wrk) on CPU 0, the floor (`tests.bench.floor`: on aiohttp's
+client, and on Loopwarden's own as `floor http1`) and Loopwarden each on CPU 1 (when there are
+two cores), runs wrk against every target in turn, the order rotating each rep, charges each
+target's process tree its CPU time per request, then probes the time to the first token with
+sequential streams whose chunks come 2 ms apart. Prints markdown tables of the medians over the
+reps.
 """
 
 from __future__ import annotations
@@ -47,12 +48,15 @@ class Target:
 def start(servers: Servers, args: argparse.Namespace) -> list[Target]:
     mock, mock_pid = servers.mock("0")
     floor, floor_pid = servers.floor(mock, args.server, "1")
+    # The same floor on Loopwarden's own upstream client, lighter than aiohttp's.
+    floor_http1, floor_http1_pid = servers.floor(mock, args.server, "1", client="http1")
     workers = args.workers
     cpus = "1" if workers == 1 else ""  # several workers get every core
     untraced = {"OTEL_TRACES_EXPORTER": "none"}  # whatever this shell's OTEL_* say
     ours, ours_pid = servers.loopwarden(mock, workers, cpus, **untraced)
     name = "loopwarden" if workers == 1 else f"loopwarden x{workers}"
     targets = [Target("direct", mock, mock_pid), Target("floor", floor, floor_pid)]
+    targets.append(Target("floor http1", floor_http1, floor_http1_pid))
     targets.append(Target(name, ours, ours_pid))
     if args.tool_step:
         targets.append(Target(f"{name} tool step", ours, ours_pid, "bench-agent", None))
@@ -178,7 +182,7 @@ def report(targets: list[Target], runs: list[Any], probes: list[Any], args: Any)
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     extra: list[str] = []
-    ours, scaled = names[2], "loopwarden x2"
+    ours, scaled = names[3], "loopwarden x2"
     steps = {f"{ours} tool step": "sync", f"{ours} async tool step": "async"}
     for mode in args.modes:
         for conc in args.conc:
@@ -198,6 +202,12 @@ def report(targets: list[Target], runs: list[Any], probes: list[Any], args: Any)
                     fmt(median_of(rows, name, lambda r: r["other_cores"])),
                 ]
                 lines.append(f"| {mode} | {conc} | {name} | " + " | ".join(cells) + " |")
+            to_own_floor = relative(rows, "floor http1", "rps", ratio)
+            on_its_client = median_of(rows, ours, to_own_floor)
+            extra.append(
+                f"- {mode} c={conc}: {ours} at {fmt(on_its_client)}x the floor on its own "
+                "upstream client (`floor http1`)"
+            )
             for step, kind in steps.items():
                 if (with_step := cpu.get(step)) is not None and (plain := cpu[ours]) is not None:
                     costs = f"costs {with_step - plain:.3f} ms CPU"

@@ -82,7 +82,9 @@ class Servers:
         pid = self.start(argv, f"http://127.0.0.1:{port}/health", cpus)
         return f"http://127.0.0.1:{port}/v1", pid
 
-    def floor(self, upstream: str, server: str = "uvicorn", cpus: str = "1") -> tuple[str, int]:
+    def floor(
+        self, upstream: str, server: str = "uvicorn", cpus: str = "1", client: str = "aiohttp"
+    ) -> tuple[str, int]:
         port = free_port()
         if server == "granian":
             argv = ["-m", "granian", "--interface", "asgi", "--loop", "uvloop", "--no-ws"]
@@ -91,7 +93,7 @@ class Servers:
         else:
             argv = ["-m", "uvicorn", "tests.bench.floor:app", "--port", str(port), *UVICORN]
         health, up = f"http://127.0.0.1:{port}/v1/models", upstream.removesuffix("/v1")
-        pid = self.start([sys.executable, *argv], health, cpus, UPSTREAM=up)
+        pid = self.start([sys.executable, *argv], health, cpus, UPSTREAM=up, FLOOR_CLIENT=client)
         return f"http://127.0.0.1:{port}/v1", pid
 
     def loopwarden(

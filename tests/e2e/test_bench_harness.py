@@ -29,10 +29,11 @@ def relays(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
     with running(tmp_path_factory.mktemp("bench")) as servers:
         mock, _ = servers.mock("")
         floor, _ = servers.floor(mock, cpus="")
-        yield {"direct": mock, "floor": floor}
+        floor_http1, _ = servers.floor(mock, cpus="", client="http1")
+        yield {"direct": mock, "floor": floor, "floor http1": floor_http1}
 
 
-@pytest.fixture(params=["direct", "floor"])
+@pytest.fixture(params=["direct", "floor", "floor http1"])
 def client(request: pytest.FixtureRequest, relays: dict[str, str]) -> Iterator[OpenAI]:
     with OpenAI(base_url=relays[request.param], api_key="sk-bench", max_retries=0) as c:
         yield c
@@ -102,18 +103,20 @@ def test_compare_runs_end_to_end(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     for mode in ("json", "stream"):
-        for target in ("direct", "floor", "loopwarden", *STEPS):
+        for target in ("direct", "floor", "floor http1", "loopwarden", *STEPS):
             assert f"| {mode} | 1 | {target} |" in done.stdout
         for kind in ("sync", "async"):
             assert f"- {mode} c=1: a server tool step ({kind} tool, " in done.stdout
+        assert f"- {mode} c=1: loopwarden at " in done.stdout
     assert "| loopwarden | " in done.stdout  # the TTFT table
     runs = json.loads(out.read_text())
-    assert len(runs["runs"]) == 10
+    assert len(runs["runs"]) == 12
     assert all(r["requests"] > 0 and r["error_count"] == 0 for r in runs["runs"])
     assert all(r["cpu_ms_per_req"] > 0 for r in runs["runs"])
     assert [(p["target"], p["requests"], p["bad"]) for p in runs["ttft"]] == [
         ("direct", 3, 0),
         ("floor", 3, 0),
+        ("floor http1", 3, 0),
         ("loopwarden", 3, 0),
     ]
 

@@ -1,0 +1,453 @@
+"""The upstreams' HTTP/1.1 transport against real servers on 127.0.0.1: what it sends, how it
+reads every way an answer can be delimited, which connections it keeps, and what each kind of
+failure means for the call."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ssl
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+import trustme
+
+from proxy.upstream.http1_connection import (
+    END_BYTES,
+    HIGH_WATER,
+    MAX_FIELDS,
+    ConnectTimeout,
+    Unreachable,
+)
+from proxy.upstream.http1_transport import Http1Transport
+from proxy.upstream.transport import Answer, Failure, Timeouts
+from tests.faulty_upstream import Received, read_request
+
+TIMEOUTS = Timeouts(connect_s=5.0, read_s=5.0)
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+def ok(body: bytes = b"{}", extra: bytes = b"") -> bytes:
+    return b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n%s\r\n%s" % (len(body), extra, body)
+
+
+class Server:
+    """Serves each connection with `handler`; counts the connections and sees them close."""
+
+    def __init__(self, handler: Handler) -> None:
+        self.handler = handler
+        self.opened = 0
+        self.closed = 0
+        self.requests: list[Received] = []
+        self.url = ""
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.opened += 1
+        try:
+            await self.handler(reader, writer)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            self.closed += 1
+            writer.close()
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    handler: Handler | None = None, tls: ssl.SSLContext | None = None
+) -> AsyncIterator[Server]:
+    server = Server(handler or (lambda r, w: asyncio.sleep(0)))
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        tasks.add(task)
+        await server.serve(reader, writer)
+
+    listening = await asyncio.start_server(serve, "127.0.0.1", 0, ssl=tls)
+    port = listening.sockets[0].getsockname()[1]
+    server.url = f"{'https' if tls else 'http'}://{'localhost' if tls else '127.0.0.1'}:{port}"
+    try:
+        yield server
+    finally:
+        listening.close()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def keep_answering(server_answers: list[bytes]) -> Callable[[Server], Handler]:
+    """A handler that answers each request of a connection with the next of `server_answers`."""
+
+    def bind(server: Server) -> Handler:
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            while server_answers and (received := await read_request(reader)) is not None:
+                server.requests.append(received)
+                writer.write(server_answers.pop(0))
+                await writer.drain()
+            await reader.read()  # until the client closes
+
+        return handle
+
+    return bind
+
+
+@contextlib.asynccontextmanager
+async def upstream(*answers: bytes) -> AsyncIterator[Server]:
+    async with serving() as server:
+        server.handler = keep_answering(list(answers))(server)
+        yield server
+
+
+async def body_of(answer: Answer) -> bytes:
+    try:
+        return b"".join([chunk async for chunk in answer.chunks()])
+    finally:
+        await answer.aclose()
+
+
+async def eventually(check: Callable[[], bool]) -> None:
+    for _ in range(200):
+        if check():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("never came true")
+
+
+async def test_requests_go_as_written_and_answers_come_whole_on_one_kept_connection() -> None:
+    async with upstream(ok(b'{"a":1}', b"x-first: 1\r\nX-First: 2\r\n"), ok(b"second")) as server:
+        transport = Http1Transport()
+        headers = {"content-type": "application/json", "authorization": "Bearer k"}
+        first = await transport.send(
+            "POST", f"{server.url}/v1/chat?x=%2F", headers, b'{"m":1}', TIMEOUTS
+        )
+        assert first.status == 200
+        assert first.header("X-FIRST") == "1"  # any case; the first when it came twice
+        assert (b"X-First", b"2") in first.raw_headers()  # names as they came
+        assert await body_of(first) == b'{"a":1}'
+        second = await transport.send("GET", f"{server.url}/v1/models", [], None, TIMEOUTS)
+        assert await body_of(second) == b"second"
+        await transport.aclose()
+    assert server.opened == 1
+    post, get = server.requests
+    assert (post.method, post.path, post.body) == ("POST", "/v1/chat?x=%2F", b'{"m":1}')
+    assert post.headers == {
+        "host": server.url.removeprefix("http://"),
+        "content-type": "application/json",
+        "authorization": "Bearer k",
+        "content-length": "7",
+    }
+    assert (get.method, get.path, get.headers.get("content-length")) == ("GET", "/v1/models", None)
+
+
+async def test_a_streamed_body_goes_chunked() -> None:
+    async def parts() -> AsyncIterator[bytes]:
+        for part in (b"one ", b"", b"two"):
+            yield part
+
+    async with upstream(ok()) as server:
+        transport = Http1Transport()
+        answer = await transport.send("POST", server.url, {}, parts(), TIMEOUTS)
+        await body_of(answer)
+        await transport.aclose()
+    assert server.requests[0].body == b"one two"
+    assert server.requests[0].headers["transfer-encoding"] == "chunked"
+
+
+async def test_chunked_answers_and_interim_ones_are_read_and_the_connection_kept() -> None:
+    chunked = (
+        b"HTTP/1.1 103 Early Hints\r\nlink: </a>\r\n\r\n"
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+        b"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"
+    )
+    async with upstream(chunked, b"HTTP/1.1 204 No Content\r\n\r\n", ok(b"x")) as server:
+        transport = Http1Transport()
+        answer = await transport.send("GET", server.url, {}, None, TIMEOUTS)
+        assert (answer.status, answer.header("link")) == (200, None)
+        assert await body_of(answer) == b"hello world"
+        empty = await transport.send("GET", server.url, {}, None, TIMEOUTS)
+        assert (empty.status, await body_of(empty)) == (204, b"")
+        assert await body_of(await transport.send("GET", server.url, {}, None, TIMEOUTS)) == b"x"
+        await transport.aclose()
+    assert server.opened == 1
+
+
+async def test_a_body_delimited_by_the_connections_end_is_whole_and_not_kept() -> None:
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\n\r\nall of it")
+        await writer.drain()
+
+    async with serving(handle) as server:
+        transport = Http1Transport()
+        assert await body_of(await transport.send("GET", server.url, {}, None, TIMEOUTS)) == (
+            b"all of it"
+        )
+        assert await body_of(await transport.send("GET", server.url, {}, None, TIMEOUTS)) == (
+            b"all of it"
+        )
+        await transport.aclose()
+    assert server.opened == 2
+
+
+async def test_an_answer_closed_before_its_end_closes_its_connection() -> None:
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while await read_request(reader) is not None:
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nhalf ")
+            await writer.drain()
+
+    async with serving(handle) as server:
+        transport = Http1Transport()
+        for _ in range(2):
+            answer = await transport.send("GET", server.url, {}, None, TIMEOUTS)
+            assert await anext(answer.chunks()) == b"half "
+            await answer.aclose()
+        await eventually(lambda: server.closed == 2)
+        await transport.aclose()
+    assert server.opened == 2
+
+
+async def test_a_body_end_left_to_read_is_read_within_its_bound_or_the_connection_closed() -> None:
+    small_end = b"HTTP/1.1 200 OK\r\ncontent-length: 8\r\n\r\nneeded"  # + b"!!" later
+    big_end = b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\nneeded" % (END_BYTES + 100)
+    sent: list[int] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        for head, end in ((small_end, b"!!"), (big_end, b"x" * (END_BYTES + 94))):
+            if await read_request(reader) is None:
+                return
+            writer.write(head)
+            await writer.drain()
+            await asyncio.sleep(0.05)  # the caller closes its answer before the end comes
+            writer.write(end)
+            await writer.drain()
+            sent.append(len(end))
+        await reader.read()
+
+    async with serving(handle) as server:
+        transport = Http1Transport()
+        for number in (1, 2):
+            answer = await transport.send("GET", server.url, {}, None, TIMEOUTS)
+            assert await anext(answer.chunks()) == b"needed"
+            answer.keep_alive()
+            await answer.aclose()
+            await eventually(lambda: len(sent) == number)  # noqa: B023
+            await asyncio.sleep(0.02)  # the end reaches the client
+        assert server.closed == 1  # the big end closed it
+        await transport.aclose()
+    assert server.opened == 1  # the small end was read and the connection kept for the next
+
+
+async def test_a_slow_reader_holds_a_bounded_part_of_a_large_body() -> None:
+    size = 8 * 1024 * 1024
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % size)
+        writer.write(b"x" * size)
+        await writer.drain()
+
+    async with serving(handle) as server:
+        transport = Http1Transport()
+        answer = await transport.send("GET", server.url, {}, None, TIMEOUTS)
+        pieces = []
+        async for chunk in answer.chunks():
+            pieces.append(len(chunk))
+            await asyncio.sleep(0.002)  # reads slower than the server sends
+        await answer.aclose()
+        await transport.aclose()
+    assert sum(pieces) == size
+    assert max(pieces) <= 2 * HIGH_WATER  # without the pause, one piece would be most of it
+
+
+async def test_one_connection_at_most_makes_the_next_request_wait_and_reuse_it() -> None:
+    async with upstream(ok(b"1"), ok(b"2")) as server:
+        transport = Http1Transport(connections=1)
+        first = await transport.send("GET", server.url, {}, None, TIMEOUTS)
+        second = asyncio.ensure_future(transport.send("GET", server.url, {}, None, TIMEOUTS))
+        await asyncio.sleep(0.05)
+        assert not second.done()  # waiting for the one connection
+        assert await body_of(first) == b"1"
+        assert await body_of(await second) == b"2"
+        await transport.aclose()
+    assert server.opened == 1
+
+
+async def test_at_the_limit_an_idle_connection_elsewhere_is_closed_to_open_one() -> None:
+    async with upstream(ok(b"a")) as one, upstream(ok(b"b")) as other:
+        transport = Http1Transport(connections=1)
+        assert await body_of(await transport.send("GET", one.url, {}, None, TIMEOUTS)) == b"a"
+        assert await body_of(await transport.send("GET", other.url, {}, None, TIMEOUTS)) == b"b"
+        await eventually(lambda: one.closed == 1)
+        await transport.aclose()
+
+
+async def test_idle_connections_are_closed_after_the_keepalive() -> None:
+    async with upstream(ok(), ok()) as server:
+        transport = Http1Transport(keepalive_s=0.1)
+        await body_of(await transport.send("GET", server.url, {}, None, TIMEOUTS))
+        await asyncio.sleep(0.02)
+        assert server.closed == 0
+        await eventually(lambda: server.closed == 1)
+        await body_of(await transport.send("GET", server.url, {}, None, TIMEOUTS))
+        await transport.aclose()
+    assert server.opened == 2
+
+
+async def test_a_connection_the_upstream_closed_while_idle_is_not_used_again() -> None:
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(ok(b"once"))
+        await writer.drain()  # then closes, though the answer said nothing of it
+
+    async with serving(handle) as server:
+        transport = Http1Transport()
+        assert await body_of(await transport.send("GET", server.url, {}, None, TIMEOUTS)) == (
+            b"once"
+        )
+        await eventually(lambda: server.closed == 1)
+        await asyncio.sleep(0.02)  # the close reaches the client
+        assert await body_of(await transport.send("GET", server.url, {}, None, TIMEOUTS)) == (
+            b"once"
+        )
+        await transport.aclose()
+    assert server.opened == 2
+
+
+async def test_https_upstreams_are_verified_against_the_trusted_authorities(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    authority = trustme.CA()
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    authority.issue_cert("localhost").configure_cert(tls)
+    async with serving(tls=tls) as server:
+        server.handler = keep_answering([ok(b"secure")])(server)
+        untrusting = Http1Transport()
+        with pytest.raises(Unreachable) as refused:
+            await untrusting.send("GET", server.url, {}, None, TIMEOUTS)
+        assert untrusting.failure(refused.value) is Failure.UNREACHABLE
+        assert "CERTIFICATE_VERIFY_FAILED" in str(refused.value)
+        with authority.cert_pem.tempfile() as ca_file:
+            monkeypatch.setenv("SSL_CERT_FILE", ca_file)
+            trusting = Http1Transport()
+            answer = await trusting.send("GET", f"{server.url}/v1", {}, None, TIMEOUTS)
+        assert await body_of(answer) == b"secure"
+        await trusting.aclose()
+        await untrusting.aclose()
+
+
+async def test_what_each_failure_means() -> None:
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        await reader.read()
+
+    async def stalls_mid_body(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nhalf ")
+        await reader.read()
+
+    async def cut_mid_body(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nhalf ")
+        await writer.drain()
+
+    async def not_http(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"SSH-2.0-OpenSSH_9.6\r\n\r\n")
+        await reader.read()
+
+    async def header_flood(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\n" + b"x-a: b\r\n" * (MAX_FIELDS + 1) + b"\r\n")
+        await reader.read()
+
+    async def switches(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\n\r\n")
+        await reader.read()
+
+    async def closes_at_once(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+
+    quick = Timeouts(connect_s=5.0, read_s=0.1)
+    transport = Http1Transport()
+
+    async def failure_of(handler: Handler, read_body: bool = False) -> tuple[Failure | None, str]:
+        async with serving(handler) as server:
+            try:
+                answer = await transport.send("GET", server.url, {}, None, quick)
+                if read_body:
+                    await body_of(answer)
+            except Exception as exc:
+                await eventually(lambda: server.closed == 1)  # the connection is not kept
+                return transport.failure(exc), str(exc)
+        raise AssertionError("no failure")
+
+    assert await failure_of(silent) == (Failure.TIMEOUT, "no byte from the upstream within 0.1 s")
+    assert (await failure_of(stalls_mid_body, read_body=True))[0] is Failure.TIMEOUT
+    broken, said = await failure_of(cut_mid_body, read_body=True)
+    assert (broken, said) == (
+        Failure.BROKEN,
+        "the upstream closed the connection before its answer was whole",
+    )
+    broken, said = await failure_of(not_http)
+    assert broken is Failure.BROKEN
+    assert said.startswith("what the upstream sent is not HTTP")
+    broken, said = await failure_of(header_flood)
+    assert broken is Failure.BROKEN
+    assert f"over {MAX_FIELDS} header fields" in said
+    assert await failure_of(switches) == (Failure.BROKEN, "the upstream switched protocols")
+    assert (await failure_of(closes_at_once))[0] is Failure.BROKEN
+
+    async with serving() as server:
+        closed_port = server.url
+    with pytest.raises(Unreachable) as refused:
+        await transport.send("GET", closed_port, {}, None, TIMEOUTS)
+    assert transport.failure(refused.value) is Failure.UNREACHABLE
+    async with upstream(ok()) as server:
+        with pytest.raises(ConnectTimeout) as slow:
+            await transport.send("GET", server.url, {}, None, Timeouts(connect_s=0, read_s=1))
+        assert transport.failure(slow.value) is Failure.CONNECT_TIMEOUT
+    assert transport.failure(ValueError("the caller's own")) is None
+    await transport.aclose()
+
+
+async def test_a_request_cancelled_while_waiting_closes_its_connection_and_frees_its_place() -> (
+    None
+):
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        await reader.read()
+
+    async with serving(silent) as server:
+        transport = Http1Transport(connections=1)
+        waiting = asyncio.ensure_future(transport.send("GET", server.url, {}, None, TIMEOUTS))
+        await eventually(lambda: server.opened == 1)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        await eventually(lambda: server.closed == 1)
+        waiting = asyncio.ensure_future(transport.send("GET", server.url, {}, None, TIMEOUTS))
+        await eventually(lambda: server.opened == 2)  # the one place is free again
+        waiting.cancel()
+        await transport.aclose()
+
+
+@pytest.mark.parametrize(
+    ("url", "headers"),
+    [
+        ("http://127.0.0.1:1/v1/a b", {}),
+        ("http://127.0.0.1:1/v1/a\r\nx-injected: 1", {}),
+        ("ftp://127.0.0.1:1/v1", {}),
+        ("http://127.0.0.1:1/v1", {"x-a": "1\r\nx-injected: 1"}),
+        ("http://127.0.0.1:1/v1", {"x a": "1"}),
+    ],
+)
+async def test_a_url_or_header_that_would_split_the_request_is_refused_before_sending(
+    url: str, headers: dict[str, str]
+) -> None:
+    transport = Http1Transport()
+    with pytest.raises(ValueError, match=r"URL|header"):
+        await transport.send("GET", url, headers, None, TIMEOUTS)
+    await transport.aclose()
