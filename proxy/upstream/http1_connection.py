@@ -105,6 +105,12 @@ class Connection(asyncio.Protocol):
 
     # -- httptools callbacks
 
+    def on_message_begin(self) -> None:
+        answer = self.answer
+        if answer is not None and answer.status:
+            answer.refused = "the upstream sent an answer that no request asked for"
+            raise ValueError(answer.refused)  # stops the parser: feed_data raises
+
     def on_header(self, name: bytes, value: bytes) -> None:
         answer = self.answer
         if answer is not None:
@@ -113,7 +119,7 @@ class Connection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         answer = self.answer
         if answer is not None:
-            answer.started(self.parser.get_status_code(), self.parser.should_keep_alive())
+            answer.started(self.parser.get_status_code())
 
     def on_body(self, body: bytes) -> None:
         answer = self.answer
@@ -151,7 +157,8 @@ class Connection(asyncio.Protocol):
         """Closes at once (an abort: nothing buffered is worth sending)."""
         if self.transport is not None:
             self.transport.abort()
-        self.connection_lost(None)  # now, not on the loop's next turn
+        # Now, not on the loop's next turn; an answer still coming is not whole.
+        self.connection_lost(ConnectionAbortedError("closed by the proxy"))
 
 
 class Answer:
@@ -216,7 +223,7 @@ class Answer:
         ):
             self._until_close = False
 
-    def started(self, status: int, keep_alive: bool) -> None:
+    def started(self, status: int) -> None:
         if status < 200:  # an interim answer (103 Early Hints): the real one follows
             if status == 101:
                 self.refused = "the upstream switched protocols"

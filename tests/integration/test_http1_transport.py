@@ -173,6 +173,20 @@ async def test_chunked_answers_and_interim_ones_are_read_and_the_connection_kept
     assert server.opened == 1
 
 
+async def test_an_answer_that_no_request_asked_for_closes_the_connection() -> None:
+    async with upstream(ok(b"one") + ok(b"extra"), ok(b"two")) as server:
+        transport = Http1Transport()
+        assert await body_of(await transport.send("GET", server.url, {}, None, TIMEOUTS)) == (
+            b"one"
+        )
+        await eventually(lambda: server.closed == 1)
+        assert await body_of(await transport.send("GET", server.url, {}, None, TIMEOUTS)) == (
+            b"two"
+        )
+        await transport.aclose()
+    assert server.opened == 2
+
+
 async def test_a_body_delimited_by_the_connections_end_is_whole_and_not_kept() -> None:
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)
