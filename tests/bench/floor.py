@@ -26,6 +26,15 @@ Receive = Any
 Send = Any
 
 
+async def read_body(receive: Receive) -> bytes:
+    body, more = b"", True
+    while more:
+        message = await receive()
+        body += message.get("body", b"")
+        more = message.get("more_body", False)
+    return body
+
+
 class Relay:
     def __init__(self) -> None:
         self.session: aiohttp.ClientSession | None = None
@@ -57,11 +66,7 @@ class Relay:
         return self.session
 
     async def relay(self, scope: Scope, receive: Receive, send: Send) -> None:
-        body, more = b"", True
-        while more:
-            message = await receive()
-            body += message.get("body", b"")
-            more = message.get("more_body", False)
+        body = await read_body(receive)
         headers = {"content-type": "application/json"}
         for name, value in scope["headers"]:
             if name == b"authorization":
@@ -93,11 +98,7 @@ class Http1Relay(Relay):
         self.transport: Http1Transport | None = None
 
     async def relay(self, scope: Scope, receive: Receive, send: Send) -> None:
-        body, more = b"", True
-        while more:
-            message = await receive()
-            body += message.get("body", b"")
-            more = message.get("more_body", False)
+        body = await read_body(receive)
         headers = [("content-type", "application/json")]
         headers += [(k.decode(), v.decode()) for k, v in scope["headers"] if k == b"authorization"]
         if self.transport is None:

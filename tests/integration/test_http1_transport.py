@@ -107,6 +107,11 @@ async def body_of(answer: Answer) -> bytes:
         await answer.aclose()
 
 
+async def get(transport: Http1Transport, url: str) -> bytes:
+    """The body of a GET of `url`, whole."""
+    return await body_of(await transport.send("GET", url, {}, None, TIMEOUTS))
+
+
 async def eventually(check: Callable[[], bool]) -> None:
     for _ in range(200):
         if check():
@@ -168,7 +173,7 @@ async def test_chunked_answers_and_interim_ones_are_read_and_the_connection_kept
         assert await body_of(answer) == b"hello world"
         empty = await transport.send("GET", server.url, {}, None, TIMEOUTS)
         assert (empty.status, await body_of(empty)) == (204, b"")
-        assert await body_of(await transport.send("GET", server.url, {}, None, TIMEOUTS)) == b"x"
+        assert await get(transport, server.url) == b"x"
         await transport.aclose()
     assert server.opened == 1
 
@@ -176,13 +181,9 @@ async def test_chunked_answers_and_interim_ones_are_read_and_the_connection_kept
 async def test_an_answer_that_no_request_asked_for_closes_the_connection() -> None:
     async with upstream(ok(b"one") + ok(b"extra"), ok(b"two")) as server:
         transport = Http1Transport()
-        assert await body_of(await transport.send("GET", server.url, {}, None, TIMEOUTS)) == (
-            b"one"
-        )
+        assert await get(transport, server.url) == (b"one")
         await eventually(lambda: server.closed == 1)
-        assert await body_of(await transport.send("GET", server.url, {}, None, TIMEOUTS)) == (
-            b"two"
-        )
+        assert await get(transport, server.url) == (b"two")
         await transport.aclose()
     assert server.opened == 2
 
@@ -195,12 +196,8 @@ async def test_a_body_delimited_by_the_connections_end_is_whole_and_not_kept() -
 
     async with serving(handle) as server:
         transport = Http1Transport()
-        assert await body_of(await transport.send("GET", server.url, {}, None, TIMEOUTS)) == (
-            b"all of it"
-        )
-        assert await body_of(await transport.send("GET", server.url, {}, None, TIMEOUTS)) == (
-            b"all of it"
-        )
+        assert await get(transport, server.url) == (b"all of it")
+        assert await get(transport, server.url) == (b"all of it")
         await transport.aclose()
     assert server.opened == 2
 
@@ -291,8 +288,8 @@ async def test_one_connection_at_most_makes_the_next_request_wait_and_reuse_it()
 async def test_at_the_limit_an_idle_connection_elsewhere_is_closed_to_open_one() -> None:
     async with upstream(ok(b"a")) as one, upstream(ok(b"b")) as other:
         transport = Http1Transport(connections=1)
-        assert await body_of(await transport.send("GET", one.url, {}, None, TIMEOUTS)) == b"a"
-        assert await body_of(await transport.send("GET", other.url, {}, None, TIMEOUTS)) == b"b"
+        assert await get(transport, one.url) == b"a"
+        assert await get(transport, other.url) == b"b"
         await eventually(lambda: one.closed == 1)
         await transport.aclose()
 
@@ -300,11 +297,11 @@ async def test_at_the_limit_an_idle_connection_elsewhere_is_closed_to_open_one()
 async def test_idle_connections_are_closed_after_the_keepalive() -> None:
     async with upstream(ok(), ok()) as server:
         transport = Http1Transport(keepalive_s=0.1)
-        await body_of(await transport.send("GET", server.url, {}, None, TIMEOUTS))
+        await get(transport, server.url)
         await asyncio.sleep(0.02)
         assert server.closed == 0
         await eventually(lambda: server.closed == 1)
-        await body_of(await transport.send("GET", server.url, {}, None, TIMEOUTS))
+        await get(transport, server.url)
         await transport.aclose()
     assert server.opened == 2
 
@@ -317,14 +314,10 @@ async def test_a_connection_the_upstream_closed_while_idle_is_not_used_again() -
 
     async with serving(handle) as server:
         transport = Http1Transport()
-        assert await body_of(await transport.send("GET", server.url, {}, None, TIMEOUTS)) == (
-            b"once"
-        )
+        assert await get(transport, server.url) == (b"once")
         await eventually(lambda: server.closed == 1)
         await asyncio.sleep(0.02)  # the close reaches the client
-        assert await body_of(await transport.send("GET", server.url, {}, None, TIMEOUTS)) == (
-            b"once"
-        )
+        assert await get(transport, server.url) == (b"once")
         await transport.aclose()
     assert server.opened == 2
 
@@ -351,38 +344,29 @@ async def test_https_upstreams_are_verified_against_the_trusted_authorities(
         await untrusting.aclose()
 
 
-async def test_what_each_failure_means() -> None:
-    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await read_request(reader)
-        await reader.read()
+def sends(data: bytes, then_closes: bool = False) -> Handler:
+    """A handler that reads a request, sends `data`, then keeps the connection open until the
+    client closes it (or closes it at once)."""
 
-    async def stalls_mid_body(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nhalf ")
-        await reader.read()
-
-    async def cut_mid_body(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nhalf ")
+        writer.write(data)
         await writer.drain()
+        if not then_closes:
+            await reader.read()
 
-    async def not_http(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await read_request(reader)
-        writer.write(b"SSH-2.0-OpenSSH_9.6\r\n\r\n")
-        await reader.read()
+    return handle
 
-    async def header_flood(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\n" + b"x-a: b\r\n" * (MAX_FIELDS + 1) + b"\r\n")
-        await reader.read()
 
-    async def switches(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await read_request(reader)
-        writer.write(b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\n\r\n")
-        await reader.read()
-
-    async def closes_at_once(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await read_request(reader)
+async def test_what_each_failure_means() -> None:
+    half = b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nhalf "
+    silent = sends(b"")
+    stalls_mid_body = sends(half)
+    cut_mid_body = sends(half, then_closes=True)
+    not_http = sends(b"SSH-2.0-OpenSSH_9.6\r\n\r\n")
+    header_flood = sends(b"HTTP/1.1 200 OK\r\n" + b"x-a: b\r\n" * (MAX_FIELDS + 1) + b"\r\n")
+    switches = sends(b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\n\r\n")
+    closes_at_once = sends(b"", then_closes=True)
 
     quick = Timeouts(connect_s=5.0, read_s=0.1)
     transport = Http1Transport()
