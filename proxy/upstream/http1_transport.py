@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import re
 import ssl
 import time
 from collections.abc import AsyncIterable, Mapping
@@ -29,6 +30,7 @@ from proxy.upstream.transport import Body, Failure, Headers, Timeouts
 
 URL_CACHE = 1024  # parsed URLs kept: a run's upstream URL is parsed once, not per call
 SENDS_A_BODY = frozenset({"POST", "PUT", "PATCH"})  # a length of 0 is said when it has none
+_SPACE_OR_CONTROL = re.compile("[\x00-\x20\x7f]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,7 +219,8 @@ def _parse(url: str) -> _Target:
 
 
 def _unsafe(text: str) -> bool:
-    return any(c <= " " or c == "\x7f" for c in text)
+    """A space or control character: what would end or split a request line or field name."""
+    return _SPACE_OR_CONTROL.search(text) is not None
 
 
 def _head(method: str, target: _Target, headers: Headers, body: Body) -> bytes:
