@@ -15,8 +15,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import ssl
 import struct
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -38,6 +39,33 @@ class Received:
 
 
 Answer = Callable[[asyncio.StreamWriter], Awaitable[None]]
+Handle = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+@contextlib.asynccontextmanager
+async def listening(handle: Handle, tls: ssl.SSLContext | None = None) -> AsyncIterator[int]:
+    """Serves each connection to a free port of 127.0.0.1 with `handle`, and yields the port. At
+    the end, stops listening and cancels the handlers still at work."""
+    handlers: set[asyncio.Task[None]] = set()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        handlers.add(task)
+        try:
+            await handle(reader, writer)
+        finally:
+            handlers.discard(task)
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0, ssl=tls)
+    try:
+        yield server.sockets[0].getsockname()[1]
+    finally:
+        server.close()
+        for task in list(handlers):
+            task.cancel()
+        await asyncio.gather(*handlers, return_exceptions=True)
+        await server.wait_closed()
 
 
 class FaultyUpstream:
@@ -48,15 +76,13 @@ class FaultyUpstream:
         self.requests: list[Received] = []
         self.exhausted = 0
         self.url = ""
-        self._server: asyncio.Server | None = None
-        self._handlers: set[asyncio.Task[None]] = set()
+        self._listening = contextlib.AsyncExitStack()
 
     def script(self, *answers: Answer) -> None:
         self._script = list(answers)
 
     async def __aenter__(self) -> FaultyUpstream:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        port = self._server.sockets[0].getsockname()[1]
+        port = await self._listening.enter_async_context(listening(self._serve))
         self.url = f"http://127.0.0.1:{port}/v1"
         return self
 
@@ -66,17 +92,9 @@ class FaultyUpstream:
         error: BaseException | None,
         trace: TracebackType | None,
     ) -> None:
-        assert self._server is not None
-        self._server.close()
-        for task in list(self._handlers):
-            task.cancel()
-        await asyncio.gather(*self._handlers, return_exceptions=True)
-        await self._server.wait_closed()
+        await self._listening.aclose()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._handlers.add(task)
         try:
             received = await read_request(reader)
             if received is None:
@@ -91,7 +109,6 @@ class FaultyUpstream:
         except (ConnectionError, asyncio.IncompleteReadError):
             pass  # the proxy went away: what a fault test expects
         finally:
-            self._handlers.discard(task)
             if not writer.transport.is_closing():
                 writer.close()
             with contextlib.suppress(Exception):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 import trustme
@@ -21,10 +21,9 @@ from proxy.upstream.http1_connection import (
 )
 from proxy.upstream.http1_transport import Http1Transport
 from proxy.upstream.transport import Answer, Failure, Timeouts
-from tests.faulty_upstream import Received, read_request
+from tests.faulty_upstream import Handle, Received, listening, read_request
 
 TIMEOUTS = Timeouts(connect_s=5.0, read_s=5.0)
-Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
 
 def ok(body: bytes = b"{}", extra: bytes = b"") -> bytes:
@@ -34,7 +33,7 @@ def ok(body: bytes = b"{}", extra: bytes = b"") -> bytes:
 class Server:
     """Serves each connection with `handler`; counts the connections and sees them close."""
 
-    def __init__(self, handler: Handler) -> None:
+    def __init__(self, handler: Handle) -> None:
         self.handler = handler
         self.opened = 0
         self.closed = 0
@@ -54,33 +53,18 @@ class Server:
 
 @contextlib.asynccontextmanager
 async def serving(
-    handler: Handler | None = None, tls: ssl.SSLContext | None = None
+    handler: Handle | None = None, tls: ssl.SSLContext | None = None
 ) -> AsyncIterator[Server]:
     server = Server(handler or (lambda r, w: asyncio.sleep(0)))
-    tasks: set[asyncio.Task[None]] = set()
-
-    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        tasks.add(task)
-        await server.serve(reader, writer)
-
-    listening = await asyncio.start_server(serve, "127.0.0.1", 0, ssl=tls)
-    port = listening.sockets[0].getsockname()[1]
-    server.url = f"{'https' if tls else 'http'}://{'localhost' if tls else '127.0.0.1'}:{port}"
-    try:
+    async with listening(server.serve, tls) as port:
+        server.url = f"{'https' if tls else 'http'}://{'localhost' if tls else '127.0.0.1'}:{port}"
         yield server
-    finally:
-        listening.close()
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def keep_answering(server_answers: list[bytes]) -> Callable[[Server], Handler]:
+def keep_answering(server_answers: list[bytes]) -> Callable[[Server], Handle]:
     """A handler that answers each request of a connection with the next of `server_answers`."""
 
-    def bind(server: Server) -> Handler:
+    def bind(server: Server) -> Handle:
         async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             while server_answers and (received := await read_request(reader)) is not None:
                 server.requests.append(received)
@@ -344,7 +328,7 @@ async def test_https_upstreams_are_verified_against_the_trusted_authorities(
         await untrusting.aclose()
 
 
-def sends(data: bytes, then_closes: bool = False) -> Handler:
+def sends(data: bytes, then_closes: bool = False) -> Handle:
     """A handler that reads a request, sends `data`, then keeps the connection open until the
     client closes it (or closes it at once)."""
 
@@ -371,7 +355,7 @@ async def test_what_each_failure_means() -> None:
     quick = Timeouts(connect_s=5.0, read_s=0.1)
     transport = Http1Transport()
 
-    async def failure_of(handler: Handler, read_body: bool = False) -> tuple[Failure | None, str]:
+    async def failure_of(handler: Handle, read_body: bool = False) -> tuple[Failure | None, str]:
         async with serving(handler) as server:
             try:
                 answer = await transport.send("GET", server.url, {}, None, quick)

@@ -21,7 +21,7 @@ from proxy.config import parse_config
 from proxy.upstream.http1_connection import END_WAIT_S
 from proxy.upstream.http1_transport import Http1Transport
 from proxy.upstream.transport import Timeouts
-from tests.faulty_upstream import DONE, delta, read_request
+from tests.faulty_upstream import DONE, delta, listening, read_request
 
 HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
 CHAT = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
@@ -72,30 +72,17 @@ async def _first(*waits: Any) -> Any:
 
 @contextlib.asynccontextmanager
 async def running(upstream: KeptAliveUpstream) -> AsyncIterator[ASGIApp]:
-    handlers: set[asyncio.Task[None]] = set()
-
-    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        handlers.add(task)
-        await upstream.serve(reader, writer)
-
-    server = await asyncio.start_server(serve, "127.0.0.1", 0)
-    upstream.url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1"
-    config = {
-        "upstreams": {"main": {"base_url": upstream.url, "max_retries": 0}},
-        "default_upstream": "main",
-        "state": {"backend": "memory"},
-    }
-    app = create_app(parse_config(config), registry=CollectorRegistry())
-    try:
+    # `upstream.serve` looked up at each connection: a test may replace it meanwhile.
+    async with listening(lambda reader, writer: upstream.serve(reader, writer)) as port:
+        upstream.url = f"http://127.0.0.1:{port}/v1"
+        config = {
+            "upstreams": {"main": {"base_url": upstream.url, "max_retries": 0}},
+            "default_upstream": "main",
+            "state": {"backend": "memory"},
+        }
+        app = create_app(parse_config(config), registry=CollectorRegistry())
         async with app.router.lifespan_context(app):
             yield app
-    finally:
-        server.close()
-        for task in handlers:
-            task.cancel()
-        await asyncio.gather(*handlers, return_exceptions=True)
 
 
 async def stream(app: ASGIApp) -> str:
