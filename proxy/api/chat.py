@@ -7,11 +7,12 @@ from collections.abc import Callable
 
 from starlette.types import Receive, Scope, Send
 
-from proxy.api.asgi import bearer_token, header, read_body, run_or_cancel, send_json
+from proxy.api.asgi import bearer_token, header, run_or_cancel, send_json
 from proxy.api.auth import Caller
 from proxy.api.chat_request import THREAD_HEADER, ChatRequest, parse_chat_request
 from proxy.api.completion import completion_body, completion_id, loop_report
 from proxy.api.failures import failed, failure_error, send_failure
+from proxy.api.json_body import read_json
 from proxy.api.services import Services
 from proxy.api.sse import SSEWriter
 from proxy.engine.run import Run
@@ -29,7 +30,7 @@ class ChatCompletions:
         sv = self.services()
         bearer = bearer_token(scope)
         caller = sv.keys.caller(bearer)
-        raw = await read_body(receive, scope, sv.config.server.max_body_bytes)
+        raw = await read_json(receive, scope, sv.config.server)
         req = parse_chat_request(raw, header(scope, _THREAD_HEADER))
         plan = sv.planner.plan(req.run, caller)
         deps = sv.deps(plan.upstream, bearer, scope["path"])

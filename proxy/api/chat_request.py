@@ -5,8 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
+from proxy.api.json_body import json_object
 from proxy.api.run_request import NO_LOOP, RunRequest, parse_loop
 from proxy.engine.options import MAX_NAME_CHARS
 from proxy.errors import InvalidRequest
@@ -33,27 +32,6 @@ class ChatRequest:
     run: RunRequest
     stream: bool
     include_usage: bool
-
-
-# orjson reads 1,024 levels of nesting but writes only 255: a body the proxy could not send
-# on is refused when it is read.
-MAX_JSON_DEPTH = 254
-
-
-def json_object(raw: bytes) -> dict[str, Any]:
-    """A request body that must be one JSON object, nested at most MAX_JSON_DEPTH deep."""
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidRequest(f"the body is not valid JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise InvalidRequest("the body must be a JSON object")
-    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH:  # else it cannot nest that deep
-        try:
-            orjson.dumps(body)
-        except TypeError:
-            raise InvalidRequest(f"the body nests deeper than {MAX_JSON_DEPTH} levels") from None
-    return body
 
 
 def parse_chat_request(raw: bytes, thread_header: str | None = None) -> ChatRequest:

@@ -13,11 +13,11 @@ import orjson
 from pydantic import ValidationError
 from starlette.types import Receive, Scope, Send
 
-from proxy.api.asgi import bearer_token, read_body, run_or_cancel, send_error, send_json
+from proxy.api.asgi import bearer_token, run_or_cancel, send_error, send_json
 from proxy.api.auth import Caller
-from proxy.api.chat_request import json_object
 from proxy.api.completion import loop_report
 from proxy.api.failures import failed, send_failure
+from proxy.api.json_body import json_object, read_json
 from proxy.api.run_request import RunRequest, parse_loop
 from proxy.api.services import Services
 from proxy.engine.options import TerminatingOptions, problems
@@ -192,7 +192,7 @@ class ContextRuns:
         sv = self.services()
         bearer = bearer_token(scope)
         caller = sv.keys.caller(bearer)
-        raw = await read_body(receive, scope, sv.config.server.max_body_bytes)
+        raw = await read_json(receive, scope, sv.config.server)
         body = _body(raw, scope["path"], sv.config.state.max_context_id_chars)
         async with sv.store.hold(body["context_id"]):
             await self._run(sv, caller, bearer, scope, receive, send, body)

@@ -12,11 +12,12 @@ from typing import Any
 
 from starlette.types import Receive, Scope, Send
 
-from proxy.api.asgi import bearer_token, header, read_body, run_or_cancel, send_json
+from proxy.api.asgi import bearer_token, header, run_or_cancel, send_json
 from proxy.api.auth import Caller
 from proxy.api.chat_request import THREAD_HEADER
 from proxy.api.completion import loop_report
 from proxy.api.failures import failed, failure_error, send_failure
+from proxy.api.json_body import read_json
 from proxy.api.planning import Plan
 from proxy.api.response_body import (
     finished_response,
@@ -55,7 +56,7 @@ class Responses:
         sv = self.services()
         bearer = bearer_token(scope)
         caller = sv.keys.caller(bearer)
-        raw = await read_body(receive, scope, sv.config.server.max_body_bytes)
+        raw = await read_json(receive, scope, sv.config.server)
         req = parse_responses_request(raw, header(scope, _THREAD_HEADER))
         store = ResponseStore(sv.store, sv.config.state.response_ttl_s)
         history = await _history(req, store, caller)

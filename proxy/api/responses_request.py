@@ -8,7 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.api.chat_request import json_object, name
+from proxy.api.chat_request import name
+from proxy.api.json_body import json_object
 from proxy.api.response_input import checked_input, json_object_param, string_param
 from proxy.api.response_items import CUSTOM_PARAMETERS, ClientTool, upstream_name
 from proxy.api.run_request import NO_LOOP, LoopOptions, RunRequest, parse_loop

@@ -171,6 +171,20 @@ def test_sdk_sees_openai_errors(client: OpenAI, upstream: ScriptedUpstream) -> N
     assert json.loads(failed.value.response.text)["loop"]["stop_reason"] == "nudges_exhausted"
 
 
+def test_sdk_sees_a_body_of_too_many_values_refused(client: OpenAI) -> None:
+    """A field of 100,001 numbers (its opener and 100,000 commas): over the default
+    `max_body_values`, refused before the body is parsed."""
+    with pytest.raises(openai.APIStatusError) as err:
+        client.chat.completions.create(
+            model="stock",
+            messages=[{"role": "user", "content": "hi"}],
+            extra_body={"padding": [0] * 100_001},
+        )
+    assert err.value.status_code == 413
+    assert err.value.code == "request_too_large"
+    assert "more than 100000 JSON values (server.max_body_values)" in err.value.message
+
+
 def test_models_list(client: OpenAI) -> None:
     ids = [m.id for m in client.models.list()]
     assert ids[:3] == ["stock", "reporter", "researcher"]

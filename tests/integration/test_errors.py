@@ -171,6 +171,34 @@ async def test_a_body_over_the_limit_is_a_413(proxy_for: ProxyFactory) -> None:
     assert r.json()["error"]["code"] == "request_too_large"
 
 
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/responses", "/chat"])
+async def test_a_body_with_more_values_than_the_limit_is_a_413_before_it_is_parsed(
+    proxy_for: ProxyFactory, path: str
+) -> None:
+    """Counted before parsing: this body is not even JSON (it never ends), and still gets the
+    413, not the 400 of a parse."""
+    hostile = b'{"model": "scripted", "messages": [' + b"[]," * 1001
+    async with proxy_for({"server": {"max_body_values": 2000}}) as proxy:
+        r = await proxy.client.post(path, content=hostile)
+    assert r.status_code == 413
+    error = r.json()["error"]
+    assert error["code"] == "request_too_large"
+    assert error["message"] == "the body holds more than 2000 JSON values (server.max_body_values)"
+
+
+async def test_a_long_body_of_few_values_is_served(proxy_for: ProxyFactory) -> None:
+    """Delimiters inside strings are not values: 30 KB of punctuated text is two of them."""
+    text = "commas, colons: [brackets] {braces}, " * 800
+    async with proxy_for({"server": {"max_body_values": 1000}}) as proxy:
+        proxy.upstream.script(say("Read."))
+        r = await proxy.chat(model="scripted", messages=[{"role": "user", "content": text}])
+        many = await proxy.chat(model="scripted", messages=[{"role": "user"}] * 400)
+    assert r.status_code == 200
+    assert r.json()["choices"][0]["message"]["content"] == "Read."
+    assert proxy.upstream.bodies[0]["messages"][0]["content"] == text
+    assert many.status_code == 413  # 400 messages: 1 + 399 + 2 * 400 delimiters, and the body's
+
+
 async def test_cost_condition_on_a_model_without_price_is_refused(proxy: Proxy) -> None:
     r = await proxy.chat(model="unpriced-model-x", loop={"stop_when": [{"max_cost": 1}]})
     assert r.status_code == 400

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.bench import mcp_cost, policy_cost, telemetry_cost
+from tests.bench import body_stall, mcp_cost, policy_cost, telemetry_cost
 
 
 def test_the_telemetry_cost_benchmark_prints_every_row(capsys: pytest.CaptureFixture[str]) -> None:
@@ -33,3 +33,21 @@ def test_the_policy_cost_benchmark_prints_every_feature(capsys: pytest.CaptureFi
     rows = {name: (cpu, added) for name, cpu, added in (ln.rsplit(maxsplit=2) for ln in lines[1:])}
     assert set(rows) == set(policy_cost.FEATURES)
     assert all(float(cpu) > 0 and int(added) > -float(cpu) for cpu, added in rows.values())
+
+
+def test_the_body_stall_benchmark_refuses_the_hostile_bodies(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    body_stall.main(["--mib", "1"])
+    lines = capsys.readouterr().out.splitlines()
+    rows = {line[:30].strip(): line[30:].split() for line in lines[1:]}
+    assert set(rows) == set(body_stall.SHAPES)
+    statuses = {shape: figures[0] for shape, figures in rows.items()}
+    assert statuses == {
+        "empty arrays": "413",
+        "numbers": "413",
+        "small messages": "413",
+        "long messages of prose": "200",
+        "one base64 image": "200",
+    }
+    assert all(float(figure) > 0 for figures in rows.values() for figure in figures[1:])

@@ -1,0 +1,77 @@
+"""A request's JSON body, bounded before the work of parsing it: its bytes while it is read
+(`server.max_body_bytes`), the values it holds before it is parsed (`server.max_body_values`),
+and its nesting as it is parsed.
+
+Parsing is the work that needs a bound of its own: orjson holds the event loop for as long as it
+parses, and 8 MiB of `[],` takes it more than a second, during which no other request moves. The
+values are counted first, off the event loop, by their delimiters: a `,`, `:`, `[` or `{`
+outside a string is one value (an array of n values has n - 1 commas and an opener; an object's
+members count twice, key and value). Bodies too small to hold more are not counted at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from typing import Any
+
+import orjson
+from starlette.types import Receive, Scope
+
+from proxy.api.asgi import read_body
+from proxy.config.server import ServerConfig
+from proxy.errors import BodyTooLarge, InvalidRequest
+
+# orjson reads 1,024 levels of nesting but writes only 255: a body the proxy could not send
+# on is refused when it is read.
+MAX_JSON_DEPTH = 254
+_COUNT_BRACKETS_UP_TO = 64 * 1024
+
+_DELIMITERS = b",:[{"
+_NOT_DELIMITERS = bytes(sorted(set(range(256)) - set(_DELIMITERS)))
+# A string (skipped whole, escapes and all) or a delimiter outside one (group 1).
+_TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|([,:\[{])')
+
+
+async def read_json(receive: Receive, scope: Scope, server: ServerConfig) -> bytes:
+    """The body of a request, refused (413 `request_too_large`) when it has more bytes or more
+    JSON values than the server takes. Counting a large body's values runs in a thread, off the
+    event loop."""
+    raw = await read_body(receive, scope, server.max_body_bytes)
+    limit = server.max_body_values
+    if len(raw) > limit and await asyncio.to_thread(values_over, raw, limit):
+        raise BodyTooLarge(f"the body holds more than {limit} JSON values (server.max_body_values)")
+    return raw
+
+
+def values_over(raw: bytes, limit: int) -> bool:
+    """Whether `raw` holds more than `limit` JSON values (each delimiter outside a string is
+    one). The delimiters are counted first wherever they are, strings included, in one pass in
+    C; only when that count is over are strings skipped, one by one, stopping at `limit + 1`."""
+    if len(raw) <= limit or len(raw.translate(None, _NOT_DELIMITERS)) <= limit:
+        return False
+    count = 0
+    for token in _TOKEN.finditer(raw):
+        if token.lastindex:
+            count += 1
+            if count > limit:
+                return True
+    return False
+
+
+def json_object(raw: bytes) -> dict[str, Any]:
+    """A request body that must be one JSON object, nested at most MAX_JSON_DEPTH deep."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequest(f"the body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise InvalidRequest("the body must be a JSON object")
+    # A small body with few brackets cannot nest that deep; a large one is written back whole
+    # (counting its brackets first would take as long as that, and it has more than enough).
+    if len(raw) > _COUNT_BRACKETS_UP_TO or raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH:
+        try:
+            orjson.dumps(body)
+        except TypeError:
+            raise InvalidRequest(f"the body nests deeper than {MAX_JSON_DEPTH} levels") from None
+    return body

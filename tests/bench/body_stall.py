@@ -1,0 +1,126 @@
+"""How long one large request body holds the event loop: each body is sent straight to the
+app's ASGI callable while a 1 ms ticker runs on the same loop, and the longest gap between two
+ticks is the stall every other request in the process would have seen (medians of 3, after a
+small request has warmed the app up). Beside it, what orjson alone takes to parse that body:
+what the stall was before a body's values were counted.
+
+    python -m tests.bench.body_stall [--mib N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from collections.abc import Sequence
+from statistics import median
+from typing import Any
+
+import httpx
+import orjson
+from prometheus_client import CollectorRegistry
+from starlette.types import ASGIApp, Message
+
+from proxy.api.app import create_app
+from proxy.api.server import settle_runtime
+from proxy.config import parse_config
+from tests.bench.policy_cost import ANSWER, JSON
+from tests.direct_asgi import body_then_stay, post_scope
+
+CONFIG: dict[str, Any] = {
+    "upstreams": {"main": {"base_url": "http://upstream.test/v1", "max_retries": 0}},
+    "default_upstream": "main",
+    "state": {"backend": "memory"},
+}
+PROSE = "Words, and more words: [some] {bracketed}. " * 150
+# The bodies: what repeats inside the messages to fill them.
+SHAPES: dict[str, bytes] = {
+    "empty arrays": b"[],",
+    "numbers": b"0,",
+    "small messages": b'{"role":"user","content":"x"},',
+    "long messages of prose": orjson.dumps({"role": "user", "content": PROSE}) + b",",
+    "one base64 image": b"",
+}
+
+
+def body(shape: str, size: int) -> bytes:
+    head, tail = b'{"model":"scripted","messages":[', b'{"role":"user","content":"?"}]}'
+    room = size - len(head) - len(tail) - 200
+    if shape == "one base64 image":
+        url = b"data:image/png;base64," + b"QUJD" * (room // 4)
+        part = {"type": "image_url", "image_url": {"url": url.decode()}}
+        return head + orjson.dumps({"role": "user", "content": [part]}) + b"," + tail
+    unit = SHAPES[shape]
+    return head + unit * (room // len(unit)) + tail
+
+
+async def stall_of(app: ASGIApp, raw: bytes) -> tuple[int, float, float]:
+    """The status, the request's wall time and the longest gap between ticks, in seconds."""
+    gaps: list[float] = []
+    done = asyncio.Event()
+
+    async def tick() -> None:
+        last = time.perf_counter()
+        while not done.is_set():
+            await asyncio.sleep(0.001)
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+
+    sent: list[Message] = []
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    ticker = asyncio.create_task(tick())
+    await asyncio.sleep(0.01)
+    started = time.perf_counter()
+    await app(post_scope("/v1/chat/completions"), body_then_stay(raw), send)
+    wall = time.perf_counter() - started
+    done.set()
+    await ticker
+    return sent[0]["status"], wall, max(gaps)
+
+
+async def measure(size: int, reps: int = 3) -> list[tuple[str, int, float, float, float]]:
+    def answer(_: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=ANSWER, headers=JSON)
+
+    app = create_app(
+        parse_config(CONFIG),
+        transport=httpx.MockTransport(answer),
+        registry=CollectorRegistry(),
+    )
+    rows = []
+    async with app.router.lifespan_context(app):
+        settle_runtime()  # the switch interval the server runs with
+        await stall_of(app, body("small messages", 1024))
+        for shape in SHAPES:
+            raw = body(shape, size)
+            parses, walls, stalls, statuses = [], [], [], set()
+            for _ in range(reps):
+                started = time.perf_counter()
+                orjson.loads(raw)
+                parses.append(time.perf_counter() - started)
+                status, wall, stall = await stall_of(app, raw)
+                statuses.add(status)
+                walls.append(wall)
+                stalls.append(stall)
+            (status,) = statuses
+            rows.append((shape, status, median(walls), median(stalls), median(parses)))
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="body_stall")
+    parser.add_argument("--mib", type=float, default=8.0, help="body size (default: the limit)")
+    args = parser.parse_args(argv)
+    rows = asyncio.run(measure(int(args.mib * 1024 * 1024)))
+    head = f"{args.mib:g} MiB body of"
+    print(f"{head:30} {'status':>6} {'request ms':>10} {'stall ms':>9} {'orjson ms':>9}")
+    for shape, status, wall, stall, parse in rows:
+        print(f"{shape:30} {status:6} {wall * 1e3:10.1f} {stall * 1e3:9.1f} {parse * 1e3:9.1f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+"""Counting a body's JSON values before it is parsed (`values_over`)."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from proxy.api.json_body import values_over
+
+
+def delimiters(value: object) -> int:
+    """What `values_over` counts, by walking the parsed value: an array is its opener and a
+    comma between each two items; an object the same, plus a colon per member."""
+    if isinstance(value, list):
+        return 1 + max(0, len(value) - 1) + sum(delimiters(v) for v in value)
+    if isinstance(value, dict):
+        return 1 + max(0, len(value) - 1) + len(value) + sum(delimiters(v) for v in value.values())
+    return 0
+
+
+PUNCTUATED = 'a "quoted", [bracketed]: {braced}, and \\ back\\slashed, \u00e9'
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"messages": [{"role": "user", "content": "x"}] * 700},
+        {"messages": [{"role": "user", "content": PUNCTUATED * 20}] * 60},
+        {"a": [[], {}, [[1, 2], {"b": None}], "s,t:u[v{w"] * 300},
+        [0] * 3000,
+    ],
+)
+def test_the_count_is_the_delimiters_outside_strings(value: object) -> None:
+    raw = orjson.dumps(value)
+    count = delimiters(value)
+    assert len(raw) > count  # else nothing is counted at all
+    assert values_over(raw, count - 1)
+    assert not values_over(raw, count)
+
+
+def test_delimiters_inside_strings_never_count() -> None:
+    """Strings full of delimiters (and escaped quotes) push the rough count over the limit:
+    the exact count skips them."""
+    text = ('he said \\"a, b: [c] {d}\\" ' * 400).encode()
+    raw = b'{"messages": [{"role": "user", "content": "' + text + b'"}]}'
+    assert raw.count(b",") > 100  # so the rough count is over the limit
+    assert not values_over(raw, 7)  # { : [ { : , :
+    assert values_over(raw, 6)
+
+
+def test_a_body_shorter_than_the_limit_is_not_counted() -> None:
+    raw = b"[" + b"0," * 499 + b"0]"  # 500 values in 1,001 bytes
+    assert not values_over(raw, 1001)
+    assert values_over(raw, 499)
