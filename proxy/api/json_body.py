@@ -36,18 +36,23 @@ _TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|([,:\[{])')
 
 async def read_json(receive: Receive, scope: Scope, server: ServerConfig) -> bytes:
     """The body of a request, refused (413 `request_too_large`) when it has more bytes or more
-    JSON values than the server takes. A body of fewer bytes than the bound, or fewer delimiters
-    wherever they are, cannot hold more values; any other is counted exactly in a thread, off
-    the event loop."""
+    JSON values than the server takes."""
     raw = await read_body(receive, scope, server.max_body_bytes)
     limit = server.max_body_values
-    if (
+    if await holds_over(raw, limit):
+        raise BodyTooLarge(f"the body holds more than {limit} JSON values (server.max_body_values)")
+    return raw
+
+
+async def holds_over(raw: bytes, limit: int) -> bool:
+    """Whether the JSON in `raw` holds more than `limit` values. A text of fewer bytes than the
+    bound, or fewer delimiters wherever they are, cannot; any other is counted exactly in a
+    thread, off the event loop."""
+    return (
         len(raw) > limit
         and delimiters(raw) > limit
         and await asyncio.to_thread(values_over, raw, limit)
-    ):
-        raise BodyTooLarge(f"the body holds more than {limit} JSON values (server.max_body_values)")
-    return raw
+    )
 
 
 def delimiters(raw: bytes) -> int:

@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 
 from proxy.api.auth import Caller, KeyRing
+from proxy.api.json_body import holds_over
 from proxy.state.store import StateStore
 
 RESPONSE_RECORD = "response"
@@ -45,6 +46,16 @@ class StoredResponse:
         return None
 
 
+class ConversationTooLarge(Exception):
+    """A stored response whose conversation holds more values than a request may."""
+
+    def __init__(self, response_id: str, max_values: int) -> None:
+        super().__init__(
+            f"the conversation through {response_id[:64]!r} holds more than {max_values} JSON "
+            "values (server.max_body_values): more than one request may send; start a new one"
+        )
+
+
 def response_of_item(item_id: str) -> str | None:
     """The id of the response an output item id belongs to (`fc_<hex>_2` -> `resp_<hex>`)."""
     for prefix in ITEM_PREFIXES:
@@ -62,13 +73,18 @@ class ResponseStore:
     async def save(self, response_id: str, stored: StoredResponse) -> None:
         await self.store.put_record(RESPONSE_RECORD, response_id, stored.dumps(), self.ttl_s)
 
-    async def load(self, response_id: str, caller: Caller | None) -> StoredResponse | None:
+    async def load(
+        self, response_id: str, caller: Caller | None, max_values: int | None = None
+    ) -> StoredResponse | None:
         """The stored response, when it exists and `caller` made it (None otherwise: another
         key's responses do not exist for it). Raises PermissionDenied when the key may no
-        longer use the response's agent."""
+        longer use the response's agent, and ConversationTooLarge when the record holds more
+        than `max_values` JSON values (counted before it is parsed)."""
         found = await self.store.get_record(RESPONSE_RECORD, response_id)
         if found is None:
             return None
+        if max_values is not None and await holds_over(found, max_values):
+            raise ConversationTooLarge(response_id, max_values)
         fields = orjson.loads(found)
         stored = StoredResponse(**fields)
         if caller is not None:

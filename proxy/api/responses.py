@@ -33,17 +33,30 @@ from proxy.api.response_items import (
     items_to_messages,
     output_items,
 )
-from proxy.api.response_store import ResponseStore, StoredResponse, response_of_item
+from proxy.api.response_store import (
+    ConversationTooLarge,
+    ResponseStore,
+    StoredResponse,
+    response_of_item,
+)
 from proxy.api.responses_request import ResponsesRequest, parse_responses_request
 from proxy.api.responses_stream import ResponsesStream
 from proxy.api.services import Services
 from proxy.engine.run import Run
 from proxy.engine.run_spec import RunResult
 from proxy.engine.stop import StopReason
-from proxy.errors import ClientDisconnected, InvalidRequest, NotFound, StateUnavailable
+from proxy.errors import (
+    BodyTooLarge,
+    ClientDisconnected,
+    InvalidRequest,
+    NotFound,
+    StateUnavailable,
+)
 
 log = logging.getLogger(__name__)
 _THREAD_HEADER = THREAD_HEADER.encode()
+# Stored responses one request may read: its previous one and those its item references name.
+MAX_STORED_READS = 64
 
 
 class Responses:
@@ -59,7 +72,8 @@ class Responses:
         raw = await read_json(receive, scope, sv.config.server)
         req = parse_responses_request(raw, header(scope, _THREAD_HEADER))
         store = ResponseStore(sv.store, sv.config.state.response_ttl_s)
-        history = await _history(req, store, caller)
+        reads = _StoredReads(store, caller, sv.config.server.max_body_values)
+        history = await _history(req, reads)
         run = req.run
         run.messages = (
             [{"role": "system", "content": req.instructions}, *history]
@@ -195,15 +209,41 @@ class _Context:
         await self.sv.remember(result, report, self.owner, self.caller)
 
 
-async def _history(
-    req: ResponsesRequest, store: ResponseStore, caller: Caller | None
-) -> list[dict[str, Any]]:
+class _StoredReads:
+    """The stored responses one request reads (its previous one, those its item references
+    name): each read once, at most MAX_STORED_READS of them, and none whose conversation holds
+    more values than a request's body may (it goes upstream in the next request's body)."""
+
+    def __init__(self, store: ResponseStore, caller: Caller | None, max_values: int) -> None:
+        self.store = store
+        self.caller = caller
+        self.max_values = max_values
+        self._read: dict[str, StoredResponse | None] = {}
+
+    async def load(self, response_id: str, param: str) -> StoredResponse | None:
+        if response_id in self._read:
+            return self._read[response_id]
+        if len(self._read) >= MAX_STORED_READS:
+            raise InvalidRequest(
+                f"a request may read at most {MAX_STORED_READS} stored responses (its "
+                "previous_response_id and the responses its item references name)",
+                param=param,
+            )
+        try:
+            stored = await self.store.load(response_id, self.caller, self.max_values)
+        except ConversationTooLarge as exc:
+            raise BodyTooLarge(str(exc), param=param) from None
+        self._read[response_id] = stored
+        return stored
+
+
+async def _history(req: ResponsesRequest, reads: _StoredReads) -> list[dict[str, Any]]:
     """The conversation a request continues: the stored one of `previous_response_id`, then
     its input items with every `item_reference` read. A function call output must answer a
     call of that conversation."""
     previous: StoredResponse | None = None
     if req.previous_response_id is not None:
-        previous = await store.load(req.previous_response_id, caller)
+        previous = await reads.load(req.previous_response_id, "previous_response_id")
         if previous is None:
             raise NotFound(
                 f"no stored response {req.previous_response_id!r}", param="previous_response_id"
@@ -224,7 +264,7 @@ async def _history(
             if ref in seen:  # the same stored item named twice (a call, and its result)
                 continue
             seen.add(ref)
-            item = await _referenced(ref, store, caller, f"input[{i}].id")
+            item = await _referenced(ref, reads, f"input[{i}].id")
             kind = item.get("type", "message")
         if kind in ("function_call", "custom_tool_call"):
             known.add(item["call_id"])
@@ -240,11 +280,9 @@ async def _history(
     return [*previous.messages, *messages] if previous is not None else messages
 
 
-async def _referenced(
-    item_id: str, store: ResponseStore, caller: Caller | None, param: str
-) -> dict[str, Any]:
+async def _referenced(item_id: str, reads: _StoredReads, param: str) -> dict[str, Any]:
     owner = response_of_item(item_id)
-    stored = await store.load(owner, caller) if owner else None
+    stored = await reads.load(owner, param) if owner else None
     item = stored.item(item_id) if stored is not None else None
     if item is None:
         raise NotFound(f"no stored item {item_id[:64]!r}", param=param)

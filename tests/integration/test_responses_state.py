@@ -166,3 +166,38 @@ async def test_loop_thread_id_names_the_thread_instead(proxy_for: ProxyFactory) 
         await respond(proxy, model="capped", loop={"thread_id": "t-9"})
         second = (await respond(proxy, model="capped", loop={"thread_id": "t-9"})).json()
         assert second["loop"]["tool_calls"] == 0
+
+
+async def test_a_conversation_continued_by_reference_is_bounded_as_a_body_is(
+    proxy_for: ProxyFactory,
+) -> None:
+    """Each body of the chain is under `max_body_values`, the conversation they make is not:
+    it would go upstream as one body, and is refused before its record is parsed."""
+    async with proxy_for({"server": {"max_body_values": 1000}}) as proxy:
+        proxy.upstream.script(say("Noted."))
+        first = await respond(
+            proxy, model="scripted", input=[{"role": "user", "content": "x"}] * 195
+        )
+        assert first.status_code == 200
+        r = await respond(proxy, model="scripted", previous_response_id=first.json()["id"])
+    assert r.status_code == 413
+    error = r.json()["error"]
+    assert (error["code"], error["param"]) == ("request_too_large", "previous_response_id")
+    assert "holds more than 1000 JSON values (server.max_body_values)" in error["message"]
+    assert len(proxy.upstream.requests) == 1
+
+
+async def test_a_request_reads_at_most_64_stored_responses(proxy_for: ProxyFactory) -> None:
+    async with proxy_for() as proxy:
+        proxy.upstream.script(keep(say("Stored.")))
+        ids = [
+            (await respond(proxy, model="scripted")).json()["output"][0]["id"] for _ in range(65)
+        ]
+        references = [{"type": "item_reference", "id": item} for item in ids]
+        read = await respond(proxy, model="scripted", input=references[:64])
+        over = await respond(proxy, model="scripted", input=references)
+    assert read.status_code == 200
+    assert len(proxy.upstream.bodies[-1]["messages"]) == 64
+    assert over.status_code == 400
+    assert over.json()["error"]["param"] == "input[64].id"
+    assert "at most 64 stored responses" in over.json()["error"]["message"]
