@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from statistics import median
 from typing import Any
 
@@ -33,25 +33,33 @@ CONFIG: dict[str, Any] = {
     "state": {"backend": "memory"},
 }
 PROSE = "Words, and more words: [some] {bracketed}. " * 150
-# The bodies: what repeats inside the messages to fill them.
-SHAPES: dict[str, bytes] = {
-    "empty arrays": b"[],",
-    "numbers": b"0,",
-    "small messages": b'{"role":"user","content":"x"},',
-    "long messages of prose": orjson.dumps({"role": "user", "content": PROSE}) + b",",
-    "one base64 image": b"",
+
+
+def repeated(unit: bytes) -> Callable[[int], bytes]:
+    """Messages that repeat `unit` to fill `room` bytes."""
+    return lambda room: unit * (room // len(unit))
+
+
+def one_image(room: int) -> bytes:
+    """One message whose image, a data URL, fills `room` bytes."""
+    url = "data:image/png;base64," + "QUJD" * (room // 4)
+    part = {"type": "image_url", "image_url": {"url": url}}
+    return orjson.dumps({"role": "user", "content": [part]}) + b","
+
+
+# The bodies: what fills their messages, given the room.
+SHAPES: dict[str, Callable[[int], bytes]] = {
+    "empty arrays": repeated(b"[],"),
+    "numbers": repeated(b"0,"),
+    "small messages": repeated(b'{"role":"user","content":"x"},'),
+    "long messages of prose": repeated(orjson.dumps({"role": "user", "content": PROSE}) + b","),
+    "one base64 image": one_image,
 }
 
 
 def body(shape: str, size: int) -> bytes:
     head, tail = b'{"model":"scripted","messages":[', b'{"role":"user","content":"?"}]}'
-    room = size - len(head) - len(tail) - 200
-    if shape == "one base64 image":
-        url = b"data:image/png;base64," + b"QUJD" * (room // 4)
-        part = {"type": "image_url", "image_url": {"url": url.decode()}}
-        return head + orjson.dumps({"role": "user", "content": [part]}) + b"," + tail
-    unit = SHAPES[shape]
-    return head + unit * (room // len(unit)) + tail
+    return head + SHAPES[shape](size - len(head) - len(tail) - 200) + tail
 
 
 async def stall_of(app: ASGIApp, raw: bytes) -> tuple[int, float, float]:
