@@ -72,8 +72,11 @@ class KeyRing:
                         f"auth.keys.{key.name}: environment variable {key.key_env} is not set"
                     )
                 digest = hashlib.sha256(secret.encode()).digest()
-            # Two names for one key: the first listed names the caller.
-            self.keys.setdefault(digest, Caller(key.name, frozenset(key.agents), key.metrics))
+            caller = self.keys.setdefault(
+                digest, Caller(key.name, frozenset(key.agents), key.metrics)
+            )
+            if caller.name != key.name:  # a token names one caller, never the first of two
+                raise ValueError(f"auth.keys.{key.name}: the same key as auth.keys.{caller.name}")
 
     @property
     def enabled(self) -> bool:

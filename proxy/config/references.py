@@ -63,12 +63,13 @@ def _known_tool(ref: str, tools: dict[str, Any], ids: set[str]) -> bool:
 def _key_problems(
     auth: dict[str, Any], tools: dict[str, Any], ids: set[str]
 ) -> list[tuple[str, str]]:
-    """Keys' names are unique (a key's threads are named by it), the tools they list exist, and
-    a protected `/metrics` has a key that may read it."""
+    """Keys' names and digests are unique (a key's threads are named by it; a token names one
+    caller), the tools they list exist, and a protected `/metrics` has a key that may read it."""
     errors: list[tuple[str, str]] = []
     listed = auth.get("keys")
     keys = listed if isinstance(listed, list) else []
     names: set[str] = set()
+    digests: dict[str, int] = {}
     for i, key in enumerate(keys):
         if not isinstance(key, dict):
             continue  # the schema reports it
@@ -77,6 +78,11 @@ def _key_problems(
             if name in names:
                 errors.append((f"auth.keys[{i}].name", f"name {name!r} is not unique"))
             names.add(name)
+        digest = key.get("key_sha256")
+        if isinstance(digest, str):
+            first = digests.setdefault(digest.lower(), i)
+            if first != i:
+                errors.append((f"auth.keys[{i}].key_sha256", f"the same key as auth.keys[{first}]"))
         refs = key.get("tools")
         for j, ref in enumerate(refs if isinstance(refs, list) else []):
             if isinstance(ref, str) and ref != "*" and not _known_tool(ref, tools, ids):

@@ -193,20 +193,16 @@ async def test_without_keys_thread_ids_are_used_as_sent(proxy_for: ProxyFactory)
 
 
 async def test_each_of_many_keys_names_its_own_caller(proxy_for: ProxyFactory) -> None:
-    """A request's key is found among a thousand; one listed under two names is the first's."""
+    """A request's key is found among a thousand."""
     many = [key(f"k{i}", agents=["notes"]) for i in range(1000)]
-    first = {"name": "first", "key_sha256": sha("sk-shared"), "agents": ["weather"]}
-    second = {"name": "second", "key_sha256": sha("sk-shared"), "agents": ["notes"]}
-    async with proxy_for(keyed(*many, first, second)) as proxy:
+    async with proxy_for(keyed(*many)) as proxy:
         proxy.upstream.script(say("Lima is warm."), say("Lima is warm."))
         assert (await chat_as(proxy, "k0", model="notes")).status_code == 200
         assert (await chat_as(proxy, "k999", model="notes")).status_code == 200
         denied = await chat_as(proxy, "k999", model="weather")
         unknown = await chat_as(proxy, "k1000", model="notes")
-        shared = await chat_as(proxy, "shared", model="notes")
     assert denied.json()["error"]["message"] == "key 'k999' may not use 'weather'"
     assert unknown.status_code == 401
-    assert shared.json()["error"]["message"] == "key 'first' may not use 'notes'"
 
 
 # --- /metrics --------------------------------------------------------------------------------
@@ -265,6 +261,29 @@ def test_key_names_are_unique_and_free_of_slashes() -> None:
     found = problems_of(keyed(key("a"), key("a"), key("team/x")))
     assert ("auth.keys[1].name", "name 'a' is not unique") in found
     assert any(path == "auth.keys[2].name" and "'/'" in msg for path, msg in found)
+
+
+def test_one_key_under_two_names_is_a_start_up_error() -> None:
+    twice = {"name": "b", "key_sha256": sha("sk-a").upper()}  # hex in either case
+    found = problems_of(keyed(key("a"), twice))
+    assert found == [("auth.keys[1].key_sha256", "the same key as auth.keys[0]")]
+
+
+def test_check_names_two_keys_whose_environment_holds_one_secret(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ALPHA_KEY", "sk-shared")
+    monkeypatch.setenv("BETA_KEY", "sk-shared")
+    config = tmp_path / "keys.yaml"
+    config.write_text(
+        "auth:\n  keys:\n"
+        "    - {name: alpha, key_env: ALPHA_KEY, agents: [a]}\n"
+        "    - {name: beta, key_env: BETA_KEY}\n"
+    )
+    assert main(["check", "--config", str(config)]) == 1
+    assert "auth.keys.beta: the same key as auth.keys.alpha" in capsys.readouterr().err
+    monkeypatch.setenv("BETA_KEY", "sk-other")
+    assert main(["check", "--config", str(config)]) == 0
 
 
 def test_protected_metrics_need_a_key_that_may_read_them() -> None:
