@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import httpx
@@ -30,11 +30,13 @@ class ConfiguredChecks:
         self.conditions = dict(conditions)
         self.client = client
         self.threads = threads
-        self.functions = {
-            name: load_callable(cfg.callable)
-            for name, cfg in conditions.items()
-            if cfg.kind == "python" and cfg.callable
-        }
+        self.functions: dict[str, Callable[..., Any]] = {}
+        for name, cfg in conditions.items():
+            if cfg.kind == "python" and cfg.callable:
+                try:
+                    self.functions[name] = load_callable(cfg.callable)
+                except ValueError as exc:
+                    raise ValueError(f"conditions.{name}: {exc}") from None
 
     async def check(self, kind: str, name: str, snapshot: Mapping[str, Any]) -> bool:
         cfg = self.conditions[name]

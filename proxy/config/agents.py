@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from proxy.config.model import ConfigModel
+from proxy.config.model import ConfigModel, check_callable
 from proxy.engine.options import PolicyOptions
 
 
@@ -26,6 +26,7 @@ class ConditionConfig(ConfigModel):
             raise ValueError("a webhook condition needs url")
         if self.kind == "python" and not self.callable:
             raise ValueError("a python condition needs callable")
+        check_callable(self.callable)
         return self
 
 

@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
+import re
+
 from pydantic import BaseModel, ConfigDict
+
+_CALLABLE = re.compile(r"^[\w.]+:[\w.]+$")
+
+
+def check_callable(ref: str | None) -> None:
+    """A python tool's or condition's `callable`, unless unset, names `package.module:function`."""
+    if ref is not None and not _CALLABLE.match(ref):
+        raise ValueError("callable must look like package.module:function")
 
 
 class ConfigModel(BaseModel):

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from proxy.config.model import ConfigModel
+from proxy.config.model import ConfigModel, check_callable
 
 
 class ToolConfig(ConfigModel):
@@ -46,8 +46,7 @@ class ToolConfig(ConfigModel):
             raise ValueError("an http tool needs url")
         if self.kind == "python" and not self.callable:
             raise ValueError("a python tool needs callable (package.module:function)")
-        if self.callable is not None and not re.match(r"^[\w.]+:[\w.]+$", self.callable):
-            raise ValueError("callable must look like package.module:function")
+        check_callable(self.callable)
         if self.kind == "mcp":
             self._check_mcp()
         else:

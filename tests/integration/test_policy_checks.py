@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from proxy.cli import main
 from proxy.config import ConfigError, parse_config
 from tests.integration.conftest import ProxyFactory
 
@@ -67,3 +70,31 @@ def test_the_proxy_key_can_never_be_forwarded_upstream() -> None:
     with pytest.raises(ConfigError) as err:
         parse_config(config)
     assert [path for path, _ in err.value.problems] == ["upstreams.main.forward_client_key"]
+
+
+def test_a_python_conditions_callable_is_checked_like_a_python_tools() -> None:
+    config = {
+        "upstreams": {"main": {"base_url": "http://u.test/v1"}},
+        "default_upstream": "main",
+        "conditions": {"bad": {"kind": "python", "callable": "no_colon"}},
+        "tools": {"bad": {"kind": "python", "callable": "no_colon"}},
+    }
+    with pytest.raises(ConfigError) as err:
+        parse_config(config)
+    message = "callable must look like package.module:function"
+    found = sorted((path, message in text) for path, text in err.value.problems)
+    assert found == [("conditions.bad", True), ("tools.bad", True)]
+
+
+def test_check_names_the_condition_whose_callable_cannot_be_loaded(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "conditions.yaml"
+    config.write_text(
+        "upstreams: {main: {base_url: 'http://u.test/v1'}}\n"
+        "default_upstream: main\n"
+        "conditions: {gone: {kind: python, callable: 'tests.tools:no_such_function'}}\n"
+    )
+    assert main(["check", "--config", str(config)]) == 1
+    err = capsys.readouterr().err
+    assert "conditions.gone: 'tests.tools' has no attribute 'no_such_function'" in err
