@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
-from typing import Any
+from pathlib import Path
+from typing import Any, NamedTuple
 
 import httpx
 import orjson
 import pytest
 import respx
+import yaml
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -19,6 +21,7 @@ from prometheus_client import CollectorRegistry
 from starlette.types import Message
 
 from proxy.api.app import create_app
+from proxy.cli import main
 from proxy.config import parse_config
 from proxy.state.store import StateStore
 from tests.fakes import RecordingObserver
@@ -178,3 +181,26 @@ def proxy_for(router: respx.MockRouter, upstream: ScriptedUpstream) -> ProxyFact
 async def proxy(proxy_for: ProxyFactory) -> AsyncIterator[Proxy]:
     async with proxy_for() as p:
         yield p
+
+
+class Checked(NamedTuple):
+    status: int
+    out: str
+    err: str
+
+
+CheckConfig = Callable[[str | dict[str, Any]], Checked]
+
+
+@pytest.fixture
+def check_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> CheckConfig:
+    """`loopwarden check` on a config file holding the YAML text, or the document, given."""
+
+    def check(config: str | dict[str, Any]) -> Checked:
+        path = tmp_path / "loopwarden.yaml"
+        path.write_text(config if isinstance(config, str) else yaml.safe_dump(config))
+        status = main(["check", "--config", str(path)])
+        out, err = capsys.readouterr()
+        return Checked(status, out, err)
+
+    return check

@@ -7,42 +7,36 @@ from pathlib import Path
 import pytest
 
 from proxy.cli import main
+from tests.integration.conftest import CheckConfig
 
 
-def test_check_reports_every_error_with_its_path(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    config = tmp_path / "bad.yaml"
-    config.write_text(
+def test_check_reports_every_error_with_its_path(check_config: CheckConfig) -> None:
+    status, _, err = check_config(
         "default_upstream: nowhere\n"
         "tools:\n  t: {kind: http}\n"
         "agents:\n"
         "  a: {model: m, tools: [ghost], stop_when: [{max_cost: -1}]}\n"
     )
-    assert main(["check", "--config", str(config)]) == 1
-    err = capsys.readouterr().err
+    assert status == 1
     assert "default_upstream: no upstream named 'nowhere'" in err
     assert "agents.a.tools[0]: no tool named 'ghost'" in err
     assert "agents.a.stop_when[0].max_cost: must be greater than 0" in err
     assert "tools.t: an http tool needs url" in err
 
 
-def test_check_rejects_unknown_keys(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    config = tmp_path / "bad.yaml"
-    config.write_text("server: {port: 8080, colour: blue}\n")
-    assert main(["check", "--config", str(config)]) == 1
-    assert "server.colour: unknown field" in capsys.readouterr().err
+def test_check_rejects_unknown_keys(check_config: CheckConfig) -> None:
+    status, _, err = check_config("server: {port: 8080, colour: blue}\n")
+    assert status == 1
+    assert "server.colour: unknown field" in err
 
 
-def test_check_accepts_a_good_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    config = tmp_path / "ok.yaml"
-    config.write_text(
+def test_check_accepts_a_good_config(check_config: CheckConfig) -> None:
+    checked = check_config(
         "tools:\n  final_answer: {kind: builtin}\n"
         "agents:\n  a: {model: gpt-4o-mini, tools: [final_answer], "
         "terminating_config: {tool_ids: [final_answer]}}\n"
     )
-    assert main(["check", "--config", str(config)]) == 0
-    assert "config OK" in capsys.readouterr().out
+    assert (checked.status, checked.out) == (0, "config OK\n")
 
 
 def test_demo_shows_each_stop_reason(capsys: pytest.CaptureFixture[str]) -> None:

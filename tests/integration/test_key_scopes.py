@@ -4,16 +4,14 @@ threads, and `GET /metrics` when that is protected."""
 from __future__ import annotations
 
 import hashlib
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from proxy.cli import main
 from proxy.config import ConfigError, parse_config
 from tests.bodies import user
-from tests.integration.conftest import BASE_CONFIG, Proxy, ProxyFactory
+from tests.integration.conftest import BASE_CONFIG, CheckConfig, Proxy, ProxyFactory
 from tests.scripted_upstream import call, calls, say
 
 AGENTS: dict[str, Any] = {
@@ -270,20 +268,20 @@ def test_one_key_under_two_names_is_a_start_up_error() -> None:
 
 
 def test_check_names_two_keys_whose_environment_holds_one_secret(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    check_config: CheckConfig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("ALPHA_KEY", "sk-shared")
     monkeypatch.setenv("BETA_KEY", "sk-shared")
-    config = tmp_path / "keys.yaml"
-    config.write_text(
+    config = (
         "auth:\n  keys:\n"
         "    - {name: alpha, key_env: ALPHA_KEY, agents: [a]}\n"
         "    - {name: beta, key_env: BETA_KEY}\n"
     )
-    assert main(["check", "--config", str(config)]) == 1
-    assert "auth.keys.beta: the same key as auth.keys.alpha" in capsys.readouterr().err
+    shared = check_config(config)
     monkeypatch.setenv("BETA_KEY", "sk-other")
-    assert main(["check", "--config", str(config)]) == 0
+    assert check_config(config).status == 0
+    assert shared.status == 1
+    assert "auth.keys.beta: the same key as auth.keys.alpha" in shared.err
 
 
 def test_protected_metrics_need_a_key_that_may_read_them() -> None:
@@ -291,17 +289,14 @@ def test_protected_metrics_need_a_key_that_may_read_them() -> None:
     assert found == [("auth.metrics_key", "no key has metrics: true, so none could read /metrics")]
 
 
-def test_check_names_a_keys_unknown_tool(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    config = tmp_path / "keys.yaml"
-    config.write_text(
+def test_check_names_a_keys_unknown_tool(check_config: CheckConfig) -> None:
+    status, _, err = check_config(
         "tools:\n  final_answer: {kind: builtin}\n"
         "auth:\n  keys:\n"
         f"    - {{name: a, key_sha256: {sha('x')}, tools: [final_answer, ghost]}}\n"
     )
-    assert main(["check", "--config", str(config)]) == 1
-    assert "auth.keys[0].tools[1]: no tool named 'ghost'" in capsys.readouterr().err
+    assert status == 1
+    assert "auth.keys[0].tools[1]: no tool named 'ghost'" in err
 
 
 def test_a_keys_tools_may_be_empty_or_name_tools_by_id() -> None:

@@ -12,6 +12,7 @@ import yaml
 
 from proxy.cli import main
 from proxy.config import ConfigError, parse_config
+from tests.integration.conftest import CheckConfig
 from tests.mcp_config import stdio_entry
 
 
@@ -62,7 +63,7 @@ def test_agents_may_name_the_entry_or_names_it_could_expose() -> None:
 
 
 def test_check_validates_entries_without_connecting(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    check_config: CheckConfig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("GH_TOKEN", "secret")
     tools = {
@@ -77,13 +78,12 @@ def test_check_validates_entries_without_connecting(
             "tool_rules": [{"type": "run_first", "tool_name": "fetch_page"}],
         }
     }
-    path = write(tmp_path, {"tools": tools, "agents": agents})
-    assert main(["check", "--config", path]) == 0, capsys.readouterr().err
-    assert "config OK" in capsys.readouterr().out
+    good = check_config({"tools": tools, "agents": agents})
+    assert (good.status, good.out) == (0, "config OK\n"), good.err
     tools["gh"]["headers_env"] = {"A": "NOT_SET_ANYWHERE"}
     tools["local"]["command"] = ["no-such-program-here"]
-    assert main(["check", "--config", write(tmp_path, {"tools": tools})]) == 1
-    err = capsys.readouterr().err
+    status, _, err = check_config({"tools": tools})
+    assert status == 1
     assert "tools.gh: environment variable NOT_SET_ANYWHERE (header A) is not set" in err
     assert "tools.local: command: no program 'no-such-program-here'" in err
 

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from proxy.cli import main
 from proxy.config import ConfigError, parse_config
-from tests.integration.conftest import ProxyFactory
+from tests.integration.conftest import CheckConfig, ProxyFactory
 
 
 @pytest.mark.parametrize(
@@ -87,14 +84,10 @@ def test_a_python_conditions_callable_is_checked_like_a_python_tools() -> None:
 
 
 def test_check_names_the_condition_whose_callable_cannot_be_loaded(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    check_config: CheckConfig,
 ) -> None:
-    config = tmp_path / "conditions.yaml"
-    config.write_text(
-        "upstreams: {main: {base_url: 'http://u.test/v1'}}\n"
-        "default_upstream: main\n"
+    status, _, err = check_config(
         "conditions: {gone: {kind: python, callable: 'tests.tools:no_such_function'}}\n"
     )
-    assert main(["check", "--config", str(config)]) == 1
-    err = capsys.readouterr().err
+    assert status == 1
     assert "conditions.gone: 'tests.tools' has no attribute 'no_such_function'" in err
