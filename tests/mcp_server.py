@@ -45,6 +45,11 @@ def build() -> MCPServer:
         return {"city": city, "celsius": 21.5}
 
     @server.tool(structured_output=False)
+    def large(kib: int) -> str:
+        """A text of `kib` KiB, in one message."""
+        return "x" * (kib * 1024)
+
+    @server.tool(structured_output=False)
     def fail(message: str) -> str:
         """Always fails with the message (isError)."""
         raise ToolError(message)

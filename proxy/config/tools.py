@@ -39,6 +39,8 @@ class ToolConfig(ConfigModel):
     reconnect_max_s: float = Field(30.0, gt=0, allow_inf_nan=False)
     # The most tools one source exposes; the rest are left out (and logged).
     max_tools: int = Field(128, ge=1, le=4096)
+    # The largest message a stdio server may send (a line); a longer one ends its session.
+    max_message_bytes: int = Field(16 * 1024 * 1024, ge=64 * 1024)
 
     @model_validator(mode="after")
     def _fields_for_kind(self) -> ToolConfig:
@@ -92,7 +94,7 @@ class ToolConfig(ConfigModel):
         return tool in self.terminal or exposed in self.terminal
 
 
-_MCP_ONLY = ("command", "env_env", "prefix", "include", "exclude", "required")
+_MCP_ONLY = ("command", "env_env", "prefix", "include", "exclude", "required", "max_message_bytes")
 
 
 def could_expose(entry: Any, name: str) -> bool:

@@ -116,8 +116,9 @@ class McpSource:
             return await client.call_tool(tool, arguments)
         except MCPError as exc:
             if exc.error.code in DROPPED_CODES:
+                cause = self.error if self._dropped.is_set() else None  # why, if known
                 self._drop(f"the session dropped during the call: {exc.error.message}")
-                message = f"{self.describe()} dropped the call: {exc.error.message}"
+                message = f"{self.describe()} dropped the call: {cause or exc.error.message}"
                 raise ToolFailed(message) from None
             raise ToolFailed(f"{self.describe()} refused the call: {exc.error.message}") from None
         except DROPPED_ERRORS as exc:
@@ -125,7 +126,8 @@ class McpSource:
             raise ToolFailed(f"{self.describe()} is unreachable: {type(exc).__name__}") from None
 
     def _drop(self, reason: str) -> None:
-        if self.connected:
+        """Ends the session; the first reason given is the one kept."""
+        if self.connected and not self._dropped.is_set():
             self.error = reason
             self._dropped.set()
 
@@ -235,8 +237,8 @@ class McpSource:
         if isinstance(message, mcp_types.ToolListChangedNotification):
             self._relist.set()
 
-    def _on_end(self) -> None:
-        self._drop("the connection ended")
+    def _on_end(self, reason: str) -> None:
+        self._drop(reason)
 
     def _on_session(self, session_id: str) -> None:
         self.session_id = session_id

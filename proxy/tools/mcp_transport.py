@@ -11,13 +11,14 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httpx2
-from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.message import SessionMessage
 
 from proxy.config.tools import ToolConfig
+from proxy.tools.mcp_stdio import stdio_client
 
 SESSION_HEADER = "mcp-session-id"
+CONNECTION_ENDED = "the connection ended"
 # An HTTP session's longest silence while a response streams; calls have their own timeout_s.
 READ_TIMEOUT_S = 300.0
 
@@ -54,7 +55,7 @@ class WatchedStream:
     """A transport's read stream that calls `on_end` once when the server's side ends (a stdio
     child that exits, a transport torn down), so that a dropped session is noticed while idle."""
 
-    def __init__(self, inner: Any, on_end: Callable[[], None]) -> None:
+    def __init__(self, inner: Any, on_end: Callable[[str], None]) -> None:
         self.inner = inner
         self.on_end = on_end
 
@@ -67,7 +68,7 @@ class WatchedStream:
             item: SessionMessage | Exception = await self.inner.receive()
             return item
         except BaseException:
-            self.on_end()
+            self.on_end(CONNECTION_ENDED)
             raise
 
     async def aclose(self) -> None:
@@ -81,7 +82,7 @@ class WatchedStream:
             item: SessionMessage | Exception = await self.inner.__anext__()
             return item
         except BaseException:
-            self.on_end()
+            self.on_end(CONNECTION_ENDED)
             raise
 
     async def __aenter__(self) -> WatchedStream:
@@ -94,7 +95,7 @@ class WatchedStream:
         exc_val: BaseException | None,
         exc_tb: TracebackType | None,
     ) -> bool | None:
-        self.on_end()
+        self.on_end(CONNECTION_ENDED)
         result: bool | None = await self.inner.__aexit__(exc_type, exc_val, exc_tb)
         return result
 
@@ -103,15 +104,15 @@ class WatchedStream:
 async def open_transport(
     cfg: ToolConfig,
     secrets: Mapping[str, str],
-    on_end: Callable[[], None],
+    on_end: Callable[[str], None],
     on_session: Callable[[str], None],
 ) -> AsyncIterator[tuple[Any, Any]]:
-    """The SDK transport for `cfg`: a stdio child with `secrets` as its extra environment, or
+    """The transport for `cfg`: a stdio child with `secrets` as its extra environment, or
     streamable HTTP with `secrets` as headers. `on_session` gets the HTTP session id the server
-    assigns; `on_end` is called when the connection ends."""
+    assigns; `on_end` is told why the connection ended, when it does."""
     if cfg.command is not None:
-        params = StdioServerParameters(command=cfg.command[0], args=cfg.command[1:], env=secrets)
-        async with stdio_client(params) as (read, write):
+        child = stdio_client(cfg.command, secrets, cfg.max_message_bytes, on_end)
+        async with child as (read, write):
             yield WatchedStream(read, on_end), write
         return
     assert cfg.url is not None

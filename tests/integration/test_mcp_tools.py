@@ -115,6 +115,33 @@ async def test_a_stdio_child_that_dies_mid_call_is_a_tool_error_and_is_restarted
     assert old_pid != new_pid
 
 
+async def test_a_stdio_message_over_the_bound_ends_its_session_and_fails_the_call(
+    proxy_for: ProxyFactory,
+) -> None:
+    """A message is read up to `max_message_bytes` (64 KiB here): a longer one is never read
+    whole; the call fails at once with the reason and the child is started again."""
+    async with proxy_for(config(max_message_bytes=65536, max_output_bytes=1 << 20)) as proxy:
+        proxy.upstream.script(
+            calls(call("t_large", kib=60), call("t_pid")),
+            say_tool_result(),
+            call("t_large", kib=100),
+            say("too large"),
+        )
+        under = await proxy.chat(model="mcp", messages=user("60 KiB"))
+        over = await proxy.chat(model="mcp", messages=user("100 KiB"))
+        source = proxy_source(proxy)
+        await wait_for(lambda: source.connected)
+        proxy.upstream.script(call("t_pid"), say_tool_result())
+        after = await proxy.chat(model="mcp", messages=user("pid again"))
+    assert (under.status_code, over.status_code) == (200, 200)
+    large, pid = tool_messages(proxy, 1)
+    assert large == "x" * 60 * 1024
+    error = orjson.loads(tool_messages(proxy, 3)[0])["error"]
+    assert "dropped the call: the server sent a message larger than 65536 bytes" in error
+    assert "(max_message_bytes)" in error
+    assert after.json()["choices"][0]["message"]["content"] != pid  # a new child
+
+
 async def test_rules_limits_and_terminal_tools_name_the_exposed_tools(
     proxy_for: ProxyFactory,
 ) -> None:

@@ -1,0 +1,149 @@
+"""An MCP server as a child process, spoken to over its stdin and stdout (the MCP stdio
+transport: one JSON-RPC message a line), with a bound on the size of each message it sends.
+
+The `mcp` SDK's own stdio client joins every chunk it reads to the part of the line read so
+far, so a large message costs time quadratic in its size, on the event loop every request
+shares (a 32 MiB tool result: 10 s), and it bounds no message. Here a line is framed in one
+pass and may hold at most `max_message_bytes`: a server that sends a longer one has its
+session ended (the calls under way fail at once, the source reconnects), since what follows
+the cut cannot be read as messages again. The child's lifecycle is the SDK's: its own process
+group, its environment the SDK's safe defaults plus the configured variables, stderr shared
+with the proxy's, and at the end its stdin closed, a grace period, then its whole group
+terminated.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import Any
+
+import anyio
+import mcp_types
+from anyio.abc import ByteReceiveStream, ByteSendStream, Process
+from mcp.client.stdio import get_default_environment
+from mcp.os.posix.utilities import terminate_posix_process_tree
+from mcp.shared.message import SessionMessage
+
+log = logging.getLogger(__name__)
+
+EXIT_GRACE_S = 2.0  # for the child to exit once its stdin is closed, and again once terminated
+EXIT_POLL_S = 0.01
+_PIPE_ERRORS = (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream, OSError)
+
+
+class MessageTooLarge(Exception):
+    """The server sent a line longer than the bound."""
+
+
+async def lines(stream: ByteReceiveStream, limit: int) -> AsyncIterator[bytes]:
+    """The stream's non-empty lines, without their line feeds; MessageTooLarge as soon as one
+    is longer than `limit` bytes. Each byte is copied once, whatever the chunks."""
+    pending = bytearray()  # the start of a line whose end has not come yet
+    async for chunk in stream:
+        start = 0
+        while (end := chunk.find(b"\n", start)) >= 0:
+            if len(pending) + end - start > limit:
+                raise MessageTooLarge(f"the server sent a message larger than {limit} bytes")
+            if pending:
+                pending += chunk[start:end]
+                line = bytes(pending)
+                pending.clear()
+            else:
+                line = chunk[start:end]
+            start = end + 1
+            if line.strip():
+                yield line
+        pending += chunk[start:]
+        if len(pending) > limit:
+            raise MessageTooLarge(f"the server sent a message larger than {limit} bytes")
+
+
+def message(line: bytes) -> SessionMessage | Exception:
+    """A line as the session takes it: a message, or the error that it is not one."""
+    try:
+        return SessionMessage(mcp_types.jsonrpc_message_adapter.validate_json(line, by_name=False))
+    except ValueError as exc:
+        log.warning("an MCP server sent a line that is not a JSON-RPC message: %s", exc)
+        return exc
+
+
+@contextlib.asynccontextmanager
+async def stdio_client(
+    command: Sequence[str],
+    env: Mapping[str, str],
+    max_message_bytes: int,
+    on_end: Callable[[str], None],
+) -> AsyncIterator[tuple[Any, Any]]:
+    """The session's streams to and from a child running `command`; `on_end` is told why,
+    when the server's side ends for a reason of its own (a message over the bound)."""
+    process = await anyio.open_process(
+        list(command),
+        env=get_default_environment() | dict(env),
+        stderr=None,
+        start_new_session=True,
+    )
+    assert process.stdout is not None
+    stdin, stdout = stdin_of(process), process.stdout
+    to_session, from_server = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+    to_server, from_session = anyio.create_memory_object_stream[SessionMessage](0)
+
+    async def read() -> None:
+        async with to_session:
+            try:
+                async for line in lines(stdout, max_message_bytes):
+                    await to_session.send(message(line))
+            except MessageTooLarge as exc:
+                on_end(f"{exc} (max_message_bytes)")
+            except _PIPE_ERRORS:
+                pass  # the child's end, or ours: the session sees its stream end
+
+    async def write() -> None:
+        async with from_session:
+            try:
+                async for item in from_session:
+                    data = item.message.model_dump_json(by_alias=True, exclude_unset=True)
+                    await stdin.send(data.encode() + b"\n")
+            except _PIPE_ERRORS:
+                await to_session.aclose()  # the child stopped reading: the session is over
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(read)
+        group.start_soon(write)
+        try:
+            yield from_server, to_server
+        finally:
+            with anyio.CancelScope(shield=True):
+                await _stop(process)
+                for stream in (from_server, to_server, to_session, from_session):
+                    await stream.aclose()
+            group.cancel_scope.cancel()
+
+
+async def _stop(process: Process) -> None:
+    """Closes the child's stdin, gives it EXIT_GRACE_S to exit, then terminates its group (and
+    waits as long again for the end to be seen)."""
+    with contextlib.suppress(*_PIPE_ERRORS):
+        await stdin_of(process).aclose()
+    if not await _exited(process):
+        await terminate_posix_process_tree(process, EXIT_GRACE_S)
+        if not await _exited(process):
+            log.warning("MCP server process %d outlived SIGKILL; leaving it", process.pid)
+            return
+    await process.aclose()
+
+
+async def _exited(process: Process) -> bool:
+    """Whether the child exits within EXIT_GRACE_S. Its return code is polled: waiting for the
+    process would wait for its pipes too, which a grandchild may hold open."""
+    with anyio.move_on_after(EXIT_GRACE_S):
+        while process.returncode is None:  # noqa: ASYNC110 (no event says it)
+            await anyio.sleep(EXIT_POLL_S)
+        return True
+    return False
+
+
+def stdin_of(process: Process) -> ByteSendStream:
+    assert process.stdin is not None
+    return process.stdin

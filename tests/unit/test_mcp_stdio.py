@@ -1,0 +1,60 @@
+"""The framing of a stdio MCP server's output: one message a line, each bounded in size."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+from anyio.abc import ByteReceiveStream
+
+from proxy.tools.mcp_stdio import MessageTooLarge, lines, message
+
+TEXT = b'{"jsonrpc":"2.0","id":1,"result":{}}\n\n{"a":"b\\\\n"}\r\nlast\n'
+
+
+class Chunks(ByteReceiveStream):
+    """A pipe that gives these chunks, then its end."""
+
+    def __init__(self, chunks: list[bytes]) -> None:
+        self.chunks = chunks
+        self.given = 0
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        if self.given == len(self.chunks):
+            raise anyio.EndOfStream
+        self.given += 1
+        return self.chunks[self.given - 1]
+
+    async def aclose(self) -> None:
+        pass
+
+
+async def framed(chunks: list[bytes], limit: int = 1024) -> list[bytes]:
+    return [line async for line in lines(Chunks(chunks), limit)]
+
+
+async def test_lines_are_the_same_however_the_pipe_cuts_them() -> None:
+    whole = await framed([TEXT])
+    assert whole == [b'{"jsonrpc":"2.0","id":1,"result":{}}', b'{"a":"b\\\\n"}\r', b"last"]
+    for size in (1, 2, 3, 7, 16):
+        cut = [TEXT[i : i + size] for i in range(0, len(TEXT), size)]
+        assert await framed(cut) == whole
+    assert await framed([b"no line feed at the end"]) == []  # a message is a whole line
+
+
+async def test_a_line_longer_than_the_bound_fails_before_its_end_comes() -> None:
+    assert await framed([b"a" * 10 + b"\n"], limit=10) == [b"a" * 10]
+    with pytest.raises(MessageTooLarge, match="larger than 10 bytes"):
+        await framed([b"a" * 11 + b"\n"], limit=10)
+    pipe = Chunks([b"ok\n" + b"a" * 6, b"a" * 6, b"never read\n"])
+    framing = lines(pipe, 10)
+    assert await anext(framing) == b"ok"  # what came before it is given
+    with pytest.raises(MessageTooLarge):
+        await anext(framing)
+    assert pipe.given == 2  # and no more is read
+
+
+def test_a_line_that_is_no_message_is_the_error_the_session_is_given() -> None:
+    parsed = message(b'{"jsonrpc":"2.0","id":7,"result":{}}')
+    assert not isinstance(parsed, Exception)
+    assert parsed.message.id == 7
+    assert isinstance(message(b"not json"), ValueError)
