@@ -123,6 +123,67 @@ async def open_transport(
             on_session(session)
 
     timeout = httpx2.Timeout(cfg.connect_timeout_s, read=max(READ_TIMEOUT_S, cfg.timeout_s))
-    http = httpx2.AsyncClient(headers=secrets, timeout=timeout, event_hooks={"response": [seen]})
-    async with http, streamable_http_client(cfg.url, http_client=http) as (read, write):
+    limit = cfg.max_message_bytes
+    http = httpx2.AsyncClient(
+        headers=secrets,
+        timeout=timeout,
+        event_hooks={"response": [seen]},
+        transport=BoundedBodies(httpx2.AsyncHTTPTransport(), limit),
+    )
+    session = streamable_http_client(cfg.url, http_client=http, max_sse_event_size=limit)
+    async with http, session as (read, write):
         yield WatchedStream(read, on_end), write
+
+
+class BodyTooLarge(httpx2.StreamError):
+    """A JSON answer longer than the bound: the SDK fails the request it answered."""
+
+
+class BoundedBodies(httpx2.AsyncBaseTransport):
+    """Answers whose bodies are read up to `limit` bytes, but for event streams, whose events
+    the SDK bounds one by one (a session's event stream may last for hours)."""
+
+    def __init__(self, inner: httpx2.AsyncBaseTransport, limit: int) -> None:
+        self.inner = inner
+        self.limit = limit
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        response = await self.inner.handle_async_request(request)
+        if response.headers.get("content-type", "").startswith("text/event-stream"):
+            return response
+        assert isinstance(response.stream, httpx2.AsyncByteStream)
+        declared = response.headers.get("content-length", "")
+        stream = _Bounded(response.stream, self.limit, int(declared) if declared.isdigit() else 0)
+        return httpx2.Response(
+            response.status_code,
+            headers=response.headers,
+            stream=stream,
+            extensions=response.extensions,
+        )
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+class _Bounded(httpx2.AsyncByteStream):
+    def __init__(self, inner: httpx2.AsyncByteStream, limit: int, declared: int) -> None:
+        self.inner = inner
+        self.limit = limit
+        self.declared = declared
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        if self.declared > self.limit:
+            raise self._too_large()
+        size = 0
+        async for chunk in self.inner:
+            size += len(chunk)
+            if size > self.limit:
+                raise self._too_large()
+            yield chunk
+
+    def _too_large(self) -> BodyTooLarge:
+        message = f"the server sent a message larger than {self.limit} bytes (max_message_bytes)"
+        return BodyTooLarge(message)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()

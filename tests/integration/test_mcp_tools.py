@@ -5,6 +5,7 @@ or single tools, rules and limits count the exposed names, faults are tool error
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -268,11 +269,12 @@ async def test_a_required_source_that_drops_makes_readyz_fail(proxy_for: ProxyFa
     assert back.json() == {"status": "ready"}
 
 
-@pytest.fixture(scope="module")
-def http_server() -> Iterator[str]:
-    """The tests' MCP server over streamable HTTP (handshake era: it gives session ids)."""
+@contextlib.contextmanager
+def serving_mcp(legacy: bool) -> Iterator[str]:
+    """The tests' MCP server over streamable HTTP; `legacy`: of the handshake era (it gives
+    session ids and answers calls with event streams), else of the 2026 era (JSON answers)."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, *http_server_args(port)])
+    proc = subprocess.Popen([sys.executable, *http_server_args(port, legacy)])
     try:
         url = f"http://127.0.0.1:{port}/mcp"
         wait_healthy(url, proc)
@@ -280,6 +282,12 @@ def http_server() -> Iterator[str]:
     finally:
         proc.terminate()
         proc.wait(timeout=15)
+
+
+@pytest.fixture(scope="module")
+def http_server() -> Iterator[str]:
+    with serving_mcp(legacy=True) as url:
+        yield url
 
 
 async def test_http_sources_send_headers_name_their_session_and_follow_list_changes(
@@ -304,3 +312,29 @@ async def test_http_sources_send_headers_name_their_session_and_follow_list_chan
     assert attributes["mcp.session.id"] == session
     assert attributes["server.address"] == "127.0.0.1"
     assert attributes["server.port"] == int(http_server.rsplit(":", 1)[1].split("/")[0])
+
+
+@pytest.mark.parametrize(
+    ("legacy", "refusal"),
+    [
+        (True, "SSE stream failed: Server-sent event exceeded the 65536 byte limit"),
+        (False, "the server sent a message larger than 65536 bytes (max_message_bytes)"),
+    ],
+)
+async def test_an_http_answer_over_the_bound_fails_its_call(
+    proxy_for: ProxyFactory, legacy: bool, refusal: str
+) -> None:
+    """Both ways a server answers a call, an event stream and a JSON body, are bounded by
+    `max_message_bytes`."""
+    with serving_mcp(legacy) as url:
+        entry = http_entry(url, prefix="t_", max_message_bytes=65536, max_output_bytes=1 << 20)
+        async with proxy_for({"tools": {"srv": entry}, "agents": AGENTS}) as proxy:
+            proxy.upstream.script(
+                calls(call("t_large", kib=60), call("t_large", kib=100)),
+                say("one of two"),
+            )
+            response = await proxy.chat(model="mcp", messages=user("60 and 100 KiB"))
+    assert response.status_code == 200
+    under, over = tool_messages(proxy, 1)
+    assert under == "x" * 60 * 1024
+    assert refusal in orjson.loads(over)["error"]
