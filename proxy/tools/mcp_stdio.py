@@ -39,7 +39,8 @@ class MessageTooLarge(Exception):
 
 async def lines(stream: ByteReceiveStream, limit: int) -> AsyncIterator[bytes]:
     """The stream's non-empty lines, without their line feeds; MessageTooLarge as soon as one
-    is longer than `limit` bytes. Each byte is copied once, whatever the chunks."""
+    is longer than `limit` bytes. The work is linear in the bytes read, however the pipe cuts
+    them: a byte is copied a few times, not once for each chunk that comes after it."""
     pending = bytearray()  # the start of a line whose end has not come yet
     async for chunk in stream:
         start = 0
@@ -131,7 +132,8 @@ async def _stop(process: Process) -> None:
         if not await _exited(process):
             log.warning("MCP server process %d outlived SIGKILL; leaving it", process.pid)
             return
-    await process.aclose()
+    with anyio.move_on_after(EXIT_GRACE_S):  # our ends of its pipes
+        await process.aclose()
 
 
 async def _exited(process: Process) -> bool:
