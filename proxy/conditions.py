@@ -13,8 +13,11 @@ import orjson
 
 from proxy.callables import CallThreads, call, load_callable
 from proxy.config.agents import ConditionConfig
+from proxy.http_body import read_up_to
 
 log = logging.getLogger(__name__)
+# A webhook answers `{"stop": true}` or not: a longer answer is not read, and the check fails.
+WEBHOOK_ANSWER_BYTES = 64 * 1024
 
 
 class ConfiguredChecks:
@@ -55,9 +58,17 @@ class ConfiguredChecks:
         assert cfg.url is not None
         headers = {h: os.environ.get(env, "") for h, env in cfg.headers_env.items()}
         headers["content-type"] = "application/json"
-        response = await self.client.post(
-            cfg.url, content=orjson.dumps(dict(snapshot)), headers=headers, timeout=cfg.timeout_s
+        content = orjson.dumps(dict(snapshot))
+        request = self.client.build_request(
+            "POST", cfg.url, content=content, headers=headers, timeout=cfg.timeout_s
         )
-        response.raise_for_status()
-        body = orjson.loads(response.content)
-        return isinstance(body, dict) and body.get("stop") is True
+        response = await self.client.send(request, stream=True)
+        try:
+            response.raise_for_status()
+            body, more = await read_up_to(response, WEBHOOK_ANSWER_BYTES)
+        finally:
+            await response.aclose()
+        if more:
+            raise ValueError(f"its answer is larger than {WEBHOOK_ANSWER_BYTES} bytes")
+        answer = orjson.loads(body)
+        return isinstance(answer, dict) and answer.get("stop") is True

@@ -8,27 +8,10 @@ import httpx
 import orjson
 
 from proxy.engine.values import ToolContext
+from proxy.http_body import declared_length, read_up_to
 from proxy.tools.base import Invoke, ToolFailed, output_too_large
 
 ERROR_SNIPPET_BYTES = 500  # of a non-2xx body, in the error the model reads
-
-
-async def read_up_to(response: httpx.Response, cap: int) -> tuple[bytes, bool]:
-    """At most the first `cap` bytes of the body, read as it streams in (never the whole of a
-    larger one), and whether there was more."""
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in response.aiter_bytes():
-        chunks.append(chunk)
-        size += len(chunk)
-        if size > cap:
-            return b"".join(chunks)[:cap], True
-    return b"".join(chunks), False
-
-
-def declared_length(response: httpx.Response) -> int | None:
-    value = response.headers.get("content-length", "")
-    return int(value) if value.isdigit() else None
 
 
 def http_invoke(

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 
 import httpx
+import pytest
 import respx
 
+from proxy.conditions import WEBHOOK_ANSWER_BYTES
 from proxy.engine import events as ev
 from tests.bodies import user
 from tests.integration.conftest import Proxy, ProxyFactory
@@ -261,6 +263,25 @@ async def test_webhook_condition_stops_the_run(
     assert loop["stop_reason"] == "custom_condition"
     assert loop["steps"] == 2
     assert json.loads(hook.calls[0].request.content)["steps"][0]["index"] == 1
+
+
+async def test_a_webhook_answer_over_64_kib_is_a_check_that_fails(
+    proxy_for: ProxyFactory, router: respx.MockRouter, caplog: pytest.LogCaptureFixture
+) -> None:
+    padded = {"stop": True, "note": "x" * WEBHOOK_ANSWER_BYTES}
+    router.post("http://checks.test/stop").mock(
+        side_effect=[httpx.Response(200, json=padded), httpx.Response(200, json={"stop": True})]
+    )
+    conditions = {"enough": {"kind": "webhook", "url": "http://checks.test/stop"}}
+    async with proxy_for({"conditions": conditions}) as proxy:
+        proxy.upstream.script(keep(call("search_notes", query="Lima")))
+        r = await proxy.chat(
+            model="scripted",
+            messages=user("Research Lima."),
+            loop={"tools": ["search_notes"], "stop_when": [{"webhook": "enough"}]},
+        )
+    assert (r.json()["loop"]["stop_reason"], r.json()["loop"]["steps"]) == ("custom_condition", 2)
+    assert f"its answer is larger than {WEBHOOK_ANSWER_BYTES} bytes" in caplog.text
 
 
 async def test_models_lists_agents_aliases_and_upstream_models(proxy_for: ProxyFactory) -> None:
