@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.bench import body_stall, mcp_cost, policy_cost, telemetry_cost
+from tests.bench import body_stall, mcp_cost, mcp_stall, policy_cost, telemetry_cost
 
 
 def test_the_telemetry_cost_benchmark_prints_every_row(capsys: pytest.CaptureFixture[str]) -> None:
@@ -25,6 +25,20 @@ def test_the_mcp_cost_benchmark_prints_every_row(capsys: pytest.CaptureFixture[s
     rows = dict(line.rsplit(maxsplit=1) for line in lines[1:])
     assert set(rows) == {"python tool", "MCP tool (stdio)", "added per MCP call"}
     assert float(rows["MCP tool (stdio)"]) > 0
+
+
+def test_the_mcp_stall_benchmark_reads_each_size_through_both_clients(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    mcp_stall.main(["--mib", "0.5,1"])
+    rows = [line.strip("|").split("|") for line in capsys.readouterr().out.splitlines()[2:]]
+    assert [(client.strip(), size.strip()) for client, size, *_ in rows] == [
+        ("loopwarden", "0.5"),
+        ("loopwarden", "1"),
+        ("mcp SDK", "0.5"),
+        ("mcp SDK", "1"),
+    ]
+    assert all(float(took.replace(",", "")) > 0 for _, _, took, *_ in rows)
 
 
 def test_the_policy_cost_benchmark_prints_every_feature(capsys: pytest.CaptureFixture[str]) -> None:
