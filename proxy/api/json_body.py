@@ -4,16 +4,11 @@ and its nesting as it is parsed.
 
 Parsing is the work that needs a bound of its own: orjson holds the event loop for as long as it
 parses, and 8 MiB of `[],` takes it more than half a second, during which no other request
-moves. The values are counted first by their delimiters: a `,`, `:`, `[` or `{` outside a string
-is one value (an array of n values has n - 1 commas and an opener; an object's members count
-twice, key and value). A body that could not hold more is let through on a cheap count; the
-exact one, which skips strings, runs off the event loop.
+moves. The values are counted first (`proxy.json_values`).
 """
 
 from __future__ import annotations
 
-import asyncio
-import re
 from typing import Any
 
 import orjson
@@ -22,16 +17,12 @@ from starlette.types import Receive, Scope
 from proxy.api.asgi import read_body
 from proxy.config.server import ServerConfig
 from proxy.errors import BodyTooLarge, InvalidRequest
+from proxy.json_values import holds_over
 
 # orjson reads 1,024 levels of nesting but writes only 255: a body the proxy could not send
 # on is refused when it is read.
 MAX_JSON_DEPTH = 254
 _COUNT_BRACKETS_UP_TO = 64 * 1024
-
-_DELIMITERS = b",:[{"
-_NOT_DELIMITERS = bytes(sorted(set(range(256)) - set(_DELIMITERS)))
-# A string (skipped whole, escapes and all) or a delimiter outside one (group 1).
-_TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|([,:\[{])')
 
 
 async def read_json(receive: Receive, scope: Scope, server: ServerConfig) -> bytes:
@@ -42,36 +33,6 @@ async def read_json(receive: Receive, scope: Scope, server: ServerConfig) -> byt
     if await holds_over(raw, limit):
         raise BodyTooLarge(f"the body holds more than {limit} JSON values (server.max_body_values)")
     return raw
-
-
-async def holds_over(raw: bytes, limit: int) -> bool:
-    """Whether the JSON in `raw` holds more than `limit` values. A text of fewer bytes than the
-    bound, or fewer delimiters wherever they are, cannot; any other is counted exactly in a
-    thread, off the event loop."""
-    return (
-        len(raw) > limit
-        and delimiters(raw) > limit
-        and await asyncio.to_thread(values_over, raw, limit)
-    )
-
-
-def delimiters(raw: bytes) -> int:
-    """Every delimiter in `raw`, those inside strings too: never fewer than its values. One pass
-    in C, ~1 ms a MiB."""
-    return len(raw.translate(None, _NOT_DELIMITERS))
-
-
-def values_over(raw: bytes, limit: int) -> bool:
-    """Whether `raw` holds more than `limit` JSON values: its delimiters outside strings, the
-    strings skipped one match at a time, stopping at `limit + 1`. Slow (a string or a delimiter
-    a step, in Python): for a thread, and for a body whose `delimiters` are over `limit`."""
-    count = 0
-    for token in _TOKEN.finditer(raw):
-        if token.lastindex:
-            count += 1
-            if count > limit:
-                return True
-    return False
 
 
 def json_object(raw: bytes) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 
 from proxy.api.auth import Caller, KeyRing
-from proxy.api.json_body import holds_over
+from proxy.json_values import holds_over
 from proxy.state.store import StateStore
 
 RESPONSE_RECORD = "response"

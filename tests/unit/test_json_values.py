@@ -1,11 +1,11 @@
-"""Counting a body's JSON values before it is parsed (`delimiters`, `values_over`)."""
+"""Counting the JSON values of a text before it is parsed (`delimiters`, `values_over`)."""
 
 from __future__ import annotations
 
 import orjson
 import pytest
 
-from proxy.api.json_body import delimiters, values_over
+from proxy.json_values import delimiters, values_over
 
 
 def walked(value: object) -> int:
