@@ -31,6 +31,10 @@ class Forecast(TypedDict):
     celsius: float
 
 
+class Numbers(TypedDict):
+    values: list[int]
+
+
 def build() -> MCPServer:
     server = MCPServer("loopwarden-tests", log_level="WARNING")
 
@@ -43,6 +47,11 @@ def build() -> MCPServer:
     def forecast(city: str) -> Forecast:
         """The forecast of a city (structured content)."""
         return {"city": city, "celsius": 21.5}
+
+    @server.tool()
+    def numbers(count: int) -> Numbers:
+        """`count` zeros (structured content: a JSON value each)."""
+        return {"values": [0] * count}
 
     @server.tool(structured_output=False)
     def large(kib: int) -> str:

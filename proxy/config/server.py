@@ -28,7 +28,8 @@ class ServerConfig(ConfigModel):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
-    # JSON values a request body may hold (keys count): parsing is bounded before it starts.
+    # JSON values a request body (or an MCP server's message) may hold, keys counted: parsing
+    # is bounded before it starts.
     max_body_values: int = Field(100_000, ge=1000)
     keepalive_interval_s: float = Field(15.0, gt=0)
     # Client connections held at once; more are closed as they arrive. Unset: half of the

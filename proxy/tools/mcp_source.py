@@ -51,11 +51,15 @@ class McpSource:
     """The session with one configured MCP server. Calls made while it is not connected fail
     at once with a tool error that says so; the tools stay as last listed."""
 
-    def __init__(self, name: str, cfg: ToolConfig, env: Mapping[str, str] = os.environ) -> None:
-        """Raises ValueError when the command's program is not found or a variable of `env_env`
-        or `headers_env` is not set: what can be checked without connecting."""
+    def __init__(
+        self, name: str, cfg: ToolConfig, max_values: int, env: Mapping[str, str] = os.environ
+    ) -> None:
+        """`max_values`: the most JSON values a message of the server may hold. Raises
+        ValueError when the command's program is not found or a variable of `env_env` or
+        `headers_env` is not set: what can be checked without connecting."""
         self.name = name
         self.cfg = cfg
+        self.max_values = max_values
         if cfg.command is not None:
             if shutil.which(cfg.command[0], path=env.get("PATH")) is None:
                 raise ValueError(f"command: no program {cfg.command[0]!r} (on PATH or as a path)")
@@ -162,7 +166,9 @@ class McpSource:
         self._relist.clear()
         self.session_id = None
         with anyio.CancelScope(deadline=anyio.current_time() + self.cfg.connect_timeout_s) as scope:
-            transport = open_transport(self.cfg, self._secrets, self._on_end, self._on_session)
+            transport = open_transport(
+                self.cfg, self._secrets, self._on_end, self._on_session, self.max_values
+            )
             client = Client(
                 transport,
                 mode="auto",

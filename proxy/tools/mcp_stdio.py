@@ -1,15 +1,16 @@
 """An MCP server as a child process, spoken to over its stdin and stdout (the MCP stdio
-transport: one JSON-RPC message a line), with a bound on the size of each message it sends.
+transport: one JSON-RPC message a line), with bounds on each message it sends.
 
 The `mcp` SDK's own stdio client joins every chunk it reads to the part of the line read so
 far, so a large message costs time quadratic in its size, on the event loop every request
 shares (a 32 MiB tool result: 10 s), and it bounds no message. Here a line is framed in one
-pass and may hold at most `max_message_bytes`: a server that sends a longer one has its
-session ended (the calls under way fail at once, the source reconnects), since what follows
-the cut cannot be read as messages again. The child's lifecycle is the SDK's: its own process
-group, its environment the SDK's safe defaults plus the configured variables, stderr shared
-with the proxy's, and at the end its stdin closed, a grace period, then its whole group
-terminated.
+pass and may hold at most `max_message_bytes`, and as many JSON values as a request body
+(`server.max_body_values`, counted before the line is parsed: 16 MiB of `[],` takes pydantic
+4 s). A server that sends a larger one has its session ended (the calls under way fail at
+once, the source reconnects), since what follows the cut cannot be read as messages again.
+The child's lifecycle is the SDK's: its own process group, its environment the SDK's safe
+defaults plus the configured variables, stderr shared with the proxy's, and at the end its
+stdin closed, a grace period, then its whole group terminated.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from mcp.client.stdio import get_default_environment
 from mcp.os.posix.utilities import terminate_posix_process_tree
 from mcp.shared.message import SessionMessage
 
+from proxy.json_values import holds_over
+
 log = logging.getLogger(__name__)
 
 EXIT_GRACE_S = 2.0  # for the child to exit once its stdin is closed, and again once terminated
@@ -37,6 +40,16 @@ class MessageTooLarge(Exception):
     """The server sent a line longer than the bound."""
 
 
+def too_large(limit: int) -> str:
+    return f"the server sent a message larger than {limit} bytes (max_message_bytes)"
+
+
+def too_many_values(limit: int) -> str:
+    return (
+        f"the server sent a message holding more than {limit} JSON values (server.max_body_values)"
+    )
+
+
 async def lines(stream: ByteReceiveStream, limit: int) -> AsyncIterator[bytes]:
     """The stream's non-empty lines, without their line feeds; MessageTooLarge as soon as one
     is longer than `limit` bytes. The work is linear in the bytes read, however the pipe cuts
@@ -46,7 +59,7 @@ async def lines(stream: ByteReceiveStream, limit: int) -> AsyncIterator[bytes]:
         start = 0
         while (end := chunk.find(b"\n", start)) >= 0:
             if len(pending) + end - start > limit:
-                raise MessageTooLarge(f"the server sent a message larger than {limit} bytes")
+                raise MessageTooLarge(too_large(limit))
             if pending:
                 pending += chunk[start:end]
                 line = bytes(pending)
@@ -58,7 +71,7 @@ async def lines(stream: ByteReceiveStream, limit: int) -> AsyncIterator[bytes]:
                 yield line
         pending += chunk[start:]
         if len(pending) > limit:
-            raise MessageTooLarge(f"the server sent a message larger than {limit} bytes")
+            raise MessageTooLarge(too_large(limit))
 
 
 def message(line: bytes) -> SessionMessage | Exception:
@@ -75,10 +88,12 @@ async def stdio_client(
     command: Sequence[str],
     env: Mapping[str, str],
     max_message_bytes: int,
+    max_values: int,
     on_end: Callable[[str], None],
 ) -> AsyncIterator[tuple[Any, Any]]:
     """The session's streams to and from a child running `command`; `on_end` is told why,
-    when the server's side ends for a reason of its own (a message over the bound)."""
+    when the server's side ends for a reason of its own (a message over a bound: its bytes, or
+    the JSON values it holds, counted before it is parsed)."""
     process = await anyio.open_process(
         list(command),
         env=get_default_environment() | dict(env),
@@ -94,9 +109,12 @@ async def stdio_client(
         async with to_session:
             try:
                 async for line in lines(stdout, max_message_bytes):
+                    if await holds_over(line, max_values):
+                        on_end(too_many_values(max_values))
+                        return
                     await to_session.send(message(line))
             except MessageTooLarge as exc:
-                on_end(f"{exc} (max_message_bytes)")
+                on_end(str(exc))
             except _PIPE_ERRORS:
                 pass  # the child's end, or ours: the session sees its stream end
 

@@ -15,7 +15,8 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.message import SessionMessage
 
 from proxy.config.tools import ToolConfig
-from proxy.tools.mcp_stdio import stdio_client
+from proxy.json_values import holds_over
+from proxy.tools.mcp_stdio import stdio_client, too_large, too_many_values
 
 SESSION_HEADER = "mcp-session-id"
 CONNECTION_ENDED = "the connection ended"
@@ -106,12 +107,14 @@ async def open_transport(
     secrets: Mapping[str, str],
     on_end: Callable[[str], None],
     on_session: Callable[[str], None],
+    max_values: int,
 ) -> AsyncIterator[tuple[Any, Any]]:
     """The transport for `cfg`: a stdio child with `secrets` as its extra environment, or
     streamable HTTP with `secrets` as headers. `on_session` gets the HTTP session id the server
-    assigns; `on_end` is told why the connection ended, when it does."""
+    assigns; `on_end` is told why the connection ended, when it does. A message the server
+    sends holds at most `max_values` JSON values, and `cfg.max_message_bytes`."""
     if cfg.command is not None:
-        child = stdio_client(cfg.command, secrets, cfg.max_message_bytes, on_end)
+        child = stdio_client(cfg.command, secrets, cfg.max_message_bytes, max_values, on_end)
         async with child as (read, write):
             yield WatchedStream(read, on_end), write
         return
@@ -128,7 +131,7 @@ async def open_transport(
         headers=secrets,
         timeout=timeout,
         event_hooks={"response": [seen]},
-        transport=BoundedBodies(httpx2.AsyncHTTPTransport(), limit),
+        transport=BoundedBodies(httpx2.AsyncHTTPTransport(), limit, max_values),
     )
     session = streamable_http_client(cfg.url, http_client=http, max_sse_event_size=limit)
     async with http, session as (read, write):
@@ -140,12 +143,14 @@ class BodyTooLarge(httpx2.StreamError):
 
 
 class BoundedBodies(httpx2.AsyncBaseTransport):
-    """Answers whose bodies are read up to `limit` bytes, but for event streams, whose events
-    the SDK bounds one by one (a session's event stream may last for hours)."""
+    """Answers whose bodies are read up to `limit` bytes and let through holding at most
+    `values` JSON values, but for event streams, whose events the SDK bounds one by one, in
+    bytes (a session's event stream may last for hours)."""
 
-    def __init__(self, inner: httpx2.AsyncBaseTransport, limit: int) -> None:
+    def __init__(self, inner: httpx2.AsyncBaseTransport, limit: int, values: int) -> None:
         self.inner = inner
         self.limit = limit
+        self.values = values
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         response = await self.inner.handle_async_request(request)
@@ -153,7 +158,8 @@ class BoundedBodies(httpx2.AsyncBaseTransport):
             return response
         assert isinstance(response.stream, httpx2.AsyncByteStream)
         declared = response.headers.get("content-length", "")
-        stream = _Bounded(response.stream, self.limit, int(declared) if declared.isdigit() else 0)
+        length = int(declared) if declared.isdigit() else 0
+        stream = _Bounded(response.stream, self.limit, self.values, length)
         return httpx2.Response(
             response.status_code,
             headers=response.headers,
@@ -166,24 +172,28 @@ class BoundedBodies(httpx2.AsyncBaseTransport):
 
 
 class _Bounded(httpx2.AsyncByteStream):
-    def __init__(self, inner: httpx2.AsyncByteStream, limit: int, declared: int) -> None:
+    """A body read whole (the SDK reads a JSON answer whole anyway), then counted."""
+
+    def __init__(self, inner: httpx2.AsyncByteStream, limit: int, values: int, declared: int):
         self.inner = inner
         self.limit = limit
+        self.values = values
         self.declared = declared
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         if self.declared > self.limit:
-            raise self._too_large()
+            raise BodyTooLarge(too_large(self.limit))
+        chunks: list[bytes] = []
         size = 0
         async for chunk in self.inner:
             size += len(chunk)
             if size > self.limit:
-                raise self._too_large()
-            yield chunk
-
-    def _too_large(self) -> BodyTooLarge:
-        message = f"the server sent a message larger than {self.limit} bytes (max_message_bytes)"
-        return BodyTooLarge(message)
+                raise BodyTooLarge(too_large(self.limit))
+            chunks.append(chunk)
+        body = b"".join(chunks)
+        if await holds_over(body, self.values):
+            raise BodyTooLarge(too_many_values(self.values))
+        yield body
 
     async def aclose(self) -> None:
         await self.inner.aclose()

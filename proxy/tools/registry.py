@@ -256,7 +256,7 @@ def build_registry(
     for name, cfg in config.tools.items():
         try:
             if cfg.kind == "mcp":
-                sources.append(McpSource(name, cfg, env))
+                sources.append(McpSource(name, cfg, config.server.max_body_values, env))
             else:
                 tools[name] = build_tool(name, cfg, client, threads, default_max_output)
         except ValueError as exc:

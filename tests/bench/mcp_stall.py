@@ -26,11 +26,13 @@ from proxy.tools.mcp_stdio import stdio_client
 from tests.mcp_config import SERVER
 
 LIMIT = 16 * 1024 * 1024  # the default max_message_bytes
+VALUES = 100_000  # the default server.max_body_values
 TICK_S = 0.001
 
 
 def ours() -> AbstractAsyncContextManager[tuple[Any, Any]]:
-    return stdio_client([sys.executable, str(SERVER), "stdio"], {}, LIMIT, lambda _: None)
+    command = [sys.executable, str(SERVER), "stdio"]
+    return stdio_client(command, {}, LIMIT, VALUES, lambda _: None)
 
 
 def sdk() -> AbstractAsyncContextManager[Any]:

@@ -143,6 +143,25 @@ async def test_a_stdio_message_over_the_bound_ends_its_session_and_fails_the_cal
     assert after.json()["choices"][0]["message"]["content"] != pid  # a new child
 
 
+async def test_a_message_over_the_body_values_bound_ends_a_stdio_session(
+    proxy_for: ProxyFactory,
+) -> None:
+    """A message's JSON values are counted before it is parsed, against the bound on a request
+    body's (1,000 here; the structured content of 400 numbers is about 420 values)."""
+    overrides = {**config(), "server": {"max_body_values": 1000}}
+    async with proxy_for(overrides) as proxy:
+        proxy.upstream.script(
+            call("t_numbers", count=400), say("400"), call("t_numbers", count=1200), say("1200")
+        )
+        under = await proxy.chat(model="mcp", messages=user("400 numbers"))
+        over = await proxy.chat(model="mcp", messages=user("1,200 numbers"))
+    assert (under.status_code, over.status_code) == (200, 200)
+    assert orjson.loads(tool_messages(proxy, 1)[0]) == {"values": [0] * 400}
+    error = orjson.loads(tool_messages(proxy, 3)[0])["error"]
+    assert "dropped the call: the server sent a message holding more than 1000 JSON values" in error
+    assert "(server.max_body_values)" in error
+
+
 async def test_rules_limits_and_terminal_tools_name_the_exposed_tools(
     proxy_for: ProxyFactory,
 ) -> None:
@@ -338,3 +357,24 @@ async def test_an_http_answer_over_the_bound_fails_its_call(
     under, over = tool_messages(proxy, 1)
     assert under == "x" * 60 * 1024
     assert refusal in orjson.loads(over)["error"]
+
+
+async def test_a_json_answer_over_the_body_values_bound_fails_its_call(
+    proxy_for: ProxyFactory,
+) -> None:
+    """A 2026-era server's JSON answer is counted before it is parsed; the session goes on."""
+    with serving_mcp(legacy=False) as url:
+        entry = http_entry(url, prefix="t_")
+        overrides = {"tools": {"srv": entry}, "agents": AGENTS, "server": {"max_body_values": 1000}}
+        async with proxy_for(overrides) as proxy:
+            proxy.upstream.script(
+                calls(call("t_numbers", count=1200), call("t_echo", text="still here")),
+                say("one of two"),
+            )
+            response = await proxy.chat(model="mcp", messages=user("1,200 numbers"))
+    assert response.status_code == 200
+    over, echoed = tool_messages(proxy, 1)
+    error = orjson.loads(over)["error"]
+    assert "refused the call" in error
+    assert "holding more than 1000 JSON values (server.max_body_values)" in error
+    assert echoed == "echo: still here"
