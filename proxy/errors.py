@@ -47,6 +47,14 @@ class BodyTooLarge(InvalidRequest):
     code = "request_too_large"
 
 
+class HeadersTooLarge(InvalidRequest):
+    """A request's line and headers are longer than the server reads (answered as the
+    connection is closed: no request was made of them)."""
+
+    status = 431
+    code = "request_too_large"
+
+
 class AuthenticationFailed(ProxyError):
     status = 401
     type = "authentication_error"

@@ -4,7 +4,8 @@
   as it arrives, so that client connections never take the descriptors that upstream, tool and
   state connections need (the default is derived from RLIMIT_NOFILE).
 - A request's line and headers must arrive within `server.header_timeout_s` of the connection
-  (or of the request's first byte, on a kept-alive connection), else the connection is closed.
+  (or of the request's first byte, on a kept-alive connection), else the connection is closed;
+  a head still incomplete after MAX_HEAD_BYTES is answered 431 and its connection closed.
 - An idle kept-alive connection is closed after `server.keep_alive_timeout_s`.
 - The body deadline (`server.body_timeout_s`) and the cap on requests in flight are the app's
   (`proxy.api.admission`).
@@ -24,19 +25,30 @@ from starlette.types import ASGIApp
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from proxy.config.server import ServerConfig
-from proxy.errors import ServerBusy
+from proxy.errors import HeadersTooLarge, ProxyError, ServerBusy
+
+# The most bytes a request's line and headers may take (an OpenAI client sends a few hundred).
+MAX_HEAD_BYTES = 64 * 1024
 
 
-def _refusal() -> bytes:
-    body = orjson.dumps(ServerBusy("the proxy has too many connections open; retry later").body())
-    head = (
-        b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
-        b"retry-after: 1\r\nconnection: close\r\ncontent-length: %d\r\n\r\n" % len(body)
-    )
-    return head + body
+def _refusal(status: bytes, error: ProxyError, headers: bytes = b"") -> bytes:
+    """A whole response to write as the connection is closed, before any request was made."""
+    body = orjson.dumps(error.body())
+    head = b"HTTP/1.1 " + status + b"\r\ncontent-type: application/json\r\n" + headers
+    return head + b"connection: close\r\ncontent-length: %d\r\n\r\n" % len(body) + body
 
 
-REFUSED = _refusal()  # what a connection past the limit gets before it is closed
+# What a connection past the limit gets before it is closed.
+REFUSED = _refusal(
+    b"503 Service Unavailable",
+    ServerBusy("the proxy has too many connections open; retry later"),
+    b"retry-after: 1\r\n",
+)
+# What a request whose head is longer than MAX_HEAD_BYTES gets before its connection is closed.
+HEAD_TOO_LARGE = _refusal(
+    b"431 Request Header Fields Too Large",
+    HeadersTooLarge(f"the request's line and headers are longer than {MAX_HEAD_BYTES} bytes"),
+)
 
 # The cyclic garbage collector, as it comes, scans the whole heap of start-up (the config, the
 # tool schemas, the libraries' modules) again and again under load: measured, a fifth of the
@@ -73,6 +85,10 @@ def guarded_protocol(max_connections: int, header_timeout_s: float) -> type[asyn
 
     class GuardedProtocol(HttpToolsProtocol):
         _header_timer: asyncio.TimerHandle | None = None
+        # The bytes of the reads that left the request's head incomplete; None once its
+        # headers are complete. (A head that a single read completes is not counted: what it
+        # holds is bounded by the read's size, 256 KiB at most.)
+        _head_bytes: int | None = 0
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -86,11 +102,22 @@ def guarded_protocol(max_connections: int, header_timeout_s: float) -> type[asyn
             self._disarm_header_timer()
             super().connection_lost(exc)
 
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self._head_bytes is None:
+                return
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_HEAD_BYTES and not self.transport.is_closing():
+                self.transport.write(HEAD_TOO_LARGE)
+                self.transport.close()
+
         def on_message_begin(self) -> None:
             super().on_message_begin()
+            self._head_bytes = 0
             self._arm_header_timer()
 
         def on_headers_complete(self) -> None:
+            self._head_bytes = None
             self._disarm_header_timer()
             super().on_headers_complete()
 

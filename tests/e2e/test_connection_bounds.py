@@ -151,3 +151,42 @@ def test_an_idle_kept_alive_connection_is_closed(tmp_path: Path) -> None:
         with sock:
             answer = answer_of(sock, 10)
     assert answer.startswith(b"HTTP/1.1 200 ")  # answered, then closed when idle
+
+
+def sent_in_pieces(host: str, port: int, data: bytes, piece: int = 16 * 1024) -> bytes:
+    """What the server answers to `data` sent a piece at a time, until it closes."""
+    with socket.create_connection((host, port), timeout=10) as sock:
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            for start in range(0, len(data), piece):
+                sock.sendall(data[start : start + piece])
+                time.sleep(0.001)
+        return answer_of(sock, 10)
+
+
+def test_a_request_head_over_64_kib_is_answered_431_and_its_connection_closed(
+    tmp_path: Path,
+) -> None:
+    def healthz(header_bytes: int) -> bytes:
+        return b"GET /healthz HTTP/1.1\r\nhost: proxy\r\nconnection: close\r\nx-pad: %s\r\n\r\n" % (
+            b"a" * header_bytes
+        )
+
+    long_body = orjson.dumps(
+        {"model": "m", "messages": [{"role": "user", "content": "x" * 200_000}]}
+    )
+    post = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: proxy\r\nconnection: close\r\n"
+        b"content-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(long_body)
+    ) + long_body
+    with proxy(tmp_path) as (host, port):
+        over = sent_in_pieces(host, port, healthz(1024 * 1024))
+        under = sent_in_pieces(host, port, healthz(60 * 1024))
+        posted = sent_in_pieces(host, port, post, piece=len(post))  # a head, then a long body
+    head, body = over.split(b"\r\n\r\n", 1)
+    assert head.startswith(b"HTTP/1.1 431 ")
+    assert b"connection: close" in head
+    error = orjson.loads(body)["error"]
+    assert (error["code"], error["type"]) == ("request_too_large", "invalid_request_error")
+    assert "longer than 65536 bytes" in error["message"]
+    assert under.startswith(b"HTTP/1.1 200 ")
+    assert posted.startswith(b"HTTP/1.1 502 ")  # served: the upstream is unreachable
