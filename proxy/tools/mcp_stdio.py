@@ -100,23 +100,28 @@ async def stdio_client(
         stderr=None,
         start_new_session=True,
     )
-    assert process.stdout is not None
-    stdin, stdout = stdin_of(process), process.stdout
+    stdin, stdout = stdin_of(process), stdout_of(process)
     to_session, from_server = anyio.create_memory_object_stream[SessionMessage | Exception](0)
     to_server, from_session = anyio.create_memory_object_stream[SessionMessage](0)
+
+    async def relay() -> None:
+        async for line in lines(stdout, max_message_bytes):
+            if await holds_over(line, max_values):
+                on_end(too_many_values(max_values))
+                return
+            await to_session.send(message(line))
 
     async def read() -> None:
         async with to_session:
             try:
-                async for line in lines(stdout, max_message_bytes):
-                    if await holds_over(line, max_values):
-                        on_end(too_many_values(max_values))
-                        return
-                    await to_session.send(message(line))
+                await relay()
             except MessageTooLarge as exc:
                 on_end(str(exc))
             except _PIPE_ERRORS:
                 pass  # the child's end, or ours: the session sees its stream end
+        with contextlib.suppress(*_PIPE_ERRORS):  # read on, unread: a child blocked writing
+            while True:  # to a full pipe sees its stdin close, and can exit when told to
+                await stdout.receive()
 
     async def write() -> None:
         async with from_session:
@@ -134,6 +139,7 @@ async def stdio_client(
             yield from_server, to_server
         finally:
             with anyio.CancelScope(shield=True):
+                from_server.close()  # the reader's next send fails: from then on it drains
                 await _stop(process)
                 for stream in (from_server, to_server, to_session, from_session):
                     await stream.aclose()
@@ -149,6 +155,8 @@ async def _stop(process: Process) -> None:
         await terminate_posix_process_tree(process, EXIT_GRACE_S)
         if not await _exited(process):
             log.warning("MCP server process %d outlived SIGKILL; leaving it", process.pid)
+            with contextlib.suppress(*_PIPE_ERRORS):  # but not our end of its stdout
+                await stdout_of(process).aclose()
             return
     with anyio.move_on_after(EXIT_GRACE_S):  # our ends of its pipes
         await process.aclose()
@@ -167,3 +175,8 @@ async def _exited(process: Process) -> bool:
 def stdin_of(process: Process) -> ByteSendStream:
     assert process.stdin is not None
     return process.stdin
+
+
+def stdout_of(process: Process) -> ByteReceiveStream:
+    assert process.stdout is not None
+    return process.stdout
