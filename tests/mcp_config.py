@@ -25,6 +25,7 @@ def http_entry(url: str, **extra: Any) -> dict[str, Any]:
     return {"kind": "mcp", "url": url, "timeout_s": 5, "connect_timeout_s": 10, **extra}
 
 
-def http_server_args(port: int, legacy: bool = True) -> list[str]:
-    """The arguments of `python` that serve the tests' MCP server on 127.0.0.1:port/mcp."""
-    return [str(SERVER), "http", str(port), *(["legacy"] if legacy else [])]
+def http_server_args(port: int, legacy: bool = True, *options: str) -> list[str]:
+    """The arguments of `python` that serve the tests' MCP server on 127.0.0.1:port/mcp, with
+    more `options` of tests/mcp_server.py."""
+    return [str(SERVER), "http", str(port), *(["legacy"] if legacy else []), *options]

@@ -1,12 +1,14 @@
 """An MCP server for the tests, written with the `mcp` package's server API.
 
     python tests/mcp_server.py stdio               # over stdio (a child of the proxy)
-    python tests/mcp_server.py http PORT [legacy]  # streamable HTTP on 127.0.0.1:PORT/mcp
+    python tests/mcp_server.py http PORT [legacy] [gzip | gzip-always]
+                                                   # streamable HTTP on 127.0.0.1:PORT/mcp
 
 `legacy` refuses the 2026 `server/discover` probe, so that clients fall back to the handshake
 era: sessions with an `mcp-session-id` and `notifications/tools/list_changed` on the session.
 Its tools succeed, fail, sleep, return structured content, die mid-call, and change the tool
-list.
+list. `gzip` compresses answers of 500 bytes and more for clients that accept it (Starlette's
+middleware), `gzip-always` for every client.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.mcpserver.utilities.types import Image
 from mcp.shared.exceptions import MCPError
 from mcp_types import METHOD_NOT_FOUND
+from starlette.middleware.gzip import GZipMiddleware
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 
 class Forecast(TypedDict):
@@ -133,8 +137,24 @@ def main(argv: list[str]) -> None:
         return
     if "legacy" in argv[2:]:
         server.middleware.append(refuse_discover)
-    app = server.streamable_http_app()
+    app: ASGIApp = server.streamable_http_app()
+    if "gzip" in argv[2:]:
+        app = GZipMiddleware(app)
+    if "gzip-always" in argv[2:]:
+        app = accepting_gzip(GZipMiddleware(app))
     uvicorn.run(app, host="127.0.0.1", port=int(argv[1]), log_level="warning")
+
+
+def accepting_gzip(app: ASGIApp) -> ASGIApp:
+    """`app` as if every request said `accept-encoding: gzip`."""
+
+    async def wrapped(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            headers = [(k, v) for k, v in scope["headers"] if k != b"accept-encoding"]
+            scope = {**scope, "headers": [*headers, (b"accept-encoding", b"gzip")]}
+        await app(scope, receive, send)
+
+    return wrapped
 
 
 if __name__ == "__main__":

@@ -128,7 +128,7 @@ async def open_transport(
     timeout = httpx2.Timeout(cfg.connect_timeout_s, read=max(READ_TIMEOUT_S, cfg.timeout_s))
     limit = cfg.max_message_bytes
     http = httpx2.AsyncClient(
-        headers=secrets,
+        headers={**secrets, "accept-encoding": "identity"},  # the bounds count what is read
         timeout=timeout,
         event_hooks={"response": [seen]},
         transport=BoundedBodies(httpx2.AsyncHTTPTransport(), limit, max_values),
@@ -142,10 +142,19 @@ class BodyTooLarge(httpx2.StreamError):
     """A JSON answer longer than the bound: the SDK fails the request it answered."""
 
 
+class AnswerRefused(httpx2.StreamError):
+    """An answer encoded (compressed) although the client asked for none: its bounds would
+    count the bytes read, not the far more it decodes to."""
+
+
+def encoded(encoding: str) -> str:
+    return f"the server sent an answer encoded with {encoding} (content-encoding), not asked for"
+
+
 class BoundedBodies(httpx2.AsyncBaseTransport):
     """Answers whose bodies are read up to `limit` bytes and let through holding at most
     `values` JSON values, but for event streams, whose events the SDK bounds one by one, in
-    bytes (a session's event stream may last for hours)."""
+    bytes (a session's event stream may last for hours). An encoded answer is refused."""
 
     def __init__(self, inner: httpx2.AsyncBaseTransport, limit: int, values: int) -> None:
         self.inner = inner
@@ -154,9 +163,13 @@ class BoundedBodies(httpx2.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         response = await self.inner.handle_async_request(request)
+        assert isinstance(response.stream, httpx2.AsyncByteStream)
+        encoding = response.headers.get("content-encoding", "identity")
+        if encoding.strip().lower() not in ("identity", ""):
+            await response.aclose()
+            raise AnswerRefused(encoded(encoding))
         if response.headers.get("content-type", "").startswith("text/event-stream"):
             return response
-        assert isinstance(response.stream, httpx2.AsyncByteStream)
         declared = response.headers.get("content-length", "")
         length = int(declared) if declared.isdigit() else 0
         stream = _Bounded(response.stream, self.limit, self.values, length)

@@ -289,11 +289,11 @@ async def test_a_required_source_that_drops_makes_readyz_fail(proxy_for: ProxyFa
 
 
 @contextlib.contextmanager
-def serving_mcp(legacy: bool) -> Iterator[str]:
+def serving_mcp(legacy: bool, *options: str) -> Iterator[str]:
     """The tests' MCP server over streamable HTTP; `legacy`: of the handshake era (it gives
     session ids and answers calls with event streams), else of the 2026 era (JSON answers)."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, *http_server_args(port, legacy)])
+    proc = subprocess.Popen([sys.executable, *http_server_args(port, legacy, *options)])
     try:
         url = f"http://127.0.0.1:{port}/mcp"
         wait_healthy(url, proc)
@@ -334,18 +334,20 @@ async def test_http_sources_send_headers_name_their_session_and_follow_list_chan
 
 
 @pytest.mark.parametrize(
-    ("legacy", "refusal"),
+    ("legacy", "options", "refusal"),
     [
-        (True, "SSE stream failed: Server-sent event exceeded the 65536 byte limit"),
-        (False, "the server sent a message larger than 65536 bytes (max_message_bytes)"),
+        (True, (), "SSE stream failed: Server-sent event exceeded the 65536 byte limit"),
+        (False, (), "the server sent a message larger than 65536 bytes (max_message_bytes)"),
+        (False, ("gzip",), "the server sent a message larger than 65536 bytes"),
     ],
 )
 async def test_an_http_answer_over_the_bound_fails_its_call(
-    proxy_for: ProxyFactory, legacy: bool, refusal: str
+    proxy_for: ProxyFactory, legacy: bool, options: tuple[str, ...], refusal: str
 ) -> None:
     """Both ways a server answers a call, an event stream and a JSON body, are bounded by
-    `max_message_bytes`."""
-    with serving_mcp(legacy) as url:
+    `max_message_bytes`; in bytes as they are parsed, so a server that would compress its
+    answers (100 KiB of `x` are 0.2 KiB as gzip) is asked not to."""
+    with serving_mcp(legacy, *options) as url:
         entry = http_entry(url, prefix="t_", max_message_bytes=65536, max_output_bytes=1 << 20)
         async with proxy_for({"tools": {"srv": entry}, "agents": AGENTS}) as proxy:
             proxy.upstream.script(
@@ -357,6 +359,18 @@ async def test_an_http_answer_over_the_bound_fails_its_call(
     under, over = tool_messages(proxy, 1)
     assert under == "x" * 60 * 1024
     assert refusal in orjson.loads(over)["error"]
+
+
+async def test_an_answer_compressed_unasked_is_refused(proxy_for: ProxyFactory) -> None:
+    """A server that compresses whatever it is asked would pass the byte bound with an answer
+    that decodes to far more: its answers are refused unread."""
+    with serving_mcp(False, "gzip-always") as url:
+        entry = http_entry(url, prefix="t_", required=False)
+        async with proxy_for({"tools": {"srv": entry}, "agents": AGENTS}) as proxy:
+            ready = await proxy.client.get("/readyz")
+    (missing,) = ready.json()["mcp_missing"]
+    assert missing["source"] == "srv"
+    assert "answer encoded with gzip (content-encoding), not asked for" in missing["error"]
 
 
 async def test_a_json_answer_over_the_body_values_bound_fails_its_call(
