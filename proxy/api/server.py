@@ -86,9 +86,10 @@ def guarded_protocol(max_connections: int, header_timeout_s: float) -> type[asyn
     class GuardedProtocol(HttpToolsProtocol):
         _header_timer: asyncio.TimerHandle | None = None
         # The bytes of the reads that left the request's head incomplete; None once its
-        # headers are complete. (A head that a single read completes is not counted: what it
-        # holds is bounded by the read's size, 256 KiB at most.)
+        # headers are complete. The read in which a request begins is not counted: it may
+        # hold the previous request's body too, and its size is bounded (256 KiB at most).
         _head_bytes: int | None = 0
+        _began = False  # whether a request began in the read being parsed
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -103,8 +104,9 @@ def guarded_protocol(max_connections: int, header_timeout_s: float) -> type[asyn
             super().connection_lost(exc)
 
         def data_received(self, data: bytes) -> None:
+            self._began = False
             super().data_received(data)
-            if self._head_bytes is None:
+            if self._head_bytes is None or self._began:
                 return
             self._head_bytes += len(data)
             if self._head_bytes > MAX_HEAD_BYTES and not self.transport.is_closing():
@@ -114,6 +116,7 @@ def guarded_protocol(max_connections: int, header_timeout_s: float) -> type[asyn
         def on_message_begin(self) -> None:
             super().on_message_begin()
             self._head_bytes = 0
+            self._began = True
             self._arm_header_timer()
 
         def on_headers_complete(self) -> None:

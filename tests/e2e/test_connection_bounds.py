@@ -190,3 +190,25 @@ def test_a_request_head_over_64_kib_is_answered_431_and_its_connection_closed(
     assert "longer than 65536 bytes" in error["message"]
     assert under.startswith(b"HTTP/1.1 200 ")
     assert posted.startswith(b"HTTP/1.1 502 ")  # served: the upstream is unreachable
+
+
+def test_a_request_pipelined_behind_a_long_body_is_served(tmp_path: Path) -> None:
+    """A read holding the end of one request's long body and the start of the next request's
+    head is no long head: both are answered."""
+    body = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "x" * 200_000}]})
+    post = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: proxy\r\n"
+        b"content-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(body)
+    ) + body
+    get = b"GET /healthz HTTP/1.1\r\nhost: proxy\r\nconnection: close\r\n\r\n"
+    cut = len(post) - len(body) + 1000
+    with proxy(tmp_path) as (host, port), socket.create_connection((host, port)) as sock:
+        sock.sendall(post[:cut])
+        time.sleep(0.2)
+        sock.sendall(post[cut:] + get[:10])  # 199 KB of body and a head begun, in one read
+        time.sleep(0.2)
+        sock.sendall(get[10:])
+        answers = answer_of(sock, 10)
+    assert answers.startswith(b"HTTP/1.1 502 ")  # served: the upstream is unreachable
+    assert answers.count(b"HTTP/1.1 ") == 2
+    assert b"HTTP/1.1 200 OK" in answers
