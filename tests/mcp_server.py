@@ -1,13 +1,14 @@
 """An MCP server for the tests, written with the `mcp` package's server API.
 
-    python tests/mcp_server.py stdio               # over stdio (a child of the proxy)
+    python tests/mcp_server.py stdio [wordy]       # over stdio (a child of the proxy)
     python tests/mcp_server.py http PORT [legacy] [gzip | gzip-always]
                                                    # streamable HTTP on 127.0.0.1:PORT/mcp
 
 `legacy` refuses the 2026 `server/discover` probe, so that clients fall back to the handshake
 era: sessions with an `mcp-session-id` and `notifications/tools/list_changed` on the session.
 Its tools succeed, fail, sleep, return structured content, die mid-call, and change the tool
-list. `gzip` compresses answers of 500 bytes and more for clients that accept it (Starlette's
+list. `wordy` adds a tool whose description is 100 KiB long (its tool list is one long
+message). `gzip` compresses answers of 500 bytes and more for clients that accept it (Starlette's
 middleware), `gzip-always` for every client.
 """
 
@@ -39,8 +40,10 @@ class Numbers(TypedDict):
     values: list[int]
 
 
-def build() -> MCPServer:
+def build(wordy: bool = False) -> MCPServer:
     server = MCPServer("loopwarden-tests", log_level="WARNING")
+    if wordy:
+        server.add_tool(lambda: "", name="wordy", description="x" * 100 * 1024)
 
     @server.tool(structured_output=False)
     def echo(text: str) -> str:
@@ -131,7 +134,7 @@ async def refuse_discover(
 
 
 def main(argv: list[str]) -> None:
-    server = build()
+    server = build(wordy="wordy" in argv[1:])
     if argv[0] == "stdio":
         server.run("stdio")
         return

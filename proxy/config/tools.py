@@ -39,7 +39,8 @@ class ToolConfig(ConfigModel):
     reconnect_max_s: float = Field(30.0, gt=0, allow_inf_nan=False)
     # The most tools one source exposes; the rest are left out (and logged).
     max_tools: int = Field(128, ge=1, le=4096)
-    # The largest message a stdio server may send (a line); a longer one ends its session.
+    # The largest message the server may send: a stdio line (a longer one ends the session),
+    # an HTTP JSON answer or event (a longer one fails its call).
     max_message_bytes: int = Field(16 * 1024 * 1024, ge=64 * 1024)
 
     @model_validator(mode="after")

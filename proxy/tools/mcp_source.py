@@ -23,7 +23,13 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from proxy.config.tools import ToolConfig
 from proxy.tools.base import ToolFailed
-from proxy.tools.mcp_transport import Endpoint, endpoint, open_transport, resolve_env
+from proxy.tools.mcp_transport import (
+    CONNECTION_ENDED,
+    Endpoint,
+    endpoint,
+    open_transport,
+    resolve_env,
+)
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +80,7 @@ class McpSource:
         self.session_id: str | None = None
         self.listeners: list[Listener] = []
         self._client: Client | None = None
+        self._ended: str | None = None  # why the transport ended this attempt, if it knows
         self._dropped = asyncio.Event()
         self._relist = asyncio.Event()
         self._closing = asyncio.Event()
@@ -142,7 +149,7 @@ class McpSource:
             try:
                 was_connected = await self._session()
             except Exception as exc:  # any failure to connect is retried
-                self.error = _reason(exc)
+                self.error = self._ended or _reason(exc)
             finally:
                 self._client = None
                 if self.state != "closed":
@@ -162,6 +169,7 @@ class McpSource:
     async def _session(self) -> bool:
         """One session, from connect to drop or close; True when it got connected."""
         self.state = "connecting"
+        self._ended = None
         self._dropped.clear()
         self._relist.clear()
         self.session_id = None
@@ -244,6 +252,8 @@ class McpSource:
             self._relist.set()
 
     def _on_end(self, reason: str) -> None:
+        if self._ended is None and reason != CONNECTION_ENDED:
+            self._ended = reason  # a message over a bound, while connecting too
         self._drop(reason)
 
     def _on_session(self, session_id: str) -> None:

@@ -143,6 +143,19 @@ async def test_a_stdio_message_over_the_bound_ends_its_session_and_fails_the_cal
     assert after.json()["choices"][0]["message"]["content"] != pid  # a new child
 
 
+async def test_a_tool_list_over_the_bound_is_why_the_source_is_not_connected(
+    proxy_for: ProxyFactory,
+) -> None:
+    entry = stdio_entry(required=False, max_message_bytes=65536, connect_timeout_s=10)
+    entry["command"] = [*entry["command"], "wordy"]
+    async with proxy_for({"tools": {"srv": entry}, "agents": AGENTS}) as proxy:
+        ready = await proxy.client.get("/readyz")
+    (missing,) = ready.json()["mcp_missing"]
+    assert (
+        missing["error"] == "the server sent a message larger than 65536 bytes (max_message_bytes)"
+    )
+
+
 async def test_a_message_over_the_body_values_bound_ends_a_stdio_session(
     proxy_for: ProxyFactory,
 ) -> None:
