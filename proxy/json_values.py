@@ -20,7 +20,7 @@ _NOT_DELIMITERS = bytes(sorted(set(range(256)) - set(_DELIMITERS)))
 _TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|([,:\[{])')
 
 
-async def holds_over(raw: bytes, limit: int) -> bool:
+async def holds_over(raw: bytes | bytearray, limit: int) -> bool:
     """Whether the JSON in `raw` holds more than `limit` values. A text of fewer bytes than the
     bound, or fewer delimiters wherever they are, cannot; any other is counted exactly in a
     thread, off the event loop."""
@@ -31,13 +31,13 @@ async def holds_over(raw: bytes, limit: int) -> bool:
     )
 
 
-def delimiters(raw: bytes) -> int:
+def delimiters(raw: bytes | bytearray) -> int:
     """Every delimiter in `raw`, those inside strings too: never fewer than its values. One pass
     in C, ~1 ms a MiB."""
     return len(raw.translate(None, _NOT_DELIMITERS))
 
 
-def values_over(raw: bytes, limit: int) -> bool:
+def values_over(raw: bytes | bytearray, limit: int) -> bool:
     """Whether `raw` holds more than `limit` JSON values: its delimiters outside strings, the
     strings skipped one match at a time, stopping at `limit + 1`. Slow (a string or a delimiter
     a step, in Python): for a thread, and for a body whose `delimiters` are over `limit`."""

@@ -151,10 +151,14 @@ def encoded(encoding: str) -> str:
     return f"the server sent an answer encoded with {encoding} (content-encoding), not asked for"
 
 
+class EventTooLarge(httpx2.SSEError):
+    """An event of a stream over a bound: the SDK fails the request the stream answers."""
+
+
 class BoundedBodies(httpx2.AsyncBaseTransport):
     """Answers whose bodies are read up to `limit` bytes and let through holding at most
-    `values` JSON values, but for event streams, whose events the SDK bounds one by one, in
-    bytes (a session's event stream may last for hours). An encoded answer is refused."""
+    `values` JSON values; an event stream (which may last for hours) is bounded so event by
+    event. An encoded answer is refused."""
 
     def __init__(self, inner: httpx2.AsyncBaseTransport, limit: int, values: int) -> None:
         self.inner = inner
@@ -168,11 +172,13 @@ class BoundedBodies(httpx2.AsyncBaseTransport):
         if encoding.strip().lower() not in ("identity", ""):
             await response.aclose()
             raise AnswerRefused(encoded(encoding))
+        stream: httpx2.AsyncByteStream
         if response.headers.get("content-type", "").startswith("text/event-stream"):
-            return response
-        declared = response.headers.get("content-length", "")
-        length = int(declared) if declared.isdigit() else 0
-        stream = _Bounded(response.stream, self.limit, self.values, length)
+            stream = _BoundedEvents(response.stream, self.limit, self.values)
+        else:
+            declared = response.headers.get("content-length", "")
+            length = int(declared) if declared.isdigit() else 0
+            stream = _Bounded(response.stream, self.limit, self.values, length)
         return httpx2.Response(
             response.status_code,
             headers=response.headers,
@@ -207,6 +213,40 @@ class _Bounded(httpx2.AsyncByteStream):
         if await holds_over(body, self.values):
             raise BodyTooLarge(too_many_values(self.values))
         yield body
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+class _BoundedEvents(httpx2.AsyncByteStream):
+    """An event stream let through as it comes, each event (up to the blank line that ends it)
+    holding at most `limit` bytes and `values` JSON values, counted before the chunk that ends
+    it is let through to the SDK, which parses it. Line ends are read as the SDK reads them:
+    CRLF, CR or LF."""
+
+    def __init__(self, inner: httpx2.AsyncByteStream, limit: int, values: int) -> None:
+        self.inner = inner
+        self.limit = limit
+        self.values = values
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        event = bytearray()  # what came since the last event's end, every line end an LF
+        carried_cr = False  # the chunk before ended in CR, which may begin a CRLF
+        async for chunk in self.inner:
+            text = b"\r" + chunk if carried_cr else chunk
+            carried_cr = text.endswith(b"\r")
+            if carried_cr:
+                text = text[:-1]
+            searched = max(len(event) - 1, 0)
+            event += text.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+            while (end := event.find(b"\n\n", searched)) >= 0:
+                if await holds_over(event[:end], self.values):
+                    raise EventTooLarge(too_many_values(self.values))
+                del event[: end + 2]
+                searched = 0
+            if len(event) > self.limit:
+                raise EventTooLarge(too_large(self.limit))
+            yield chunk
 
     async def aclose(self) -> None:
         await self.inner.aclose()
