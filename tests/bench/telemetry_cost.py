@@ -140,8 +140,8 @@ async def asgi_app(scope: Scope, receive: Receive, send: Send) -> None:
     await send({"type": "http.response.body", "body": b"{}"})
 
 
-async def http_costs(runs: int) -> list[tuple[str, float]]:
-    scope: Scope = {
+def request_scope(traceparent: bytes) -> Scope:
+    return {
         "type": "http",
         "method": "POST",
         "path": ROUTE,
@@ -150,9 +150,15 @@ async def http_costs(runs: int) -> list[tuple[str, float]]:
             (b"host", b"127.0.0.1:8080"),
             (b"content-type", b"application/json"),
             (b"authorization", b"Bearer sk-x"),
-            (b"traceparent", b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
+            (b"traceparent", traceparent),
         ],
     }
+
+
+async def http_costs(runs: int) -> list[tuple[str, float]]:
+    # The caller's trace context decides the server span's sampling (flags 01 or 00).
+    sampled = request_scope(b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
+    unsampled = request_scope(b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00")
 
     async def receive() -> Message:
         return {"type": "http.request", "body": b"", "more_body": False}
@@ -160,7 +166,7 @@ async def http_costs(runs: int) -> list[tuple[str, float]]:
     async def send(message: Message) -> None:
         return None
 
-    async def timed(app: Any) -> float:
+    async def timed(app: Any, scope: Scope = sampled) -> float:
         await app(scope, receive, send)
         started = time.process_time()
         for _ in range(runs):
@@ -174,11 +180,13 @@ async def http_costs(runs: int) -> list[tuple[str, float]]:
     tracer = provider.get_tracer("bench")
     with_metrics = await timed(HttpTelemetry(asgi_app, metrics_only.metrics, None, routes))
     with_spans = await timed(HttpTelemetry(asgi_app, traced.metrics, tracer, routes))
+    not_sampled = await timed(HttpTelemetry(asgi_app, traced.metrics, tracer, routes), unsampled)
     if isinstance(provider, TracerProvider):
         provider.shutdown()
     return [
         ("HTTP request: metrics", with_metrics - bare),
         ("HTTP request: metrics and server span", with_spans - bare),
+        ("HTTP request: metrics and server span (not sampled)", not_sampled - bare),
     ]
 
 

@@ -13,10 +13,11 @@ def test_the_telemetry_cost_benchmark_prints_every_row(capsys: pytest.CaptureFix
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["telemetry", "work", "CPU", "us"]
     rows = dict(line.rsplit(maxsplit=1) for line in lines[1:])
-    assert len(rows) == 10
+    assert len(rows) == 11
     assert float(rows["pass-through run: metrics observer"]) > 0
     assert float(rows["3-step tool run: spans observer"]) > 0
     assert float(rows["HTTP request: metrics and server span"]) > 0
+    assert float(rows["HTTP request: metrics and server span (not sampled)"]) > 0
 
 
 def test_the_mcp_cost_benchmark_prints_every_row(capsys: pytest.CaptureFixture[str]) -> None:
