@@ -3,14 +3,18 @@ SDK's own transports, with a watch on the connection's end."""
 
 from __future__ import annotations
 
+import codecs
 import contextlib
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass
+from itertools import chain
 from types import TracebackType
 from typing import Any
 from urllib.parse import urlsplit
 
 import httpx2
+from httpx2 import ServerSentEvent
+from httpx2._sse import _SSEParser  # what the SDK's EventSource parses with: the same events
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.message import SessionMessage
 
@@ -173,8 +177,9 @@ class BoundedBodies(httpx2.AsyncBaseTransport):
             await response.aclose()
             raise AnswerRefused(encoded(encoding))
         stream: httpx2.AsyncByteStream
-        if response.headers.get("content-type", "").startswith("text/event-stream"):
-            stream = _BoundedEvents(response.stream, self.limit, self.values)
+        if response.headers.get("content-type", "").lower().startswith("text/event-stream"):
+            encoding = response.encoding or "utf-8"  # as the SDK's `aiter_text` will decode it
+            stream = _BoundedEvents(response.stream, self.limit, self.values, encoding)
         else:
             declared = response.headers.get("content-length", "")
             length = int(declared) if declared.isdigit() else 0
@@ -219,34 +224,37 @@ class _Bounded(httpx2.AsyncByteStream):
 
 
 class _BoundedEvents(httpx2.AsyncByteStream):
-    """An event stream let through as it comes, each event (up to the blank line that ends it)
-    holding at most `limit` bytes and `values` JSON values, counted before the chunk that ends
-    it is let through to the SDK, which parses it. Line ends are read as the SDK reads them:
-    CRLF, CR or LF."""
+    """An event stream let through as it comes, read first as the SDK will read it: decoded
+    with the answer's charset and parsed by httpx2's own event parser, the one the SDK's
+    `EventSource` runs, so both see the same events. Each event holds at most `limit` bytes
+    and its data at most `values` JSON values, checked before the chunk that completes it (or
+    the stream's end, which may complete one) is let through."""
 
-    def __init__(self, inner: httpx2.AsyncByteStream, limit: int, values: int) -> None:
+    def __init__(
+        self, inner: httpx2.AsyncByteStream, limit: int, values: int, encoding: str = "utf-8"
+    ) -> None:
         self.inner = inner
         self.limit = limit
         self.values = values
+        self.encoding = encoding
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        event = bytearray()  # what came since the last event's end, every line end an LF
-        carried_cr = False  # the chunk before ended in CR, which may begin a CRLF
+        text = codecs.getincrementaldecoder(self.encoding)(errors="replace")
+        parser = _SSEParser(self.limit)
         async for chunk in self.inner:
-            text = b"\r" + chunk if carried_cr else chunk
-            carried_cr = text.endswith(b"\r")
-            if carried_cr:
-                text = text[:-1]
-            searched = max(len(event) - 1, 0)
-            event += text.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-            while (end := event.find(b"\n\n", searched)) >= 0:
-                if await holds_over(event[:end], self.values):
-                    raise EventTooLarge(too_many_values(self.values))
-                del event[: end + 2]
-                searched = 0
-            if len(event) > self.limit:
-                raise EventTooLarge(too_large(self.limit))
+            await self._check(parser.decode(text.decode(chunk)))
             yield chunk
+        await self._check(chain(parser.decode(text.decode(b"", True)), parser.flush()))
+
+    async def _check(self, events: Iterable[ServerSentEvent]) -> None:
+        """`events` as the parser yields them (it raises as one grows over `limit`)."""
+        try:
+            parsed = list(events)
+        except httpx2.SSEError:
+            raise EventTooLarge(too_large(self.limit)) from None
+        for event in parsed:
+            if await holds_over(event.data.encode(), self.values):
+                raise EventTooLarge(too_many_values(self.values))
 
     async def aclose(self) -> None:
         await self.inner.aclose()

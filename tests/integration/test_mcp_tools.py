@@ -349,7 +349,7 @@ async def test_http_sources_send_headers_name_their_session_and_follow_list_chan
 @pytest.mark.parametrize(
     ("legacy", "options", "refusal"),
     [
-        (True, (), "SSE stream failed: Server-sent event exceeded the 65536 byte limit"),
+        (True, (), "SSE stream failed: the server sent a message larger than 65536 bytes (max_"),
         (False, (), "the server sent a message larger than 65536 bytes (max_message_bytes)"),
         (False, ("gzip",), "the server sent a message larger than 65536 bytes"),
     ],
