@@ -108,15 +108,17 @@ def build(wordy: bool = False) -> MCPServer:
         return str(request.headers.get("authorization") if request is not None else None)
 
     @server.tool(structured_output=False)
-    async def grow(ctx: Context) -> str:
-        """Adds the tool `extra` and says that the tool list changed."""
+    async def grow(ctx: Context, kib: int = 0) -> str:
+        """Adds the tool `extra` (its description `kib` KiB longer) and says that the tool list
+        changed."""
 
         def extra(note: str) -> str:
             """A tool that was not there at first."""
             return f"extra: {note}"
 
         if "extra" not in {t.name for t in await server.list_tools()}:
-            server.add_tool(extra, name="extra", structured_output=False)
+            description = (extra.__doc__ or "") + "x" * kib * 1024
+            server.add_tool(extra, name="extra", description=description, structured_output=False)
         await ctx.notify_tools_changed()  # 2026 era: on the listen stream
         with contextlib.suppress(Exception):  # handshake era: on the session
             await ctx.session.send_tool_list_changed()

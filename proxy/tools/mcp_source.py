@@ -214,8 +214,8 @@ class McpSource:
             try:
                 with anyio.fail_after(self.cfg.connect_timeout_s):
                     await self._list(client)
-            except Exception as exc:
-                self.error = f"the tool list could not be read again: {_reason(exc)}"
+            except Exception as exc:  # the session's end, if it came first, is why
+                self.error = self._ended or f"the tool list could not be read again: {_reason(exc)}"
                 return
             log.info("%s changed its tools: %d tools", self.describe(), len(self.tools))
             self._published()

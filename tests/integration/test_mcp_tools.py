@@ -156,6 +156,22 @@ async def test_a_tool_list_over_the_bound_is_why_the_source_is_not_connected(
     )
 
 
+async def test_a_tool_list_over_the_bound_when_listed_again_is_why_the_session_ended(
+    proxy_for: ProxyFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    entry = stdio_entry(max_message_bytes=65536)
+    async with proxy_for({"tools": {"srv": entry}, "agents": AGENTS}) as proxy:
+        source = proxy_source(proxy)
+        proxy.upstream.script(call("t_grow", kib=100), say("grown"))
+        await proxy.chat(model="mcp", messages=user("grow"))
+        await wait_for(lambda: "disconnected" in caplog.text)
+    (line,) = [r.getMessage() for r in caplog.records if "disconnected" in r.getMessage()]
+    assert line == (
+        f"{source.describe()} disconnected: the server sent a message larger than 65536 bytes "
+        "(max_message_bytes); reconnecting"
+    )
+
+
 async def test_a_message_over_the_body_values_bound_ends_a_stdio_session(
     proxy_for: ProxyFactory,
 ) -> None:
