@@ -15,6 +15,7 @@ stdin closed, a grace period, then its whole group terminated.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -155,11 +156,20 @@ async def _stop(process: Process) -> None:
         await terminate_posix_process_tree(process, EXIT_GRACE_S)
         if not await _exited(process):
             log.warning("MCP server process %d outlived SIGKILL; leaving it", process.pid)
-            with contextlib.suppress(*_PIPE_ERRORS):  # but not our end of its stdout
-                await stdout_of(process).aclose()
+            close_pipes(process)  # but not our ends of its pipes
             return
     with anyio.move_on_after(EXIT_GRACE_S):  # our ends of its pipes
         await process.aclose()
+
+
+def close_pipes(process: Process) -> None:
+    """Our ends of the child's pipes, closed without waiting for it to exit (anyio's
+    `Process.aclose` closes them too, then waits). The pipes are the asyncio subprocess
+    transport's: anyio's wrappers, closed, would leave them open."""
+    transport: asyncio.SubprocessTransport = process._transport  # type: ignore[attr-defined]
+    for fd in (0, 1, 2):
+        if (pipe := transport.get_pipe_transport(fd)) is not None:
+            pipe.close()
 
 
 async def _exited(process: Process) -> bool:

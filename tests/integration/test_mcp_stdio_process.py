@@ -7,7 +7,9 @@ import sys
 import time
 from pathlib import Path
 
-from proxy.tools.mcp_stdio import stdio_client
+import anyio
+
+from proxy.tools.mcp_stdio import close_pipes, stdio_client
 
 NOTICE = '{"jsonrpc":"2.0","method":"notifications/message","params":{"level":"info","data":"x"}}'
 
@@ -51,3 +53,30 @@ async def test_a_server_cut_off_mid_message_exits_when_the_session_ends(tmp_path
     assert time.monotonic() - started < 1.0
     assert marker.read_text() == "done"
     assert ends == ["the server sent a message larger than 65536 bytes (max_message_bytes)"]
+
+
+def pipes_open_here() -> set[str]:
+    fds = Path("/proc/self/fd")
+    return {target for fd in fds.iterdir() if (target := _link(fd)).startswith("pipe:")}
+
+
+def _link(path: Path) -> str:
+    try:
+        return str(path.readlink())
+    except OSError:  # the listing's own descriptor, gone
+        return ""
+
+
+async def test_a_server_left_running_keeps_none_of_our_ends_of_its_pipes() -> None:
+    """What is done for a child that outlived SIGKILL, on a real child still running."""
+    process = await anyio.open_process([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        theirs = {_link(Path(f"/proc/{process.pid}/fd/{fd}")) for fd in (0, 1, 2)}
+        assert theirs <= pipes_open_here()
+        close_pipes(process)
+        await anyio.sleep(0.05)  # a pipe transport's close completes on the next loop turn
+        assert process.returncode is None
+        assert not theirs & pipes_open_here()
+    finally:
+        process.kill()
+        await process.wait()
