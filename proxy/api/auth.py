@@ -23,6 +23,10 @@ class Caller:
     def allows(self, model: str) -> bool:
         return ALL in self.agents or model in self.agents
 
+    @property
+    def unrestricted(self) -> bool:
+        return ALL in self.agents
+
     def scoped(self, name: str) -> str:
         """`name` in the key's own namespace (threads, held calls): two keys that name one
         thread id have a thread each (key names have no `/`, so no two keys' names meet)."""

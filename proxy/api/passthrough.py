@@ -9,9 +9,9 @@ from starlette.types import Receive, Scope, Send
 
 from proxy.api.asgi import bearer_token
 from proxy.api.services import Services
-from proxy.errors import ClientDisconnected, InvalidRequest, MethodNotAllowed
+from proxy.errors import ClientDisconnected, InvalidRequest, MethodNotAllowed, PermissionDenied
 from proxy.upstream.client import Upstream
-from proxy.upstream.relay import relay, sniff_model
+from proxy.upstream.relay import MODEL_SNIFF_LIMIT, relay, sniff_model
 
 METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
 
@@ -44,6 +44,13 @@ class Passthrough:
         caller = sv.keys.caller(bearer)
         model, body = await sniff_model(scope["headers"], client_body(receive))
         upstream = sv.config.default_upstream
+        if model is None and caller is not None and not caller.unrestricted:
+            raise PermissionDenied(
+                f"key {caller.name!r} may use only the models it names, and the model of this "
+                f"request cannot be read (a JSON body of at most {MODEL_SNIFF_LIMIT} bytes whose "
+                "`model` is a string)",
+                param="model",
+            )
         if model is not None:
             sv.keys.check(caller, model)
             agent = sv.config.agents.get(model)

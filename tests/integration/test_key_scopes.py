@@ -381,3 +381,49 @@ async def test_held_server_calls_are_put_back_for_the_key_that_made_them_only(
     )
     assert as_b == ["user", "assistant", "tool"]  # served as sent: b learns nothing of a's call
     assert as_a == ["user", "assistant", "tool", "tool"]
+
+
+# --- relayed routes --------------------------------------------------------------------------
+
+UNREADABLE = [  # bodies whose model the proxy cannot read, which a lenient upstream may
+    ({"content-type": "application/json"}, b'{"model":"gpt-4o","prompt":"hi","top_p":NaN}'),
+    ({"content-type": "application/json"}, b'{"model":"gpt-4o","prompt":"\\ud800"}'),
+    ({"content-type": "text/plain"}, b'{"model":"gpt-4o","prompt":"hi"}'),
+    ({}, b'{"model":"gpt-4o","prompt":"hi"}'),
+    ({"content-type": "application/json"}, b'{"model":"gpt-4o","prompt":"hi"}' + b" " * (1 << 20)),
+    ({"content-type": "application/json"}, b'{"model":["gpt-4o"],"prompt":"hi"}'),
+]
+
+
+@pytest.mark.parametrize(("headers", "body"), UNREADABLE)
+async def test_a_key_limited_to_some_models_relays_only_a_request_whose_model_it_may_use(
+    proxy_for: ProxyFactory, headers: dict[str, str], body: bytes
+) -> None:
+    relayed: list[bytes] = []
+
+    async def upstream(request: httpx.Request) -> httpx.Response:
+        relayed.append(await request.aread())
+        return httpx.Response(200, json={"object": "text_completion"})
+
+    config = keyed(key("a", agents=["weather", "gpt-4o-mini"]), key("all"))
+    async with proxy_for(config, handler=upstream) as proxy:
+
+        async def post(name: str, content: bytes, **extra: str) -> httpx.Response:
+            sent = {"authorization": f"Bearer sk-{name}", **extra}
+            return await proxy.client.post("/v1/completions", content=content, headers=sent)
+
+        json = {"content-type": "application/json"}
+        allowed = await post("a", b'{"model":"gpt-4o-mini","prompt":"hi"}', **json)
+        denied = await post("a", b'{"model":"gpt-4o","prompt":"hi"}', **json)
+        unread = await post("a", body, **headers)
+        unrestricted = await post("all", body, **headers)
+    assert (allowed.status_code, denied.status_code, unrestricted.status_code) == (200, 403, 200)
+    assert unread.status_code == 403
+    assert unread.json()["error"] == {
+        "message": "key 'a' may use only the models it names, and the model of this request "
+        "cannot be read (a JSON body of at most 1048576 bytes whose `model` is a string)",
+        "type": "permission_error",
+        "param": "model",
+        "code": "model_not_allowed",
+    }
+    assert relayed == [b'{"model":"gpt-4o-mini","prompt":"hi"}', body]
