@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 
 from proxy.api.auth import Caller, KeyRing
+from proxy.config.server import ServerConfig
 from proxy.json_values import holds_over
 from proxy.state.store import StateStore
 
@@ -47,12 +48,13 @@ class StoredResponse:
 
 
 class ConversationTooLarge(Exception):
-    """A stored response whose conversation holds more values than a request may."""
+    """A stored response whose conversation is larger than a request may be: it goes upstream
+    in the body of the request that continues it."""
 
-    def __init__(self, response_id: str, max_values: int) -> None:
+    def __init__(self, response_id: str, over: str) -> None:
         super().__init__(
-            f"the conversation through {response_id[:64]!r} holds more than {max_values} JSON "
-            "values (server.max_body_values): more than one request may send; start a new one"
+            f"the conversation through {response_id[:64]!r} holds {over}: more than one "
+            "request may send; start a new one"
         )
 
 
@@ -74,17 +76,23 @@ class ResponseStore:
         await self.store.put_record(RESPONSE_RECORD, response_id, stored.dumps(), self.ttl_s)
 
     async def load(
-        self, response_id: str, caller: Caller | None, max_values: int | None = None
+        self, response_id: str, caller: Caller | None, bounds: ServerConfig | None = None
     ) -> StoredResponse | None:
         """The stored response, when it exists and `caller` made it (None otherwise: another
         key's responses do not exist for it). Raises PermissionDenied when the key may no
         longer use the response's agent, and ConversationTooLarge when the record holds more
-        than `max_values` JSON values (counted before it is parsed)."""
+        bytes or JSON values than a request's body may (`bounds`; checked before it is
+        parsed)."""
         found = await self.store.get_record(RESPONSE_RECORD, response_id)
         if found is None:
             return None
-        if max_values is not None and await holds_over(found, max_values):
-            raise ConversationTooLarge(response_id, max_values)
+        if bounds is not None:
+            if len(found) > bounds.max_body_bytes:
+                over = f"more than {bounds.max_body_bytes} bytes (server.max_body_bytes)"
+                raise ConversationTooLarge(response_id, over)
+            if await holds_over(found, bounds.max_body_values):
+                over = f"more than {bounds.max_body_values} JSON values (server.max_body_values)"
+                raise ConversationTooLarge(response_id, over)
         fields = orjson.loads(found)
         stored = StoredResponse(**fields)
         if caller is not None:

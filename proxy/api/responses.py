@@ -42,6 +42,7 @@ from proxy.api.response_store import (
 from proxy.api.responses_request import ResponsesRequest, parse_responses_request
 from proxy.api.responses_stream import ResponsesStream
 from proxy.api.services import Services
+from proxy.config.server import ServerConfig
 from proxy.engine.run import Run
 from proxy.engine.run_spec import RunResult
 from proxy.engine.stop import StopReason
@@ -72,7 +73,7 @@ class Responses:
         raw = await read_json(receive, scope, sv.config.server)
         req = parse_responses_request(raw, header(scope, _THREAD_HEADER))
         store = ResponseStore(sv.store, sv.config.state.response_ttl_s)
-        reads = _StoredReads(store, caller, sv.config.server.max_body_values)
+        reads = _StoredReads(store, caller, sv.config.server)
         history = await _history(req, reads)
         run = req.run
         run.messages = (
@@ -212,12 +213,13 @@ class _Context:
 class _StoredReads:
     """The stored responses one request reads (its previous one, those its item references
     name): each read once, at most MAX_STORED_READS of them, and none whose conversation holds
-    more values than a request's body may (it goes upstream in the next request's body)."""
+    more bytes or values than a request's body may (it goes upstream in the next request's
+    body)."""
 
-    def __init__(self, store: ResponseStore, caller: Caller | None, max_values: int) -> None:
+    def __init__(self, store: ResponseStore, caller: Caller | None, bounds: ServerConfig) -> None:
         self.store = store
         self.caller = caller
-        self.max_values = max_values
+        self.bounds = bounds
         self._read: dict[str, StoredResponse | None] = {}
 
     async def load(self, response_id: str, param: str) -> StoredResponse | None:
@@ -230,7 +232,7 @@ class _StoredReads:
                 param=param,
             )
         try:
-            stored = await self.store.load(response_id, self.caller, self.max_values)
+            stored = await self.store.load(response_id, self.caller, self.bounds)
         except ConversationTooLarge as exc:
             raise BodyTooLarge(str(exc), param=param) from None
         self._read[response_id] = stored

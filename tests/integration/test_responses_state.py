@@ -187,6 +187,26 @@ async def test_a_conversation_continued_by_reference_is_bounded_as_a_body_is(
     assert len(proxy.upstream.requests) == 1
 
 
+async def test_a_conversation_continued_by_reference_is_bounded_in_bytes_as_a_body_is(
+    proxy_for: ProxyFactory,
+) -> None:
+    """Each body of the chain is under `max_body_bytes`, the conversation two of them make is
+    not: a chain cannot grow the bodies sent upstream, nor the records stored, without end."""
+    async with proxy_for({"server": {"max_body_bytes": 65536}}) as proxy:
+        proxy.upstream.script(keep(say("Noted.")))
+        first = await respond(proxy, model="scripted", input="x" * 40_000)
+        second = await respond(
+            proxy, model="scripted", input="y" * 40_000, previous_response_id=first.json()["id"]
+        )
+        assert second.status_code == 200
+        r = await respond(proxy, model="scripted", previous_response_id=second.json()["id"])
+    assert r.status_code == 413
+    error = r.json()["error"]
+    assert (error["code"], error["param"]) == ("request_too_large", "previous_response_id")
+    assert "holds more than 65536 bytes (server.max_body_bytes)" in error["message"]
+    assert len(proxy.upstream.requests) == 2
+
+
 async def test_a_request_reads_at_most_64_stored_responses(proxy_for: ProxyFactory) -> None:
     async with proxy_for() as proxy:
         proxy.upstream.script(keep(say("Stored.")))
