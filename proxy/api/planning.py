@@ -152,7 +152,7 @@ class Planner:
             if client in policy.tools:
                 raise InvalidRequest(
                     f"tool {client!r} clashes with a server tool",
-                    param=f"tools[{i}].function.name",
+                    param=req.tool_params[i] if req.tool_params else f"tools[{i}].function.name",
                 )
         if policy.tools and req.params.get("n", 1) != 1:
             raise InvalidRequest("n must be 1 when the server runs tools", param="n")

@@ -54,7 +54,7 @@ def parse_responses_request(raw: bytes, thread_header: str | None = None) -> Res
     stream = _optional(body, "stream", bool, "a boolean") or False
     store = _optional(body, "store", bool, "a boolean")
     store = True if store is None else store
-    tools, names, ignored = _tools(body.get("tools"))
+    tools, names, ignored, tool_params = _tools(body.get("tools"))
     params = _params(body)
     max_output_tokens = _positive(body.get("max_output_tokens"), "max_output_tokens")
     max_tool_calls = _positive(body.get("max_tool_calls"), "max_tool_calls")
@@ -77,6 +77,7 @@ def parse_responses_request(raw: bytes, thread_header: str | None = None) -> Res
         params,
         thread,
         client_thread=True,
+        tool_params=tool_params,
     )
     echo = {
         "instructions": instructions,
@@ -210,16 +211,19 @@ def _with_call_limit(loop: LoopOptions, count: int) -> LoopOptions:
 # -- tools ----------------------------------------------------------------------------------
 
 
-def _tools(value: Any) -> tuple[list[dict[str, Any]], dict[str, ClientTool], list[str]]:
-    """Client tools as upstream functions, the client's names of those renamed or custom, and
-    the hosted tool types left out."""
+def _tools(
+    value: Any,
+) -> tuple[list[dict[str, Any]], dict[str, ClientTool], list[str], list[str]]:
+    """Client tools as upstream functions, the client's names of those renamed or custom, the
+    hosted tool types left out, and where each function's name is in the request."""
     if value is None:
-        return [], {}, []
+        return [], {}, [], []
     if not isinstance(value, list):
         raise InvalidRequest("tools must be a list", param="tools")
     functions: list[dict[str, Any]] = []
     names: dict[str, ClientTool] = {}
     ignored: list[str] = []
+    params: list[str] = []
     seen: set[str] = set()
     for i, tool in enumerate(value):
         path = f"tools[{i}]"
@@ -240,11 +244,13 @@ def _tools(value: Any) -> tuple[list[dict[str, Any]], dict[str, ClientTool], lis
                         "a namespace holds function and custom tools", param=f"{where}.type"
                     )
                 _add(functions, names, seen, member, where, namespace)
+                params.append(f"{where}.name")
         elif kind in ("function", "custom"):
             _add(functions, names, seen, tool, path, None)
+            params.append(f"{path}.name")
         else:  # a hosted tool the proxy cannot run
             ignored.append(kind)
-    return functions, names, ignored
+    return functions, names, ignored, params
 
 
 def _add(

@@ -50,3 +50,6 @@ class RunRequest:
     # `thread_id` is a name the client chose (`loop.thread_id`, a header), so with proxy keys
     # it names a thread of the caller's key; a stored context's thread is the context's own.
     client_thread: bool = False
+    # Where the client named each of `client_tools`, for errors: Chat Completions'
+    # `tools[i].function.name` when empty.
+    tool_params: list[str] = field(default_factory=list)

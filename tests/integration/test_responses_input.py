@@ -60,6 +60,14 @@ BAD: list[tuple[dict[str, Any], str]] = [
         },
         "tools[0].tools[0].type",
     ),
+    (  # a client tool named as a server tool, after a hosted tool the proxy leaves out
+        {
+            "model": "weather",
+            "input": "x",
+            "tools": [{"type": "web_search"}, {"type": "custom", "name": "get_weather"}],
+        },
+        "tools[1].name",
+    ),
     ({"model": "scripted", "input": "x", "tool_choice": "always"}, "tool_choice"),
     ({"model": "scripted", "input": "x", "instructions": 1}, "instructions"),
     ({"model": "scripted", "input": "x", "stream": "yes"}, "stream"),
