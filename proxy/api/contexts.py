@@ -18,6 +18,7 @@ from proxy.api.auth import Caller
 from proxy.api.completion import loop_report
 from proxy.api.failures import failed, send_failure
 from proxy.api.json_body import json_object, read_json
+from proxy.api.planning import Plan
 from proxy.api.run_request import RunRequest, parse_loop
 from proxy.api.services import Services
 from proxy.engine.options import TerminatingOptions, problems
@@ -96,6 +97,22 @@ def _visible(context: StoredContext, caller: Caller | None) -> bool:
 
 def _size(messages: list[dict[str, Any]]) -> int:
     return len(orjson.dumps(messages))
+
+
+def _plan(sv: Services, body: dict[str, Any], req: RunRequest, caller: Caller | None) -> Plan:
+    """The run's plan; a problem in a top-level `terminating_config`, which goes into the run's
+    `loop`, is reported where the client put it."""
+    try:
+        return sv.planner.plan(req, caller)
+    except PolicyInvalid as exc:
+        if body.get("terminating_config") is None:
+            raise
+        moved = "loop.terminating_config"
+        problems = [
+            (path.removeprefix("loop.") if path.startswith(moved) else path, message)
+            for path, message in exc.problems
+        ]
+        raise PolicyInvalid(problems, code=exc.code) from None
 
 
 def _request(body: dict[str, Any], context: StoredContext, messages: list[Any]) -> RunRequest:
@@ -231,7 +248,7 @@ class ContextRuns:
                 f"context {context.id!r} has no messages yet; send one with POST /chat",
                 param="context_id",
             )
-        plan = sv.planner.plan(_request(body, context, run_messages), caller)
+        plan = _plan(sv, body, _request(body, context, run_messages), caller)
         deps = sv.deps(plan.upstream, bearer, scope["path"])
         result = await run_or_cancel(Run(plan.spec, deps).execute, receive)
         if result is None or result.stop.reason is StopReason.CANCELLED:

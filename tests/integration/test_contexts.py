@@ -192,6 +192,17 @@ async def test_delete_drops_the_context(proxy_for: ProxyFactory) -> None:
         ),
         (
             "/chat",
+            {
+                "context_id": "x",
+                "message": "hi",
+                "agent": "reporter",
+                "terminating_config": {"tool_ids": ["nope"]},
+            },
+            "terminating_config.tool_ids[0]",
+            "no server tool named 'nope'",
+        ),
+        (
+            "/chat",
             {"context_id": "x", "message": "hi", "agent": "nobody"},
             "agent",
             "no agent named 'nobody'",
