@@ -5,7 +5,8 @@
   state connections need (the default is derived from RLIMIT_NOFILE).
 - A request's line and headers must arrive within `server.header_timeout_s` of the connection
   (or of the request's first byte, on a kept-alive connection), else the connection is closed;
-  a head still incomplete after MAX_HEAD_BYTES is answered 431 and its connection closed.
+  a head longer than MAX_HEAD_BYTES is answered 431 and its connection closed (as soon as that
+  many bytes of it came, when it comes in more than one read).
 - An idle kept-alive connection is closed after `server.keep_alive_timeout_s`.
 - The body deadline (`server.body_timeout_s`) and the cap on requests in flight are the app's
   (`proxy.api.admission`).
@@ -21,7 +22,7 @@ from typing import Any
 
 import orjson
 import uvicorn
-from starlette.types import ASGIApp
+from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from proxy.config.server import ServerConfig
@@ -44,11 +45,19 @@ REFUSED = _refusal(
     ServerBusy("the proxy has too many connections open; retry later"),
     b"retry-after: 1\r\n",
 )
-# What a request whose head is longer than MAX_HEAD_BYTES gets before its connection is closed.
-HEAD_TOO_LARGE = _refusal(
-    b"431 Request Header Fields Too Large",
-    HeadersTooLarge(f"the request's line and headers are longer than {MAX_HEAD_BYTES} bytes"),
+# What a request whose head is longer than MAX_HEAD_BYTES gets before its connection is closed:
+# written as it is while the head is still coming, or answered by `head_too_large` once it came.
+_HEAD_ERROR = HeadersTooLarge(
+    f"the request's line and headers are longer than {MAX_HEAD_BYTES} bytes"
 )
+HEAD_TOO_LARGE = _refusal(b"431 Request Header Fields Too Large", _HEAD_ERROR)
+
+
+async def head_too_large(scope: Scope, receive: Receive, send: Send) -> None:
+    headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
+    await send({"type": "http.response.start", "status": 431, "headers": headers})
+    await send({"type": "http.response.body", "body": orjson.dumps(_HEAD_ERROR.body())})
+
 
 # The cyclic garbage collector, as it comes, scans the whole heap of start-up (the config, the
 # tool schemas, the libraries' modules) again and again under load: measured, a fifth of the
@@ -90,6 +99,8 @@ def guarded_protocol(max_connections: int, header_timeout_s: float) -> type[asyn
         # hold the previous request's body too, and its size is bounded (256 KiB at most).
         _head_bytes: int | None = 0
         _began = False  # whether a request began in the read being parsed
+        _read_size = 0  # the read being parsed
+        _began_size = 0  # the read the request began in
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -105,6 +116,7 @@ def guarded_protocol(max_connections: int, header_timeout_s: float) -> type[asyn
 
         def data_received(self, data: bytes) -> None:
             self._began = False
+            self._read_size = len(data)
             super().data_received(data)
             if self._head_bytes is None or self._began:
                 return
@@ -117,12 +129,30 @@ def guarded_protocol(max_connections: int, header_timeout_s: float) -> type[asyn
             super().on_message_begin()
             self._head_bytes = 0
             self._began = True
+            self._began_size = self._read_size
             self._arm_header_timer()
 
         def on_headers_complete(self) -> None:
+            # The reads the head came in hold at least its bytes: only when they hold more than
+            # the bound is the head itself measured (as parsed: a head completed within one
+            # read is never counted above).
+            read = self._began_size + (self._head_bytes or 0)
+            read += 0 if self._began else self._read_size
             self._head_bytes = None
             self._disarm_header_timer()
+            if read > MAX_HEAD_BYTES and self._parsed_head() > MAX_HEAD_BYTES:
+                app, self.app = self.app, head_too_large  # uvicorn's own cycle answers it
+                try:
+                    super().on_headers_complete()
+                finally:
+                    self.app = app
+                return
             super().on_headers_complete()
+
+        def _parsed_head(self) -> int:
+            """The request line and headers as parsed, framing included."""
+            line = len(self.parser.get_method()) + len(self.url) + len(" HTTP/1.1\r\n") + 1
+            return line + sum(len(name) + len(value) + 4 for name, value in self.headers)
 
         def _arm_header_timer(self) -> None:
             if self._header_timer is None:

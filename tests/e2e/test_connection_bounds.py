@@ -180,7 +180,10 @@ def test_a_request_head_over_64_kib_is_answered_431_and_its_connection_closed(
     ) + long_body
     with proxy(tmp_path) as (host, port):
         over = sent_in_pieces(host, port, healthz(1024 * 1024))
+        whole = healthz(200 * 1024)  # a head that may come in one read
+        over_at_once = sent_in_pieces(host, port, whole, piece=len(whole))
         under = sent_in_pieces(host, port, healthz(60 * 1024))
+        under_at_once = sent_in_pieces(host, port, healthz(64 * 1024 - 200), piece=1 << 20)
         posted = sent_in_pieces(host, port, post, piece=len(post))  # a head, then a long body
     head, body = over.split(b"\r\n\r\n", 1)
     assert head.startswith(b"HTTP/1.1 431 ")
@@ -188,7 +191,12 @@ def test_a_request_head_over_64_kib_is_answered_431_and_its_connection_closed(
     error = orjson.loads(body)["error"]
     assert (error["code"], error["type"]) == ("request_too_large", "invalid_request_error")
     assert "longer than 65536 bytes" in error["message"]
+    head, body = over_at_once.split(b"\r\n\r\n", 1)
+    assert head.startswith(b"HTTP/1.1 431 ")
+    assert b"connection: close" in head
+    assert orjson.loads(body)["error"] == error
     assert under.startswith(b"HTTP/1.1 200 ")
+    assert under_at_once.startswith(b"HTTP/1.1 200 ")
     assert posted.startswith(b"HTTP/1.1 502 ")  # served: the upstream is unreachable
 
 

@@ -1,0 +1,96 @@
+"""The bound on a request's line and headers (`proxy.api.server.MAX_HEAD_BYTES`), however the
+reads they come in are cut: the server's protocol fed exact reads, as the event loop would."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import uvicorn
+from starlette.types import Receive, Scope, Send
+from uvicorn.server import ServerState
+
+from proxy.api.server import MAX_HEAD_BYTES, guarded_protocol
+
+
+async def ok(scope: Scope, receive: Receive, send: Send) -> None:
+    while (await receive()).get("more_body"):
+        pass
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b"ok"})
+
+
+class Recorded(asyncio.Transport):
+    """A client connection that keeps what the server writes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written = b""
+        self.closed = False
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self.written += bytes(data)
+
+    def close(self) -> None:
+        self.closed = True
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return {"peername": ("127.0.0.1", 50000), "sockname": ("127.0.0.1", 8080)}.get(name)
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        pass
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+
+async def answers(reads: list[bytes]) -> list[bytes]:
+    """The status lines the server writes for `reads`, fed one at a time."""
+    config = uvicorn.Config(ok, log_level="warning")
+    config.load()
+    protocol = guarded_protocol(100, 10)(config=config, server_state=ServerState(), app_state={})
+    transport = Recorded()
+    protocol.connection_made(transport)
+    for data in reads:
+        if transport.closed:
+            break
+        protocol.data_received(data)
+        await asyncio.sleep(0.01)  # the app answers
+    protocol.connection_lost(None)
+    return [line for line in transport.written.split(b"\r\n") if line.startswith(b"HTTP/1.1")]
+
+
+def get(pad: int) -> bytes:
+    return b"GET /x HTTP/1.1\r\nhost: proxy\r\nx-pad: %s\r\n\r\n" % (b"a" * pad)
+
+
+TOO_LARGE = b"HTTP/1.1 431 Request Header Fields Too Large"
+
+
+async def test_a_long_head_is_refused_whether_it_comes_in_one_read_or_many() -> None:
+    long = get(MAX_HEAD_BYTES + 100)
+    assert await answers([long]) == [TOO_LARGE]
+    assert await answers([long[:-4], long[-4:]]) == [TOO_LARGE]  # completed by a second read
+    pieces = [long[i : i + 1024] for i in range(0, len(long), 1024)]
+    assert await answers(pieces) == [TOO_LARGE]
+
+
+async def test_a_head_under_the_bound_is_served_in_one_read() -> None:
+    assert await answers([get(MAX_HEAD_BYTES - 200)]) == [b"HTTP/1.1 200 OK"]
+
+
+async def test_a_head_begun_in_the_read_that_ends_a_long_body_is_served() -> None:
+    body = b"x" * 200_000
+    post = b"POST /x HTTP/1.1\r\nhost: proxy\r\ncontent-length: %d\r\n\r\n" % len(body) + body
+    both = post + get(10)
+    cut = len(both) - len(get(10)) + 10  # the body's end and the next head's start: one read
+    assert await answers([both[:1000], both[1000:cut], both[cut:]]) == [b"HTTP/1.1 200 OK"] * 2
