@@ -60,7 +60,7 @@ def parse_chat_request(raw: bytes, thread_header: str | None = None) -> ChatRequ
         loop,
         has_loop,
         tools,
-        body.get("tool_choice"),
+        _tool_choice(body.get("tool_choice")),
         cap,
         params,
         loop.thread_id or (name(thread_header, THREAD_HEADER) if thread_header else None),
@@ -92,6 +92,27 @@ def _positive(value: Any, param: str) -> int | None:
     return value
 
 
+TOOL_CHOICES = ("none", "auto", "required")
+
+
+def _tool_choice(value: Any) -> Any:
+    """What the first step asks the model for: one of TOOL_CHOICES, or an object of a `type`
+    (which names the tool, as `{"type": "function", "function": {"name": ...}}`), sent on as it
+    is."""
+    if value is None or value in TOOL_CHOICES:
+        return value
+    if not isinstance(value, dict) or not isinstance(value.get("type"), str):
+        what = f"one of {', '.join(TOOL_CHOICES)}, or an object with a type"
+        raise InvalidRequest(f"tool_choice must be {what}", param="tool_choice")
+    named = value.get(value["type"])
+    if value["type"] in ("function", "custom") and not (
+        isinstance(named, dict) and isinstance(named.get("name"), str)
+    ):
+        kind = value["type"]
+        raise InvalidRequest(f"must name the {kind} tool", param=f"tool_choice.{kind}.name")
+    return value
+
+
 def _messages(value: Any) -> list[dict[str, Any]]:
     if not isinstance(value, list) or not value:
         raise InvalidRequest("messages must be a non-empty list", param="messages")
@@ -112,6 +133,11 @@ def _message(message: Any, path: str) -> None:
     content = message.get("content")
     if content is not None and not isinstance(content, str | list):
         raise InvalidRequest("content must be a string or a list of parts", param=f"{path}.content")
+    for k, part in enumerate(content if isinstance(content, list) else ()):
+        if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+            raise InvalidRequest(
+                "each part must be an object with a type", param=f"{path}.content[{k}]"
+            )
     if role == "tool" and not isinstance(message.get("tool_call_id"), str):
         raise InvalidRequest("a tool message needs tool_call_id", param=f"{path}.tool_call_id")
     calls = message.get("tool_calls")

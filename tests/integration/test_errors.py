@@ -42,6 +42,21 @@ def comprehensions(depth: int) -> str:
             "messages[0].role",
         ),
         ({"model": "scripted", "messages": USER, "stream": "yes"}, "stream"),
+        ({"model": "scripted", "messages": USER, "tool_choice": 5}, "tool_choice"),
+        ({"model": "scripted", "messages": USER, "tool_choice": "always"}, "tool_choice"),
+        ({"model": "weather", "messages": USER, "tool_choice": {"name": "f"}}, "tool_choice"),
+        (
+            {"model": "scripted", "messages": USER, "tool_choice": {"type": "function"}},
+            "tool_choice.function.name",
+        ),
+        (
+            {"model": "scripted", "messages": [{"role": "user", "content": [1, 2]}]},
+            "messages[0].content[0]",
+        ),
+        (
+            {"model": "scripted", "messages": [{"role": "user", "content": [{"text": "x"}]}]},
+            "messages[0].content[0]",
+        ),
         (
             {"model": "scripted", "messages": USER, "max_completion_tokens": 0},
             "max_completion_tokens",
