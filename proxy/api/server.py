@@ -26,7 +26,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from proxy.config.server import ServerConfig
-from proxy.errors import HeadersTooLarge, ProxyError, ServerBusy
+from proxy.errors import HeadersTooLarge, InvalidRequest, ProxyError, ServerBusy
 
 # The most bytes a request's line and headers may take (an OpenAI client sends a few hundred).
 MAX_HEAD_BYTES = 64 * 1024
@@ -58,6 +58,13 @@ async def head_too_large(scope: Scope, receive: Receive, send: Send) -> None:
     await send({"type": "http.response.start", "status": 431, "headers": headers})
     await send({"type": "http.response.body", "body": orjson.dumps(_HEAD_ERROR.body())})
 
+
+# What a request the HTTP parser cannot read gets (framing, a header without a colon, ...):
+# uvicorn's own answer is plain text.
+NOT_HTTP = _refusal(
+    b"400 Bad Request",
+    InvalidRequest("the request is not valid HTTP/1.1: its line, headers or body framing"),
+)
 
 # The cyclic garbage collector, as it comes, scans the whole heap of start-up (the config, the
 # tool schemas, the libraries' modules) again and again under load: measured, a fifth of the
@@ -124,6 +131,10 @@ def guarded_protocol(max_connections: int, header_timeout_s: float) -> type[asyn
             if self._head_bytes > MAX_HEAD_BYTES and not self.transport.is_closing():
                 self.transport.write(HEAD_TOO_LARGE)
                 self.transport.close()
+
+        def send_400_response(self, msg: str) -> None:
+            self.transport.write(NOT_HTTP)
+            self.transport.close()
 
         def on_message_begin(self) -> None:
             super().on_message_begin()

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import orjson
+import pytest
 import uvicorn
 from starlette.types import Receive, Scope, Send
 from uvicorn.server import ServerState
@@ -55,6 +57,12 @@ class Recorded(asyncio.Transport):
 
 async def answers(reads: list[bytes]) -> list[bytes]:
     """The status lines the server writes for `reads`, fed one at a time."""
+    written = await exchange(reads)
+    return [line for line in written.split(b"\r\n") if line.startswith(b"HTTP/1.1")]
+
+
+async def exchange(reads: list[bytes]) -> bytes:
+    """What the server writes for `reads`, fed one at a time."""
     config = uvicorn.Config(ok, log_level="warning")
     config.load()
     protocol = guarded_protocol(100, 10)(config=config, server_state=ServerState(), app_state={})
@@ -66,7 +74,7 @@ async def answers(reads: list[bytes]) -> list[bytes]:
         protocol.data_received(data)
         await asyncio.sleep(0.01)  # the app answers
     protocol.connection_lost(None)
-    return [line for line in transport.written.split(b"\r\n") if line.startswith(b"HTTP/1.1")]
+    return transport.written
 
 
 def get(pad: int) -> bytes:
@@ -94,3 +102,24 @@ async def test_a_head_begun_in_the_read_that_ends_a_long_body_is_served() -> Non
     both = post + get(10)
     cut = len(both) - len(get(10)) + 10  # the body's end and the next head's start: one read
     assert await answers([both[:1000], both[1000:cut], both[cut:]]) == [b"HTTP/1.1 200 OK"] * 2
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"POST /x HTTP/1.1\r\nhost: proxy\r\ncontent-length: -5\r\n\r\n",
+        b"POST /x HTTP/1.1\r\nhost: proxy\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n",
+        b"GET /x HTTP/1.1\r\nhost proxy\r\n\r\n",
+        b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03",  # TLS spoken to a plain port
+    ],
+)
+async def test_a_request_that_is_not_http_gets_an_openai_shaped_400(head: bytes) -> None:
+    written = await exchange([head])
+    status, body = written.split(b"\r\n\r\n", 1)
+    assert status.startswith(b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json")
+    assert orjson.loads(body)["error"] == {
+        "message": "the request is not valid HTTP/1.1: its line, headers or body framing",
+        "type": "invalid_request_error",
+        "param": None,
+        "code": None,
+    }
