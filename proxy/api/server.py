@@ -45,19 +45,41 @@ REFUSED = _refusal(
     ServerBusy("the proxy has too many connections open; retry later"),
     b"retry-after: 1\r\n",
 )
+
+
+def answering(error: ProxyError) -> ASGIApp:
+    """An app that answers every request with `error` and closes its connection: for a request
+    the server refuses once its head came, answered through uvicorn's own cycle."""
+    body = orjson.dumps(error.body())
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", b"%d" % len(body)),
+        (b"connection", b"close"),
+    ]
+
+    async def refuse(scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": error.status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    return refuse
+
+
 # What a request whose head is longer than MAX_HEAD_BYTES gets before its connection is closed:
-# written as it is while the head is still coming, or answered by `head_too_large` once it came.
+# written as it is while the head is still coming, or answered once it came.
 _HEAD_ERROR = HeadersTooLarge(
     f"the request's line and headers are longer than {MAX_HEAD_BYTES} bytes"
 )
 HEAD_TOO_LARGE = _refusal(b"431 Request Header Fields Too Large", _HEAD_ERROR)
-
-
-async def head_too_large(scope: Scope, receive: Receive, send: Send) -> None:
-    headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
-    await send({"type": "http.response.start", "status": 431, "headers": headers})
-    await send({"type": "http.response.body", "body": orjson.dumps(_HEAD_ERROR.body())})
-
+HEAD_TOO_LARGE_ANSWER = answering(_HEAD_ERROR)
+# The server speaks HTTP/1.1 only, and its parser stops reading a request that asks for another
+# protocol (`connection: upgrade`) where its headers end, its body unread: such a request is
+# answered 400, whatever it asks for (WebSocket, h2c, CONNECT).
+NO_UPGRADE = answering(
+    InvalidRequest(
+        "the proxy speaks HTTP/1.1 only and upgrades no connection: send the request without "
+        "`connection: upgrade`"
+    )
+)
 
 # What a request the HTTP parser cannot read gets (framing, a header without a colon, ...):
 # uvicorn's own answer is plain text.
@@ -151,14 +173,25 @@ def guarded_protocol(max_connections: int, header_timeout_s: float) -> type[asyn
             read += 0 if self._began else self._read_size
             self._head_bytes = None
             self._disarm_header_timer()
+            refusal = None
             if read > MAX_HEAD_BYTES and self._parsed_head() > MAX_HEAD_BYTES:
-                app, self.app = self.app, head_too_large  # uvicorn's own cycle answers it
-                try:
-                    super().on_headers_complete()
-                finally:
-                    self.app = app
+                refusal = HEAD_TOO_LARGE_ANSWER
+            elif self.parser.should_upgrade():
+                refusal = NO_UPGRADE
+            if refusal is None:
+                super().on_headers_complete()
                 return
-            super().on_headers_complete()
+            app, self.app = self.app, refusal  # uvicorn's own cycle answers it
+            try:
+                super().on_headers_complete()
+            finally:
+                self.app = app
+
+        def _should_upgrade(self) -> bool:
+            return False  # no protocol but HTTP/1.1: see NO_UPGRADE
+
+        def _unsupported_upgrade_warning(self) -> None:
+            pass  # answered: NO_UPGRADE
 
         def _parsed_head(self) -> int:
             """The request line and headers as parsed, framing included."""
@@ -197,6 +230,7 @@ def serve(
         "timeout_graceful_shutdown": 30,
         "timeout_keep_alive": server.keep_alive_timeout_s,
         "http": guarded_protocol(server.connection_limit(), server.header_timeout_s),
+        "ws": "none",
     }
     served = _Server(uvicorn.Config(app, **options))
     served.run(sockets=[sock] if sock else None)

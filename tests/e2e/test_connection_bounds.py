@@ -220,3 +220,26 @@ def test_a_request_pipelined_behind_a_long_body_is_served(tmp_path: Path) -> Non
     assert answers.startswith(b"HTTP/1.1 502 ")  # served: the upstream is unreachable
     assert answers.count(b"HTTP/1.1 ") == 2
     assert b"HTTP/1.1 200 OK" in answers
+
+
+def test_a_request_asking_to_upgrade_is_answered_and_its_connection_closed(
+    tmp_path: Path,
+) -> None:
+    """No connection outlives its answer by asking for another protocol (a WebSocket POST was
+    never answered nor closed)."""
+    body = b'{"model":"m","messages":[]}'
+    upgrades = [
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: proxy\r\nconnection: Upgrade\r\n"
+        b"upgrade: websocket\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body),
+        b"GET /healthz HTTP/1.1\r\nhost: proxy\r\nconnection: Upgrade\r\nupgrade: websocket\r\n"
+        b"sec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\nsec-websocket-version: 13\r\n\r\n",
+    ]
+    with proxy(tmp_path) as (host, port):
+        for request in upgrades:
+            sock = half_sent(host, port, request)
+            assert sock is not None
+            with sock:
+                answer = answer_of(sock, 5)
+            head, error = answer.split(b"\r\n\r\n", 1)
+            assert head.startswith(b"HTTP/1.1 400 ")
+            assert orjson.loads(error)["error"]["type"] == "invalid_request_error"

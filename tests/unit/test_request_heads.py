@@ -123,3 +123,23 @@ async def test_a_request_that_is_not_http_gets_an_openai_shaped_400(head: bytes)
         "param": None,
         "code": None,
     }
+
+
+@pytest.mark.parametrize(
+    ("method", "upgrade"), [("POST", b"websocket"), ("GET", b"websocket"), ("POST", b"h2c")]
+)
+async def test_a_request_asking_for_another_protocol_is_answered_400_and_closed(
+    method: str, upgrade: bytes
+) -> None:
+    body = b'{"model":"m"}'
+    request = method.encode() + b" /v1/chat/completions HTTP/1.1\r\nhost: proxy\r\n"
+    request += b"connection: Upgrade\r\nupgrade: %s\r\nsec-websocket-key: " % upgrade
+    request += b"dGhlIHNhbXBsZSBub25jZQ==\r\nsec-websocket-version: 13\r\n"
+    request += b"content-length: %d\r\n\r\n" % len(body) + body
+    written = await exchange([request])
+    status, answer = written.split(b"\r\n\r\n", 1)
+    assert status.startswith(b"HTTP/1.1 400 Bad Request")
+    assert b"connection: close" in status
+    assert orjson.loads(answer)["error"]["message"].startswith(
+        "the proxy speaks HTTP/1.1 only and upgrades no connection"
+    )
