@@ -9,7 +9,13 @@ from starlette.types import Receive, Scope, Send
 
 from proxy.api.asgi import bearer_token
 from proxy.api.services import Services
-from proxy.errors import ClientDisconnected, InvalidRequest, MethodNotAllowed, PermissionDenied
+from proxy.errors import (
+    ClientDisconnected,
+    InvalidRequest,
+    MethodNotAllowed,
+    NotFound,
+    PermissionDenied,
+)
 from proxy.upstream.client import Upstream
 from proxy.upstream.relay import MODEL_SNIFF_LIMIT, relay, sniff_model
 
@@ -30,15 +36,23 @@ async def client_body(receive: Receive) -> AsyncIterator[bytes]:
 
 class Passthrough:
     """A raw ASGI app; `own_paths` are the proxy's routes, for which another method is a 405
-    rather than a relay."""
+    rather than a relay. Below a route's template (`/v1/responses/{response_id}`) every path is
+    the proxy's: the ids in them are its own, which no upstream knows."""
 
     def __init__(self, services: Callable[[], Services], own_paths: Collection[str]) -> None:
         self.services = services
-        self.own_paths = frozenset(own_paths)
+        self.own_paths = frozenset(p for p in own_paths if "{" not in p)
+        self.own_prefixes = tuple(p[: p.index("{")] for p in own_paths if "{" in p)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["path"] in self.own_paths:
-            raise MethodNotAllowed(f"{scope['method']} is not allowed on {scope['path']}")
+        path = scope["path"]
+        if path in self.own_paths:
+            raise MethodNotAllowed(f"{scope['method']} is not allowed on {path}")
+        for prefix in self.own_prefixes:
+            if path.startswith(prefix):
+                if "/" in path[len(prefix) :]:
+                    raise NotFound(f"the proxy has no route {path[:300]}")
+                raise MethodNotAllowed(f"{scope['method']} is not allowed on {path[:300]}")
         sv = self.services()
         bearer = bearer_token(scope)
         caller = sv.keys.caller(bearer)

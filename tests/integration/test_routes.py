@@ -61,8 +61,20 @@ async def test_another_method_on_an_own_route_is_a_405_not_a_relay(
 ) -> None:
     async with proxy_for(handler=echoing) as proxy:
         r = await proxy.client.get("/v1/chat/completions")
+        # The ids below the proxy's own routes are its own: no upstream knows them.
+        patched = await proxy.client.patch("/v1/responses/resp_1", json={})
+        posted = await proxy.client.post("/v1/runs/run_1", json={})
+        below = await proxy.client.get("/v1/responses/resp_1/input_items")
     assert r.status_code == 405
     assert r.json()["error"]["code"] == "method_not_allowed"
+    assert (patched.status_code, posted.status_code) == (405, 405)
+    assert below.status_code == 404
+    assert below.json()["error"] == {
+        "message": "the proxy has no route /v1/responses/resp_1/input_items",
+        "type": "invalid_request_error",
+        "param": None,
+        "code": "not_found",
+    }
 
 
 async def test_a_path_that_climbs_out_of_v1_is_refused(proxy_for: ProxyFactory) -> None:
