@@ -141,13 +141,14 @@ class UpstreamStatusError(UpstreamFailure):
         status: int,
         message: str,
         *,
-        error_type: str = "server_error",
+        error_type: str | None = None,
         param: str | None = None,
         code: str | None = "upstream_error",
     ) -> None:
+        """`error_type` None: the client's error for a 4xx, the server's for a 5xx."""
         super().__init__(message, param=param, code=code)
         self.status = status
-        self.type = error_type
+        self.type = error_type or ("invalid_request_error" if status < 500 else "server_error")
 
     def __str__(self) -> str:
         return f"upstream returned HTTP {self.status}: {self.message}"

@@ -59,7 +59,7 @@ def status_failure(
     return UpstreamStatusError(
         status,
         scrub(message, secrets) if isinstance(message, str) else f"upstream returned HTTP {status}",
-        error_type=_field(error.get("type"), secrets) or "server_error",
+        error_type=_field(error.get("type"), secrets),
         param=_field(error.get("param"), secrets),
         code=_field(error.get("code"), secrets, numbered=True),
     )

@@ -267,7 +267,19 @@ def test_scrub_caps_the_length() -> None:
             400,
             b'{"error": "no such model"}',
             None,
-            (400, "no such model", "server_error", None, None),
+            (400, "no such model", "invalid_request_error", None, None),  # a client's error
+        ),
+        (
+            404,
+            b"<html>Not Found</html>",
+            "text/html",
+            (
+                404,
+                "upstream u answered HTTP 404; its text/html body is not shown",
+                "invalid_request_error",
+                None,
+                "upstream_error",
+            ),
         ),
         (
             502,
