@@ -34,10 +34,16 @@ async def client_body(receive: Receive) -> AsyncIterator[bytes]:
             return
 
 
+# Below these templates OpenAI has routes of its own too (`/v1/responses/input_tokens`): only a
+# path whose id begins as the proxy's ids do is the proxy's.
+SHARED_TEMPLATES = {"/v1/responses/": "resp_"}
+
+
 class Passthrough:
     """A raw ASGI app; `own_paths` are the proxy's routes, for which another method is a 405
-    rather than a relay. Below a route's template (`/v1/responses/{response_id}`) every path is
-    the proxy's: the ids in them are its own, which no upstream knows."""
+    rather than a relay. Below a route's template (`/v1/runs/{run_id}`) a path is the proxy's:
+    the ids in it are its own, which no upstream knows (SHARED_TEMPLATES: those that look so).
+    """
 
     def __init__(self, services: Callable[[], Services], own_paths: Collection[str]) -> None:
         self.services = services
@@ -49,8 +55,9 @@ class Passthrough:
         if path in self.own_paths:
             raise MethodNotAllowed(f"{scope['method']} is not allowed on {path}")
         for prefix in self.own_prefixes:
-            if path.startswith(prefix):
-                if "/" in path[len(prefix) :]:
+            rest = path[len(prefix) :]
+            if path.startswith(prefix) and rest.startswith(SHARED_TEMPLATES.get(prefix, "")):
+                if "/" in rest:
                     raise NotFound(f"the proxy has no route {path[:300]}")
                 raise MethodNotAllowed(f"{scope['method']} is not allowed on {path[:300]}")
         sv = self.services()
