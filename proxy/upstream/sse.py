@@ -7,6 +7,10 @@ class EventTooLarge(ValueError):
     """One event (or one line of it) grew past the decoder's `max_event_bytes`."""
 
 
+class ErrorEvent(ValueError):
+    """An event of type `error` (`event: error`); its data is the argument."""
+
+
 class SSEDecoder:
     """Feeds on bytes as they arrive; returns each complete event's data (multi-line data
     joined with newlines). `done` turns true at `data: [DONE]`, which is not returned, and
@@ -14,13 +18,15 @@ class SSEDecoder:
 
     Raises EventTooLarge as soon as the event being read (its data and the line not yet ended)
     holds more than `max_event_bytes`: a stream without line breaks cannot grow it without
-    bound. A line arriving in many pieces is joined once, when it ends."""
+    bound. A line arriving in many pieces is joined once, when it ends. An event of type
+    `error` raises ErrorEvent."""
 
     def __init__(self, max_event_bytes: int | None = None) -> None:
         self._pieces: list[bytes] = []  # the line not yet ended
         self._pieces_size = 0
         self._data: list[bytes] = []
         self._data_size = 0
+        self._error = False  # the event being read is of type `error`
         self.max_event_bytes = max_event_bytes
         self.done = False
 
@@ -41,10 +47,13 @@ class SSEDecoder:
         for raw in lines:
             line = raw.rstrip(b"\r")
             if not line:
+                error, self._error = self._error, False
                 if not self._data:
                     continue
                 data = b"\n".join(self._data)
                 self._data, self._data_size = [], 0
+                if error:
+                    raise ErrorEvent(data)
                 if data == b"[DONE]":
                     self.done = True
                     return events
@@ -55,6 +64,8 @@ class SSEDecoder:
                 self._data.append(value)
                 self._data_size += len(value)
                 self._check()
+            elif line.startswith(b"event:"):
+                self._error = line[6:].strip() == b"error"
         self._check()
         return events
 

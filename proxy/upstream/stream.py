@@ -17,7 +17,7 @@ from proxy.engine.values import DeltaSink, ModelReply
 from proxy.errors import UpstreamBadReply
 from proxy.upstream.error_body import mid_stream_message
 from proxy.upstream.reply import ChunkAccumulator, MalformedReply, ReplyLimits, reply_from_body
-from proxy.upstream.sse import EventTooLarge, SSEDecoder
+from proxy.upstream.sse import ErrorEvent, EventTooLarge, SSEDecoder
 
 log = logging.getLogger(__name__)
 
@@ -88,12 +88,14 @@ class ReplyReader:
                     break
         except EventTooLarge as exc:
             raise UpstreamBadReply(f"upstream {self.name} sent {exc} (max_event_bytes)") from None
+        except ErrorEvent as exc:
+            raise self._failed(exc.args[0]) from None
         except MalformedReply as exc:
             raise self._malformed(exc) from None
-        if not decoder.done and acc.finish_reason is None:
+        if acc.finish_reason is None:  # a reply cut short, [DONE] or not
+            missing = "no finish_reason" if decoder.done else "no finish_reason and no [DONE]"
             raise UpstreamBadReply(
-                f"upstream {self.name}'s stream ended before the reply was complete "
-                "(no finish_reason and no [DONE])"
+                f"upstream {self.name}'s stream ended before the reply was complete ({missing})"
             )
         try:
             reply = acc.reply()
@@ -107,9 +109,19 @@ class ReplyReader:
         if not isinstance(chunk, dict):
             raise UpstreamBadReply(f"upstream {self.name} sent an event that is not a JSON object")
         if "error" in chunk and not chunk.get("choices"):
-            message = mid_stream_message(chunk["error"], self.secrets)
-            raise UpstreamBadReply(f"upstream {self.name} failed mid-stream: {message}")
+            raise self._failed(data)
         return acc.add(chunk)
+
+    def _failed(self, data: bytes) -> UpstreamBadReply:
+        """What an error the upstream sent mid-stream fails the step with: its `error` event,
+        or an event holding an `error`."""
+        try:
+            sent = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            sent = data.decode(errors="replace")
+        error = sent.get("error", sent) if isinstance(sent, dict) else sent
+        message = mid_stream_message(error, self.secrets)
+        return UpstreamBadReply(f"upstream {self.name} failed mid-stream: {message}")
 
     def _json(self, raw: bytes, what: str) -> Any:
         try:

@@ -238,3 +238,55 @@ async def test_an_error_event_mid_stream_is_relayed_scrubbed(
     final = r.json()
     assert final["error"]["code"] == "upstream_error"
     assert final["error"]["message"] == "upstream main failed mid-stream: key [redacted] revoked"
+
+
+@pytest.mark.parametrize(
+    ("stream", "says"),
+    [
+        (  # text, then [DONE]: no finish_reason ever came
+            sse(chunk({"content": "The answer is: "}), chunk({"content": "par"})),
+            "upstream main's stream ended before the reply was complete (no finish_reason)",
+        ),
+        (  # OpenAI's usage chunk has no choice: a stream of nothing else is no reply
+            sse({"id": "x", "object": "chat.completion.chunk", "choices": []}),
+            "upstream main's stream ended before the reply was complete (no finish_reason)",
+        ),
+        (  # a tool call whose arguments may be cut short: it is not run
+            sse(
+                chunk(
+                    {
+                        "tool_calls": [
+                            {
+                                "index": 0,
+                                "id": "c1",
+                                "function": {"name": "get_weather", "arguments": '{"ci'},
+                            }
+                        ]
+                    }
+                )
+            ),
+            "upstream main's stream ended before the reply was complete (no finish_reason)",
+        ),
+        (
+            sse(chunk({"content": "partial "}))[: -len(b"data: [DONE]\n\n")]
+            + b'event: error\ndata: {"message": "overloaded"}\n\n'
+            + b"data: [DONE]\n\n",
+            "upstream main failed mid-stream: overloaded",
+        ),
+    ],
+)
+async def test_a_stream_cut_short_or_failed_is_never_a_completed_run(
+    proxy_for: ProxyFactory, stream: bytes, says: str
+) -> None:
+    handler = answering(stream, content_type="text/event-stream")
+    async with proxy_for(handler=handler) as proxy:
+        r = await proxy.chat(model="weather", messages=WEATHER, stream=True)
+    if r.status_code == 200:  # the answer had begun (its first event was sound)
+        *_, failure, done = events(r.text)
+        assert done == "[DONE]"
+    else:  # the failure came in the read that held its first event
+        assert r.status_code == 502
+        failure = r.json()
+    assert failure["error"]["message"] == says
+    assert failure["loop"]["stop_reason"] == "upstream_error"
+    assert failure["loop"]["tool_calls"] == 0  # a call cut short is not run
