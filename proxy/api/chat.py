@@ -38,6 +38,7 @@ class ChatCompletions:
         if spec.policy.tools:
             spec.messages = await sv.restore(spec.messages, caller)
         owner = plan.agent or req.run.model
+        include = req.run.loop.include_messages
         headers = {"x-loopwarden-run-id": spec.run_id}
         if req.stream:
             writer = SSEWriter(
@@ -49,11 +50,13 @@ class ChatCompletions:
             )
             await self._stream(Run(spec, deps, writer), writer, req, receive, sv, owner, caller)
             return
-        result = await run_or_cancel(Run(spec, deps).execute, receive)
+        run = Run(spec, deps)
+        ended = await run_or_cancel(run.execute, receive)
+        result = await sv.unless_left(run, ended, lambda r: loop_report(r, include), owner, caller)
         if result is None:
             return
         headers["x-loopwarden-stop-reason"] = result.stop.reason.value
-        report = loop_report(result, req.run.loop.include_messages)
+        report = loop_report(result, include)
         await sv.remember(result, report, owner, caller)
         if failed(result):
             await send_failure(send, result, report, headers)
@@ -74,11 +77,13 @@ class ChatCompletions:
         caller: Caller | None,
     ) -> None:
         with writer.kept_alive(sv.config.server.keepalive_interval_s):
-            result = await run_or_cancel(run.execute, receive)
-        if result is None or result.stop.reason is StopReason.CANCELLED:
+            ended = await run_or_cancel(run.execute, receive)
+        include = req.run.loop.include_messages
+        result = await sv.unless_left(run, ended, lambda r: loop_report(r, include), owner, caller)
+        if result is None:
             return
         writer.headers["x-loopwarden-stop-reason"] = result.stop.reason.value
-        report = loop_report(result, req.run.loop.include_messages)
+        report = loop_report(result, include)
         await sv.remember(result, report, owner, caller)
         try:
             if failed(result):

@@ -250,8 +250,11 @@ class ContextRuns:
             )
         plan = _plan(sv, body, _request(body, context, run_messages), caller)
         deps = sv.deps(plan.upstream, bearer, scope["path"])
-        result = await run_or_cancel(Run(plan.spec, deps).execute, receive)
-        if result is None or result.stop.reason is StopReason.CANCELLED:
+        run = Run(plan.spec, deps)
+        ended = await run_or_cancel(run.execute, receive)
+        owner = plan.agent or context.model or ""
+        result = await sv.unless_left(run, ended, lambda r: loop_report(r, False), owner, caller)
+        if result is None:
             return
         added = kept_messages(result)
         refused: ProxyError | None = None
@@ -271,7 +274,7 @@ class ContextRuns:
             "x-loopwarden-stop-reason": result.stop.reason.value,
         }
         report = loop_report(result, False)
-        await sv.remember(result, report, plan.agent or context.model or "", caller)
+        await sv.remember(result, report, owner, caller)
         if failed(result):
             await send_failure(send, result, report, headers)
             return

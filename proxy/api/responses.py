@@ -45,7 +45,6 @@ from proxy.api.services import Services
 from proxy.config.server import ServerConfig
 from proxy.engine.run import Run
 from proxy.engine.run_spec import RunResult
-from proxy.engine.stop import StopReason
 from proxy.errors import (
     BodyTooLarge,
     ClientDisconnected,
@@ -101,7 +100,9 @@ class Responses:
             return
         if calls is not None:
             deps.observers = [*deps.observers, calls]
-        result = await run_or_cancel(Run(spec, deps).execute, receive)
+        running = Run(spec, deps)
+        ended = await run_or_cancel(running.execute, receive)
+        result = await sv.unless_left(running, ended, context.report, owner, caller)
         if result is None:
             return
         headers["x-loopwarden-stop-reason"] = result.stop.reason.value
@@ -122,8 +123,9 @@ class Responses:
     ) -> None:
         sv = context.sv
         with writer.kept_alive(sv.config.server.keepalive_interval_s):
-            result = await run_or_cancel(run.execute, receive)
-        if result is None or result.stop.reason is StopReason.CANCELLED:
+            ended = await run_or_cancel(run.execute, receive)
+        result = await sv.unless_left(run, ended, context.report, context.owner, context.caller)
+        if result is None:
             return
         writer.headers["x-loopwarden-stop-reason"] = result.stop.reason.value
         report = context.report(result)

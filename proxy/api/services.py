@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,7 +17,9 @@ from proxy.callables import CallThreads
 from proxy.conditions import ConfiguredChecks
 from proxy.config import Config, ConfigError
 from proxy.engine.ports import RunObserver
+from proxy.engine.run import Run
 from proxy.engine.run_spec import Deps, RunResult
+from proxy.engine.stop import StopReason
 from proxy.engine.tool_calls import restore_held_calls
 from proxy.errors import StateUnavailable
 from proxy.pricing import PriceTable
@@ -67,6 +69,23 @@ class Services:
             await self._remember(result, report, owner, caller)
         except StateUnavailable as exc:
             log.warning("run %s was not kept: %s", result.run_id, exc.message)
+
+    async def unless_left(
+        self,
+        run: Run,
+        result: RunResult | None,
+        report: Callable[[RunResult], dict[str, Any]],
+        owner: str,
+        caller: Caller | None = None,
+    ) -> RunResult | None:
+        """`result` to answer with; None when the client went away before its run ended
+        (nothing more is sent then), the run kept all the same (`remember`, with its `report`),
+        to be looked up by its id."""
+        if result is not None and result.stop.reason is not StopReason.CANCELLED:
+            return result
+        if run.result is not None:
+            await self.remember(run.result, report(run.result), owner, caller)
+        return None
 
     async def _remember(
         self, result: RunResult, report: dict[str, Any], owner: str, caller: Caller | None

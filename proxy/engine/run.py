@@ -32,6 +32,7 @@ class Run:
         self.deps = deps
         self.stream = stream
         self.voice = Voice(deps.observers, stream)
+        self.result: RunResult | None = None  # once it ended, however (a cancelled run too)
         policy = spec.policy
         # Every tool the model may see: the server's, then the client's.
         self.offered = [t.definition for t in policy.tools.values()] + spec.client_tools
@@ -76,7 +77,8 @@ class Run:
         finally:
             run.now = clock()
             self.voice.notify(ev.RunFinished.of(run, spec.agent, ending.stop, error))
-        return RunResult.of(run, ending, error)
+            self.result = RunResult.of(run, ending, error)
+        return self.result
 
     async def _loop(self, run: RunState) -> Ending:
         checkpoints = self.checkpoints

@@ -120,3 +120,26 @@ def test_a_client_that_leaves_stops_the_upstream_stream(
     while cancelled_runs(proxy) < cancelled + 1 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert cancelled_runs(proxy) == cancelled + 1
+    run_id = stream.response.headers["x-loopwarden-run-id"]
+    report = httpx.get(f"{proxy}/v1/runs/{run_id}").json()  # kept, as every run is
+    assert (report["run_id"], report["stop_reason"]) == (run_id, "cancelled")
+
+
+def test_a_responses_stream_the_client_leaves_is_kept_as_cancelled(proxy: str) -> None:
+    client = OpenAI(base_url=f"{proxy}/v1", api_key="sk-test", max_retries=0)
+    stream = client.responses.create(model="slow", input="go on", stream=True)
+    response_id = None
+    for event in stream:
+        if event.type == "response.created":
+            response_id = event.response.id
+        if event.type == "response.output_text.delta":
+            break
+    stream.close()
+    assert response_id is not None
+    deadline = time.monotonic() + 3
+    found = httpx.get(f"{proxy}/v1/runs/{response_id}")
+    while found.status_code == 404 and time.monotonic() < deadline:
+        time.sleep(0.05)
+        found = httpx.get(f"{proxy}/v1/runs/{response_id}")
+    assert found.status_code == 200
+    assert found.json()["stop_reason"] == "cancelled"
