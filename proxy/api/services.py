@@ -196,7 +196,10 @@ def build_services(
             max_retries=cfg.max_retries,
             max_retry_wait_s=cfg.max_retry_wait_s,
             limits=ReplyLimits(
-                cfg.max_response_bytes, cfg.max_event_bytes, cfg.max_tool_calls_per_reply
+                cfg.max_response_bytes,
+                cfg.max_event_bytes,
+                cfg.max_tool_calls_per_reply,
+                cfg.reports_cost,
             ),
             on_attempt=on_attempt,
             inject_headers=inject_headers,

@@ -31,11 +31,18 @@ class MalformedReply(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class ReplyLimits:
-    """What one upstream reply may hold (UpstreamConfig's bounds of the same names)."""
+    """What one upstream reply may hold (UpstreamConfig's bounds of the same names), and whether
+    the cost it reports is read (`reports_cost`; else its steps are priced from the tokens)."""
 
     max_response_bytes: int = 32 * 1024 * 1024
     max_event_bytes: int = 8 * 1024 * 1024
     max_tool_calls: int = 128
+    reports_cost: bool = False
+
+
+# The most one reply may cost: a larger `usage.cost` is no cost an upstream can mean (added up,
+# it would soon make the cost counters infinite).
+MAX_REPORTED_COST_USD = 10_000.0
 
 
 def reply_from_body(body: dict[str, Any], limits: ReplyLimits = ReplyLimits()) -> ModelReply:
@@ -55,7 +62,7 @@ def reply_from_body(body: dict[str, Any], limits: ReplyLimits = ReplyLimits()) -
         tool_calls=calls,
         finish_reason=_finish_reason(choice, "choices[0].finish_reason"),
         usage=usage,
-        reported_cost_usd=cost,
+        reported_cost_usd=cost if limits.reports_cost else None,
         response_id=_text(body.get("id")),
         response_model=_text(body.get("model")),
         raw=body,
@@ -169,7 +176,7 @@ class ChunkAccumulator:
             tool_calls=calls,
             finish_reason=self.finish_reason,
             usage=usage,
-            reported_cost_usd=cost,
+            reported_cost_usd=cost if self.limits.reports_cost else None,
             response_id=self.id,
             response_model=self.model,
         )
@@ -177,8 +184,9 @@ class ChunkAccumulator:
 
 def reported_usage(raw: Any, path: str) -> tuple[Usage, float | None]:
     """The usage and cost a reply reports. Token counts below zero count as zero, details below
-    zero or not finite are dropped, and a `cost` below zero or not finite is no reported cost
-    (the price table prices the step instead); each is logged."""
+    zero or not finite are dropped, and a `cost` below zero, not finite or over
+    MAX_REPORTED_COST_USD is no reported cost (the price table prices the step instead); each
+    is logged."""
     if raw is None:
         return Usage(), None
     raw = dict(_object(raw, path))
@@ -191,7 +199,9 @@ def reported_usage(raw: Any, path: str) -> tuple[Usage, float | None]:
         if name.endswith("_details") and isinstance(details, dict):
             raw[name] = _sane_details(details, f"{path}.{name}")
     cost = raw.get("cost")
-    if cost is not None and not (_number(cost) and _finite_and_not_negative(cost)):
+    if cost is not None and not (
+        _number(cost) and _finite_and_not_negative(cost) and cost <= MAX_REPORTED_COST_USD
+    ):
         log.warning("upstream reported %s.cost = %r; not believed", path, cost)
         cost = None
     return Usage.from_openai(raw), float(cost) if cost is not None else None

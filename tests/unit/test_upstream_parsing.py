@@ -18,6 +18,7 @@ from proxy.upstream.httpx_transport import HttpxTransport
 from proxy.upstream.reply import (
     ChunkAccumulator,
     MalformedReply,
+    ReplyLimits,
     reply_from_body,
     reported_usage,
     unique_ids,
@@ -37,7 +38,7 @@ def test_sse_events_split_across_reads() -> None:
 
 
 def test_chunks_accumulate_content_tool_calls_and_usage() -> None:
-    acc = ChunkAccumulator()
+    acc = ChunkAccumulator(ReplyLimits(reports_cost=True))
     assert acc.add({"id": "a", "choices": [{"delta": {"content": "Hi"}}]}) == "Hi"
     acc.add(
         {
@@ -190,6 +191,8 @@ def test_a_repaired_id_keeps_the_rest_of_its_entry() -> None:
         ({"cost": "0.5"}, (0, 0, 0), None),
         ({"cost": True}, (0, 0, 0), None),
         ({"cost": 10**400}, (0, 0, 0), None),
+        ({"cost": 1e308}, (0, 0, 0), None),  # finite, and no reply's cost: counters would overflow
+        ({"cost": 9_999.0}, (0, 0, 0), 9_999.0),
     ],
 )
 def test_usage_no_upstream_can_mean_is_not_believed(
@@ -335,3 +338,19 @@ def test_an_error_answer_with_a_status_no_client_can_be_given_is_a_bad_reply() -
     assert isinstance(error, UpstreamBadReply)
     assert (error.status, error.code) == (502, "upstream_error")
     assert error.message == "upstream u answered HTTP 999, which is not a reply"
+
+
+@pytest.mark.parametrize("reports_cost", [True, False])
+def test_a_reported_cost_is_read_only_from_an_upstream_that_reports_costs(
+    reports_cost: bool,
+) -> None:
+    body = {
+        "choices": [{"message": {"content": "Hi"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 2, "cost": 0.25},
+    }
+    reply = reply_from_body(body, ReplyLimits(reports_cost=reports_cost))
+    assert reply.reported_cost_usd == (0.25 if reports_cost else None)
+    acc = ChunkAccumulator(ReplyLimits(reports_cost=reports_cost))
+    acc.add({"choices": [{"delta": {"content": "Hi"}, "finish_reason": "stop"}]})
+    acc.add({"choices": [], "usage": body["usage"]})
+    assert acc.reply().reported_cost_usd == (0.25 if reports_cost else None)
