@@ -81,6 +81,10 @@ NO_UPGRADE = answering(
     )
 )
 
+# The most requests one connection may have waiting behind the one being answered (HTTP/1.1
+# pipelining; the SDKs never do): past it the connection is closed, since each is held whole.
+MAX_PIPELINED = 16
+
 # What a request the HTTP parser cannot read gets (framing, a header without a colon, ...):
 # uvicorn's own answer is plain text.
 NOT_HTTP = _refusal(
@@ -119,9 +123,13 @@ class _Server(uvicorn.Server):
 
 
 def guarded_protocol(max_connections: int, header_timeout_s: float) -> type[asyncio.Protocol]:
-    """uvicorn's httptools protocol with a cap on connections and a deadline on headers."""
+    """uvicorn's httptools protocol with a cap on connections, a deadline on headers, and
+    bounds on what one connection may make the server hold: a request's head, its trailers,
+    the requests pipelined behind it."""
 
     class GuardedProtocol(HttpToolsProtocol):
+        # The deadline of a request's head; also of the rest of a request that was answered
+        # before it was all sent (data does not put it off, as it does uvicorn's keep-alive).
         _header_timer: asyncio.TimerHandle | None = None
         # The bytes of the reads that left the request's head incomplete; None once its
         # headers are complete. The read in which a request begins is not counted: it may
@@ -130,6 +138,12 @@ def guarded_protocol(max_connections: int, header_timeout_s: float) -> type[asyn
         _began = False  # whether a request began in the read being parsed
         _read_size = 0  # the read being parsed
         _began_size = 0  # the read the request began in
+        _in_message = False  # a request is being read, head or body
+        _trailers = 0  # the bytes of the trailers of the request being read
+        # The bytes of the reads since its head that brought none of its body: trailers, chunk
+        # framing (an endless trailer line grows the parser's own buffer).
+        _quiet_bytes = 0
+        _delivered = False  # the read being parsed brought some of the body
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -145,9 +159,16 @@ def guarded_protocol(max_connections: int, header_timeout_s: float) -> type[asyn
 
         def data_received(self, data: bytes) -> None:
             self._began = False
+            self._delivered = False
             self._read_size = len(data)
             super().data_received(data)
-            if self._head_bytes is None or self._began:
+            if self._head_bytes is None:
+                if self._in_message and not self._delivered:
+                    self._quiet_bytes += len(data)
+                    if self._quiet_bytes > MAX_HEAD_BYTES:
+                        self.transport.close()
+                return
+            if self._began:
                 return
             self._head_bytes += len(data)
             if self._head_bytes > MAX_HEAD_BYTES and not self.transport.is_closing():
@@ -163,7 +184,35 @@ def guarded_protocol(max_connections: int, header_timeout_s: float) -> type[asyn
             self._head_bytes = 0
             self._began = True
             self._began_size = self._read_size
+            self._in_message = True
+            self._trailers = self._quiet_bytes = 0
             self._arm_header_timer()
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            if self._head_bytes is not None:
+                super().on_header(name, value)
+                return
+            # A trailer, after a chunked body: never one of the request's headers, and bounded.
+            self._trailers += len(name) + len(value) + 4
+            if self._trailers > MAX_HEAD_BYTES:
+                self.transport.close()
+
+        def on_body(self, body: bytes) -> None:
+            self._delivered = True
+            self._quiet_bytes = 0
+            if not self.transport.is_closing():
+                super().on_body(body)
+
+        def on_message_complete(self) -> None:
+            self._in_message = False
+            self._disarm_header_timer()
+            if not self.transport.is_closing():
+                super().on_message_complete()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if self._in_message:  # answered before it was all sent: the rest has a deadline
+                self._arm_header_timer()
 
         def on_headers_complete(self) -> None:
             # The reads the head came in hold at least its bytes: only when they hold more than
@@ -173,6 +222,11 @@ def guarded_protocol(max_connections: int, header_timeout_s: float) -> type[asyn
             read += 0 if self._began else self._read_size
             self._head_bytes = None
             self._disarm_header_timer()
+            if self.transport.is_closing():  # refused: nothing more is served
+                return
+            if len(self.pipeline) >= MAX_PIPELINED:
+                self.transport.close()
+                return
             refusal = None
             if read > MAX_HEAD_BYTES and self._parsed_head() > MAX_HEAD_BYTES:
                 refusal = HEAD_TOO_LARGE_ANSWER

@@ -1,5 +1,7 @@
-"""The bound on a request's line and headers (`proxy.api.server.MAX_HEAD_BYTES`), however the
-reads they come in are cut: the server's protocol fed exact reads, as the event loop would."""
+"""What one connection may make the server hold (`proxy.api.server.guarded_protocol`): a
+request's line and headers (MAX_HEAD_BYTES, however the reads they come in are cut), its
+trailers, the rest of a request answered early, the requests pipelined behind one. The server's
+protocol is fed exact reads, as the event loop would."""
 
 from __future__ import annotations
 
@@ -12,11 +14,12 @@ import uvicorn
 from starlette.types import Receive, Scope, Send
 from uvicorn.server import ServerState
 
-from proxy.api.server import MAX_HEAD_BYTES, guarded_protocol
+from proxy.api.server import MAX_HEAD_BYTES, MAX_PIPELINED, guarded_protocol
 
 
 async def ok(scope: Scope, receive: Receive, send: Send) -> None:
-    while (await receive()).get("more_body"):
+    """Answers once the body came; at once at /early, as /healthz does."""
+    while scope["path"] != "/early" and (await receive()).get("more_body"):
         pass
     await send({"type": "http.response.start", "status": 200, "headers": []})
     await send({"type": "http.response.body", "body": b"ok"})
@@ -31,7 +34,8 @@ class Recorded(asyncio.Transport):
         self.closed = False
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
-        self.written += bytes(data)
+        if not self.closed:  # as a real connection, closed, drops what is written
+            self.written += bytes(data)
 
     def close(self) -> None:
         self.closed = True
@@ -63,18 +67,38 @@ async def answers(reads: list[bytes]) -> list[bytes]:
 
 async def exchange(reads: list[bytes]) -> bytes:
     """What the server writes for `reads`, fed one at a time."""
-    config = uvicorn.Config(ok, log_level="warning")
-    config.load()
-    protocol = guarded_protocol(100, 10)(config=config, server_state=ServerState(), app_state={})
-    transport = Recorded()
-    protocol.connection_made(transport)
-    for data in reads:
-        if transport.closed:
-            break
-        protocol.data_received(data)
-        await asyncio.sleep(0.01)  # the app answers
-    protocol.connection_lost(None)
-    return transport.written
+    served = Served()
+    await served.send(*reads)
+    served.close()
+    return served.transport.written
+
+
+class Served:
+    """One client's connection to the server: the reads it sends, the requests the app got."""
+
+    def __init__(self, header_timeout_s: float = 10) -> None:
+        self.requests: list[Scope] = []
+
+        async def app(scope: Scope, receive: Receive, send: Send) -> None:
+            self.requests.append(scope)
+            await ok(scope, receive, send)
+
+        config = uvicorn.Config(app, log_level="warning")
+        config.load()
+        protocol = guarded_protocol(100, header_timeout_s)
+        self.protocol: Any = protocol(config=config, server_state=ServerState(), app_state={})
+        self.transport = Recorded()
+        self.protocol.connection_made(self.transport)
+
+    async def send(self, *reads: bytes) -> None:
+        for data in reads:
+            if self.transport.closed:
+                break
+            self.protocol.data_received(data)
+            await asyncio.sleep(0.01)  # the app answers
+
+    def close(self) -> None:
+        self.protocol.connection_lost(None)
 
 
 def get(pad: int) -> bytes:
@@ -143,3 +167,48 @@ async def test_a_request_asking_for_another_protocol_is_answered_400_and_closed(
     assert orjson.loads(answer)["error"]["message"].startswith(
         "the proxy speaks HTTP/1.1 only and upgrades no connection"
     )
+
+
+CHUNKED = b"POST /x HTTP/1.1\r\nhost: proxy\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n"
+
+
+async def test_trailers_are_no_headers_of_the_request_and_are_bounded() -> None:
+    served = Served()
+    await served.send(CHUNKED + b"0\r\nx-sum: 5\r\n\r\n")
+    assert served.transport.written.startswith(b"HTTP/1.1 200 OK")
+    (request,) = served.requests
+    assert (b"x-sum", b"5") not in request["headers"]
+    trailer = b"x-t: " + b"v" * 1000 + b"\r\n"
+    await served.send(CHUNKED + b"0\r\n", *[trailer * 16] * 8)  # 128 KiB of trailer lines
+    assert served.transport.closed
+    served.close()
+    endless = Served()  # one trailer line that never ends: held by the parser until it does
+    await endless.send(CHUNKED + b"0\r\nx-t: ", *[b"v" * 16 * 1024] * 8)
+    assert endless.transport.closed
+    endless.close()
+
+
+async def test_the_rest_of_a_request_answered_early_has_the_header_deadline() -> None:
+    served = Served(header_timeout_s=0.2)
+    # answered without its body being read, which then trickles in
+    await served.send(b"GET /early HTTP/1.1\r\nhost: proxy\r\ntransfer-encoding: chunked\r\n\r\n")
+    assert served.transport.written.startswith(b"HTTP/1.1 200 OK")
+    for _ in range(6):  # a byte of body every 0.1 s: data does not put the deadline off
+        await served.send(b"1\r\nx\r\n")
+        await asyncio.sleep(0.09)
+    assert served.transport.closed
+    served.close()
+
+
+async def test_requests_pipelined_past_the_bound_close_the_connection() -> None:
+    served = Served()
+    await served.send(b"GET /x HTTP/1.1\r\nhost: proxy\r\n\r\n" * 1000)  # one read
+    assert served.transport.closed
+    assert len(served.requests) <= MAX_PIPELINED + 1
+    served.close()
+    few = Served()
+    await few.send(b"GET /x HTTP/1.1\r\nhost: proxy\r\n\r\n" * 8)
+    await asyncio.sleep(0.1)
+    assert few.transport.written.count(b"HTTP/1.1 200 OK") == 8
+    assert not few.transport.closed
+    few.close()
