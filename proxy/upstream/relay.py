@@ -23,7 +23,7 @@ from urllib.parse import unquote
 
 import orjson
 
-from proxy.errors import UpstreamStatusError
+from proxy.errors import UpstreamBadReply, UpstreamStatusError
 from proxy.upstream.client import Upstream
 from proxy.upstream.transport import Answer
 
@@ -45,6 +45,8 @@ NOT_FORWARDED = frozenset(
         b"expect",  # a `100-continue` was answered by the server that read the client's body
     }
 )
+# The proxy's own headers (`x-loopwarden-run-id`, ...): never an upstream's to send on.
+OWN_HEADERS = b"x-loopwarden-"
 # The server that serves the proxy adds its own (uvicorn does, whatever the app sends).
 NOT_RETURNED = frozenset({b"date", b"server"})
 # What no longer describes an upstream's error once the proxy has rewritten its body.
@@ -101,9 +103,9 @@ def forwarded_headers(
 
 def returned_headers(upstream: Sequence[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
     """The upstream's response headers as they go to the client, names lowercased: without the
-    hop-by-hop ones, `date` and `server`. `content-encoding` and `content-length` stay true,
-    since the body goes on as the raw bytes that came, except a `content-length` that came with
-    a `transfer-encoding`, which it does not describe."""
+    hop-by-hop ones, `date`, `server` and the proxy's own (OWN_HEADERS). `content-encoding`
+    and `content-length` stay true, since the body goes on as the raw bytes that came, except a
+    `content-length` that came with a `transfer-encoding`, which it does not describe."""
     lowered = [(k.lower(), v) for k, v in upstream]
     dropped = NOT_RETURNED
     if any(k == b"transfer-encoding" for k, _ in lowered):
@@ -176,8 +178,8 @@ async def relay(
 
     Raises ValueError for a path `upstream_url` refuses; UpstreamUnavailable or UpstreamTimeout
     when no answer started (counted through `on_attempt`, like every attempt); UpstreamBadReply
-    for a status of 600 or more; and whatever `body` raised (a client that left) as it is, not
-    counted, when the client's body failed.
+    for a redirect or a status of 600 or more; and whatever `body` raised (a client that left)
+    as it is, not counted, when the client's body failed.
     """
     url = upstream_url(upstream.base_url, path, query)
     sent = await _CallerBody.of(body) if body is not None else None
@@ -192,6 +194,11 @@ async def relay(
         if response.status >= 400:
             yield await error_answer(upstream, response)
             return
+        if 300 <= response.status < 400:  # its location is the upstream's, not the client's
+            raise UpstreamBadReply(
+                f"upstream {upstream.name} answered HTTP {response.status}, a redirect the "
+                "proxy does not follow"
+            )
         chunks = _chunks(upstream, response)
         try:
             yield Relayed(response.status, returned_headers(response.raw_headers()), chunks)
@@ -277,7 +284,11 @@ def _end_to_end(
         for token in value.split(b",")
     }
     dropped = dropped | HOP_BY_HOP | named
-    return [(k, v) for k, v in headers if k not in dropped and not k.startswith(b"proxy-")]
+    return [
+        (k, v)
+        for k, v in headers
+        if k not in dropped and not k.startswith((b"proxy-", OWN_HEADERS))
+    ]
 
 
 def _is_json(content_type: str | None) -> bool:

@@ -112,3 +112,24 @@ async def test_a_run_answers_though_its_report_cannot_be_kept(proxy_for: ProxyFa
         r = await proxy.chat(model="scripted")
     assert r.status_code == 200
     assert r.json()["loop"]["stop_reason"] == "completed"
+
+
+async def test_a_relayed_answer_keeps_no_redirect_and_none_of_the_proxy_s_own_headers(
+    proxy_for: ProxyFactory,
+) -> None:
+    async def upstream(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/moved"):
+            return httpx.Response(302, headers={"location": "http://10.0.0.7:8000/v1/x"})
+        spoofed = {"x-loopwarden-stop-reason": "completed", "x-upstream": "yes"}
+        return httpx.Response(200, json={"object": "list"}, headers=spoofed)
+
+    async with proxy_for(handler=upstream) as proxy:
+        moved = await proxy.client.post("/v1/moved", json={"model": "m"})
+        listed = await proxy.client.post("/v1/embeddings", json={"model": "m"})
+    assert moved.status_code == 502
+    assert "location" not in moved.headers
+    assert moved.json()["error"]["message"] == (
+        "upstream main answered HTTP 302, a redirect the proxy does not follow"
+    )
+    assert listed.headers["x-upstream"] == "yes"
+    assert "x-loopwarden-stop-reason" not in listed.headers
