@@ -271,8 +271,12 @@ def _content(message: dict[str, Any], path: str) -> None:
         raise MalformedReply(f"{path}.content is neither a string, a list nor null")
 
 
-def _finish_reason(choice: dict[str, Any], path: str) -> str | None:
-    return _optional_text(choice.get("finish_reason"), path)
+def _finish_reason(choice: dict[str, Any], path: str) -> str:
+    """Why the reply ended: a reply without it may have been cut short."""
+    reason = _optional_text(choice.get("finish_reason"), path)
+    if not reason:
+        raise MalformedReply(f"{path} is missing: the reply may have been cut short")
+    return reason
 
 
 def _object(value: Any, path: str) -> dict[str, Any]:

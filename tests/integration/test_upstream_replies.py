@@ -84,6 +84,10 @@ MALFORMED: list[tuple[dict[str, Any], str]] = [
         "choices[0].finish_reason is not a string",
     ),
     (
+        body_with(choice({"role": "assistant", "content": "Hi"}, finish_reason=None)),
+        "choices[0].finish_reason is missing: the reply may have been cut short",
+    ),
+    (
         body_with(choice({"role": "assistant", "content": "Hi"}), usage=[1, 2]),
         "usage is not an object",
     ),
