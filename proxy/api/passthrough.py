@@ -63,13 +63,14 @@ class Passthrough:
         sv = self.services()
         bearer = bearer_token(scope)
         caller = sv.keys.caller(bearer)
-        model, body = await sniff_model(scope["headers"], client_body(receive))
+        restricted = caller is not None and not caller.unrestricted
+        model, body = await sniff_model(scope["headers"], client_body(receive), exact=restricted)
         upstream = sv.config.default_upstream
-        if model is None and caller is not None and not caller.unrestricted:
+        if model is None and caller is not None and restricted:
             raise PermissionDenied(
                 f"key {caller.name!r} may use only the models it names, and the model of this "
-                f"request cannot be read (a JSON body of at most {MODEL_SNIFF_LIMIT} bytes whose "
-                "`model` is a string)",
+                f"request cannot be read (a JSON body of at most {MODEL_SNIFF_LIMIT} bytes naming "
+                "one `model`, a string)",
                 param="model",
             )
         if model is not None:

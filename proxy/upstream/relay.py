@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import unquote
 
 import orjson
@@ -118,20 +119,26 @@ def json_model(content_type: str | None, body: bytes, limit: int = MODEL_SNIFF_L
     type is not JSON (a multipart audio upload: it goes to the default upstream), the body is
     over `limit` bytes (not parsed), not JSON or not an object, or its `model` is not a string.
     """
+    parsed = _json_object(content_type, body, limit)
+    model = parsed.get("model") if parsed is not None else None
+    return model if isinstance(model, str) else None
+
+
+def _json_object(content_type: str | None, body: bytes, limit: int) -> dict[str, Any] | None:
     if not _is_json(content_type) or len(body) > limit:
         return None
     try:
         parsed = orjson.loads(body)
     except orjson.JSONDecodeError:
         return None
-    model = parsed.get("model") if isinstance(parsed, dict) else None
-    return model if isinstance(model, str) else None
+    return parsed if isinstance(parsed, dict) else None
 
 
 async def sniff_model(
     headers: Iterable[tuple[bytes, bytes]],
     body: AsyncIterable[bytes],
     limit: int = MODEL_SNIFF_LIMIT,
+    exact: bool = False,
 ) -> tuple[str | None, AsyncIterator[bytes]]:
     """The model a request names (see `json_model`), and its body to relay: the bytes read to
     find it, then the rest, unread. Only a JSON body whose `content-length`, if given, is at most
@@ -139,6 +146,11 @@ async def sniff_model(
     it is.
 
     A JSON body over `limit` bytes goes to the default upstream, whatever model it names.
+
+    `exact`, for a caller whose models are checked: the body relayed is the object as read, so
+    that no upstream reads another model in it than the one checked (from a repeated `model`,
+    which parsers take first or last, or a `MODEL`, which some match); a body that names one in
+    another case has none.
     """
     chunks = aiter(body)
     content_type = content_length = None
@@ -157,7 +169,13 @@ async def sniff_model(
         if size > limit:
             break
     head = b"".join(read)
-    return json_model(content_type, head, limit), _prepend(head, chunks)
+    if not exact:
+        return json_model(content_type, head, limit), _prepend(head, chunks)
+    parsed = _json_object(content_type, head, limit)
+    named = [key for key in parsed or () if key.lower() == "model"]
+    if parsed is None or named != ["model"] or not isinstance(parsed["model"], str):
+        return None, _prepend(head, chunks)
+    return parsed["model"], _prepend(orjson.dumps(parsed), chunks)
 
 
 @contextlib.asynccontextmanager

@@ -392,6 +392,8 @@ UNREADABLE = [  # bodies whose model the proxy cannot read, which a lenient upst
     ({}, b'{"model":"gpt-4o","prompt":"hi"}'),
     ({"content-type": "application/json"}, b'{"model":"gpt-4o","prompt":"hi"}' + b" " * (1 << 20)),
     ({"content-type": "application/json"}, b'{"model":["gpt-4o"],"prompt":"hi"}'),
+    # another case of the key: some parsers (Go's) match it, and take the later one
+    ({"content-type": "application/json"}, b'{"model":"gpt-4o-mini","MODEL":"gpt-4o"}'),
 ]
 
 
@@ -421,9 +423,31 @@ async def test_a_key_limited_to_some_models_relays_only_a_request_whose_model_it
     assert unread.status_code == 403
     assert unread.json()["error"] == {
         "message": "key 'a' may use only the models it names, and the model of this request "
-        "cannot be read (a JSON body of at most 1048576 bytes whose `model` is a string)",
+        "cannot be read (a JSON body of at most 1048576 bytes naming one `model`, a string)",
         "type": "permission_error",
         "param": "model",
         "code": "model_not_allowed",
     }
     assert relayed == [b'{"model":"gpt-4o-mini","prompt":"hi"}', body]
+
+
+async def test_a_limited_key_s_body_goes_upstream_as_the_proxy_read_it(
+    proxy_for: ProxyFactory,
+) -> None:
+    """A repeated `model` is read last by the proxy, first by some upstreams: the body relayed
+    for a key whose models are checked holds only the one checked."""
+    relayed: list[bytes] = []
+
+    async def upstream(request: httpx.Request) -> httpx.Response:
+        relayed.append(await request.aread())
+        return httpx.Response(200, json={"object": "list"})
+
+    twice = b'{"model": "gpt-4o", "input": "x", "model": "gpt-4o-mini"}'
+    async with proxy_for(keyed(key("a", agents=["gpt-4o-mini"])), handler=upstream) as proxy:
+        r = await proxy.client.post(
+            "/v1/embeddings",
+            content=twice,
+            headers={"authorization": "Bearer sk-a", "content-type": "application/json"},
+        )
+    assert r.status_code == 200
+    assert relayed == [b'{"model":"gpt-4o-mini","input":"x"}']
