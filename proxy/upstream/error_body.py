@@ -30,12 +30,17 @@ _SECRET = re.compile(
 )
 
 
+# The shortest start of a secret redacted where it is echoed alone ("bad key Zq9plainSecr...").
+SECRET_PREFIX = 8
+
+
 def scrub(text: str, secrets: Iterable[str | None] = (), limit: int = MESSAGE_LIMIT) -> str:
-    """`text` with every occurrence of `secrets` and everything that looks like a credential
-    replaced by `[redacted]`, cut to `limit` characters."""
+    """`text` with every occurrence of `secrets`, of the first SECRET_PREFIX or more characters
+    of one, and of everything that looks like a credential replaced by `[redacted]`, cut to
+    `limit` characters."""
     for secret in secrets:
         if secret:
-            text = text.replace(secret, REDACTED)
+            text = _without(text, secret)
     text = _SECRET.sub(REDACTED, text)
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
@@ -63,6 +68,19 @@ def status_failure(
         param=_field(error.get("param"), secrets),
         code=_field(error.get("code"), secrets, numbered=True),
     )
+
+
+def _without(text: str, secret: str) -> str:
+    text = text.replace(secret, REDACTED)
+    if len(secret) < 2 * SECRET_PREFIX:  # a start of it could be a common word
+        return text
+    start = secret[:SECRET_PREFIX]
+    while (at := text.find(start)) >= 0:
+        end = at + SECRET_PREFIX
+        while end < len(text) and end - at < len(secret) and text[end] == secret[end - at]:
+            end += 1
+        text = text[:at] + REDACTED + text[end:]
+    return text
 
 
 def mid_stream_message(error: Any, secrets: Iterable[str | None] = ()) -> str:

@@ -253,6 +253,16 @@ def test_scrub_removes_the_key_and_what_looks_like_one() -> None:
     )
 
 
+def test_scrub_removes_the_start_of_the_key_echoed_alone() -> None:
+    key = "Zq9plainSecretToken7781abc"
+    assert scrub("bad key Zq9plainSecr... (Zq9plainSecretToken7781abc)", [key]) == (
+        "bad key [redacted]... ([redacted])"
+    )
+    assert scrub("Zq9plain is fine, Zq9plai is not the key", [key]) == (
+        "[redacted] is fine, Zq9plai is not the key"
+    )
+
+
 def test_scrub_caps_the_length() -> None:
     assert len(scrub("x" * 5000)) == MESSAGE_LIMIT
 
