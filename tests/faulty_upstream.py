@@ -209,6 +209,16 @@ def drip(data: bytes, *, every_s: float, head: bytes = b"") -> Answer:
     return answer
 
 
+def raw(data: bytes) -> Answer:
+    """`data` as it is, then the connection closed: for an answer that is no HTTP."""
+
+    async def answer(writer: asyncio.StreamWriter) -> None:
+        writer.write(data)
+        await writer.drain()
+
+    return answer
+
+
 def reset() -> Answer:
     """The connection is reset (TCP RST) once the request is read: no response at all."""
 

@@ -198,6 +198,10 @@ class Upstream:
                 self._count("timeout")
                 raise UpstreamTimeout(f"upstream {self.name} timed out") from None
             self._count("timeout" if failure is Failure.CONNECT_TIMEOUT else "connect_error")
+            if failure is Failure.NOT_HTTP:
+                raise UpstreamBadReply(
+                    f"upstream {self.name} sent what is not HTTP ({exc})"
+                ) from None
             raise UpstreamUnavailable(
                 f"upstream {self.name} unreachable: {_cause_name(exc)}"
             ) from None
@@ -282,6 +286,10 @@ class Upstream:
                 raise
             if failure is Failure.TIMEOUT:
                 raise UpstreamTimeout(f"upstream {self.name} timed out") from None
+            if failure is Failure.NOT_HTTP:
+                raise UpstreamBadReply(
+                    f"upstream {self.name} sent what is not HTTP ({exc})"
+                ) from None
             raise UpstreamUnavailable(
                 f"upstream {self.name} failed mid-answer: the connection was closed or reset "
                 f"({_cause_name(exc)})"
@@ -309,6 +317,10 @@ class Upstream:
             reply = await self._reader.stream(response.chunks(), on_delta, started)
             response.keep_alive()  # a whole reply: what may be left is the body's end
             return reply
+
+    def _not_http(self, exc: BaseException) -> UpstreamBadReply:
+        """A bad reply, as a malformed body is: its status line, head or framing is no HTTP."""
+        return UpstreamBadReply(f"upstream {self.name} sent what is not HTTP ({exc})")
 
     def _count(self, outcome: str) -> None:
         if self.on_attempt is not None:

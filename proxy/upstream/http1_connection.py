@@ -41,7 +41,11 @@ class ReadTimeout(TransportError):
 
 
 class Broken(TransportError):
-    """The connection was closed or reset while in use, or what came is not an HTTP answer."""
+    """The connection was closed or reset while in use."""
+
+
+class NotHttp(Broken):
+    """What came is not an HTTP answer (a bad status line, content-length, header...)."""
 
 
 class Connection(asyncio.Protocol):
@@ -78,7 +82,7 @@ class Connection(asyncio.Protocol):
         try:
             self.parser.feed_data(data)
         except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
-            answer.fail(Broken(answer.refused or f"what the upstream sent is not HTTP ({exc})"))
+            answer.fail(NotHttp(answer.refused or str(exc)))
             self.close()
 
     def eof_received(self) -> bool:

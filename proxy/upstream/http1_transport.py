@@ -23,6 +23,7 @@ from proxy.upstream.http1_connection import (
     Broken,
     Connection,
     ConnectTimeout,
+    NotHttp,
     ReadTimeout,
     Unreachable,
 )
@@ -77,6 +78,8 @@ class Http1Transport:
     def failure(self, exc: BaseException) -> Failure | None:
         if isinstance(exc, ReadTimeout):
             return Failure.TIMEOUT
+        if isinstance(exc, NotHttp):
+            return Failure.NOT_HTTP
         if isinstance(exc, Broken):
             return Failure.BROKEN
         if isinstance(exc, ConnectTimeout):

@@ -24,6 +24,7 @@ class Failure(enum.Enum):
     CONNECT_TIMEOUT = "connect_timeout"  # no connection within the connect timeout
     TIMEOUT = "timeout"  # the upstream stayed silent longer than the read timeout
     BROKEN = "broken"  # the connection was closed or reset while in use
+    NOT_HTTP = "not_http"  # what came is no HTTP answer: a bad reply, not worth another attempt
 
 
 @dataclass(frozen=True, slots=True)

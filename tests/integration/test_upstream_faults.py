@@ -24,6 +24,7 @@ from tests.faulty_upstream import (
     delta,
     drip,
     event,
+    raw,
     reset,
     respond,
     stream,
@@ -256,6 +257,27 @@ async def test_a_reset_before_any_answer_is_a_connection_error(
         attempts = "loopwarden_upstream_requests_total"
         assert proxy.metric(attempts, upstream="main", status_class="connect_error") == 1
         assert proxy.metric(attempts, upstream="main", status_class="timeout") == 0
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"HELLO THERE\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\ncontent-length: abc\r\n\r\n{}",
+        b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\ncontent-length: 7\r\n\r\n{}",
+    ],
+)
+async def test_an_answer_that_is_no_http_is_a_bad_reply_not_retried(
+    proxy_to: ProxyTo, upstream: FaultyUpstream, head: bytes
+) -> None:
+    """The upstream answered (a generation may have been billed): no other attempt is made."""
+    upstream.script(raw(head), raw(head), raw(head))
+    async with proxy_to() as proxy:
+        r = await proxy.chat()
+    assert r.status_code == 502
+    assert r.json()["error"]["code"] == "upstream_error"
+    assert r.json()["error"]["message"].startswith("upstream main sent what is not HTTP (")
+    assert len(upstream.requests) == 1
 
 
 async def test_a_reset_mid_stream_is_a_connection_error(
