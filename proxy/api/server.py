@@ -73,7 +73,8 @@ HEAD_TOO_LARGE = _refusal(b"431 Request Header Fields Too Large", _HEAD_ERROR)
 HEAD_TOO_LARGE_ANSWER = answering(_HEAD_ERROR)
 # The server speaks HTTP/1.1 only, and its parser stops reading a request that asks for another
 # protocol (`connection: upgrade`) where its headers end, its body unread: such a request is
-# answered 400, whatever it asks for (WebSocket, h2c, CONNECT).
+# answered 400 (WebSocket, CONNECT, h2c with a body), except an h2c one without a body, which is
+# served and its connection closed after it.
 NO_UPGRADE = answering(
     InvalidRequest(
         "the proxy speaks HTTP/1.1 only and upgrades no connection: send the request without "
@@ -230,16 +231,30 @@ def guarded_protocol(max_connections: int, header_timeout_s: float) -> type[asyn
             refusal = None
             if read > MAX_HEAD_BYTES and self._parsed_head() > MAX_HEAD_BYTES:
                 refusal = HEAD_TOO_LARGE_ANSWER
-            elif self.parser.should_upgrade():
+            elif self.parser.should_upgrade() and not self._may_stay_http():
                 refusal = NO_UPGRADE
             if refusal is None:
                 super().on_headers_complete()
+                if self.parser.should_upgrade():  # the parser reads no more on this connection
+                    self.cycle.keep_alive = False
                 return
             app, self.app = self.app, refusal  # uvicorn's own cycle answers it
             try:
                 super().on_headers_complete()
             finally:
                 self.app = app
+
+        def _may_stay_http(self) -> bool:
+            """Whether a request that asks to upgrade may be served as it is: an h2c upgrade
+            (which a server may ignore; Java's HttpClient asks for it by default) without a
+            body, which the parser would not read."""
+            fields = dict(self.headers)
+            return (
+                fields.get(b"upgrade", b"").strip().lower() == b"h2c"
+                and fields.get(b"content-length", b"0").strip() == b"0"
+                and b"transfer-encoding" not in fields
+                and self.parser.get_method() != b"CONNECT"
+            )
 
         def _should_upgrade(self) -> bool:
             return False  # no protocol but HTTP/1.1: see NO_UPGRADE

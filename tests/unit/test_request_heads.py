@@ -212,3 +212,18 @@ async def test_requests_pipelined_past_the_bound_close_the_connection() -> None:
     assert few.transport.written.count(b"HTTP/1.1 200 OK") == 8
     assert not few.transport.closed
     few.close()
+
+
+async def test_a_request_asking_for_h2c_without_a_body_is_served_and_its_connection_closed() -> (
+    None
+):
+    """As Java's HttpClient asks by default on an http:// URL."""
+    written = await exchange(
+        [
+            b"GET /v1/models HTTP/1.1\r\nhost: proxy\r\nconnection: Upgrade, HTTP2-Settings\r\n"
+            b"upgrade: h2c\r\nhttp2-settings: AAMAAABkAAQBAAAAAAIAAAAA\r\n\r\n"
+        ]
+    )
+    status, _ = written.split(b"\r\n\r\n", 1)
+    assert status.startswith(b"HTTP/1.1 200 OK")
+    assert b"connection: close" in status
