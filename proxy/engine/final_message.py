@@ -76,6 +76,9 @@ async def final_message(
             run.append({"role": "system", "content": FINAL_ANSWER_DIRECTIVE})
             reply = await final_answer()
             message = without_tool_calls(reply.message)
+            if not message.get("content"):  # it called a tool anyway, or said nothing
+                message = {"role": "assistant", "content": stated_stop(stop)}
+                await say(message["content"])
             run.append(message)
             stop = replace(stop, details={**stop.details, "final_answer": True})
             return Ending(stop, message, FINISH_REASONS[stop.reason])

@@ -12,6 +12,7 @@ from proxy.conditions import WEBHOOK_ANSWER_BYTES
 from proxy.engine import events as ev
 from tests.bodies import user
 from tests.integration.conftest import Proxy, ProxyFactory
+from tests.integration.test_chat_stream import content, events
 from tests.scripted_upstream import call, keep, say, say_tool_result
 
 WEATHER = "What is the weather in Paris in Fahrenheit?"
@@ -171,6 +172,35 @@ async def test_final_answer_after_a_limit_stop(proxy: Proxy) -> None:
     )
     assert len(proxy.upstream.requests) == 3
     assert proxy.upstream.bodies[-1]["tool_choice"] == "none"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_final_answer_that_calls_a_tool_anyway_states_the_stop(
+    proxy: Proxy, stream: bool
+) -> None:
+    """The content of a 200 reply is never empty (SPEC §5.3): the call made to answer says
+    nothing, and its tool call is not run."""
+    proxy.upstream.script(
+        call("search_notes", query="Lima"),
+        call("search_notes", query="Lima"),
+        call("search_notes", query="Paris"),
+    )
+    r = await proxy.chat(
+        model="scripted",
+        messages=user("Research Lima."),
+        loop={"tools": ["search_notes"], "max_steps": 2, "final_answer": True},
+        stream=stream,
+    )
+    sentence = "Stopped: the run reached its step limit (2 steps)."
+    if stream:
+        chunks = events(r.text)
+        assert content(chunks) == sentence
+        loop = chunks[-2]["loop"]
+    else:
+        message = r.json()["choices"][0]["message"]
+        assert (message["content"], message.get("tool_calls")) == (sentence, None)
+        loop = r.json()["loop"]
+    assert (loop["stop_reason"], loop["tool_calls"]) == ("max_steps", 2)
 
 
 async def test_client_tools_come_back_to_the_client(proxy: Proxy) -> None:
