@@ -10,11 +10,15 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
+# A hold shorter than this does not move the deadline (not worth a new timer).
+HELD_COUNTED_S = 0.001
+
+
 class Deadline:
     """Cancels the current task at `when` (event loop time) unless `disarm`ed first. The
     caller catches the CancelledError and asks `disarm` whether it was this deadline's."""
 
-    __slots__ = ("_cancelling", "_expired", "_task", "_timer")
+    __slots__ = ("_cancelling", "_expired", "_held_at", "_loop", "_task", "_timer", "_when")
 
     def __init__(self, when: float) -> None:
         task = asyncio.current_task()
@@ -23,11 +27,32 @@ class Deadline:
         self._task = task
         self._cancelling = task.cancelling()  # cancellations already asked for, not ours
         self._expired = False
-        self._timer: asyncio.TimerHandle | None = asyncio.get_running_loop().call_at(
-            when, self._fire
-        )
+        self._when = when
+        self._held_at: float | None = None
+        self._loop = asyncio.get_running_loop()
+        self._timer: asyncio.TimerHandle | None = self._loop.call_at(when, self._fire)
+
+    def hold(self) -> None:
+        """From now until `release`, time does not count toward the deadline."""
+        self._held_at = self._loop.time()
+
+    def release(self) -> None:
+        """Ends a `hold`: the deadline moves as much later as it lasted (when that is more than
+        HELD_COUNTED_S, a timer's worth)."""
+        if self._held_at is None:
+            return
+        held = self._loop.time() - self._held_at
+        self._held_at = None
+        if held > HELD_COUNTED_S and self._timer is not None:
+            self._timer.cancel()
+            self._when += held
+            self._timer = self._loop.call_at(self._when, self._fire)
 
     def _fire(self) -> None:
+        if self._held_at is not None:  # held: due when the time left at the hold has passed
+            left = self._when - self._held_at
+            self._timer = self._loop.call_at(self._loop.time() + left, self._fire)
+            return
         self._timer = None
         self._expired = True
         self._task.cancel()

@@ -127,6 +127,8 @@ class Upstream:
         end = deadline if theirs and deadline is not None else own
         call = _Call(end)
         timer = Deadline(asyncio.get_running_loop().time() + (end - now))
+        if on_delta is not None and not theirs:
+            on_delta = _client_time_excluded(on_delta, timer)
         try:
             return await self._attempts(request, on_delta, call)
         except asyncio.CancelledError:
@@ -333,6 +335,22 @@ class _Call:
 
     end: float
     waiting: bool = False
+
+
+def _client_time_excluded(sink: DeltaSink, timer: Deadline) -> DeltaSink:
+    """`sink`, the time it takes (a client slow to read, whose socket is full) not counted
+    toward the call's own deadline: `step_timeout_s` is the upstream's time, and a client's
+    slowness is no upstream's failure. (A deadline of the caller's, the run's time budget, is
+    not held.)"""
+
+    async def send(text: str) -> None:
+        timer.hold()
+        try:
+            await sink(text)
+        finally:
+            timer.release()
+
+    return send
 
 
 def _cause_name(exc: BaseException) -> str:

@@ -17,6 +17,9 @@ from prometheus_client import CollectorRegistry
 
 from proxy.api.app import create_app
 from proxy.config import parse_config
+from proxy.engine.values import ModelRequest
+from proxy.upstream.client import Upstream
+from proxy.upstream.http1_transport import Http1Transport
 from tests.faulty_upstream import (
     DONE,
     FaultyUpstream,
@@ -137,6 +140,23 @@ async def test_a_stream_that_trickles_content_ends_with_a_timeout_event(
     assert error_of(r)["code"] == "upstream_timeout"
     assert error_of(r)["stop_reason"] == "upstream_error"
     assert "Once upon" in r.text
+
+
+async def test_the_time_a_slow_client_takes_to_read_is_not_the_upstream_s(
+    upstream: FaultyUpstream,
+) -> None:
+    """A client whose socket is full holds each delta up: the step deadline waits as long."""
+    words = [delta(f"w{i} ") for i in range(6)]
+    upstream.script(stream(*words, delta(finish_reason="stop"), DONE, every_s=0.01))
+    main = Upstream("main", upstream.url, Http1Transport(), step_timeout_s=0.3, max_retries=0)
+    request = ModelRequest("scripted", USER, [], stream=True)
+
+    async def slow_client(text: str) -> None:
+        await asyncio.sleep(0.35)  # each longer than the step's whole deadline
+
+    reply = await main.complete(request, slow_client)
+    assert reply.text == "w0 w1 w2 w3 w4 w5 "
+    assert reply.finish_reason == "stop"
 
 
 async def test_a_json_body_that_drips_is_cut_at_the_step_deadline(

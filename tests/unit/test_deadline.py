@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from proxy.deadline import within
+from proxy.deadline import Deadline, within
 
 
 async def test_the_result_comes_back_when_the_work_ends_in_time() -> None:
@@ -53,3 +53,16 @@ async def test_an_error_of_the_work_is_raised_as_it_is() -> None:
 
     with pytest.raises(ValueError, match="bad"):
         await within(work(), 5)
+
+
+async def test_time_held_does_not_count_toward_the_deadline() -> None:
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    timer = Deadline(started + 0.05)
+    timer.hold()
+    await asyncio.sleep(0.1)  # past the deadline, held: not cancelled
+    timer.release()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.sleep(1)
+    assert timer.disarm()  # the cancellation was the deadline's
+    assert loop.time() - started >= 0.15  # its 0.05 s, after the 0.1 s held
