@@ -16,11 +16,25 @@ HELD_COUNTED_S = 0.001
 
 class Deadline:
     """Cancels the current task at `when` (event loop time) unless `disarm`ed first. The
-    caller catches the CancelledError and asks `disarm` whether it was this deadline's."""
+    caller catches the CancelledError and asks `disarm` whether it was this deadline's.
 
-    __slots__ = ("_cancelling", "_expired", "_held_at", "_loop", "_task", "_timer", "_when")
+    Time between `hold` and `release` does not count toward it; `max_hold` bounds one hold
+    that lasts past the deadline (it is looked at then: a hold is let last until the later of
+    the deadline and `max_hold` after its start), and `held_out` says the deadline came so."""
 
-    def __init__(self, when: float) -> None:
+    __slots__ = (
+        "_cancelling",
+        "_expired",
+        "_held_at",
+        "_loop",
+        "_max_hold",
+        "_task",
+        "_timer",
+        "_when",
+        "held_out",
+    )
+
+    def __init__(self, when: float, max_hold: float | None = None) -> None:
         task = asyncio.current_task()
         if task is None:
             raise RuntimeError("a Deadline needs a running task")
@@ -29,6 +43,8 @@ class Deadline:
         self._expired = False
         self._when = when
         self._held_at: float | None = None
+        self._max_hold = max_hold
+        self.held_out = False
         self._loop = asyncio.get_running_loop()
         self._timer: asyncio.TimerHandle | None = self._loop.call_at(when, self._fire)
 
@@ -37,23 +53,29 @@ class Deadline:
         self._held_at = self._loop.time()
 
     def release(self) -> None:
-        """Ends a `hold`: the deadline moves as much later as it lasted (when that is more than
-        HELD_COUNTED_S, a timer's worth)."""
+        """Ends a `hold`: the deadline moves as much later as it lasted (unless that was less
+        than HELD_COUNTED_S and the timer still runs: not worth a new one)."""
         if self._held_at is None:
             return
         held = self._loop.time() - self._held_at
         self._held_at = None
-        if held > HELD_COUNTED_S and self._timer is not None:
+        if self._expired or (held <= HELD_COUNTED_S and self._timer is not None):
+            return
+        if self._timer is not None:
             self._timer.cancel()
-            self._when += held
-            self._timer = self._loop.call_at(self._when, self._fire)
+        self._when += held
+        self._timer = self._loop.call_at(self._when, self._fire)
 
     def _fire(self) -> None:
-        if self._held_at is not None:  # held: due when the time left at the hold has passed
-            left = self._when - self._held_at
-            self._timer = self._loop.call_at(self._loop.time() + left, self._fire)
-            return
         self._timer = None
+        if self._held_at is not None:  # not due while held, unless held too long
+            if self._max_hold is None:
+                return  # `release` sets the timer again
+            too_long = self._held_at + self._max_hold
+            if self._loop.time() < too_long:
+                self._timer = self._loop.call_at(too_long, self._fire)
+                return
+            self.held_out = True
         self._expired = True
         self._task.cancel()
 
@@ -61,6 +83,7 @@ class Deadline:
         """Stops the timer (once; later calls do nothing). True when the deadline had passed
         and cancelled the task, and no one else did: the CancelledError is this deadline's, to
         be raised as the caller's own timeout."""
+        self._held_at = None
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None

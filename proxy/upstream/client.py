@@ -17,6 +17,7 @@ from proxy.deadline import Deadline
 from proxy.engine.values import DeltaSink, ModelReply, ModelRequest
 from proxy.errors import (
     CallDeadlineReached,
+    ClientDisconnected,
     UpstreamBadReply,
     UpstreamFailure,
     UpstreamTimeout,
@@ -126,7 +127,9 @@ class Upstream:
         theirs = deadline is not None and deadline < own
         end = deadline if theirs and deadline is not None else own
         call = _Call(end)
-        timer = Deadline(asyncio.get_running_loop().time() + (end - now))
+        # A client slow to take the text holds the deadline (see `_client_time_excluded`), for
+        # as long as the upstream may take a step: then it has gone, to all intents.
+        timer = Deadline(asyncio.get_running_loop().time() + (end - now), self.step_timeout_s)
         if on_delta is not None and not theirs:
             on_delta = _client_time_excluded(on_delta, timer)
         try:
@@ -134,6 +137,10 @@ class Upstream:
         except asyncio.CancelledError:
             if not timer.disarm():
                 raise
+            if timer.held_out:
+                raise ClientDisconnected(
+                    f"the client took no text for {self.step_timeout_s:g} s"
+                ) from None
             if call.waiting:
                 self._count("timeout")  # this attempt never got its answer
             if theirs:

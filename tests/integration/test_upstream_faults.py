@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry
 from proxy.api.app import create_app
 from proxy.config import parse_config
 from proxy.engine.values import ModelRequest
+from proxy.errors import ClientDisconnected
 from proxy.upstream.client import Upstream
 from proxy.upstream.http1_transport import Http1Transport
 from tests.faulty_upstream import (
@@ -152,11 +153,18 @@ async def test_the_time_a_slow_client_takes_to_read_is_not_the_upstream_s(
     request = ModelRequest("scripted", USER, [], stream=True)
 
     async def slow_client(text: str) -> None:
-        await asyncio.sleep(0.35)  # each longer than the step's whole deadline
+        await asyncio.sleep(0.2)  # twice or more: longer than the step's whole deadline
 
     reply = await main.complete(request, slow_client)
     assert reply.text == "w0 w1 w2 w3 w4 w5 "
     assert reply.finish_reason == "stop"
+
+    async def gone_client(text: str) -> None:
+        await asyncio.sleep(60)  # never takes it, never leaves
+
+    upstream.script(stream(*words, delta(finish_reason="stop"), DONE, every_s=0.01))
+    with pytest.raises(ClientDisconnected, match=r"the client took no text for 0\.3 s"):
+        await main.complete(request, gone_client)  # as long as a step may take, then gone
 
 
 async def test_a_json_body_that_drips_is_cut_at_the_step_deadline(

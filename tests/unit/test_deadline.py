@@ -66,3 +66,15 @@ async def test_time_held_does_not_count_toward_the_deadline() -> None:
         await asyncio.sleep(1)
     assert timer.disarm()  # the cancellation was the deadline's
     assert loop.time() - started >= 0.15  # its 0.05 s, after the 0.1 s held
+
+
+async def test_a_hold_longer_than_its_bound_makes_the_deadline_due() -> None:
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    timer = Deadline(started + 0.02, max_hold=0.05)  # looked at once the deadline is due
+    timer.hold()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.sleep(1)
+    assert timer.disarm()
+    assert timer.held_out
+    assert 0.05 <= loop.time() - started < 1
