@@ -92,18 +92,17 @@ def _positive(value: Any, param: str) -> int | None:
     return value
 
 
-TOOL_CHOICES = ("none", "auto", "required")
-
-
 def _tool_choice(value: Any) -> Any:
-    """What the first step asks the model for: one of TOOL_CHOICES, or an object of a `type`
-    (which names the tool, as `{"type": "function", "function": {"name": ...}}`), sent on as it
-    is."""
-    if value is None or value in TOOL_CHOICES:
+    """What the first step asks the model for: a string (`none`, `auto`, `required`, or a
+    provider's own, as Mistral's `any`), or an object of a `type` (naming its tool for
+    `function` and `custom`), sent on as it is."""
+    if value is None or (isinstance(value, str) and value):
         return value
     if not isinstance(value, dict) or not isinstance(value.get("type"), str):
-        what = f"one of {', '.join(TOOL_CHOICES)}, or an object with a type"
-        raise InvalidRequest(f"tool_choice must be {what}", param="tool_choice")
+        raise InvalidRequest(
+            "tool_choice must be a string (none, auto, required) or an object with a type",
+            param="tool_choice",
+        )
     named = value.get(value["type"])
     if value["type"] in ("function", "custom") and not (
         isinstance(named, dict) and isinstance(named.get("name"), str)

@@ -43,7 +43,7 @@ def comprehensions(depth: int) -> str:
         ),
         ({"model": "scripted", "messages": USER, "stream": "yes"}, "stream"),
         ({"model": "scripted", "messages": USER, "tool_choice": 5}, "tool_choice"),
-        ({"model": "scripted", "messages": USER, "tool_choice": "always"}, "tool_choice"),
+        ({"model": "scripted", "messages": USER, "tool_choice": ""}, "tool_choice"),
         ({"model": "weather", "messages": USER, "tool_choice": {"name": "f"}}, "tool_choice"),
         (
             {"model": "scripted", "messages": USER, "tool_choice": {"type": "function"}},
