@@ -53,8 +53,8 @@ class ConversationTooLarge(Exception):
 
     def __init__(self, response_id: str, over: str) -> None:
         super().__init__(
-            f"the conversation through {response_id[:64]!r} holds {over}: more than one "
-            "request may send; start a new one"
+            f"the stored response {response_id[:64]!r} (the conversation through it, and what "
+            f"it answered) {over}: more than one request may send; start a new one"
         )
 
 
@@ -88,10 +88,12 @@ class ResponseStore:
             return None
         if bounds is not None:
             if len(found) > bounds.max_body_bytes:
-                over = f"more than {bounds.max_body_bytes} bytes (server.max_body_bytes)"
+                over = f"is larger than {bounds.max_body_bytes} bytes (server.max_body_bytes)"
                 raise ConversationTooLarge(response_id, over)
             if await holds_over(found, bounds.max_body_values):
-                over = f"more than {bounds.max_body_values} JSON values (server.max_body_values)"
+                over = (
+                    f"holds more than {bounds.max_body_values} JSON values (server.max_body_values)"
+                )
                 raise ConversationTooLarge(response_id, over)
         fields = orjson.loads(found)
         stored = StoredResponse(**fields)

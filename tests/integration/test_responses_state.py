@@ -203,7 +203,7 @@ async def test_a_conversation_continued_by_reference_is_bounded_in_bytes_as_a_bo
     assert r.status_code == 413
     error = r.json()["error"]
     assert (error["code"], error["param"]) == ("request_too_large", "previous_response_id")
-    assert "holds more than 65536 bytes (server.max_body_bytes)" in error["message"]
+    assert "is larger than 65536 bytes (server.max_body_bytes)" in error["message"]
     assert len(proxy.upstream.requests) == 2
 
 
