@@ -30,6 +30,7 @@ class StoredResponse:
     key: str | None
 
     def dumps(self) -> bytes:
+        """The record; it ends with its key (`owned_by` reads it there, unparsed)."""
         return orjson.dumps(
             {
                 "response": self.response,
@@ -58,6 +59,11 @@ class ConversationTooLarge(Exception):
         )
 
 
+def owned_by(record: bytes, key: str) -> bool:
+    """Whether a stored response's record was made by `key`: its last field, read unparsed."""
+    return record.endswith(b'"key":' + orjson.dumps(key) + b"}")
+
+
 def response_of_item(item_id: str) -> str | None:
     """The id of the response an output item id belongs to (`fc_<hex>_2` -> `resp_<hex>`)."""
     for prefix in ITEM_PREFIXES:
@@ -84,8 +90,8 @@ class ResponseStore:
         bytes or JSON values than a request's body may (`bounds`; checked before it is
         parsed)."""
         found = await self.store.get_record(RESPONSE_RECORD, response_id)
-        if found is None:
-            return None
+        if found is None or (caller is not None and not owned_by(found, caller.name)):
+            return None  # first: another key's response has no size for it either
         if bounds is not None:
             if len(found) > bounds.max_body_bytes:
                 over = f"is larger than {bounds.max_body_bytes} bytes (server.max_body_bytes)"

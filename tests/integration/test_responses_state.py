@@ -74,9 +74,21 @@ async def test_stored_responses_on_every_backend(
 
 
 async def test_a_stored_response_belongs_to_its_key(proxy_for: ProxyFactory) -> None:
-    async with proxy_for(keyed(key("a"), key("b"))) as proxy:
+    config = {**keyed(key("a"), key("b")), "server": {"max_body_bytes": 65536}}
+    async with proxy_for(config) as proxy:
         proxy.upstream.script(keep(say("Mine.")))
         mine = (await respond(proxy, "a", model="weather")).json()
+        half = (await respond(proxy, "a", model="weather", input="x" * 40_000)).json()
+        large = (
+            await respond(
+                proxy, "a", model="weather", input="y" * 40_000, previous_response_id=half["id"]
+            )
+        ).json()
+        own_over = await respond(proxy, "a", model="weather", previous_response_id=large["id"])
+        assert own_over.status_code == 413
+        # Over the bound for its own key; for another, it does not exist at all.
+        r = await respond(proxy, "b", model="weather", previous_response_id=large["id"])
+        assert (r.status_code, r.json()["error"]["code"]) == (404, "not_found")
         headers = {"authorization": "Bearer sk-b"}
         for method in ("GET", "DELETE"):
             r = await proxy.client.request(method, f"/v1/responses/{mine['id']}", headers=headers)
