@@ -140,7 +140,7 @@ def guarded_protocol(max_connections: int, header_timeout_s: float) -> type[asyn
         _read_size = 0  # the read being parsed
         _began_size = 0  # the read the request began in
         _in_message = False  # a request is being read, head or body
-        _trailers = 0  # the bytes of the trailers of the request being read
+        _fields = 0  # the request's header fields: any more are its trailers
         # The bytes of the reads since its head that brought none of its body: trailers, chunk
         # framing (an endless trailer line grows the parser's own buffer).
         _quiet_bytes = 0
@@ -162,9 +162,11 @@ def guarded_protocol(max_connections: int, header_timeout_s: float) -> type[asyn
             self._began = False
             self._delivered = False
             self._read_size = len(data)
-            super().data_received(data)
+            HttpToolsProtocol.data_received(self, data)
             if self._head_bytes is None:
                 if self._in_message and not self._delivered:
+                    # trailers (the parser adds them to the headers) or chunk framing, bounded
+                    del self.headers[self._fields :]
                     self._quiet_bytes += len(data)
                     if self._quiet_bytes > MAX_HEAD_BYTES:
                         self.transport.close()
@@ -181,37 +183,29 @@ def guarded_protocol(max_connections: int, header_timeout_s: float) -> type[asyn
             self.transport.close()
 
         def on_message_begin(self) -> None:
-            super().on_message_begin()
+            HttpToolsProtocol.on_message_begin(self)
             self._head_bytes = 0
             self._began = True
             self._began_size = self._read_size
             self._in_message = True
-            self._trailers = self._quiet_bytes = 0
+            self._quiet_bytes = 0
             self._arm_header_timer()
-
-        def on_header(self, name: bytes, value: bytes) -> None:
-            if self._head_bytes is not None:
-                super().on_header(name, value)
-                return
-            # A trailer, after a chunked body: never one of the request's headers, and bounded.
-            self._trailers += len(name) + len(value) + 4
-            if self._trailers > MAX_HEAD_BYTES:
-                self.transport.close()
 
         def on_body(self, body: bytes) -> None:
             self._delivered = True
             self._quiet_bytes = 0
             if not self.transport.is_closing():
-                super().on_body(body)
+                HttpToolsProtocol.on_body(self, body)
 
         def on_message_complete(self) -> None:
             self._in_message = False
+            del self.headers[self._fields :]  # its trailers, if any: no headers of it
             self._disarm_header_timer()
             if not self.transport.is_closing():
-                super().on_message_complete()
+                HttpToolsProtocol.on_message_complete(self)
 
         def on_response_complete(self) -> None:
-            super().on_response_complete()
+            HttpToolsProtocol.on_response_complete(self)
             if self._in_message:  # answered before it was all sent: the rest has a deadline
                 self._arm_header_timer()
 
@@ -222,6 +216,7 @@ def guarded_protocol(max_connections: int, header_timeout_s: float) -> type[asyn
             read = self._began_size + (self._head_bytes or 0)
             read += 0 if self._began else self._read_size
             self._head_bytes = None
+            self._fields = len(self.headers)
             self._disarm_header_timer()
             if self.transport.is_closing():  # refused: nothing more is served
                 return
