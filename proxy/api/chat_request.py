@@ -50,7 +50,8 @@ def parse_chat_request(raw: bytes, thread_header: str | None = None) -> ChatRequ
     tools = _tools(body.get("tools"))
     cap = _positive(body.get("max_completion_tokens"), "max_completion_tokens")
     _positive(body.get("max_tokens"), "max_tokens")
-    _positive(body.get("n"), "n")
+    if (_positive(body.get("n"), "n") or 1) > 1 and stream:
+        raise InvalidRequest("n must be 1 for a stream: the proxy streams one answer", param="n")
     params = {k: v for k, v in body.items() if k not in OWN_FIELDS}
     has_loop = body.get("loop") is not None
     loop = parse_loop(body["loop"]) if has_loop else NO_LOOP

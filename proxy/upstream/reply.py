@@ -50,7 +50,7 @@ def reply_from_body(body: dict[str, Any], limits: ReplyLimits = ReplyLimits()) -
     choices = body.get("choices")
     if not isinstance(choices, list) or not choices:
         raise MalformedReply("choices is not a list with a choice in it")
-    choice = _object(choices[0], "choices[0]")
+    choice = _object(_first(choices) or choices[0], "choices[0]")
     message = _object(choice.get("message"), "choices[0].message")
     _content(message, "choices[0].message")
     calls, entries = _calls(message.get("tool_calls"), "choices[0].message.tool_calls", limits)
@@ -104,6 +104,10 @@ class ChunkAccumulator:
         choice = choices[0]
         if not isinstance(choice, dict):
             raise MalformedReply("choices[0] is not an object")
+        if choice.get("index", 0) != 0:  # the reply is the first choice's, whatever the order
+            choice = _first(choices)
+            if choice is None:
+                return None
         finish = choice.get("finish_reason")
         if finish is not None:
             if not isinstance(finish, str):
@@ -180,6 +184,14 @@ class ChunkAccumulator:
             response_id=self.id,
             response_model=self.model,
         )
+
+
+def _first(choices: list[Any]) -> dict[str, Any] | None:
+    """The choice of `index` 0 (an upstream may list them in any order)."""
+    for choice in choices:
+        if isinstance(choice, dict) and choice.get("index", 0) == 0:
+            return choice
+    return None
 
 
 def reported_usage(raw: Any, path: str) -> tuple[Usage, float | None]:

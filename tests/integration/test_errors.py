@@ -43,6 +43,7 @@ def comprehensions(depth: int) -> str:
         ),
         ({"model": "scripted", "messages": USER, "stream": "yes"}, "stream"),
         ({"model": "scripted", "messages": USER, "tool_choice": 5}, "tool_choice"),
+        ({"model": "scripted", "messages": USER, "stream": True, "n": 2}, "n"),
         ({"model": "scripted", "messages": USER, "tool_choice": ""}, "tool_choice"),
         ({"model": "weather", "messages": USER, "tool_choice": {"name": "f"}}, "tool_choice"),
         (

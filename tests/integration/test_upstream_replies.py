@@ -13,7 +13,7 @@ import pytest
 
 from tests.bodies import user
 from tests.integration.conftest import UPSTREAM, Proxy, ProxyFactory
-from tests.integration.test_chat_stream import events
+from tests.integration.test_chat_stream import content, events
 from tests.scripted_upstream import Call, Reply, calls, fail, say, say_tool_result
 
 WEATHER = user("Weather in Oslo and Paris?")
@@ -294,3 +294,25 @@ async def test_a_stream_cut_short_or_failed_is_never_a_completed_run(
     assert failure["error"]["message"] == says
     assert failure["loop"]["stop_reason"] == "upstream_error"
     assert failure["loop"]["tool_calls"] == 0  # a call cut short is not run
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_the_reply_is_the_choice_of_index_0_whatever_the_order(
+    proxy_for: ProxyFactory, stream: bool
+) -> None:
+    def choice_of(index: int, text: str) -> dict[str, Any]:
+        return {"index": index, "message": {"role": "assistant", "content": text}}
+
+    if stream:
+        second, first = chunk({"content": "second"}), chunk({"content": "first"})
+        second["choices"][0]["index"] = 1
+        done = chunk({}, finish_reason="stop")
+        body: dict[str, Any] | bytes = sse(second, first, done)
+    else:
+        listed = [choice_of(1, "second"), choice_of(0, "first")]
+        body = body_with([{**c, "finish_reason": "stop"} for c in listed])
+    kind = "text/event-stream" if stream else "application/json"
+    async with proxy_for(handler=answering(body, content_type=kind)) as proxy:
+        r = await proxy.chat(model="weather", messages=WEATHER, stream=stream)
+    text = content(events(r.text)) if stream else r.json()["choices"][0]["message"]["content"]
+    assert text == "first"
