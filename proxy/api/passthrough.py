@@ -64,7 +64,10 @@ class Passthrough:
         bearer = bearer_token(scope)
         caller = sv.keys.caller(bearer)
         restricted = caller is not None and not caller.unrestricted
-        model, body = await sniff_model(scope["headers"], client_body(receive), exact=restricted)
+        values = sv.config.server.max_body_values
+        model, body = await sniff_model(
+            scope["headers"], client_body(receive), exact=restricted, max_values=values
+        )
         upstream = sv.config.default_upstream
         if model is None and caller is not None and restricted:
             raise PermissionDenied(

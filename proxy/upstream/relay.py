@@ -25,6 +25,7 @@ from urllib.parse import unquote
 import orjson
 
 from proxy.errors import UpstreamBadReply, UpstreamStatusError
+from proxy.json_values import holds_over
 from proxy.upstream.client import Upstream
 from proxy.upstream.transport import Answer
 
@@ -139,13 +140,16 @@ async def sniff_model(
     body: AsyncIterable[bytes],
     limit: int = MODEL_SNIFF_LIMIT,
     exact: bool = False,
+    max_values: int | None = None,
 ) -> tuple[str | None, AsyncIterator[bytes]]:
     """The model a request names (see `json_model`), and its body to relay: the bytes read to
     find it, then the rest, unread. Only a JSON body whose `content-length`, if given, is at most
     `limit` is read, and only until more than `limit` bytes came; any other body is left as
     it is.
 
-    A JSON body over `limit` bytes goes to the default upstream, whatever model it names.
+    A JSON body over `limit` bytes, or holding more than `max_values` JSON values (which it
+    would take long to parse on the event loop: 1 MiB of `[],` takes 35 ms), goes to the
+    default upstream, whatever model it names.
 
     `exact`, for a caller whose models are checked: the body relayed is the object as read, so
     that no upstream reads another model in it than the one checked (from a repeated `model`,
@@ -169,6 +173,8 @@ async def sniff_model(
         if size > limit:
             break
     head = b"".join(read)
+    if max_values is not None and await holds_over(head, max_values):
+        return None, _prepend(head, chunks)
     if not exact:
         return json_model(content_type, head, limit), _prepend(head, chunks)
     parsed = _json_object(content_type, head, limit)

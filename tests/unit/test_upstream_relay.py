@@ -476,6 +476,16 @@ async def test_sniff_model_stops_reading_past_the_limit_and_gives_all_of_it_back
     assert b"".join(await read_all(rest)) == b'{"model": "e-1", "input": "' + b"x" * 64 + b'"}'
 
 
+async def test_sniff_model_parses_no_body_of_more_values_than_the_bound() -> None:
+    many = b'{"model": "e-1", "input": [' + b"[]," * 50 + b"[]]}"  # about 105 values
+    json = [(b"content-type", JSON.encode())]
+    model, rest = await sniff_model(json, Counted(many), max_values=100)
+    assert model is None  # the default upstream's, unparsed
+    assert b"".join(await read_all(rest)) == many
+    model, _ = await sniff_model(json, Counted(many), max_values=110)
+    assert model == "e-1"
+
+
 @pytest.mark.parametrize(
     "headers",
     [
