@@ -208,9 +208,7 @@ class Upstream:
                 raise UpstreamTimeout(f"upstream {self.name} timed out") from None
             self._count("timeout" if failure is Failure.CONNECT_TIMEOUT else "connect_error")
             if failure is Failure.NOT_HTTP:
-                raise UpstreamBadReply(
-                    f"upstream {self.name} sent what is not HTTP ({exc})"
-                ) from None
+                raise self._not_http(exc) from None
             raise UpstreamUnavailable(
                 f"upstream {self.name} unreachable: {_cause_name(exc)}"
             ) from None
@@ -296,9 +294,7 @@ class Upstream:
             if failure is Failure.TIMEOUT:
                 raise UpstreamTimeout(f"upstream {self.name} timed out") from None
             if failure is Failure.NOT_HTTP:
-                raise UpstreamBadReply(
-                    f"upstream {self.name} sent what is not HTTP ({exc})"
-                ) from None
+                raise self._not_http(exc) from None
             raise UpstreamUnavailable(
                 f"upstream {self.name} failed mid-answer: the connection was closed or reset "
                 f"({_cause_name(exc)})"
