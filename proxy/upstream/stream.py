@@ -89,7 +89,7 @@ class ReplyReader:
         except EventTooLarge as exc:
             raise UpstreamBadReply(f"upstream {self.name} sent {exc} (max_event_bytes)") from None
         except ErrorEvent as exc:
-            raise self._failed(exc.args[0]) from None
+            raise self._failed(self._error_event(exc.args[0])) from None
         except MalformedReply as exc:
             raise self._malformed(exc) from None
         if acc.finish_reason is None:  # a reply cut short, [DONE] or not
@@ -109,17 +109,21 @@ class ReplyReader:
         if not isinstance(chunk, dict):
             raise UpstreamBadReply(f"upstream {self.name} sent an event that is not a JSON object")
         if "error" in chunk and not chunk.get("choices"):
-            raise self._failed(data)
+            raise self._failed(chunk["error"])
         return acc.add(chunk)
 
-    def _failed(self, data: bytes) -> UpstreamBadReply:
-        """What an error the upstream sent mid-stream fails the step with: its `error` event,
-        or an event holding an `error`."""
+    @staticmethod
+    def _error_event(data: bytes) -> Any:
+        """The error an `error` event holds: its JSON (its `error`, when it has one), else its
+        text."""
         try:
             sent = orjson.loads(data)
         except orjson.JSONDecodeError:
-            sent = data.decode(errors="replace")
-        error = sent.get("error", sent) if isinstance(sent, dict) else sent
+            return data.decode(errors="replace")
+        return sent.get("error", sent) if isinstance(sent, dict) else sent
+
+    def _failed(self, error: Any) -> UpstreamBadReply:
+        """What an error the upstream sent mid-stream fails the step with."""
         message = mid_stream_message(error, self.secrets)
         return UpstreamBadReply(f"upstream {self.name} failed mid-stream: {message}")
 
