@@ -180,6 +180,14 @@ async def test_loop_thread_id_names_the_thread_instead(proxy_for: ProxyFactory) 
         assert second["loop"]["tool_calls"] == 0
 
 
+def assert_continuation_refused(r: httpx.Response, says: str) -> None:
+    """A 413 for the stored response a request continues, saying which bound it is over."""
+    assert r.status_code == 413
+    error = r.json()["error"]
+    assert (error["code"], error["param"]) == ("request_too_large", "previous_response_id")
+    assert says in error["message"]
+
+
 async def test_a_conversation_continued_by_reference_is_bounded_as_a_body_is(
     proxy_for: ProxyFactory,
 ) -> None:
@@ -192,10 +200,7 @@ async def test_a_conversation_continued_by_reference_is_bounded_as_a_body_is(
         )
         assert first.status_code == 200
         r = await respond(proxy, model="scripted", previous_response_id=first.json()["id"])
-    assert r.status_code == 413
-    error = r.json()["error"]
-    assert (error["code"], error["param"]) == ("request_too_large", "previous_response_id")
-    assert "holds more than 1000 JSON values (server.max_body_values)" in error["message"]
+    assert_continuation_refused(r, "holds more than 1000 JSON values (server.max_body_values)")
     assert len(proxy.upstream.requests) == 1
 
 
@@ -212,10 +217,7 @@ async def test_a_conversation_continued_by_reference_is_bounded_in_bytes_as_a_bo
         )
         assert second.status_code == 200
         r = await respond(proxy, model="scripted", previous_response_id=second.json()["id"])
-    assert r.status_code == 413
-    error = r.json()["error"]
-    assert (error["code"], error["param"]) == ("request_too_large", "previous_response_id")
-    assert "is larger than 65536 bytes (server.max_body_bytes)" in error["message"]
+    assert_continuation_refused(r, "is larger than 65536 bytes (server.max_body_bytes)")
     assert len(proxy.upstream.requests) == 2
 
 
