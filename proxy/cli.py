@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import socket
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
@@ -86,33 +87,56 @@ async def _list_tools(config: Config) -> int:
         await registry.close()
 
 
-def _serve(path: str | None, host: str | None, port: int | None, workers: int | None) -> int:
+def _serve(path: str | None, overrides: dict[str, Any]) -> int:
     from proxy.api.server import serve
 
     try:
         config = load_config(path)
-        if workers is not None:
-            config = config.with_workers(workers)
+        changes = {name: value for name, value in overrides.items() if value is not None}
+        if changes:
+            config = config.with_server(**changes)
     except ConfigError as exc:
         _report(exc)
         return 1
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per upstream call is noise
     server = config.server
-    host, port = host or server.host, port if port is not None else server.port
-    if server.workers > 1:
-        from proxy.api.workers import listen, supervise
+    with contextlib.ExitStack() as sockets:
+        try:
+            probes = _bind(sockets, "probe_port", server.host, server.probe_port)
+            shared_port = server.port if server.workers > 1 else None  # else uvicorn binds it
+            shared = _bind(sockets, "port", server.host, shared_port)
+        except OSError:
+            return 1
+        if shared is not None:
+            from proxy.api.workers import supervise
 
-        def work(sock: socket.socket) -> bool:
-            return serve(_app(config), server, host, port, sock)
+            def work(sock: socket.socket) -> bool:
+                return serve(_app(config), server, sock, probes)
 
-        return supervise(server.workers, listen(host, port), work)
+            return supervise(server.workers, shared, work)
+        try:
+            app = _app(config)
+        except ValueError as exc:  # telemetry settings from the environment
+            print(str(exc), file=sys.stderr)
+            return 1
+        return 0 if serve(app, server, probes=probes) else 1
+
+
+def _bind(
+    sockets: contextlib.ExitStack, setting: str, host: str, port: int | None
+) -> socket.socket | None:
+    """A listening socket on host:port, closed with `sockets` (None without a port); says why
+    when it cannot be had."""
+    from proxy.api.workers import listen
+
+    if port is None:
+        return None
     try:
-        app = _app(config)
-    except ValueError as exc:  # telemetry settings from the environment
-        print(str(exc), file=sys.stderr)
-        return 1
-    return 0 if serve(app, server, host, port) else 1
+        return sockets.enter_context(listen(host, port))
+    except OSError as exc:
+        print(f"server.{setting}: cannot listen on {host}:{port}: {exc.strerror}", file=sys.stderr)
+        raise
 
 
 def _app(config: Config) -> ASGIApp:
@@ -129,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--host")
     serve.add_argument("--port", type=int)
     serve.add_argument("--workers", type=int, help="worker processes (default: server.workers)")
+    serve.add_argument("--probe-port", type=int, help="a listener for probes and scrapes only")
     check = sub.add_parser("check", help="validate a config file")
     check.add_argument("--config")
     tools = sub.add_parser("tools", help="connect the MCP sources and list every server tool")
@@ -136,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("demo", help="run sample runs against a scripted model, offline")
     args = parser.parse_args(argv)
     if args.command == "serve":
-        return _serve(args.config, args.host, args.port, args.workers)
+        server = {"host": args.host, "port": args.port, "workers": args.workers}
+        return _serve(args.config, {**server, "probe_port": args.probe_port})
     if args.command == "check":
         return _check(args.config)
     if args.command == "tools":

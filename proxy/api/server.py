@@ -8,6 +8,9 @@
   a head longer than MAX_HEAD_BYTES is answered 431 and its connection closed (as soon as that
   many bytes of it came, when it comes in more than one read).
 - An idle kept-alive connection is closed after `server.keep_alive_timeout_s`.
+- With `server.probe_port`, a second listener serves the probe routes only (/healthz, /readyz,
+  /metrics) with connections of its own, so that a client holding every connection of the
+  proxy's port does not make the pod look dead.
 - The body deadline (`server.body_timeout_s`) and the cap on requests in flight are the app's
   (`proxy.api.admission`).
 """
@@ -24,9 +27,10 @@ import orjson
 import uvicorn
 from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.server import ServerState
 
 from proxy.config.server import ServerConfig
-from proxy.errors import HeadersTooLarge, InvalidRequest, ProxyError, ServerBusy
+from proxy.errors import HeadersTooLarge, InvalidRequest, NotFound, ProxyError, ServerBusy
 
 # The most bytes a request's line and headers may take (an OpenAI client sends a few hundred).
 MAX_HEAD_BYTES = 64 * 1024
@@ -47,6 +51,13 @@ REFUSED = _refusal(
 )
 
 
+# The probe listener (`server.probe_port`): what it serves, the connections it holds at once (a
+# kubelet and a scraper or two need a few), and its queue of connections not yet accepted.
+PROBE_ROUTES = frozenset({"/healthz", "/readyz", "/metrics"})
+PROBE_CONNECTIONS = 32
+PROBE_BACKLOG = 64
+
+
 def answering(error: ProxyError) -> ASGIApp:
     """An app that answers every request with `error` and closes its connection: for a request
     the server refuses once its head came, answered through uvicorn's own cycle."""
@@ -62,6 +73,21 @@ def answering(error: ProxyError) -> ASGIApp:
         await send({"type": "http.response.body", "body": body})
 
     return refuse
+
+
+NOT_A_PROBE = answering(
+    NotFound(f"the probe port serves {', '.join(sorted(PROBE_ROUTES))} only: use the proxy's port")
+)
+
+
+def probe_routes(app: ASGIApp) -> ASGIApp:
+    """`app` serving the probe routes only."""
+
+    async def probe(scope: Scope, receive: Receive, send: Send) -> None:
+        routed = app if scope["path"] in PROBE_ROUTES else NOT_A_PROBE
+        await routed(scope, receive, send)
+
+    return probe
 
 
 # What a request whose head is longer than MAX_HEAD_BYTES gets before its connection is closed:
@@ -118,15 +144,44 @@ def settle_runtime() -> None:
 
 
 class _Server(uvicorn.Server):
+    """uvicorn's server, plus a listener of its own for the probe routes (`probes`), whose
+    connections are counted apart from the clients'."""
+
+    def __init__(
+        self, config: uvicorn.Config, probes: socket.socket | None, header_timeout_s: float
+    ) -> None:
+        super().__init__(config)
+        self.probes = probes
+        self.probe_state = ServerState()
+        self.probe_protocol = guarded_protocol(PROBE_CONNECTIONS, header_timeout_s, probes=True)
+
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
+        if self.probes is not None:
+            await self._serve_probes(self.probes)
         settle_runtime()
 
+    async def _serve_probes(self, sock: socket.socket) -> None:
+        def connect() -> asyncio.Protocol:
+            return self.probe_protocol(  # type: ignore[call-arg]
+                config=self.config, server_state=self.probe_state, app_state=self.lifespan.state
+            )
 
-def guarded_protocol(max_connections: int, header_timeout_s: float) -> type[asyncio.Protocol]:
+        loop = asyncio.get_running_loop()
+        self.servers.append(await loop.create_server(connect, sock=sock, backlog=PROBE_BACKLOG))
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        for connection in list(self.probe_state.connections):
+            connection.shutdown()
+        await super().shutdown(sockets)
+
+
+def guarded_protocol(
+    max_connections: int, header_timeout_s: float, probes: bool = False
+) -> type[asyncio.Protocol]:
     """uvicorn's httptools protocol with a cap on connections, a deadline on headers, and
     bounds on what one connection may make the server hold: a request's head, its trailers,
-    the requests pipelined behind it."""
+    the requests pipelined behind it. With `probes`, it serves the probe routes only."""
 
     class GuardedProtocol(HttpToolsProtocol):
         # The deadline of a request's head; also of the rest of a request that was answered
@@ -148,6 +203,8 @@ def guarded_protocol(max_connections: int, header_timeout_s: float) -> type[asyn
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
+            if probes:
+                self.app = probe_routes(self.app)
             if len(self.connections) > max_connections:
                 transport.write(REFUSED)
                 transport.close()
@@ -280,14 +337,18 @@ def guarded_protocol(max_connections: int, header_timeout_s: float) -> type[asyn
 
 
 def serve(
-    app: ASGIApp, server: ServerConfig, host: str, port: int, sock: socket.socket | None = None
+    app: ASGIApp,
+    server: ServerConfig,
+    sock: socket.socket | None = None,
+    probes: socket.socket | None = None,
 ) -> bool:
     """Serves `app` until the process is told to stop, on `sock` when given (a worker's share
-    of the supervisor's socket), else on host:port. False when it did not start (its lifespan
-    failed: a required MCP server did not connect, say)."""
+    of the supervisor's socket), else on `server.host` and `server.port`; and its probe routes
+    on `probes`, when given. False when it did not start (its lifespan failed: a required MCP
+    server did not connect, say)."""
     options: dict[str, Any] = {
-        "host": host,
-        "port": port,
+        "host": server.host,
+        "port": server.port,
         "log_level": "warning",
         "access_log": False,
         "proxy_headers": False,  # the client's address is never used: no layer to rewrite it
@@ -296,6 +357,6 @@ def serve(
         "http": guarded_protocol(server.connection_limit(), server.header_timeout_s),
         "ws": "none",
     }
-    served = _Server(uvicorn.Config(app, **options))
+    served = _Server(uvicorn.Config(app, **options), probes, server.header_timeout_s)
     served.run(sockets=[sock] if sock else None)
     return served.started

@@ -48,14 +48,14 @@ class Config(ConfigModel):
             )
         return state
 
-    def with_workers(self, workers: int) -> Config:
-        """This config served by `workers` processes (`serve --workers`), checked again."""
-        server = self.server.model_copy(update={"workers": workers})
+    def with_server(self, **changes: object) -> Config:
+        """This config with `server` settings from the command line (`serve --port`, ...),
+        checked again."""
+        server = {**dict(self.server), **changes}
         try:
             return Config.model_validate({**dict(self), "server": server})
         except ValidationError as exc:
-            problems = [(".".join(map(str, e["loc"])), e["msg"]) for e in exc.errors()]
-            raise ConfigError(problems) from None
+            raise ConfigError(problems(exc)) from None
 
 
 class ConfigError(Exception):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from proxy.config.model import ConfigModel
 
@@ -27,6 +27,10 @@ def _descriptor_limit() -> int:
 class ServerConfig(ConfigModel):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
+    # A second listener, on the same host, that serves only /healthz, /readyz and /metrics with
+    # connections of its own: probes and scrapes are answered while clients hold every
+    # connection of `port`.
+    probe_port: int | None = Field(None, ge=1, le=65535)
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
     # JSON values a request body (or an MCP server's message) may hold, keys counted: parsing
     # is bounded before it starts.
@@ -48,6 +52,12 @@ class ServerConfig(ConfigModel):
     # How `/v1/responses` shows the server tool calls that ran: as `mcp_call` output items, or
     # not at all (for a client that cannot read them).
     responses_server_calls: Literal["mcp_call", "omit"] = "mcp_call"
+
+    @model_validator(mode="after")
+    def _two_ports(self) -> ServerConfig:
+        if self.probe_port is not None and self.probe_port == self.port:
+            raise ValueError("probe_port must differ from port: probes get a listener of their own")
+        return self
 
     def connection_limit(self) -> int:
         """Client connections held at once: `max_connections`, else derived from the

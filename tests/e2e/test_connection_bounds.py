@@ -117,6 +117,38 @@ def test_connections_past_the_limit_are_refused_with_a_503(tmp_path: Path) -> No
         assert orjson.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]["code"] == "server_busy"
 
 
+def test_probes_and_scrapes_have_a_port_of_their_own_that_clients_cannot_fill(
+    tmp_path: Path,
+) -> None:
+    probe_port = free_port()
+    server = {"max_connections": 4, "header_timeout_s": 30, "probe_port": probe_port}
+    with proxy(tmp_path, server) as (host, port), contextlib.ExitStack() as held:
+        for _ in range(6):
+            sock = half_sent(host, port, b"")
+            assert sock is not None
+            held.callback(sock.close)
+        time.sleep(0.2)  # the server has accepted them
+        assert httpx.get(f"http://{host}:{port}/healthz", timeout=5).status_code == 503
+        probes = httpx.Client(base_url=f"http://{host}:{probe_port}", timeout=5)
+        held.callback(probes.close)
+        assert probes.get("/healthz").json() == {"status": "ok"}
+        assert probes.get("/readyz").json() == {"status": "ready"}
+        assert "loopwarden_runs_total" in probes.get("/metrics").text
+        refused = probes.post("/v1/chat/completions", json={"model": "m", "messages": []})
+        assert refused.status_code == 404
+        assert refused.json()["error"]["code"] == "not_found"
+        assert "/healthz, /metrics, /readyz only" in refused.json()["error"]["message"]
+        for _ in range(40):  # the probe port's own connections are bounded too
+            sock = half_sent(host, probe_port, b"")
+            assert sock is not None
+            held.callback(sock.close)
+        time.sleep(0.2)
+        late = half_sent(host, probe_port, b"")
+        assert late is not None
+        held.callback(late.close)
+        assert answer_of(late, 5).startswith(b"HTTP/1.1 503 ")
+
+
 def test_a_client_that_stops_mid_body_gets_a_408_and_its_connection_closed(
     tmp_path: Path,
 ) -> None:

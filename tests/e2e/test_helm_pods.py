@@ -24,9 +24,9 @@ pytestmark = pytest.mark.e2e
 
 
 @contextlib.contextmanager
-def pod(manifests: list[dict[str, Any]], root: Path, port: int) -> Iterator[str]:
-    """The Deployment's pod on 127.0.0.1:`port`, its volumes as folders under `root`; yields
-    its base URL once its startup probe answers."""
+def pod(manifests: list[dict[str, Any]], root: Path) -> Iterator[dict[str, str]]:
+    """The Deployment's pod on 127.0.0.1, its volumes as folders under `root` and its ports
+    on free ones; yields the base URL of each named port once its startup probe answers."""
     spec = one(manifests, "Deployment")["spec"]["template"]["spec"]
     main = container(manifests)
     volumes = {v["name"]: v for v in spec["volumes"]}
@@ -49,14 +49,17 @@ def pod(manifests: list[dict[str, Any]], root: Path, port: int) -> Iterator[str]
 
     args = [local(a) for a in main["args"]]
     args[args.index("--host") + 1] = "127.0.0.1"
-    args[args.index("--port") + 1] = str(port)
+    bases = {}
+    for port in main["ports"]:  # each given on the command line as its containerPort
+        (at,) = [i for i, arg in enumerate(args) if arg == str(port["containerPort"])]
+        args[at] = str(free_port())
+        bases[port["name"]] = f"http://127.0.0.1:{args[at]}"
     executable = Path(sys.executable).parent / main["command"][0]
     env = {e["name"]: e["value"] for e in main.get("env", [])}
-    probe = main["startupProbe"]["httpGet"]["path"]
-    base = f"http://127.0.0.1:{port}"
+    probe = main["startupProbe"]["httpGet"]
     command = [str(executable), *main["command"][1:], *args]
-    with running(command, base + probe, env, cwd=local(main["workingDir"])):
-        yield base
+    with running(command, bases[probe["port"]] + probe["path"], env, cwd=local(main["workingDir"])):
+        yield bases
 
 
 def runs_total(url: str, agent: str) -> float:
@@ -93,13 +96,12 @@ def test_the_charts_pods_serve_share_redis_and_are_scraped_one_process_each(
     main = container(manifests)
     (endpoint,) = one(manifests, "ServiceMonitor")["spec"]["endpoints"]
     with contextlib.ExitStack() as stack:
-        pods = [
-            stack.enter_context(pod(manifests, tmp_path / f"pod{i}", free_port()))
-            for i in range(replicas)
-        ]
-        for base in pods:
+        ports = [stack.enter_context(pod(manifests, tmp_path / f"pod{i}")) for i in range(replicas)]
+        pods = [port["http"] for port in ports]
+        for port in ports:
             for probe in ("livenessProbe", "readinessProbe"):
-                assert httpx.get(base + main[probe]["httpGet"]["path"]).status_code == 200
+                get = main[probe]["httpGet"]
+                assert httpx.get(port[get["port"]] + get["path"]).status_code == 200
         for i in range(5):
             with OpenAI(base_url=f"{pods[i % 2]}/v1", api_key="x", max_retries=0) as client:
                 reply = client.chat.completions.create(
@@ -108,7 +110,9 @@ def test_the_charts_pods_serve_share_redis_and_are_scraped_one_process_each(
                 )
             assert reply.choices[0].finish_reason == "stop"
         assert endpoint["path"] == "/metrics"
-        scraped = [runs_total(base + endpoint["path"], "weather") for base in pods]
+        scraped = [
+            runs_total(port[endpoint["port"]] + endpoint["path"], "weather") for port in ports
+        ]
         assert scraped == [3.0, 2.0]  # each pod counts its own runs; Prometheus sums them
         chat = {"context_id": "helm-c1", "agent": "weather", "message": "Oslo?"}
         assert httpx.post(f"{pods[0]}/chat", json=chat, timeout=30).status_code == 200
@@ -128,7 +132,8 @@ def test_a_single_pod_keeps_sqlite_state_on_its_data_volume(
         "agents": {"weather": {"model": "scripted", "tools": ["get_weather"]}},
     }
     manifests = render({"config": config})
-    with pod(manifests, tmp_path, free_port()) as base:
+    with pod(manifests, tmp_path) as ports:
+        base = ports["http"]
         chat = {"context_id": "c-sqlite", "agent": "weather", "message": "Oslo?"}
         assert httpx.post(f"{base}/chat", json=chat, timeout=30).status_code == 200
     assert (tmp_path / "data" / "loopwarden.db").stat().st_size > 0

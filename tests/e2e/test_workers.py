@@ -43,10 +43,10 @@ def config(upstream_url: str, state: dict[str, Any]) -> dict[str, Any]:
 
 
 @contextmanager
-def serving(path: Path, port: int, workers: int) -> Iterator[subprocess.Popen[bytes]]:
+def serving(path: Path, port: int, workers: int, *more: str) -> Iterator[subprocess.Popen[bytes]]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
-    args = ["-m", "proxy", "serve", "--config", str(path), "--port", str(port)]
+    args = ["-m", "proxy", "serve", "--config", str(path), "--port", str(port), *more]
     proc = subprocess.Popen([sys.executable, *args, "--workers", str(workers)], env=env)
     try:
         wait_healthy(f"http://127.0.0.1:{port}/healthz", proc)
@@ -91,12 +91,13 @@ async def test_two_workers_share_one_port_one_metrics_and_exact_thread_limits(
     tmp_path: Path,
 ) -> None:
     upstream = ScriptedUpstream(keep(each_run(call("get_weather", city="Oslo"), say("4°C"))))
-    port = free_port()
+    port, probe_port = free_port(), free_port()
     path = tmp_path / "loopwarden.yaml"
     with upstream.serve() as upstream_url:
         state = {"backend": "sqlite", "path": str(tmp_path / "state.db")}
         path.write_text(yaml.safe_dump(config(upstream_url, state)))
-        with serving(path, port, workers=2) as proc:
+        probes = ("--probe-port", str(probe_port))
+        with serving(path, port, 2, *probes) as proc:
             until(lambda: len(workers_of(proc.pid)) == 2)
             url = f"http://127.0.0.1:{port}"
             async with httpx.AsyncClient(base_url=url, timeout=60) as client:
@@ -113,7 +114,9 @@ async def test_two_workers_share_one_port_one_metrics_and_exact_thread_limits(
                     *(client.post("/v1/chat/completions", json=threaded) for _ in range(8))
                 )
                 assert {r.status_code for r in capped} == {200}
-                # A worker applies its own updates before its scrape, the others' within 1 s.
+                # A worker applies its own updates before its scrape, the others' within 1 s;
+                # the workers share the probe port too.
+                client.base_url = httpx.URL(f"http://127.0.0.1:{probe_port}")
                 scraped = await scrape_until(client, lambda s: sample(s, RUNS) == 48, 3.0)
     assert sample(scraped, RUNS) == 48  # every worker's runs, from any one
     assert sample(scraped, "loopwarden_tool_calls_total", outcome="ok") == 3  # exact across both

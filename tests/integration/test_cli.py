@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import pytest
 
 from proxy.cli import main
+from proxy.demo.runner import free_port
 from tests.integration.conftest import CheckConfig
 
 
@@ -71,3 +73,31 @@ def test_the_readme_config_example_is_valid() -> None:
     agent = config.agents["researcher"]
     assert [r.type for r in agent.tool_rules] == ["run_first"]
     assert agent.tool_call_limits[0].thread_limit == 50
+
+
+def test_the_probe_port_must_be_a_port_of_its_own(
+    check_config: CheckConfig, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    checked = check_config("server: {port: 8080, probe_port: 8080}\n")
+    assert checked.status == 1
+    assert "server: probe_port must differ from port" in checked.err
+    config = tmp_path / "loopwarden.yaml"
+    config.write_text("server: {probe_port: 8081}\n")
+    assert main(["serve", "--config", str(config), "--port", "8081"]) == 1
+    assert "server: probe_port must differ from port" in capsys.readouterr().err
+
+
+def test_serve_says_which_port_it_cannot_listen_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "loopwarden.yaml"
+    config.write_text("state: {backend: sqlite, path: state.db}\n")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        serve = ["serve", "--config", str(config), "--host", "127.0.0.1"]
+        assert main([*serve, "--port", str(free_port()), "--probe-port", str(port)]) == 1
+        assert f"server.probe_port: cannot listen on 127.0.0.1:{port}: " in capsys.readouterr().err
+        assert main([*serve, "--port", str(port), "--workers", "2"]) == 1
+        assert f"server.port: cannot listen on 127.0.0.1:{port}: " in capsys.readouterr().err

@@ -77,7 +77,18 @@ def test_the_probes_and_the_scrape_path_are_routes_of_the_app() -> None:
     (endpoint,) = one(manifests, "ServiceMonitor")["spec"]["endpoints"]
     routes = {getattr(r, "path", None) for r in create_app(Config()).routes}
     assert paths | {endpoint["path"]} <= routes
-    assert endpoint["port"] == main["ports"][0]["name"] == "http"
+    ports = {port["name"]: port["containerPort"] for port in main["ports"]}
+    assert ports == {"http": 8080, "probes": 8081}
+    probes = {
+        main[p]["httpGet"]["port"] for p in ("startupProbe", "livenessProbe", "readinessProbe")
+    }
+    assert probes == {endpoint["port"]} == {"probes"}  # not the port clients may fill
+    args = main["args"]
+    assert args[args.index("--probe-port") + 1] == "8081"
+    service = {
+        port["name"]: port["targetPort"] for port in one(manifests, "Service")["spec"]["ports"]
+    }
+    assert service == {"http": "http", "probes": "probes"}
 
 
 def test_the_default_config_is_the_built_in_default(tmp_path: Path) -> None:
@@ -115,6 +126,11 @@ def test_a_config_change_rolls_the_pods() -> None:
 def test_several_pods_need_the_redis_backend(values: dict[str, Any]) -> None:
     with pytest.raises(helm.HelmRenderError, match=r"config\.state\.backend: must be redis"):
         render(values)
+
+
+def test_the_probe_port_must_differ_from_the_service_port() -> None:
+    with pytest.raises(helm.HelmRenderError, match=r"service\.probePort: must differ"):
+        render({"service": {"port": 8080, "probePort": 8080}})
 
 
 def test_several_pods_get_a_disruption_budget_and_the_autoscaler_owns_replicas() -> None:
@@ -161,7 +177,7 @@ def test_the_dashboards_config_map_carries_every_dashboard_for_the_sidecar() -> 
 
 
 def test_pods_are_annotated_for_scraping_unless_turned_off() -> None:
-    pod = one(render({"service": {"port": 9000}}), "Deployment")["spec"]["template"]
+    pod = one(render({"service": {"probePort": 9000}}), "Deployment")["spec"]["template"]
     annotations = pod["metadata"]["annotations"]
     assert annotations["prometheus.io/port"] == "9000"
     assert annotations["prometheus.io/path"] == "/metrics"

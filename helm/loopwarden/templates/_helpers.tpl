@@ -34,3 +34,10 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- fail (printf "config.state.backend: must be redis when more than one pod serves (replicaCount or autoscaling), so that thread counts and stored contexts are shared; it is %s" $backend) -}}
 {{- end -}}
 {{- end -}}
+
+{{/* The probes' listener is a port of its own. */}}
+{{- define "loopwarden.checkPorts" -}}
+{{- if eq (int .Values.service.port) (int .Values.service.probePort) -}}
+{{- fail (printf "service.probePort: must differ from service.port (%d): the probes and scrapes have a listener of their own" (int .Values.service.port)) -}}
+{{- end -}}
+{{- end -}}
