@@ -13,18 +13,19 @@ from proxy.config.server import ServerConfig
 from proxy.json_values import holds_over
 from proxy.state.store import StateStore
 
+# A stored response is two records: the response (its body, thread and owner), read by `GET`,
+# by run lookups and by item references; and the conversation through it, read only by the
+# request that continues it (it goes upstream in that request's body).
 RESPONSE_RECORD = "response"
+CONVERSATION_RECORD = "conversation"
 ITEM_PREFIXES = ("msg_", "fc_", "mcp_")
 
 
 @dataclass(slots=True)
 class StoredResponse:
-    """`messages` is the conversation through the response, as the engine saw it (the
-    `instructions` aside: they are not carried over, as OpenAI does); `thread` the chain's
-    thread name, before any key scoping."""
+    """`thread` is the chain's thread name, before any key scoping."""
 
     response: dict[str, Any]
-    messages: list[dict[str, Any]]
     thread: str | None
     owner: str  # the agent or model: a key that may not use it may not read it
     key: str | None
@@ -32,13 +33,7 @@ class StoredResponse:
     def dumps(self) -> bytes:
         """The record; it ends with its key (`owned_by` reads it there, unparsed)."""
         return orjson.dumps(
-            {
-                "response": self.response,
-                "messages": self.messages,
-                "thread": self.thread,
-                "owner": self.owner,
-                "key": self.key,
-            }
+            {"response": self.response, "thread": self.thread, "owner": self.owner, "key": self.key}
         )
 
     def item(self, item_id: str) -> dict[str, Any] | None:
@@ -78,36 +73,53 @@ class ResponseStore:
         self.store = store
         self.ttl_s = ttl_s
 
-    async def save(self, response_id: str, stored: StoredResponse) -> None:
+    async def save(
+        self, response_id: str, stored: StoredResponse, messages: list[dict[str, Any]]
+    ) -> None:
+        """Keeps the response and `messages`, the conversation through it (as the engine saw
+        it, the `instructions` aside: they are not carried over, as OpenAI does)."""
+        conversation = orjson.dumps(messages)
+        await self.store.put_record(CONVERSATION_RECORD, response_id, conversation, self.ttl_s)
         await self.store.put_record(RESPONSE_RECORD, response_id, stored.dumps(), self.ttl_s)
 
-    async def load(
-        self, response_id: str, caller: Caller | None, bounds: ServerConfig | None = None
-    ) -> StoredResponse | None:
+    async def load(self, response_id: str, caller: Caller | None) -> StoredResponse | None:
         """The stored response, when it exists and `caller` made it (None otherwise: another
-        key's responses do not exist for it). Raises PermissionDenied when the key may no
-        longer use the response's agent, and ConversationTooLarge when the record holds more
-        bytes or JSON values than a request's body may (`bounds`; checked before it is
-        parsed)."""
+        key's responses do not exist for it), without its conversation."""
         found = await self.store.get_record(RESPONSE_RECORD, response_id)
         if found is None or (caller is not None and not owned_by(found, caller.name)):
             return None  # first: another key's response has no size for it either
-        if bounds is not None:
-            if len(found) > bounds.max_body_bytes:
-                over = f"is larger than {bounds.max_body_bytes} bytes (server.max_body_bytes)"
-                raise ConversationTooLarge(response_id, over)
-            if await holds_over(found, bounds.max_body_values):
-                over = (
-                    f"holds more than {bounds.max_body_values} JSON values (server.max_body_values)"
-                )
-                raise ConversationTooLarge(response_id, over)
         fields = orjson.loads(found)
+        fields.pop("messages", None)  # stored as one record, by an earlier version
         stored = StoredResponse(**fields)
-        if caller is not None:
-            if stored.key != caller.name:
-                return None
+        if caller is not None and stored.key != caller.name:
+            return None
+        return stored
+
+    async def readable(self, response_id: str, caller: Caller | None) -> StoredResponse | None:
+        """`load`, and raises PermissionDenied when the key may no longer use the response's
+        agent or model."""
+        stored = await self.load(response_id, caller)
+        if stored is not None and caller is not None:
             KeyRing.check(caller, stored.owner)
         return stored
 
+    async def conversation(self, response_id: str, bounds: ServerConfig) -> list[dict[str, Any]]:
+        """The conversation through a response `readable` found. Raises ConversationTooLarge
+        when it holds more bytes or JSON values than a request's body may (checked before it
+        is parsed)."""
+        found = await self.store.get_record(CONVERSATION_RECORD, response_id)
+        legacy = found is None  # stored as one record, by an earlier version
+        if found is None:
+            found = await self.store.get_record(RESPONSE_RECORD, response_id) or b"{}"
+        if len(found) > bounds.max_body_bytes:
+            over = f"is larger than {bounds.max_body_bytes} bytes (server.max_body_bytes)"
+            raise ConversationTooLarge(response_id, over)
+        if await holds_over(found, bounds.max_body_values):
+            over = f"holds more than {bounds.max_body_values} JSON values (server.max_body_values)"
+            raise ConversationTooLarge(response_id, over)
+        parsed = orjson.loads(found)
+        return list(parsed.get("messages", ())) if legacy else list(parsed)
+
     async def delete(self, response_id: str) -> bool:
+        await self.store.delete_record(CONVERSATION_RECORD, response_id)
         return await self.store.delete_record(RESPONSE_RECORD, response_id)

@@ -201,9 +201,9 @@ class _Context:
         if self.req.store:
             generated = [m for m in result.generated if m.get("role") != "system"]
             key = self.caller.name if self.caller is not None else None
-            stored = StoredResponse(body, self.history + generated, self.thread, self.owner, key)
+            stored = StoredResponse(body, self.thread, self.owner, key)
             try:
-                await self.store.save(body["id"], stored)
+                await self.store.save(body["id"], stored, self.history + generated)
             except StateUnavailable as exc:
                 log.warning("response %s was not stored: %s", body["id"], exc.message)
             else:
@@ -214,30 +214,50 @@ class _Context:
 
 class _StoredReads:
     """The stored responses one request reads (its previous one, those its item references
-    name): each read once, at most MAX_STORED_READS of them, and none whose conversation holds
-    more bytes or values than a request's body may (it goes upstream in the next request's
-    body)."""
+    name): each read once and at most MAX_STORED_READS of them. Of a response an item
+    reference names, only its output items are kept; the conversation of the previous one
+    may hold no more bytes or values than a request's body (it goes upstream in this one's)."""
 
     def __init__(self, store: ResponseStore, caller: Caller | None, bounds: ServerConfig) -> None:
         self.store = store
         self.caller = caller
         self.bounds = bounds
-        self._read: dict[str, StoredResponse | None] = {}
+        self._outputs: dict[str, dict[str, dict[str, Any]]] = {}  # by response id, by item id
 
-    async def load(self, response_id: str, param: str) -> StoredResponse | None:
-        if response_id in self._read:
-            return self._read[response_id]
-        if len(self._read) >= MAX_STORED_READS:
+    async def previous(
+        self, response_id: str, param: str
+    ) -> tuple[StoredResponse, list[dict[str, Any]]]:
+        """The response a request continues, and the conversation through it."""
+        stored = await self._read(response_id, param)
+        if stored is None:
+            raise NotFound(f"no stored response {response_id!r}", param=param)
+        try:
+            return stored, await self.store.conversation(response_id, self.bounds)
+        except ConversationTooLarge as exc:
+            raise BodyTooLarge(str(exc), param=param) from None
+
+    async def item(self, item_id: str, param: str) -> dict[str, Any]:
+        """The stored output item `item_id` names."""
+        owner = response_of_item(item_id)
+        if owner is not None and owner not in self._outputs:
+            await self._read(owner, param)
+        item = self._outputs[owner].get(item_id) if owner is not None else None
+        if item is None:
+            raise NotFound(f"no stored item {item_id[:64]!r}", param=param)
+        return dict(item)
+
+    async def _read(self, response_id: str, param: str) -> StoredResponse | None:
+        if len(self._outputs) >= MAX_STORED_READS:
             raise InvalidRequest(
                 f"a request may read at most {MAX_STORED_READS} stored responses (its "
                 "previous_response_id and the responses its item references name)",
                 param=param,
             )
-        try:
-            stored = await self.store.load(response_id, self.caller, self.bounds)
-        except ConversationTooLarge as exc:
-            raise BodyTooLarge(str(exc), param=param) from None
-        self._read[response_id] = stored
+        self._outputs[response_id] = {}  # counted, whatever it holds
+        stored = await self.store.readable(response_id, self.caller)
+        if stored is not None:
+            output = stored.response.get("output") or ()
+            self._outputs[response_id] = {item.get("id"): item for item in output}
         return stored
 
 
@@ -245,20 +265,17 @@ async def _history(req: ResponsesRequest, reads: _StoredReads) -> list[dict[str,
     """The conversation a request continues: the stored one of `previous_response_id`, then
     its input items with every `item_reference` read. A function call output must answer a
     call of that conversation."""
-    previous: StoredResponse | None = None
+    conversation: list[dict[str, Any]] = []
     if req.previous_response_id is not None:
-        previous = await reads.load(req.previous_response_id, "previous_response_id")
-        if previous is None:
-            raise NotFound(
-                f"no stored response {req.previous_response_id!r}", param="previous_response_id"
-            )
+        previous, conversation = await reads.previous(
+            req.previous_response_id, "previous_response_id"
+        )
         if req.run.thread_id is None:
             req.run.thread_id = previous.thread
     known: set[str] = set()
-    if previous is not None:
-        for message in previous.messages:
-            for call in message.get("tool_calls") or ():
-                known.add(call["id"])
+    for message in conversation:
+        for call in message.get("tool_calls") or ():
+            known.add(call["id"])
     items: list[dict[str, Any]] = []
     seen: set[str] = set()
     for i, item in enumerate(req.items):
@@ -268,7 +285,7 @@ async def _history(req: ResponsesRequest, reads: _StoredReads) -> list[dict[str,
             if ref in seen:  # the same stored item named twice (a call, and its result)
                 continue
             seen.add(ref)
-            item = await _referenced(ref, reads, f"input[{i}].id")
+            item = await reads.item(ref, f"input[{i}].id")
             kind = item.get("type", "message")
         if kind in ("function_call", "custom_tool_call"):
             known.add(item["call_id"])
@@ -280,17 +297,7 @@ async def _history(req: ResponsesRequest, reads: _StoredReads) -> list[dict[str,
                 param=f"input[{i}].call_id",
             )
         items.append(item)
-    messages = items_to_messages(items)
-    return [*previous.messages, *messages] if previous is not None else messages
-
-
-async def _referenced(item_id: str, reads: _StoredReads, param: str) -> dict[str, Any]:
-    owner = response_of_item(item_id)
-    stored = await reads.load(owner, param) if owner else None
-    item = stored.item(item_id) if stored is not None else None
-    if item is None:
-        raise NotFound(f"no stored item {item_id[:64]!r}", param=param)
-    return item
+    return [*conversation, *items_to_messages(items)]
 
 
 def _thread(req: ResponsesRequest, plan: Plan, caller: Caller | None) -> str | None:
@@ -317,7 +324,7 @@ class StoredResponses:
         caller = sv.keys.caller(bearer_token(scope))
         asked = scope["path_params"]["response_id"]
         store = ResponseStore(sv.store, sv.config.state.response_ttl_s)
-        stored = await store.load(asked, caller)
+        stored = await store.readable(asked, caller)
         if stored is None:
             raise NotFound(f"no stored response {asked[:64]!r}")
         if scope["method"] == "DELETE":

@@ -10,7 +10,7 @@ import orjson
 from starlette.types import Receive, Scope, Send
 
 from proxy.api.asgi import bearer_token, send_json
-from proxy.api.response_store import RESPONSE_RECORD
+from proxy.api.response_store import ResponseStore
 from proxy.api.services import RUN_RECORD, Services
 from proxy.errors import NotFound
 
@@ -39,10 +39,10 @@ class RunReports:
         found = await sv.store.get_record(RUN_RECORD, run_id) if run_id else None
         record = orjson.loads(found) if found is not None else None
         if record is None and run_id is not None:  # a stored response keeps its run's report
-            kept = await sv.store.get_record(RESPONSE_RECORD, "resp_" + run_id[4:])
+            responses = ResponseStore(sv.store, sv.config.state.response_ttl_s)
+            kept = await responses.load("resp_" + run_id[4:], caller)
             if kept is not None:
-                stored = orjson.loads(kept)
-                record = {"key": stored["key"], "loop": stored["response"]["loop"]}
+                record = {"key": kept.key, "loop": kept.response["loop"]}
         if record is None:
             raise NotFound(f"no recent run {asked!r}")
         if caller is not None and record.get("key") != caller.name:

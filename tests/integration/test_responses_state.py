@@ -10,10 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 
 from proxy.config.state import StateConfig
 from proxy.state.backend import open_store
+from proxy.state.memory import MemoryStore
 from proxy.state.store import StateStore
 from tests.integration.conftest import Proxy, ProxyFactory
 from tests.integration.test_key_scopes import AGENTS, key, keyed
@@ -71,6 +73,8 @@ async def test_stored_responses_on_every_backend(
         assert (await proxy.client.delete(f"/v1/responses/{first['id']}")).status_code == 200
         assert (await proxy.client.get(f"/v1/responses/{first['id']}")).status_code == 404
         assert (await proxy.client.delete(f"/v1/responses/{first['id']}")).status_code == 404
+        assert await backend.get_record("conversation", first["id"]) is None
+        assert await backend.get_record("conversation", second["id"]) is not None
 
 
 async def test_a_stored_response_belongs_to_its_key(proxy_for: ProxyFactory) -> None:
@@ -194,14 +198,16 @@ async def test_a_conversation_continued_by_reference_is_bounded_as_a_body_is(
     """Each body of the chain is under `max_body_values`, the conversation they make is not:
     it would go upstream as one body, and is refused before its record is parsed."""
     async with proxy_for({"server": {"max_body_values": 1000}}) as proxy:
-        proxy.upstream.script(say("Noted."))
-        first = await respond(
-            proxy, model="scripted", input=[{"role": "user", "content": "x"}] * 195
+        proxy.upstream.script(keep(say("Noted.")))
+        said = [{"role": "user", "content": "x"}]
+        first = await respond(proxy, model="scripted", input=said * 150)
+        second = await respond(
+            proxy, model="scripted", input=said * 50, previous_response_id=first.json()["id"]
         )
-        assert first.status_code == 200
-        r = await respond(proxy, model="scripted", previous_response_id=first.json()["id"])
+        assert second.status_code == 200
+        r = await respond(proxy, model="scripted", previous_response_id=second.json()["id"])
     assert_continuation_refused(r, "holds more than 1000 JSON values (server.max_body_values)")
-    assert len(proxy.upstream.requests) == 1
+    assert len(proxy.upstream.requests) == 2
 
 
 async def test_a_conversation_continued_by_reference_is_bounded_in_bytes_as_a_body_is(
@@ -235,3 +241,79 @@ async def test_a_request_reads_at_most_64_stored_responses(proxy_for: ProxyFacto
     assert over.status_code == 400
     assert over.json()["error"]["param"] == "input[64].id"
     assert "at most 64 stored responses" in over.json()["error"]["message"]
+
+
+class ReadsCounted(MemoryStore):
+    """The memory backend, counting the bytes of the records it was asked for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.read = 0
+
+    async def get_record(self, kind: str, key: str) -> bytes | None:
+        found = await super().get_record(kind, key)
+        self.read += len(found or b"")
+        return found
+
+
+async def test_reading_a_stored_response_does_not_read_the_conversation_through_it(
+    proxy_for: ProxyFactory,
+) -> None:
+    store = ReadsCounted()
+    async with proxy_for(store=store) as proxy:
+        proxy.upstream.script(keep(say("Noted.")))
+        first = (await respond(proxy, model="scripted", input="x" * 100_000)).json()
+        store.read = 0
+        assert (await proxy.client.get(f"/v1/responses/{first['id']}")).json() == first
+        assert (await proxy.client.get(f"/v1/runs/{first['id']}")).status_code == 200
+        reference = [{"type": "item_reference", "id": first["output"][0]["id"]}]
+        assert (await respond(proxy, model="scripted", input=reference)).status_code == 200
+        assert store.read < 10_000  # three reads of the response, none of its 100 KB input
+        store.read = 0
+        continued = await respond(proxy, model="scripted", previous_response_id=first["id"])
+        assert continued.status_code == 200
+        assert store.read > 100_000
+
+
+async def test_an_item_of_a_response_too_large_to_continue_may_still_be_referenced(
+    proxy_for: ProxyFactory,
+) -> None:
+    """Only the item goes upstream, not the conversation the response ended."""
+    async with proxy_for({"server": {"max_body_bytes": 65536}}) as proxy:
+        proxy.upstream.script(keep(say("Noted.")))
+        half = (await respond(proxy, model="scripted", input="x" * 40_000)).json()
+        large = await respond(
+            proxy, model="scripted", input="y" * 40_000, previous_response_id=half["id"]
+        )
+        reference = [{"type": "item_reference", "id": large.json()["output"][0]["id"]}]
+        r = await respond(proxy, model="scripted", input=reference)
+        over = await respond(proxy, model="scripted", previous_response_id=large.json()["id"])
+    assert r.status_code == 200
+    assert [m["content"] for m in proxy.upstream.bodies[-1]["messages"]] == ["Noted."]
+    assert_continuation_refused(over, "is larger than 65536 bytes (server.max_body_bytes)")
+
+
+async def test_a_response_stored_as_one_record_is_read_and_continued(
+    proxy_for: ProxyFactory,
+) -> None:
+    """As an earlier version stored it: the conversation in the response's own record."""
+    store = MemoryStore()
+    response = {"id": "resp_0a1b", "object": "response", "status": "completed", "output": []}
+    earlier = {
+        "response": response,
+        "messages": [
+            {"role": "user", "content": "Lima?"},
+            {"role": "assistant", "content": "Sunny."},
+        ],
+        "thread": "resp_0a1b",
+        "owner": "scripted",
+        "key": None,
+    }
+    await store.put_record("response", "resp_0a1b", orjson.dumps(earlier), 60)
+    async with proxy_for(store=store) as proxy:
+        proxy.upstream.script(say("Still sunny."))
+        assert (await proxy.client.get("/v1/responses/resp_0a1b")).json() == response
+        r = await respond(proxy, model="scripted", previous_response_id="resp_0a1b", input="Now?")
+        assert r.status_code == 200
+    sent = proxy.upstream.bodies[0]["messages"]
+    assert [m["content"] for m in sent] == ["Lima?", "Sunny.", "Now?"]
