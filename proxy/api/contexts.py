@@ -3,10 +3,11 @@ with `/v1/contexts/{id}`. A context is also the thread of its tool call limits."
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import orjson
@@ -33,7 +34,7 @@ from proxy.errors import (
     ProxyError,
     StateUnavailable,
 )
-from proxy.state.store import StoredContext
+from proxy.state.store import StateStore, StoredContext
 
 log = logging.getLogger(__name__)
 
@@ -199,6 +200,19 @@ def kept_messages(result: RunResult) -> list[dict[str, Any]]:
     return [m for m in result.generated if m.get("role") in KEPT_ROLES]
 
 
+@contextlib.asynccontextmanager
+async def held(store: StateStore, context_id: str, receive: Receive) -> AsyncIterator[bool]:
+    """Holds a context for a request, waiting behind the run that holds it for as long as the
+    client stays: False when it left first (nothing is to be done, or sent)."""
+    async with contextlib.AsyncExitStack() as stack:
+
+        async def take() -> bool:
+            await stack.enter_async_context(store.hold(context_id))
+            return True
+
+        yield await run_or_cancel(take, receive) is not None
+
+
 class ContextRuns:
     """`POST /chat`, `/chat/invoke` and `/chat/add-ai-message` as one raw ASGI app."""
 
@@ -211,8 +225,9 @@ class ContextRuns:
         caller = sv.keys.caller(bearer)
         raw = await read_json(receive, scope, sv.config.server)
         body = _body(raw, scope["path"], sv.config.state.max_context_id_chars)
-        async with sv.store.hold(body["context_id"]):
-            await self._run(sv, caller, bearer, scope, receive, send, body)
+        async with held(sv.store, body["context_id"], receive) as holding:
+            if holding:
+                await self._run(sv, caller, bearer, scope, receive, send, body)
 
     async def _run(
         self,
@@ -341,7 +356,9 @@ class ContextRecords:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         sv = self.services()
         context_id = scope["path_params"]["context_id"]
-        async with sv.store.hold(context_id):  # not while a run holds it
+        async with held(sv.store, context_id, receive) as holding:  # not while a run holds it
+            if not holding:
+                return
             found = await read_context(sv, context_id, bearer_token(scope))
             if scope["method"] == "DELETE":
                 await sv.store.delete_context(found.id)

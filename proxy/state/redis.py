@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import AbstractAsyncContextManager
 
@@ -57,7 +58,9 @@ return 1
 @contextlib.contextmanager
 def _reached() -> Iterator[None]:
     """Turns the server's failures into `StateUnavailable` (their details go to the log only:
-    they name hosts)."""
+    they name hosts), and raises the cancellation the client may have dropped: it sends each
+    command under `asyncio.wait_for`, which on Python 3.11 returns as if nothing happened when
+    the task is cancelled as the write completes (and a run whose client left would go on)."""
     try:
         yield
     except RedisError as exc:
@@ -65,6 +68,9 @@ def _reached() -> Iterator[None]:
         raise StateUnavailable(
             f"the state backend (redis) is unavailable: {type(exc).__name__}"
         ) from None
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
 
 
 class RedisStore:
@@ -196,8 +202,14 @@ class RedisStore:
     @contextlib.asynccontextmanager
     async def _hold(self, context_id: str) -> AsyncIterator[None]:
         lock = self._redis.lock(f"{self._prefix}lock:{context_id}", timeout=self._lease, sleep=0.01)
-        with _reached():
-            await lock.acquire()
+        token = secrets.token_hex(16)
+        try:
+            with _reached():
+                await lock.acquire(token=token)
+        except asyncio.CancelledError:  # the wait's last attempt may have taken it
+            with contextlib.suppress(LockError, RedisError):
+                await lock.do_release(token.encode())
+            raise
 
         async def renew() -> bool:
             try:

@@ -308,7 +308,6 @@ class SqliteStore:
         # One waiter per context and process polls the table; the others queue here.
         async with self._locks.hold(context_id):
             token = secrets.token_hex(16)
-            await self._take(context_id, token)
 
             async def renew() -> bool:
                 def work(db: sqlite3.Connection) -> bool:
@@ -321,9 +320,10 @@ class SqliteStore:
                 return await self._call(work)
 
             try:
+                await self._take(context_id, token)
                 async with renewed(f"context {context_id!r}", self._lease, renew):
                     yield
-            finally:
+            finally:  # also when the wait was cancelled, as its last attempt took the row
                 try:
                     await self._call(
                         lambda db: db.execute(

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import secrets
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -23,6 +25,8 @@ from starlette.types import Message
 from proxy.api.app import create_app
 from proxy.cli import main
 from proxy.config import parse_config
+from proxy.config.state import StateConfig
+from proxy.state.backend import open_store
 from proxy.state.store import StateStore
 from tests.fakes import RecordingObserver
 from tests.scripted_upstream import ScriptedUpstream
@@ -81,10 +85,14 @@ class Proxy:
         return await self.client.post("/v1/chat/completions", json=body)
 
     async def leaving(
-        self, body: dict[str, Any], after_s: float, path: str = "/v1/chat/completions"
+        self,
+        body: dict[str, Any],
+        after_s: float,
+        path: str = "/v1/chat/completions",
+        method: str = "POST",
     ) -> list[Message]:
-        """Posts a chat completion (or `body` to `path`) and disconnects `after_s` later; gives
-        what the app sent.
+        """Posts a chat completion (or `body` to `path`, or makes a `method` request there) and
+        disconnects `after_s` later; gives what the app sent.
         (httpx's ASGI transport cannot disconnect: this talks ASGI to the app itself.)"""
         app = self.client._transport.app  # type: ignore[attr-defined]
         messages = [{"type": "http.request", "body": orjson.dumps(body), "more_body": False}]
@@ -102,7 +110,7 @@ class Proxy:
 
         scope = {
             "type": "http",
-            "method": "POST",
+            "method": method,
             "path": path,
             "headers": [(b"content-type", b"application/json")],
             "query_string": b"",
@@ -204,3 +212,25 @@ def check_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> CheckCon
         return Checked(status, out, err)
 
     return check
+
+
+def state(kind: str, tmp_path: Path, redis_url: str, prefix: str | None = None) -> StateStore:
+    os.environ["LOOPWARDEN_TEST_REDIS"] = redis_url
+    return open_store(
+        StateConfig(
+            backend=kind,  # type: ignore[arg-type]
+            path=str(tmp_path / "state.db"),
+            url_env="LOOPWARDEN_TEST_REDIS",
+            key_prefix=prefix or f"test-{secrets.token_hex(4)}:",
+        )
+    )
+
+
+@pytest.fixture(params=["memory", "sqlite", "redis"])
+async def backend(
+    request: pytest.FixtureRequest, tmp_path: Path, redis_url: str
+) -> AsyncIterator[StateStore]:
+    """Each state backend in turn."""
+    opened = state(request.param, tmp_path, redis_url)
+    yield opened
+    await opened.close()

@@ -110,3 +110,24 @@ async def test_a_run_that_lost_its_lease_fails_instead_of_overwriting_the_next(
     assert lost.headers["x-should-retry"] == "false"  # its tool ran
     said = [m["content"] for m in stored["messages"] if m["role"] in ("user", "assistant")]
     assert said == ["start", "Ready.", "second", "Second."]
+
+
+async def test_a_wait_for_a_context_cancelled_as_it_takes_the_lock_leaves_it_free(
+    backend: StateStore,
+) -> None:
+    """A client that leaves cancels its wait, maybe as the backend was taking the lock for it:
+    the lock is let go then and there, not when its lease ends."""
+
+    async def enter() -> None:
+        async with backend.hold("c-cancel"):
+            await asyncio.Event().wait()
+
+    for turns in range(8):  # cancelled at each point of the wait, and once held
+        waiting = asyncio.create_task(enter())
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        waiting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiting
+        async with asyncio.timeout(5), backend.hold("c-cancel"):  # the lease is 30 s
+            pass

@@ -8,6 +8,7 @@ from urllib.parse import quote
 
 import pytest
 
+from proxy.state.store import StateStore
 from tests.integration.conftest import Proxy, ProxyFactory
 from tests.scripted_upstream import call, each_run, keep, say, say_tool_result
 
@@ -154,6 +155,25 @@ async def test_concurrent_runs_on_one_context_are_serialised(proxy_for: ProxyFac
     assert all(r.status_code == 200 for r in replies)
     roles = [m["role"] for m in stored["messages"]]
     assert roles == ["user", "assistant"] + ["user", "assistant", "tool", "assistant"] * 5
+
+
+async def test_a_client_that_leaves_while_its_context_is_held_runs_nothing(
+    proxy_for: ProxyFactory, backend: StateStore
+) -> None:
+    async with proxy_for(REPORTER, store=backend) as proxy:
+        proxy.upstream.script(say("Ready."))
+        await post(proxy, "/chat", context_id="c-wait", agent="reporter", message="start")
+        async with backend.hold("c-wait"):  # a run (of another replica, say) holds it
+            body = {"context_id": "c-wait", "message": "gone"}
+            assert await proxy.leaving(body, 0.2, path="/chat") == []  # returns: it left
+            dropping = await proxy.leaving({}, 0.2, path="/v1/contexts/c-wait", method="DELETE")
+            assert dropping == []
+        assert len(proxy.upstream.requests) == 1
+        proxy.upstream.script(say("Here."))
+        again = await post(proxy, "/chat", context_id="c-wait", message="here")
+        stored = (await proxy.client.get("/v1/contexts/c-wait")).json()
+    assert again.status_code == 200
+    assert [m["content"] for m in stored["messages"]] == ["start", "Ready.", "here", "Here."]
 
 
 async def test_delete_drops_the_context(proxy_for: ProxyFactory) -> None:

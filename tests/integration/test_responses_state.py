@@ -3,46 +3,20 @@ responses is one thread for tool call limits, across proxies sharing a redis (SP
 
 from __future__ import annotations
 
-import os
 import secrets
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import orjson
-import pytest
 
-from proxy.config.state import StateConfig
-from proxy.state.backend import open_store
 from proxy.state.memory import MemoryStore
 from proxy.state.store import StateStore
-from tests.integration.conftest import Proxy, ProxyFactory
+from tests.integration.conftest import Proxy, ProxyFactory, state
 from tests.integration.test_key_scopes import AGENTS, key, keyed
 from tests.scripted_upstream import call, keep, say
 
 LIMITED = "Tool call limit exceeded"
-
-
-def state(kind: str, tmp_path: Path, redis_url: str, prefix: str | None = None) -> StateStore:
-    os.environ["LOOPWARDEN_TEST_REDIS"] = redis_url
-    return open_store(
-        StateConfig(
-            backend=kind,  # type: ignore[arg-type]
-            path=str(tmp_path / "state.db"),
-            url_env="LOOPWARDEN_TEST_REDIS",
-            key_prefix=prefix or f"test-{secrets.token_hex(4)}:",
-        )
-    )
-
-
-@pytest.fixture(params=["memory", "sqlite", "redis"])
-async def backend(
-    request: pytest.FixtureRequest, tmp_path: Path, redis_url: str
-) -> AsyncIterator[StateStore]:
-    opened = state(request.param, tmp_path, redis_url)
-    yield opened
-    await opened.close()
 
 
 async def respond(proxy: Proxy, as_key: str | None = None, **body: Any) -> httpx.Response:

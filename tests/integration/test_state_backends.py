@@ -127,6 +127,20 @@ async def test_hold_serialises_work_on_one_context(store: StateStore) -> None:
     assert overlaps == 0
 
 
+async def test_a_call_cancelled_at_any_point_of_it_ends_cancelled(store: StateStore) -> None:
+    """redis's client sends each command under `asyncio.wait_for`, which on Python 3.11 drops
+    a cancellation that comes as the write completes: the store raises it instead."""
+    await store.put_record("run", "r1", b"{}", 60)
+    for turns in range(8):
+        reading = asyncio.create_task(store.get_record("run", "r1"))
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        if reading.cancel():  # False: it had ended already
+            with contextlib.suppress(asyncio.CancelledError):
+                await reading
+            assert reading.cancelled(), f"cancelled after {turns} turns, it went on"
+
+
 async def test_sqlite_counts_and_contexts_survive_a_restart(tmp_path: Path) -> None:
     first = SqliteStore(tmp_path / "db.sqlite")
     await first.reserve("t", {"search": 9})
