@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import orjson
 
+from proxy.api import held_calls
 from proxy.api.auth import Caller, KeyRing
 from proxy.api.planning import Planner
 from proxy.callables import CallThreads
@@ -20,7 +21,6 @@ from proxy.engine.ports import RunObserver
 from proxy.engine.run import Run
 from proxy.engine.run_spec import Deps, RunResult
 from proxy.engine.stop import StopReason
-from proxy.engine.tool_calls import restore_held_calls
 from proxy.errors import StateUnavailable
 from proxy.pricing import PriceTable
 from proxy.state.store import StateStore
@@ -34,9 +34,6 @@ from proxy.upstream.transport import Transport
 log = logging.getLogger(__name__)
 
 RUN_RECORD = "run"  # a finished run's report, by run id
-HELD_RECORD = "held_calls"  # server calls held back from the client, by client call id
-# How many of a history's assistant messages with tool calls a request looks up held calls for.
-HELD_LOOKUPS = 16
 
 
 @dataclass(slots=True)
@@ -60,13 +57,19 @@ class Services:
         report: dict[str, Any],
         owner: str,
         caller: Caller | None = None,
+        asked: list[dict[str, Any]] | None = None,
     ) -> None:
         """Keeps what later requests may ask for, for `state.run_ttl_s`: the run's report
         (`GET /v1/runs/{id}`, for the key that ran it, with the agent or model that `owner`
-        names) and the server calls it held back from the client (SPEC §5.1.6), in the key's
-        own namespace. A backend that fails is logged: the run's answer does not depend on it."""
+        names) and, given the conversation the client `asked` with, the server calls the run
+        held back from it (SPEC §5.1.6), in the key's own namespace. A backend that fails is
+        logged: the run's answer does not depend on it."""
         try:
             await self._remember(result, report, owner, caller)
+            if asked is not None:
+                await held_calls.keep(
+                    self.store, result, asked, caller, self.config.state.run_ttl_s
+                )
         except StateUnavailable as exc:
             log.warning("run %s was not kept: %s", result.run_id, exc.message)
 
@@ -94,30 +97,12 @@ class Services:
         key = caller.name if caller is not None else None
         record = orjson.dumps({"owner": owner, "key": key, "loop": report})
         await self.store.put_record(RUN_RECORD, result.run_id, record, ttl)
-        if result.held is not None:
-            held = orjson.dumps(result.held)
-            for call in result.message.get("tool_calls") or []:
-                await self.store.put_record(HELD_RECORD, _scoped(caller, call["id"]), held, ttl)
 
     async def restore(
         self, messages: list[dict[str, Any]], caller: Caller | None = None
     ) -> list[dict[str, Any]]:
-        """`messages` with the server calls held back from the client put back in place; the
-        latest HELD_LOOKUPS assistant messages with tool calls are looked up."""
-        asked = [
-            str(m["tool_calls"][0].get("id"))
-            for m in messages
-            if m.get("role") == "assistant"
-            and isinstance(m.get("tool_calls"), list)
-            and m["tool_calls"]
-            and isinstance(m["tool_calls"][0], dict)
-        ]
-        held: dict[str, dict[str, Any]] = {}
-        for call_id in asked[-HELD_LOOKUPS:]:
-            found = await self.store.get_record(HELD_RECORD, _scoped(caller, call_id))
-            if found is not None:
-                held[call_id] = orjson.loads(found)
-        return restore_held_calls(messages, held) if held else messages
+        """`messages` with the server calls held back from the client put back in place."""
+        return await held_calls.restore(self.store, messages, caller)
 
     async def open_sources(self) -> None:
         """Connects the MCP sources and plans with the tools they expose; from then on a change
@@ -221,7 +206,3 @@ def build_services(
         observers=list(observers),
         route_observers=dict(route_observers or {}),
     )
-
-
-def _scoped(caller: Caller | None, name: str) -> str:
-    return caller.scoped(name) if caller is not None else name

@@ -177,17 +177,17 @@ def held_calls(
 
 
 def restore_held_calls(
-    messages: list[dict[str, Any]], held: Mapping[str, dict[str, Any]]
+    messages: list[dict[str, Any]], held: Mapping[int, dict[str, Any]]
 ) -> list[dict[str, Any]]:
     """`messages` with each assistant message the client got back with only its calls replaced
     by the run's earlier steps and the reply it came from, followed by the server calls'
-    results, so the model sees everything that ran. `held` maps a client call id to what
-    `held_calls` kept. A history that already holds those results (a stored conversation, or
-    a client that sent the server calls back) is left as it is."""
+    results, so the model sees everything that ran. `held` maps the index of such a message
+    to what `held_calls` kept for it. A history that already holds those results (a stored
+    conversation, or a client that sent the server calls back) is left as it is."""
     answered = {m.get("tool_call_id") for m in messages if m.get("role") == "tool"}
     restored: list[dict[str, Any]] = []
-    for message in messages:
-        kept = held.get(_first_call_id(message) or "")
+    for at, message in enumerate(messages):
+        kept = held.get(at)
         if (
             kept is None
             or not _same_client_calls(message, kept["message"])
@@ -207,7 +207,7 @@ def _results_of(kept: Mapping[str, Any]) -> set[str]:
     return {m["tool_call_id"] for m in tool_messages if m.get("role") == "tool"}
 
 
-def _first_call_id(message: dict[str, Any]) -> str | None:
+def first_call_id(message: dict[str, Any]) -> str | None:
     calls = message.get("tool_calls") if message.get("role") == "assistant" else None
     if not isinstance(calls, list) or not calls or not isinstance(calls[0], dict):
         return None

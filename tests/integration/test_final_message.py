@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import httpx
 import orjson
 import pytest
 
 from tests.integration.conftest import Proxy
-from tests.scripted_upstream import call, calls, keep, say
+from tests.scripted_upstream import Call, Reply, call, calls, keep, say
 
 
 def streamed(text: str) -> tuple[list[dict[str, Any]], str]:
@@ -177,3 +178,40 @@ async def test_earlier_server_steps_of_a_run_that_ends_with_client_calls_are_put
 
 def say_back() -> dict[str, str]:
     return {"role": "user", "content": "And tomorrow?"}
+
+
+def mixed(city: str) -> Reply:
+    """A reply with a server call and a client call, with the ids some upstreams give every
+    conversation."""
+    weather = Call("get_weather", {"city": city}, id="call_0")
+    return calls(weather, Call("ask_user", {"question": "Coat?"}, id="call_1"))
+
+
+def answered(asked: list[dict[str, Any]], reply: httpx.Response) -> list[dict[str, Any]]:
+    """The history a client sends back: what it asked, the reply, its result for the call."""
+    message = reply.json()["choices"][0]["message"]
+    call_id = message["tool_calls"][0]["id"]
+    result = {"role": "tool", "tool_call_id": call_id, "content": "yes"}
+    return [*asked, {k: v for k, v in message.items() if v is not None}, result]
+
+
+async def test_held_server_calls_go_back_to_their_own_conversation_whatever_the_call_ids(
+    proxy: Proxy,
+) -> None:
+    ask_user = {"type": "function", "function": {"name": "ask_user", "parameters": {}}}
+    proxy.upstream.script(mixed("Oslo"), mixed("Lima"), mixed("Bergen"), say("A."), say("B."))
+    alice = [{"role": "user", "content": "Oslo?"}]
+    bob = [{"role": "user", "content": "Lima?"}]
+    alice_first = await proxy.chat(model="weather", tools=[ask_user], messages=alice)
+    bob_first = await proxy.chat(model="weather", tools=[ask_user], messages=bob)
+    alice = answered(alice, alice_first)
+    alice_again = await proxy.chat(model="weather", tools=[ask_user], messages=alice)
+    for history in (answered(alice, alice_again), answered(bob, bob_first)):
+        await proxy.chat(model="weather", tools=[ask_user], messages=history)
+    to_alice, to_bob = (
+        [m for m in body["messages"] if m["role"] != "system"] for body in proxy.upstream.bodies[3:]
+    )
+    assert [m["role"] for m in to_alice] == ["user", *["assistant", "tool", "tool"] * 2]
+    assert ("Oslo" in to_alice[2]["content"], "Bergen" in to_alice[5]["content"]) == (True, True)
+    assert [m["role"] for m in to_bob] == ["user", "assistant", "tool", "tool"]
+    assert "Lima" in to_bob[2]["content"]
