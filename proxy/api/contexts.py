@@ -133,7 +133,11 @@ def _request(body: dict[str, Any], context: StoredContext, messages: list[Any]) 
             raise PolicyInvalid(problems(exc, "terminating_config")) from None
         loop = loop.model_copy(update={"terminating_config": terminating})
     model = context.agent or context.model or ""
-    return RunRequest(model, messages, loop, has_loop=True, thread_id=context.id)
+    # The context's thread is in its key's namespace, as a client's `thread_id` is: a key that
+    # makes a context of an id another key used (and dropped) starts from no counts.
+    return RunRequest(
+        model, messages, loop, has_loop=True, thread_id=context.id, client_thread=True
+    )
 
 
 def _open(
@@ -323,10 +327,9 @@ async def _save(
     return result
 
 
-async def read_context(sv: Services, context_id: str, bearer: str | None) -> StoredContext:
+async def read_context(sv: Services, context_id: str, caller: Caller | None) -> StoredContext:
     """The context, when it exists, is the caller's (another key's is not found: a 403 would
     tell that it exists) and the caller may use its agent or model."""
-    caller = sv.keys.caller(bearer)
     context = await sv.store.load_context(context_id)
     if context is None or not _visible(context, caller):
         raise NotFound(f"no context {context_id!r}")
@@ -334,7 +337,10 @@ async def read_context(sv: Services, context_id: str, bearer: str | None) -> Sto
     return context
 
 
-async def context_body(sv: Services, context: StoredContext) -> dict[str, Any]:
+async def context_body(
+    sv: Services, context: StoredContext, caller: Caller | None
+) -> dict[str, Any]:
+    thread = caller.scoped(context.id) if caller is not None else context.id
     return {
         "id": context.id,
         "object": "loopwarden.context",
@@ -343,7 +349,7 @@ async def context_body(sv: Services, context: StoredContext) -> dict[str, Any]:
         "created": context.created,
         "updated": context.updated,
         "messages": context.messages,
-        "tool_call_counts": await sv.store.thread_counts(context.id),
+        "tool_call_counts": await sv.store.thread_counts(thread),
     }
 
 
@@ -359,10 +365,11 @@ class ContextRecords:
         async with held(sv.store, context_id, receive) as holding:  # not while a run holds it
             if not holding:
                 return
-            found = await read_context(sv, context_id, bearer_token(scope))
+            caller = sv.keys.caller(bearer_token(scope))
+            found = await read_context(sv, context_id, caller)
             if scope["method"] == "DELETE":
                 await sv.store.delete_context(found.id)
                 body = {"id": found.id, "object": "loopwarden.context.deleted", "deleted": True}
                 await send_json(send, 200, body)
                 return
-            await send_json(send, 200, await context_body(sv, found))
+            await send_json(send, 200, await context_body(sv, found, caller))

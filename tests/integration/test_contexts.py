@@ -286,6 +286,29 @@ async def test_a_context_belongs_to_the_key_that_created_it(
     assert [m["content"] for m in kept.json()["messages"]] == ["hi", "Hi Alice.", "hi", "Again."]
 
 
+async def test_a_context_id_another_key_dropped_starts_with_no_tool_call_counts(
+    proxy_for: ProxyFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ALICE_KEY", "sk-alice")
+    monkeypatch.setenv("BOB_KEY", "sk-bob")
+    keys = {"keys": [{**k, "agents": ["capped"]} for k in KEYS["keys"]]}
+    alice = {"authorization": "Bearer sk-alice"}
+    bob = {"authorization": "Bearer sk-bob"}
+    lima = call("get_weather", city="Lima")
+    async with proxy_for({**REPORTER, "auth": keys}) as proxy:
+        proxy.upstream.script(lima, lima, lima, say("Warm."), lima, say("Warm too."))
+        body = {"context_id": "reused", "agent": "capped", "message": "Lima?"}
+        spent = await proxy.client.post("/chat", json=body, headers=alice)
+        counted = (await proxy.client.get("/v1/contexts/reused", headers=alice)).json()
+        await proxy.client.delete("/v1/contexts/reused", headers=alice)
+        fresh = await proxy.client.post("/chat", json=body, headers=bob)
+        bobs = (await proxy.client.get("/v1/contexts/reused", headers=bob)).json()
+    assert spent.json()["loop"]["tool_calls"] == 2  # the thread limit of 2 blocked the third
+    assert counted["tool_call_counts"] == {"*": 2}
+    assert fresh.json()["loop"]["tool_calls"] == 1
+    assert bobs["tool_call_counts"] == {"*": 1}
+
+
 @pytest.mark.parametrize(
     ("context_id", "message"),
     [
