@@ -36,7 +36,7 @@ SERVED = textwrap.dedent(
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": body.encode()})
 
-    serve(app, ServerConfig(), "127.0.0.1", int(sys.argv[1]))
+    serve(app, ServerConfig(host="127.0.0.1", port=int(sys.argv[1])))
     """
 )
 
