@@ -103,14 +103,19 @@ class ResponseStore:
             KeyRing.check(caller, stored.owner)
         return stored
 
-    async def conversation(self, response_id: str, bounds: ServerConfig) -> list[dict[str, Any]]:
-        """The conversation through a response `readable` found. Raises ConversationTooLarge
+    async def conversation(
+        self, response_id: str, bounds: ServerConfig
+    ) -> list[dict[str, Any]] | None:
+        """The conversation through a response `readable` found (None when it is gone since,
+        deleted or expired). Raises ConversationTooLarge
         when it holds more bytes or JSON values than a request's body may (checked before it
         is parsed)."""
         found = await self.store.get_record(CONVERSATION_RECORD, response_id)
-        legacy = found is None  # stored as one record, by an earlier version
-        if found is None:
-            found = await self.store.get_record(RESPONSE_RECORD, response_id) or b"{}"
+        legacy = found is None
+        if found is None:  # stored as one record by an earlier version, or gone since
+            found = await self.store.get_record(RESPONSE_RECORD, response_id)
+            if found is None:
+                return None
         if len(found) > bounds.max_body_bytes:
             over = f"is larger than {bounds.max_body_bytes} bytes (server.max_body_bytes)"
             raise ConversationTooLarge(response_id, over)
@@ -118,7 +123,9 @@ class ResponseStore:
             over = f"holds more than {bounds.max_body_values} JSON values (server.max_body_values)"
             raise ConversationTooLarge(response_id, over)
         parsed = orjson.loads(found)
-        return list(parsed.get("messages", ())) if legacy else list(parsed)
+        if not legacy:
+            return list(parsed)
+        return list(parsed["messages"]) if "messages" in parsed else None
 
     async def delete(self, response_id: str) -> bool:
         await self.store.delete_record(CONVERSATION_RECORD, response_id)

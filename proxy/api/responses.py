@@ -231,12 +231,15 @@ class _StoredReads:
     ) -> tuple[StoredResponse, list[dict[str, Any]]]:
         """The response a request continues, and the conversation through it."""
         stored = await self._read(response_id, param)
-        if stored is None:
+        conversation = None
+        if stored is not None:  # first: another key's response has no size for it either
+            try:
+                conversation = await self.store.conversation(response_id, self.bounds)
+            except ConversationTooLarge as exc:
+                raise BodyTooLarge(str(exc), param=param) from None
+        if stored is None or conversation is None:
             raise NotFound(f"no stored response {response_id!r}", param=param)
-        try:
-            return stored, await self.store.conversation(response_id, self.bounds)
-        except ConversationTooLarge as exc:
-            raise BodyTooLarge(str(exc), param=param) from None
+        return stored, conversation
 
     async def item(self, item_id: str, param: str) -> dict[str, Any]:
         """The stored output item `item_id` names."""

@@ -291,3 +291,19 @@ async def test_a_response_stored_as_one_record_is_read_and_continued(
         assert r.status_code == 200
     sent = proxy.upstream.bodies[0]["messages"]
     assert [m["content"] for m in sent] == ["Lima?", "Sunny.", "Now?"]
+
+
+async def test_a_response_whose_conversation_is_gone_is_not_continued(
+    proxy_for: ProxyFactory,
+) -> None:
+    """Deleted or expired between the reads of its two records: a 404, not a continuation
+    that goes upstream without the conversation."""
+    store = MemoryStore()
+    async with proxy_for(store=store) as proxy:
+        proxy.upstream.script(say("Sunny."))
+        first = (await respond(proxy, model="scripted")).json()
+        await store.delete_record("conversation", first["id"])
+        r = await respond(proxy, model="scripted", previous_response_id=first["id"])
+    assert r.status_code == 404
+    assert r.json()["error"]["param"] == "previous_response_id"
+    assert len(proxy.upstream.requests) == 1
