@@ -4,7 +4,6 @@ rendered by the app's `ErrorBoundary`."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from starlette.types import Receive, Scope, Send
 
@@ -36,9 +35,8 @@ class ChatCompletions:
         plan = sv.planner.plan(req.run, caller)
         deps = sv.deps(plan.upstream, bearer, scope["path"])
         spec = plan.spec
-        asked = spec.messages  # as the client sent them
         if spec.policy.tools:
-            spec.messages = await sv.restore(asked, caller)
+            spec.messages = await sv.restore(spec.messages, caller)
         owner = plan.agent or req.run.model
         include = req.run.loop.include_messages
         headers = {"x-loopwarden-run-id": spec.run_id}
@@ -50,8 +48,7 @@ class ChatCompletions:
                 headers,
                 req.run.loop.include_loop_events,
             )
-            run = Run(spec, deps, writer)
-            await self._stream(run, writer, req, receive, sv, owner, caller, asked)
+            await self._stream(Run(spec, deps, writer), writer, req, receive, sv, owner, caller)
             return
         run = Run(spec, deps)
         ended = await run_or_cancel(run.execute, receive)
@@ -60,7 +57,7 @@ class ChatCompletions:
             return
         headers["x-loopwarden-stop-reason"] = result.stop.reason.value
         report = loop_report(result, include)
-        await sv.remember(result, report, owner, caller, asked)
+        await sv.remember(result, report, owner, caller)
         if failed(result):
             await send_failure(send, result, report, headers)
             return
@@ -78,7 +75,6 @@ class ChatCompletions:
         sv: Services,
         owner: str,
         caller: Caller | None,
-        asked: list[dict[str, Any]],
     ) -> None:
         with writer.kept_alive(sv.config.server.keepalive_interval_s):
             ended = await run_or_cancel(run.execute, receive)
@@ -88,7 +84,7 @@ class ChatCompletions:
             return
         writer.headers["x-loopwarden-stop-reason"] = result.stop.reason.value
         report = loop_report(result, include)
-        await sv.remember(result, report, owner, caller, asked)
+        await sv.remember(result, report, owner, caller)
         try:
             if failed(result):
                 if not writer.started:

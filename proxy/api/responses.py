@@ -85,15 +85,14 @@ class Responses:
         thread = _thread(req, plan, caller)
         deps = sv.deps(plan.upstream, bearer, scope["path"])
         shown = sv.config.server.responses_server_calls == "mcp_call"
-        asked = spec.messages  # as the client sent them
         if spec.policy.tools:  # server calls a client did not send back are put back (§5.1.6)
-            spec.messages = await sv.restore(asked, caller)
+            spec.messages = await sv.restore(spec.messages, caller)
         prefix = item_prefix(spec.run_id)
         calls = ServerCalls(prefix, spec.policy.tools) if shown and spec.policy.tools else None
         created = int(time.time())
         owner = plan.agent or run.model
         headers = {"x-loopwarden-run-id": spec.run_id}
-        context = _Context(sv, req, store, caller, asked, history, thread, owner, created, prefix)
+        context = _Context(sv, req, store, caller, history, thread, owner, created, prefix)
         if req.stream:
             base = response_object(spec.run_id, created, spec.model, req.echo, "in_progress", [])
             writer = ResponsesStream(send, base, headers, calls, prefix)
@@ -157,7 +156,6 @@ class _Context:
     req: ResponsesRequest
     store: ResponseStore
     caller: Caller | None
-    asked: list[dict[str, Any]]  # the conversation the client asked with, as it sent it
     history: list[dict[str, Any]]
     thread: str | None
     owner: str
@@ -211,7 +209,7 @@ class _Context:
             else:
                 if result.held is None:
                     return
-        await self.sv.remember(result, report, self.owner, self.caller, self.asked)
+        await self.sv.remember(result, report, self.owner, self.caller)
 
 
 class _StoredReads:

@@ -57,19 +57,14 @@ class Services:
         report: dict[str, Any],
         owner: str,
         caller: Caller | None = None,
-        asked: list[dict[str, Any]] | None = None,
     ) -> None:
         """Keeps what later requests may ask for, for `state.run_ttl_s`: the run's report
         (`GET /v1/runs/{id}`, for the key that ran it, with the agent or model that `owner`
-        names) and, given the conversation the client `asked` with, the server calls the run
-        held back from it (SPEC §5.1.6), in the key's own namespace. A backend that fails is
-        logged: the run's answer does not depend on it."""
+        names) and the server calls it held back from the client (SPEC §5.1.6), in the key's
+        own namespace. A backend that fails is logged: the run's answer does not depend on it."""
         try:
             await self._remember(result, report, owner, caller)
-            if asked is not None:
-                await held_calls.keep(
-                    self.store, result, asked, caller, self.config.state.run_ttl_s
-                )
+            await held_calls.keep(self.store, result, caller, self.config.state.run_ttl_s)
         except StateUnavailable as exc:
             log.warning("run %s was not kept: %s", result.run_id, exc.message)
 

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
+import string
 from collections.abc import Awaitable, Callable, Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
@@ -126,7 +128,9 @@ class ReplyCalls:
             if server:
                 message["content"] = None
             if server or earlier:
-                run.held = held_calls(earlier, reply, server, outputs)
+                given = iter(client := [replace(c, id=private_call_id(c.id)) for c in client])
+                calls = [next(given) if self.is_client_call(c) else c for c in reply.tool_calls]
+                run.held = held_calls(earlier, reply, calls, server, outputs)
             message["tool_calls"] = [c.to_openai() for c in client]
             run.generated.append(message)
             return Outcome(Stop(StopReason.CLIENT_TOOL_CALL), message)
@@ -159,17 +163,34 @@ class ReplyCalls:
         return result
 
 
+# The characters of an id a client call is given in place of the upstream's.
+_ID_CHARACTERS = string.ascii_letters + string.digits
+
+
+def private_call_id(upstream_id: str) -> str:
+    """The id a client call is given when its run held server calls back (SPEC §5.1.6): one
+    no other conversation has or can guess, whatever ids the upstream gives (some give every
+    conversation `call_0`), so that only the conversation it went to brings the held calls
+    back. Of the upstream's form when that is nine letters and digits (some upstreams take no
+    other), else OpenAI's (`call_` and 24 hex digits)."""
+    if len(upstream_id) == 9 and upstream_id.isascii() and upstream_id.isalnum():
+        return "".join(secrets.choice(_ID_CHARACTERS) for _ in range(9))
+    return f"call_{secrets.token_hex(12)}"
+
+
 def held_calls(
     earlier: list[dict[str, Any]],
     reply: ModelReply,
+    calls: list[ToolCall],
     server: list[ToolCall],
     outputs: Mapping[str, str],
 ) -> dict[str, Any]:
     """What the client is not shown of a run that ends calling its tools (SPEC §5.1.6): the
-    run's earlier steps, the reply with every call, and the results of its server calls."""
+    run's earlier steps, the reply with every call (`calls`: the client's with the ids they
+    were given), and the results of its server calls."""
     return {
         "earlier": earlier,
-        "message": dict(reply.message),
+        "message": {**reply.message, "tool_calls": [c.to_openai() for c in calls]},
         "results": [
             {"role": "tool", "tool_call_id": c.id, "content": outputs[c.id]} for c in server
         ],

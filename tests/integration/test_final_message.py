@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import httpx
@@ -215,3 +216,48 @@ async def test_held_server_calls_go_back_to_their_own_conversation_whatever_the_
     assert ("Oslo" in to_alice[2]["content"], "Bergen" in to_alice[5]["content"]) == (True, True)
     assert [m["role"] for m in to_bob] == ["user", "assistant", "tool", "tool"]
     assert "Lima" in to_bob[2]["content"]
+
+
+async def test_held_server_calls_go_back_after_the_same_first_question_or_a_trimmed_history(
+    proxy: Proxy,
+) -> None:
+    """Two conversations that begin alike, with the same upstream call ids, each get their
+    own server calls back; so does a client that keeps only its latest messages."""
+    ask_user = {"type": "function", "function": {"name": "ask_user", "parameters": {}}}
+    proxy.upstream.script(mixed("Oslo"), mixed("Lima"), say("A."), say("B."))
+    asked = [
+        {"role": "user", "content": "Earlier question."},
+        {"role": "assistant", "content": "Earlier answer."},
+        {"role": "user", "content": "What should I wear?"},
+    ]
+    alice = await proxy.chat(model="weather", tools=[ask_user], messages=asked)
+    bob = await proxy.chat(model="weather", tools=[ask_user], messages=asked)
+    await proxy.chat(model="weather", tools=[ask_user], messages=answered(asked, alice))
+    await proxy.chat(model="weather", tools=[ask_user], messages=answered(asked, bob)[2:])
+    to_alice, to_bob = (
+        [m["content"] for m in body["messages"] if m["role"] == "tool"]
+        for body in proxy.upstream.bodies[2:]
+    )
+    assert "Oslo" in to_alice[0]
+    assert to_alice[1] == "yes"
+    assert "Lima" in to_bob[0]
+    assert to_bob[1] == "yes"
+
+
+async def test_a_client_call_gets_an_id_of_the_proxys_own_only_when_server_calls_were_held(
+    proxy: Proxy,
+) -> None:
+    ask_user = {"type": "function", "function": {"name": "ask_user", "parameters": {}}}
+    alone = Call("ask_user", {"question": "Coat?"}, id="call_7")
+    nine = calls(Call("get_weather", {"city": "Oslo"}), Call("ask_user", {}, id="Ab3dE6gH9"))
+    proxy.upstream.script(calls(alone), mixed("Oslo"), nine)
+    ids = [
+        (await proxy.chat(model="weather", tools=[ask_user])).json()["choices"][0]["message"][
+            "tool_calls"
+        ][0]["id"]
+        for _ in range(3)
+    ]
+    assert ids[0] == "call_7"  # nothing held: the upstream's own
+    assert re.fullmatch(r"call_[0-9a-f]{24}", ids[1])
+    assert re.fullmatch(r"[A-Za-z0-9]{9}", ids[2])
+    assert ids[2] != "Ab3dE6gH9"
