@@ -52,7 +52,8 @@ REFUSED = _refusal(
 
 
 # The probe listener (`server.probe_port`): what it serves, the connections it holds at once (a
-# kubelet and a scraper or two need a few), and its queue of connections not yet accepted.
+# kubelet and a scraper or two need a few; past it, the longest idle one is closed), and its
+# queue of connections not yet accepted.
 PROBE_ROUTES = frozenset({"/healthz", "/readyz", "/metrics"})
 PROBE_CONNECTIONS = 32
 PROBE_BACKLOG = 64
@@ -200,16 +201,35 @@ def guarded_protocol(
         # framing (an endless trailer line grows the parser's own buffer).
         _quiet_bytes = 0
         _delivered = False  # the read being parsed brought some of the body
+        _idle_since = 0.0  # when the connection was made, or last answered a request
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
             if probes:
                 self.app = probe_routes(self.app)
-            if len(self.connections) > max_connections:
+            self._idle_since = self.loop.time()
+            if len(self.connections) > max_connections and not (probes and self._make_room()):
                 transport.write(REFUSED)
                 transport.close()
                 return
             self._arm_header_timer()
+
+        def _make_room(self) -> bool:
+            """Closes the longest idle connection (its request not come whole yet), if any: on
+            the probe port, so that clients holding connections cannot keep out the probes,
+            which send their request at once."""
+            idle = [
+                c
+                for c in self.connections
+                if isinstance(c, GuardedProtocol)
+                and c is not self
+                and c._head_bytes is not None
+                and not c.transport.is_closing()
+            ]
+            if not idle:
+                return False
+            min(idle, key=lambda c: c._idle_since).transport.close()
+            return True
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm_header_timer()
@@ -262,6 +282,7 @@ def guarded_protocol(
                 HttpToolsProtocol.on_message_complete(self)
 
         def on_response_complete(self) -> None:
+            self._idle_since = self.loop.time()
             HttpToolsProtocol.on_response_complete(self)
             if self._in_message:  # answered before it was all sent: the rest has a deadline
                 self._arm_header_timer()

@@ -85,10 +85,17 @@ def test_the_probes_and_the_scrape_path_are_routes_of_the_app() -> None:
     assert probes == {endpoint["port"]} == {"probes"}  # not the port clients may fill
     args = main["args"]
     assert args[args.index("--probe-port") + 1] == "8081"
-    service = {
-        port["name"]: port["targetPort"] for port in one(manifests, "Service")["spec"]["ports"]
+    services = {
+        m["metadata"]["name"]: ({p["name"] for p in m["spec"]["ports"]}, m["metadata"]["labels"])
+        for m in manifests
+        if m["kind"] == "Service"
     }
-    assert service == {"http": "http", "probes": "probes"}
+    assert services["lw-loopwarden"][0] == {"http"}  # clients never reach the probe port
+    ports, labels = services["lw-loopwarden-metrics"]
+    assert ports == {"probes"}
+    selector = one(manifests, "ServiceMonitor")["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= labels.items()
+    assert not selector.items() <= services["lw-loopwarden"][1].items()
 
 
 def test_the_default_config_is_the_built_in_default(tmp_path: Path) -> None:
