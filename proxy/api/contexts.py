@@ -133,11 +133,7 @@ def _request(body: dict[str, Any], context: StoredContext, messages: list[Any]) 
             raise PolicyInvalid(problems(exc, "terminating_config")) from None
         loop = loop.model_copy(update={"terminating_config": terminating})
     model = context.agent or context.model or ""
-    # The context's thread is in its key's namespace, as a client's `thread_id` is: a key that
-    # makes a context of an id another key used (and dropped) starts from no counts.
-    return RunRequest(
-        model, messages, loop, has_loop=True, thread_id=context.id, client_thread=True
-    )
+    return RunRequest(model, messages, loop, has_loop=True, thread_id=context.thread_id)
 
 
 def _open(
@@ -153,8 +149,12 @@ def _open(
                 "to create it",
                 param="agent",
             )
-        owner = caller.name if caller is not None else None
-        return StoredContext(body["context_id"], agent, model, owner=owner)
+        if caller is None:
+            return StoredContext(body["context_id"], agent, model)
+        # Its thread is in its key's namespace, as a client's `thread_id` is: a key that makes
+        # a context of an id another key used (and dropped) starts from no counts.
+        thread = caller.scoped(body["context_id"])
+        return StoredContext(body["context_id"], agent, model, owner=caller.name, thread=thread)
     for key, value, kept in (("agent", agent, found.agent), ("model", model, found.model)):
         if value is not None and value != kept:
             raise InvalidRequest(f"context {found.id!r} was created with {key} {kept!r}", param=key)
@@ -337,10 +337,7 @@ async def read_context(sv: Services, context_id: str, caller: Caller | None) -> 
     return context
 
 
-async def context_body(
-    sv: Services, context: StoredContext, caller: Caller | None
-) -> dict[str, Any]:
-    thread = caller.scoped(context.id) if caller is not None else context.id
+async def context_body(sv: Services, context: StoredContext) -> dict[str, Any]:
     return {
         "id": context.id,
         "object": "loopwarden.context",
@@ -349,7 +346,7 @@ async def context_body(
         "created": context.created,
         "updated": context.updated,
         "messages": context.messages,
-        "tool_call_counts": await sv.store.thread_counts(thread),
+        "tool_call_counts": await sv.store.thread_counts(context.thread_id),
     }
 
 
@@ -372,4 +369,4 @@ class ContextRecords:
                 body = {"id": found.id, "object": "loopwarden.context.deleted", "deleted": True}
                 await send_json(send, 200, body)
                 return
-            await send_json(send, 200, await context_body(sv, found, caller))
+            await send_json(send, 200, await context_body(sv, found))

@@ -32,6 +32,13 @@ class StoredContext:
     updated: int = field(default_factory=lambda: int(time.time()))
     owner: str | None = None
     version: int = 0
+    # The thread of its tool call limits, when not its id (with proxy keys, in its owner's
+    # namespace; contexts stored before this was kept use their id).
+    thread: str | None = None
+
+    @property
+    def thread_id(self) -> str:
+        return self.thread or self.id
 
     def dumps(self, version: int) -> bytes:
         """The stored form, as `version`. The version comes first, so a backend can read it
@@ -45,6 +52,7 @@ class StoredContext:
                 "owner": self.owner,
                 "created": self.created,
                 "updated": self.updated,
+                "thread": self.thread,
                 "messages": self.messages,
             }
         )

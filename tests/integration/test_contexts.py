@@ -6,9 +6,11 @@ import asyncio
 from typing import Any
 from urllib.parse import quote
 
+import orjson
 import pytest
 
-from proxy.state.store import StateStore
+from proxy.state.memory import MemoryStore
+from proxy.state.store import StateStore, StoredContext
 from tests.integration.conftest import Proxy, ProxyFactory
 from tests.scripted_upstream import call, each_run, keep, say, say_tool_result
 
@@ -307,6 +309,27 @@ async def test_a_context_id_another_key_dropped_starts_with_no_tool_call_counts(
     assert counted["tool_call_counts"] == {"*": 2}
     assert fresh.json()["loop"]["tool_calls"] == 1
     assert bobs["tool_call_counts"] == {"*": 1}
+
+
+async def test_a_context_stored_before_its_thread_was_kept_keeps_its_counts(
+    proxy_for: ProxyFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its thread stays its id: an upgrade does not hand out calls a limit had used up."""
+    monkeypatch.setenv("ALICE_KEY", "sk-alice")
+    monkeypatch.setenv("BOB_KEY", "sk-bob")
+    keys = {"keys": [{**k, "agents": ["capped"]} for k in KEYS["keys"]]}
+    store = MemoryStore()
+    earlier = {"version": 0, "id": "old", "agent": "capped", "model": None, "owner": "alice"}
+    await store.save_context(StoredContext.loads(orjson.dumps({**earlier, "created": 1})))
+    await store.reserve("old", {"*": 2})
+    async with proxy_for({**REPORTER, "auth": keys}, store=store) as proxy:
+        proxy.upstream.script(call("get_weather", city="Lima"), say("Warm."))
+        alice = {"authorization": "Bearer sk-alice"}
+        body = {"context_id": "old", "message": "Lima?"}
+        ran = await proxy.client.post("/chat", json=body, headers=alice)
+        counts = (await proxy.client.get("/v1/contexts/old", headers=alice)).json()
+    assert ran.json()["loop"]["tool_calls"] == 1  # the second of its thread limit of 2
+    assert counts["tool_call_counts"] == {"*": 2}
 
 
 @pytest.mark.parametrize(
