@@ -60,7 +60,11 @@ def _reached() -> Iterator[None]:
     """Turns the server's failures into `StateUnavailable` (their details go to the log only:
     they name hosts), and raises the cancellation the client may have dropped: it sends each
     command under `asyncio.wait_for`, which on Python 3.11 returns as if nothing happened when
-    the task is cancelled as the write completes (and a run whose client left would go on)."""
+    the task is cancelled as the write completes (and a run whose client left would go on).
+    Only a cancellation asked for during the call is raised: cleanup that runs while an earlier
+    one is handled goes on."""
+    task = asyncio.current_task()
+    asked = task.cancelling() if task is not None else 0
     try:
         yield
     except RedisError as exc:
@@ -68,8 +72,7 @@ def _reached() -> Iterator[None]:
         raise StateUnavailable(
             f"the state backend (redis) is unavailable: {type(exc).__name__}"
         ) from None
-    task = asyncio.current_task()
-    if task is not None and task.cancelling():
+    if task is not None and task.cancelling() > asked:
         raise asyncio.CancelledError
 
 

@@ -141,6 +141,28 @@ async def test_a_call_cancelled_at_any_point_of_it_ends_cancelled(store: StateSt
             assert reading.cancelled(), f"cancelled after {turns} turns, it went on"
 
 
+async def test_cleanup_that_runs_while_a_cancellation_is_handled_is_not_cut_short(
+    store: StateStore,
+) -> None:
+    written: list[str] = []
+
+    async def cancelled_then_cleaning_up() -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            for key in ("a", "b"):
+                await store.put_record("run", key, b"{}", 60)
+                written.append(key)
+            raise
+
+    task = asyncio.create_task(cancelled_then_cleaning_up())
+    await asyncio.sleep(0)
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    assert written == ["a", "b"]
+
+
 async def test_sqlite_counts_and_contexts_survive_a_restart(tmp_path: Path) -> None:
     first = SqliteStore(tmp_path / "db.sqlite")
     await first.reserve("t", {"search": 9})
