@@ -359,14 +359,15 @@ class ContextRecords:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         sv = self.services()
         context_id = scope["path_params"]["context_id"]
+        caller = sv.keys.caller(bearer_token(scope))
+        if scope["method"] == "GET":  # as last saved: a run that holds it is not in it yet
+            found = await read_context(sv, context_id, caller)
+            await send_json(send, 200, await context_body(sv, found))
+            return
         async with held(sv.store, context_id, receive) as holding:  # not while a run holds it
             if not holding:
                 return
-            caller = sv.keys.caller(bearer_token(scope))
             found = await read_context(sv, context_id, caller)
-            if scope["method"] == "DELETE":
-                await sv.store.delete_context(found.id)
-                body = {"id": found.id, "object": "loopwarden.context.deleted", "deleted": True}
-                await send_json(send, 200, body)
-                return
-            await send_json(send, 200, await context_body(sv, found))
+            await sv.store.delete_context(found.id)
+            body = {"id": found.id, "object": "loopwarden.context.deleted", "deleted": True}
+            await send_json(send, 200, body)

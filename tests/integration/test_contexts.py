@@ -178,6 +178,17 @@ async def test_a_client_that_leaves_while_its_context_is_held_runs_nothing(
     assert [m["content"] for m in stored["messages"]] == ["start", "Ready.", "here", "Here."]
 
 
+async def test_a_context_is_read_as_last_saved_without_waiting_for_the_run_that_holds_it(
+    proxy_for: ProxyFactory, backend: StateStore
+) -> None:
+    async with proxy_for(REPORTER, store=backend) as proxy:
+        proxy.upstream.script(say("Ready."))
+        await post(proxy, "/chat", context_id="c-read", agent="reporter", message="start")
+        async with backend.hold("c-read"):  # a run holds it
+            read = await asyncio.wait_for(proxy.client.get("/v1/contexts/c-read"), 5)
+    assert [m["content"] for m in read.json()["messages"]] == ["start", "Ready."]
+
+
 async def test_delete_drops_the_context(proxy_for: ProxyFactory) -> None:
     async with proxy_for(REPORTER) as proxy:
         proxy.upstream.script(say("Hi."))
