@@ -162,10 +162,14 @@ async def test_concurrent_runs_on_one_context_are_serialised(proxy_for: ProxyFac
 async def test_a_client_that_leaves_while_its_context_is_held_runs_nothing(
     proxy_for: ProxyFactory, backend: StateStore
 ) -> None:
+    """It waits for the run that holds the context only while it stays; a read does not wait:
+    it gets the context as last saved."""
     async with proxy_for(REPORTER, store=backend) as proxy:
         proxy.upstream.script(say("Ready."))
         await post(proxy, "/chat", context_id="c-wait", agent="reporter", message="start")
         async with backend.hold("c-wait"):  # a run (of another replica, say) holds it
+            read = await asyncio.wait_for(proxy.client.get("/v1/contexts/c-wait"), 5)
+            assert [m["content"] for m in read.json()["messages"]] == ["start", "Ready."]
             body = {"context_id": "c-wait", "message": "gone"}
             assert await proxy.leaving(body, 0.2, path="/chat") == []  # returns: it left
             dropping = await proxy.leaving({}, 0.2, path="/v1/contexts/c-wait", method="DELETE")
@@ -176,17 +180,6 @@ async def test_a_client_that_leaves_while_its_context_is_held_runs_nothing(
         stored = (await proxy.client.get("/v1/contexts/c-wait")).json()
     assert again.status_code == 200
     assert [m["content"] for m in stored["messages"]] == ["start", "Ready.", "here", "Here."]
-
-
-async def test_a_context_is_read_as_last_saved_without_waiting_for_the_run_that_holds_it(
-    proxy_for: ProxyFactory, backend: StateStore
-) -> None:
-    async with proxy_for(REPORTER, store=backend) as proxy:
-        proxy.upstream.script(say("Ready."))
-        await post(proxy, "/chat", context_id="c-read", agent="reporter", message="start")
-        async with backend.hold("c-read"):  # a run holds it
-            read = await asyncio.wait_for(proxy.client.get("/v1/contexts/c-read"), 5)
-    assert [m["content"] for m in read.json()["messages"]] == ["start", "Ready."]
 
 
 async def test_delete_drops_the_context(proxy_for: ProxyFactory) -> None:
