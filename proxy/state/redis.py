@@ -55,6 +55,10 @@ return 1
 """
 
 
+# How long a request waits between its attempts to take a context's lock.
+LOCK_RETRY_S = 0.01
+
+
 @contextlib.contextmanager
 def _reached() -> Iterator[None]:
     """Turns the server's failures into `StateUnavailable` (their details go to the log only:
@@ -204,11 +208,16 @@ class RedisStore:
 
     @contextlib.asynccontextmanager
     async def _hold(self, context_id: str) -> AsyncIterator[None]:
-        lock = self._redis.lock(f"{self._prefix}lock:{context_id}", timeout=self._lease, sleep=0.01)
+        lock = self._redis.lock(f"{self._prefix}lock:{context_id}", timeout=self._lease)
         token = secrets.token_hex(16)
         try:
-            with _reached():
-                await lock.acquire(token=token)
+            # One attempt at a time, each checked for the cancellation the client may drop
+            # (`_reached`): its own waiting loop would go on past one.
+            while True:
+                with _reached():
+                    if await lock.acquire(blocking=False, token=token):
+                        break
+                await asyncio.sleep(LOCK_RETRY_S)
         except asyncio.CancelledError:  # the wait's last attempt may have taken it
             with contextlib.suppress(LockError, RedisError):
                 await lock.do_release(token.encode())

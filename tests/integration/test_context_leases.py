@@ -131,3 +131,21 @@ async def test_a_wait_for_a_context_cancelled_as_it_takes_the_lock_leaves_it_fre
             await waiting
         async with asyncio.timeout(5), backend.hold("c-cancel"):  # the lease is 30 s
             pass
+
+
+async def test_a_wait_for_a_held_context_ends_when_cancelled_at_any_point(
+    backend: StateStore,
+) -> None:
+    async def enter() -> None:
+        async with backend.hold("c-busy"):
+            raise AssertionError("held by two")
+
+    async with backend.hold("c-busy"):
+        for turns in range(12):
+            waiting = asyncio.create_task(enter())
+            for _ in range(turns):
+                await asyncio.sleep(0)
+            waiting.cancel()
+            done, _ = await asyncio.wait({waiting}, timeout=2)
+            assert done, f"cancelled after {turns} turns, it went on waiting"
+            assert waiting.cancelled()
