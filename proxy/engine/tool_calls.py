@@ -144,6 +144,7 @@ class ReplyCalls:
 
     async def _run(self, run: RunState, call: ToolCall) -> ToolResult:
         await self.emit(ev.ToolStarted(run.run_id, run.step_count, call))
+        run.tool_calls += 1  # as it starts: a call cut short (the run cancelled or out of time) ran
         started = self.clock()
         try:
             result = await self.tools.execute(
@@ -153,7 +154,6 @@ class ReplyCalls:
             log.exception("tool %s raised", call.name)
             result = ToolResult(f"tool failed: {type(exc).__name__}", "error")
         elapsed = self.clock() - started
-        run.tool_calls += 1
         run.tools_ran = True
         run.tools_s += elapsed
         run.steps[-1].tool_results.append(

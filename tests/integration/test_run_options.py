@@ -77,9 +77,11 @@ async def test_a_client_that_goes_away_cancels_the_run(proxy_for: ProxyFactory) 
         proxy.upstream.script(call("sleep", seconds=30))
         body = {"model": "scripted", "loop": {"tools": ["sleep"]}, "messages": user("Wait.")}
         sent = await proxy.leaving(body, after_s=0.1)
-    finished = proxy.observer.of(ev.RunFinished)
+        finished = proxy.observer.of(ev.RunFinished)
+        report = (await proxy.client.get(f"/v1/runs/{finished[0].run_id}")).json()
     assert [f.stop.reason for f in finished] == [StopReason.CANCELLED]
     assert sent == []
+    assert (report["stop_reason"], report["tool_calls"]) == ("cancelled", 1)  # it had started
 
 
 async def test_the_time_budget_holds_while_a_tool_runs(proxy: Proxy) -> None:
@@ -94,5 +96,6 @@ async def test_the_time_budget_holds_while_a_tool_runs(proxy: Proxy) -> None:
     assert r.status_code == 200
     loop = r.json()["loop"]
     assert loop["stop_reason"] == "time_budget"
+    assert loop["tool_calls"] == 1  # cut short, it ran
     assert 0.3 <= loop["stop_details"]["observed"] < 20
     assert r.json()["choices"][0]["finish_reason"] == "length"
