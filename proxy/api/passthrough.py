@@ -72,8 +72,8 @@ class Passthrough:
         if model is None and caller is not None and restricted:
             raise PermissionDenied(
                 f"key {caller.name!r} may use only the models it names, and the model of this "
-                f"request cannot be read (a JSON body of at most {MODEL_SNIFF_LIMIT} bytes naming "
-                "one `model`, a string)",
+                f"request cannot be read (a JSON body of at most {MODEL_SNIFF_LIMIT} bytes and "
+                f"{values} values (server.max_body_values) naming one `model`, a string)",
                 param="model",
             )
         if model is not None:

@@ -423,7 +423,8 @@ async def test_a_key_limited_to_some_models_relays_only_a_request_whose_model_it
     assert unread.status_code == 403
     assert unread.json()["error"] == {
         "message": "key 'a' may use only the models it names, and the model of this request "
-        "cannot be read (a JSON body of at most 1048576 bytes naming one `model`, a string)",
+        "cannot be read (a JSON body of at most 1048576 bytes and 100000 values "
+        "(server.max_body_values) naming one `model`, a string)",
         "type": "permission_error",
         "param": "model",
         "code": "model_not_allowed",
