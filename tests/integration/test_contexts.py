@@ -292,16 +292,21 @@ async def test_a_context_belongs_to_the_key_that_created_it(
     assert [m["content"] for m in kept.json()["messages"]] == ["hi", "Hi Alice.", "hi", "Again."]
 
 
-async def test_a_context_id_another_key_dropped_starts_with_no_tool_call_counts(
-    proxy_for: ProxyFactory, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture
+def capped_keys(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """The `auth` of Alice's and Bob's keys (`sk-alice`, `sk-bob`), each for `capped` only."""
     monkeypatch.setenv("ALICE_KEY", "sk-alice")
     monkeypatch.setenv("BOB_KEY", "sk-bob")
-    keys = {"keys": [{**k, "agents": ["capped"]} for k in KEYS["keys"]]}
+    return {"keys": [{**k, "agents": ["capped"]} for k in KEYS["keys"]]}
+
+
+async def test_a_context_id_another_key_dropped_starts_with_no_tool_call_counts(
+    proxy_for: ProxyFactory, capped_keys: dict[str, Any]
+) -> None:
     alice = {"authorization": "Bearer sk-alice"}
     bob = {"authorization": "Bearer sk-bob"}
     lima = call("get_weather", city="Lima")
-    async with proxy_for({**REPORTER, "auth": keys}) as proxy:
+    async with proxy_for({**REPORTER, "auth": capped_keys}) as proxy:
         proxy.upstream.script(lima, lima, lima, say("Warm."), lima, say("Warm too."))
         body = {"context_id": "reused", "agent": "capped", "message": "Lima?"}
         spent = await proxy.client.post("/chat", json=body, headers=alice)
@@ -316,17 +321,14 @@ async def test_a_context_id_another_key_dropped_starts_with_no_tool_call_counts(
 
 
 async def test_a_context_stored_before_its_thread_was_kept_keeps_its_counts(
-    proxy_for: ProxyFactory, monkeypatch: pytest.MonkeyPatch
+    proxy_for: ProxyFactory, capped_keys: dict[str, Any]
 ) -> None:
     """Its thread stays its id: an upgrade does not hand out calls a limit had used up."""
-    monkeypatch.setenv("ALICE_KEY", "sk-alice")
-    monkeypatch.setenv("BOB_KEY", "sk-bob")
-    keys = {"keys": [{**k, "agents": ["capped"]} for k in KEYS["keys"]]}
     store = MemoryStore()
     earlier = {"version": 0, "id": "old", "agent": "capped", "model": None, "owner": "alice"}
     await store.save_context(StoredContext.loads(orjson.dumps({**earlier, "created": 1})))
     await store.reserve("old", {"*": 2})
-    async with proxy_for({**REPORTER, "auth": keys}, store=store) as proxy:
+    async with proxy_for({**REPORTER, "auth": capped_keys}, store=store) as proxy:
         proxy.upstream.script(call("get_weather", city="Lima"), say("Warm."))
         alice = {"authorization": "Bearer sk-alice"}
         body = {"context_id": "old", "message": "Lima?"}
