@@ -215,15 +215,17 @@ def guarded_protocol(
             self._arm_header_timer()
 
         def _make_room(self) -> bool:
-            """Closes the longest idle connection (its request not come whole yet), if any: on
-            the probe port, so that clients holding connections cannot keep out the probes,
-            which send their request at once."""
+            """Closes the longest idle connection, if any: one whose request is not being
+            answered (kept alive after its answer, its head or its body still to come). On the
+            probe port, so that clients holding connections cannot keep out the probes, which
+            send their request at once."""
             idle = [
                 c
                 for c in self.connections
                 if isinstance(c, GuardedProtocol)
                 and c is not self
-                and c._head_bytes is not None
+                and (c.cycle is None or c.cycle.response_complete)
+                and not c.pipeline
                 and not c.transport.is_closing()
             ]
             if not idle:
