@@ -127,10 +127,12 @@ class ReplyCalls:
             message = dict(reply.message)
             if server:
                 message["content"] = None
+            if self.server:  # ids of the proxy's own, whether or not this run held calls back
+                client = [replace(c, id=private_call_id(c.id)) for c in client]
             if server or earlier:
-                given = iter(client := [replace(c, id=private_call_id(c.id)) for c in client])
-                calls = [next(given) if self.is_client_call(c) else c for c in reply.tool_calls]
-                run.held = held_calls(earlier, reply, calls, server, outputs)
+                given = iter(client)
+                ids = [next(given).id if self.is_client_call(c) else c.id for c in reply.tool_calls]
+                run.held = held_calls(earlier, reply, ids, server, outputs)
             message["tool_calls"] = [c.to_openai() for c in client]
             run.generated.append(message)
             return Outcome(Stop(StopReason.CLIENT_TOOL_CALL), message)
@@ -145,6 +147,7 @@ class ReplyCalls:
     async def _run(self, run: RunState, call: ToolCall) -> ToolResult:
         await self.emit(ev.ToolStarted(run.run_id, run.step_count, call))
         run.tool_calls += 1  # as it starts: a call cut short (the run cancelled or out of time) ran
+        run.tools_ran = True
         started = self.clock()
         try:
             result = await self.tools.execute(
@@ -154,7 +157,6 @@ class ReplyCalls:
             log.exception("tool %s raised", call.name)
             result = ToolResult(f"tool failed: {type(exc).__name__}", "error")
         elapsed = self.clock() - started
-        run.tools_ran = True
         run.tools_s += elapsed
         run.steps[-1].tool_results.append(
             {"name": call.name, "output": result.output, "is_error": result.is_error}
@@ -168,11 +170,12 @@ _ID_CHARACTERS = string.ascii_letters + string.digits
 
 
 def private_call_id(upstream_id: str) -> str:
-    """The id a client call is given when its run held server calls back (SPEC §5.1.6): one
-    no other conversation has or can guess, whatever ids the upstream gives (some give every
-    conversation `call_0`), so that only the conversation it went to brings the held calls
-    back. Of the upstream's form when that is nine letters and digits (some upstreams take no
-    other), else OpenAI's (`call_` and 24 hex digits)."""
+    """The id a client call is given by an agent with server tools, whose runs may hold server
+    calls back (SPEC §5.1.6): one no other conversation has or can guess, whatever ids the
+    upstream gives (some give every conversation `call_0`, and every turn), so that only the
+    conversation it went to brings the held calls back, and none of its own calls bears the
+    id of another. Of the upstream's form when that is nine letters and digits (some upstreams
+    take no other), else OpenAI's (`call_` and 24 hex digits)."""
     if len(upstream_id) == 9 and upstream_id.isascii() and upstream_id.isalnum():
         return "".join(secrets.choice(_ID_CHARACTERS) for _ in range(9))
     return f"call_{secrets.token_hex(12)}"
@@ -181,16 +184,22 @@ def private_call_id(upstream_id: str) -> str:
 def held_calls(
     earlier: list[dict[str, Any]],
     reply: ModelReply,
-    calls: list[ToolCall],
+    ids: list[str],
     server: list[ToolCall],
     outputs: Mapping[str, str],
 ) -> dict[str, Any]:
     """What the client is not shown of a run that ends calling its tools (SPEC §5.1.6): the
-    run's earlier steps, the reply with every call (`calls`: the client's with the ids they
-    were given), and the results of its server calls."""
+    run's earlier steps, the reply with every call as the upstream gave it (what it adds, a
+    Gemini `thought_signature` say, kept) under the ids the calls go by (`ids`, in order: the
+    client's were given ids of the proxy's own), and the results of its server calls."""
+    entries = reply.message.get("tool_calls") or []
+    if len(entries) == len(ids) and all(isinstance(e, dict) for e in entries):
+        calls = [{**entry, "id": call_id} for entry, call_id in zip(entries, ids, strict=True)]
+    else:
+        calls = [replace(c, id=i).to_openai() for c, i in zip(reply.tool_calls, ids, strict=True)]
     return {
         "earlier": earlier,
-        "message": {**reply.message, "tool_calls": [c.to_openai() for c in calls]},
+        "message": {**reply.message, "tool_calls": calls},
         "results": [
             {"role": "tool", "tool_call_id": c.id, "content": outputs[c.id]} for c in server
         ],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import math
 import time
 from collections.abc import Mapping
@@ -52,7 +53,7 @@ class StoredContext:
                 "owner": self.owner,
                 "created": self.created,
                 "updated": self.updated,
-                "thread": self.thread,
+                **({"thread": self.thread} if self.thread is not None else {}),
                 "messages": self.messages,
             }
         )
@@ -61,7 +62,12 @@ class StoredContext:
     def loads(cls, data: bytes | str) -> StoredContext:
         fields = orjson.loads(data)
         fields.setdefault("version", 1)  # stored before contexts had versions
-        return cls(**fields)
+        # A field a later version added is left out: a replica not yet upgraded reads its
+        # contexts all the same.
+        return cls(**{name: fields[name] for name in _CONTEXT_FIELDS if name in fields})
+
+
+_CONTEXT_FIELDS = tuple(f.name for f in dataclasses.fields(StoredContext))
 
 
 def conflict(context_id: str) -> StateUnavailable:

@@ -244,20 +244,42 @@ async def test_held_server_calls_go_back_after_the_same_first_question_or_a_trim
     assert to_bob[1] == "yes"
 
 
-async def test_a_client_call_gets_an_id_of_the_proxys_own_only_when_server_calls_were_held(
+async def test_a_client_call_gets_an_id_of_the_proxys_own_where_the_agent_has_server_tools(
     proxy: Proxy,
 ) -> None:
     ask_user = {"type": "function", "function": {"name": "ask_user", "parameters": {}}}
-    alone = Call("ask_user", {"question": "Coat?"}, id="call_7")
+    alone = calls(Call("ask_user", {"question": "Coat?"}, id="call_7"))
     nine = calls(Call("get_weather", {"city": "Oslo"}), Call("ask_user", {}, id="Ab3dE6gH9"))
-    proxy.upstream.script(calls(alone), mixed("Oslo"), nine)
-    ids = [
-        (await proxy.chat(model="weather", tools=[ask_user])).json()["choices"][0]["message"][
-            "tool_calls"
-        ][0]["id"]
-        for _ in range(3)
-    ]
-    assert ids[0] == "call_7"  # nothing held: the upstream's own
+    proxy.upstream.script(alone, alone, nine)
+    ids = []
+    for model in ("scripted", "weather", "weather"):
+        reply = await proxy.chat(model=model, tools=[ask_user])
+        ids.append(reply.json()["choices"][0]["message"]["tool_calls"][0]["id"])
+    assert ids[0] == "call_7"  # no server tools: the upstream's own
     assert re.fullmatch(r"call_[0-9a-f]{24}", ids[1])
     assert re.fullmatch(r"[A-Za-z0-9]{9}", ids[2])
     assert ids[2] != "Ab3dE6gH9"
+
+
+async def test_held_calls_come_back_after_an_earlier_client_call_with_the_same_upstream_id(
+    proxy: Proxy,
+) -> None:
+    """The upstream numbers its calls from `call_0` each turn: the client's first call and the
+    server's later one share the id, and the held server call still comes back, once."""
+    ask_user = {"type": "function", "function": {"name": "ask_user", "parameters": {}}}
+    first = calls(Call("ask_user", {"question": "Where?"}, id="call_0"))
+    second = Reply(
+        calls=(
+            Call("get_weather", {"city": "Oslo"}, id="call_0"),
+            Call("ask_user", {"question": "Coat?"}, id="call_1"),
+        )
+    )
+    proxy.upstream.script(first, second, say("Take a coat."))
+    asked = [{"role": "user", "content": "What should I wear?"}]
+    history = answered(asked, await proxy.chat(model="weather", tools=[ask_user], messages=asked))
+    history += [{"role": "user", "content": "In Oslo."}]
+    again = await proxy.chat(model="weather", tools=[ask_user], messages=history)
+    await proxy.chat(model="weather", tools=[ask_user], messages=answered(history, again))
+    results = [m["content"] for m in proxy.upstream.bodies[2]["messages"] if m["role"] == "tool"]
+    assert sum("Oslo" in r for r in results) == 1
+    assert results[-1] == "yes"

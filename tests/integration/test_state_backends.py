@@ -499,3 +499,11 @@ async def test_a_held_context_stays_held_past_its_lease_while_its_holder_lives(
     await holder.close()
     await waiter.close()
     assert order == ["held", "released", "taken"]
+
+
+def test_a_context_stored_by_a_later_version_is_read_without_its_new_fields() -> None:
+    """A replica not yet upgraded reads what an upgraded one saved."""
+    later = {"version": 3, "id": "c", "owner": "a", "messages": [], "colour": "blue"}
+    read = StoredContext.loads(orjson.dumps(later))
+    assert (read.id, read.owner, read.version) == ("c", "a", 3)
+    assert b'"thread"' not in StoredContext("c").dumps(1)  # written only when it has one
