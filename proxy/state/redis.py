@@ -72,6 +72,8 @@ def _reached() -> Iterator[None]:
     try:
         yield
     except RedisError as exc:
+        if task is not None and task.cancelling() > asked:
+            raise asyncio.CancelledError from None  # what made the call fail, most likely
         log.warning("the redis state backend failed: %s: %s", type(exc).__name__, exc)
         raise StateUnavailable(
             f"the state backend (redis) is unavailable: {type(exc).__name__}"

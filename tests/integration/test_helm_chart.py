@@ -96,6 +96,10 @@ def test_the_probes_and_the_scrape_path_are_routes_of_the_app() -> None:
     selector = one(manifests, "ServiceMonitor")["spec"]["selector"]["matchLabels"]
     assert selector.items() <= labels.items()
     assert not selector.items() <= services["lw-loopwarden"][1].items()
+    long = render(EVERYTHING, release="r" * 53)  # its full name is 63 characters long
+    names = [m["metadata"]["name"] for m in long if m["kind"] == "Service"]
+    assert max(len(name) for name in names) <= 63
+    assert any(name.endswith("-metrics") for name in names)
 
 
 def test_the_default_config_is_the_built_in_default(tmp_path: Path) -> None:
