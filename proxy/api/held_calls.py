@@ -31,9 +31,9 @@ async def restore(
 ) -> list[dict[str, Any]]:
     """`messages` with the server calls held back from the client put back in place; the
     latest HELD_LOOKUPS assistant messages with tool calls are looked up."""
-    asked = [(i, first_call_id(message)) for i, message in enumerate(messages)]
+    asked = [(i, c) for i, m in enumerate(messages) if (c := first_call_id(m)) is not None]
     held: dict[int, dict[str, Any]] = {}
-    for at, call_id in [(i, c) for i, c in asked if c is not None][-HELD_LOOKUPS:]:
+    for at, call_id in asked[-HELD_LOOKUPS:]:
         found = await store.get_record(HELD_RECORD, _key(caller, call_id))
         if found is not None:
             held[at] = orjson.loads(found)

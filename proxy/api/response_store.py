@@ -36,12 +36,6 @@ class StoredResponse:
             {"response": self.response, "thread": self.thread, "owner": self.owner, "key": self.key}
         )
 
-    def item(self, item_id: str) -> dict[str, Any] | None:
-        for item in self.response.get("output") or ():
-            if item.get("id") == item_id:
-                return dict(item)
-        return None
-
 
 class ConversationTooLarge(Exception):
     """A stored response whose conversation is larger than a request may be: it goes upstream
@@ -107,9 +101,8 @@ class ResponseStore:
         self, response_id: str, bounds: ServerConfig
     ) -> list[dict[str, Any]] | None:
         """The conversation through a response `readable` found (None when it is gone since,
-        deleted or expired). Raises ConversationTooLarge
-        when it holds more bytes or JSON values than a request's body may (checked before it
-        is parsed)."""
+        deleted or expired). Raises ConversationTooLarge when it holds more bytes or JSON
+        values than a request's body may (checked before it is parsed)."""
         found = await self.store.get_record(CONVERSATION_RECORD, response_id)
         legacy = found is None
         if found is None:  # stored as one record by an earlier version, or gone since
