@@ -1,4 +1,6 @@
-"""Stop reasons: the closed set of SPEC §5.2, and the value a policy returns to end a run."""
+"""Stop reasons: the closed set of SPEC §5.2 with two more (`condition_error`: an `expr` that
+would cost too much to evaluate; `state_unavailable`: the state backend failed mid-run), and the
+value a policy returns to end a run."""
 
 from __future__ import annotations
 

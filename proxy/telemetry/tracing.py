@@ -219,6 +219,7 @@ class TracingObserver:
             if task is not None and attached_in is task:  # it ran in the run's own task
                 otel_context.detach(token)  # type: ignore[arg-type]
             span.set_status(Status(StatusCode.ERROR, event.stop.reason.value))
+            span.set_attribute("error.type", event.stop.reason.value)
             span.end()
         spans.tools.clear()
         del self._runs[event.run_id]

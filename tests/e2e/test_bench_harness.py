@@ -168,3 +168,21 @@ def test_the_scaling_benchmark_compares_two_workers_with_two_processes() -> None
     assert all(float(row[4]) > 0 for row in rows[1:])
     assert [row[3].strip() for row in rows[1:]][::3] == ["1.00x", "1.00x"]
     assert "- json: serve --workers 2 carries " in done.stdout
+
+
+def test_the_calls_benchmark_counts_the_same_code_alike() -> None:
+    """Against itself, the calls per request of each kind agree within 3 %: the figure that
+    compares two versions where CPU times are too noisy to."""
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.bench.calls", "--requests", "40", "--against", str(ROOT)],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": path},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    rows = [line.split("|")[1:-1] for line in done.stdout.splitlines() if line.startswith("| ")]
+    assert [row[0].strip() for row in rows[1:]] == ["JSON", "SSE", "tool step"]
+    counts = [[float(cell.replace(",", "")) for cell in row[1:]] for row in rows[1:]]
+    assert all(this > 200 and abs(this - other) <= 0.03 * this for this, other in counts)
+    json_calls, sse_calls, tool_step_calls = (this for this, _ in counts)
+    assert sse_calls > json_calls
+    assert tool_step_calls > json_calls

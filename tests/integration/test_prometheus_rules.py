@@ -47,6 +47,20 @@ def test_every_alert_has_severity_summary_description_and_runbook() -> None:
         assert f"alertname: {alert['alert']}" in tested
 
 
+def test_the_readme_names_every_alert_and_has_its_runbook() -> None:
+    groups = yaml.safe_load((DASHBOARDS / "alerts.yml").read_text())["groups"]
+    alerts = [r for g in groups for r in g["rules"] if "alert" in r]
+    readme = (DASHBOARDS.parent / "README.md").read_text()
+    listed = readme.split("`dashboards/alerts.yml` holds recording rules and ", 1)[1]
+    listed = listed.split("each with", 1)[0]
+    assert listed.startswith("nine alerts")
+    assert len(alerts) == 9
+    for alert in alerts:
+        assert f"`{alert['alert']}`" in listed
+        anchor = alert["annotations"]["runbook_url"].rsplit("#", 1)[1]
+        assert f'<a id="{anchor}"></a>' in readme, anchor
+
+
 async def exposition(proxy: Proxy) -> str:
     """The exposition after a tool loop and a streamed run."""
     proxy.upstream.script(

@@ -18,7 +18,7 @@ from proxy.engine import events as ev
 from proxy.engine.stop import Stop, StopReason
 from proxy.engine.usage import Usage
 from proxy.engine.values import ModelRequest, ToolCall, ToolResult
-from proxy.errors import UpstreamStatusError
+from proxy.errors import StateUnavailable, UpstreamStatusError
 from proxy.telemetry.metrics import Labels, Metrics
 from proxy.telemetry.run_metrics import MAX_SERIES_CACHED, MetricsObserver, OverheadObserver
 from proxy.telemetry.tracing import TracingObserver
@@ -194,6 +194,34 @@ def test_a_failed_run_ends_its_open_chat_span_with_the_error() -> None:
     assert dict(failed_chat.attributes or {})["error.type"] == "503"
     assert run.status.status_code is StatusCode.ERROR
     assert dict(run.attributes or {})["error.type"] == "503"
+
+
+def test_a_call_cut_short_by_the_run_is_an_error_of_the_run_s_stop_reason() -> None:
+    request = ModelRequest("gpt-x", [{"role": "user", "content": "hi"}], [], step=1)
+    stop = Stop(StopReason.TIME_BUDGET)
+    events: list[ev.RunEvent] = [
+        ev.RunStarted("run_1", "agent-a", "gpt-x", None, 0.0),
+        ev.StepStarted("run_1", 1, request, 0.0),
+        ev.ModelReplied("run_1", 1, reply(calls=[("search", "{}")]), 0.002, 0.5),
+        ev.ToolStarted("run_1", 1, CALL),
+        ev.RunFinished(
+            "run_1", "agent-a", "gpt-x", stop, 1, 1, Usage(1, 1, 2), None, 2.0, 0.5, 1.5, None
+        ),
+    ]
+    spans = {s.name: s for s in traced(events).get_finished_spans()}
+    tool = spans["execute_tool search"]
+    assert tool.status.status_code is StatusCode.ERROR
+    assert dict(tool.attributes or {})["error.type"] == "time_budget"
+
+
+def test_a_failure_s_error_type_is_its_code_as_the_client_s_error_body_says_it() -> None:
+    events = run_events(Stop(StopReason.STATE_UNAVAILABLE))
+    finished = events[-1]
+    assert isinstance(finished, ev.RunFinished)
+    events[-1] = replace(finished, error=StateUnavailable("the state backend failed"))
+    run = next(s for s in traced(events).get_finished_spans() if s.name.startswith("invoke_"))
+    assert run.status.status_code is StatusCode.ERROR
+    assert dict(run.attributes or {})["error.type"] == "state_unavailable"
 
 
 def test_content_is_captured_only_when_asked() -> None:
