@@ -16,10 +16,11 @@ class SSEDecoder:
     joined with newlines). `done` turns true at `data: [DONE]`, which is not returned, and
     nothing after it is read.
 
-    Raises EventTooLarge as soon as the event being read (its data and the line not yet ended)
-    holds more than `max_event_bytes`: a stream without line breaks cannot grow it without
-    bound. A line arriving in many pieces is joined once, when it ends. An event of type
-    `error` raises ErrorEvent."""
+    Fails (`failure`, and `done`) as soon as the event being read (its data and the line not
+    yet ended) holds more than `max_event_bytes` (EventTooLarge: a stream without line breaks
+    cannot grow it without bound), or at an event of type `error` (ErrorEvent). The events
+    before the failure are returned first, however the stream's reads fell. A line arriving
+    in many pieces is joined once, when it ends."""
 
     def __init__(self, max_event_bytes: int | None = None) -> None:
         self._pieces: list[bytes] = []  # the line not yet ended
@@ -29,21 +30,29 @@ class SSEDecoder:
         self._error = False  # the event being read is of type `error`
         self.max_event_bytes = max_event_bytes
         self.done = False
+        self.failure: EventTooLarge | ErrorEvent | None = None
 
     def feed(self, chunk: bytes) -> list[bytes]:
+        events: list[bytes] = []
         if self.done:
-            return []
+            return events
+        try:
+            self._feed(chunk, events)
+        except (EventTooLarge, ErrorEvent) as exc:
+            self.failure, self.done = exc, True
+        return events
+
+    def _feed(self, chunk: bytes, events: list[bytes]) -> None:
         if b"\n" not in chunk:
             self._pieces.append(chunk)
             self._pieces_size += len(chunk)
             self._check()
-            return []
+            return
         if self._pieces:
             chunk = b"".join([*self._pieces, chunk])
         *lines, rest = chunk.split(b"\n")
         self._pieces = [rest] if rest else []
         self._pieces_size = len(rest)
-        events: list[bytes] = []
         for raw in lines:
             line = raw.rstrip(b"\r")
             if not line:
@@ -56,7 +65,7 @@ class SSEDecoder:
                     raise ErrorEvent(data)
                 if data == b"[DONE]":
                     self.done = True
-                    return events
+                    return
                 events.append(data)
             elif line.startswith(b"data:"):
                 value = line[5:]
@@ -67,7 +76,6 @@ class SSEDecoder:
             elif line.startswith(b"event:"):
                 self._error = line[6:].strip() == b"error"
         self._check()
-        return events
 
     def _check(self) -> None:
         limit = self.max_event_bytes

@@ -61,14 +61,16 @@ class ReplyReader:
         self, chunks: AsyncIterator[bytes], on_delta: DeltaSink | None, started: float
     ) -> ModelReply:
         """The reply of an SSE stream; the deltas of one network read go on as one, so a
-        client gets fewer, larger chunks. `started` is when the request was sent
-        (`time.monotonic()`), for the reply's `first_chunk_s`."""
+        client gets fewer, larger chunks. What came before a failure goes on before it is
+        raised, whether the failure came in the same read or a later one. `started` is when
+        the request was sent (`time.monotonic()`), for the reply's `first_chunk_s`."""
         acc = ChunkAccumulator(self.limits)
         decoder = SSEDecoder(min(self.limits.max_event_bytes, self.limits.max_response_bytes))
         limit = self.limits.max_response_bytes
         size = 0
         first_chunk_s: float | None = None
         begun = False  # the sink heard that the answer has begun
+        sound = False  # an event was read, and is sound
         try:
             async for raw in chunks:
                 if first_chunk_s is None:
@@ -76,14 +78,25 @@ class ReplyReader:
                 size += len(raw)
                 if size > limit:
                     raise self._too_large()
-                deltas = [d for data in decoder.feed(raw) if (d := self._add(acc, data))]
+                deltas: list[str] = []
+                failure: Exception | None = None
+                try:
+                    for data in decoder.feed(raw):
+                        if delta := self._add(acc, data):
+                            deltas.append(delta)
+                        sound = True
+                except (MalformedReply, UpstreamBadReply) as exc:
+                    failure = exc
                 if on_delta is not None:
-                    if not begun and acc.chunks:  # its first event was read, and is sound
+                    if not begun and sound:  # its first event was read, and is sound
                         begun = True
                         if not deltas:  # else the text itself begins the answer
                             await on_delta("")
                     if deltas:
                         await on_delta("".join(deltas))
+                failure = failure or decoder.failure
+                if failure is not None:
+                    raise failure
                 if decoder.done:
                     break
         except EventTooLarge as exc:

@@ -156,12 +156,16 @@ async def test_a_reply_with_more_tool_calls_than_the_cap_is_a_502(
         proxy.upstream.script(many, many)
         r = await proxy.chat(model="weather", messages=WEATHER)
         streamed = await proxy.chat(model="weather", messages=WEATHER, stream=True)
-    for answer in (r, streamed):
-        assert answer.status_code == 502
-        error = answer.json()["error"]
+    assert r.status_code == 502
+    # The stream's first events were sound, so it had begun: the failure is its last event.
+    assert streamed.status_code == 200
+    *_, failure, done = events(streamed.text)
+    assert done == "[DONE]"
+    for answer in (r.json(), failure):
+        error = answer["error"]
         assert error["code"] == "upstream_error"
         assert "more than 5 tool calls in one reply (max_tool_calls_per_reply)" in error["message"]
-        assert answer.json()["loop"]["tool_calls"] == 0  # none of them ran
+        assert answer["loop"]["tool_calls"] == 0  # none of them ran
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -237,9 +241,12 @@ async def test_an_error_event_mid_stream_is_relayed_scrubbed(
     async with proxy_for(overrides, handler=handler) as proxy:
         r = await proxy.chat(model="scripted", stream=True)
     assert "key-of-the-upstream-42" not in r.text
-    # One read held both events: the error came before any byte went to the client.
-    assert r.status_code == 502
-    final = r.json()
+    # One read held both events: the text before the error goes out first, as it would have
+    # had the error come in a later read.
+    assert r.status_code == 200
+    *chunks, final, done = events(r.text)
+    assert done == "[DONE]"
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks) == "Hel"
     assert final["error"]["code"] == "upstream_error"
     assert final["error"]["message"] == "upstream main failed mid-stream: key [redacted] revoked"
 

@@ -24,7 +24,7 @@ from proxy.upstream.reply import (
     unique_ids,
 )
 from proxy.upstream.retry import Retry, retry_after_s
-from proxy.upstream.sse import EventTooLarge, SSEDecoder
+from proxy.upstream.sse import ErrorEvent, EventTooLarge, SSEDecoder
 
 
 def test_sse_events_split_across_reads() -> None:
@@ -125,16 +125,30 @@ def test_upstream_body_caps_tokens_and_drops_tool_fields_without_tools() -> None
 def test_sse_an_event_over_the_cap_is_refused_before_it_ends() -> None:
     decoder = SSEDecoder(max_event_bytes=100)
     assert decoder.feed(b"data: " + b"a" * 60 + b"\n") == []
-    with pytest.raises(EventTooLarge, match="more than 100 bytes"):
-        decoder.feed(b"data: " + b"b" * 50)  # the second line is not even ended
+    assert decoder.feed(b"data: " + b"b" * 50) == []  # the second line is not even ended
+    assert isinstance(decoder.failure, EventTooLarge)
+    assert "more than 100 bytes" in str(decoder.failure)
+    assert decoder.done
+    assert decoder.feed(b"\n\n") == []  # nothing after it is read
 
 
 def test_sse_a_line_without_end_is_refused_at_the_cap() -> None:
     decoder = SSEDecoder(max_event_bytes=1000)
     for _ in range(9):
         assert decoder.feed(b": " + b"x" * 98) == []
-    with pytest.raises(EventTooLarge):
-        decoder.feed(b"x" * 200)
+    assert decoder.failure is None
+    decoder.feed(b"x" * 200)
+    assert isinstance(decoder.failure, EventTooLarge)
+
+
+@pytest.mark.parametrize(
+    "failing", [b"event: error\ndata: overloaded\n\n", b"data: " + b"x" * 200 + b"\n\n"]
+)
+def test_sse_the_events_before_a_failure_in_the_same_read_are_returned(failing: bytes) -> None:
+    decoder = SSEDecoder(max_event_bytes=100)
+    assert decoder.feed(b"data: 1\n\ndata: 2\n\n" + failing + b"data: 3\n\n") == [b"1", b"2"]
+    assert isinstance(decoder.failure, ErrorEvent | EventTooLarge)
+    assert decoder.done
 
 
 def test_sse_a_line_in_many_pieces_is_read_whole() -> None:
