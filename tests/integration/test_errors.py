@@ -139,6 +139,7 @@ def comprehensions(depth: int) -> str:
         (expr("usage" + ".b" * 20_000 + " > 0"), "loop.stop_when[0].expr"),
         (expr("(" * 500 + "true" + ")" * 500), "loop.stop_when[0].expr"),
         (expr(comprehensions(8)), "loop.stop_when[0].expr"),
+        (expr("'a'.matches('(\\\\w{50}){10}')"), "loop.stop_when[0].expr"),  # ~160 ms to compile
         (
             {"model": "scripted", "messages": [{"role": {"a": 1}, "content": "x"}]},
             "messages[0].role",

@@ -458,15 +458,45 @@ def test_only_the_variables_an_expression_reads_are_sized_and_converted() -> Non
         costly.evaluate(snapshot(long_text, cost=2.0))
 
 
+def test_a_whole_list_compared_costs_its_conversion_though_nothing_iterates_it() -> None:
+    """`steps == []` has no comprehension, but the library converts every value it is given."""
+    expression = compile_condition("steps == []")
+    busy = [step(i, calls=tuple(f"t{j}" for j in range(128))) for i in range(8)]
+    assert expression.evaluate(snapshot(*busy[:1])) is False
+    with pytest.raises(ExpressionTooCostly, match=r"over this run's data \([\d,]+ values"):
+        expression.evaluate(snapshot(*busy))
+
+
+@pytest.mark.parametrize(
+    "pattern", ["(\\\\w{50}){10}", "\\\\W{200}", "\\\\p{L}{20}", "[^\\\\W]{10}", "a{100000}"]
+)
+def test_a_pattern_too_costly_to_compile_is_refused_before_it_is_compiled(pattern: str) -> None:
+    message = rejection(f"steps.exists(s, s.text.matches('{pattern}'))")
+    assert message.startswith("the regular expression would cost too much to compile")
+    assert "[a-zA-Z0-9_] costs little" in message
+    assert message.endswith("(at 1:32)")
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    ["^[a-z]+@example\\\\.com$", "\\\\w+", "\\\\w{4}", "[a-zA-Z0-9_]{50}", "(?i)error|fail"],
+)
+def test_patterns_that_cost_little_to_compile_are_accepted(pattern: str) -> None:
+    expression = compile_condition(f"steps.exists(s, s.text.matches('{pattern}'))")
+    assert expression.patterns > 0
+    assert expression.evaluate(snapshot(step(0, text="-"))) is False
+
+
 def test_the_extent_of_data_counts_its_widest_list_or_map_and_longest_string() -> None:
     from types import MappingProxyType
 
-    assert extent({"cost_usd": 1.5, "elapsed_s": None}) == (2, 0)
+    assert extent({"cost_usd": 1.5, "elapsed_s": None}) == (2, 0, 3)  # the map and its two
     # A step has 7 fields; its longest string is its finish reason, "stop".
-    assert extent(snapshot(step(0, text="abc"), step(1, calls=("a", "b", "c")))) == (7, 4)
-    # Other mappings and sequences count as the snapshot's own dicts and lists do.
+    assert extent(snapshot(step(0, text="abc"), step(1, calls=("a", "b", "c"))))[:2] == (7, 4)
+    # Other mappings and sequences count as the snapshot's own dicts and lists do: the map,
+    # the proxy, the tuple and its nine strings are 12 values.
     other = MappingProxyType({"a": ("x" * 7, "y", "z", "w", "v", "u", "t", "s", "r")})
-    assert extent({"v": other}) == (9, 7)
+    assert extent({"v": other}) == (9, 7, 12)
 
 
 def test_a_run_state_snapshots_only_the_variables_asked_for() -> None:

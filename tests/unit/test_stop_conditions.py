@@ -162,6 +162,33 @@ async def test_an_expression_too_costly_for_the_run_data_ends_the_run() -> None:
     assert h.observer.of(ev.ConditionHeld) == []
 
 
+async def test_expressions_cheap_alone_but_costly_together_end_the_run_at_the_step_budget() -> None:
+    """Forty conditions over the steps' 40 KB texts: each is far within the limit, but after
+    some step they are not together, and the run ends at the one that passes the step's
+    budget, before it is evaluated."""
+    expr = "steps.exists(s, s.text == 'never')"
+    many = [{"expr": f"{expr} && size(steps) > {i}"} for i in range(40)]
+    h = Harness(looping(50, text="x" * 40_000), TOOLS, stop_when=many, max_steps=50)
+    result = await h.run()
+    assert result.stop.reason is StopReason.CONDITION_ERROR
+    assert 2 < result.steps < 50
+    details = result.stop.details
+    assert "of their 500,000 left" in details["error"]
+    assert details["condition"] != "stop_when[0]"  # the first ones had budget left
+
+
+async def test_an_expression_is_charged_for_compiling_its_patterns_each_time() -> None:
+    """The library compiles a `matches()` pattern at every call: over the steps, a Unicode
+    class makes a comprehension too costly sooner than a literal does."""
+    costly = "steps.exists(s, s.text.matches('\\\\w{4}'))"
+    cheap = "steps.exists(s, s.text.matches('abcd'))"
+    ended = await Harness(looping(30), TOOLS, stop_when=[{"expr": costly}]).run()
+    assert ended.stop.reason is StopReason.CONDITION_ERROR
+    assert ended.steps < 10
+    ran = await Harness(looping(30), TOOLS, stop_when=[{"expr": cheap}], max_steps=30).run()
+    assert (ran.stop.reason, ran.steps) == (StopReason.MAX_STEPS, 30)
+
+
 async def test_cel_sees_tool_results_usage_and_cost() -> None:
     expr = "steps[0].tool_results[0].output == 'r' && usage.total_tokens >= 30 && cost_usd == 0.0"
     h = Harness(looping(), TOOLS, stop_when=[{"expr": expr}])

@@ -34,6 +34,7 @@ from proxy.engine.expressions.lexer import (
     where,
 )
 from proxy.engine.expressions.parser import Parser
+from proxy.engine.expressions.patterns import pattern_cost
 from proxy.engine.expressions.projection import Projection
 from proxy.engine.expressions.vocabulary import FUNCTIONS, MACROS, VARIABLES
 
@@ -45,6 +46,7 @@ __all__ = [
     "MAX_EXPR_DEPTH",
     "MAX_POLICY_EXPR_CHARS",
     "VARIABLES",
+    "Budget",
     "Expression",
     "ExpressionFailed",
     "ExpressionTooCostly",
@@ -62,11 +64,16 @@ _LIBRARY_ERROR = re.compile(
 _LIBRARY_INNER = re.compile(r'msg: "([^"]*)"')  # as in `OtherError(ParseError { ..., msg: "..." })`
 
 
-# What one evaluation may cost, in tokens x iterations of the nested comprehensions x KiB of
-# the longest string: about 15 ms of the library's time. The library holds the GIL while it
-# evaluates, so neither a thread nor a timeout could bound it: the cost is bounded before it
-# starts instead.
+# What one evaluation may cost, in units of ~60 ns of the library's time: tokens (and the
+# compiles of the `matches()` patterns, which the library makes at every evaluation) x
+# iterations of the nested comprehensions x KiB of the longest string, plus the conversion of
+# each value it is given. About 15 ms. The library holds the GIL while it evaluates, so
+# neither a thread nor a timeout could bound it: the cost is bounded before it starts instead.
 MAX_EVALUATION_COST = 250_000
+# What all the evaluations after one step may cost together (~30 ms): a policy may hold many
+# expressions, each within MAX_EVALUATION_COST.
+MAX_STEP_EVALUATION_COST = 500_000
+CONVERSION_COST = 60  # a value given to the library: 1-5 µs
 
 
 _SCALARS = frozenset({int, float, bool, type(None)})
@@ -81,7 +88,15 @@ class ExpressionFailed(Exception):
 
 
 class ExpressionTooCostly(ExpressionFailed):
-    """An expression whose comprehensions would iterate over too much of the run's data."""
+    """An expression that would cost too much to evaluate over the run's data, alone or with
+    the others evaluated after the same step."""
+
+
+@dataclass(slots=True)
+class Budget:
+    """What the evaluations after one step may still cost."""
+
+    left: int = MAX_STEP_EVALUATION_COST
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +106,7 @@ class Expression:
     source: str
     program: cel.Program = field(repr=False, compare=False)
     terms: int = 1  # tokens: what one pass over the expression costs
+    patterns: int = 0  # what compiling its `matches()` patterns costs, once each
     depth: int = 0  # how deep its comprehensions nest
     # The snapshot's variables it uses: only these are sized and handed to the library, whose
     # conversion of its input is most of an evaluation's cost (1-2 µs a value).
@@ -98,24 +114,35 @@ class Expression:
     # The fields of the snapshot's objects it reads; None: it reads them all.
     projection: Projection | None = field(default=None, repr=False, compare=False)
 
-    def evaluate(self, snapshot: Mapping[str, Any]) -> bool:
+    def evaluate(self, snapshot: Mapping[str, Any], budget: Budget | None = None) -> bool:
         """The condition's value over `snapshot` (the shape of `RunState.snapshot()`; only
-        `variables` need be there).
+        `variables` need be there), charged to `budget`, the step's.
 
-        Raises `ExpressionFailed` when evaluation fails (an index out of range, a division by
-        zero, a missing variable, an overflow) or yields something other than a boolean.
+        Raises `ExpressionTooCostly` before it starts when it would cost more than
+        MAX_EVALUATION_COST, or than what is left of `budget`; `ExpressionFailed` when
+        evaluation fails (an index out of range, a division by zero, a missing variable, an
+        overflow) or yields something other than a boolean.
         """
         snapshot = {name: snapshot[name] for name in self.variables if name in snapshot}
         if self.projection is not None:
             snapshot = self.projection.of(snapshot)
-        widest, longest = extent(snapshot)
-        cost = self.terms * widest**self.depth * (1 + longest // 1024)
-        if cost > MAX_EVALUATION_COST:
-            raise ExpressionTooCostly(
-                f"over this run's data (lists of up to {widest} items, strings of up to "
-                f"{longest} characters) it would cost {cost:,} units of evaluation; the limit "
-                f"is {MAX_EVALUATION_COST:,}"
+        widest, longest, values = extent(snapshot)
+        work = (self.terms + self.patterns) * widest**self.depth * (1 + longest // 1024)
+        cost = work + values * CONVERSION_COST
+        if cost > MAX_EVALUATION_COST or (budget is not None and cost > budget.left):
+            limit = (
+                f"the limit is {MAX_EVALUATION_COST:,}"
+                if cost > MAX_EVALUATION_COST or budget is None
+                else f"the conditions evaluated after this step had {budget.left:,} of their "
+                f"{MAX_STEP_EVALUATION_COST:,} left"
             )
+            raise ExpressionTooCostly(
+                f"over this run's data ({values:,} values, lists of up to {widest} items, "
+                f"strings of up to {longest} characters) it would cost {cost:,} units of "
+                f"evaluation; {limit}"
+            )
+        if budget is not None:
+            budget.left -= cost
         try:
             result = self.program.execute(_with_doubles(snapshot))
         except Exception as exc:  # the library raises a different class for each failure
@@ -146,7 +173,12 @@ def compile_condition(source: str) -> Expression:
     if result.kind not in ("bool", "dyn"):
         raise ValueError(f"a stop condition must yield a boolean, but this one yields {result}")
     _cross_check(program, checker.bound)
+    patterns = 0
     for pos, literal in checker.patterns:
+        try:
+            patterns += pattern_cost(str(cel.evaluate(literal)))
+        except ValueError as exc:
+            raise ValueError(f"{exc} (at {where(source, pos)})") from None
         _check_pattern(source, pos, literal)
     # The library's references too: a comprehension variable may carry a variable's name.
     named = checker.free | set(program.references()["variables"])
@@ -155,18 +187,21 @@ def compile_condition(source: str) -> Expression:
         source,
         program,
         len(tokens),
+        patterns,
         depth,
         frozenset(named & set(VARIABLES)),
         projection if projection.drops else None,
     )
 
 
-def extent(value: Any) -> tuple[int, int]:
-    """The length of the longest list or map inside `value` (at least 1), and of the longest
-    string: what the cost of an evaluation over `value` grows with."""
-    widest, longest, pending = 1, 0, [value]
+def extent(value: Any) -> tuple[int, int, int]:
+    """The length of the longest list or map inside `value` (at least 1), of the longest
+    string, and how many values it holds: what the cost of an evaluation over `value` grows
+    with."""
+    widest, longest, values, pending = 1, 0, 0, [value]
     while pending:
         item = pending.pop()
+        values += 1
         kind = type(item)  # the snapshot's own types first: an ABC check costs ten times more
         if kind is str:
             longest = max(longest, len(item))
@@ -186,7 +221,7 @@ def extent(value: Any) -> tuple[int, int]:
         elif isinstance(item, list | tuple):
             widest = max(widest, len(item))
             pending.extend(item)
-    return widest, longest
+    return widest, longest, values
 
 
 def _cross_check(program: cel.Program, bound: set[str]) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 
 from proxy.engine.expressions import (
     MAX_POLICY_EXPR_CHARS,
+    Budget,
     Expression,
     ExpressionFailed,
     ExpressionTooCostly,
@@ -70,11 +71,15 @@ class Condition:
         return Held(reason, details)
 
     async def evaluate(
-        self, run: RunState, checks: ConditionChecks | None, failed: FailureSink
+        self,
+        run: RunState,
+        checks: ConditionChecks | None,
+        failed: FailureSink,
+        budget: Budget | None = None,
     ) -> Held | None:
         """Whether the condition holds; one that cannot be evaluated does not hold, and is
         reported to `failed` with its path. Raises Unevaluable for an expression too costly to
-        evaluate over the run's data."""
+        evaluate over the run's data, alone or within the step's `budget`."""
         kind, value = self.kind, self.value
         if kind == "step_count_is":
             return (
@@ -97,22 +102,22 @@ class Condition:
             return self.held(_REASONS[kind], round(elapsed, 3), run) if elapsed >= value else None
         if kind == "any":
             for child in value:
-                held: Held | None = await child.evaluate(run, checks, failed)
+                held: Held | None = await child.evaluate(run, checks, failed, budget)
                 if held is not None:
                     return held
             return None
         if kind == "all":
             for child in value:
-                if await child.evaluate(run, checks, failed) is None:
+                if await child.evaluate(run, checks, failed, budget) is None:
                     return None
             return self.held(StopReason.CUSTOM_CONDITION, True, run)
         if kind == "not":
-            if await value.evaluate(run, checks, failed) is None:
+            if await value.evaluate(run, checks, failed, budget) is None:
                 return self.held(StopReason.CUSTOM_CONDITION, True, run)
             return None
         if kind == "expr" and self.program is not None:
             try:
-                result = self.program.evaluate(run.snapshot(self.program.variables))
+                result = self.program.evaluate(run.snapshot(self.program.variables), budget)
             except ExpressionFailed as exc:
                 failed(run, self.path, exc.reason)
                 if isinstance(exc, ExpressionTooCostly):
@@ -206,9 +211,10 @@ class StopConditions(Policy):
         self.failed = failed
 
     async def after_step(self, run: RunState) -> Stop | None:
+        budget = Budget()  # the expressions' evaluations after this step, together
         for cond in self.conditions:
             try:
-                held = await cond.evaluate(run, self.checks, self.failed)
+                held = await cond.evaluate(run, self.checks, self.failed, budget)
             except Unevaluable as exc:
                 details: dict[str, Any] = {"condition": exc.path, "kind": "expr"}
                 details.update(error=exc.reason, step=run.step_count)
