@@ -64,6 +64,23 @@ async def test_cost_budget_caps_with_known_prices() -> None:
     assert result.cost_usd <= 0.01
 
 
+async def test_a_budget_too_large_to_cut_any_reply_puts_no_cap_on_it() -> None:
+    """$1e308 over a price per token is an infinite number of tokens; $1e14 a number past
+    64 bits: neither is a cap (nor a failure of the run), and a smaller budget's cap still is."""
+    prices = Prices(input=1e-6, output=1e-7)
+    for budgets in ([{"max_cost": 1e308}], [{"max_cost": 1e14}, {"max_tokens_used": 2**62}]):
+        h = Harness([reply("ok")], TOOLS, stop_when=budgets, prices=prices)
+        result = await h.run()
+        assert result.stop.reason is StopReason.COMPLETED
+        assert h.model.requests[0].max_completion_tokens is None
+    both = [{"max_cost": 1e14}, {"max_tokens_used": 1_000}]
+    h = Harness([reply("ok")], TOOLS, stop_when=both, prices=prices)
+    await h.run()
+    request = h.model.requests[0]
+    prompt = estimate_prompt_tokens(request.messages, request.tools)
+    assert request.max_completion_tokens == 1_000 - prompt
+
+
 async def test_client_cap_wins_when_smaller() -> None:
     h = Harness(
         [reply("ok")], TOOLS, stop_when=[{"max_tokens_used": 10_000}], max_completion_tokens=7

@@ -14,6 +14,10 @@ from proxy.engine.state import RunState
 from proxy.engine.stop import Stop, StopReason
 from proxy.engine.values import ModelReply, Prices
 
+# The largest cap a budget puts on a step's completion: past it, no model's reply is cut short,
+# and a larger one (a $1e14 budget over a price per token) would not fit the request's JSON.
+MAX_CAP_TOKENS = 2**31 - 1
+
 
 def estimate_prompt_tokens(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> int:
     """A conservative prompt size: a token is never counted as more than 4 bytes."""
@@ -42,7 +46,7 @@ class Budgets(Policy):
             room = int(cond.value) - run.usage.total_tokens - prompt
             if room < 1:
                 return self._stop(cond, run, run.usage.total_tokens, prompt)
-            if cap is None or room < cap:
+            if room <= MAX_CAP_TOKENS and (cap is None or room < cap):
                 cap, cap_by = room, cond
         if self.prices is not None:
             spent = run.cost_usd or 0.0
@@ -52,10 +56,11 @@ class Budgets(Policy):
                     if left <= 0:
                         return self._stop(cond, run, round(spent, 10), prompt)
                     continue
-                afford = math.floor(left / self.prices.output)
-                if afford < 1:
+                tokens = left / self.prices.output  # may be inf, for a tiny price
+                if tokens < 1:
                     return self._stop(cond, run, round(spent, 10), prompt)
-                if cap is None or afford < cap:
+                afford = math.floor(min(tokens, MAX_CAP_TOKENS + 1))
+                if afford <= MAX_CAP_TOKENS and (cap is None or afford < cap):
                     cap, cap_by = afford, cond
         if cap is not None and (
             plan.max_completion_tokens is None or cap < plan.max_completion_tokens
