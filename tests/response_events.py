@@ -26,9 +26,10 @@ def parse_events(text: str) -> list[dict[str, Any]]:
 
 def checked(events: list[dict[str, Any]]) -> dict[str, Any]:
     """The final response of a well-formed stream: `sequence_number` rises from 0, it opens
-    with `response.created` and `response.in_progress` and ends with one terminal event,
-    every item added is done, deltas add up to what is done, and the final `output` holds
-    every item as done."""
+    with `response.created` and `response.in_progress` and ends with one terminal event, one
+    item is open at a time (added, then done before the next is added: OpenAI's order, which
+    Codex needs) and every item added is done, deltas add up to what is done, and the final
+    `output` holds every item as done, at the index it was streamed at."""
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
     kinds = [e["type"] for e in events]
     assert kinds[:2] == ["response.created", "response.in_progress"], kinds
@@ -44,6 +45,7 @@ def checked(events: list[dict[str, Any]]) -> dict[str, Any]:
             assert event["response"]["id"] == response_id
         if kind == "response.output_item.added":
             assert event["output_index"] not in added
+            assert set(added) == set(done), f"an item is still open at {event}"
             added[event["output_index"]] = event["item"]
         elif kind == "response.output_item.done":
             index = event["output_index"]
@@ -60,9 +62,8 @@ def checked(events: list[dict[str, Any]]) -> dict[str, Any]:
         elif kind == "response.custom_tool_call_input.done":
             assert deltas[event["item_id"]] == event["input"]
     final = events[-1]["response"]
-    if kinds[-1] != "response.failed":
-        assert set(added) == set(done)
-        assert [i["id"] for i in final["output"]] == [done[i]["id"] for i in sorted(done)]
+    assert set(added) == set(done)
+    assert [i["id"] for i in final["output"]] == [done[i]["id"] for i in sorted(done)]
     return dict(final)
 
 

@@ -18,9 +18,11 @@ DELTA = b"response.output_text.delta"
 class ResponsesStream(EventStream):
     """Implements the engine's `RunStream`. Nothing is sent before the run has something to
     show (text, a server call, its end), so a run that fails before then still gets a plain
-    HTTP error; the first event is always `response.created`. The final message is one
-    `message` item, open from the run's first text to its end; each server call that runs is
-    an `mcp_call` item of its own meanwhile (when `calls` records them)."""
+    HTTP error; the first event is always `response.created`. The run's text is a `message`
+    item, and each server call that runs an `mcp_call` item (when `calls` records them); one
+    item is open at a time, as OpenAI streams them (Codex drops a text delta that comes while
+    another item is open), so a server call closes the message before it and the text after
+    it is a message of its own. A client reading every message's text reads the final text."""
 
     def __init__(
         self,
@@ -36,9 +38,12 @@ class ResponsesStream(EventStream):
         self.opened = False  # `response.created` was sent
         self.output: list[dict[str, Any]] = []  # items by output_index
         self._sequence = 0
+        self._prefix = prefix
+        self._messages = 0  # message items opened
         self._message_id = f"msg_{prefix}"
-        self._message_index: int | None = None
-        self._text: list[str] = []
+        self._message_index: int | None = None  # of the message open, if one is
+        self._text: list[str] = []  # of the message open
+        self._streamed = False  # text went out
         self._indexes: dict[str, int] = {}  # item id -> output_index
         self._delta_head = b""
 
@@ -81,6 +86,7 @@ class ResponsesStream(EventStream):
         if self._message_index is None:
             data += self._open_message()
         self._text.append(text)
+        self._streamed = True
         number = self._sequence
         self._sequence += 1
         data += (
@@ -93,6 +99,10 @@ class ResponsesStream(EventStream):
         await self._write(data)
 
     def _open_message(self) -> bytes:
+        self._messages += 1
+        self._message_id = f"msg_{self._prefix}" + (
+            f"_{self._messages}" if self._messages > 1 else ""
+        )
         item = message_item(self._message_id, "", "in_progress")
         item["content"] = []
         index, data = self._add(item)
@@ -117,6 +127,7 @@ class ResponsesStream(EventStream):
         part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
         item = message_item(self._message_id, text)
         self.output[index] = item
+        self._message_index, self._text = None, []
         return (
             self._event("response.output_text.done", {**where, "text": text, "logprobs": []})
             + self._event("response.content_part.done", {**where, "part": part})
@@ -131,7 +142,7 @@ class ResponsesStream(EventStream):
             return
         if isinstance(event, ev.ToolStarted):
             item = calls.started(event)
-            data = self._opening()
+            data = self._opening() + self._close_message()
             index, added = self._add(item)
             where = {"output_index": index, "item_id": item["id"]}
             await self._write(data + added + self._event("response.mcp_call.in_progress", where))
@@ -154,7 +165,7 @@ class ResponsesStream(EventStream):
         """The events that end the output: the message closed (with `text` sent first when
         none was streamed) and the client calls. `output` is then whole."""
         data = self._opening()
-        if self._message_index is None and text:
+        if not self._streamed and text:
             data += self._open_message()
             self._text.append(text)
             where = {"item_id": self._message_id, "output_index": self._message_index}
@@ -162,13 +173,18 @@ class ResponsesStream(EventStream):
                 "response.output_text.delta",
                 {**where, "content_index": 0, "delta": text, "logprobs": []},
             )
-        data += self._close_message()
+        data += self._close_message() + self._end_unfinished()
+        for item in client_items:
+            data += self._client_call(item)
+        return data
+
+    def _end_unfinished(self) -> bytes:
+        """The server calls that started and never finished (the run stopped), ended."""
+        data = b""
         for item in self.calls.unfinished() if self.calls is not None else ():
             index = self._indexes[item["id"]]
             self.output[index] = item
             data += self._event("response.output_item.done", {"output_index": index, "item": item})
-        for item in client_items:
-            data += self._client_call(item)
         return data
 
     async def finish(self, closing: bytes, response: dict[str, Any]) -> None:
@@ -198,8 +214,10 @@ class ResponsesStream(EventStream):
         )
 
     async def fail(self, response: dict[str, Any]) -> None:
-        """A failure after the first byte: `response.failed`, with the error and the `loop`
-        report in `response` (SPEC §12.3)."""
-        response["output"] = [i for i in self.output if i.get("status") != "in_progress"]
-        data = self._opening() + self._event("response.failed", {"response": response})
+        """A failure after the first byte: the items open ended (the text so far, calls cut
+        short), then `response.failed` with the error, the `loop` report and every item at the
+        index it was streamed at, in `response` (SPEC §12.3)."""
+        data = self._opening() + self._close_message() + self._end_unfinished()
+        response["output"] = self.output
+        data += self._event("response.failed", {"response": response})
         await self._write(data, last=True)

@@ -7,11 +7,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import ValidationError, ValidationInfo, field_validator
 
 from proxy.config.agents import AgentConfig, ConditionConfig
 from proxy.config.auth import AuthConfig
+from proxy.config.document import BadDocument, read_document
 from proxy.config.model import ConfigModel
 from proxy.config.references import reference_problems
 from proxy.config.server import ServerConfig
@@ -89,10 +89,10 @@ def load_config(path: str | os.PathLike[str] | None) -> Config:
     if not path:
         return Config()
     file = Path(path)
-    if not file.exists():
-        raise ConfigError([(str(file), "no such file")])
     try:
-        data = yaml.safe_load(file.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise ConfigError([(str(file), f"not valid YAML: {exc}")]) from None
+        data = read_document(file)
+    except FileNotFoundError:
+        raise ConfigError([(str(file), "no such file")]) from None
+    except BadDocument as exc:
+        raise ConfigError([(str(file), str(exc))]) from None
     return parse_config(data)

@@ -41,6 +41,63 @@ def test_check_accepts_a_good_config(check_config: CheckConfig) -> None:
     assert (checked.status, checked.out) == (0, "config OK\n")
 
 
+def alias_bomb(levels: int) -> str:
+    """A YAML document of a few hundred bytes whose aliases expand to 10**levels values."""
+    lines = ["x0: &l0 [a, a, a, a, a, a, a, a, a, a]"]
+    lines += [f"x{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 10)}]" for i in range(1, levels + 1)]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("server: {port: 8080, port: 9090}\n", "found the key 'port' twice\n  at line 1"),
+        ("agents:\n  a: {model: m}\n  a: {model: n}\n", "found the key 'a' twice"),
+        ("a: " + "[" * 500 + "]" * 500 + "\n", "nested more than 64 levels deep (line 1, column"),
+        (alias_bomb(8), "its aliases expand to 1,234,567,900 values, more than 1,000,000"),
+        ("server: {port: true}\n", "server.port: must be an integer"),
+        ("server: {workers: 2.0}\n", "server.workers: must be an integer"),
+        ("upstreams: {u: {base_url: 'http://u/v1', max_retries: true}}\n", "max_retries: must be"),
+    ],
+)
+def test_check_refuses_what_yaml_would_take_but_the_config_should_not(
+    check_config: CheckConfig, text: str, says: str
+) -> None:
+    status, _, err = check_config(text)
+    assert status == 1
+    assert says in err
+    assert "Traceback" not in err
+
+
+def test_check_names_a_config_file_it_cannot_take(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    binary = tmp_path / "binary.yaml"
+    binary.write_bytes(b"server: {}\n\xff\xfe\n")
+    huge = tmp_path / "huge.yaml"
+    huge.write_text(
+        "pricing:\n" + "".join(f"  m{i}: {{input: 1, output: 2}}\n" for i in range(160_000))
+    )
+    for path, says in [
+        (binary, f"{binary}: not UTF-8 (byte 11)"),
+        (huge, f"{huge}: larger than 4194304 bytes"),
+        (tmp_path, f"{tmp_path}: not a regular file"),
+        (Path("/dev/zero"), "/dev/zero: not a regular file"),
+    ]:
+        assert main(["check", "--config", str(path)]) == 1
+        assert capsys.readouterr().err.strip() == says
+
+
+def test_a_merge_key_may_bring_keys_the_mapping_also_names(check_config: CheckConfig) -> None:
+    checked = check_config(
+        "upstreams:\n"
+        "  a: &base {base_url: 'http://a/v1', timeout_s: 5}\n"
+        "  b: {<<: *base, base_url: 'http://b/v1'}\n"
+        "default_upstream: a\n"
+    )
+    assert (checked.status, checked.out) == (0, "config OK\n")
+
+
 def test_demo_shows_each_stop_reason(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["demo"]) == 0
     out = capsys.readouterr().out

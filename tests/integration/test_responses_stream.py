@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -47,6 +48,28 @@ async def test_a_streamed_tool_loop(proxy: Proxy) -> None:
     assert all(sent["stream"] is True for sent in proxy.upstream.bodies)
 
 
+async def test_text_around_server_calls_is_a_message_item_before_and_one_after(
+    proxy: Proxy,
+) -> None:
+    """One item open at a time: the message is done before the server call is added, and
+    the text after the call is a message of its own. Every message's text, in order, is the
+    final text."""
+    proxy.upstream.script(
+        replace(call("get_weather", city="Paris"), content="Looking."), say_tool_result("Found: {}")
+    )
+    events = parse_events((await stream(proxy, model="weather", input="Paris?")).text)
+    final = checked(events)
+    first, mcp, second = final["output"]
+    assert (first["type"], mcp["type"], second["type"]) == ("message", "mcp_call", "message")
+    assert first["id"] != second["id"]
+    texts = [item["content"][0]["text"] for item in (first, second)]
+    assert texts[0] == "Looking."
+    assert texts[1].startswith("\n\nFound: {")
+    assert "".join(texts) == stream_text(events)
+    stored = (await proxy.client.get(f"/v1/responses/{final['id']}")).json()
+    assert [i["id"] for i in stored["output"]] == [first["id"], mcp["id"], second["id"]]
+
+
 async def test_a_streamed_client_call_and_custom_call(proxy: Proxy) -> None:
     patch = {"type": "custom", "name": "apply_patch"}
     proxy.upstream.script(
@@ -83,6 +106,17 @@ async def test_an_upstream_failure_after_a_tool_ran_is_response_failed(proxy: Pr
     assert final["loop"]["stop_reason"] == "upstream_error"
     assert [i["type"] for i in final["output"]] == ["mcp_call"]
     assert (await proxy.client.get(f"/v1/responses/{final['id']}")).status_code == 404
+
+
+async def test_a_failure_after_text_keeps_the_text_streamed_in_the_failed_response(
+    proxy: Proxy,
+) -> None:
+    proxy.upstream.script(replace(call("get_weather", city="Paris"), content="Looking."), fail(500))
+    events = parse_events((await stream(proxy, model="weather")).text)
+    final = checked(events)  # every item added is done, at its index
+    assert events[-1]["type"] == "response.failed"
+    message, mcp = final["output"]
+    assert (message["content"][0]["text"], mcp["type"]) == ("Looking.", "mcp_call")
 
 
 async def test_an_upstream_failure_before_any_output_keeps_its_status(proxy: Proxy) -> None:

@@ -113,12 +113,13 @@ class RuleBook:
                     f"{rule.tool_name!r} cannot both end the run (exit_loop) and continue it",
                     param=rule.path,
                 )
-        guarded = self.children_of("parent_last_tool")
+        parents: dict[str, set[str]] = {}  # a tool's parents: it may only follow one of them
+        for parent, kids in self.children_of("parent_last_tool").items():
+            for kid in kids:
+                parents.setdefault(kid, set()).add(parent)
 
         def reachable_after(last: str | None, names: Iterable[str]) -> set[str]:
-            return {
-                n for n in names if all(n not in kids or p == last for p, kids in guarded.items())
-            }
+            return {n for n in names if parents.get(n, set()) <= {last}}
 
         first = self.of("run_first")
         if first and not reachable_after(None, self.run_first):
