@@ -83,10 +83,11 @@ async def final_message(
             stop = replace(stop, details={**stop.details, "final_answer": True})
             return Ending(stop, message, FINISH_REASONS[stop.reason])
         text = run.text
-        if stop.reason is StopReason.TOOL_CALL_LIMIT or not text:
-            text = stated_stop(stop)  # a 200 reply is never empty
-            await say(text)
-            run.generated.append({"role": "assistant", "content": text})
+        if stop.reason is StopReason.TOOL_CALL_LIMIT or not text:  # a 200 reply is never empty
+            stated = stated_stop(stop)  # after the text so far, as the stream says it
+            await say(stated)
+            run.generated.append({"role": "assistant", "content": stated})
+            text = f"{text}\n\n{stated}" if text else stated
         return Ending(stop, {"role": "assistant", "content": text}, FINISH_REASONS[stop.reason])
     message = dict(last_reply.message) if last_reply is not None else {"role": "assistant"}
     message["content"] = run.text or message.get("content")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -14,6 +15,7 @@ from proxy.engine import events as ev
 from proxy.state.memory import MemoryStore
 from tests.bodies import offered, user
 from tests.integration.conftest import BASE_CONFIG, ProxyFactory
+from tests.integration.test_chat_stream import content, events
 from tests.scripted_upstream import call, keep, say
 
 ALL = ["get_weather", "to_fahrenheit", "search_notes"]
@@ -196,21 +198,27 @@ async def test_a_limit_with_error_is_a_422_with_the_loop_report(proxy_for: Proxy
 
 
 async def test_a_limit_with_end_stops_with_a_message_stating_it(proxy_for: ProxyFactory) -> None:
+    """After the text so far, in the JSON reply as in the stream (SPEC §4.3, §5.3)."""
+    looking = replace(call("get_weather", city="Lima"), content="Looking.")
+    limits = {"tool_call_limits": [{"run_limit": 3, "exit_behavior": "end"}]}
+    stated = "Tool call limit exceeded (run: 3/3). Do not call 'get_weather' again."
     async with proxy_for() as proxy:
         proxy.upstream.script(keep(call("get_weather", city="Lima")))
-        r = await proxy.chat(
-            model="weather",
-            messages=user("Lima?"),
-            loop={"tool_call_limits": [{"run_limit": 3, "exit_behavior": "end"}]},
+        r = await proxy.chat(model="weather", messages=user("Lima?"), loop=limits)
+        proxy.upstream.script(keep(looking))
+        with_text = await proxy.chat(model="weather", messages=user("Lima?"), loop=limits)
+        streamed = await proxy.chat(
+            model="weather", messages=user("Lima?"), loop=limits, stream=True
         )
     body = r.json()
     assert r.status_code == 200
     assert body["loop"]["stop_reason"] == "tool_call_limit"
     assert body["choices"][0]["finish_reason"] == "stop"
-    assert body["choices"][0]["message"]["content"] == (
-        "Tool call limit exceeded (run: 3/3). Do not call 'get_weather' again."
-    )
+    assert body["choices"][0]["message"]["content"] == stated
     assert body["loop"]["stop_details"]["kind"] == "run_limit"
+    text = with_text.json()["choices"][0]["message"]["content"]
+    assert text == "Looking.\n\n" * 4 + stated  # three calls ran, the fourth was blocked
+    assert content(events(streamed.text)) == text
 
 
 async def test_thread_limits_count_across_requests_by_header_or_loop_thread_id(
