@@ -83,8 +83,8 @@ class ResponsesStream(EventStream):
 
     async def content(self, text: str) -> None:
         data = self._opening()
-        if self._message_index is None:
-            data += self._open_message()
+        if self._message_index is None:  # a call still open was cut short: text comes after
+            data += self._end_unfinished() + self._open_message()  # the calls of a step only
         self._text.append(text)
         self._streamed = True
         number = self._sequence
@@ -164,7 +164,7 @@ class ResponsesStream(EventStream):
     def closing(self, text: str | None, client_items: list[dict[str, Any]]) -> bytes:
         """The events that end the output: the message closed (with `text` sent first when
         none was streamed) and the client calls. `output` is then whole."""
-        data = self._opening()
+        data = self._opening() + self._end_unfinished()
         if not self._streamed and text:
             data += self._open_message()
             self._text.append(text)
@@ -173,7 +173,7 @@ class ResponsesStream(EventStream):
                 "response.output_text.delta",
                 {**where, "content_index": 0, "delta": text, "logprobs": []},
             )
-        data += self._close_message() + self._end_unfinished()
+        data += self._close_message()
         for item in client_items:
             data += self._client_call(item)
         return data

@@ -134,7 +134,10 @@ class ReplyCalls:
                 ids = [next(given).id if self.is_client_call(c) else c.id for c in reply.tool_calls]
                 run.held = held_calls(earlier, reply, ids, server, outputs)
             message["tool_calls"] = [c.to_openai() for c in client]
-            run.generated.append(message)
+            if run.held is not None and server:  # the history keeps the reply as it came: its
+                run.generated[-1 - len(server)] = run.held["message"]  # calls in one message
+            else:
+                run.generated.append(message)
             return Outcome(Stop(StopReason.CLIENT_TOOL_CALL), message)
         return None
 

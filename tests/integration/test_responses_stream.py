@@ -7,6 +7,7 @@ from dataclasses import replace
 from typing import Any
 
 import httpx
+import pytest
 
 from tests.integration.conftest import Proxy, ProxyFactory
 from tests.response_events import checked, parse_events, stream_text
@@ -183,3 +184,29 @@ async def test_left_out_server_calls_are_restored_from_the_held_calls(
         names = [c["function"]["name"] for c in sent[1]["tool_calls"]]
         assert names == ["get_weather", "lookup_order"]
         assert [m["role"] for m in sent[2:]] == ["tool", "tool"]
+
+
+@pytest.mark.parametrize("shown", ["mcp_call", "omit"])
+async def test_a_chain_keeps_a_reply_of_server_and_client_calls_as_the_model_gave_it(
+    proxy_for: ProxyFactory, shown: str
+) -> None:
+    """Continued by `previous_response_id`, the history is the one a client that sends it all
+    back gets: the reply's calls in one message, then the results (SPEC §5.1.6)."""
+    async with proxy_for({"server": {"responses_server_calls": shown}}) as proxy:
+        proxy.upstream.script(
+            calls(call("get_weather", city="Paris"), call("lookup_order", order="A-1")),
+            say("Done."),
+        )
+        body = {"model": "weather", "input": "Go", "tools": [FUNCTION]}
+        first = (await proxy.client.post("/v1/responses", json=body)).json()
+        fc = next(i for i in first["output"] if i["type"] == "function_call")
+        output = {"type": "function_call_output", "call_id": fc["call_id"], "output": "shipped"}
+        chained = {**body, "input": [output], "previous_response_id": first["id"]}
+        r = await proxy.client.post("/v1/responses", json=chained)
+        assert r.status_code == 200, r.text
+        sent = proxy.upstream.bodies[1]["messages"]
+        assert [m["role"] for m in sent] == ["user", "assistant", "tool", "tool"]
+        names = [c["function"]["name"] for c in sent[1]["tool_calls"]]
+        assert names == ["get_weather", "lookup_order"]
+        assert "Paris" in sent[2]["content"]
+        assert (sent[3]["tool_call_id"], sent[3]["content"]) == (fc["call_id"], "shipped")
