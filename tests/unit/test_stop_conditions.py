@@ -260,3 +260,18 @@ def test_stop_when_must_be_a_list() -> None:
 async def test_a_condition_keeps_its_id() -> None:
     h = Harness(looping(), TOOLS, stop_when=[{"step_count_is": 1, "id": "cap"}])
     assert (await h.run()).stop.details["id"] == "cap"
+
+
+def test_the_patterns_of_an_expression_and_of_a_policy_are_bounded_together() -> None:
+    """Each is cheap alone; what the library compiles at check and at every evaluation is the
+    sum."""
+    word = "steps.exists(s, s.text.matches('\\\\w+'))"
+    path, message = problem({"stop_when": [{"expr": " || ".join([word] * 5)}]})
+    assert path == "stop_when[0].expr"
+    assert "with the expression's other patterns, an estimated 42,000 units" in message
+    two = {"expr": f"{word} || {word}"}
+    path, message = problem({"stop_when": [two] * 5 + [{"any": [two]}]})  # 16,800 each
+    assert path == "stop_when[5].any[0].expr"
+    assert (
+        message == "the matches() patterns of one policy may cost 100,000 units of compiling in all"
+    )

@@ -34,7 +34,7 @@ from proxy.engine.expressions.lexer import (
     where,
 )
 from proxy.engine.expressions.parser import Parser
-from proxy.engine.expressions.patterns import pattern_cost
+from proxy.engine.expressions.patterns import MAX_POLICY_PATTERN_COST, pattern_cost
 from proxy.engine.expressions.projection import Projection
 from proxy.engine.expressions.vocabulary import FUNCTIONS, MACROS, VARIABLES
 
@@ -45,6 +45,7 @@ __all__ = [
     "MAX_EXPR_CHARS",
     "MAX_EXPR_DEPTH",
     "MAX_POLICY_EXPR_CHARS",
+    "MAX_POLICY_PATTERN_COST",
     "VARIABLES",
     "Budget",
     "Expression",
@@ -176,7 +177,7 @@ def compile_condition(source: str) -> Expression:
     patterns = 0
     for pos, literal in checker.patterns:
         try:
-            patterns += pattern_cost(str(cel.evaluate(literal)))
+            patterns += pattern_cost(str(cel.evaluate(literal)), patterns)
         except ValueError as exc:
             raise ValueError(f"{exc} (at {where(source, pos)})") from None
         _check_pattern(source, pos, literal)

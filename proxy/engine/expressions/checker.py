@@ -121,7 +121,8 @@ class Checker:
     def used(self, value: Type) -> Type:
         """`value` is used as a whole value (not through its fields): every object in it may be
         read whole."""
-        self.whole.update(object_types(value))
+        if value.has_objects:
+            self.whole.update(object_types(value))
         return value
 
     def postfix(self, node: Postfix, target: Type) -> Type:

@@ -25,13 +25,17 @@ class Token:
     pos: int
 
 
-_IDENT = re.compile(r"[_a-zA-Z][_a-zA-Z0-9]*")
-_NUMBER = re.compile(
-    r"(?P<uint>(?:0x[0-9a-fA-F]+|[0-9]+)[uU])"
+# One token at a time, in this order: a string literal's opening (its prefix and quote: the
+# literal is read by `_string_end`), numbers, names, operators; spaces and comments between.
+_TOKEN = re.compile(
+    r"(?P<space>[ \t\r\n\f]+|//[^\n]*)"
+    r"|(?P<string>[bB]?[rR]?['\"])"
+    r"|(?P<uint>(?:0x[0-9a-fA-F]+|[0-9]+)[uU])"
     r"|(?P<double>[0-9]*\.[0-9]+(?:[eE][+-]?[0-9]+)?|[0-9]+[eE][+-]?[0-9]+)"
     r"|(?P<int>0x[0-9a-fA-F]+|[0-9]+)"
+    r"|(?P<ident>[_a-zA-Z][_a-zA-Z0-9]*)"
+    r"|(?P<punct>==|!=|<=|>=|&&|\|\||[<>!+\-*/%?:.,()\[\]{}])"
 )
-_PUNCT = ("==", "!=", "<=", ">=", "&&", "||", *"<>!+-*/%?:.,()[]{}")
 _SIMPLE_ESCAPES = frozenset("abfnrtv\"'\\?`")
 _HEX = frozenset("0123456789abcdefABCDEF")
 _OCTAL = frozenset("01234567")
@@ -82,40 +86,25 @@ def _tokenize(source: str) -> list[Token]:
     tokens: list[Token] = []
     i, n = 0, len(source)
     while i < n:
-        ch = source[i]
-        if ch in " \t\r\n\f":
-            i += 1
-        elif source.startswith("//", i):
-            end = source.find("\n", i)
-            i = n if end < 0 else end
-        elif (quote := _string_start(source, i)) is not None:
+        found = _TOKEN.match(source, i)
+        if found is None:
+            raise ValueError(
+                f"invalid CEL syntax: unexpected {source[i]!r} (at {where(source, i)})"
+            )
+        kind = found.lastgroup
+        if kind == "string":
+            quote = found.end() - 1
             prefix = source[i:quote].lower()
             end = _string_end(source, quote, raw="r" in prefix)
             tokens.append(Token("bytes" if "b" in prefix else "string", source[i:end], i))
             i = end
-        elif (number := _NUMBER.match(source, i)) is not None:
-            assert number.lastgroup is not None  # every alternative is a named group
-            tokens.append(Token(number.lastgroup, number.group(), i))
-            i = number.end()
-        elif (ident := _IDENT.match(source, i)) is not None:
-            kind = "punct" if ident.group() == "in" else "ident"
-            tokens.append(Token(kind, ident.group(), i))
-            i = ident.end()
-        else:
-            punct = next((p for p in _PUNCT if source.startswith(p, i)), None)
-            if punct is None:
-                raise ValueError(f"invalid CEL syntax: unexpected {ch!r} (at {where(source, i)})")
-            tokens.append(Token("punct", punct, i))
-            i += len(punct)
+            continue
+        if kind != "space":
+            text = found.group()
+            tokens.append(Token("punct" if text == "in" else str(kind), text, i))
+        i = found.end()
     tokens.append(Token("end", "", n))
     return tokens
-
-
-def _string_start(source: str, i: int) -> int | None:
-    """The index of the opening quote of a literal starting at `i` ([bB]?[rR]?quote), or None."""
-    j = i + 1 if source[i] in "bB" else i
-    j = j + 1 if source[j : j + 1] in ("r", "R") else j
-    return j if source[j : j + 1] in ("'", '"') else None
 
 
 def _string_end(source: str, quote: int, *, raw: bool) -> int:

@@ -104,6 +104,7 @@ _LEVELS = (
     frozenset({"+", "-"}),
     frozenset({"*", "/", "%"}),
 )
+_LEVEL_OF = {op: level for level, ops in enumerate(_LEVELS) for op in ops}  # lower binds less
 _LITERALS = {"int": INT, "uint": UINT, "double": DOUBLE, "string": STRING, "bytes": BYTES}
 _KEYWORDS = {"true": BOOL, "false": BOOL, "null": NULL}
 
@@ -150,15 +151,23 @@ class Parser:
             return node
         return Cond(branches[0][0].pos, tuple(branches), node)
 
-    def binary(self, level: int) -> Node:
-        if level == len(_LEVELS):
-            return self.unary()
-        first = self.binary(level + 1)
-        rest: list[tuple[str, int, Node]] = []
-        while self.tokens[self.i].kind == "punct" and self.tokens[self.i].text in _LEVELS[level]:
-            op = self.take()
-            rest.append((op.text, op.pos, self.binary(level + 1)))
-        return Chain(first.pos, first, tuple(rest)) if rest else first
+    def binary(self, least: int) -> Node:
+        """Operands joined by operators of level `least` (`_LEVELS`) or tighter: a `Chain` per
+        run of operators of one level, its operands the tighter ones (precedence climbing:
+        an operand costs one call, not one per level)."""
+        node = self.unary()
+        while (level := self._level()) is not None and level >= least:
+            rest: list[tuple[str, int, Node]] = []
+            while self._level() == level:
+                op = self.take()
+                rest.append((op.text, op.pos, self.binary(level + 1)))
+            node = Chain(node.pos, node, tuple(rest))
+        return node
+
+    def _level(self) -> int | None:
+        """The level of the binary operator at the current token, if it is one."""
+        tok = self.tokens[self.i]
+        return _LEVEL_OF.get(tok.text) if tok.kind == "punct" else None
 
     def unary(self) -> Node:
         start = self.i

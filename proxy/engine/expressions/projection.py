@@ -12,7 +12,6 @@ What the checker found: `Checker.fields`, `Checker.whole`.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -48,14 +47,9 @@ class Projection:
             if keep is None or not isinstance(value, Mapping):
                 return value
             return {name: self._value(value[name], t) for name, t in keep if name in value}
-        if type_.kind == "list" and isinstance(value, list) and _has_objects(type_.args[0]):
+        if type_.kind == "list" and isinstance(value, list) and type_.args[0].has_objects:
             return [self._value(item, type_.args[0]) for item in value]
         return value
 
 
 _OBJECT_TYPES = tuple(object_types(*SCHEMA.values()).values())  # of the snapshot's schema
-
-
-@functools.cache
-def _has_objects(type_: Type) -> bool:
-    return bool(object_types(type_))

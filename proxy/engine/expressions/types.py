@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True, slots=True)
@@ -13,6 +13,12 @@ class Type:
     args: tuple[Type, ...] = ()  # a list's element, a map's key and value
     name: str = ""
     fields: tuple[tuple[str, Type], ...] = ()
+    # Whether an object is in it, however deep: known as it is made, not walked for again.
+    has_objects: bool = field(default=False, init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        inside = self.kind == "object" or any(arg.has_objects for arg in self.args)
+        object.__setattr__(self, "has_objects", inside)
 
     def __str__(self) -> str:
         if self.kind == "object":

@@ -8,6 +8,7 @@ from typing import Any
 
 from proxy.engine.expressions import (
     MAX_POLICY_EXPR_CHARS,
+    MAX_POLICY_PATTERN_COST,
     Budget,
     Expression,
     ExpressionFailed,
@@ -151,6 +152,7 @@ def compile_conditions(
 class _Compiler:
     problems: list[tuple[str, str]]
     chars_left: int = MAX_POLICY_EXPR_CHARS
+    patterns_left: int = MAX_POLICY_PATTERN_COST
 
     def compile(self, options: ConditionOptions, path: str) -> Condition:
         kind = kind_of(options)
@@ -178,11 +180,24 @@ class _Compiler:
                 )
             )
             return None
+        if self.patterns_left < 0:  # an earlier expression's problem says so
+            return None
         try:
-            return compile_condition(source)
+            expression = compile_condition(source)
         except ValueError as exc:
             self.problems.append((where, f"invalid CEL expression: {exc}"))
             return None
+        self.patterns_left -= expression.patterns
+        if self.patterns_left < 0:
+            self.problems.append(
+                (
+                    where,
+                    "the matches() patterns of one policy may cost "
+                    f"{MAX_POLICY_PATTERN_COST:,} units of compiling in all",
+                )
+            )
+            return None
+        return expression
 
 
 def walk(conditions: Sequence[Condition]) -> Iterator[Condition]:
