@@ -6,16 +6,41 @@ import argparse
 import contextlib
 import json
 import logging
+import os
 import socket
 import sys
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from proxy.config import Config, ConfigError, load_config
+from proxy.config.environment import unset_problems, unset_variables
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp
+
+
+def needs_environment(config: Config) -> None:
+    """Raises ConfigError naming every variable the config needs that is not set."""
+    unset = unset_variables(config)
+    if unset:
+        raise ConfigError(unset_problems(unset))
+
+
+@contextlib.contextmanager
+def _set_for_now(variables: dict[str, str]) -> Iterator[None]:
+    """The environment with `variables` set while the block runs, as it was after."""
+    before = {variable: os.environ.get(variable) for variable in variables}
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for variable, value in before.items():
+            if value is None:
+                os.environ.pop(variable, None)
+            else:
+                os.environ[variable] = value
 
 
 def _report(exc: ConfigError) -> None:
@@ -26,17 +51,27 @@ def _report(exc: ConfigError) -> None:
 def _check(path: str | None) -> int:
     try:
         config = load_config(path)
-        from proxy.api.services import build_services
-        from proxy.state.memory import MemoryStore
-        from proxy.upstream.http1_transport import Http1Transport
+    except ConfigError as exc:
+        _report(exc)
+        return 1
+    from proxy.api.services import build_services
+    from proxy.state.memory import MemoryStore
+    from proxy.upstream.http1_transport import Http1Transport
 
-        # Wires everything but the state backend, which `serve` opens (and `/readyz` checks).
-        build_services(config, httpx.AsyncClient(), Http1Transport(), MemoryStore())
+    unset = unset_variables(config)
+    _report(ConfigError(unset_problems(unset)))
+    try:
+        # Wires everything but the state backend, which `serve` opens (and `/readyz` checks);
+        # as if the variables were set: every problem is told in one go.
+        with _set_for_now({variable: f"unset {variable}" for _, variable in unset}):
+            build_services(config, httpx.AsyncClient(), Http1Transport(), MemoryStore())
     except ConfigError as exc:
         _report(exc)
         return 1
     except ValueError as exc:
         print(str(exc), file=sys.stderr)
+        return 1
+    if unset:
         return 1
     print("config OK")
     return 0
@@ -95,6 +130,7 @@ def _serve(path: str | None, overrides: dict[str, Any]) -> int:
         changes = {name: value for name, value in overrides.items() if value is not None}
         if changes:
             config = config.with_server(**changes)
+        needs_environment(config)
     except ConfigError as exc:
         _report(exc)
         return 1

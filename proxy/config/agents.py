@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from proxy.config.environment import EnvName, HeaderName
 from proxy.config.model import ConfigModel, check_callable
 from proxy.engine.options import PolicyOptions
 
@@ -18,7 +19,7 @@ class ConditionConfig(ConfigModel):
     url: str | None = None
     callable: str | None = None
     timeout_s: float = Field(10.0, gt=0)
-    headers_env: dict[str, str] = {}
+    headers_env: dict[HeaderName, EnvName] = {}
 
     @model_validator(mode="after")
     def _fields_for_kind(self) -> ConditionConfig:

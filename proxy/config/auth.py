@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field, field_validator, model_validator
 
+from proxy.config.environment import EnvName
 from proxy.config.model import ConfigModel
 
 
@@ -11,7 +12,7 @@ class AuthKey(ConfigModel):
     """A proxy key and what it may use (the ownership model: README "Keys")."""
 
     name: str = Field(min_length=1)
-    key_env: str | None = None
+    key_env: EnvName | None = None
     key_sha256: str | None = Field(None, pattern=r"^[0-9a-fA-F]{64}$")
     agents: list[str] = ["*"]  # agents and models; `*` for all
     # The server tools `loop.tools` may add, by name or id, `*` for all; unset: the tools of

@@ -6,13 +6,14 @@ from typing import Literal
 
 from pydantic import Field
 
+from proxy.config.environment import EnvName
 from proxy.config.model import ConfigModel
 
 
 class StateConfig(ConfigModel):
     backend: Literal["memory", "sqlite", "redis"] = "sqlite"
     path: str = "./loopwarden.db"
-    url_env: str = "REDIS_URL"
+    url_env: EnvName = "REDIS_URL"
     key_prefix: str = "loopwarden:"  # redis
     context_ttl_s: float | None = Field(None, gt=0)  # redis: contexts expire when left alone
     # Run reports (GET /v1/runs/{id}) and held server calls (SPEC §5.1.6) are kept this long.

@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
+from proxy.config.environment import EnvName, HeaderName
 from proxy.config.model import ConfigModel, check_callable
 
 
@@ -23,12 +24,12 @@ class ToolConfig(ConfigModel):
     terminal: bool | list[str] = False
     id: str | None = None
     url: str | None = None
-    headers_env: dict[str, str] = {}
+    headers_env: dict[HeaderName, EnvName] = {}
     callable: str | None = None
     builtin: str | None = None  # which builtin; defaults to the tool's name
     # mcp (SPEC §13): `url` (streamable HTTP) or `command` (stdio, a child of the proxy).
     command: list[str] | None = None
-    env_env: dict[str, str] = {}  # the child's variables, from the proxy's environment
+    env_env: dict[EnvName, EnvName] = {}  # the child's variables, from the proxy's environment
     prefix: str | None = None  # exposed names: <prefix><tool>
     include: list[str] | None = None  # the server's tool names to expose; default: all
     exclude: list[str] = []

@@ -7,12 +7,13 @@ import re
 
 from pydantic import Field, field_validator
 
+from proxy.config.environment import EnvName
 from proxy.config.model import ConfigModel
 
 
 class UpstreamConfig(ConfigModel):
     base_url: str
-    api_key_env: str | None = None
+    api_key_env: EnvName | None = None
     # The longest the upstream may stay silent: to start its answer, or between two reads of it.
     timeout_s: float = Field(120.0, gt=0, allow_inf_nan=False)
     connect_timeout_s: float = Field(10.0, gt=0, allow_inf_nan=False)

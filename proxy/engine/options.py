@@ -423,6 +423,8 @@ def problems(exc: ValidationError, prefix: str = "") -> list[tuple[str, str]]:
             message = _FRIENDLY[kind]
         elif kind == "literal_error":
             message = message.replace("Input should be", "must be")
+        elif kind == "string_pattern_mismatch":
+            message = f"must match {err.get('ctx', {}).get('pattern')} (is {err.get('input')!r})"
         else:
             message = message.replace("Input should be", "must be")
         found.append((json_path(loc, prefix) or prefix.rstrip(".") or "(root)", message))

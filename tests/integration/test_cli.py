@@ -88,6 +88,53 @@ def test_check_names_a_config_file_it_cannot_take(
         assert capsys.readouterr().err.strip() == says
 
 
+def test_check_and_serve_name_every_variable_the_config_needs_and_lacks(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for variable in ("LW_UNSET_A", "LW_UNSET_B", "LW_UNSET_REDIS", "LW_UNSET_H"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("LW_EMPTY", "")
+    path = tmp_path / "loopwarden.yaml"
+    path.write_text(
+        "auth:\n  keys:\n"
+        "    - {name: a, key_env: LW_UNSET_A}\n"
+        "    - {name: b, key_env: LW_EMPTY}\n"
+        "state: {backend: redis, url_env: LW_UNSET_REDIS}\n"
+        "tools:\n  t: {kind: http, url: 'http://127.0.0.1:9/t', headers_env: {X-Key: LW_UNSET_H}}\n"
+    )
+    said = [
+        "auth.keys[0].key_env: environment variable LW_UNSET_A is not set",
+        "auth.keys[1].key_env: environment variable LW_EMPTY is not set",
+        "state.url_env: environment variable LW_UNSET_REDIS is not set",
+        "tools.t.headers_env.X-Key: environment variable LW_UNSET_H is not set",
+    ]
+    assert main(["check", "--config", str(path)]) == 1
+    assert capsys.readouterr().err.splitlines() == said
+    assert main(["serve", "--config", str(path), "--port", str(free_port())]) == 1
+    assert capsys.readouterr().err.splitlines() == said
+
+
+@pytest.mark.parametrize(
+    ("entry", "path"),
+    [
+        ("auth: {keys: [{name: a, key_env: ''}]}", "auth.keys[0].key_env"),
+        ("auth: {keys: [{name: a, key_env: 'A=B'}]}", "auth.keys[0].key_env"),
+        ("state: {url_env: 'REDIS URL'}", "state.url_env"),
+        (
+            "tools: {t: {kind: http, url: 'http://h/t', headers_env: {'X Key': K}}}",
+            "tools.t.headers_env",
+        ),
+    ],
+)
+def test_names_of_variables_and_headers_that_cannot_be_are_config_errors(
+    check_config: CheckConfig, entry: str, path: str
+) -> None:
+    status, _, err = check_config(entry + "\n")
+    assert status == 1
+    assert err.startswith(path)
+    assert "must match" in err
+
+
 def test_a_merge_key_may_bring_keys_the_mapping_also_names(check_config: CheckConfig) -> None:
     checked = check_config(
         "upstreams:\n"

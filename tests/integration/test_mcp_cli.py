@@ -84,7 +84,7 @@ def test_check_validates_entries_without_connecting(
     tools["local"]["command"] = ["no-such-program-here"]
     status, _, err = check_config({"tools": tools})
     assert status == 1
-    assert "tools.gh: environment variable NOT_SET_ANYWHERE (header A) is not set" in err
+    assert "tools.gh.headers_env.A: environment variable NOT_SET_ANYWHERE is not set" in err
     assert "tools.local: command: no program 'no-such-program-here'" in err
 
 
