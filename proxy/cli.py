@@ -140,30 +140,31 @@ def _serve(path: str | None, overrides: dict[str, Any]) -> int:
     with contextlib.ExitStack() as sockets:
         try:
             probes = _bind(sockets, "probe_port", server.host, server.probe_port)
-            shared_port = server.port if server.workers > 1 else None  # else uvicorn binds it
-            shared = _bind(sockets, "port", server.host, shared_port)
+            listening = _bind(sockets, "port", server.host, server.port)
         except OSError:
             return 1
-        if shared is not None:
+        assert listening is not None  # a port is always configured
+        if server.workers > 1:
             from proxy.api.workers import supervise
 
             def work(sock: socket.socket) -> bool:
                 return serve(_app(config), server, sock, probes)
 
-            return supervise(server.workers, shared, work)
+            return supervise(server.workers, listening, work)
         try:
             app = _app(config)
         except ValueError as exc:  # telemetry settings from the environment
             print(str(exc), file=sys.stderr)
             return 1
-        return 0 if serve(app, server, probes=probes) else 1
+        return 0 if serve(app, server, listening, probes) else 1
 
 
 def _bind(
     sockets: contextlib.ExitStack, setting: str, host: str, port: int | None
 ) -> socket.socket | None:
-    """A listening socket on host:port, closed with `sockets` (None without a port); says why
-    when it cannot be had."""
+    """A listening socket on host:port, closed with `sockets` (None without a port); says why,
+    naming the setting, when it cannot be had (in use, an address not of this host, a name
+    that does not resolve)."""
     from proxy.api.workers import listen
 
     if port is None:

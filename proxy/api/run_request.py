@@ -3,20 +3,25 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import StrictBool, ValidationError
+from pydantic import Field, StrictBool, ValidationError
 
 from proxy.engine.options import Name, PolicyOptions, problems
 from proxy.errors import InvalidRequest, PolicyInvalid
+
+# The most server tools a request's `loop.tools` may name (an MCP source may expose 4,096).
+MAX_LOOP_TOOLS = 4096
+# A thread's name, as it is stored, logged and put on spans: no control characters.
+ThreadName = Annotated[Name, Field(pattern=r"^[^\x00-\x1f\x7f-\x9f]+$")]
 
 
 class LoopOptions(PolicyOptions):
     """A request's `loop` object (SPEC §4.1): policy options plus what only a request sets."""
 
     agent: Name | None = None
-    tools: list[Name] = []
-    thread_id: Name | None = None
+    tools: Annotated[list[Name], Field(max_length=MAX_LOOP_TOOLS)] = []
+    thread_id: ThreadName | None = None
     include_messages: StrictBool = False
     include_loop_events: StrictBool = False
 

@@ -203,5 +203,9 @@ def test_serve_says_which_port_it_cannot_listen_on(
         serve = ["serve", "--config", str(config), "--host", "127.0.0.1"]
         assert main([*serve, "--port", str(free_port()), "--probe-port", str(port)]) == 1
         assert f"server.probe_port: cannot listen on 127.0.0.1:{port}: " in capsys.readouterr().err
-        assert main([*serve, "--port", str(port), "--workers", "2"]) == 1
-        assert f"server.port: cannot listen on 127.0.0.1:{port}: " in capsys.readouterr().err
+        for workers in ("2", "1"):
+            assert main([*serve, "--port", str(port), "--workers", workers]) == 1
+            assert f"server.port: cannot listen on 127.0.0.1:{port}: " in capsys.readouterr().err
+    unknown = ["serve", "--config", str(config), "--host", "no-such-host.invalid"]
+    assert main([*unknown, "--port", str(free_port())]) == 1
+    assert "server.port: cannot listen on no-such-host.invalid:" in capsys.readouterr().err

@@ -127,6 +127,14 @@ def comprehensions(depth: int) -> str:
             "loop.thread_id",
         ),
         (
+            {"model": "scripted", "messages": USER, "loop": {"thread_id": "a\nb\x00"}},
+            "loop.thread_id",
+        ),
+        (
+            {"model": "scripted", "messages": USER, "loop": {"tools": ["get_weather"] * 4097}},
+            "loop.tools",
+        ),
+        (
             {"model": "scripted", "messages": USER, "loop": {"stop_when": [nested("not", 100)]}},
             "loop.stop_when",
         ),
