@@ -42,6 +42,7 @@ DEFAULT_NUDGE = (
 # are walked.
 MAX_CONDITION_DEPTH = 16
 MAX_ENTRIES = 256  # stop conditions, rules and limits per list
+MAX_CONDITIONS = 1024  # the conditions of one `stop_when`, however nested
 
 
 class Options(BaseModel):
@@ -340,16 +341,26 @@ class PolicyOptions(Options):
     @field_validator("stop_when", mode="before")
     @classmethod
     def _bounded_depth(cls, value: Any) -> Any:
-        """Refuses deep `any`/`all`/`not` trees before they are validated recursively."""
+        """Refuses deep `any`/`all`/`not` trees, and more than MAX_CONDITIONS conditions in
+        all, before they are validated recursively."""
+        seen = 0
         for index, entry in enumerate(value if isinstance(value, list) else []):
             level, depth = [entry], 0
             while level:
                 depth += 1
+                seen += len(level)
                 if depth > MAX_CONDITION_DEPTH:
                     raise PydanticCustomError(
                         "condition_depth",
                         "entry {index} nests any / all / not more than {limit} levels deep",
                         {"index": index, "limit": MAX_CONDITION_DEPTH},
+                    )
+                if seen > MAX_CONDITIONS:
+                    raise PydanticCustomError(
+                        "condition_count",
+                        "more than {limit} conditions in all (those inside any / all / not "
+                        "included)",
+                        {"limit": MAX_CONDITIONS},
                     )
                 level = [inner for e in level for inner in _children(e)]
         return value

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from proxy.engine import events as ev
+from proxy.engine.options import PolicyOptions
 from proxy.engine.stop import StopReason
 from proxy.engine.values import Prices
 from tests.fakes import FakeChecks, reply
@@ -251,6 +252,17 @@ async def test_limit_stop_without_final_answer_returns_last_text() -> None:
 )
 def test_bad_conditions_name_their_path(raw: Any, param: str) -> None:
     assert problem({"stop_when": [raw]})[0] == param
+
+
+def test_a_policy_holds_at_most_1024_conditions_however_nested() -> None:
+    """Six entries of 150 `any` conditions each, within every other bound, are refused before
+    any of them is validated; six of them are 906 and pass."""
+    wide = {"any": [{"step_count_is": i + 1} for i in range(150)]}
+    assert problem({"stop_when": [wide] * 7}) == (
+        "stop_when",
+        "more than 1024 conditions in all (those inside any / all / not included)",
+    )
+    assert len(PolicyOptions.model_validate({"stop_when": [wide] * 6}).stop_when) == 6
 
 
 def test_stop_when_must_be_a_list() -> None:
