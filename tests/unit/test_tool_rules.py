@@ -8,11 +8,13 @@ from typing import Any
 import pytest
 
 from proxy.engine import events as ev
+from proxy.engine.options import PolicyOptions
 from proxy.engine.policies.tool_rules import output_value
+from proxy.engine.policy import Catalog, check_references, compile_policy
 from proxy.engine.stop import StopReason
 from proxy.engine.values import ModelRequest
 from tests.fakes import reply
-from tests.unit.harness import Harness, problem
+from tests.unit.harness import Harness, problem, tool_spec
 
 TOOLS = {
     name: (lambda n: lambda _: f"{n} ok")(name) for name in ("plan", "search", "fetch", "write")
@@ -359,6 +361,40 @@ def test_malformed_rules_name_the_bad_field(rules: Any, param: str, message: str
             "tool_rules[1]",
             "cannot both end",
         ),
+        (  # only a is ever offered: first, then as its own only child
+            [
+                {"type": "run_first", "tool_name": "a"},
+                {"type": "constrain_child_tools", "tool_name": "a", "children": ["a"]},
+                {"type": "required_before_exit", "tool_name": "c"},
+            ],
+            "tool_rules[2].tool_name",
+            "'c' must run before the run may end, but no step can offer it",
+        ),
+        (  # c may only follow b, which only an exit tool leads to
+            [
+                {"type": "run_first", "tool_name": "a"},
+                {"type": "exit_loop", "tool_name": "a"},
+                {"type": "parent_last_tool", "tool_name": "b", "children": ["c"]},
+                {"type": "required_before_exit", "tool_name": "c"},
+            ],
+            "tool_rules[3].tool_name",
+            "no step can offer it",
+        ),
+        (  # every output of a picks b
+            [
+                {"type": "run_first", "tool_name": "a"},
+                {"type": "constrain_child_tools", "tool_name": "b", "children": ["a"]},
+                {
+                    "type": "conditional",
+                    "tool_name": "a",
+                    "child_output_mapping": {"x": "b"},
+                    "default_child": "b",
+                },
+                {"type": "required_before_exit", "tool_name": "c"},
+            ],
+            "tool_rules[3].tool_name",
+            "no step can offer it",
+        ),
     ],
 )
 def test_rules_that_name_missing_tools_or_contradict_are_refused(
@@ -367,6 +403,33 @@ def test_rules_that_name_missing_tools_or_contradict_are_refused(
     path, said = problem({"tool_rules": rules}, ("a", "b", "c"))
     assert path == param
     assert message in said
+
+
+@pytest.mark.parametrize(
+    "rules",
+    [
+        [  # after a, anything: c among it
+            {"type": "run_first", "tool_name": "a"},
+            {"type": "required_before_exit", "tool_name": "c"},
+        ],
+        [  # c follows b, b follows a
+            {"type": "run_first", "tool_name": "a"},
+            {"type": "constrain_child_tools", "tool_name": "a", "children": ["b"]},
+            {"type": "parent_last_tool", "tool_name": "b", "children": ["c"]},
+            {"type": "required_before_exit", "tool_name": "c"},
+        ],
+        [  # an output a does not map leaves the next step open
+            {"type": "run_first", "tool_name": "a"},
+            {"type": "conditional", "tool_name": "a", "child_output_mapping": {"x": "a"}},
+            {"type": "required_before_exit", "tool_name": "c"},
+        ],
+    ],
+)
+def test_a_required_tool_some_step_can_offer_is_accepted(rules: list[Any]) -> None:
+    specs = {name: tool_spec(name) for name in ("a", "b", "c")}
+    options = PolicyOptions.model_validate({"tool_rules": rules})
+    policy = compile_policy(options, list(specs), Catalog(specs))
+    check_references(policy, (), "m", lambda: False)  # raises PolicyInvalid on a problem
 
 
 @pytest.mark.parametrize(

@@ -143,6 +143,51 @@ class RuleBook:
                         "parent (parent_last_tool)",
                         param=path,
                     )
+        required = self.of("required_before_exit")
+        offered = self._ever_offered(enabled, parents) if required else set()
+        for rule in required:
+            if rule.tool_name not in offered:
+                raise SpecError(
+                    f"{rule.tool_name!r} must run before the run may end, but no step can offer "
+                    "it (run_first, constrain_child_tools, conditional and parent_last_tool "
+                    "rules leave it out of every step)",
+                    param=f"{rule.path}.tool_name",
+                )
+
+    def _ever_offered(self, enabled: set[str], parents: Mapping[str, set[str]]) -> set[str]:
+        """The tools some step of some run may offer, whatever the model calls and the tools
+        answer (counts aside: more than can be offered, never fewer). A tool no rule names
+        leads where any other such tool does, so that is worked out once."""
+        children = self.children_of("constrain_child_tools")
+        conditional = {r.tool_name: r for r in self.of("conditional")}
+        special = set(children) | set(conditional) | {p for ps in parents.values() for p in ps}
+
+        def after(last: str | None) -> set[str]:
+            offered = set(enabled)
+            if last is None and self.run_first:
+                offered &= self.run_first
+            if last in children:
+                offered &= children[last]
+            rule = conditional.get(last) if last is not None else None
+            if rule is not None and (rule.default_child or rule.require_output_mapping):
+                picked = set(rule.child_output_mapping.values())  # every output picks one
+                offered &= picked | ({rule.default_child} if rule.default_child else set())
+            return {n for n in offered if parents.get(n, set()) <= {last}}
+
+        seen = after(None)
+        pending, any_other_done = list(seen), False
+        while pending:
+            tool = pending.pop()
+            if tool in self.exit_tools:  # calling it ends the run
+                continue
+            if tool not in special:
+                if any_other_done:
+                    continue
+                any_other_done = True
+            for name in after(tool) - seen:
+                seen.add(name)
+                pending.append(name)
+        return seen
 
 
 def output_value(output: str) -> str:
