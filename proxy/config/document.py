@@ -5,7 +5,6 @@ a ConfigError naming the file; nothing of it is a traceback."""
 
 from __future__ import annotations
 
-from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
 
@@ -67,42 +66,76 @@ def _check_depth(text: str) -> None:
 
 
 def _check_expansion(document: Any) -> None:
-    """The values the document holds with its aliases expanded, each shared value counted once
-    for each place it is used (a value is sized once, however often it is shared)."""
-    sizes: dict[int, int] = {}
-
-    def size(value: Any) -> int:
-        if not isinstance(value, dict | list):
-            return 1
-        known = sizes.get(id(value))
-        if known is None:  # depth is bounded: the recursion is too
-            children = value.values() if isinstance(value, dict) else value
-            known = sizes[id(value)] = 1 + sum(size(child) for child in children)
-        return known
-
-    total = size(document)
-    if total > MAX_CONFIG_VALUES:
-        raise BadDocument(
-            f"its aliases expand to {total:,} values, more than {MAX_CONFIG_VALUES:,}"
-        )
+    """The document with its aliases expanded: at most MAX_CONFIG_VALUES values and
+    MAX_CONFIG_DEPTH levels (aliases can nest what the text does not), and no value inside
+    itself. Each shared value is measured once, without recursion."""
+    measured: dict[int, tuple[int, int]] = {}  # id -> (values, depth), with aliases expanded
+    open_ids: set[int] = set()  # being measured: met again inside itself, it is a cycle
+    stack: list[tuple[Any, bool]] = [(document, False)]
+    while stack:
+        value, children_done = stack.pop()
+        if not isinstance(value, dict | list | tuple | set):
+            continue
+        key = id(value)
+        inner = [*value.keys(), *value.values()] if isinstance(value, dict) else list(value)
+        if not children_done:
+            if key in measured:
+                continue
+            if key in open_ids:
+                raise BadDocument("a value holds itself (an alias inside its own anchor)")
+            open_ids.add(key)
+            stack.append((value, True))
+            stack.extend((child, False) for child in inner)
+            continue
+        values, depth = 1, 1
+        for child in inner:
+            child_values, child_depth = measured.get(id(child), (1, 0))
+            values += child_values
+            depth = max(depth, child_depth + 1)
+        if depth > MAX_CONFIG_DEPTH:
+            raise BadDocument(f"nested more than {MAX_CONFIG_DEPTH} levels deep, with aliases")
+        if values > MAX_CONFIG_VALUES:
+            raise BadDocument(f"its aliases expand to more than {MAX_CONFIG_VALUES:,} values")
+        measured[key] = (values, depth)
+        open_ids.discard(key)
 
 
 class _UniqueKeys(_Loader):  # type: ignore[misc, valid-type]
     """A safe loader that refuses a key given twice in one mapping (YAML keeps the last)."""
 
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: set[Hashable] = set()
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base`: its keys may repeat
-                continue
-            key = self.construct_object(key_node, deep=True)
-            if isinstance(key, Hashable) and key in seen:
-                raise yaml.constructor.ConstructorError(
-                    "while reading a mapping",
-                    node.start_mark,
-                    f"found the key {key!r} twice",
-                    key_node.start_mark,
-                )
-            seen.add(key)
-        mapping: dict[Any, Any] = super().construct_mapping(node, deep)
-        return mapping
+    def get_single_data(self) -> Any:
+        node = self.get_single_node()
+        if node is None:
+            return None
+        _refuse_repeated_keys(node)  # before merge keys are flattened into their mappings
+        return self.construct_document(node)
+
+
+def _refuse_repeated_keys(root: yaml.Node) -> None:
+    """Every mapping of the node graph names a scalar key once (merge keys, `<<`, aside)."""
+    seen_nodes: set[int] = set()
+    pending = [root]
+    while pending:
+        node = pending.pop()
+        if id(node) in seen_nodes:
+            continue
+        seen_nodes.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            keys: set[tuple[str, str]] = set()
+            for key_node, value_node in node.value:
+                pending.extend((key_node, value_node))
+                if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(
+                    key_node, yaml.ScalarNode
+                ):
+                    continue
+                key = (key_node.tag, key_node.value)
+                if key in keys:
+                    raise yaml.constructor.ConstructorError(
+                        "while reading a mapping",
+                        node.start_mark,
+                        f"found the key {key_node.value!r} twice",
+                        key_node.start_mark,
+                    )
+                keys.add(key)
+        elif isinstance(node, yaml.SequenceNode):
+            pending.extend(node.value)

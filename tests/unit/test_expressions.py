@@ -29,6 +29,7 @@ from proxy.engine.state import RunState, StepRecord
 from proxy.engine.usage import Usage
 from proxy.engine.values import ToolCall
 
+WORDS = ("error", "failed", "denied", "timeout", "fatal", "abort", "panic", "crash", "killed", "x")
 SPEC_EXAMPLE = "size(steps) >= 3 && steps.exists(s, s.tool_calls.exists(c, c.name == 'search'))"
 
 
@@ -468,7 +469,20 @@ def test_a_whole_list_compared_costs_its_conversion_though_nothing_iterates_it()
 
 
 @pytest.mark.parametrize(
-    "pattern", ["(\\\\w{50}){10}", "\\\\W{200}", "\\\\p{L}{20}", "[^\\\\W]{10}", "a{100000}"]
+    "pattern",
+    [
+        "(\\\\w{50}){10}",
+        "\\\\W{200}",
+        "\\\\p{L}{20}",
+        "[^\\\\W]{10}",
+        "a{100000}",
+        "\\\\w{ 100 }",  # spaces inside a repetition
+        "\\\\w{20 ,40}",
+        "(?x)\\\\w {100}",  # verbose: spaces and comments are no atoms
+        "(?x)\\\\w #c\\n{100}",
+        "[:]\\\\w{100}",  # a class that opens with a colon
+        "[\\\\x{80}-\\\\x{10FFFF}]{1900}",  # a range past ASCII
+    ],
 )
 def test_a_pattern_too_costly_to_compile_is_refused_before_it_is_compiled(pattern: str) -> None:
     message = rejection(f"steps.exists(s, s.text.matches('{pattern}'))")
@@ -479,12 +493,40 @@ def test_a_pattern_too_costly_to_compile_is_refused_before_it_is_compiled(patter
 
 @pytest.mark.parametrize(
     "pattern",
-    ["^[a-z]+@example\\\\.com$", "\\\\w+", "\\\\w{4}", "[a-zA-Z0-9_]{50}", "(?i)error|fail"],
+    [
+        "^[a-z]+@example\\\\.com$",
+        "\\\\w+",
+        "\\\\w{4}",
+        "[a-zA-Z0-9_]{50}",
+        "(?i)error|fail",
+        "|".join(f"\\\\b{word}\\\\b" for word in WORDS),
+        "\\\\u{10000}\\\\u{10001}",  # characters by their codes
+        "\\\\U{100000}",
+    ],
 )
 def test_patterns_that_cost_little_to_compile_are_accepted(pattern: str) -> None:
     expression = compile_condition(f"steps.exists(s, s.text.matches('{pattern}'))")
     assert expression.patterns > 0
     assert expression.evaluate(snapshot(step(0, text="-"))) is False
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "steps[0].tool_results.exists(r, steps[0].tool_results == steps[0].tool_results)",
+        "steps[0].tool_results.exists(r, r in steps[0].tool_results)",
+    ],
+)
+def test_comparing_whole_lists_is_charged_for_every_value_they_hold(source: str) -> None:
+    """Each `==` or `in` of a comprehension over 900 results walks 900 results (it ran 0.4-1.3
+    s here): charged as one token, it passed."""
+    results = [{"name": "t", "output": "o", "is_error": False}] * 900
+    busy = {**step(0), "tool_results": results}
+    expression = compile_condition(source)
+    assert expression.walks == 1
+    assert expression.evaluate(snapshot({**step(0), "tool_results": results[:3]})) is True
+    with pytest.raises(ExpressionTooCostly):
+        expression.evaluate(snapshot(busy))
 
 
 def test_the_extent_of_data_counts_its_widest_list_or_map_and_longest_string() -> None:

@@ -66,10 +66,11 @@ _LIBRARY_INNER = re.compile(r'msg: "([^"]*)"')  # as in `OtherError(ParseError {
 
 
 # What one evaluation may cost, in units of ~60 ns of the library's time: tokens (and the
-# compiles of the `matches()` patterns, which the library makes at every evaluation) x
-# iterations of the nested comprehensions x KiB of the longest string, plus the conversion of
-# each value it is given. About 15 ms. The library holds the GIL while it evaluates, so
-# neither a thread nor a timeout could bound it: the cost is bounded before it starts instead.
+# compiles of the `matches()` patterns, which the library makes at every evaluation, and every
+# value for each operation that may walk them all) x iterations of the nested comprehensions x
+# KiB of the longest string, plus the conversion of each value it is given. About 15 ms. The
+# library holds the GIL while it evaluates, so neither a thread nor a timeout could bound it:
+# the cost is bounded before it starts instead.
 MAX_EVALUATION_COST = 250_000
 # What all the evaluations after one step may cost together (~30 ms): a policy may hold many
 # expressions, each within MAX_EVALUATION_COST.
@@ -108,6 +109,7 @@ class Expression:
     program: cel.Program = field(repr=False, compare=False)
     terms: int = 1  # tokens: what one pass over the expression costs
     patterns: int = 0  # what compiling its `matches()` patterns costs, once each
+    walks: int = 0  # operations that may touch every value given (`==` on lists, `in`, ...)
     depth: int = 0  # how deep its comprehensions nest
     # The snapshot's variables it uses: only these are sized and handed to the library, whose
     # conversion of its input is most of an evaluation's cost (1-2 µs a value).
@@ -128,7 +130,8 @@ class Expression:
         if self.projection is not None:
             snapshot = self.projection.of(snapshot)
         widest, longest, values = extent(snapshot)
-        work = (self.terms + self.patterns) * widest**self.depth * (1 + longest // 1024)
+        each = self.terms + self.patterns + self.walks * values  # one pass over the expression
+        work = each * widest**self.depth * (1 + longest // 1024)
         cost = work + values * CONVERSION_COST
         if cost > MAX_EVALUATION_COST or (budget is not None and cost > budget.left):
             limit = (
@@ -189,6 +192,7 @@ def compile_condition(source: str) -> Expression:
         program,
         len(tokens),
         patterns,
+        checker.walks,
         depth,
         frozenset(named & set(VARIABLES)),
         projection if projection.drops else None,

@@ -64,6 +64,10 @@ def _from_run(node: Node) -> bool:
     return True
 
 
+# Kinds whose comparison, membership test or concatenation walks every value inside.
+_WHOLE = frozenset({"list", "map", "object", "dyn"})
+
+
 class Checker:
     """Types every node against the snapshot's schema; raises ValueError at the first fault."""
 
@@ -78,6 +82,9 @@ class Checker:
         self.fields: dict[str, set[str]] = {}
         self.whole: set[str] = set()
         self.patterns: list[tuple[int, str]] = []  # matches() literals, checked by the library
+        # Operations that walk a whole list, map or object (`==`, `!=`, `in`, a list's `+`):
+        # each may touch every value it is given.
+        self.walks = 0
 
     def fail(self, pos: int, problem: str) -> ValueError:
         return ValueError(f"{problem} (at {where(self.source, pos)})")
@@ -294,6 +301,8 @@ class Checker:
         self.used(a)
         self.used(b)
         kinds = {a.kind, b.kind}
+        if (op in ("==", "!=", "+") and kinds & _WHOLE) or (op == "in" and b.kind in _WHOLE):
+            self.walks += 1
         if op in ("&&", "||"):
             if not kinds <= {"bool", "dyn"}:
                 raise self.fail(pos, f"'{op}' needs booleans, not {a} and {b}")

@@ -31,13 +31,16 @@ _ESCAPES = {
     "S": 250,
     "w": 8_000,
     "W": 8_000,
-    "b": 2_000,
-    "B": 2_000,
+    "b": 30,  # word boundaries
+    "B": 30,
 }
 _UNICODE_CLASS = 8_000  # `\pL`, `\p{Greek}`, `\P{...}`
 _GROUP = 15  # a group, or one more alternative
-_REPEAT = re.compile(r"\{(\d{1,9})(,(\d{0,9}))?\}")
+_REPEAT = re.compile(r"\{\s*(\d{1,9})\s*(,\s*(\d{0,9})\s*)?\}")  # spaces are allowed
 _FOLDING = re.compile(r"\(\?[a-zA-Z-]*i")
+_VERBOSE = re.compile(r"\(\?[a-zA-Z-]*x")  # `(?x)`: spaces and `# comments` are not atoms
+_HEX_ESCAPE = re.compile(r"\\[xuU]\{?([0-9a-fA-F]{1,8})")
+_FIXED_HEX = {"x": 2, "u": 4, "U": 8}  # `\x7F`, `\u007F`, `\U0000007F`
 
 
 class PatternTooCostly(ValueError):
@@ -48,11 +51,19 @@ def pattern_cost(pattern: str, spent: int = 0) -> int:
     """The estimated cost of compiling `pattern`; raises PatternTooCostly as soon as the
     estimate, with the `spent` of the expression's other patterns, passes MAX_PATTERN_COST."""
     folded = _FOLDING.search(pattern) is not None
+    verbose = _VERBOSE.search(pattern) is not None
     groups: list[list[int]] = [[]]  # the cost of each item of each open group, innermost last
     i, n = 0, len(pattern)
     while i < n:
         char = pattern[i]
         items = groups[-1]
+        if verbose and char.isspace():
+            i += 1
+            continue
+        if verbose and char == "#":
+            end = pattern.find("\n", i)
+            i = n if end < 0 else end + 1
+            continue
         if char == "\\":
             weight, i = _escape(pattern, i + 1)
             items.append(weight * _CASE_FOLDED if folded and weight == _LITERAL else weight)
@@ -107,15 +118,17 @@ def _escape(pattern: str, i: int) -> tuple[int, int]:
             end = pattern.find("}", i + 1)
             return _UNICODE_CLASS, (end + 1 if end > 0 else len(pattern))
         return _UNICODE_CLASS, i + 2
-    if letter == "x" and pattern.startswith("{", i + 1):  # `\x{10FFFF}`
-        end = pattern.find("}", i + 1)
-        return _LITERAL, (end + 1 if end > 0 else len(pattern))
+    if letter in _FIXED_HEX:  # a character by its code: `\x{10FFFF}`, `\u{7F}`, `\x7F`
+        if pattern.startswith("{", i + 1):
+            end = pattern.find("}", i + 1)
+            return _LITERAL, (end + 1 if end > 0 else len(pattern))
+        return _LITERAL, i + 1 + _FIXED_HEX[letter]
     return _LITERAL, i + 1
 
 
 def _class(pattern: str, i: int) -> tuple[int, int]:
     """The weight of the class that opens at `i` (`[...]`, nested classes and `[:alpha:]`
-    within), and where the pattern goes on after it."""
+    within), and where the pattern goes on after it. A range past ASCII weighs as `.` does."""
     depth, weight, j, n = 0, _SMALL_CLASS, i, len(pattern)
     negated = pattern.startswith("[^", i)
     while j < n:
@@ -124,10 +137,10 @@ def _class(pattern: str, i: int) -> tuple[int, int]:
             escaped, j = _escape(pattern, j + 1)
             weight = max(weight, escaped)
             continue
-        if char == "[" and not pattern.startswith("[:", j):
+        if char == "[" and (j == i or not pattern.startswith("[:", j)):
             depth += 1
             negated |= depth > 1 and pattern.startswith("[^", j)
-        elif char == "[":  # `[:alpha:]`: an ASCII class
+        elif char == "[":  # `[:alpha:]` within a class: an ASCII class
             end = pattern.find(":]", j + 2)
             j = end + 2 if end > 0 else n
             continue
@@ -137,4 +150,10 @@ def _class(pattern: str, i: int) -> tuple[int, int]:
                 j += 1
                 break
         j += 1
+    body = pattern[i:j]
+    if "-" in body and (
+        any(ord(c) > 0x7F for c in body)
+        or any(int(code, 16) > 0x7F for code in _HEX_ESCAPE.findall(body))
+    ):
+        weight = max(weight, _ANY)
     return (max(weight, _NEGATED) if negated else weight), j
