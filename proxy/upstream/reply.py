@@ -81,14 +81,12 @@ class ChunkAccumulator:
         self.usage: Any = None
         self.id: str | None = None
         self.model: str | None = None
-        self.chunks = 0  # taken so far
 
     def add(self, chunk: dict[str, Any]) -> str | None:
         """Takes a chunk; returns its content delta, if any. Raises MalformedReply.
 
         Called for every event of every stream: the checks of the fields that nearly every
         chunk has are written out here rather than called."""
-        self.chunks += 1
         if not self.id:
             self.id = _text(chunk.get("id"))
         if not self.model:
