@@ -66,6 +66,8 @@ class Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.answer: Answer | None = None
         self.idle_since = 0.0
+        self.reused = False  # it carried a request before the one out now
+        self.heard = False  # a byte came while the request out now was
         self.lost = False
         self._drained: asyncio.Future[None] | None = None  # while writes are paused
 
@@ -79,6 +81,7 @@ class Connection(asyncio.Protocol):
         if answer is None:  # bytes while no request is out: not an HTTP peer to keep
             self.close()
             return
+        self.heard = True
         try:
             self.parser.feed_data(data)
         except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:

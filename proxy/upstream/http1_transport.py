@@ -61,16 +61,16 @@ class Http1Transport:
         target = self._target(url)
         head = _head(method, target, headers, body)
         connection = await self._connection(target.origin, timeouts.connect_s)
-        answer = connection.answer = Answer(connection, timeouts.read_s)
         try:
-            if body is None or isinstance(body, bytes):
-                connection.write([head, body] if body else [head])
-            else:
-                await _send_chunked(connection, head, body)
-            await answer.head()
-        except BaseException:
-            connection.close()  # mid-request: it cannot carry another
-            raise
+            answer = await _exchange(connection, head, body, timeouts.read_s)
+        except Broken:
+            # A kept-alive connection the upstream closed as the request went out (its idle
+            # timeout and this reuse crossed) said nothing, so it took nothing: the request goes
+            # again, once, on another connection, as browsers resend. A streamed body cannot.
+            if not connection.reused or connection.heard or not _replayable(body):
+                raise
+            connection = await self._connection(target.origin, timeouts.connect_s)
+            answer = await _exchange(connection, head, body, timeouts.read_s)
         if method == "HEAD":
             answer.end_head()
         return answer
@@ -144,6 +144,7 @@ class Http1Transport:
 
     def _free(self, connection: Connection) -> None:
         connection.idle_since = time.monotonic()
+        connection.reused = True  # from its next request on
         self._idle.setdefault(connection.origin, []).append(connection)
         if self._sweep is None:
             self._sweep = asyncio.get_running_loop().call_later(self.keepalive_s, self._expire)
@@ -245,6 +246,26 @@ def _head(method: str, target: _Target, headers: Headers, body: Body) -> bytes:
         return text.encode("latin-1")
     except UnicodeEncodeError:
         return text.encode("utf-8")
+
+
+async def _exchange(connection: Connection, head: bytes, body: Body, read_s: float) -> Answer:
+    """Sends one request on `connection` and waits for its answer's head."""
+    answer = connection.answer = Answer(connection, read_s)
+    connection.heard = False
+    try:
+        if body is None or isinstance(body, bytes):
+            connection.write([head, body] if body else [head])
+        else:
+            await _send_chunked(connection, head, body)
+        await answer.head()
+    except BaseException:
+        connection.close()  # mid-request: it cannot carry another
+        raise
+    return answer
+
+
+def _replayable(body: Body) -> bool:
+    return body is None or isinstance(body, bytes)
 
 
 async def _send_chunked(connection: Connection, head: bytes, body: AsyncIterable[bytes]) -> None:

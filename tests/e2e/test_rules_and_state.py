@@ -257,9 +257,10 @@ def test_concurrent_runs_on_one_context_wait_for_each_other_across_processes(
         keep(each_run(call("get_weather", city="Oslo"), then=say_tool_result("Found: {}"))),
     )
     cid = f"busy-{secrets.token_hex(4)}"
-    httpx.post(
+    started = httpx.post(
         f"{redis_proxies[0]}/chat", json={"context_id": cid, "agent": "weather", "message": "start"}
     )
+    assert started.status_code == 200, started.text
 
     def one(i: int) -> int:
         body = {"context_id": cid, "message": f"Oslo #{i}?"}

@@ -13,15 +13,17 @@ from typing import Any
 
 import httpx
 import orjson
+import pytest
 from prometheus_client import CollectorRegistry
+from starlette.applications import Starlette
 from starlette.types import ASGIApp, Message
 
 from proxy.api.app import create_app
 from proxy.config import parse_config
-from proxy.upstream.http1_connection import END_WAIT_S
+from proxy.upstream.http1_connection import END_WAIT_S, Broken
 from proxy.upstream.http1_transport import Http1Transport
 from proxy.upstream.transport import Timeouts
-from tests.faulty_upstream import DONE, delta, listening, read_request
+from tests.faulty_upstream import DONE, completion, delta, listening, read_request, reset_now
 
 HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
 CHAT = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
@@ -203,3 +205,103 @@ async def test_the_transport_keeps_a_connection_whose_caller_read_up_to_done() -
         await transport.aclose()
         server.close()
         await server.wait_closed()
+
+
+class ClosingOnReuse:
+    """Answers the first request of each connection, kept alive, and closes the connection at
+    the next one without a word, with a FIN or a reset: an upstream whose idle timeout fires
+    as the proxy reuses the connection."""
+
+    def __init__(self, how: str) -> None:
+        self.how = how
+        self.opened = 0
+        self.requests = 0
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.opened += 1
+        answered = 0
+        try:
+            while await read_request(reader) is not None:
+                self.requests += 1
+                if answered:
+                    if self.how == "reset":
+                        reset_now(writer)
+                    return
+                body = orjson.dumps(completion("Hi."))
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n")
+                writer.write(b"content-length: %d\r\n\r\n%s" % (len(body), body))
+                await writer.drain()
+                answered += 1
+        finally:
+            writer.close()
+
+
+@pytest.mark.parametrize("how", ["close", "reset"])
+async def test_a_request_a_reused_connection_dropped_unanswered_goes_again_on_a_new_one(
+    how: str,
+) -> None:
+    upstream = ClosingOnReuse(how)
+    async with listening(upstream.serve) as port:
+        app = proxy_app(f"http://127.0.0.1:{port}/v1")  # max_retries 0: no retry of ours
+        async with app.router.lifespan_context(app), client_of(app) as client:
+            for _ in range(3):
+                r = await client.post("/v1/chat/completions", json={**CHAT, "stream": False})
+                assert r.status_code == 200, r.text
+                assert r.json()["choices"][0]["message"]["content"] == "Hi."
+    # Each reused connection took the next request and dropped it; each went again once.
+    assert (upstream.opened, upstream.requests) == (3, 5)
+
+
+async def test_a_new_connection_dropped_unanswered_is_an_upstream_error_sent_once() -> None:
+    """The upstream may have taken a request a connection it had not been idle on dropped."""
+    seen = 0
+
+    async def drop(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal seen
+        if await read_request(reader) is not None:
+            seen += 1
+        writer.close()
+
+    async with listening(drop) as port:
+        app = proxy_app(f"http://127.0.0.1:{port}/v1")
+        async with app.router.lifespan_context(app), client_of(app) as client:
+            r = await client.post("/v1/chat/completions", json={**CHAT, "stream": False})
+    assert r.status_code == 502
+    assert r.json()["error"]["code"] == "upstream_unavailable"
+    assert seen == 1
+
+
+async def test_a_streamed_body_is_not_sent_again() -> None:
+    upstream = ClosingOnReuse("close")
+    server = await asyncio.start_server(upstream.serve, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1/chat/completions"
+    transport = Http1Transport()
+    timeouts = Timeouts(connect_s=5, read_s=5)
+
+    async def body() -> AsyncIterator[bytes]:
+        yield orjson.dumps(CHAT)
+
+    try:
+        answer = await transport.send("POST", url, {}, body(), timeouts)
+        assert b"Hi." in b"".join([chunk async for chunk in answer.chunks()])
+        await answer.aclose()
+        with pytest.raises(Broken):
+            await transport.send("POST", url, {}, body(), timeouts)
+        assert (upstream.opened, upstream.requests) == (1, 2)
+    finally:
+        await transport.aclose()
+        server.close()
+        await server.wait_closed()
+
+
+def proxy_app(url: str) -> Starlette:
+    config = {
+        "upstreams": {"main": {"base_url": url, "max_retries": 0}},
+        "default_upstream": "main",
+        "state": {"backend": "memory"},
+    }
+    return create_app(parse_config(config), registry=CollectorRegistry())
+
+
+def client_of(app: ASGIApp) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://proxy")
