@@ -25,6 +25,7 @@ from proxy.api.admission import Admission
 from proxy.api.asgi import ErrorBoundary, bearer_token
 from proxy.api.chat import ChatCompletions
 from proxy.api.contexts import ContextRecords, ContextRuns
+from proxy.api.input_items import InputItems
 from proxy.api.models import ModelList
 from proxy.api.passthrough import METHODS, Passthrough
 from proxy.api.responses import Responses, StoredResponses
@@ -230,6 +231,7 @@ def create_app(
     chat = ChatCompletions(services)
     responses = Responses(services)
     stored_responses = StoredResponses(services)
+    input_items = InputItems(services)
     model_list = ModelList(services)
     runs = ContextRuns(services)
     routes = [
@@ -244,6 +246,8 @@ def create_app(
         Route("/responses", responses, methods=["POST"]),
         Route("/v1/responses/{response_id}", stored_responses, methods=["GET", "DELETE"]),
         Route("/responses/{response_id}", stored_responses, methods=["GET", "DELETE"]),
+        Route("/v1/responses/{response_id}/input_items", input_items, methods=["GET"]),
+        Route("/responses/{response_id}/input_items", input_items, methods=["GET"]),
         Route("/v1/models", model_list, methods=["GET"]),
         Route("/models", model_list, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),

@@ -13,12 +13,15 @@ from proxy.config.server import ServerConfig
 from proxy.json_values import holds_over
 from proxy.state.store import StateStore
 
-# A stored response is two records: the response (its body, thread and owner), read by `GET`,
-# by run lookups and by item references; and the conversation through it, read only by the
-# request that continues it (it goes upstream in that request's body).
+# A stored response is three records: the response (its body, thread and owner), read by `GET`,
+# by run lookups and by item references; the conversation through it, read only by the request
+# that continues it (it goes upstream in that request's body); and its own input items with the
+# response it continued, read by `GET .../input_items` and by references to those items.
 RESPONSE_RECORD = "response"
 CONVERSATION_RECORD = "conversation"
-ITEM_PREFIXES = ("msg_", "fc_", "mcp_")
+INPUT_RECORD = "input"
+INPUT_ITEM_PREFIX = "in_"  # the ids the proxy gives input items that came without one
+ITEM_PREFIXES = ("msg_", "fc_", "mcp_", INPUT_ITEM_PREFIX)
 
 
 @dataclass(slots=True)
@@ -35,6 +38,20 @@ class StoredResponse:
         return orjson.dumps(
             {"response": self.response, "thread": self.thread, "owner": self.owner, "key": self.key}
         )
+
+
+@dataclass(slots=True)
+class StoredInput:
+    """A response's own input items (item references read), each with an id, and the response
+    it continued: the items used to generate it are those of `previous`, then its output,
+    then these."""
+
+    previous: str | None
+    items: list[dict[str, Any]]
+    size: int = 0  # the record's bytes, when read
+
+    def dumps(self) -> bytes:
+        return orjson.dumps({"previous": self.previous, "items": self.items})
 
 
 class ConversationTooLarge(Exception):
@@ -68,13 +85,27 @@ class ResponseStore:
         self.ttl_s = ttl_s
 
     async def save(
-        self, response_id: str, stored: StoredResponse, messages: list[dict[str, Any]]
+        self,
+        response_id: str,
+        stored: StoredResponse,
+        messages: list[dict[str, Any]],
+        inputs: StoredInput,
     ) -> None:
-        """Keeps the response and `messages`, the conversation through it (as the engine saw
-        it, the `instructions` aside: they are not carried over, as OpenAI does)."""
+        """Keeps the response, `messages` (the conversation through it, as the engine saw it,
+        the `instructions` aside: they are not carried over, as OpenAI does) and `inputs`."""
         conversation = orjson.dumps(messages)
         await self.store.put_record(CONVERSATION_RECORD, response_id, conversation, self.ttl_s)
+        await self.store.put_record(INPUT_RECORD, response_id, inputs.dumps(), self.ttl_s)
         await self.store.put_record(RESPONSE_RECORD, response_id, stored.dumps(), self.ttl_s)
+
+    async def input(self, response_id: str) -> StoredInput | None:
+        """The input record of a response `readable` found (None when it has none: it is gone
+        since, or was stored without one)."""
+        found = await self.store.get_record(INPUT_RECORD, response_id)
+        if found is None:
+            return None
+        fields = orjson.loads(found)
+        return StoredInput(fields["previous"], fields["items"], len(found))
 
     async def load(self, response_id: str, caller: Caller | None) -> StoredResponse | None:
         """The stored response, when it exists and `caller` made it (None otherwise: another
@@ -122,4 +153,5 @@ class ResponseStore:
 
     async def delete(self, response_id: str) -> bool:
         await self.store.delete_record(CONVERSATION_RECORD, response_id)
+        await self.store.delete_record(INPUT_RECORD, response_id)
         return await self.store.delete_record(RESPONSE_RECORD, response_id)

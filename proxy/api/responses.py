@@ -17,6 +17,7 @@ from proxy.api.auth import Caller
 from proxy.api.chat_request import THREAD_HEADER
 from proxy.api.completion import loop_report
 from proxy.api.failures import failed, failure_error, send_failure
+from proxy.api.input_items import listed
 from proxy.api.json_body import read_json
 from proxy.api.planning import Plan
 from proxy.api.response_body import (
@@ -36,6 +37,7 @@ from proxy.api.response_items import (
 from proxy.api.response_store import (
     ConversationTooLarge,
     ResponseStore,
+    StoredInput,
     StoredResponse,
     response_of_item,
 )
@@ -73,7 +75,7 @@ class Responses:
         req = parse_responses_request(raw, header(scope, _THREAD_HEADER))
         store = ResponseStore(sv.store, sv.config.state.response_ttl_s)
         reads = _StoredReads(store, caller, sv.config.server)
-        history = await _history(req, reads)
+        history, inputs = await _history(req, reads)
         run = req.run
         run.messages = (
             [{"role": "system", "content": req.instructions}, *history]
@@ -92,7 +94,7 @@ class Responses:
         created = int(time.time())
         owner = plan.agent or run.model
         headers = {"x-loopwarden-run-id": spec.run_id}
-        context = _Context(sv, req, store, caller, history, thread, owner, created, prefix)
+        context = _Context(sv, req, store, caller, history, inputs, thread, owner, created, prefix)
         if req.stream:
             base = response_object(spec.run_id, created, spec.model, req.echo, "in_progress", [])
             writer = ResponsesStream(send, base, headers, calls, prefix)
@@ -157,6 +159,7 @@ class _Context:
     store: ResponseStore
     caller: Caller | None
     history: list[dict[str, Any]]
+    inputs: list[dict[str, Any]]  # the request's input items, references read
     thread: str | None
     owner: str
     created: int
@@ -193,8 +196,8 @@ class _Context:
         return body
 
     async def keep(self, result: RunResult, body: dict[str, Any], report: dict[str, Any]) -> None:
-        """Stores the response when asked (`store`, the default): its body, and the
-        conversation through it for `previous_response_id` (SPEC §12.4). That record also
+        """Stores the response when asked (`store`, the default): its body, the conversation
+        through it for `previous_response_id` and its input items (SPEC §12.4). That record also
         answers `GET /v1/runs/{id}`, so the run's own is written only without it, or for the
         server calls it held back (`Services.remember`). A backend that fails is logged: the
         answer does not depend on it."""
@@ -202,8 +205,9 @@ class _Context:
             generated = [m for m in result.generated if m.get("role") != "system"]
             key = self.caller.name if self.caller is not None else None
             stored = StoredResponse(body, self.thread, self.owner, key)
+            inputs = StoredInput(self.req.previous_response_id, listed(self.inputs, self.prefix))
             try:
-                await self.store.save(body["id"], stored, self.history + generated)
+                await self.store.save(body["id"], stored, self.history + generated, inputs)
             except StateUnavailable as exc:
                 log.warning("response %s was not stored: %s", body["id"], exc.message)
             else:
@@ -215,14 +219,17 @@ class _Context:
 class _StoredReads:
     """The stored responses one request reads (its previous one, those its item references
     name): each read once and at most MAX_STORED_READS of them. Of a response an item
-    reference names, only its output items are kept; the conversation of the previous one
-    may hold no more bytes or values than a request's body (it goes upstream in this one's)."""
+    reference names, only its output items are kept, and its input items when a reference
+    names one; the conversation of the previous one may hold no more bytes or values than a
+    request's body (it goes upstream in this one's)."""
 
     def __init__(self, store: ResponseStore, caller: Caller | None, bounds: ServerConfig) -> None:
         self.store = store
         self.caller = caller
         self.bounds = bounds
         self._outputs: dict[str, dict[str, dict[str, Any]]] = {}  # by response id, by item id
+        self._readable: set[str] = set()
+        self._inputs: set[str] = set()  # the responses whose input items are in `_outputs`
 
     async def previous(
         self, response_id: str, param: str
@@ -245,6 +252,12 @@ class _StoredReads:
         if owner is not None and owner not in self._outputs:
             await self._read(owner, param)
         item = self._outputs[owner].get(item_id) if owner is not None else None
+        if item is None and owner in self._readable and owner not in self._inputs:
+            self._inputs.add(owner)
+            found = await self.store.input(owner)
+            for given in found.items if found is not None else ():
+                self._outputs[owner].setdefault(given["id"], given)
+            item = self._outputs[owner].get(item_id)
         if item is None:
             raise NotFound(f"no stored item {item_id[:64]!r}", param=param)
         return dict(item)
@@ -259,15 +272,18 @@ class _StoredReads:
         self._outputs[response_id] = {}  # counted, whatever it holds
         stored = await self.store.readable(response_id, self.caller)
         if stored is not None:
+            self._readable.add(response_id)
             output = stored.response.get("output") or ()
             self._outputs[response_id] = {item.get("id"): item for item in output}
         return stored
 
 
-async def _history(req: ResponsesRequest, reads: _StoredReads) -> list[dict[str, Any]]:
+async def _history(
+    req: ResponsesRequest, reads: _StoredReads
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The conversation a request continues: the stored one of `previous_response_id`, then
-    its input items with every `item_reference` read. A function call output must answer a
-    call of that conversation."""
+    its input items with every `item_reference` read; and those items. A function call output
+    must answer a call of that conversation."""
     conversation: list[dict[str, Any]] = []
     if req.previous_response_id is not None:
         previous, conversation = await reads.previous(
@@ -300,7 +316,7 @@ async def _history(req: ResponsesRequest, reads: _StoredReads) -> list[dict[str,
                 param=f"input[{i}].call_id",
             )
         items.append(item)
-    return [*conversation, *items_to_messages(items)]
+    return [*conversation, *items_to_messages(items)], items
 
 
 def _thread(req: ResponsesRequest, plan: Plan, caller: Caller | None) -> str | None:

@@ -81,6 +81,14 @@ def test_sync_client_tools_with_previous_response_id(
         tools=[LOOKUP],  # type: ignore[list-item]
     )
     assert second.output_text == "Order: shipped"
+    # The items used to generate it, page by page as the SDK follows them (1 per page).
+    listed = list(client.responses.input_items.list(second.id, limit=1, order="asc"))
+    assert [item.type for item in listed] == ["message", "function_call", "function_call_output"]
+    assert listed[1].id == fc.id
+    assert listed[2].call_id == fc.call_id  # type: ignore[union-attr]
+    newest = client.responses.input_items.list(second.id)
+    assert [item.id for item in newest.data] == [item.id for item in reversed(listed)]
+    assert newest.has_more is False
     client.responses.delete(first.id)
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(first.id)

@@ -64,7 +64,8 @@ async def test_another_method_on_an_own_route_is_a_405_not_a_relay(
         # The ids below the proxy's own routes are its own: no upstream knows them.
         patched = await proxy.client.patch("/v1/responses/resp_1", json={})
         posted = await proxy.client.post("/v1/runs/run_1", json={})
-        below = await proxy.client.get("/v1/responses/resp_1/input_items")
+        below = await proxy.client.post("/v1/responses/resp_1/cancel")
+        unknown = await proxy.client.get("/v1/responses/resp_1/input_items")
         counted = await proxy.client.post("/v1/responses/input_tokens", json={"input": "hi"})
     assert r.status_code == 405
     assert r.json()["error"]["code"] == "method_not_allowed"
@@ -72,8 +73,9 @@ async def test_another_method_on_an_own_route_is_a_405_not_a_relay(
     assert below.status_code == 404
     assert counted.status_code == 201  # OpenAI's own route there: relayed
     assert counted.json()["path"].endswith("/responses/input_tokens")
+    assert unknown.json()["error"]["message"] == "no stored response 'resp_1'"
     assert below.json()["error"] == {
-        "message": "the proxy has no route /v1/responses/resp_1/input_items",
+        "message": "the proxy has no route /v1/responses/resp_1/cancel",
         "type": "invalid_request_error",
         "param": None,
         "code": "not_found",

@@ -1,0 +1,180 @@
+"""`GET /v1/responses/{id}/input_items` (SPEC §12.4): the items used to generate a stored
+response, a page at a time, as OpenAI lists them.
+
+Each response keeps only its own input items and the response it continued; the items of a
+chain are those of its first response, that response's output, the next one's input, and so on.
+The newest come first from the walk, so the default order (`desc`) reads only as far back as
+its page needs; `asc` reads the whole chain, at most MAX_CHAIN responses and as many bytes as
+a chain that could still be continued may hold.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from typing import Any
+from urllib.parse import parse_qsl
+
+import orjson
+from starlette.types import Receive, Scope, Send
+
+from proxy.api.asgi import bearer_token, send_json
+from proxy.api.response_store import (
+    INPUT_ITEM_PREFIX,
+    RESPONSE_RECORD,
+    ResponseStore,
+)
+from proxy.api.services import Services
+from proxy.errors import InvalidRequest, NotFound
+
+DEFAULT_LIMIT = 20
+MAX_LIMIT = 100
+MAX_CHAIN = 10_000  # responses one listing walks back through
+ORDERS = ("asc", "desc")
+# A chain's items, in bytes of records read, past `server.max_body_bytes` times this: a chain
+# whose conversation still fits a request holds about the bytes of one request body in its
+# input items and as many in its outputs (each record is one of them).
+CHAIN_BYTES_PER_BODY = 4
+
+
+def listed(items: list[dict[str, Any]], prefix: str) -> list[dict[str, Any]]:
+    """A request's input items as a stored response lists them: each typed, with an id (its
+    own, else `in_<prefix>_<n>`), a message's text content as one part."""
+    out = []
+    for i, given in enumerate(items):
+        item = dict(given)
+        kind = item.setdefault("type", "message")
+        if not isinstance(item.get("id"), str) or not item["id"]:
+            item["id"] = f"{INPUT_ITEM_PREFIX}{prefix}_{i}"
+        if kind == "message" and isinstance(item.get("content"), str):
+            part = "output_text" if item.get("role") == "assistant" else "input_text"
+            item["content"] = [{"type": part, "text": item["content"]}]
+        out.append(item)
+    return out
+
+
+class InputItems:
+    """`GET /v1/responses/{id}/input_items`: for the key that created the response only."""
+
+    def __init__(self, services: Callable[[], Services]) -> None:
+        self.services = services
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        sv = self.services()
+        caller = sv.keys.caller(bearer_token(scope))
+        asked = scope["path_params"]["response_id"]
+        limit, order, after = _query(scope.get("query_string", b""))
+        store = ResponseStore(sv.store, sv.config.state.response_ttl_s)
+        if await store.readable(asked, caller) is None:
+            raise NotFound(f"no stored response {asked[:64]!r}")
+        budget = CHAIN_BYTES_PER_BODY * sv.config.server.max_body_bytes
+        async with contextlib.aclosing(_segments(store, asked, budget)) as segments:
+            ordered = _newest_first if order == "desc" else _oldest_first
+            page = await _page(ordered(segments), after, limit)
+        data = page[:limit]
+        await send_json(
+            send,
+            200,
+            {
+                "object": "list",
+                "data": data,
+                "first_id": data[0]["id"] if data else None,
+                "last_id": data[-1]["id"] if data else None,
+                "has_more": len(page) > limit,
+            },
+        )
+
+
+def _query(raw: bytes) -> tuple[int, str, str | None]:
+    """`limit`, `order` and `after`; others (`include`) are accepted and change nothing."""
+    limit, order, after = DEFAULT_LIMIT, "desc", None
+    for key, value in parse_qsl(raw.decode("latin-1"), keep_blank_values=True):
+        if key == "limit":
+            if not (value.isascii() and value.isdigit() and 1 <= int(value[:4]) <= MAX_LIMIT):
+                raise InvalidRequest(f"must be an integer from 1 to {MAX_LIMIT}", param="limit")
+            limit = int(value)
+        elif key == "order":
+            if value not in ORDERS:
+                raise InvalidRequest("must be asc or desc", param="order")
+            order = value
+        elif key == "after":
+            after = value
+    return limit, order, after
+
+
+async def _segments(
+    store: ResponseStore, response_id: str, budget: int, max_chain: int = MAX_CHAIN
+) -> AsyncGenerator[list[dict[str, Any]]]:
+    """The chain's items, newest first in runs (a response's input items, the output of the
+    response it continued, that one's input items...), each run in its own order. The walk
+    stops at a response deleted or expired since, or one stored without its input items."""
+    current: str | None = response_id
+    spent = 0
+    for _ in range(max_chain):
+        if current is None:
+            return
+        inputs = await store.input(current)
+        if inputs is None:
+            return
+        spent += inputs.size
+        _within(spent, budget, response_id)
+        yield inputs.items
+        if inputs.previous is None:
+            return
+        found = await store.store.get_record(RESPONSE_RECORD, inputs.previous)
+        if found is None:
+            return
+        spent += len(found)
+        _within(spent, budget, response_id)
+        yield orjson.loads(found)["response"].get("output") or []
+        current = inputs.previous
+    raise InvalidRequest(
+        f"response {response_id[:64]!r} continues a chain of more than {max_chain} responses: "
+        "its input items are not listed",
+        param="response_id",
+    )
+
+
+def _within(spent: int, budget: int, response_id: str) -> None:
+    if spent > budget:
+        raise InvalidRequest(
+            f"the input items of response {response_id[:64]!r} hold more than {budget} bytes "
+            f"({CHAIN_BYTES_PER_BODY} times server.max_body_bytes): they are not listed",
+            param="response_id",
+        )
+
+
+async def _newest_first(
+    segments: AsyncIterator[list[dict[str, Any]]],
+) -> AsyncIterator[dict[str, Any]]:
+    async for segment in segments:
+        for item in reversed(segment):
+            yield item
+
+
+async def _oldest_first(
+    segments: AsyncIterator[list[dict[str, Any]]],
+) -> AsyncIterator[dict[str, Any]]:
+    runs = [segment async for segment in segments]  # the first comes last: all are read
+    for segment in reversed(runs):
+        for item in segment:
+            yield item
+
+
+async def _page(
+    ordered: AsyncIterator[dict[str, Any]], after: str | None, limit: int
+) -> list[dict[str, Any]]:
+    """Up to `limit + 1` items that follow `after` (from the first, without it): one more than
+    the page, to say whether there are more."""
+    page: list[dict[str, Any]] = []
+    found = after is None
+    async for item in ordered:
+        if not found:
+            found = item.get("id") == after
+            continue
+        page.append(item)
+        if len(page) > limit:
+            break
+    if not found:
+        raise InvalidRequest(f"no input item {str(after)[:64]!r} in this response", param="after")
+    return page
