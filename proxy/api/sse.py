@@ -51,7 +51,9 @@ class SSEWriter(EventStream):
         }
 
     def opening(self) -> bytes:
-        return self._chunk(self._delta({"content": ""}))  # the role, as OpenAI opens a stream
+        # The role, as OpenAI opens a stream, before the reply shows whether it holds text:
+        # `null`, as OpenAI has it before tool calls (an empty string would be a text part).
+        return self._chunk(self._delta({"content": None}))
 
     async def content(self, text: str) -> None:
         await self._write(self._chunk(self._delta({"content": text})))

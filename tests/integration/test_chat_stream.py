@@ -107,6 +107,9 @@ async def test_client_tool_calls_are_streamed_as_tool_call_deltas(proxy: Proxy) 
     assert calls[0]["index"] == 0
     assert json.loads(calls[0]["function"]["arguments"]) == {"question": "Pack an umbrella?"}
     assert data[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    # No text at all, not even an empty one (a client would keep an empty text part).
+    assert deltas[0] == {"role": "assistant", "content": None}
+    assert all(d.get("content") is None for d in deltas)
 
 
 async def test_loop_events_mark_progress(proxy: Proxy) -> None:

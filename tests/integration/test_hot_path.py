@@ -80,7 +80,7 @@ async def test_a_stream_starts_when_the_upstream_answer_begins() -> None:
         opening = sent[1]["body"]
         assert opening.startswith(b"data: ")
         chunk = orjson.loads(opening[6:])
-        assert chunk["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+        assert chunk["choices"][0]["delta"] == {"role": "assistant", "content": None}
         release.set()
         async with asyncio.timeout(10):
             await request
