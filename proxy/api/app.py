@@ -91,12 +91,22 @@ class ProxyApp(Starlette):
         await super().__call__(scope, receive, send)
 
 
+# How long the tools' pool keeps an idle connection: less than the 5 s after which uvicorn,
+# Node and most servers a tool is written with close one. At the same 5 s (httpx's default), a
+# call could go out on a connection the server was closing and fail unanswered; a tool call is
+# not sent again, as an upstream request is (it may act on the world).
+TOOL_KEEPALIVE_S = 4.0
+
+
 def tools_transport(connections: int) -> httpx.AsyncBaseTransport:
     """The http tools' and webhooks' pool: the httpx API over aiohttp's connections."""
     from httpx_aiohttp import AiohttpTransport
 
-    keepalive = min(200, connections)
-    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=keepalive)
+    limits = httpx.Limits(
+        max_connections=connections,
+        max_keepalive_connections=min(200, connections),
+        keepalive_expiry=TOOL_KEEPALIVE_S,
+    )
     return AiohttpTransport(limits=limits)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -18,7 +19,7 @@ from prometheus_client import CollectorRegistry
 from starlette.applications import Starlette
 from starlette.types import ASGIApp, Message
 
-from proxy.api.app import create_app
+from proxy.api.app import TOOL_KEEPALIVE_S, create_app, tools_transport
 from proxy.config import parse_config
 from proxy.upstream.http1_connection import END_WAIT_S, Broken
 from proxy.upstream.http1_transport import Http1Transport
@@ -305,3 +306,34 @@ def proxy_app(url: str) -> Starlette:
 
 def client_of(app: ASGIApp) -> httpx.AsyncClient:
     return httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://proxy")
+
+
+async def test_the_tools_pool_lets_go_of_a_connection_before_its_server_would() -> None:
+    """A tool server that closes connections idle for TOOL_KEEPALIVE_S + 0.3 s (uvicorn's 5 s,
+    nearly), whose close crosses the next call: the pool has opened another by then."""
+    idle_close_s = TOOL_KEEPALIVE_S + 0.3
+    opened = 0
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal opened
+        opened += 1
+        answered_at = None
+        try:
+            while await read_request(reader) is not None:
+                if answered_at is not None and time.monotonic() - answered_at >= idle_close_s:
+                    return  # its idle timer fired as the request came: no answer
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                await writer.drain()
+                answered_at = time.monotonic()
+        finally:
+            writer.close()
+
+    async with (
+        listening(serve) as port,
+        httpx.AsyncClient(transport=tools_transport(8)) as client,
+    ):
+        url = f"http://127.0.0.1:{port}/tool"
+        assert (await client.post(url, json={})).text == "ok"
+        await asyncio.sleep(idle_close_s + 0.1)
+        assert (await client.post(url, json={})).text == "ok"
+    assert opened == 2
