@@ -42,6 +42,7 @@ from proxy.telemetry.metrics import exposition_registry
 from proxy.telemetry.run_metrics import OverheadObserver
 from proxy.telemetry.setup import build_telemetry, tracer_provider_from_env
 from proxy.telemetry.tracing import annotate_tool_span, inject_trace_headers
+from proxy.tools.base import TOOL_KEEPALIVE_S
 from proxy.tools.registry import SourcesUnavailable
 from proxy.upstream.http1_transport import Http1Transport
 from proxy.upstream.httpx_transport import HttpxTransport
@@ -89,13 +90,6 @@ class ProxyApp(Starlette):
                 await self.responses(scope, receive, send)
                 return
         await super().__call__(scope, receive, send)
-
-
-# How long the tools' pool keeps an idle connection: less than the 5 s after which uvicorn,
-# Node and most servers a tool is written with close one. At the same 5 s (httpx's default), a
-# call could go out on a connection the server was closing and fail unanswered; a tool call is
-# not sent again, as an upstream request is (it may act on the world).
-TOOL_KEEPALIVE_S = 4.0
 
 
 def tools_transport(connections: int) -> httpx.AsyncBaseTransport:

@@ -12,6 +12,13 @@ from proxy.engine.values import ToolContext, ToolSpec
 
 Invoke = Callable[[dict[str, Any], ToolContext], Awaitable[Any]]
 
+# How long the pools of http tools, webhooks and MCP servers keep an idle connection: less than
+# the 5 s after which uvicorn (FastMCP's server too), Node and most servers a tool is written
+# with close one. At the same 5 s (httpx's default), a call could go out on a connection the
+# server was closing and fail unanswered; a tool call is not sent again, as an upstream request
+# is (it may act on the world).
+TOOL_KEEPALIVE_S = 4.0
+
 
 class ToolFailed(Exception):
     """A tool failure whose message the model may read."""

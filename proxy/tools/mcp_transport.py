@@ -20,12 +20,17 @@ from mcp.shared.message import SessionMessage
 
 from proxy.config.tools import ToolConfig
 from proxy.json_values import holds_over
+from proxy.tools.base import TOOL_KEEPALIVE_S
 from proxy.tools.mcp_stdio import stdio_client, too_large, too_many_values
 
 SESSION_HEADER = "mcp-session-id"
 CONNECTION_ENDED = "the connection ended"
 # An HTTP session's longest silence while a response streams; calls have their own timeout_s.
 READ_TIMEOUT_S = 300.0
+# httpx's own bounds on an HTTP session's connections, with a shorter keep-alive.
+_LIMITS = httpx2.Limits(
+    max_connections=100, max_keepalive_connections=20, keepalive_expiry=TOOL_KEEPALIVE_S
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +140,7 @@ async def open_transport(
         headers={**secrets, "accept-encoding": "identity"},  # the bounds count what is read
         timeout=timeout,
         event_hooks={"response": [seen]},
-        transport=BoundedBodies(httpx2.AsyncHTTPTransport(), limit, max_values),
+        transport=BoundedBodies(httpx2.AsyncHTTPTransport(limits=_LIMITS), limit, max_values),
     )
     session = streamable_http_client(cfg.url, http_client=http, max_sse_event_size=limit)
     async with http, session as (read, write):

@@ -19,8 +19,9 @@ from prometheus_client import CollectorRegistry
 from starlette.applications import Starlette
 from starlette.types import ASGIApp, Message
 
-from proxy.api.app import TOOL_KEEPALIVE_S, create_app, tools_transport
+from proxy.api.app import create_app, tools_transport
 from proxy.config import parse_config
+from proxy.tools.base import TOOL_KEEPALIVE_S
 from proxy.upstream.http1_connection import END_WAIT_S, Broken
 from proxy.upstream.http1_transport import Http1Transport
 from proxy.upstream.transport import Timeouts
