@@ -31,6 +31,11 @@ from proxy.upstream.transport import Body, Failure, Headers, Timeouts
 
 URL_CACHE = 1024  # parsed URLs kept: a run's upstream URL is parsed once, not per call
 SENDS_A_BODY = frozenset({"POST", "PUT", "PATCH"})  # a length of 0 is said when it has none
+IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS"})
+# How soon after a request went out on a kept-alive connection the connection's end may come,
+# without a byte of answer, to be the upstream closing it as idle as the request crossed
+# (a round trip, and the loop's delay in reading it); later, it may have taken the request.
+CROSSED_S = 0.5
 _SPACE_OR_CONTROL = re.compile("[\x00-\x20\x7f]")
 
 
@@ -54,6 +59,7 @@ class Http1Transport:
         self._targets: dict[str, _Target] = {}
         self._sweep: asyncio.TimerHandle | None = None
         self._tls: ssl.SSLContext | None = None
+        self._closed = False
 
     async def send(
         self, method: str, url: str, headers: Headers, body: Body, timeouts: Timeouts
@@ -61,15 +67,13 @@ class Http1Transport:
         target = self._target(url)
         head = _head(method, target, headers, body)
         connection = await self._connection(target.origin, timeouts.connect_s)
+        sent = time.monotonic()
         try:
             answer = await _exchange(connection, head, body, timeouts.read_s)
         except Broken:
-            # A kept-alive connection the upstream closed as the request went out (its idle
-            # timeout and this reuse crossed) said nothing, so it took nothing: the request goes
-            # again, once, on another connection, as browsers resend. A streamed body cannot.
-            if not connection.reused or connection.heard or not _replayable(body):
+            if not self._crossed(connection, sent) or not _resendable(method, body):
                 raise
-            connection = await self._connection(target.origin, timeouts.connect_s)
+            connection = await self._connection(target.origin, timeouts.connect_s, idle=False)
             answer = await _exchange(connection, head, body, timeouts.read_s)
         if method == "HEAD":
             answer.end_head()
@@ -88,7 +92,20 @@ class Http1Transport:
             return Failure.UNREACHABLE
         return None
 
+    def _crossed(self, connection: Connection, sent: float) -> bool:
+        """Whether a request a connection's end answered met the upstream closing it as idle
+        (its idle timeout and this reuse crossed): the connection was kept alive, its end came
+        without a byte of answer and at once (the upstream did not take the request, work on it
+        and fail), and not because the proxy closed it."""
+        return (
+            connection.reused
+            and not connection.heard
+            and time.monotonic() - sent <= CROSSED_S
+            and not self._closed
+        )
+
     async def aclose(self) -> None:
+        self._closed = True
         for connection in list(self._open):
             connection.close()
         if self._sweep is not None:
@@ -97,11 +114,14 @@ class Http1Transport:
 
     # -- the pool
 
-    async def _connection(self, origin: tuple[str, str, int], connect_s: float) -> Connection:
+    async def _connection(
+        self, origin: tuple[str, str, int], connect_s: float, idle: bool = True
+    ) -> Connection:
+        """A connection to `origin`: the one freed last, or (and without `idle`) a new one."""
         while True:
-            idle = self._idle.get(origin)
-            while idle:
-                connection = idle.pop()
+            kept = self._idle.get(origin) if idle else None
+            while kept:
+                connection = kept.pop()
                 if not connection.lost:
                     return connection
             if len(self._open) + self._connecting < self.connections:
@@ -264,8 +284,11 @@ async def _exchange(connection: Connection, head: bytes, body: Body, read_s: flo
     return answer
 
 
-def _replayable(body: Body) -> bool:
-    return body is None or isinstance(body, bytes)
+def _resendable(method: str, body: Body) -> bool:
+    """A request the upstream did not take may go again, as browsers resend one: one whose
+    body is whole in hand (the upstream calls of runs), or an idempotent one without a body. A
+    streamed body cannot be sent again, and a relayed request is sent once."""
+    return isinstance(body, bytes) or (body is None and method in IDEMPOTENT)
 
 
 async def _send_chunked(connection: Connection, head: bytes, body: AsyncIterable[bytes]) -> None:

@@ -22,12 +22,13 @@ from starlette.types import ASGIApp, Message
 from proxy.api.app import create_app, tools_transport
 from proxy.config import parse_config
 from proxy.tools.base import TOOL_KEEPALIVE_S
-from proxy.upstream.http1_connection import END_WAIT_S, Broken
-from proxy.upstream.http1_transport import Http1Transport
+from proxy.upstream.http1_connection import END_WAIT_S, Answer, Broken
+from proxy.upstream.http1_transport import CROSSED_S, Http1Transport
 from proxy.upstream.transport import Timeouts
 from tests.faulty_upstream import DONE, completion, delta, listening, read_request, reset_now
 
 HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+TIMEOUTS = Timeouts(connect_s=5, read_s=5)
 CHAT = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
 
 
@@ -210,14 +211,16 @@ async def test_the_transport_keeps_a_connection_whose_caller_read_up_to_done() -
 
 
 class ClosingOnReuse:
-    """Answers the first request of each connection, kept alive, and closes the connection at
-    the next one without a word, with a FIN or a reset: an upstream whose idle timeout fires
-    as the proxy reuses the connection."""
+    """Answers the first request of each connection, kept alive, and meets the next one with
+    the connection's end and no word: at once with a FIN (`close`) or a reset (`reset`), as an
+    upstream whose idle timeout fires as the proxy reuses the connection; after working on it
+    past CROSSED_S (`late`); or when the proxy closes it (`hold`)."""
 
     def __init__(self, how: str) -> None:
         self.how = how
         self.opened = 0
         self.requests = 0
+        self.holding = asyncio.Event()
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.opened += 1
@@ -228,6 +231,11 @@ class ClosingOnReuse:
                 if answered:
                     if self.how == "reset":
                         reset_now(writer)
+                    elif self.how == "late":
+                        await asyncio.sleep(CROSSED_S + 0.3)
+                    elif self.how == "hold":
+                        self.holding.set()
+                        await reader.read()
                     return
                 body = orjson.dumps(completion("Hi."))
                 writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n")
@@ -254,6 +262,19 @@ async def test_a_request_a_reused_connection_dropped_unanswered_goes_again_on_a_
     assert (upstream.opened, upstream.requests) == (3, 5)
 
 
+async def test_a_request_dropped_after_the_upstream_worked_on_it_is_sent_once() -> None:
+    """A reused connection that ends unanswered well after the request went out: the upstream
+    may have taken it (and failed), so it is not sent again."""
+    upstream = ClosingOnReuse("late")
+    async with listening(upstream.serve) as port:
+        app = proxy_app(f"http://127.0.0.1:{port}/v1")
+        async with app.router.lifespan_context(app), client_of(app) as client:
+            first = await client.post("/v1/chat/completions", json={**CHAT, "stream": False})
+            second = await client.post("/v1/chat/completions", json={**CHAT, "stream": False})
+    assert (first.status_code, second.status_code) == (200, 502)
+    assert (upstream.opened, upstream.requests) == (1, 2)
+
+
 async def test_a_new_connection_dropped_unanswered_is_an_upstream_error_sent_once() -> None:
     """The upstream may have taken a request a connection it had not been idle on dropped."""
     seen = 0
@@ -273,27 +294,75 @@ async def test_a_new_connection_dropped_unanswered_is_an_upstream_error_sent_onc
     assert seen == 1
 
 
-async def test_a_streamed_body_is_not_sent_again() -> None:
+@contextlib.asynccontextmanager
+async def transport_to(upstream: ClosingOnReuse) -> AsyncIterator[tuple[Http1Transport, str]]:
+    async with listening(upstream.serve) as port:
+        transport = Http1Transport()
+        try:
+            yield transport, f"http://127.0.0.1:{port}/v1/chat/completions"
+        finally:
+            await transport.aclose()
+
+
+async def whole(answer: Answer) -> bytes:
+    read = b"".join([chunk async for chunk in answer.chunks()])
+    await answer.aclose()
+    return read
+
+
+async def streamed() -> AsyncIterator[bytes]:
+    yield orjson.dumps(CHAT)
+
+
+@pytest.mark.parametrize(
+    ("method", "body", "again"),
+    [
+        ("POST", "bytes", True),  # the upstream calls of runs
+        ("GET", None, True),
+        ("POST", None, False),  # relayed: sent once
+        ("POST", "streamed", False),
+    ],
+)
+async def test_which_requests_go_again(method: str, body: str | None, again: bool) -> None:
     upstream = ClosingOnReuse("close")
-    server = await asyncio.start_server(upstream.serve, "127.0.0.1", 0)
-    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1/chat/completions"
-    transport = Http1Transport()
-    timeouts = Timeouts(connect_s=5, read_s=5)
 
-    async def body() -> AsyncIterator[bytes]:
-        yield orjson.dumps(CHAT)
+    def made() -> bytes | AsyncIterator[bytes] | None:
+        return orjson.dumps(CHAT) if body == "bytes" else streamed() if body else None
 
-    try:
-        answer = await transport.send("POST", url, {}, body(), timeouts)
-        assert b"Hi." in b"".join([chunk async for chunk in answer.chunks()])
-        await answer.aclose()
-        with pytest.raises(Broken):
-            await transport.send("POST", url, {}, body(), timeouts)
-        assert (upstream.opened, upstream.requests) == (1, 2)
-    finally:
+    async with transport_to(upstream) as (transport, url):
+        assert b"Hi." in await whole(await transport.send(method, url, {}, made(), TIMEOUTS))
+        if again:
+            assert b"Hi." in await whole(await transport.send(method, url, {}, made(), TIMEOUTS))
+        else:
+            with pytest.raises(Broken):
+                await transport.send(method, url, {}, made(), TIMEOUTS)
+    assert (upstream.opened, upstream.requests) == ((2, 3) if again else (1, 2))
+
+
+async def test_a_request_goes_again_on_a_new_connection_not_another_idle_one() -> None:
+    upstream = ClosingOnReuse("close")  # every kept connection drops its next request
+    body = orjson.dumps(CHAT)
+    async with transport_to(upstream) as (transport, url):
+        firsts = [transport.send("POST", url, {}, body, TIMEOUTS) for _ in range(2)]
+        for answer in await asyncio.gather(*firsts):
+            await whole(answer)
+        assert upstream.opened == 2  # both kept, both about to drop what comes
+        assert b"Hi." in await whole(await transport.send("POST", url, {}, body, TIMEOUTS))
+    assert (upstream.opened, upstream.requests) == (3, 4)
+
+
+async def test_a_request_the_proxy_cut_by_closing_its_transport_is_not_sent_again() -> None:
+    upstream = ClosingOnReuse("hold")
+    body = orjson.dumps(CHAT)
+    async with transport_to(upstream) as (transport, url):
+        await whole(await transport.send("POST", url, {}, body, TIMEOUTS))
+        held = asyncio.create_task(transport.send("POST", url, {}, body, TIMEOUTS))
+        async with asyncio.timeout(10):
+            await upstream.holding.wait()
         await transport.aclose()
-        server.close()
-        await server.wait_closed()
+        with pytest.raises(Broken):
+            await held
+    assert (upstream.opened, upstream.requests) == (1, 2)
 
 
 def proxy_app(url: str) -> Starlette:
