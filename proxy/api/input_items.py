@@ -1,11 +1,13 @@
 """`GET /v1/responses/{id}/input_items` (SPEC §12.4): the items used to generate a stored
 response, a page at a time, as OpenAI lists them.
 
-Each response keeps only its own input items and the response it continued; the items of a
-chain are those of its first response, that response's output, the next one's input, and so on.
-The newest come first from the walk, so the default order (`desc`) reads only as far back as
-its page needs; `asc` reads the whole chain, at most MAX_CHAIN responses and as many bytes as
-a chain that could still be continued may hold.
+Each response keeps its own input items, and the response it continued with that one's output
+items: the items of a chain are those of its first response, that response's output, the next
+one's input, and so on. The newest come first from the walk (a record a response), so the
+default order (`desc`) reads only as far back as its page needs; `asc` reads the whole chain,
+at most MAX_CHAIN responses and as many bytes as a chain that could still be continued holds.
+An id is listed once, where it came last (a client may send a stored item again), so that a
+page's last id says where the next one starts.
 """
 
 from __future__ import annotations
@@ -15,40 +17,41 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 from urllib.parse import parse_qsl
 
-import orjson
 from starlette.types import Receive, Scope, Send
 
 from proxy.api.asgi import bearer_token, send_json
-from proxy.api.response_store import (
-    INPUT_ITEM_PREFIX,
-    RESPONSE_RECORD,
-    ResponseStore,
-)
+from proxy.api.response_store import INPUT_ITEM_PREFIX, ResponseStore
 from proxy.api.services import Services
 from proxy.errors import InvalidRequest, NotFound
 
 DEFAULT_LIMIT = 20
 MAX_LIMIT = 100
-MAX_CHAIN = 10_000  # responses one listing walks back through
+MAX_CHAIN = 1_000  # responses one listing walks back through: a store read each
 ORDERS = ("asc", "desc")
 # A chain's items, in bytes of records read, past `server.max_body_bytes` times this: a chain
 # whose conversation still fits a request holds about the bytes of one request body in its
-# input items and as many in its outputs (each record is one of them).
+# input items and as many in its outputs.
 CHAIN_BYTES_PER_BODY = 4
 
 
 def listed(items: list[dict[str, Any]], prefix: str) -> list[dict[str, Any]]:
     """A request's input items as a stored response lists them: each typed, with an id (its
-    own, else `in_<prefix>_<n>`), a message's text content as one part."""
+    own, else `in_<prefix>_<n>`); a message with a status, its text content as one part."""
     out = []
     for i, given in enumerate(items):
         item = dict(given)
         kind = item.setdefault("type", "message")
         if not isinstance(item.get("id"), str) or not item["id"]:
             item["id"] = f"{INPUT_ITEM_PREFIX}{prefix}_{i}"
-        if kind == "message" and isinstance(item.get("content"), str):
-            part = "output_text" if item.get("role") == "assistant" else "input_text"
-            item["content"] = [{"type": part, "text": item["content"]}]
+        if kind == "message":
+            item.setdefault("status", "completed")
+            if isinstance(item.get("content"), str):
+                text = item["content"]
+                if item.get("role") == "assistant":
+                    part = {"type": "output_text", "text": text, "annotations": []}
+                else:
+                    part = {"type": "input_text", "text": text}
+                item["content"] = [part]
         out.append(item)
     return out
 
@@ -90,9 +93,10 @@ def _query(raw: bytes) -> tuple[int, str, str | None]:
     limit, order, after = DEFAULT_LIMIT, "desc", None
     for key, value in parse_qsl(raw.decode("latin-1"), keep_blank_values=True):
         if key == "limit":
-            if not (value.isascii() and value.isdigit() and 1 <= int(value[:4]) <= MAX_LIMIT):
+            digits = value.lstrip("0") if value.isascii() and value.isdigit() else ""
+            if not digits or len(digits) > 3 or int(digits) > MAX_LIMIT:
                 raise InvalidRequest(f"must be an integer from 1 to {MAX_LIMIT}", param="limit")
-            limit = int(value)
+            limit = int(digits)
         elif key == "order":
             if value not in ORDERS:
                 raise InvalidRequest("must be asc or desc", param="order")
@@ -107,26 +111,19 @@ async def _segments(
 ) -> AsyncGenerator[list[dict[str, Any]]]:
     """The chain's items, newest first in runs (a response's input items, the output of the
     response it continued, that one's input items...), each run in its own order. The walk
-    stops at a response deleted or expired since, or one stored without its input items."""
-    current: str | None = response_id
+    stops at a response deleted or expired since."""
+    current = response_id
     spent = 0
     for _ in range(max_chain):
-        if current is None:
-            return
         inputs = await store.input(current)
         if inputs is None:
             return
         spent += inputs.size
         _within(spent, budget, response_id)
         yield inputs.items
+        yield inputs.outputs
         if inputs.previous is None:
             return
-        found = await store.store.get_record(RESPONSE_RECORD, inputs.previous)
-        if found is None:
-            return
-        spent += len(found)
-        _within(spent, budget, response_id)
-        yield orjson.loads(found)["response"].get("output") or []
         current = inputs.previous
     raise InvalidRequest(
         f"response {response_id[:64]!r} continues a chain of more than {max_chain} responses: "
@@ -147,18 +144,20 @@ def _within(spent: int, budget: int, response_id: str) -> None:
 async def _newest_first(
     segments: AsyncIterator[list[dict[str, Any]]],
 ) -> AsyncIterator[dict[str, Any]]:
+    seen: set[Any] = set()
     async for segment in segments:
         for item in reversed(segment):
-            yield item
+            if item.get("id") not in seen:
+                seen.add(item.get("id"))
+                yield item
 
 
 async def _oldest_first(
     segments: AsyncIterator[list[dict[str, Any]]],
 ) -> AsyncIterator[dict[str, Any]]:
-    runs = [segment async for segment in segments]  # the first comes last: all are read
-    for segment in reversed(runs):
-        for item in segment:
-            yield item
+    newest_first = [item async for item in _newest_first(segments)]  # all are read
+    for item in reversed(newest_first):
+        yield item
 
 
 async def _page(

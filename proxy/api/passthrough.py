@@ -3,6 +3,7 @@ upstream of its `model`, else the default upstream, with both bodies streamed (S
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator, Callable, Collection
 
 from starlette.types import Receive, Scope, Send
@@ -49,6 +50,7 @@ class Passthrough:
         self.services = services
         self.own_paths = frozenset(p for p in own_paths if "{" not in p)
         self.own_prefixes = tuple(p[: p.index("{")] for p in own_paths if "{" in p)
+        self.own_templates = tuple(_template(p) for p in own_paths if "{" in p)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope["path"]
@@ -57,7 +59,7 @@ class Passthrough:
         for prefix in self.own_prefixes:
             rest = path[len(prefix) :]
             if path.startswith(prefix) and rest.startswith(SHARED_TEMPLATES.get(prefix, "")):
-                if "/" in rest:
+                if "/" in rest and not any(t.fullmatch(path) for t in self.own_templates):
                     raise NotFound(f"the proxy has no route {path[:300]}")
                 raise MethodNotAllowed(f"{scope['method']} is not allowed on {path[:300]}")
         sv = self.services()
@@ -109,3 +111,8 @@ class Passthrough:
             async for chunk in answer.body:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def _template(path: str) -> re.Pattern[str]:
+    """A route's path with each `{param}` as one segment."""
+    return re.compile("[^/]+".join(re.escape(part) for part in re.split(r"\{[^}]*\}", path)))

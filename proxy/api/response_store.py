@@ -3,7 +3,7 @@ state backend for `state.response_ttl_s`, readable only by the key that created 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -43,15 +43,18 @@ class StoredResponse:
 @dataclass(slots=True)
 class StoredInput:
     """A response's own input items (item references read), each with an id, and the response
-    it continued: the items used to generate it are those of `previous`, then its output,
-    then these."""
+    it continued with that one's output items: the items used to generate it are those of
+    `previous`, then `outputs`, then `items`."""
 
     previous: str | None
     items: list[dict[str, Any]]
+    outputs: list[dict[str, Any]] = field(default_factory=list)
     size: int = 0  # the record's bytes, when read
 
     def dumps(self) -> bytes:
-        return orjson.dumps({"previous": self.previous, "items": self.items})
+        return orjson.dumps(
+            {"previous": self.previous, "items": self.items, "outputs": self.outputs}
+        )
 
 
 class ConversationTooLarge(Exception):
@@ -105,7 +108,7 @@ class ResponseStore:
         if found is None:
             return None
         fields = orjson.loads(found)
-        return StoredInput(fields["previous"], fields["items"], len(found))
+        return StoredInput(fields["previous"], fields["items"], fields["outputs"], len(found))
 
     async def load(self, response_id: str, caller: Caller | None) -> StoredResponse | None:
         """The stored response, when it exists and `caller` made it (None otherwise: another

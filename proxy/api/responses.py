@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from starlette.types import Receive, Scope, Send
@@ -159,7 +159,7 @@ class _Context:
     store: ResponseStore
     caller: Caller | None
     history: list[dict[str, Any]]
-    inputs: list[dict[str, Any]]  # the request's input items, references read
+    inputs: StoredInput  # the request's input items, references read, and what they follow
     thread: str | None
     owner: str
     created: int
@@ -205,7 +205,7 @@ class _Context:
             generated = [m for m in result.generated if m.get("role") != "system"]
             key = self.caller.name if self.caller is not None else None
             stored = StoredResponse(body, self.thread, self.owner, key)
-            inputs = StoredInput(self.req.previous_response_id, listed(self.inputs, self.prefix))
+            inputs = replace(self.inputs, items=listed(self.inputs.items, self.prefix))
             try:
                 await self.store.save(body["id"], stored, self.history + generated, inputs)
             except StateUnavailable as exc:
@@ -280,15 +280,18 @@ class _StoredReads:
 
 async def _history(
     req: ResponsesRequest, reads: _StoredReads
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+) -> tuple[list[dict[str, Any]], StoredInput]:
     """The conversation a request continues: the stored one of `previous_response_id`, then
-    its input items with every `item_reference` read; and those items. A function call output
-    must answer a call of that conversation."""
+    its input items with every `item_reference` read; and those items, after the output of
+    the response they continue. A function call output must answer a call of that
+    conversation."""
     conversation: list[dict[str, Any]] = []
+    outputs: list[dict[str, Any]] = []
     if req.previous_response_id is not None:
         previous, conversation = await reads.previous(
             req.previous_response_id, "previous_response_id"
         )
+        outputs = list(previous.response.get("output") or ())
         if req.run.thread_id is None:
             req.run.thread_id = previous.thread
     known: set[str] = set()
@@ -316,7 +319,8 @@ async def _history(
                 param=f"input[{i}].call_id",
             )
         items.append(item)
-    return [*conversation, *items_to_messages(items)], items
+    messages = [*conversation, *items_to_messages(items)]
+    return messages, StoredInput(req.previous_response_id, items, outputs)
 
 
 def _thread(req: ResponsesRequest, plan: Plan, caller: Caller | None) -> str | None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
-import orjson
 import pytest
 
 from proxy.api.input_items import _segments
@@ -70,6 +69,7 @@ async def test_the_items_of_a_chain_on_every_backend(
                 "role": "user",
                 "content": [{"type": "input_text", "text": "Where is A1?"}],
                 "id": f"in_{hex_of[first['id']]}_0",
+                "status": "completed",
             },
             first["output"][0],
             {
@@ -83,6 +83,7 @@ async def test_the_items_of_a_chain_on_every_backend(
                 "content": [{"type": "input_text", "text": "When?"}],
                 "id": "mine",
                 "type": "message",
+                "status": "completed",
             },
         ]
         assert (page["first_id"], page["last_id"]) == (page["data"][0]["id"], "mine")
@@ -118,6 +119,9 @@ async def test_pages_follow_after_in_either_order(proxy: Proxy) -> None:
         ({"limit": "ten"}, "limit"),
         ({"limit": "²"}, "limit"),
         ({"limit": "9" * 5000}, "limit"),
+        ({"limit": "00200"}, "limit"),
+        ({"limit": "0001" + "0" * 5000}, "limit"),
+        ({"limit": "000"}, "limit"),
         ({"order": "newest"}, "order"),
         ({"after": "in_nothing_0"}, "after"),
     ],
@@ -162,7 +166,60 @@ async def test_a_deleted_response_ends_the_chain_it_began(proxy: Proxy) -> None:
     assert (await proxy.client.delete(f"/v1/responses/{first['id']}")).status_code == 200
     assert (await listed(proxy, first["id"])).status_code == 404
     left = (await listed(proxy, second["id"], order="asc")).json()["data"]
-    assert [item["type"] for item in left] == ["function_call_output", "message"]
+    # Its input is gone; its output, which the second one continued, is not.
+    assert [item["type"] for item in left] == ["function_call", "function_call_output", "message"]
+
+
+async def test_an_item_sent_again_is_listed_once_and_pages_end(proxy: Proxy) -> None:
+    """A client that sends an item of the response it continues again (by reference, as the AI
+    SDK may) and one id twice: each id is listed once, where it came last."""
+    first, _ = await chain(proxy)
+    call_item = first["output"][0]
+    proxy.upstream.script(say("Fine."))
+    again = await respond(
+        proxy,
+        previous_response_id=first["id"],
+        tools=[FUNCTION],
+        input=[
+            {"type": "item_reference", "id": call_item["id"]},
+            {"type": "function_call_output", "call_id": call_item["call_id"], "output": "ok"},
+            {"role": "user", "content": "a", "id": "twice"},
+            {"role": "user", "content": "b", "id": "twice"},
+        ],
+    )
+    items = (await listed(proxy, again["id"], order="asc")).json()["data"]
+    ids = [item["id"] for item in items]
+    assert len(ids) == len(set(ids)) == 4
+    assert ids[1] == call_item["id"]  # where it was sent again, after the first question
+    assert items[-1]["content"] == [{"type": "input_text", "text": "b"}]
+    for order in ("asc", "desc"):
+        seen: list[str] = []
+        after = None
+        for _ in range(10):
+            query = {"order": order, "limit": 1} | ({"after": after} if after else {})
+            page = (await listed(proxy, again["id"], **query)).json()
+            seen += [item["id"] for item in page["data"]]
+            if not page["has_more"]:
+                break
+            after = page["last_id"]
+        assert seen == (ids if order == "asc" else ids[::-1])
+
+
+async def test_a_chain_of_long_instructions_and_many_tools_is_listed(
+    proxy_for: ProxyFactory,
+) -> None:
+    """What bounds a listing is its items, not what each response repeats of its request."""
+    async with proxy_for({"server": {"max_body_bytes": 65536}}) as proxy:
+        proxy.upstream.script(keep(say("Ok.")))
+        tools = [{**FUNCTION, "name": f"tool_{i}", "description": "d" * 1000} for i in range(12)]
+        previous = None
+        for i in range(20):
+            body = {"input": f"turn {i}", "instructions": "i" * 5000, "tools": tools}
+            previous = (await respond(proxy, previous_response_id=previous, **body))["id"]
+        assert previous is not None
+        r = await listed(proxy, previous, order="asc", limit=100)
+    assert r.status_code == 200, r.text
+    assert len(r.json()["data"]) == 20 + 19  # every input, every output but the last
 
 
 async def test_an_unstored_response_has_no_input_items(proxy: Proxy) -> None:
@@ -186,18 +243,15 @@ async def test_an_input_item_may_be_referenced(proxy: Proxy) -> None:
 
 
 async def _stored_chain(length: int, item_bytes: int) -> ResponseStore:
-    """A chain of `length` responses written straight to a store, each with one input item of
-    about `item_bytes` and no output."""
+    """A chain of `length` responses' input records written straight to a store, each with one
+    input item of about `item_bytes` and no output."""
     store = ResponseStore(MemoryStore(), 60)
     previous = None
     for i in range(length):
         response_id = f"resp_{i}"
-        record = orjson.dumps({"response": {"id": response_id, "output": []}})
-        await store.store.put_record("response", response_id, record, 60)
         item = {"type": "message", "id": f"in_{i}_0", "content": "x" * item_bytes}
-        await store.store.put_record(
-            "input", response_id, StoredInput(previous, [item]).dumps(), 60
-        )
+        record = StoredInput(previous, [item]).dumps()
+        await store.store.put_record("input", response_id, record, 60)
         previous = response_id
     return store
 

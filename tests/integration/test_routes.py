@@ -66,10 +66,16 @@ async def test_another_method_on_an_own_route_is_a_405_not_a_relay(
         posted = await proxy.client.post("/v1/runs/run_1", json={})
         below = await proxy.client.post("/v1/responses/resp_1/cancel")
         unknown = await proxy.client.get("/v1/responses/resp_1/input_items")
+        listing = [
+            await proxy.client.request(method, f"{root}/responses/resp_1/input_items")
+            for method in ("POST", "DELETE")
+            for root in ("/v1", "")
+        ]
         counted = await proxy.client.post("/v1/responses/input_tokens", json={"input": "hi"})
     assert r.status_code == 405
     assert r.json()["error"]["code"] == "method_not_allowed"
     assert (patched.status_code, posted.status_code) == (405, 405)
+    assert [r.status_code for r in listing] == [405] * 4
     assert below.status_code == 404
     assert counted.status_code == 201  # OpenAI's own route there: relayed
     assert counted.json()["path"].endswith("/responses/input_tokens")
