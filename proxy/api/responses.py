@@ -284,20 +284,24 @@ async def _history(
     """The conversation a request continues: the stored one of `previous_response_id`, then
     its input items with every `item_reference` read; and those items, after the output of
     the response they continue. A function call output must answer a call of that
-    conversation."""
+    conversation. An item the stored conversation holds already (a call, its output, an item
+    of the previous response) is refused, as OpenAI refuses it: the model would see it twice."""
     conversation: list[dict[str, Any]] = []
     outputs: list[dict[str, Any]] = []
-    if req.previous_response_id is not None:
-        previous, conversation = await reads.previous(
-            req.previous_response_id, "previous_response_id"
-        )
+    previous_id = req.previous_response_id
+    if previous_id is not None:
+        previous, conversation = await reads.previous(previous_id, "previous_response_id")
         outputs = list(previous.response.get("output") or ())
         if req.run.thread_id is None:
             req.run.thread_id = previous.thread
     known: set[str] = set()
+    answered: set[str] = set()
     for message in conversation:
         for call in message.get("tool_calls") or ():
             known.add(call["id"])
+        if message.get("role") == "tool":
+            answered.add(message.get("tool_call_id") or "")
+    held = set(known)  # the calls the stored conversation holds
     items: list[dict[str, Any]] = []
     seen: set[str] = set()
     for i, item in enumerate(req.items):
@@ -307,20 +311,35 @@ async def _history(
             if ref in seen:  # the same stored item named twice (a call, and its result)
                 continue
             seen.add(ref)
+            if previous_id is not None and response_of_item(ref) == previous_id:
+                raise _held_already("id", ref, f"input[{i}].id")
             item = await reads.item(ref, f"input[{i}].id")
             kind = item.get("type", "message")
         if kind in ("function_call", "custom_tool_call"):
+            if item["call_id"] in held:
+                raise _held_already("call_id", item["call_id"], f"input[{i}].call_id")
             known.add(item["call_id"])
         elif kind == "mcp_call":
             known.add(item["id"])
-        elif kind in OUTPUT_ITEMS and item["call_id"] not in known:
-            raise InvalidRequest(
-                f"no tool call with call_id {item['call_id'][:64]!r} comes before this output",
-                param=f"input[{i}].call_id",
-            )
+        elif kind in OUTPUT_ITEMS:
+            if item["call_id"] in answered:
+                raise _held_already("call_id", item["call_id"], f"input[{i}].call_id")
+            if item["call_id"] not in known:
+                raise InvalidRequest(
+                    f"no tool call with call_id {item['call_id'][:64]!r} comes before this output",
+                    param=f"input[{i}].call_id",
+                )
         items.append(item)
     messages = [*conversation, *items_to_messages(items)]
     return messages, StoredInput(req.previous_response_id, items, outputs)
+
+
+def _held_already(key: str, value: str, param: str) -> InvalidRequest:
+    return InvalidRequest(
+        f"Duplicate item found with {key} {value[:64]!r}: the conversation of "
+        "previous_response_id holds it already; send only the items that follow it",
+        param=param,
+    )
 
 
 def _thread(req: ResponsesRequest, plan: Plan, caller: Caller | None) -> str | None:

@@ -307,3 +307,33 @@ async def test_a_response_whose_conversation_is_gone_is_not_continued(
     assert r.status_code == 404
     assert r.json()["error"]["param"] == "previous_response_id"
     assert len(proxy.upstream.requests) == 1
+
+
+async def test_an_item_the_stored_conversation_holds_is_refused_as_openai_refuses_it(
+    proxy: Proxy,
+) -> None:
+    """What the AI SDK sends when given the whole history with `previousResponseId`: items the
+    chain holds already, which the model would see twice. OpenAI answers 400 "Duplicate item
+    found"; so does the proxy, naming the item."""
+    function = {"type": "function", "name": "lookup", "parameters": {"type": "object"}}
+    proxy.upstream.script(call("lookup", order="A1"), say("Shipped."))
+    first = (await respond(proxy, model="scripted", input="A1?", tools=[function])).json()
+    fc = first["output"][0]
+    answer = {"type": "function_call_output", "call_id": fc["call_id"], "output": "in transit"}
+    second = await respond(
+        proxy, model="scripted", input=[answer], tools=[function], previous_response_id=first["id"]
+    )
+    assert second.status_code == 200
+    whole_call = {k: fc[k] for k in ("type", "call_id", "name", "arguments")}
+    for previous, given, param in [
+        (first["id"], [{"type": "item_reference", "id": fc["id"]}, answer], "input[0].id"),
+        (first["id"], [whole_call, answer], "input[0].call_id"),
+        (second.json()["id"], [answer], "input[0].call_id"),
+    ]:
+        r = await respond(
+            proxy, model="scripted", input=given, tools=[function], previous_response_id=previous
+        )
+        assert r.status_code == 400
+        assert r.json()["error"]["param"] == param
+        assert r.json()["error"]["message"].startswith("Duplicate item found")
+    assert len(proxy.upstream.requests) == 2  # none of them went upstream
