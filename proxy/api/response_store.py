@@ -3,6 +3,7 @@ state backend for `state.response_ttl_s`, readable only by the key that created 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,11 +33,18 @@ class StoredResponse:
     thread: str | None
     owner: str  # the agent or model: a key that may not use it may not read it
     key: str | None
+    chain_thread: bool = False  # `thread` is the chain's own (ResponsesRequest.chain_thread)
 
     def dumps(self) -> bytes:
         """The record; it ends with its key (`owned_by` reads it there, unparsed)."""
         return orjson.dumps(
-            {"response": self.response, "thread": self.thread, "owner": self.owner, "key": self.key}
+            {
+                "response": self.response,
+                "thread": self.thread,
+                "owner": self.owner,
+                "chain_thread": self.chain_thread,
+                "key": self.key,
+            }
         )
 
 
@@ -55,6 +63,21 @@ class StoredInput:
         return orjson.dumps(
             {"previous": self.previous, "items": self.items, "outputs": self.outputs}
         )
+
+
+@dataclass(frozen=True, slots=True)
+class ChainThreads:
+    """The counters of a chain's own thread (SPEC §9, §12.4), which only the chain reaches:
+    they are dropped `ttl_s` after the chain's last reservation or stored response, once no
+    response of the chain is left to continue it."""
+
+    store: StateStore
+    ttl_s: float
+
+    async def reserve(
+        self, thread_id: str, limits: Mapping[str, int]
+    ) -> tuple[bool, dict[str, int]]:
+        return await self.store.reserve(thread_id, limits, ttl_s=self.ttl_s)
 
 
 class ConversationTooLarge(Exception):

@@ -35,6 +35,7 @@ from proxy.api.response_items import (
     output_items,
 )
 from proxy.api.response_store import (
+    ChainThreads,
     ConversationTooLarge,
     ResponseStore,
     StoredInput,
@@ -86,6 +87,10 @@ class Responses:
         spec = plan.spec
         thread = _thread(req, plan, caller)
         deps = sv.deps(plan.upstream, bearer, scope["path"])
+        chain = None  # the chain's own thread, when the run has counters in it
+        if req.chain_thread and any(lim.thread_limit for lim in spec.policy.tool_call_limits):
+            chain = spec.thread_id
+            deps.threads = ChainThreads(sv.store, sv.config.state.response_ttl_s)
         shown = sv.config.server.responses_server_calls == "mcp_call"
         if spec.policy.tools:  # server calls a client did not send back are put back (§5.1.6)
             spec.messages = await sv.restore(spec.messages, caller)
@@ -94,7 +99,9 @@ class Responses:
         created = int(time.time())
         owner = plan.agent or run.model
         headers = {"x-loopwarden-run-id": spec.run_id}
-        context = _Context(sv, req, store, caller, history, inputs, thread, owner, created, prefix)
+        context = _Context(
+            sv, req, store, caller, history, inputs, thread, chain, owner, created, prefix
+        )
         if req.stream:
             base = response_object(spec.run_id, created, spec.model, req.echo, "in_progress", [])
             writer = ResponsesStream(send, base, headers, calls, prefix)
@@ -161,6 +168,7 @@ class _Context:
     history: list[dict[str, Any]]
     inputs: StoredInput  # the request's input items, references read, and what they follow
     thread: str | None
+    chain: str | None  # the thread's key, when the chain's own thread has counters
     owner: str
     created: int
     prefix: str
@@ -204,10 +212,12 @@ class _Context:
         if self.req.store:
             generated = [m for m in result.generated if m.get("role") != "system"]
             key = self.caller.name if self.caller is not None else None
-            stored = StoredResponse(body, self.thread, self.owner, key)
+            stored = StoredResponse(body, self.thread, self.owner, key, self.req.chain_thread)
             inputs = replace(self.inputs, items=listed(self.inputs.items, self.prefix))
             try:
                 await self.store.save(body["id"], stored, self.history + generated, inputs)
+                if self.chain is not None:  # its counters last as long as the chain
+                    await self.store.store.keep_thread(self.chain, self.store.ttl_s)
             except StateUnavailable as exc:
                 log.warning("response %s was not stored: %s", body["id"], exc.message)
             else:
@@ -294,6 +304,7 @@ async def _history(
         outputs = list(previous.response.get("output") or ())
         if req.run.thread_id is None:
             req.run.thread_id = previous.thread
+            req.chain_thread = previous.chain_thread
     known: set[str] = set()
     answered: set[str] = set()
     for message in conversation:
@@ -351,6 +362,7 @@ def _thread(req: ResponsesRequest, plan: Plan, caller: Caller | None) -> str | N
         return None
     own = response_id(plan.spec.run_id)
     plan.spec.thread_id = caller.scoped(own) if caller is not None else own
+    req.chain_thread = True
     return own
 
 

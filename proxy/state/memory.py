@@ -19,6 +19,9 @@ MAX_RECORDS = 10_000
 class MemoryStore:
     def __init__(self) -> None:
         self._threads: dict[str, Counter[str]] = {}
+        # The monotonic ends of threads reserved with a TTL, the soonest first; at most
+        # MAX_RECORDS (past it the soonest goes, as records do: its chain's records went first).
+        self._thread_ends: OrderedDict[str, float] = OrderedDict()
         self._contexts: dict[str, tuple[int, bytes]] = {}  # id -> (version, stored form)
         # (kind, key) -> (monotonic deadline, value)
         self._records: OrderedDict[tuple[str, str], tuple[float, bytes]] = OrderedDict()
@@ -26,8 +29,11 @@ class MemoryStore:
         self._locks = KeyedLocks()
 
     async def reserve(
-        self, thread_id: str, limits: Mapping[str, int]
+        self, thread_id: str, limits: Mapping[str, int], ttl_s: float | None = None
     ) -> tuple[bool, dict[str, int]]:
+        self._drop_if_ended(thread_id)
+        if ttl_s is not None:
+            self._end_thread_in(thread_id, ttl_s)
         counts = self._threads.setdefault(thread_id, Counter())
         if any(counts[key] >= limit for key, limit in limits.items()):
             return False, {key: counts[key] for key in limits}
@@ -35,8 +41,27 @@ class MemoryStore:
             counts[key] += 1
         return True, {key: counts[key] for key in limits}
 
+    async def keep_thread(self, thread_id: str, ttl_s: float) -> None:
+        self._drop_if_ended(thread_id)
+        if thread_id in self._thread_ends:
+            self._end_thread_in(thread_id, ttl_s)
+
     async def thread_counts(self, thread_id: str) -> dict[str, int]:
+        self._drop_if_ended(thread_id)
         return dict(self._threads.get(thread_id, {}))
+
+    def _end_thread_in(self, thread_id: str, ttl_s: float) -> None:
+        self._thread_ends.pop(thread_id, None)  # ends later than any other: last
+        self._thread_ends[thread_id] = time.monotonic() + check_ttl(ttl_s)
+        if len(self._thread_ends) > MAX_RECORDS:
+            soonest, _ = self._thread_ends.popitem(last=False)
+            self._threads.pop(soonest, None)
+
+    def _drop_if_ended(self, thread_id: str) -> None:
+        end = self._thread_ends.get(thread_id)
+        if end is not None and end <= time.monotonic():
+            del self._thread_ends[thread_id]
+            self._threads.pop(thread_id, None)
 
     async def load_context(self, context_id: str) -> StoredContext | None:
         found = self._contexts.get(context_id)
@@ -82,12 +107,15 @@ class MemoryStore:
         return found is not None and found[0] > time.monotonic()
 
     def _sweep(self) -> None:
-        """Drops expired records that nobody asked for again."""
+        """Drops expired records that nobody asked for again, and ended threads."""
         now = time.monotonic()
         # A new dict, as a dict does not shrink when entries are deleted.
         self._records = OrderedDict(
             (k, found) for k, found in self._records.items() if found[0] > now
         )
+        while self._thread_ends and next(iter(self._thread_ends.values())) <= now:
+            ended, _ = self._thread_ends.popitem(last=False)
+            self._threads.pop(ended, None)
         # Waiting as many puts as there are records left makes each put pay O(1) towards the
         # next sweep, and keeps the dict within twice what the last sweep left (or SWEEP_AFTER).
         self._puts_to_sweep = max(SWEEP_AFTER, len(self._records))

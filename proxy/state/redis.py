@@ -21,19 +21,20 @@ from proxy.state.store import StoredContext, check_ttl, conflict, settle
 
 log = logging.getLogger(__name__)
 
-# KEYS[1]: the thread's hash; ARGV: key1, limit1, key2, limit2, ...
+# KEYS[1]: the thread's hash; ARGV: its TTL in ms ('' for none), key1, limit1, key2, limit2...
 # Returns {ok, count1, count2, ...}: the counts after, or as they are when one is at its limit.
 _RESERVE = """
-local n = #ARGV / 2
+local n = (#ARGV - 1) / 2
 local counts = {}
 local ok = 1
 for i = 1, n do
-  counts[i] = tonumber(redis.call('HGET', KEYS[1], ARGV[2 * i - 1]) or '0')
-  if counts[i] >= tonumber(ARGV[2 * i]) then ok = 0 end
+  counts[i] = tonumber(redis.call('HGET', KEYS[1], ARGV[2 * i]) or '0')
+  if counts[i] >= tonumber(ARGV[2 * i + 1]) then ok = 0 end
 end
 if ok == 1 then
-  for i = 1, n do counts[i] = redis.call('HINCRBY', KEYS[1], ARGV[2 * i - 1], 1) end
+  for i = 1, n do counts[i] = redis.call('HINCRBY', KEYS[1], ARGV[2 * i], 1) end
 end
+if ARGV[1] ~= '' then redis.call('PEXPIRE', KEYS[1], ARGV[1]) end
 table.insert(counts, 1, ok)
 return counts
 """
@@ -54,6 +55,11 @@ end
 return 1
 """
 
+# KEYS[1]: a thread's hash; ARGV[1]: its new TTL in ms, given only when it has one.
+_KEEP = """
+if redis.call('PTTL', KEYS[1]) > 0 then redis.call('PEXPIRE', KEYS[1], ARGV[1]) end
+return 0
+"""
 
 # How long a request waits between its attempts to take a context's lock.
 LOCK_RETRY_S = 0.01
@@ -100,6 +106,7 @@ class RedisStore:
         self._lease = lock_lease_s
         self._reserve = self._redis.register_script(_RESERVE)
         self._save = self._redis.register_script(_SAVE)
+        self._keep = self._redis.register_script(_KEEP)
         # Whether a record is on its way; the records put meanwhile, each with the future its
         # put awaits; the task that sends them.
         self._sending = False
@@ -113,15 +120,20 @@ class RedisStore:
         return f"{self._prefix}context:{context_id}"
 
     async def reserve(
-        self, thread_id: str, limits: Mapping[str, int]
+        self, thread_id: str, limits: Mapping[str, int], ttl_s: float | None = None
     ) -> tuple[bool, dict[str, int]]:
         keys = list(limits)
-        args: list[str | int] = []
+        args: list[str | int] = ["" if ttl_s is None else _ms(ttl_s)]
         for key in keys:
             args += [key, limits[key]]
         with _reached():
             reply = await self._reserve(keys=[self._thread(thread_id)], args=args)
         return bool(reply[0]), {key: int(n) for key, n in zip(keys, reply[1:], strict=True)}
+
+    async def keep_thread(self, thread_id: str, ttl_s: float) -> None:
+        # A thread kept for good has no TTL to put off: PEXPIRE would give it one.
+        with _reached():
+            await self._keep(keys=[self._thread(thread_id)], args=[_ms(ttl_s)])
 
     async def thread_counts(self, thread_id: str) -> dict[str, int]:
         with _reached():
@@ -155,7 +167,7 @@ class RedisStore:
         """Sent at once when no other record is on its way, else with every record put
         meanwhile, in one pipeline, after it (group commit): it returns once the server has
         taken its record."""
-        put = (self._record(kind, key), value, max(1, round(check_ttl(ttl_s) * 1000)))
+        put = (self._record(kind, key), value, _ms(ttl_s))
         if self._sending:
             done = asyncio.get_running_loop().create_future()
             self._puts.append((*put, done))
@@ -251,3 +263,7 @@ class RedisStore:
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+def _ms(ttl_s: float) -> int:
+    return max(1, round(check_ttl(ttl_s) * 1000))

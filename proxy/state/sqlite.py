@@ -33,6 +33,16 @@ T = TypeVar("T")
 SWEEP_EVERY_S = 60.0  # the most often expired records are deleted
 ROWS_PER_WRITE = 200  # records in one statement: 4 parameters each, within sqlite's 999
 _SWEEP = "DELETE FROM records WHERE expires_at <= ?"
+_SWEEP_THREADS = (
+    "DELETE FROM thread_calls WHERE thread_id IN "
+    "(SELECT thread_id FROM thread_ends WHERE ends_at <= ?)",
+    "DELETE FROM thread_ends WHERE ends_at <= ?",
+)
+# Drops the counters of one thread whose end passed (they are not counted past it, swept or not).
+_DROP_ENDED = (
+    "DELETE FROM thread_calls WHERE thread_id = ? AND EXISTS "
+    "(SELECT 1 FROM thread_ends WHERE thread_id = ? AND ends_at <= ?)"
+)
 LOCK_POLL_S = (0.005, 0.05)  # the first and the longest wait between two tries of a held lock
 
 _TABLES = [
@@ -57,6 +67,12 @@ _TABLES = [
     )""",
     # The sweep finds expired rows without reading the others (Responses are kept for days).
     "CREATE INDEX IF NOT EXISTS records_by_expiry ON records (expires_at)",
+    # When the counters of a thread reserved with a TTL end (wall-clock, shared).
+    """CREATE TABLE IF NOT EXISTS thread_ends (
+        thread_id TEXT PRIMARY KEY,
+        ends_at REAL NOT NULL
+    )""",
+    "CREATE INDEX IF NOT EXISTS thread_ends_by_time ON thread_ends (ends_at)",
     # Who holds each context (a random token) and until when (wall-clock, shared).
     """CREATE TABLE IF NOT EXISTS context_locks (
         id TEXT PRIMARY KEY,
@@ -169,11 +185,19 @@ class SqliteStore:
             raise StateUnavailable(reason) from None
 
     async def reserve(
-        self, thread_id: str, limits: Mapping[str, int]
+        self, thread_id: str, limits: Mapping[str, int], ttl_s: float | None = None
     ) -> tuple[bool, dict[str, int]]:
         keys = list(limits)
+        ends_at = None if ttl_s is None else time.time() + check_ttl(ttl_s)
 
         def work(db: sqlite3.Connection) -> tuple[bool, dict[str, int]]:
+            if ends_at is not None:
+                db.execute(_DROP_ENDED, (thread_id, thread_id, time.time()))
+                db.execute(
+                    "INSERT INTO thread_ends (thread_id, ends_at) VALUES (?, ?) "
+                    "ON CONFLICT (thread_id) DO UPDATE SET ends_at = excluded.ends_at",
+                    (thread_id, ends_at),
+                )
             # One statement, so sqlite holds the write lock inside one call (see _write_puts);
             # it reads the counts before it writes any, so it adds to all or to none.
             wanted = ", ".join(["(?, ?)"] * len(keys))
@@ -191,10 +215,17 @@ class SqliteStore:
 
         return await self._call(work)
 
+    async def keep_thread(self, thread_id: str, ttl_s: float) -> None:
+        ends_at = time.time() + check_ttl(ttl_s)
+        sql = "UPDATE thread_ends SET ends_at = ? WHERE thread_id = ? AND ends_at > ?"
+        await self._call(_statement(sql, (ends_at, thread_id, time.time())))
+
     async def thread_counts(self, thread_id: str) -> dict[str, int]:
         def work(db: sqlite3.Connection) -> dict[str, int]:
             rows = db.execute(
-                "SELECT key, count FROM thread_calls WHERE thread_id = ?", (thread_id,)
+                "SELECT key, count FROM thread_calls WHERE thread_id = ? AND NOT EXISTS "
+                "(SELECT 1 FROM thread_ends WHERE thread_id = ? AND ends_at <= ?)",
+                (thread_id, thread_id, time.time()),
             )
             return {key: count for key, count in rows}
 
@@ -269,6 +300,8 @@ class SqliteStore:
             self._swept = clock
             with contextlib.suppress(StateUnavailable):  # the writes below say so too
                 self._on_thread(_statement(_SWEEP, (now,)))
+                for sweep in _SWEEP_THREADS:
+                    self._on_thread(_statement(sweep, (now,)))
         for start in range(0, len(puts), ROWS_PER_WRITE):
             chunk = puts[start : start + ROWS_PER_WRITE]
             values = [value for row, _ in chunk for value in row]

@@ -83,9 +83,17 @@ class StateStore(Protocol):
     """Every method raises `StateUnavailable` when the backend fails or cannot be trusted."""
 
     async def reserve(
-        self, thread_id: str, limits: Mapping[str, int]
+        self, thread_id: str, limits: Mapping[str, int], ttl_s: float | None = None
     ) -> tuple[bool, dict[str, int]]:
-        """Atomically: when every counter is below its limit, add one to each."""
+        """Atomically: when every counter is below its limit, add one to each. With `ttl_s`,
+        the thread's counters are dropped once `ttl_s` passed without a reservation or a
+        `keep_thread` (a thread only a chain of stored responses can reach); without, they
+        are kept for good (SPEC §9)."""
+        ...
+
+    async def keep_thread(self, thread_id: str, ttl_s: float) -> None:
+        """Puts off the end of a thread reserved with a TTL to `ttl_s` from now (nothing for a
+        thread without counters, or kept for good)."""
         ...
 
     async def thread_counts(self, thread_id: str) -> dict[str, int]: ...

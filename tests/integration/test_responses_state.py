@@ -3,6 +3,7 @@ responses is one thread for tool call limits, across proxies sharing a redis (SP
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 from pathlib import Path
 from typing import Any
@@ -337,3 +338,26 @@ async def test_an_item_the_stored_conversation_holds_is_refused_as_openai_refuse
         assert r.json()["error"]["param"] == param
         assert r.json()["error"]["message"].startswith("Duplicate item found")
     assert len(proxy.upstream.requests) == 2  # none of them went upstream
+
+
+async def test_a_chains_own_thread_ends_when_the_chain_can_no_longer_be_continued(
+    proxy_for: ProxyFactory, backend: StateStore
+) -> None:
+    """Its counters last `state.response_ttl_s` past the chain's last stored response (only the
+    chain reaches them); a thread a client names is kept for good (SPEC §9)."""
+    config = {"agents": AGENTS, "state": {"backend": "memory", "response_ttl_s": 2}}
+    async with proxy_for(config, store=backend) as proxy:
+        weather = call("get_weather", city="Lima")
+        proxy.upstream.script(weather, say("Sunny."), weather, say("Named."), say("Still."))
+        first = (await respond(proxy, model="capped")).json()
+        await respond(proxy, model="capped", loop={"thread_id": "named"})
+        assert await backend.thread_counts(first["id"]) == {"get_weather": 1}
+        await asyncio.sleep(1.2)
+        # Continued without a tool call: no reservation, but the chain lives on, and its thread.
+        second = await respond(proxy, model="capped", previous_response_id=first["id"])
+        assert second.status_code == 200
+        await asyncio.sleep(1.2)
+        assert await backend.thread_counts(first["id"]) == {"get_weather": 1}
+        await asyncio.sleep(1.4)
+        assert await backend.thread_counts(first["id"]) == {}
+        assert await backend.thread_counts("named") != {}

@@ -63,6 +63,51 @@ async def test_concurrent_reservations_are_exact(store: StateStore) -> None:
     assert await store.thread_counts("busy") == {"x": 25}
 
 
+async def test_a_thread_reserved_with_a_ttl_ends_unless_kept(store: StateStore) -> None:
+    for thread in ("kept", "left", "for good"):
+        ttl = None if thread == "for good" else 0.3
+        assert await store.reserve(thread, {"x": 5}, ttl_s=ttl) == (True, {"x": 1})
+    assert await store.reserve("left", {"x": 5}, ttl_s=0.3) == (True, {"x": 2})
+    await asyncio.sleep(0.2)
+    await store.keep_thread("kept", 0.3)  # puts its end off; the others' stays
+    await store.keep_thread("for good", 0.1)  # a thread without a TTL gets none
+    await store.keep_thread("never reserved", 0.1)
+    await asyncio.sleep(0.2)
+    assert await store.thread_counts("left") == {}
+    assert await store.thread_counts("kept") == {"x": 1}
+    assert await store.reserve("left", {"x": 5}, ttl_s=0.3) == (True, {"x": 1})  # anew
+    await asyncio.sleep(0.35)
+    assert await store.thread_counts("kept") == {}
+    assert await store.thread_counts("never reserved") == {}
+    assert await store.reserve("for good", {"x": 5}) == (True, {"x": 2})
+
+
+async def test_ended_threads_are_swept_away() -> None:
+    memory = MemoryStore()
+    await memory.reserve("chain", {"x": 5}, ttl_s=0.05)
+    await memory.reserve("context", {"x": 5})
+    await asyncio.sleep(0.1)
+    memory._sweep()
+    assert list(memory._threads) == ["context"]
+
+
+async def test_sqlite_sweeps_ended_threads_away(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "state.db"
+    store = SqliteStore(path)
+    await store.reserve("chain", {"x": 5, "y": 5}, ttl_s=0.05)
+    await store.reserve("context", {"x": 5})
+    await asyncio.sleep(0.1)
+    monkeypatch.setattr(sqlite_state, "SWEEP_EVERY_S", 0.0)
+    await store.put_record("run", "r", b"x", 60)  # a write sweeps
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        rows = db.execute("SELECT thread_id FROM thread_calls").fetchall()
+        ends = db.execute("SELECT count(*) FROM thread_ends").fetchone()
+    assert (rows, ends) == ([("context",)], (0,))
+    await store.close()
+
+
 async def test_contexts_round_trip_and_delete(store: StateStore) -> None:
     assert await store.load_context("c1") is None
     ctx = StoredContext("c1", agent="a", messages=[{"role": "user", "content": "hé"}])

@@ -40,7 +40,7 @@ class DownStore(MemoryStore):
     """A state backend that cannot be reached."""
 
     async def reserve(
-        self, thread_id: str, limits: Mapping[str, int]
+        self, thread_id: str, limits: Mapping[str, int], ttl_s: float | None = None
     ) -> tuple[bool, dict[str, int]]:
         raise StateUnavailable("the state backend is unreachable")
 
@@ -49,7 +49,7 @@ class BrokenStore(MemoryStore):
     """A state backend with a bug in its thread counting."""
 
     async def reserve(
-        self, thread_id: str, limits: Mapping[str, int]
+        self, thread_id: str, limits: Mapping[str, int], ttl_s: float | None = None
     ) -> tuple[bool, dict[str, int]]:
         raise RuntimeError("bug")
 
