@@ -19,10 +19,10 @@ from urllib.parse import parse_qsl
 
 from starlette.types import Receive, Scope, Send
 
-from proxy.api.asgi import bearer_token, send_json
-from proxy.api.response_store import INPUT_ITEM_PREFIX, ResponseStore
+from proxy.api.asgi import send_json
+from proxy.api.response_store import INPUT_ITEM_PREFIX, ResponseStore, asked_for
 from proxy.api.services import Services
-from proxy.errors import InvalidRequest, NotFound
+from proxy.errors import InvalidRequest
 
 DEFAULT_LIMIT = 20
 MAX_LIMIT = 100
@@ -64,12 +64,9 @@ class InputItems:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         sv = self.services()
-        caller = sv.keys.caller(bearer_token(scope))
-        asked = scope["path_params"]["response_id"]
         limit, order, after = _query(scope.get("query_string", b""))
-        store = ResponseStore(sv.store, sv.config.state.response_ttl_s)
-        if await store.readable(asked, caller) is None:
-            raise NotFound(f"no stored response {asked[:64]!r}")
+        store, _ = await asked_for(sv, scope)
+        asked = scope["path_params"]["response_id"]
         budget = CHAIN_BYTES_PER_BODY * sv.config.server.max_body_bytes
         async with contextlib.aclosing(_segments(store, asked, budget)) as segments:
             ordered = _newest_first if order == "desc" else _oldest_first

@@ -8,9 +8,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+from starlette.types import Scope
 
+from proxy.api.asgi import bearer_token
 from proxy.api.auth import Caller, KeyRing
+from proxy.api.services import Services
 from proxy.config.server import ServerConfig
+from proxy.errors import NotFound
 from proxy.json_values import holds_over
 from proxy.state.store import StateStore
 
@@ -105,6 +109,14 @@ def response_of_item(item_id: str) -> str | None:
     return None
 
 
+async def asked_for(sv: Services, scope: Scope) -> tuple[ResponseStore, StoredResponse]:
+    """The stored response a request's path names (`response_id`), if its key may read it:
+    else NotFound (another key's responses do not exist for it)."""
+    store = ResponseStore(sv.store, sv.config.state.response_ttl_s)
+    asked = scope["path_params"]["response_id"]
+    return store, await store.found(asked, sv.keys.caller(bearer_token(scope)))
+
+
 class ResponseStore:
     def __init__(self, store: StateStore, ttl_s: float) -> None:
         self.store = store
@@ -152,6 +164,13 @@ class ResponseStore:
         stored = await self.load(response_id, caller)
         if stored is not None and caller is not None:
             KeyRing.check(caller, stored.owner)
+        return stored
+
+    async def found(self, response_id: str, caller: Caller | None) -> StoredResponse:
+        """`readable`, else NotFound: another key's responses do not exist for `caller`."""
+        stored = await self.readable(response_id, caller)
+        if stored is None:
+            raise NotFound(f"no stored response {response_id[:64]!r}")
         return stored
 
     async def conversation(

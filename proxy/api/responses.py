@@ -40,6 +40,7 @@ from proxy.api.response_store import (
     ResponseStore,
     StoredInput,
     StoredResponse,
+    asked_for,
     response_of_item,
 )
 from proxy.api.responses_request import ResponsesRequest, parse_responses_request
@@ -374,13 +375,8 @@ class StoredResponses:
         self.services = services
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        sv = self.services()
-        caller = sv.keys.caller(bearer_token(scope))
+        store, stored = await asked_for(self.services(), scope)
         asked = scope["path_params"]["response_id"]
-        store = ResponseStore(sv.store, sv.config.state.response_ttl_s)
-        stored = await store.readable(asked, caller)
-        if stored is None:
-            raise NotFound(f"no stored response {asked[:64]!r}")
         if scope["method"] == "DELETE":
             await store.delete(asked)
             await send_json(send, 200, {"id": asked, "object": "response", "deleted": True})
