@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import orjson
 
+from proxy.errors import StateUnavailable
 from proxy.state.memory import MemoryStore
 from proxy.state.store import StateStore
 from tests.integration.conftest import Proxy, ProxyFactory, state
@@ -361,3 +362,23 @@ async def test_a_chains_own_thread_ends_when_the_chain_can_no_longer_be_continue
         await asyncio.sleep(1.4)
         assert await backend.thread_counts(first["id"]) == {}
         assert await backend.thread_counts("named") != {}
+
+
+class ThreadsNotKept(MemoryStore):
+    """A backend that fails to put off the end of a thread."""
+
+    async def keep_thread(self, thread_id: str, ttl_s: float) -> None:
+        raise StateUnavailable("the state backend is unreachable")
+
+
+async def test_a_chain_thread_not_kept_fails_nothing_the_client_sees(
+    proxy_for: ProxyFactory,
+) -> None:
+    store = ThreadsNotKept()
+    async with proxy_for({"agents": AGENTS}, store=store) as proxy:
+        proxy.upstream.script(call("get_weather", city="Lima"), say("Sunny."), say("Again."))
+        first = await respond(proxy, model="capped")
+        assert first.status_code == 200
+        again = await respond(proxy, model="capped", previous_response_id=first.json()["id"])
+        assert again.status_code == 200
+        assert await store.thread_counts(first.json()["id"]) == {"get_weather": 1}
