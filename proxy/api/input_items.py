@@ -1,13 +1,14 @@
 """`GET /v1/responses/{id}/input_items` (SPEC §12.4): the items used to generate a stored
 response, a page at a time, as OpenAI lists them.
 
-Each response keeps its own input items, and the response it continued with that one's output
-items: the items of a chain are those of its first response, that response's output, the next
-one's input, and so on. The newest come first from the walk (a record a response), so the
-default order (`desc`) reads only as far back as its page needs; `asc` reads the whole chain,
-at most MAX_CHAIN responses and as many bytes as a chain that could still be continued holds.
-An id is listed once, where it came last (a client may send a stored item again), so that a
-page's last id says where the next one starts.
+Each response keeps its own input items as they were given (their ids and forms are made as
+they are listed), and the response it continued with that one's output items: the items of a
+chain are those of its first response, that response's output, the next one's input, and so
+on. The newest come first from the walk (a record a response), so the default order (`desc`)
+reads only as far back as its page needs; `asc` reads the whole chain, at most MAX_CHAIN
+responses and as many bytes as a chain that could still be continued holds. An id is listed
+once, where it came last (a client may send a stored item again), so that a page's last id
+says where the next one starts.
 """
 
 from __future__ import annotations
@@ -20,7 +21,12 @@ from urllib.parse import parse_qsl
 from starlette.types import Receive, Scope, Send
 
 from proxy.api.asgi import send_json
-from proxy.api.response_store import INPUT_ITEM_PREFIX, ResponseStore, asked_for
+from proxy.api.response_store import (
+    INPUT_ITEM_PREFIX,
+    RESPONSE_PREFIX,
+    ResponseStore,
+    asked_for,
+)
 from proxy.api.services import Services
 from proxy.errors import InvalidRequest
 
@@ -34,15 +40,17 @@ ORDERS = ("asc", "desc")
 CHAIN_BYTES_PER_BODY = 4
 
 
-def listed(items: list[dict[str, Any]], prefix: str) -> list[dict[str, Any]]:
-    """A request's input items as a stored response lists them: each typed, with an id (its
-    own, else `in_<prefix>_<n>`); a message with a status, its text content as one part."""
+def listed(items: list[dict[str, Any]], response_id: str) -> list[dict[str, Any]]:
+    """The input items of a response, kept as they were given, as it lists them: each typed,
+    with an id (its own, else `in_<response hex>_<n>`, from its place); a message with a
+    status, its text content as one part."""
+    prefix = INPUT_ITEM_PREFIX + response_id.removeprefix(RESPONSE_PREFIX)
     out = []
     for i, given in enumerate(items):
         item = dict(given)
         kind = item.setdefault("type", "message")
         if not isinstance(item.get("id"), str) or not item["id"]:
-            item["id"] = f"{INPUT_ITEM_PREFIX}{prefix}_{i}"
+            item["id"] = f"{prefix}_{i}"
         if kind == "message":
             item.setdefault("status", "completed")
             if isinstance(item.get("content"), str):
@@ -117,7 +125,7 @@ async def _segments(
             return
         spent += inputs.size
         _within(spent, budget, response_id)
-        yield inputs.items
+        yield listed(inputs.items, current)
         yield inputs.outputs
         if inputs.previous is None:
             return

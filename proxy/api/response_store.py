@@ -25,6 +25,7 @@ from proxy.state.store import StateStore
 RESPONSE_RECORD = "response"
 CONVERSATION_RECORD = "conversation"
 INPUT_RECORD = "input"
+RESPONSE_PREFIX = "resp_"
 INPUT_ITEM_PREFIX = "in_"  # the ids the proxy gives input items that came without one
 ITEM_PREFIXES = ("msg_", "fc_", "mcp_", INPUT_ITEM_PREFIX)
 
@@ -37,7 +38,6 @@ class StoredResponse:
     thread: str | None
     owner: str  # the agent or model: a key that may not use it may not read it
     key: str | None
-    chain_thread: bool = False  # `thread` is the chain's own (ResponsesRequest.chain_thread)
 
     def dumps(self) -> bytes:
         """The record; it ends with its key (`owned_by` reads it there, unparsed)."""
@@ -46,7 +46,6 @@ class StoredResponse:
                 "response": self.response,
                 "thread": self.thread,
                 "owner": self.owner,
-                "chain_thread": self.chain_thread,
                 "key": self.key,
             }
         )
@@ -71,9 +70,9 @@ class StoredInput:
 
 @dataclass(frozen=True, slots=True)
 class ChainThreads:
-    """The counters of a chain's own thread (SPEC §9, §12.4), which only the chain reaches:
-    they are dropped `ttl_s` after the chain's last reservation or stored response, once no
-    response of the chain is left to continue it."""
+    """The counters of a chain's thread, named by a response id (SPEC §9, §12.4): they are
+    dropped `ttl_s` after the chain's last reservation or stored response (`keep_thread`),
+    once no response of the chain is left to continue it."""
 
     store: StateStore
     ttl_s: float
@@ -93,6 +92,11 @@ class ConversationTooLarge(Exception):
             f"the stored response {response_id[:64]!r} (the conversation through it, and what "
             f"it answered) {over}: more than one request may send; start a new one"
         )
+
+
+def chain_thread(thread: str | None) -> bool:
+    """Whether a thread is a chain's: named by a response id, as a chain's own is."""
+    return thread is not None and thread.startswith(RESPONSE_PREFIX)
 
 
 def owned_by(record: bytes, key: str) -> bool:
@@ -143,7 +147,9 @@ class ResponseStore:
         if found is None:
             return None
         fields = orjson.loads(found)
-        return StoredInput(fields["previous"], fields["items"], fields["outputs"], len(found))
+        return StoredInput(
+            fields["previous"], fields["items"], fields.get("outputs", []), len(found)
+        )
 
     async def load(self, response_id: str, caller: Caller | None) -> StoredResponse | None:
         """The stored response, when it exists and `caller` made it (None otherwise: another

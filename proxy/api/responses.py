@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.types import Receive, Scope, Send
@@ -41,6 +41,7 @@ from proxy.api.response_store import (
     StoredInput,
     StoredResponse,
     asked_for,
+    chain_thread,
     response_of_item,
 )
 from proxy.api.responses_request import ResponsesRequest, parse_responses_request
@@ -58,6 +59,7 @@ from proxy.errors import (
 )
 
 log = logging.getLogger(__name__)
+CALL_KINDS = frozenset({"function_call", "custom_tool_call"})
 _THREAD_HEADER = THREAD_HEADER.encode()
 # Stored responses one request may read: its previous one and those its item references name.
 MAX_STORED_READS = 64
@@ -88,9 +90,8 @@ class Responses:
         spec = plan.spec
         thread = _thread(req, plan, caller)
         deps = sv.deps(plan.upstream, bearer, scope["path"])
-        chain = None  # the chain's own thread, when the run has counters in it
-        if req.chain_thread and any(lim.thread_limit for lim in spec.policy.tool_call_limits):
-            chain = spec.thread_id
+        chain = spec.thread_id if chain_thread(thread) else None
+        if chain is not None:
             deps.threads = ChainThreads(sv.store, sv.config.state.response_ttl_s)
         shown = sv.config.server.responses_server_calls == "mcp_call"
         if spec.policy.tools:  # server calls a client did not send back are put back (§5.1.6)
@@ -169,7 +170,7 @@ class _Context:
     history: list[dict[str, Any]]
     inputs: StoredInput  # the request's input items, references read, and what they follow
     thread: str | None
-    chain: str | None  # the thread's key, when the chain's own thread has counters
+    chain: str | None  # the thread's key, when it is a chain's (`chain_thread`)
     owner: str
     created: int
     prefix: str
@@ -213,10 +214,9 @@ class _Context:
         if self.req.store:
             generated = [m for m in result.generated if m.get("role") != "system"]
             key = self.caller.name if self.caller is not None else None
-            stored = StoredResponse(body, self.thread, self.owner, key, self.req.chain_thread)
-            inputs = replace(self.inputs, items=listed(self.inputs.items, self.prefix))
+            stored = StoredResponse(body, self.thread, self.owner, key)
             try:
-                await self.store.save(body["id"], stored, self.history + generated, inputs)
+                await self.store.save(body["id"], stored, self.history + generated, self.inputs)
             except StateUnavailable as exc:
                 log.warning("response %s was not stored: %s", body["id"], exc.message)
             else:
@@ -227,7 +227,8 @@ class _Context:
         await self.sv.remember(result, report, self.owner, self.caller)
 
     async def _keep_chain(self) -> None:
-        """The chain's thread lasts as long as the chain: as long as this response."""
+        """The chain's thread lasts as long as the chain: as long as this response (whether
+        this run counted calls in it or not)."""
         assert self.chain is not None
         try:
             await self.store.store.keep_thread(self.chain, self.store.ttl_s)
@@ -274,7 +275,7 @@ class _StoredReads:
         if item is None and owner in self._readable and owner not in self._inputs:
             self._inputs.add(owner)
             found = await self.store.input(owner)
-            for given in found.items if found is not None else ():
+            for given in listed(found.items, owner) if found is not None else ():
                 self._outputs[owner].setdefault(given["id"], given)
             item = self._outputs[owner].get(item_id)
         if item is None:
@@ -303,8 +304,9 @@ async def _history(
     """The conversation a request continues: the stored one of `previous_response_id`, then
     its input items with every `item_reference` read; and those items, after the output of
     the response they continue. A function call output must answer a call of that
-    conversation. An item the stored conversation holds already (a call, its output, an item
-    of the previous response) is refused, as OpenAI refuses it: the model would see it twice."""
+    conversation. An item the stored conversation holds already (an item or a call of the
+    previous response, an output its call has) is refused, as OpenAI refuses it: the model
+    would see it twice."""
     conversation: list[dict[str, Any]] = []
     outputs: list[dict[str, Any]] = []
     previous_id = req.previous_response_id
@@ -313,15 +315,18 @@ async def _history(
         outputs = list(previous.response.get("output") or ())
         if req.run.thread_id is None:
             req.run.thread_id = previous.thread
-            req.chain_thread = previous.chain_thread
     known: set[str] = set()
-    answered: set[str] = set()
+    done: dict[str, bool] = {}  # by call id: whether an output follows its last call
     for message in conversation:
         for call in message.get("tool_calls") or ():
             known.add(call["id"])
+            done[call["id"]] = False
         if message.get("role") == "tool":
-            answered.add(message.get("tool_call_id") or "")
-    held = set(known)  # the calls the stored conversation holds
+            done[message.get("tool_call_id") or ""] = True
+    # An upstream may give every turn the same call ids (`call_0`): a call is the previous
+    # response's by its place, and an output is one too many only after its call's last output.
+    answered = {call_id for call_id, output in done.items() if output}
+    previous_calls = {item.get("call_id") for item in outputs if item.get("type") in CALL_KINDS}
     items: list[dict[str, Any]] = []
     seen: set[str] = set()
     for i, item in enumerate(req.items):
@@ -335,10 +340,11 @@ async def _history(
                 raise _held_already("id", ref, f"input[{i}].id")
             item = await reads.item(ref, f"input[{i}].id")
             kind = item.get("type", "message")
-        if kind in ("function_call", "custom_tool_call"):
-            if item["call_id"] in held:
+        if kind in CALL_KINDS:
+            if item["call_id"] in previous_calls:
                 raise _held_already("call_id", item["call_id"], f"input[{i}].call_id")
             known.add(item["call_id"])
+            answered.discard(item["call_id"])
         elif kind == "mcp_call":
             known.add(item["id"])
         elif kind in OUTPUT_ITEMS:
@@ -371,7 +377,6 @@ def _thread(req: ResponsesRequest, plan: Plan, caller: Caller | None) -> str | N
         return None
     own = response_id(plan.spec.run_id)
     plan.spec.thread_id = caller.scoped(own) if caller is not None else own
-    req.chain_thread = True
     return own
 
 

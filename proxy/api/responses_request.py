@@ -38,9 +38,6 @@ class ResponsesRequest:
     ignored_tools: list[str] = field(default_factory=list)
     max_output_tokens: int | None = None
     echo: dict[str, Any] = field(default_factory=dict)  # settings the response repeats
-    # Whether its thread is its chain's own (named by the chain's first response): its
-    # counters last as long as the chain can be continued, not for good.
-    chain_thread: bool = False
 
 
 def parse_responses_request(raw: bytes, thread_header: str | None = None) -> ResponsesRequest:

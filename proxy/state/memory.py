@@ -43,7 +43,7 @@ class MemoryStore:
 
     async def keep_thread(self, thread_id: str, ttl_s: float) -> None:
         self._drop_if_ended(thread_id)
-        if thread_id in self._thread_ends:
+        if thread_id in self._threads:
             self._end_thread_in(thread_id, ttl_s)
 
     async def thread_counts(self, thread_id: str) -> dict[str, int]:

@@ -55,12 +55,6 @@ end
 return 1
 """
 
-# KEYS[1]: a thread's hash; ARGV[1]: its new TTL in ms, given only when it has one.
-_KEEP = """
-if redis.call('PTTL', KEYS[1]) > 0 then redis.call('PEXPIRE', KEYS[1], ARGV[1]) end
-return 0
-"""
-
 # How long a request waits between its attempts to take a context's lock.
 LOCK_RETRY_S = 0.01
 
@@ -106,7 +100,6 @@ class RedisStore:
         self._lease = lock_lease_s
         self._reserve = self._redis.register_script(_RESERVE)
         self._save = self._redis.register_script(_SAVE)
-        self._keep = self._redis.register_script(_KEEP)
         # Whether a record is on its way; the records put meanwhile, each with the future its
         # put awaits; the task that sends them.
         self._sending = False
@@ -131,9 +124,8 @@ class RedisStore:
         return bool(reply[0]), {key: int(n) for key, n in zip(keys, reply[1:], strict=True)}
 
     async def keep_thread(self, thread_id: str, ttl_s: float) -> None:
-        # A thread kept for good has no TTL to put off: PEXPIRE would give it one.
         with _reached():
-            await self._keep(keys=[self._thread(thread_id)], args=[_ms(ttl_s)])
+            await self._redis.pexpire(self._thread(thread_id), _ms(ttl_s))
 
     async def thread_counts(self, thread_id: str) -> dict[str, int]:
         with _reached():

@@ -217,8 +217,17 @@ class SqliteStore:
 
     async def keep_thread(self, thread_id: str, ttl_s: float) -> None:
         ends_at = time.time() + check_ttl(ttl_s)
-        sql = "UPDATE thread_ends SET ends_at = ? WHERE thread_id = ? AND ends_at > ?"
-        await self._call(_statement(sql, (ends_at, thread_id, time.time())))
+
+        def work(db: sqlite3.Connection) -> None:
+            db.execute(_DROP_ENDED, (thread_id, thread_id, time.time()))
+            db.execute(
+                "INSERT INTO thread_ends (thread_id, ends_at) SELECT ?, ? WHERE EXISTS "
+                "(SELECT 1 FROM thread_calls WHERE thread_id = ?) "
+                "ON CONFLICT (thread_id) DO UPDATE SET ends_at = excluded.ends_at",
+                (thread_id, ends_at, thread_id),
+            )
+
+        await self._call(work)
 
     async def thread_counts(self, thread_id: str) -> dict[str, int]:
         def work(db: sqlite3.Connection) -> dict[str, int]:

@@ -92,8 +92,8 @@ class StateStore(Protocol):
         ...
 
     async def keep_thread(self, thread_id: str, ttl_s: float) -> None:
-        """Puts off the end of a thread reserved with a TTL to `ttl_s` from now (nothing for a
-        thread without counters, or kept for good)."""
+        """The thread's counters end `ttl_s` from now, unless reserved or kept again (nothing
+        for a thread without counters, or whose end has passed)."""
         ...
 
     async def thread_counts(self, thread_id: str) -> dict[str, int]: ...

@@ -192,6 +192,18 @@ async def test_an_id_given_twice_is_listed_once_and_pages_end(proxy: Proxy) -> N
         assert seen == (ids if order == "asc" else ids[::-1])
 
 
+async def test_a_request_of_many_small_items_is_listed(proxy_for: ProxyFactory) -> None:
+    """Items are kept as they were given (their ids and parts are made as they are listed),
+    so a request that fits a body fits the listing's bound."""
+    async with proxy_for({"server": {"max_body_bytes": 65536}}) as proxy:
+        proxy.upstream.script(say("Ok."))
+        small = [{"role": "user", "content": "a"}] * 1900  # ~60 KB, 4.4 times that listed
+        stored = await respond(proxy, input=small)
+        r = await listed(proxy, stored["id"], limit=100)
+    assert r.status_code == 200, r.text
+    assert r.json()["data"][0]["id"] == f"in_{stored['id'].removeprefix('resp_')}_1899"
+
+
 async def test_a_chain_of_long_instructions_and_many_tools_is_listed(
     proxy_for: ProxyFactory,
 ) -> None:

@@ -16,7 +16,7 @@ from proxy.state.memory import MemoryStore
 from proxy.state.store import StateStore
 from tests.integration.conftest import Proxy, ProxyFactory, state
 from tests.integration.test_key_scopes import AGENTS, key, keyed
-from tests.scripted_upstream import call, keep, say
+from tests.scripted_upstream import Call, Reply, call, keep, say
 
 LIMITED = "Tool call limit exceeded"
 
@@ -354,14 +354,41 @@ async def test_a_chains_own_thread_ends_when_the_chain_can_no_longer_be_continue
         await respond(proxy, model="capped", loop={"thread_id": "named"})
         assert await backend.thread_counts(first["id"]) == {"get_weather": 1}
         await asyncio.sleep(1.2)
-        # Continued without a tool call: no reservation, but the chain lives on, and its thread.
-        second = await respond(proxy, model="capped", previous_response_id=first["id"])
+        # Continued by a model without limits: nothing counted, but the chain lives on, and its
+        # thread with it.
+        second = await respond(proxy, model="scripted", previous_response_id=first["id"])
         assert second.status_code == 200
         await asyncio.sleep(1.2)
         assert await backend.thread_counts(first["id"]) == {"get_weather": 1}
         await asyncio.sleep(1.4)
         assert await backend.thread_counts(first["id"]) == {}
         assert await backend.thread_counts("named") != {}
+
+
+async def test_an_upstream_that_gives_every_turn_the_same_call_id_is_answered_each_turn(
+    proxy: Proxy,
+) -> None:
+    """An output answers its call's last turn: `call_0` answered once may be called again."""
+    function = {"type": "function", "name": "lookup", "parameters": {"type": "object"}}
+    same = Reply(calls=(Call("lookup", {"q": 1}, id="call_0"),))
+    proxy.upstream.script(same, same, say("Done."))
+    previous = None
+    for turn in range(3):
+        given = "q?"
+        if previous is not None:
+            call_id = previous["output"][0]["call_id"]
+            given = [{"type": "function_call_output", "call_id": call_id, "output": f"r{turn}"}]
+        r = await respond(
+            proxy,
+            model="scripted",
+            input=given,
+            tools=[function],
+            previous_response_id=previous and previous["id"],
+        )
+        assert r.status_code == 200, r.text
+        previous = r.json()
+    assert previous is not None
+    assert previous["output"][0]["content"][0]["text"] == "Done."
 
 
 class ThreadsNotKept(MemoryStore):

@@ -64,20 +64,23 @@ async def test_concurrent_reservations_are_exact(store: StateStore) -> None:
 
 
 async def test_a_thread_reserved_with_a_ttl_ends_unless_kept(store: StateStore) -> None:
-    for thread in ("kept", "left", "for good"):
-        ttl = None if thread == "for good" else 0.3
+    for thread in ("kept", "left", "for good", "kept later"):
+        ttl = 0.3 if thread in ("kept", "left") else None
         assert await store.reserve(thread, {"x": 5}, ttl_s=ttl) == (True, {"x": 1})
     assert await store.reserve("left", {"x": 5}, ttl_s=0.3) == (True, {"x": 2})
     await asyncio.sleep(0.2)
     await store.keep_thread("kept", 0.3)  # puts its end off; the others' stays
-    await store.keep_thread("for good", 0.1)  # a thread without a TTL gets none
-    await store.keep_thread("never reserved", 0.1)
+    await store.keep_thread("kept later", 0.3)  # a thread without a TTL gets one
+    await store.keep_thread("never reserved", 0.1)  # nothing to keep
     await asyncio.sleep(0.2)
+    assert await store.thread_counts("left") == {}
+    await store.keep_thread("left", 5)  # too late: it ended
     assert await store.thread_counts("left") == {}
     assert await store.thread_counts("kept") == {"x": 1}
     assert await store.reserve("left", {"x": 5}, ttl_s=0.3) == (True, {"x": 1})  # anew
     await asyncio.sleep(0.35)
     assert await store.thread_counts("kept") == {}
+    assert await store.thread_counts("kept later") == {}
     assert await store.thread_counts("never reserved") == {}
     assert await store.reserve("for good", {"x": 5}) == (True, {"x": 2})
 
