@@ -219,13 +219,19 @@ class SqliteStore:
         ends_at = time.time() + check_ttl(ttl_s)
 
         def work(db: sqlite3.Connection) -> None:
-            db.execute(_DROP_ENDED, (thread_id, thread_id, time.time()))
-            db.execute(
-                "INSERT INTO thread_ends (thread_id, ends_at) SELECT ?, ? WHERE EXISTS "
-                "(SELECT 1 FROM thread_calls WHERE thread_id = ?) "
-                "ON CONFLICT (thread_id) DO UPDATE SET ends_at = excluded.ends_at",
-                (thread_id, ends_at, thread_id),
-            )
+            # Most chains count nothing: a read finds that without taking the write lock. A
+            # thread whose end passed is not kept again (its counters are not counted).
+            found = db.execute(
+                "SELECT 1 FROM thread_calls WHERE thread_id = ? AND NOT EXISTS "
+                "(SELECT 1 FROM thread_ends WHERE thread_id = ? AND ends_at <= ?) LIMIT 1",
+                (thread_id, thread_id, time.time()),
+            ).fetchone()
+            if found is not None:
+                db.execute(
+                    "INSERT INTO thread_ends (thread_id, ends_at) VALUES (?, ?) "
+                    "ON CONFLICT (thread_id) DO UPDATE SET ends_at = excluded.ends_at",
+                    (thread_id, ends_at),
+                )
 
         await self._call(work)
 
