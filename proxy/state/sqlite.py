@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from proxy.errors import StateUnavailable
+from proxy.state import sqlite_threads as threads
 from proxy.state.lease import renewed
 from proxy.state.locks import KeyedLocks
 from proxy.state.sqlite_checkpoints import LOG_FILE_BYTES, Checkpointer
@@ -33,25 +34,9 @@ T = TypeVar("T")
 SWEEP_EVERY_S = 60.0  # the most often expired records are deleted
 ROWS_PER_WRITE = 200  # records in one statement: 4 parameters each, within sqlite's 999
 _SWEEP = "DELETE FROM records WHERE expires_at <= ?"
-_SWEEP_THREADS = (
-    "DELETE FROM thread_calls WHERE thread_id IN "
-    "(SELECT thread_id FROM thread_ends WHERE ends_at <= ?)",
-    "DELETE FROM thread_ends WHERE ends_at <= ?",
-)
-# Drops the counters of one thread whose end passed (they are not counted past it, swept or not).
-_DROP_ENDED = (
-    "DELETE FROM thread_calls WHERE thread_id = ? AND EXISTS "
-    "(SELECT 1 FROM thread_ends WHERE thread_id = ? AND ends_at <= ?)"
-)
 LOCK_POLL_S = (0.005, 0.05)  # the first and the longest wait between two tries of a held lock
 
 _TABLES = [
-    """CREATE TABLE IF NOT EXISTS thread_calls (
-        thread_id TEXT NOT NULL,
-        key TEXT NOT NULL,
-        count INTEGER NOT NULL,
-        PRIMARY KEY (thread_id, key)
-    )""",
     """CREATE TABLE IF NOT EXISTS contexts (
         id TEXT PRIMARY KEY,
         body BLOB NOT NULL,
@@ -67,12 +52,6 @@ _TABLES = [
     )""",
     # The sweep finds expired rows without reading the others (Responses are kept for days).
     "CREATE INDEX IF NOT EXISTS records_by_expiry ON records (expires_at)",
-    # When the counters of a thread reserved with a TTL end (wall-clock, shared).
-    """CREATE TABLE IF NOT EXISTS thread_ends (
-        thread_id TEXT PRIMARY KEY,
-        ends_at REAL NOT NULL
-    )""",
-    "CREATE INDEX IF NOT EXISTS thread_ends_by_time ON thread_ends (ends_at)",
     # Who holds each context (a random token) and until when (wall-clock, shared).
     """CREATE TABLE IF NOT EXISTS context_locks (
         id TEXT PRIMARY KEY,
@@ -187,64 +166,15 @@ class SqliteStore:
     async def reserve(
         self, thread_id: str, limits: Mapping[str, int], ttl_s: float | None = None
     ) -> tuple[bool, dict[str, int]]:
-        keys = list(limits)
         ends_at = None if ttl_s is None else time.time() + check_ttl(ttl_s)
-
-        def work(db: sqlite3.Connection) -> tuple[bool, dict[str, int]]:
-            if ends_at is not None:
-                db.execute(_DROP_ENDED, (thread_id, thread_id, time.time()))
-                db.execute(
-                    "INSERT INTO thread_ends (thread_id, ends_at) VALUES (?, ?) "
-                    "ON CONFLICT (thread_id) DO UPDATE SET ends_at = excluded.ends_at",
-                    (thread_id, ends_at),
-                )
-            # One statement, so sqlite holds the write lock inside one call (see _write_puts);
-            # it reads the counts before it writes any, so it adds to all or to none.
-            wanted = ", ".join(["(?, ?)"] * len(keys))
-            db.execute(
-                f"WITH wanted (key, cap) AS (VALUES {wanted}) "
-                "INSERT INTO thread_calls (thread_id, key, count) "
-                "SELECT ?, key, 1 FROM wanted WHERE NOT EXISTS ("
-                "SELECT 1 FROM thread_calls t JOIN wanted w ON t.key = w.key "
-                "WHERE t.thread_id = ? AND t.count >= w.cap) "
-                "ON CONFLICT (thread_id, key) DO UPDATE SET count = count + 1",
-                [*(v for key in keys for v in (key, limits[key])), thread_id, thread_id],
-            )
-            (added,) = db.execute("SELECT changes()").fetchone()  # rowcount misses WITH
-            return added == len(keys), _counts(db, thread_id, keys)
-
-        return await self._call(work)
+        return await self._call(lambda db: threads.reserve(db, thread_id, limits, ends_at))
 
     async def keep_thread(self, thread_id: str, ttl_s: float) -> None:
         ends_at = time.time() + check_ttl(ttl_s)
-
-        def work(db: sqlite3.Connection) -> None:
-            # Most chains count nothing: a read finds that without taking the write lock. A
-            # thread whose end passed is not kept again (its counters are not counted).
-            found = db.execute(
-                "SELECT 1 FROM thread_calls WHERE thread_id = ? AND NOT EXISTS "
-                "(SELECT 1 FROM thread_ends WHERE thread_id = ? AND ends_at <= ?) LIMIT 1",
-                (thread_id, thread_id, time.time()),
-            ).fetchone()
-            if found is not None:
-                db.execute(
-                    "INSERT INTO thread_ends (thread_id, ends_at) VALUES (?, ?) "
-                    "ON CONFLICT (thread_id) DO UPDATE SET ends_at = excluded.ends_at",
-                    (thread_id, ends_at),
-                )
-
-        await self._call(work)
+        await self._call(lambda db: threads.keep(db, thread_id, ends_at))
 
     async def thread_counts(self, thread_id: str) -> dict[str, int]:
-        def work(db: sqlite3.Connection) -> dict[str, int]:
-            rows = db.execute(
-                "SELECT key, count FROM thread_calls WHERE thread_id = ? AND NOT EXISTS "
-                "(SELECT 1 FROM thread_ends WHERE thread_id = ? AND ends_at <= ?)",
-                (thread_id, thread_id, time.time()),
-            )
-            return {key: count for key, count in rows}
-
-        return await self._call(work)
+        return await self._call(lambda db: threads.counts(db, thread_id))
 
     async def load_context(self, context_id: str) -> StoredContext | None:
         def work(db: sqlite3.Connection) -> StoredContext | None:
@@ -315,7 +245,7 @@ class SqliteStore:
             self._swept = clock
             with contextlib.suppress(StateUnavailable):  # the writes below say so too
                 self._on_thread(_statement(_SWEEP, (now,)))
-                for sweep in _SWEEP_THREADS:
+                for sweep in threads.SWEEP:
                     self._on_thread(_statement(sweep, (now,)))
         for start in range(0, len(puts), ROWS_PER_WRITE):
             chunk = puts[start : start + ROWS_PER_WRITE]
@@ -460,7 +390,7 @@ def _create_schema(db: sqlite3.Connection) -> None:
     """Creates the tables, and adds what older files lack, in one transaction (processes that
     open one file at once do not race)."""
     with _immediate(db):
-        for statement in _TABLES:
+        for statement in [*threads.TABLES, *_TABLES]:
             db.execute(statement)
         columns = {row[1] for row in db.execute("PRAGMA table_info(contexts)")}
         if "version" not in columns:  # a file from before contexts had versions
@@ -470,13 +400,3 @@ def _create_schema(db: sqlite3.Connection) -> None:
 def _identity(path: str) -> tuple[int, int]:
     found = os.stat(path)
     return found.st_dev, found.st_ino
-
-
-def _counts(db: sqlite3.Connection, thread_id: str, keys: list[str]) -> dict[str, int]:
-    marks = ", ".join("?" for _ in keys)
-    rows = db.execute(
-        f"SELECT key, count FROM thread_calls WHERE thread_id = ? AND key IN ({marks})",
-        (thread_id, *keys),
-    )
-    found = {key: count for key, count in rows}
-    return {key: found.get(key, 0) for key in keys}
