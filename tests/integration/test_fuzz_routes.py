@@ -243,3 +243,47 @@ def test_any_id_in_a_path_gets_a_2xx_or_an_openai_shaped_4xx(
         assert_answered(response)
 
     check()
+
+
+def test_any_listing_of_input_items_gets_a_2xx_or_an_openai_shaped_4xx(
+    looping: tuple[asyncio.AbstractEventLoop, Proxy],
+) -> None:
+    """Any id, and any query (`limit`, `order`, `after`, `include` and others, repeated, in any
+    encoding) of a stored chain's listing."""
+    loop, proxy = looping
+    chain: list[str] = []
+    for turn in range(3):
+        body = {"model": "scripted", "input": [{"role": "user", "content": f"turn {turn}"}]}
+        if chain:
+            body["previous_response_id"] = chain[-1]
+        chain.append(
+            loop.run_until_complete(proxy.client.post("/v1/responses", json=body)).json()["id"]
+        )
+    names = st.sampled_from(["limit", "order", "after", "include", "include[]", "x"])
+    values = st.text(max_size=12) | st.sampled_from(["0", "1", "100", "101", "asc", "desc"])
+
+    @settings(
+        max_examples=EXAMPLES,
+        deadline=None,
+        suppress_health_check=[HealthCheck.function_scoped_fixture],
+        database=None,
+    )
+    @given(
+        key=st.sampled_from(chain) | st.text(max_size=40),
+        query=st.lists(st.tuples(names, values), max_size=4),
+    )
+    def check(key: str, query: list[tuple[str, str]]) -> None:
+        raw = "&".join(f"{quote(name)}={quote(value)}" for name, value in query)
+        path = f"/v1/responses/{quote(key, safe='')}/input_items"
+        url = httpx.URL("http://proxy.test").copy_with(raw_path=f"{path}?{raw}".encode())
+        response = loop.run_until_complete(proxy.client.get(url))
+        assert_answered(response)
+        if response.status_code == 200:
+            page = response.json()
+            ids = [item["id"] for item in page["data"]]
+            assert len(ids) == len(set(ids))
+            assert (page["first_id"], page["last_id"]) == (
+                (ids[0], ids[-1]) if ids else (None, None)
+            )
+
+    check()
