@@ -176,6 +176,16 @@ class _Server(uvicorn.Server):
             connection.shutdown()
         await super().shutdown(sockets)
 
+    async def _wait_tasks_to_complete(self) -> None:
+        """uvicorn's wait for the requests in flight, within its graceful timeout, before the
+        app's shutdown: the probe listener's too (a readiness check or a scrape answered as
+        the app's services were taken down was a 500)."""
+        await super()._wait_tasks_to_complete()
+        probes = self.probe_state
+        # Polled, as uvicorn waits for its own: its server state has no event to wait on.
+        while (probes.connections or probes.tasks) and not self.force_exit:  # noqa: ASYNC110
+            await asyncio.sleep(0.1)
+
 
 def guarded_protocol(
     max_connections: int, header_timeout_s: float, probes: bool = False

@@ -7,11 +7,14 @@ from __future__ import annotations
 import contextlib
 import os
 import resource
+import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -292,3 +295,40 @@ def test_a_request_asking_to_upgrade_is_answered_and_its_connection_closed(
             head, error = answer.split(b"\r\n\r\n", 1)
             assert head.startswith(b"HTTP/1.1 400 ")
             assert orjson.loads(error)["error"]["type"] == "invalid_request_error"
+
+
+def test_a_probe_in_flight_when_the_server_stops_is_answered_whole(tmp_path: Path) -> None:
+    """A readiness check that waits on the state backend (another process holds the sqlite
+    file's write lock) as SIGTERM comes: the server answers it before it stops."""
+    probe_port = free_port()
+    database = tmp_path / "state.db"
+    config: dict[str, Any] = {
+        "upstreams": {"main": {"base_url": "http://127.0.0.1:9/v1", "max_retries": 0}},
+        "default_upstream": "main",
+        "state": {"backend": "sqlite", "path": str(database), "timeout_s": 10},
+        "server": {"probe_port": probe_port},
+    }
+    path = tmp_path / "loopwarden.yaml"
+    path.write_text(yaml.safe_dump(config))
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    args = [sys.executable, "-m", "proxy", "serve", "--config", str(path), "--port", str(port)]
+    proc = subprocess.Popen(args, env=env)
+    try:
+        wait_healthy(f"http://127.0.0.1:{probe_port}/readyz", proc)
+        with contextlib.closing(sqlite3.connect(database, isolation_level=None)) as holder:
+            holder.execute("BEGIN IMMEDIATE")  # writers wait, as the readiness check does
+            with ThreadPoolExecutor(1) as pool:
+                probe = pool.submit(httpx.get, f"http://127.0.0.1:{probe_port}/readyz", timeout=20)
+                time.sleep(0.5)  # the check is waiting for the lock
+                proc.send_signal(signal.SIGTERM)
+                time.sleep(1.0)
+                holder.execute("ROLLBACK")
+                answer = probe.result(timeout=20)
+        assert answer.status_code == 200, answer.text
+        assert answer.json() == {"status": "ready"}
+        assert proc.wait(timeout=20) in (0, -signal.SIGTERM)  # uvicorn ends as the signal did
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
