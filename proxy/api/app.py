@@ -64,6 +64,7 @@ def error_response(error: ProxyError) -> Response:
 
 CHAT_PATHS = frozenset({"/v1/chat/completions", "/chat/completions"})
 RESPONSES_PATHS = frozenset({"/v1/responses", "/responses"})
+MODEL_PATH = "/v1/models/{model_id:path}"  # an id may hold slashes (`org/model`)
 # Routes that start runs: each has its own run observers (the overhead metric's `route`).
 RUN_ROUTES = (*CHAT_PATHS, *RESPONSES_PATHS, "/chat", "/chat/invoke", "/chat/add-ai-message")
 
@@ -254,11 +255,14 @@ def create_app(
         Route("/responses/{response_id}/input_items", input_items, methods=["GET"]),
         Route("/v1/models", model_list, methods=["GET"]),
         Route("/models", model_list, methods=["GET"]),
+        Route(MODEL_PATH, model_list, methods=["GET"]),
+        Route("/models/{model_id:path}", model_list, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
     ]
-    own_paths = [route.path for route in routes]
+    # Other methods below /v1/models/ are the upstream's (deleting a fine-tuned model): relayed.
+    own_paths = [route.path for route in routes if route.path != MODEL_PATH]
     routes.append(Route("/v1/{rest:path}", Passthrough(services, own_paths), methods=METHODS))
     app = ProxyApp(
         routes=routes,

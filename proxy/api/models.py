@@ -1,4 +1,5 @@
-"""`GET /v1/models`: the configured agents and aliases, then the default upstream's models."""
+"""`GET /v1/models`: the configured agents and aliases, then the default upstream's models;
+`GET /v1/models/{id}`: one of them."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from starlette.types import Receive, Scope, Send
 
 from proxy.api.asgi import bearer_token, send_json
 from proxy.api.services import Services
-from proxy.errors import UpstreamFailure
+from proxy.errors import NotFound, UpstreamFailure
 
 CACHE_S = 60.0
 
@@ -36,7 +37,18 @@ class ModelList:
         data.extend(m for m in await self._upstream_models(sv) if m.get("id") not in seen)
         if caller is not None:
             data = [m for m in data if caller.allows(str(m.get("id")))]
-        await send_json(send, 200, {"object": "list", "data": data})
+        asked = scope.get("path_params", {}).get("model_id")
+        if asked is None:
+            await send_json(send, 200, {"object": "list", "data": data})
+            return
+        found = next((m for m in data if m.get("id") == asked), None)
+        if found is None:  # as the list shows it: another key's models are not there either
+            raise NotFound(
+                f"no model {asked[:200]!r} (GET /v1/models lists them)",
+                param="model",
+                code="model_not_found",
+            )
+        await send_json(send, 200, found)
 
     async def _upstream_models(self, sv: Services) -> list[dict[str, Any]]:
         if self._until <= time.monotonic():

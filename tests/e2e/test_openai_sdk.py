@@ -189,3 +189,13 @@ def test_models_list(client: OpenAI) -> None:
     ids = [m.id for m in client.models.list()]
     assert ids[:3] == ["stock", "reporter", "researcher"]
     assert "scripted" in ids
+
+
+def test_models_retrieve(client: OpenAI) -> None:
+    """One model as the list shows it; an unknown one is the SDK's NotFoundError."""
+    agent = client.models.retrieve("stock")
+    assert (agent.id, agent.owned_by) == ("stock", "loopwarden")
+    assert client.models.retrieve("scripted").id == "scripted"
+    with pytest.raises(openai.NotFoundError) as err:
+        client.models.retrieve("no-such-model")
+    assert err.value.code == "model_not_found"

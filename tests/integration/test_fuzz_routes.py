@@ -221,7 +221,8 @@ def test_any_body_gets_a_2xx_or_an_openai_shaped_4xx(
 
 @pytest.mark.parametrize(
     ("method", "route"),
-    [(m, r) for m in ("GET", "DELETE") for r in ("/v1/contexts/", "/v1/runs/", "/v1/responses/")],
+    [(m, r) for m in ("GET", "DELETE") for r in ("/v1/contexts/", "/v1/runs/", "/v1/responses/")]
+    + [("GET", "/v1/models/")],
 )
 def test_any_id_in_a_path_gets_a_2xx_or_an_openai_shaped_4xx(
     looping: tuple[asyncio.AbstractEventLoop, Proxy], method: str, route: str

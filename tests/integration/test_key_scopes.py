@@ -328,6 +328,23 @@ async def test_a_key_lists_only_the_agents_and_models_it_may_use(proxy_for: Prox
     assert {"weather", "notes", "capped", "scripted"} <= set(listed["all"])
 
 
+async def test_a_key_retrieves_only_the_models_it_may_use(proxy_for: ProxyFactory) -> None:
+    config = keyed(key("a", agents=["weather"]), key("all"))
+    async with proxy_for(config) as proxy:
+        found = {
+            (name, model): await proxy.client.get(
+                f"/v1/models/{model}", headers={"authorization": f"Bearer sk-{name}"}
+            )
+            for name in ("a", "all")
+            for model in ("weather", "notes")
+        }
+    assert found["a", "weather"].json()["id"] == "weather"
+    assert found["all", "notes"].json()["id"] == "notes"
+    # Another key's model is not there for it, as in its list.
+    assert found["a", "notes"].status_code == 404
+    assert found["a", "notes"].json()["error"]["code"] == "model_not_found"
+
+
 async def test_an_unknown_agent_reads_the_same_as_a_forbidden_one(proxy_for: ProxyFactory) -> None:
     async with proxy_for(keyed(key("a", agents=["weather"]))) as proxy:
         forbidden = await chat_as(proxy, "a", model="weather", loop={"agent": "notes"})

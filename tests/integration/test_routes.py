@@ -141,3 +141,18 @@ async def test_a_relayed_answer_keeps_no_redirect_and_none_of_the_proxy_s_own_he
     )
     assert listed.headers["x-upstream"] == "yes"
     assert "x-loopwarden-stop-reason" not in listed.headers
+
+
+async def test_a_model_is_retrieved_as_the_list_shows_it(proxy_for: ProxyFactory) -> None:
+    async with proxy_for(handler=echoing) as proxy:
+        agent = (await proxy.client.get("/v1/models/weather")).json()
+        upstream = (await proxy.client.get("/models/up-model")).json()
+        unknown = await proxy.client.get("/v1/models/org/no-such-model")
+        # Other methods below /v1/models/ are the upstream's: deleting a fine-tuned model.
+        deleted = await proxy.client.delete("/v1/models/ft:up-model:org:1")
+    assert (agent["id"], agent["object"], agent["owned_by"]) == ("weather", "model", "loopwarden")
+    assert upstream == {"id": "up-model"}
+    assert unknown.status_code == 404
+    assert unknown.json()["error"]["code"] == "model_not_found"
+    assert "org/no-such-model" in unknown.json()["error"]["message"]
+    assert (deleted.status_code, deleted.json()["path"]) == (201, "/v1/models/ft:up-model:org:1")
