@@ -42,20 +42,15 @@ class StoredResponse:
     def dumps(self) -> bytes:
         """The record; it ends with its key (`owned_by` reads it there, unparsed)."""
         return orjson.dumps(
-            {
-                "response": self.response,
-                "thread": self.thread,
-                "owner": self.owner,
-                "key": self.key,
-            }
+            {"response": self.response, "thread": self.thread, "owner": self.owner, "key": self.key}
         )
 
 
 @dataclass(slots=True)
 class StoredInput:
-    """A response's own input items (item references read), each with an id, and the response
-    it continued with that one's output items: the items used to generate it are those of
-    `previous`, then `outputs`, then `items`."""
+    """A response's own input items as given (item references read; `input_items.listed`
+    gives them ids and forms), and the response it continued with that one's output items:
+    the items used to generate it are those of `previous`, then `outputs`, then `items`."""
 
     previous: str | None
     items: list[dict[str, Any]]
