@@ -16,7 +16,7 @@ from proxy.api.services import Services
 from proxy.config.server import ServerConfig
 from proxy.errors import NotFound
 from proxy.json_values import holds_over
-from proxy.state.store import StateStore
+from proxy.state.store import Record, StateStore
 
 # A stored response is three records: the response (its body, thread and owner), read by `GET`,
 # by run lookups and by item references; the conversation through it, read only by the request
@@ -66,7 +66,7 @@ class StoredInput:
 @dataclass(frozen=True, slots=True)
 class ChainThreads:
     """The counters of a chain's thread, named by a response id (SPEC §9, §12.4): they are
-    dropped `ttl_s` after the chain's last reservation or stored response (`keep_thread`),
+    dropped `ttl_s` after the chain's last reservation or stored response (kept with it),
     once no response of the chain is left to continue it."""
 
     store: StateStore
@@ -127,13 +127,17 @@ class ResponseStore:
         stored: StoredResponse,
         messages: list[dict[str, Any]],
         inputs: StoredInput,
+        chain: str | None,
     ) -> None:
         """Keeps the response, `messages` (the conversation through it, as the engine saw it,
-        the `instructions` aside: they are not carried over, as OpenAI does) and `inputs`."""
-        conversation = orjson.dumps(messages)
-        await self.store.put_record(CONVERSATION_RECORD, response_id, conversation, self.ttl_s)
-        await self.store.put_record(INPUT_RECORD, response_id, inputs.dumps(), self.ttl_s)
-        await self.store.put_record(RESPONSE_RECORD, response_id, stored.dumps(), self.ttl_s)
+        the `instructions` aside: they are not carried over, as OpenAI does) and `inputs`, in
+        one write; and the `chain`'s thread (when the response continues one) as long."""
+        records = (
+            Record(CONVERSATION_RECORD, response_id, orjson.dumps(messages)),
+            Record(INPUT_RECORD, response_id, inputs.dumps()),
+            Record(RESPONSE_RECORD, response_id, stored.dumps()),  # last: it names the others
+        )
+        await self.store.put_records(records, self.ttl_s, keep_thread=chain)
 
     async def input(self, response_id: str) -> StoredInput | None:
         """The input record of a response `readable` found (None when it has none: it is gone

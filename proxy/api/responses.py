@@ -216,24 +216,17 @@ class _Context:
             key = self.caller.name if self.caller is not None else None
             stored = StoredResponse(body, self.thread, self.owner, key)
             try:
-                await self.store.save(body["id"], stored, self.history + generated, self.inputs)
+                # The chain's thread lasts as long as the chain: as long as this response
+                # (whether this run counted calls in it or not).
+                await self.store.save(
+                    body["id"], stored, self.history + generated, self.inputs, self.chain
+                )
             except StateUnavailable as exc:
                 log.warning("response %s was not stored: %s", body["id"], exc.message)
             else:
-                if self.chain is not None:
-                    await self._keep_chain()
                 if result.held is None:
                     return
         await self.sv.remember(result, report, self.owner, self.caller)
-
-    async def _keep_chain(self) -> None:
-        """The chain's thread lasts as long as the chain: as long as this response (whether
-        this run counted calls in it or not)."""
-        assert self.chain is not None
-        try:
-            await self.store.store.keep_thread(self.chain, self.store.ttl_s)
-        except StateUnavailable as exc:
-            log.warning("the thread of chain %s was not kept: %s", self.thread, exc.message)
 
 
 class _StoredReads:

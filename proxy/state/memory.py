@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 
 from proxy.state.locks import KeyedLocks
-from proxy.state.store import StoredContext, check_ttl, conflict
+from proxy.state.store import Record, StoredContext, check_put, check_ttl, conflict
 
 SWEEP_AFTER = 1024  # the fewest puts between two sweeps of expired records
 # The most records kept: past it the oldest go first, so a busy process's memory stays bounded
@@ -40,11 +40,6 @@ class MemoryStore:
         for key in limits:
             counts[key] += 1
         return True, {key: counts[key] for key in limits}
-
-    async def keep_thread(self, thread_id: str, ttl_s: float) -> None:
-        self._drop_if_ended(thread_id)
-        if thread_id in self._threads:
-            self._end_thread_in(thread_id, ttl_s)
 
     async def thread_counts(self, thread_id: str) -> dict[str, int]:
         self._drop_if_ended(thread_id)
@@ -83,12 +78,22 @@ class MemoryStore:
         return self._contexts.pop(context_id, None) is not None
 
     async def put_record(self, kind: str, key: str, value: bytes, ttl_s: float) -> None:
-        until = time.monotonic() + check_ttl(ttl_s)
-        self._records.pop((kind, key), None)  # a replaced record is the newest again
-        self._records[(kind, key)] = (until, compact(value))
-        if len(self._records) > MAX_RECORDS:
-            self._records.popitem(last=False)
-        self._puts_to_sweep -= 1
+        await self.put_records((Record(kind, key, value),), ttl_s)
+
+    async def put_records(
+        self, records: Sequence[Record], ttl_s: float, keep_thread: str | None = None
+    ) -> None:
+        until = time.monotonic() + check_put(records, ttl_s)
+        for kind, key, value in records:
+            self._records.pop((kind, key), None)  # a replaced record is the newest again
+            self._records[(kind, key)] = (until, compact(value))
+            if len(self._records) > MAX_RECORDS:
+                self._records.popitem(last=False)
+            self._puts_to_sweep -= 1
+        if keep_thread is not None:
+            self._drop_if_ended(keep_thread)
+            if keep_thread in self._threads:
+                self._end_thread_in(keep_thread, ttl_s)
         if self._puts_to_sweep <= 0:
             self._sweep()
 

@@ -9,15 +9,24 @@ import asyncio
 import contextlib
 import logging
 import secrets
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
+from typing import NamedTuple
 
 import redis.asyncio as aioredis
 from redis.exceptions import LockError, RedisError
 
 from proxy.errors import StateUnavailable
 from proxy.state.lease import renewed
-from proxy.state.store import StoredContext, check_ttl, conflict, settle
+from proxy.state.store import (
+    Record,
+    StoredContext,
+    batches,
+    check_put,
+    check_ttl,
+    conflict,
+    settle,
+)
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +63,20 @@ else
 end
 return 1
 """
+
+# KEYS: the records to set, then the threads to keep; ARGV[1]: how many records, then each
+# record's TTL in ms and value, then each thread's TTL in ms. One call: the records of one put
+# are written together and in order, and with those put meanwhile (group commit).
+_PUT = """
+local n = tonumber(ARGV[1])
+for i = 1, n do redis.call('SET', KEYS[i], ARGV[2 * i + 1], 'PX', ARGV[2 * i]) end
+for i = n + 1, #KEYS do redis.call('PEXPIRE', KEYS[i], ARGV[n + i + 1]) end
+return n
+"""
+
+# The most bytes of records in one call of a group commit (a put larger alone): redis reads a
+# call whole before it runs it, and runs it without a pause.
+CALL_BYTES = 4 * 1024 * 1024
 
 # How long a request waits between its attempts to take a context's lock.
 LOCK_RETRY_S = 0.01
@@ -100,10 +123,11 @@ class RedisStore:
         self._lease = lock_lease_s
         self._reserve = self._redis.register_script(_RESERVE)
         self._save = self._redis.register_script(_SAVE)
-        # Whether a record is on its way; the records put meanwhile, each with the future its
+        self._put = self._redis.register_script(_PUT)
+        # Whether a write is on its way; the writes put meanwhile, each with the future its
         # put awaits; the task that sends them.
         self._sending = False
-        self._puts: list[tuple[str, bytes, int, asyncio.Future[None]]] = []
+        self._puts: list[tuple[_Write, asyncio.Future[None]]] = []
         self._writer: asyncio.Task[None] | None = None
 
     def _thread(self, thread_id: str) -> str:
@@ -122,10 +146,6 @@ class RedisStore:
         with _reached():
             reply = await self._reserve(keys=[self._thread(thread_id)], args=args)
         return bool(reply[0]), {key: int(n) for key, n in zip(keys, reply[1:], strict=True)}
-
-    async def keep_thread(self, thread_id: str, ttl_s: float) -> None:
-        with _reached():
-            await self._redis.pexpire(self._thread(thread_id), _ms(ttl_s))
 
     async def thread_counts(self, thread_id: str) -> dict[str, int]:
         with _reached():
@@ -156,21 +176,43 @@ class RedisStore:
         return f"{self._prefix}record:{len(kind)}:{kind}:{key}"
 
     async def put_record(self, kind: str, key: str, value: bytes, ttl_s: float) -> None:
-        """Sent at once when no other record is on its way, else with every record put
-        meanwhile, in one pipeline, after it (group commit): it returns once the server has
-        taken its record."""
-        put = (self._record(kind, key), value, _ms(ttl_s))
+        await self.put_records((Record(kind, key, value),), ttl_s)
+
+    async def put_records(
+        self, records: Sequence[Record], ttl_s: float, keep_thread: str | None = None
+    ) -> None:
+        """Sent at once when no other write is on its way, else with every write put
+        meanwhile, in one call after it (group commit): it returns once the server has taken
+        its records."""
+        ttl_ms = _ms(check_put(records, ttl_s))
+        named = [(self._record(kind, key), value) for kind, key, value in records]
+        write = _Write(named, ttl_ms, None if keep_thread is None else self._thread(keep_thread))
         if self._sending:
             done = asyncio.get_running_loop().create_future()
-            self._puts.append((*put, done))
+            self._puts.append((write, done))
             await done
             return
         self._sending = True
         try:
             with _reached():
-                await self._redis.set(put[0], put[1], px=put[2])
+                await self._write([write])
         finally:
             self._send_the_rest()
+
+    async def _write(self, writes: list[_Write]) -> None:
+        keys: list[str] = []
+        args: list[str | int | bytes] = [0]
+        threads: list[str] = []
+        ends: list[str | int | bytes] = []
+        for write in writes:
+            for name, value in write.records:
+                keys.append(name)
+                args += [write.ttl_ms, value]
+            if write.thread is not None:
+                threads.append(write.thread)
+                ends.append(write.ttl_ms)
+        args[0] = len(keys)
+        await self._put(keys=keys + threads, args=args + ends)
 
     def _send_the_rest(self) -> None:
         if self._puts:
@@ -179,22 +221,22 @@ class RedisStore:
             self._sending = False
 
     async def _write_puts(self) -> None:
-        """Sends what was put, a pipeline at a time, until nothing is left."""
+        """Sends what was put, in calls of at most CALL_BYTES, until nothing is left."""
         try:
             while self._puts:
                 puts, self._puts = self._puts, []
-                error: BaseException | None = None
-                try:
-                    with _reached():
-                        async with self._redis.pipeline(transaction=False) as pipe:
-                            for name, value, ttl_ms, _ in puts:
-                                pipe.set(name, value, px=ttl_ms)
-                            await pipe.execute()
-                except BaseException as exc:  # every put of the pipeline fails with it
-                    error = exc
-                settle([done for *_, done in puts], error)
-                if error is not None and not isinstance(error, Exception):
-                    raise error  # cancelled: what is left waits for the next put
+                for batch in batches(puts, lambda put: put[0].size, CALL_BYTES):
+                    error: BaseException | None = None
+                    try:
+                        with _reached():
+                            await self._write([write for write, _ in batch])
+                    except BaseException as exc:  # every put of the call fails with it
+                        error = exc
+                    settle([done for _, done in batch], error)
+                    if error is not None and not isinstance(error, Exception):
+                        # Cancelled: what is left waits for the next put.
+                        self._puts[:0] = [put for put in puts if not put[1].done()]
+                        raise error
         finally:
             self._sending = False
 
@@ -251,6 +293,16 @@ class RedisStore:
 
     async def close(self) -> None:
         await self._redis.aclose()
+
+
+class _Write(NamedTuple):
+    records: list[tuple[str, bytes]]  # redis key, value
+    ttl_ms: int
+    thread: str | None  # the redis key of a thread to keep as long
+
+    @property
+    def size(self) -> int:
+        return sum(len(value) for _, value in self.records)
 
 
 def _text(value: bytes | str) -> str:

@@ -20,14 +20,22 @@ from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 from proxy.errors import StateUnavailable
 from proxy.state import sqlite_threads as threads
 from proxy.state.lease import renewed
 from proxy.state.locks import KeyedLocks
 from proxy.state.sqlite_checkpoints import LOG_FILE_BYTES, Checkpointer
-from proxy.state.store import StoredContext, check_ttl, conflict, settle
+from proxy.state.store import (
+    Record,
+    StoredContext,
+    batches,
+    check_put,
+    check_ttl,
+    conflict,
+    settle,
+)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -126,8 +134,8 @@ class SqliteStore:
         # connection, cost 64 wake-ups and switches at 64 requests in flight).
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="loopwarden-sqlite")
         self._swept = -math.inf  # monotonic; the first put sweeps what expired before it
-        # Records put and not yet taken by the thread, each with the future its put awaits.
-        self._puts: list[tuple[tuple[str, str, bytes, float], asyncio.Future[None]]] = []
+        # Writes put and not yet taken by the thread, each with the future its put awaits.
+        self._puts: list[tuple[_Write, asyncio.Future[None]]] = []
         self._puts_lock = threading.Lock()  # the loop adds to the list, the thread takes it
         self._locks = KeyedLocks()
 
@@ -168,10 +176,6 @@ class SqliteStore:
     ) -> tuple[bool, dict[str, int]]:
         ends_at = None if ttl_s is None else time.time() + check_ttl(ttl_s)
         return await self._call(lambda db: threads.reserve(db, thread_id, limits, ends_at))
-
-    async def keep_thread(self, thread_id: str, ttl_s: float) -> None:
-        ends_at = time.time() + check_ttl(ttl_s)
-        await self._call(lambda db: threads.keep(db, thread_id, ends_at))
 
     async def thread_counts(self, thread_id: str) -> dict[str, int]:
         return await self._call(lambda db: threads.counts(db, thread_id))
@@ -219,24 +223,33 @@ class SqliteStore:
         return await self._call(work)
 
     async def put_record(self, kind: str, key: str, value: bytes, ttl_s: float) -> None:
-        """Written with the other records put meanwhile (group commit, see `_write_puts`): it
-        returns once the statement that wrote it is committed."""
+        await self.put_records((Record(kind, key, value),), ttl_s)
+
+    async def put_records(
+        self, records: Sequence[Record], ttl_s: float, keep_thread: str | None = None
+    ) -> None:
+        """Written with the records put meanwhile (group commit, see `_write_puts`): it returns
+        once the statement that wrote them is committed."""
         # Deadlines are wall-clock times: other processes and later runs read them.
-        expires_at = time.time() + check_ttl(ttl_s)
+        expires_at = time.time() + check_put(records, ttl_s)
+        rows = [(kind, key, value, expires_at) for kind, key, value in records]
+        write = _Write(rows, None if keep_thread is None else (keep_thread, expires_at))
         loop = asyncio.get_running_loop()
         done = loop.create_future()
         with self._puts_lock:
             puts, first = self._puts, not self._puts
-            puts.append(((kind, key, value, expires_at), done))
+            puts.append((write, done))
         if first:  # the thread takes this batch, and any record put before it gets to it
             self._thread.submit(self._write_puts, loop)
         await done
 
     def _write_puts(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Writes the records put so far, up to ROWS_PER_WRITE in each statement. One statement
-        is one transaction, whose write lock sqlite holds inside that one call: an explicit
-        transaction would hold it across the statements, each waiting for the GIL while the
-        event loop runs, and another process's writers would wait their busy timeout for it."""
+        """Writes what was put so far, up to ROWS_PER_WRITE records in each statement (a put's
+        records in one). One statement is one transaction, whose write lock sqlite holds inside
+        that one call: an explicit transaction would hold it across the statements, each
+        waiting for the GIL while the event loop runs, and another process's writers would
+        wait their busy timeout for it. (The threads kept are kept before, each in a statement
+        of its own: a thread kept when its records then fail only lasts longer.)"""
         with self._puts_lock:
             puts, self._puts = self._puts, []
         now = time.time()
@@ -247,12 +260,10 @@ class SqliteStore:
                 self._on_thread(_statement(_SWEEP, (now,)))
                 for sweep in threads.SWEEP:
                     self._on_thread(_statement(sweep, (now,)))
-        for start in range(0, len(puts), ROWS_PER_WRITE):
-            chunk = puts[start : start + ROWS_PER_WRITE]
-            values = [value for row, _ in chunk for value in row]
+        for chunk in batches(puts, lambda put: len(put[0].rows), ROWS_PER_WRITE):
             error: BaseException | None = None
             try:
-                self._on_thread(_statement(_insert(len(chunk)), values))
+                self._on_thread(functools.partial(_write, [write for write, _ in chunk]))
             except BaseException as exc:  # every put of the statement fails with it
                 error = exc
             loop.call_soon_threadsafe(settle, [done for _, done in chunk], error)
@@ -361,6 +372,20 @@ def _immediate(db: sqlite3.Connection) -> Iterator[None]:
         db.execute("ROLLBACK")
         raise
     db.execute("COMMIT")
+
+
+class _Write(NamedTuple):
+    rows: list[tuple[str, str, bytes, float]]  # kind, key, value, expires_at
+    thread: tuple[str, float] | None  # a thread to keep, and its new end
+
+
+def _write(writes: list[_Write], db: sqlite3.Connection) -> None:
+    for write in writes:
+        if write.thread is not None:
+            threads.keep(db, *write.thread)
+    rows = [row for write in writes for row in write.rows]
+    if rows:
+        db.execute(_insert(len(rows)), [value for row in rows for value in row])
 
 
 def _statement(sql: str, parameters: Sequence[object]) -> Callable[[sqlite3.Connection], object]:

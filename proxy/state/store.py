@@ -7,14 +7,25 @@ import copy
 import dataclasses
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 import orjson
 
 from proxy.errors import StateUnavailable
+
+P = TypeVar("P")
+PUT_AT_ONCE = 100  # the most records one `put_records` writes
+
+
+class Record(NamedTuple):
+    """A record to put: its kind, its key (no two (kind, key) pairs share one) and its value."""
+
+    kind: str
+    key: str
+    value: bytes
 
 
 @dataclass(slots=True)
@@ -91,11 +102,6 @@ class StateStore(Protocol):
         are kept for good (SPEC §9)."""
         ...
 
-    async def keep_thread(self, thread_id: str, ttl_s: float) -> None:
-        """The thread's counters end `ttl_s` from now, unless reserved or kept again (nothing
-        for a thread without counters, or whose end has passed)."""
-        ...
-
     async def thread_counts(self, thread_id: str) -> dict[str, int]: ...
 
     async def load_context(self, context_id: str) -> StoredContext | None: ...
@@ -112,10 +118,19 @@ class StateStore(Protocol):
         ...
 
     async def put_record(self, kind: str, key: str, value: bytes, ttl_s: float) -> None:
-        """Stores `value` under (kind, key) for `ttl_s` seconds, replacing what was there (its
-        TTL included), for every process sharing the backend. No two (kind, key) pairs share a
-        record, whatever ':' either holds. Raises ValueError unless `ttl_s` is positive and
-        finite."""
+        """`put_records` of one record."""
+        ...
+
+    async def put_records(
+        self, records: Sequence[Record], ttl_s: float, keep_thread: str | None = None
+    ) -> None:
+        """Stores each record for `ttl_s` seconds, replacing what was there (its TTL included),
+        for every process sharing the backend: all in one write, in their order (put the
+        record that names the others last: a reader that finds it finds them). With
+        `keep_thread`, that thread's counters end `ttl_s` from now in the same write, unless
+        reserved or kept again later (nothing for a thread without counters, or whose end has
+        passed). Raises ValueError unless `ttl_s` is positive and finite and there are at most
+        PUT_AT_ONCE records."""
         ...
 
     async def get_record(self, kind: str, key: str) -> bytes | None:
@@ -140,11 +155,34 @@ class StateStore(Protocol):
     async def close(self) -> None: ...
 
 
+def check_put(records: Sequence[Record], ttl_s: float) -> float:
+    """`ttl_s`, when `records` may be put for that long; raises ValueError otherwise."""
+    if len(records) > PUT_AT_ONCE:
+        raise ValueError(f"at most {PUT_AT_ONCE} records are put at once, not {len(records)}")
+    return check_ttl(ttl_s)
+
+
 def check_ttl(ttl_s: float) -> float:
     """`ttl_s`, when a record may be kept that long; raises ValueError otherwise."""
     if not (0 < ttl_s < math.inf):  # also refuses NaN
         raise ValueError(f"a record's TTL must be a positive number of seconds, not {ttl_s!r}")
     return ttl_s
+
+
+def batches(puts: Sequence[P], size: Callable[[P], int], most: int) -> Iterator[list[P]]:
+    """The puts of a group commit in order, in batches whose sizes add up to at most `most`
+    (a put larger than that in a batch of its own: a put is never split)."""
+    batch: list[P] = []
+    total = 0
+    for put in puts:
+        grown = total + size(put)
+        if batch and grown > most:
+            yield batch
+            batch, grown = [], size(put)
+        batch.append(put)
+        total = grown
+    if batch:
+        yield batch
 
 
 def settle(waiting: list[asyncio.Future[None]], error: BaseException | None) -> None:

@@ -1,6 +1,7 @@
-"""Records written to each state backend with 1 and with 64 writers at once (each run's report
-is one record): writes per second and CPU per write, in this process (event loop and the
-store's threads).
+"""Records written to each state backend with 1 and with 64 writers at once: writes per second
+and CPU per write, in this process (event loop and the store's threads). A write is a run's
+report (one record), or a stored response: its three records and its chain's thread, in one
+write as the proxy makes it, and in four one after another to show what that saves.
 
     python -m tests.bench.state_writes [--writes 6000] [--redis]
 
@@ -16,13 +17,13 @@ import contextlib
 import resource
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 
 from proxy.state.memory import MemoryStore
 from proxy.state.redis import RedisStore
 from proxy.state.sqlite import SqliteStore
-from proxy.state.store import StateStore
+from proxy.state.store import Record, StateStore
 from tests.servers import redis_server
 
 RECORD = b'{"run_id": "run_x", "stop_reason": "completed", "usage": {}}' + b" " * 540
@@ -33,14 +34,42 @@ def cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-async def measure(store: StateStore, writers: int, writes: int) -> tuple[float, float]:
-    """Writes per second and CPU µs per write of `writers` writing `writes` records in all."""
+Write = Callable[[StateStore, str], Awaitable[None]]
+
+
+async def report(store: StateStore, key: str) -> None:
+    await store.put_record("run", key, RECORD, 3600)
+
+
+async def response(store: StateStore, key: str) -> None:
+    records = [Record(kind, key, RECORD) for kind in ("conversation", "input", "response")]
+    await store.put_records(records, 3600, keep_thread=f"resp_{key}")
+
+
+async def response_in_four(store: StateStore, key: str) -> None:
+    for kind in ("conversation", "input", "response"):
+        await store.put_record(kind, key, RECORD, 3600)
+    await store.put_records([], 3600, keep_thread=f"resp_{key}")
+
+
+WRITES: dict[str, Write] = {
+    "run report": report,
+    "stored response": response,
+    "stored response, in four": response_in_four,
+}
+
+
+async def measure(
+    store: StateStore, write: Write, writers: int, writes: int
+) -> tuple[float, float]:
+    """Writes per second and CPU µs per write of `writers` making `writes` writes in all."""
     each = max(1, writes // writers)
 
     async def writer(w: int) -> None:
         for i in range(each):
-            await store.put_record("run", f"{w}-{i}", RECORD, 3600)
+            await write(store, f"{w}-{i}")
 
+    await store.reserve(f"resp_{-1}-{0}", {"x": 1}, ttl_s=3600)  # one thread has counters
     await writer(-1)  # the schema, the connection: once
     cpu, started = cpu_seconds(), time.perf_counter()
     await asyncio.gather(*(writer(w) for w in range(writers)))
@@ -62,12 +91,13 @@ def stores(folder: Path, redis: bool) -> Iterator[list[tuple[str, StateStore]]]:
 
 
 async def run(writes: int, redis: bool) -> str:
-    lines = ["| backend | writers | writes/s | CPU µs/write |", "|---|---|---|---|"]
+    lines = ["| backend | write | writers | writes/s | CPU µs/write |", "|---|---|---|---|---|"]
     with tempfile.TemporaryDirectory() as folder, stores(Path(folder), redis) as found:
         for name, store in found:
-            for writers in (1, 64):
-                rate, cpu = await measure(store, writers, writes)
-                lines.append(f"| {name} | {writers} | {rate:,.0f} | {cpu:.1f} |")
+            for what, write in WRITES.items():
+                for writers in (1, 64):
+                    rate, cpu = await measure(store, write, writers, writes)
+                    lines.append(f"| {name} | {what} | {writers} | {rate:,.0f} | {cpu:.1f} |")
             await store.close()
     return "\n".join(lines)
 

@@ -1,10 +1,11 @@
 """Records put meanwhile are written together (group commit): in one sqlite transaction, in
-one redis pipeline. Every put returns once its record is written, fails with its batch (an
+one redis call (a script). Every put returns once its record is written, fails with its batch (an
 error of its own), keeps its order among puts of one key, and may be cancelled alone."""
 
 from __future__ import annotations
 
 import asyncio
+import math
 import secrets
 import sqlite3
 from collections.abc import AsyncIterator
@@ -14,9 +15,9 @@ import pytest
 import redis
 
 from proxy.errors import StateUnavailable
-from proxy.state.redis import RedisStore
+from proxy.state.redis import CALL_BYTES, RedisStore
 from proxy.state.sqlite import SqliteStore
-from proxy.state.store import StateStore
+from proxy.state.store import Record, StateStore, batches
 from tests.servers import redis_server
 
 PUTS = 64
@@ -96,7 +97,7 @@ async def test_redis_sends_records_put_at_once_on_few_connections(redis_url: str
     before = connections(redis_url)
     try:
         await put_many(store, [b"{}"] * PUTS)
-        # One command at once, the rest in one pipeline after it: two connections at most
+        # One call at once, the rest in one call after it: two connections at most
         # (a command a connection would have opened one for each put).
         assert connections(redis_url) - before <= 2
         assert await store.get_record("run", f"r{PUTS - 1}") == b"{}"
@@ -141,3 +142,37 @@ async def test_a_put_on_a_closed_sqlite_store_fails_at_once(tmp_path: Path) -> N
     await store.close()
     with pytest.raises(StateUnavailable, match="closed database"):
         await asyncio.wait_for(store.put_record("run", "late", b"{}", 60), timeout=5)
+
+
+def script_calls(url: str) -> int:
+    with redis.Redis.from_url(url) as admin:
+        return int(admin.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+async def test_redis_splits_a_large_batch_into_calls_and_never_a_put(redis_url: str) -> None:
+    """Redis reads a call whole and runs it without a pause: a batch of large records goes in
+    calls of at most CALL_BYTES, each put's records together."""
+    store = RedisStore(redis_url, prefix=f"batch-{secrets.token_hex(4)}:")
+    try:
+        await store.put_record("run", "warm-up", b"{}", 60)  # the script is loaded
+        before = script_calls(redis_url)
+        mib = b"x" * (1024 * 1024)
+        pairs = [
+            [Record("conversation", f"r{i}", mib), Record("response", f"r{i}", b"{}")]
+            for i in range(10)
+        ]
+        await asyncio.gather(*(store.put_records(pair, 60) for pair in pairs))
+        # The first at once, then nine of 1 MiB: four, four and one.
+        assert script_calls(redis_url) - before == 1 + math.ceil(9 / (CALL_BYTES // len(mib)))
+        for i in range(10):
+            assert await store.get_record("conversation", f"r{i}") == mib
+            assert await store.get_record("response", f"r{i}") == b"{}"
+    finally:
+        await store.close()
+
+
+def test_batches_keep_the_order_and_never_split_a_put() -> None:
+    sizes = [3, 1, 2, 9, 1, 1, 4]
+    grouped = list(batches(sizes, lambda size: size, 4))
+    assert grouped == [[3, 1], [2], [9], [1, 1], [4]]
+    assert list(batches([], lambda size: size, 4)) == []

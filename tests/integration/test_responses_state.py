@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ import orjson
 
 from proxy.errors import StateUnavailable
 from proxy.state.memory import MemoryStore
-from proxy.state.store import StateStore
+from proxy.state.store import Record, StateStore
 from tests.integration.conftest import Proxy, ProxyFactory, state
 from tests.integration.test_key_scopes import AGENTS, key, keyed
 from tests.scripted_upstream import Call, Reply, call, keep, say
@@ -251,6 +252,34 @@ async def test_reading_a_stored_response_does_not_read_the_conversation_through_
         assert store.read > 100_000
 
 
+class WritesCounted(MemoryStore):
+    """The memory backend, keeping what each write was asked to write."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[tuple[list[str], str | None]] = []
+
+    async def put_records(
+        self, records: Sequence[Record], ttl_s: float, keep_thread: str | None = None
+    ) -> None:
+        self.writes.append(([record.kind for record in records], keep_thread))
+        await super().put_records(records, ttl_s, keep_thread)
+
+
+async def test_a_stored_response_and_its_chain_s_thread_are_one_write(
+    proxy_for: ProxyFactory,
+) -> None:
+    """One round trip on redis, one commit on sqlite, whatever the chain counts."""
+    store = WritesCounted()
+    async with proxy_for({"agents": AGENTS}, store=store) as proxy:
+        proxy.upstream.script(call("get_weather", city="Lima"), say("Sunny."), say("Again."))
+        first = (await respond(proxy, model="capped")).json()
+        again = await respond(proxy, model="capped", previous_response_id=first["id"])
+        assert again.status_code == 200
+    kinds = ["conversation", "input", "response"]  # the response last: it names the others
+    assert store.writes == [(kinds, first["id"]), (kinds, first["id"])]
+
+
 async def test_an_item_of_a_response_too_large_to_continue_may_still_be_referenced(
     proxy_for: ProxyFactory,
 ) -> None:
@@ -391,21 +420,33 @@ async def test_an_upstream_that_gives_every_turn_the_same_call_id_is_answered_ea
     assert previous["output"][0]["content"][0]["text"] == "Done."
 
 
-class ThreadsNotKept(MemoryStore):
-    """A backend that fails to put off the end of a thread."""
+class ChainsNotKept(MemoryStore):
+    """A backend that fails the writes that keep a chain's thread: a chain's stored responses
+    (the thread is kept in the write of the response's records)."""
 
-    async def keep_thread(self, thread_id: str, ttl_s: float) -> None:
-        raise StateUnavailable("the state backend is unreachable")
+    async def put_records(
+        self, records: Sequence[Record], ttl_s: float, keep_thread: str | None = None
+    ) -> None:
+        if keep_thread is not None:
+            raise StateUnavailable("the state backend is unreachable")
+        await super().put_records(records, ttl_s)
 
 
-async def test_a_chain_thread_not_kept_fails_nothing_the_client_sees(
+async def test_a_response_that_cannot_be_stored_still_answers_its_client(
     proxy_for: ProxyFactory,
 ) -> None:
-    store = ThreadsNotKept()
+    store = ChainsNotKept()
     async with proxy_for({"agents": AGENTS}, store=store) as proxy:
-        proxy.upstream.script(call("get_weather", city="Lima"), say("Sunny."), say("Again."))
+        proxy.upstream.script(call("get_weather", city="Lima"), say("Sunny."))
         first = await respond(proxy, model="capped")
         assert first.status_code == 200
+        assert first.json()["output"][-1]["content"][0]["text"] == "Sunny."
         again = await respond(proxy, model="capped", previous_response_id=first.json()["id"])
-        assert again.status_code == 200
-        assert await store.thread_counts(first.json()["id"]) == {"get_weather": 1}
+        assert (again.status_code, again.json()["error"]["param"]) == (
+            404,
+            "previous_response_id",
+        )
+        # Nothing of it was written: not the response, not its conversation or input items.
+        assert await store.get_record("response", first.json()["id"]) is None
+        assert await store.get_record("conversation", first.json()["id"]) is None
+        assert await store.get_record("input", first.json()["id"]) is None

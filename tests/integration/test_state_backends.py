@@ -25,7 +25,7 @@ from proxy.state.backend import open_store
 from proxy.state.memory import SWEEP_AFTER, MemoryStore
 from proxy.state.redis import RedisStore
 from proxy.state.sqlite import SqliteStore
-from proxy.state.store import StateStore, StoredContext
+from proxy.state.store import PUT_AT_ONCE, Record, StateStore, StoredContext
 from tests.servers import redis_server
 
 
@@ -69,12 +69,13 @@ async def test_a_thread_reserved_with_a_ttl_ends_unless_kept(store: StateStore) 
         assert await store.reserve(thread, {"x": 5}, ttl_s=ttl) == (True, {"x": 1})
     assert await store.reserve("left", {"x": 5}, ttl_s=0.3) == (True, {"x": 2})
     await asyncio.sleep(0.2)
-    await store.keep_thread("kept", 0.3)  # puts its end off; the others' stays
-    await store.keep_thread("kept later", 0.3)  # a thread without a TTL gets one
-    await store.keep_thread("never reserved", 0.1)  # nothing to keep
+    await store.put_records([], 0.3, keep_thread="kept")  # puts its end off; the others' stays
+    # A thread without a TTL gets one, kept with the records written with it.
+    await store.put_records([Record("response", "r", b"{}")], 0.3, keep_thread="kept later")
+    await store.put_records([], 0.1, keep_thread="never reserved")  # nothing to keep
     await asyncio.sleep(0.2)
     assert await store.thread_counts("left") == {}
-    await store.keep_thread("left", 5)  # too late: it ended
+    await store.put_records([], 5, keep_thread="left")  # too late: it ended
     assert await store.thread_counts("left") == {}
     assert await store.thread_counts("kept") == {"x": 1}
     assert await store.reserve("left", {"x": 5}, ttl_s=0.3) == (True, {"x": 1})  # anew
@@ -351,6 +352,21 @@ async def test_records_expire_after_their_ttl(store: StateStore) -> None:
     assert await store.get_record("run", "short") is None
     assert await store.delete_record("run", "short too") is False
     assert await store.get_record("run", "long") == b"kept"
+
+
+async def test_records_put_together_are_written_in_their_order(store: StateStore) -> None:
+    records = [Record("conversation", "r", b"[]"), Record("response", "r", b"{}")]
+    records += [Record("run", "same", b"first"), Record("run", "same", b"last")]
+    await store.put_records(records, 60)
+    assert await store.get_record("conversation", "r") == b"[]"
+    assert await store.get_record("response", "r") == b"{}"
+    assert await store.get_record("run", "same") == b"last"
+    await store.put_records([Record("run", f"n{i}", b"%d" % i) for i in range(PUT_AT_ONCE)], 60)
+    assert await store.get_record("run", f"n{PUT_AT_ONCE - 1}") == b"%d" % (PUT_AT_ONCE - 1)
+    too_many = [Record("run", f"x{i}", b"x") for i in range(PUT_AT_ONCE + 1)]
+    with pytest.raises(ValueError, match=f"at most {PUT_AT_ONCE} records"):
+        await store.put_records(too_many, 60)
+    assert await store.get_record("run", "x0") is None
 
 
 @pytest.mark.parametrize("ttl_s", [0, -1.0, math.nan, math.inf])
