@@ -11,19 +11,19 @@ import orjson
 from proxy.api.auth import Caller
 from proxy.engine.run_spec import RunResult
 from proxy.engine.tool_calls import first_call_id, restore_held_calls
-from proxy.state.store import StateStore
+from proxy.state.store import Record, StateStore
 
 HELD_RECORD = "held"
 # How many of a history's assistant messages with tool calls a request looks up held calls for.
 HELD_LOOKUPS = 16
 
 
-async def keep(store: StateStore, result: RunResult, caller: Caller | None, ttl_s: float) -> None:
-    """Keeps what `result` held back from the client, if anything."""
+def record(result: RunResult, caller: Caller | None) -> Record | None:
+    """The record of what `result` held back from the client, if anything."""
     first = first_call_id(result.message) if result.held is not None else None
-    if first is not None:
-        held = orjson.dumps(result.held)
-        await store.put_record(HELD_RECORD, _key(caller, first), held, ttl_s)
+    if first is None:
+        return None
+    return Record(HELD_RECORD, _key(caller, first), orjson.dumps(result.held))
 
 
 async def restore(

@@ -23,7 +23,7 @@ from proxy.engine.run_spec import Deps, RunResult
 from proxy.engine.stop import StopReason
 from proxy.errors import StateUnavailable
 from proxy.pricing import PriceTable
-from proxy.state.store import StateStore
+from proxy.state.store import Record, StateStore
 from proxy.tools.mcp_tool import CallHook
 from proxy.tools.registry import ToolRegistry, build_registry
 from proxy.upstream.client import AttemptHook, HeadersHook, Upstream
@@ -62,9 +62,13 @@ class Services:
         (`GET /v1/runs/{id}`, for the key that ran it, with the agent or model that `owner`
         names) and the server calls it held back from the client (SPEC §5.1.6), in the key's
         own namespace. A backend that fails is logged: the run's answer does not depend on it."""
+        key = caller.name if caller is not None else None
+        kept = orjson.dumps({"owner": owner, "key": key, "loop": report})
+        records = [Record(RUN_RECORD, result.run_id, kept)]
+        if (held := held_calls.record(result, caller)) is not None:
+            records.append(held)
         try:
-            await self._remember(result, report, owner, caller)
-            await held_calls.keep(self.store, result, caller, self.config.state.run_ttl_s)
+            await self.store.put_records(records, self.config.state.run_ttl_s)
         except StateUnavailable as exc:
             log.warning("run %s was not kept: %s", result.run_id, exc.message)
 
@@ -84,14 +88,6 @@ class Services:
         if run.result is not None:
             await self.remember(run.result, report(run.result), owner, caller)
         return None
-
-    async def _remember(
-        self, result: RunResult, report: dict[str, Any], owner: str, caller: Caller | None
-    ) -> None:
-        ttl = self.config.state.run_ttl_s
-        key = caller.name if caller is not None else None
-        record = orjson.dumps({"owner": owner, "key": key, "loop": report})
-        await self.store.put_record(RUN_RECORD, result.run_id, record, ttl)
 
     async def restore(
         self, messages: list[dict[str, Any]], caller: Caller | None = None

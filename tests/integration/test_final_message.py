@@ -9,7 +9,8 @@ import httpx
 import orjson
 import pytest
 
-from tests.integration.conftest import Proxy
+from tests.integration.conftest import Proxy, ProxyFactory
+from tests.integration.test_responses_state import WritesCounted
 from tests.scripted_upstream import Call, Reply, call, calls, keep, say
 
 
@@ -283,3 +284,17 @@ async def test_held_calls_come_back_after_an_earlier_client_call_with_the_same_u
     results = [m["content"] for m in proxy.upstream.bodies[2]["messages"] if m["role"] == "tool"]
     assert sum("Oslo" in r for r in results) == 1
     assert results[-1] == "yes"
+
+
+async def test_a_run_s_report_and_the_calls_it_held_back_are_one_write(
+    proxy_for: ProxyFactory,
+) -> None:
+    store = WritesCounted()
+    async with proxy_for(store=store) as proxy:
+        proxy.upstream.script(
+            calls(call("get_weather", city="Oslo"), call("ask_user", question="Coat?"))
+        )
+        ask_user = {"type": "function", "function": {"name": "ask_user", "parameters": {}}}
+        r = await proxy.chat(model="weather", tools=[ask_user])
+    assert r.json()["loop"]["stop_reason"] == "client_tool_call"
+    assert store.writes == [(["run", "held"], None)]

@@ -3,12 +3,14 @@ every route's errors are OpenAI-shaped."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import httpx
 import orjson
 
 from proxy.errors import StateUnavailable
 from proxy.state.memory import MemoryStore
-from proxy.state.store import StoredContext
+from proxy.state.store import Record, StoredContext
 from tests.integration.conftest import UPSTREAM, ProxyFactory
 from tests.scripted_upstream import say
 
@@ -110,7 +112,9 @@ async def test_a_failing_state_backend_is_an_openai_shaped_error(proxy_for: Prox
 class ForgetfulStore(MemoryStore):
     """A backend that cannot keep records: the run's answer does not depend on them."""
 
-    async def put_record(self, kind: str, key: str, value: bytes, ttl_s: float) -> None:
+    async def put_records(
+        self, records: Sequence[Record], ttl_s: float, keep_thread: str | None = None
+    ) -> None:
         raise StateUnavailable("the state backend is unreachable")
 
 
@@ -118,8 +122,10 @@ async def test_a_run_answers_though_its_report_cannot_be_kept(proxy_for: ProxyFa
     async with proxy_for(store=ForgetfulStore()) as proxy:
         proxy.upstream.script(say("Hi."))
         r = await proxy.chat(model="scripted")
-    assert r.status_code == 200
-    assert r.json()["loop"]["stop_reason"] == "completed"
+        assert r.status_code == 200
+        assert r.json()["loop"]["stop_reason"] == "completed"
+        looked_up = await proxy.client.get(f"/v1/runs/{r.json()['loop']['run_id']}")
+        assert looked_up.status_code == 404  # it was not kept
 
 
 async def test_a_relayed_answer_keeps_no_redirect_and_none_of_the_proxy_s_own_headers(
