@@ -32,11 +32,13 @@ async def restore(
     """`messages` with the server calls held back from the client put back in place; the
     latest HELD_LOOKUPS assistant messages with tool calls are looked up."""
     asked = [(i, c) for i, m in enumerate(messages) if (c := first_call_id(m)) is not None]
-    held: dict[int, dict[str, Any]] = {}
-    for at, call_id in asked[-HELD_LOOKUPS:]:
-        found = await store.get_record(HELD_RECORD, _key(caller, call_id))
-        if found is not None:
-            held[at] = orjson.loads(found)
+    asked = asked[-HELD_LOOKUPS:]
+    if not asked:
+        return messages
+    keys = [_key(caller, call_id) for _, call_id in asked]
+    found = await store.get_records(HELD_RECORD, keys)
+    pairs = zip(asked, found, strict=True)
+    held = {at: orjson.loads(value) for (at, _), value in pairs if value is not None}
     return restore_held_calls(messages, held) if held else messages
 
 

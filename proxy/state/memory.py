@@ -8,7 +8,14 @@ from collections.abc import Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 
 from proxy.state.locks import KeyedLocks
-from proxy.state.store import Record, StoredContext, check_put, check_ttl, conflict
+from proxy.state.store import (
+    Record,
+    StoredContext,
+    check_at_once,
+    check_put,
+    check_ttl,
+    conflict,
+)
 
 SWEEP_AFTER = 1024  # the fewest puts between two sweeps of expired records
 # The most records kept: past it the oldest go first, so a busy process's memory stays bounded
@@ -106,6 +113,10 @@ class MemoryStore:
             del self._records[(kind, key)]
             return None
         return value
+
+    async def get_records(self, kind: str, keys: Sequence[str]) -> list[bytes | None]:
+        check_at_once(keys)
+        return [await self.get_record(kind, key) for key in keys]
 
     async def delete_record(self, kind: str, key: str) -> bool:
         found = self._records.pop((kind, key), None)

@@ -22,6 +22,7 @@ from proxy.state.store import (
     Record,
     StoredContext,
     batches,
+    check_at_once,
     check_put,
     check_ttl,
     conflict,
@@ -243,9 +244,15 @@ class RedisStore:
     async def get_record(self, kind: str, key: str) -> bytes | None:
         with _reached():
             found = await self._redis.get(self._record(kind, key))
-        if found is None:
-            return None
-        return found.encode() if isinstance(found, str) else bytes(found)
+        return None if found is None else _bytes(found)
+
+    async def get_records(self, kind: str, keys: Sequence[str]) -> list[bytes | None]:
+        check_at_once(keys)
+        if not keys:
+            return []
+        with _reached():
+            found = await self._redis.mget([self._record(kind, key) for key in keys])
+        return [None if value is None else _bytes(value) for value in found]
 
     async def delete_record(self, kind: str, key: str) -> bool:
         with _reached():
@@ -303,6 +310,10 @@ class _Write(NamedTuple):
     @property
     def size(self) -> int:
         return sum(len(value) for _, value in self.records)
+
+
+def _bytes(value: bytes | str) -> bytes:
+    return value.encode() if isinstance(value, str) else bytes(value)
 
 
 def _text(value: bytes | str) -> str:

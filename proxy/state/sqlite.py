@@ -31,6 +31,7 @@ from proxy.state.store import (
     Record,
     StoredContext,
     batches,
+    check_at_once,
     check_put,
     check_ttl,
     conflict,
@@ -277,6 +278,21 @@ class SqliteStore:
             return None if row is None else bytes(row[0])
 
         return await self._call(work)
+
+    async def get_records(self, kind: str, keys: Sequence[str]) -> list[bytes | None]:
+        check_at_once(keys)
+        marks = ", ".join("?" for _ in keys)
+
+        def work(db: sqlite3.Connection) -> list[bytes | None]:
+            rows = db.execute(
+                f"SELECT key, value FROM records WHERE kind = ? AND key IN ({marks}) "
+                "AND expires_at > ?",
+                (kind, *keys, time.time()),
+            )
+            found = {key: bytes(value) for key, value in rows}
+            return [found.get(key) for key in keys]
+
+        return await self._call(work) if keys else []
 
     async def delete_record(self, kind: str, key: str) -> bool:
         def work(db: sqlite3.Connection) -> bool:

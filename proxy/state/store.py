@@ -17,7 +17,7 @@ import orjson
 from proxy.errors import StateUnavailable
 
 P = TypeVar("P")
-PUT_AT_ONCE = 100  # the most records one `put_records` writes
+RECORDS_AT_ONCE = 100  # the most records one `put_records` writes, or `get_records` reads
 
 
 class Record(NamedTuple):
@@ -130,11 +130,16 @@ class StateStore(Protocol):
         `keep_thread`, that thread's counters end `ttl_s` from now in the same write, unless
         reserved or kept again later (nothing for a thread without counters, or whose end has
         passed). Raises ValueError unless `ttl_s` is positive and finite and there are at most
-        PUT_AT_ONCE records."""
+        RECORDS_AT_ONCE records."""
         ...
 
     async def get_record(self, kind: str, key: str) -> bytes | None:
         """The value, or None when there is none or it has expired."""
+        ...
+
+    async def get_records(self, kind: str, keys: Sequence[str]) -> list[bytes | None]:
+        """The values of `keys` (of one kind) in their order, as `get_record` finds each, in
+        one read. Raises ValueError past RECORDS_AT_ONCE keys."""
         ...
 
     async def delete_record(self, kind: str, key: str) -> bool:
@@ -157,9 +162,14 @@ class StateStore(Protocol):
 
 def check_put(records: Sequence[Record], ttl_s: float) -> float:
     """`ttl_s`, when `records` may be put for that long; raises ValueError otherwise."""
-    if len(records) > PUT_AT_ONCE:
-        raise ValueError(f"at most {PUT_AT_ONCE} records are put at once, not {len(records)}")
+    check_at_once(records)
     return check_ttl(ttl_s)
+
+
+def check_at_once(records: Sequence[object]) -> None:
+    """Raises ValueError when one call may not write or read so many records."""
+    if len(records) > RECORDS_AT_ONCE:
+        raise ValueError(f"at most {RECORDS_AT_ONCE} records at once, not {len(records)}")
 
 
 def check_ttl(ttl_s: float) -> float:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Any
 
 import httpx
 import orjson
 import pytest
 
+from proxy.state.memory import MemoryStore
 from tests.integration.conftest import Proxy, ProxyFactory
 from tests.integration.test_responses_state import WritesCounted
 from tests.scripted_upstream import Call, Reply, call, calls, keep, say
@@ -298,3 +300,39 @@ async def test_a_run_s_report_and_the_calls_it_held_back_are_one_write(
         r = await proxy.chat(model="weather", tools=[ask_user])
     assert r.json()["loop"]["stop_reason"] == "client_tool_call"
     assert store.writes == [(["run", "held"], None)]
+
+
+class HeldReadsCounted(MemoryStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads: list[int] = []
+
+    async def get_records(self, kind: str, keys: Sequence[str]) -> list[bytes | None]:
+        self.reads.append(len(keys))
+        return await super().get_records(kind, keys)
+
+
+async def test_the_calls_held_back_in_a_history_are_looked_up_in_one_read(
+    proxy_for: ProxyFactory,
+) -> None:
+    store = HeldReadsCounted()
+    ask_user = {"type": "function", "function": {"name": "ask_user", "parameters": {}}}
+    history: list[dict[str, Any]] = [{"role": "user", "content": "hi"}]
+    async with proxy_for(store=store) as proxy:
+        for city in ("Oslo", "Lima", "Rome"):
+            proxy.upstream.script(
+                calls(call("get_weather", city=city), call("ask_user", question="Coat?"))
+            )
+            r = await proxy.chat(model="weather", tools=[ask_user], messages=history)
+            message = r.json()["choices"][0]["message"]
+            history.append({k: v for k, v in message.items() if v is not None})
+            history.append({"role": "tool", "tool_call_id": message["tool_calls"][0]["id"],
+                            "content": "yes"})  # fmt: skip
+        proxy.upstream.script(say("Take a coat."))
+        last = await proxy.chat(model="weather", tools=[ask_user], messages=history)
+    assert last.json()["choices"][0]["message"]["content"] == "Take a coat."
+    assert store.reads == [1, 2, 3]  # the first request had nothing to look up
+    sent = [m for m in proxy.upstream.bodies[-1]["messages"] if m["role"] == "tool"]
+    # The three server calls' results put back, each before its turn's client answer.
+    assert [m["content"] == "yes" for m in sent] == [False, True] * 3
+    assert all(city in sent[2 * i]["content"] for i, city in enumerate(("Oslo", "Lima", "Rome")))

@@ -25,7 +25,7 @@ from proxy.state.backend import open_store
 from proxy.state.memory import SWEEP_AFTER, MemoryStore
 from proxy.state.redis import RedisStore
 from proxy.state.sqlite import SqliteStore
-from proxy.state.store import PUT_AT_ONCE, Record, StateStore, StoredContext
+from proxy.state.store import RECORDS_AT_ONCE, Record, StateStore, StoredContext
 from tests.servers import redis_server
 
 
@@ -361,12 +361,24 @@ async def test_records_put_together_are_written_in_their_order(store: StateStore
     assert await store.get_record("conversation", "r") == b"[]"
     assert await store.get_record("response", "r") == b"{}"
     assert await store.get_record("run", "same") == b"last"
-    await store.put_records([Record("run", f"n{i}", b"%d" % i) for i in range(PUT_AT_ONCE)], 60)
-    assert await store.get_record("run", f"n{PUT_AT_ONCE - 1}") == b"%d" % (PUT_AT_ONCE - 1)
-    too_many = [Record("run", f"x{i}", b"x") for i in range(PUT_AT_ONCE + 1)]
-    with pytest.raises(ValueError, match=f"at most {PUT_AT_ONCE} records"):
+    await store.put_records([Record("run", f"n{i}", b"%d" % i) for i in range(RECORDS_AT_ONCE)], 60)
+    assert await store.get_record("run", f"n{RECORDS_AT_ONCE - 1}") == b"%d" % (RECORDS_AT_ONCE - 1)
+    too_many = [Record("run", f"x{i}", b"x") for i in range(RECORDS_AT_ONCE + 1)]
+    with pytest.raises(ValueError, match=f"at most {RECORDS_AT_ONCE} records"):
         await store.put_records(too_many, 60)
     assert await store.get_record("run", "x0") is None
+
+
+async def test_records_are_read_together_in_the_order_asked(store: StateStore) -> None:
+    await store.put_records([Record("held", "a", b"A"), Record("held", "b", b"")], 60)
+    await store.put_record("held", "gone", b"G", 0.05)
+    await store.put_record("other", "c", b"C", 60)
+    await asyncio.sleep(0.1)
+    asked = ["b", "missing", "a", "gone", "c", "a"]
+    assert await store.get_records("held", asked) == [b"", None, b"A", None, None, b"A"]
+    assert await store.get_records("held", []) == []
+    with pytest.raises(ValueError, match=f"at most {RECORDS_AT_ONCE} records"):
+        await store.get_records("held", ["a"] * (RECORDS_AT_ONCE + 1))
 
 
 @pytest.mark.parametrize("ttl_s", [0, -1.0, math.nan, math.inf])
