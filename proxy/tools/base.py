@@ -13,11 +13,11 @@ from proxy.engine.values import ToolContext, ToolSpec
 Invoke = Callable[[dict[str, Any], ToolContext], Awaitable[Any]]
 
 # How long the pools of http tools, webhooks and MCP servers keep an idle connection: less than
-# the 5 s after which uvicorn (FastMCP's server too), Node and most servers a tool is written
-# with close one. At the same 5 s (httpx's default), a call could go out on a connection the
-# server was closing and fail unanswered; a tool call is not sent again, as an upstream request
-# is (it may act on the world).
-TOOL_KEEPALIVE_S = 4.0
+# the 2 s after which gunicorn's threaded and async workers close one, and the 5 s of uvicorn
+# (FastMCP's server too) and Node. As long as the server's, a call could go out on a connection
+# the server was closing and fail unanswered; a tool call is not sent again, as an upstream
+# request is (it may act on the world). Calls closer together than this share connections.
+TOOL_KEEPALIVE_S = 1.5
 
 
 class ToolFailed(Exception):
