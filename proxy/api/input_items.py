@@ -23,6 +23,7 @@ from starlette.types import Receive, Scope, Send
 from proxy.api.asgi import send_json
 from proxy.api.response_store import (
     INPUT_ITEM_PREFIX,
+    READ_BYTES_PER_BODY,
     RESPONSE_PREFIX,
     ResponseStore,
     asked_for,
@@ -34,10 +35,6 @@ DEFAULT_LIMIT = 20
 MAX_LIMIT = 100
 MAX_CHAIN = 1_000  # responses one listing walks back through: a store read each
 ORDERS = ("asc", "desc")
-# A chain's items, in bytes of records read, past `server.max_body_bytes` times this: a chain
-# whose conversation still fits a request holds about the bytes of one request body in its
-# input items and as many in its outputs.
-CHAIN_BYTES_PER_BODY = 4
 
 
 def listed(items: list[dict[str, Any]], response_id: str) -> list[dict[str, Any]]:
@@ -75,7 +72,7 @@ class InputItems:
         limit, order, after = _query(scope.get("query_string", b""))
         store, _ = await asked_for(sv, scope)
         asked = scope["path_params"]["response_id"]
-        budget = CHAIN_BYTES_PER_BODY * sv.config.server.max_body_bytes
+        budget = READ_BYTES_PER_BODY * sv.config.server.max_body_bytes
         async with contextlib.aclosing(_segments(store, asked, budget)) as segments:
             ordered = _newest_first if order == "desc" else _oldest_first
             page = await _page(ordered(segments), after, limit)
@@ -141,7 +138,7 @@ def _within(spent: int, budget: int, response_id: str) -> None:
     if spent > budget:
         raise InvalidRequest(
             f"the input items of response {response_id[:64]!r} hold more than {budget} bytes "
-            f"({CHAIN_BYTES_PER_BODY} times server.max_body_bytes): they are not listed",
+            f"({READ_BYTES_PER_BODY} times server.max_body_bytes): they are not listed",
             param="response_id",
         )
 

@@ -3,7 +3,7 @@ state backend for `state.response_ttl_s`, readable only by the key that created 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,7 +16,7 @@ from proxy.api.services import Services
 from proxy.config.server import ServerConfig
 from proxy.errors import NotFound
 from proxy.json_values import holds_over
-from proxy.state.store import Record, StateStore
+from proxy.state.store import RECORDS_AT_ONCE, Record, StateStore
 
 # A stored response is three records: the response (its body, thread and owner), read by `GET`,
 # by run lookups and by item references; the conversation through it, read only by the request
@@ -28,6 +28,11 @@ INPUT_RECORD = "input"
 RESPONSE_PREFIX = "resp_"
 INPUT_ITEM_PREFIX = "in_"  # the ids the proxy gives input items that came without one
 ITEM_PREFIXES = ("msg_", "fc_", "mcp_", INPUT_ITEM_PREFIX)
+# What one request may read of stored responses' records (the input items of a listing, the
+# responses a create's item references name), in bytes, past `server.max_body_bytes` times
+# this: a chain whose conversation still fits a request holds about the bytes of one request
+# body in its input items and as many in its outputs.
+READ_BYTES_PER_BODY = 4
 
 
 @dataclass(slots=True)
@@ -99,6 +104,25 @@ def owned_by(record: bytes, key: str) -> bool:
     return record.endswith(b'"key":' + orjson.dumps(key) + b"}")
 
 
+def parsed(record: bytes | None, caller: Caller | None) -> StoredResponse | None:
+    """A response record as `ResponseStore.load` reads it: None unless `caller` made it."""
+    if record is None or (caller is not None and not owned_by(record, caller.name)):
+        return None  # first: another key's response has no size for it either
+    fields = orjson.loads(record)
+    fields.pop("messages", None)  # stored as one record, by an earlier version
+    stored = StoredResponse(**fields)
+    if caller is not None and stored.key != caller.name:
+        return None
+    return stored
+
+
+def usable(stored: StoredResponse | None, caller: Caller | None) -> StoredResponse | None:
+    """`stored`; raises PermissionDenied when the key may no longer use its agent or model."""
+    if stored is not None and caller is not None:
+        KeyRing.check(caller, stored.owner)
+    return stored
+
+
 def response_of_item(item_id: str) -> str | None:
     """The id of the response an output item id belongs to (`fc_<hex>_2` -> `resp_<hex>`)."""
     for prefix in ITEM_PREFIXES:
@@ -153,23 +177,22 @@ class ResponseStore:
     async def load(self, response_id: str, caller: Caller | None) -> StoredResponse | None:
         """The stored response, when it exists and `caller` made it (None otherwise: another
         key's responses do not exist for it), without its conversation."""
-        found = await self.store.get_record(RESPONSE_RECORD, response_id)
-        if found is None or (caller is not None and not owned_by(found, caller.name)):
-            return None  # first: another key's response has no size for it either
-        fields = orjson.loads(found)
-        fields.pop("messages", None)  # stored as one record, by an earlier version
-        stored = StoredResponse(**fields)
-        if caller is not None and stored.key != caller.name:
-            return None
-        return stored
+        return parsed(await self.store.get_record(RESPONSE_RECORD, response_id), caller)
+
+    async def records(self, response_ids: Sequence[str]) -> dict[str, bytes | None]:
+        """The response records of `response_ids` (for `parsed`), in as few reads as the
+        backend allows."""
+        found: dict[str, bytes | None] = {}
+        for start in range(0, len(response_ids), RECORDS_AT_ONCE):
+            asked = response_ids[start : start + RECORDS_AT_ONCE]
+            values = await self.store.get_records(RESPONSE_RECORD, asked)
+            found.update(zip(asked, values, strict=True))
+        return found
 
     async def readable(self, response_id: str, caller: Caller | None) -> StoredResponse | None:
         """`load`, and raises PermissionDenied when the key may no longer use the response's
         agent or model."""
-        stored = await self.load(response_id, caller)
-        if stored is not None and caller is not None:
-            KeyRing.check(caller, stored.owner)
-        return stored
+        return usable(await self.load(response_id, caller), caller)
 
     async def found(self, response_id: str, caller: Caller | None) -> StoredResponse:
         """`readable`, else NotFound: another key's responses do not exist for `caller`."""

@@ -4,6 +4,7 @@ resolve the stored items, plan, run, render. Errors they raise are rendered by t
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -35,6 +36,7 @@ from proxy.api.response_items import (
     output_items,
 )
 from proxy.api.response_store import (
+    READ_BYTES_PER_BODY,
     ChainThreads,
     ConversationTooLarge,
     ResponseStore,
@@ -42,7 +44,9 @@ from proxy.api.response_store import (
     StoredResponse,
     asked_for,
     chain_thread,
+    parsed,
     response_of_item,
+    usable,
 )
 from proxy.api.responses_request import ResponsesRequest, parse_responses_request
 from proxy.api.responses_stream import ResponsesStream
@@ -61,8 +65,11 @@ from proxy.errors import (
 log = logging.getLogger(__name__)
 CALL_KINDS = frozenset({"function_call", "custom_tool_call"})
 _THREAD_HEADER = THREAD_HEADER.encode()
-# Stored responses one request may read: its previous one and those its item references name.
-MAX_STORED_READS = 64
+# Stored responses one request may read: its previous one and those its item references name
+# (the AI SDK names an item of every earlier response of a conversation), and the bytes of
+# their records it may parse (`READ_BYTES_PER_BODY`), giving the loop to others every so many.
+MAX_STORED_READS = 1_000
+YIELD_EVERY_BYTES = 1024 * 1024
 
 
 class Responses:
@@ -231,10 +238,10 @@ class _Context:
 
 class _StoredReads:
     """The stored responses one request reads (its previous one, those its item references
-    name): each read once and at most MAX_STORED_READS of them. Of a response an item
-    reference names, only its output items are kept, and its input items when a reference
-    names one; the conversation of the previous one may hold no more bytes or values than a
-    request's body (it goes upstream in this one's)."""
+    name): each read once, at most MAX_STORED_READS of them and READ_BYTES_PER_BODY request
+    bodies of their records. Of a response an item reference names, only its output items are
+    kept, and its input items when a reference names one; the conversation of the previous one
+    may hold no more bytes or values than a request's body (it goes upstream in this one's)."""
 
     def __init__(self, store: ResponseStore, caller: Caller | None, bounds: ServerConfig) -> None:
         self.store = store
@@ -243,6 +250,18 @@ class _StoredReads:
         self._outputs: dict[str, dict[str, dict[str, Any]]] = {}  # by response id, by item id
         self._readable: set[str] = set()
         self._inputs: set[str] = set()  # the responses whose input items are in `_outputs`
+        self._fetched: dict[str, bytes | None] = {}  # records read ahead, not yet parsed
+        self._budget = READ_BYTES_PER_BODY * bounds.max_body_bytes
+        self._spent = 0
+        self._yielded = 0
+
+    async def read_ahead(self, response_ids: list[str]) -> None:
+        """Reads the records of the responses the request will read together, as many as it
+        may read (one read each for the rest, as it comes to them)."""
+        wanted = [r for r in dict.fromkeys(response_ids) if r not in self._outputs | self._fetched]
+        room = MAX_STORED_READS - len(self._outputs) - len(self._fetched)
+        if len(wanted) > 1 and room > 0:
+            self._fetched.update(await self.store.records(wanted[:room]))
 
     async def previous(
         self, response_id: str, param: str
@@ -283,11 +302,28 @@ class _StoredReads:
                 param=param,
             )
         self._outputs[response_id] = {}  # counted, whatever it holds
-        stored = await self.store.readable(response_id, self.caller)
-        if stored is not None:
-            self._readable.add(response_id)
-            output = stored.response.get("output") or ()
-            self._outputs[response_id] = {item.get("id"): item for item in output}
+        if response_id in self._fetched:
+            found = self._fetched.pop(response_id)
+        else:
+            (found,) = (await self.store.records([response_id])).values()
+        stored = parsed(found, self.caller)
+        if stored is None:
+            return None
+        self._spent += len(found or b"")  # another key's response has no size for it
+        if self._spent > self._budget:
+            raise BodyTooLarge(
+                f"the stored responses this request reads hold more than {self._budget} bytes "
+                f"({READ_BYTES_PER_BODY} x server.max_body_bytes); continue the conversation "
+                "with previous_response_id instead of naming so many of its items",
+                param=param,
+            )
+        if self._spent - self._yielded >= YIELD_EVERY_BYTES:
+            self._yielded = self._spent
+            await asyncio.sleep(0)  # other requests' turn
+        usable(stored, self.caller)
+        self._readable.add(response_id)
+        output = stored.response.get("output") or ()
+        self._outputs[response_id] = {item.get("id"): item for item in output}
         return stored
 
 
@@ -303,6 +339,9 @@ async def _history(
     conversation: list[dict[str, Any]] = []
     outputs: list[dict[str, Any]] = []
     previous_id = req.previous_response_id
+    named = [item["id"] for item in req.items if item.get("type") == "item_reference"]
+    owners = [owner for ref in named if (owner := response_of_item(ref)) is not None]
+    await reads.read_ahead(([previous_id] if previous_id is not None else []) + owners)
     if previous_id is not None:
         previous, conversation = await reads.previous(previous_id, "previous_response_id")
         outputs = list(previous.response.get("output") or ())

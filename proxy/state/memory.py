@@ -105,6 +105,13 @@ class MemoryStore:
             self._sweep()
 
     async def get_record(self, kind: str, key: str) -> bytes | None:
+        return self._found(kind, key)
+
+    async def get_records(self, kind: str, keys: Sequence[str]) -> list[bytes | None]:
+        check_at_once(keys)
+        return [self._found(kind, key) for key in keys]
+
+    def _found(self, kind: str, key: str) -> bytes | None:
         found = self._records.get((kind, key))
         if found is None:
             return None
@@ -113,10 +120,6 @@ class MemoryStore:
             del self._records[(kind, key)]
             return None
         return value
-
-    async def get_records(self, kind: str, keys: Sequence[str]) -> list[bytes | None]:
-        check_at_once(keys)
-        return [await self.get_record(kind, key) for key in keys]
 
     async def delete_record(self, kind: str, key: str) -> bool:
         found = self._records.pop((kind, key), None)

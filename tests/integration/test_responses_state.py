@@ -11,7 +11,9 @@ from typing import Any
 
 import httpx
 import orjson
+import pytest
 
+from proxy.api import responses
 from proxy.errors import StateUnavailable
 from proxy.state.memory import MemoryStore
 from proxy.state.store import Record, StateStore
@@ -204,20 +206,71 @@ async def test_a_conversation_continued_by_reference_is_bounded_in_bytes_as_a_bo
     assert len(proxy.upstream.requests) == 2
 
 
-async def test_a_request_reads_at_most_64_stored_responses(proxy_for: ProxyFactory) -> None:
+class ReadsOfResponses(MemoryStore):
+    """The memory backend, keeping how many response records each of its reads asked for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads: list[int] = []
+
+    async def get_record(self, kind: str, key: str) -> bytes | None:
+        self.reads += [1] if kind == "response" else []
+        return await super().get_record(kind, key)
+
+    async def get_records(self, kind: str, keys: Sequence[str]) -> list[bytes | None]:
+        self.reads += [len(keys)] if kind == "response" else []
+        return await super().get_records(kind, keys)
+
+
+async def stored_items(proxy: Proxy, count: int, **body: Any) -> list[dict[str, str]]:
+    """References to the messages of `count` new stored responses."""
+    made = [await respond(proxy, model="scripted", **body) for _ in range(count)]
+    return [{"type": "item_reference", "id": r.json()["output"][0]["id"]} for r in made]
+
+
+async def test_the_responses_a_request_names_are_read_together(proxy_for: ProxyFactory) -> None:
+    """The AI SDK names an item of every earlier response of its conversation: a long one names
+    hundreds, which are read in a few reads, not one each."""
+    store = ReadsOfResponses()
+    async with proxy_for(store=store) as proxy:
+        proxy.upstream.script(keep(say("Stored.")))
+        references = await stored_items(proxy, 150)
+        store.reads.clear()
+        read = await respond(proxy, model="scripted", input=[*references, *references[:3]])
+    assert read.status_code == 200, read.text
+    assert store.reads == [100, 50]
+    assert len(proxy.upstream.bodies[-1]["messages"]) == 150  # each named item once
+
+
+async def test_a_request_reads_at_most_max_stored_reads_responses(
+    proxy_for: ProxyFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(responses, "MAX_STORED_READS", 8)
     async with proxy_for() as proxy:
         proxy.upstream.script(keep(say("Stored.")))
-        ids = [
-            (await respond(proxy, model="scripted")).json()["output"][0]["id"] for _ in range(65)
-        ]
-        references = [{"type": "item_reference", "id": item} for item in ids]
-        read = await respond(proxy, model="scripted", input=references[:64])
+        references = await stored_items(proxy, 9)
+        read = await respond(proxy, model="scripted", input=references[:8])
         over = await respond(proxy, model="scripted", input=references)
     assert read.status_code == 200
-    assert len(proxy.upstream.bodies[-1]["messages"]) == 64
-    assert over.status_code == 400
-    assert over.json()["error"]["param"] == "input[64].id"
-    assert "at most 64 stored responses" in over.json()["error"]["message"]
+    assert (over.status_code, over.json()["error"]["param"]) == (400, "input[8].id")
+    assert "at most 8 stored responses" in over.json()["error"]["message"]
+
+
+async def test_the_records_a_request_reads_are_bounded_in_bytes(proxy_for: ProxyFactory) -> None:
+    """Four request bodies of records (a response keeps its instructions): 256 KiB here."""
+    async with proxy_for({"server": {"max_body_bytes": 65536}}) as proxy:
+        proxy.upstream.script(keep(say("Stored.")))
+        references = await stored_items(proxy, 7, instructions="x" * 40_000)
+        read = await respond(proxy, model="scripted", input=references[:6])
+        over = await respond(proxy, model="scripted", input=references)
+    assert read.status_code == 200
+    error = over.json()["error"]
+    assert (over.status_code, error["code"], error["param"]) == (
+        413,
+        "request_too_large",
+        "input[6].id",
+    )
+    assert "hold more than 262144 bytes (4 x server.max_body_bytes)" in error["message"]
 
 
 class ReadsCounted(MemoryStore):
