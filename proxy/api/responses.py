@@ -44,6 +44,7 @@ from proxy.api.response_store import (
     StoredResponse,
     asked_for,
     chain_thread,
+    owned_by,
     parsed,
     response_of_item,
     usable,
@@ -258,7 +259,8 @@ class _StoredReads:
     async def read_ahead(self, response_ids: list[str]) -> None:
         """Reads the records of the responses the request will read together, as many as it
         may read (one read each for the rest, as it comes to them)."""
-        wanted = [r for r in dict.fromkeys(response_ids) if r not in self._outputs | self._fetched]
+        known = self._outputs.keys() | self._fetched.keys()
+        wanted = [r for r in dict.fromkeys(response_ids) if r not in known]
         room = MAX_STORED_READS - len(self._outputs) - len(self._fetched)
         if len(wanted) > 1 and room > 0:
             self._fetched.update(await self.store.records(wanted[:room]))
@@ -306,10 +308,8 @@ class _StoredReads:
             found = self._fetched.pop(response_id)
         else:
             (found,) = (await self.store.records([response_id])).values()
-        stored = parsed(found, self.caller)
-        if stored is None:
-            return None
-        self._spent += len(found or b"")  # another key's response has no size for it
+        if found is not None and (self.caller is None or owned_by(found, self.caller.name)):
+            self._spent += len(found)  # before it is parsed; another key's has no size for it
         if self._spent > self._budget:
             raise BodyTooLarge(
                 f"the stored responses this request reads hold more than {self._budget} bytes "
@@ -320,7 +320,9 @@ class _StoredReads:
         if self._spent - self._yielded >= YIELD_EVERY_BYTES:
             self._yielded = self._spent
             await asyncio.sleep(0)  # other requests' turn
-        usable(stored, self.caller)
+        stored = usable(parsed(found, self.caller), self.caller)
+        if stored is None:
+            return None
         self._readable.add(response_id)
         output = stored.response.get("output") or ()
         self._outputs[response_id] = {item.get("id"): item for item in output}
