@@ -76,8 +76,10 @@ return n
 """
 
 # The most bytes of records in one call of a group commit (a put larger alone): redis reads a
-# call whole before it runs it, and runs it without a pause.
+# call whole before it runs it, and runs it without a pause. A record weighs its key and value,
+# and at least RECORD_WEIGHT: at most 1,000 records a call, however small.
 CALL_BYTES = 4 * 1024 * 1024
+RECORD_WEIGHT = CALL_BYTES // 1000
 
 # How long a request waits between its attempts to take a context's lock.
 LOCK_RETRY_S = 0.01
@@ -222,7 +224,9 @@ class RedisStore:
             self._sending = False
 
     async def _write_puts(self) -> None:
-        """Sends what was put, in calls of at most CALL_BYTES, until nothing is left."""
+        """Sends what was put, in calls of at most CALL_BYTES, until nothing is left. Cancelled
+        (the loop shuts down), it fails what it was sending and what is left: a put waiting for
+        the next one to carry it could wait for ever, then land after a newer value."""
         try:
             while self._puts:
                 puts, self._puts = self._puts, []
@@ -231,13 +235,16 @@ class RedisStore:
                     try:
                         with _reached():
                             await self._write([write for write, _ in batch])
-                    except BaseException as exc:  # every put of the call fails with it
+                    except Exception as exc:  # every put of the call fails with it
                         error = exc
                     settle([done for _, done in batch], error)
-                    if error is not None and not isinstance(error, Exception):
-                        # Cancelled: what is left waits for the next put.
-                        self._puts[:0] = [put for put in puts if not put[1].done()]
-                        raise error
+        except asyncio.CancelledError:
+            stopped = StateUnavailable(
+                "the state backend (redis) writer was stopped: records may not have been written"
+            )
+            settle([done for _, done in [*puts, *self._puts]], stopped)
+            self._puts = []
+            raise
         finally:
             self._sending = False
 
@@ -309,7 +316,9 @@ class _Write(NamedTuple):
 
     @property
     def size(self) -> int:
-        return sum(len(value) for _, value in self.records)
+        """What it weighs in a call (CALL_BYTES)."""
+        weights = (max(RECORD_WEIGHT, len(key) + len(value)) for key, value in self.records)
+        return sum(weights, RECORD_WEIGHT if self.thread is not None else 0)
 
 
 def _bytes(value: bytes | str) -> bytes:

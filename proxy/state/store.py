@@ -127,8 +127,9 @@ class StateStore(Protocol):
         """Stores each record for `ttl_s` seconds, replacing what was there (its TTL included),
         for every process sharing the backend: all in one write, in their order (put the
         record that names the others last: a reader that finds it finds them). With
-        `keep_thread`, that thread's counters end `ttl_s` from now in the same write, unless
-        reserved or kept again later (nothing for a thread without counters, or whose end has
+        `keep_thread`, that thread's counters end `ttl_s` from now, in the same write where the
+        backend allows (sqlite keeps it just before, on its own), unless reserved or kept again
+        later (nothing for a thread without counters, or whose end has
         passed). Raises ValueError unless `ttl_s` is positive and finite and there are at most
         RECORDS_AT_ONCE records."""
         ...

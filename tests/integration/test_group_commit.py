@@ -5,7 +5,6 @@ error of its own), keeps its order among puts of one key, and may be cancelled a
 from __future__ import annotations
 
 import asyncio
-import math
 import secrets
 import sqlite3
 from collections.abc import AsyncIterator
@@ -15,7 +14,7 @@ import pytest
 import redis
 
 from proxy.errors import StateUnavailable
-from proxy.state.redis import CALL_BYTES, RedisStore
+from proxy.state.redis import RedisStore
 from proxy.state.sqlite import SqliteStore
 from proxy.state.store import Record, StateStore, batches
 from tests.servers import redis_server
@@ -156,17 +155,47 @@ async def test_redis_splits_a_large_batch_into_calls_and_never_a_put(redis_url: 
     try:
         await store.put_record("run", "warm-up", b"{}", 60)  # the script is loaded
         before = script_calls(redis_url)
-        mib = b"x" * (1024 * 1024)
+        value = b"x" * (1024 * 1024 - 8192)  # four such puts fit a call, with their keys
         pairs = [
-            [Record("conversation", f"r{i}", mib), Record("response", f"r{i}", b"{}")]
-            for i in range(10)
+            [Record("conversation", f"r{i}", value), Record("response", f"r{i}", b"{}")]
+            for i in range(9)
         ]
         await asyncio.gather(*(store.put_records(pair, 60) for pair in pairs))
-        # The first at once, then nine of 1 MiB: four, four and one.
-        assert script_calls(redis_url) - before == 1 + math.ceil(9 / (CALL_BYTES // len(mib)))
-        for i in range(10):
-            assert await store.get_record("conversation", f"r{i}") == mib
+        assert script_calls(redis_url) - before == 3  # the first at once, then four and four
+        for i in range(9):
+            assert await store.get_record("conversation", f"r{i}") == value
             assert await store.get_record("response", f"r{i}") == b"{}"
+        # However small, at most 1,000 records a call.
+        before = script_calls(redis_url)
+        await asyncio.gather(*(store.put_record("run", f"s{i}", b"", 60) for i in range(2001)))
+        assert script_calls(redis_url) - before == 3
+    finally:
+        await store.close()
+
+
+async def test_a_stopped_redis_writer_fails_what_it_had_and_leaves_the_way_free(
+    redis_url: str,
+) -> None:
+    """Puts left waiting for a later one to carry them would wait for ever, then land after a
+    newer value of their key."""
+    store = RedisStore(redis_url, prefix=f"batch-{secrets.token_hex(4)}:")
+    try:
+        big = b"x" * (3 * 1024 * 1024)  # one a call
+        first = asyncio.create_task(store.put_record("run", "same", b"first", 60))
+        await asyncio.sleep(0)  # on its way: the next ones wait for the writer
+        queued = [
+            asyncio.create_task(store.put_record("run", "same", b"%d" % i + big, 60))
+            for i in range(3)
+        ]
+        await first
+        await asyncio.sleep(0)  # the writer sends the first of them
+        assert store._writer is not None
+        store._writer.cancel()
+        results = await asyncio.wait_for(asyncio.gather(*queued, return_exceptions=True), 10)
+        assert all(isinstance(r, StateUnavailable) for r in results), results
+        await store.put_record("run", "same", b"newest", 60)
+        await asyncio.sleep(0.2)
+        assert await store.get_record("run", "same") == b"newest"
     finally:
         await store.close()
 

@@ -285,6 +285,11 @@ class ReadsCounted(MemoryStore):
         self.read += len(found or b"")
         return found
 
+    async def get_records(self, kind: str, keys: Sequence[str]) -> list[bytes | None]:
+        found = await super().get_records(kind, keys)
+        self.read += sum(len(value or b"") for value in found)
+        return found
+
 
 async def test_reading_a_stored_response_does_not_read_the_conversation_through_it(
     proxy_for: ProxyFactory,
