@@ -36,7 +36,7 @@ async def restore(
     if not asked:
         return messages
     keys = [_key(caller, call_id) for _, call_id in asked]
-    found = await store.get_records(HELD_RECORD, keys)
+    found = await store.get_records([(HELD_RECORD, key) for key in keys])
     pairs = zip(asked, found, strict=True)
     held = {at: orjson.loads(value) for (at, _), value in pairs if value is not None}
     return restore_held_calls(messages, held) if held else messages

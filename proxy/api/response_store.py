@@ -179,14 +179,15 @@ class ResponseStore:
         key's responses do not exist for it), without its conversation."""
         return parsed(await self.store.get_record(RESPONSE_RECORD, response_id), caller)
 
-    async def records(self, response_ids: Sequence[str]) -> dict[str, bytes | None]:
-        """The response records of `response_ids` (for `parsed`), in as few reads as the
-        backend allows."""
-        found: dict[str, bytes | None] = {}
-        for start in range(0, len(response_ids), RECORDS_AT_ONCE):
-            asked = response_ids[start : start + RECORDS_AT_ONCE]
-            values = await self.store.get_records(RESPONSE_RECORD, asked)
-            found.update(zip(asked, values, strict=True))
+    async def records(
+        self, wanted: Sequence[tuple[str, str]]
+    ) -> dict[tuple[str, str], bytes | None]:
+        """The records `wanted` ((kind, response id) pairs; a response record is read with
+        `parsed`), in as few reads as the backend allows."""
+        found: dict[tuple[str, str], bytes | None] = {}
+        for start in range(0, len(wanted), RECORDS_AT_ONCE):
+            asked = wanted[start : start + RECORDS_AT_ONCE]
+            found.update(zip(asked, await self.store.get_records(asked), strict=True))
         return found
 
     async def readable(self, response_id: str, caller: Caller | None) -> StoredResponse | None:
@@ -202,12 +203,14 @@ class ResponseStore:
         return stored
 
     async def conversation(
-        self, response_id: str, bounds: ServerConfig
+        self, response_id: str, bounds: ServerConfig, found: bytes | None = None
     ) -> list[dict[str, Any]] | None:
         """The conversation through a response `readable` found (None when it is gone since,
-        deleted or expired). Raises ConversationTooLarge when it holds more bytes or JSON
-        values than a request's body may (checked before it is parsed)."""
-        found = await self.store.get_record(CONVERSATION_RECORD, response_id)
+        deleted or expired); `found`, its record when it was read already. Raises
+        ConversationTooLarge when it holds more bytes or JSON values than a request's body may
+        (checked before it is parsed)."""
+        if found is None:
+            found = await self.store.get_record(CONVERSATION_RECORD, response_id)
         legacy = found is None
         if found is None:  # stored as one record by an earlier version, or gone since
             found = await self.store.get_record(RESPONSE_RECORD, response_id)

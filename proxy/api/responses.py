@@ -36,7 +36,9 @@ from proxy.api.response_items import (
     output_items,
 )
 from proxy.api.response_store import (
+    CONVERSATION_RECORD,
     READ_BYTES_PER_BODY,
+    RESPONSE_RECORD,
     ChainThreads,
     ConversationTooLarge,
     ResponseStore,
@@ -251,19 +253,24 @@ class _StoredReads:
         self._outputs: dict[str, dict[str, dict[str, Any]]] = {}  # by response id, by item id
         self._readable: set[str] = set()
         self._inputs: set[str] = set()  # the responses whose input items are in `_outputs`
-        self._fetched: dict[str, bytes | None] = {}  # records read ahead, not yet parsed
+        # Records read ahead, by (kind, response id), not yet parsed.
+        self._fetched: dict[tuple[str, str], bytes | None] = {}
         self._budget = READ_BYTES_PER_BODY * bounds.max_body_bytes
         self._spent = 0
         self._yielded = 0
 
-    async def read_ahead(self, response_ids: list[str]) -> None:
-        """Reads the records of the responses the request will read together, as many as it
-        may read (one read each for the rest, as it comes to them)."""
-        known = self._outputs.keys() | self._fetched.keys()
-        wanted = [r for r in dict.fromkeys(response_ids) if r not in known]
-        room = MAX_STORED_READS - len(self._outputs) - len(self._fetched)
-        if len(wanted) > 1 and room > 0:
-            self._fetched.update(await self.store.records(wanted[:room]))
+    async def read_ahead(self, previous_id: str | None, named: list[str]) -> None:
+        """Reads, before any other read and together, the records the request will read: the
+        response it continues and the conversation through it, and the responses its item
+        references name, as many as it may read (one read each for the rest, as it comes to
+        them)."""
+        responses = [previous_id] if previous_id is not None else []
+        responses = list(dict.fromkeys(responses + named))[:MAX_STORED_READS]
+        wanted = [(RESPONSE_RECORD, response) for response in responses]
+        if previous_id is not None:
+            wanted.append((CONVERSATION_RECORD, previous_id))
+        if len(wanted) > 1:
+            self._fetched = await self.store.records(wanted)
 
     async def previous(
         self, response_id: str, param: str
@@ -272,8 +279,9 @@ class _StoredReads:
         stored = await self._read(response_id, param)
         conversation = None
         if stored is not None:  # first: another key's response has no size for it either
+            found = self._fetched.pop((CONVERSATION_RECORD, response_id), None)
             try:
-                conversation = await self.store.conversation(response_id, self.bounds)
+                conversation = await self.store.conversation(response_id, self.bounds, found)
             except ConversationTooLarge as exc:
                 raise BodyTooLarge(str(exc), param=param) from None
         if stored is None or conversation is None:
@@ -304,10 +312,10 @@ class _StoredReads:
                 param=param,
             )
         self._outputs[response_id] = {}  # counted, whatever it holds
-        if response_id in self._fetched:
-            found = self._fetched.pop(response_id)
+        if (RESPONSE_RECORD, response_id) in self._fetched:
+            found = self._fetched.pop((RESPONSE_RECORD, response_id))
         else:
-            (found,) = (await self.store.records([response_id])).values()
+            found = await self.store.store.get_record(RESPONSE_RECORD, response_id)
         if found is not None and (self.caller is None or owned_by(found, self.caller.name)):
             self._spent += len(found)  # before it is parsed; another key's has no size for it
         if self._spent > self._budget:
@@ -343,7 +351,7 @@ async def _history(
     previous_id = req.previous_response_id
     named = [item["id"] for item in req.items if item.get("type") == "item_reference"]
     owners = [owner for ref in named if (owner := response_of_item(ref)) is not None]
-    await reads.read_ahead(([previous_id] if previous_id is not None else []) + owners)
+    await reads.read_ahead(previous_id, owners)
     if previous_id is not None:
         previous, conversation = await reads.previous(previous_id, "previous_response_id")
         outputs = list(previous.response.get("output") or ())

@@ -107,9 +107,9 @@ class MemoryStore:
     async def get_record(self, kind: str, key: str) -> bytes | None:
         return self._found(kind, key)
 
-    async def get_records(self, kind: str, keys: Sequence[str]) -> list[bytes | None]:
-        check_at_once(keys)
-        return [self._found(kind, key) for key in keys]
+    async def get_records(self, wanted: Sequence[tuple[str, str]]) -> list[bytes | None]:
+        check_at_once(wanted)
+        return [self._found(kind, key) for kind, key in wanted]
 
     def _found(self, kind: str, key: str) -> bytes | None:
         found = self._records.get((kind, key))

@@ -253,12 +253,12 @@ class RedisStore:
             found = await self._redis.get(self._record(kind, key))
         return None if found is None else _bytes(found)
 
-    async def get_records(self, kind: str, keys: Sequence[str]) -> list[bytes | None]:
-        check_at_once(keys)
-        if not keys:
+    async def get_records(self, wanted: Sequence[tuple[str, str]]) -> list[bytes | None]:
+        check_at_once(wanted)
+        if not wanted:
             return []
         with _reached():
-            found = await self._redis.mget([self._record(kind, key) for key in keys])
+            found = await self._redis.mget([self._record(kind, key) for kind, key in wanted])
         return [None if value is None else _bytes(value) for value in found]
 
     async def delete_record(self, kind: str, key: str) -> bool:

@@ -279,20 +279,20 @@ class SqliteStore:
 
         return await self._call(work)
 
-    async def get_records(self, kind: str, keys: Sequence[str]) -> list[bytes | None]:
-        check_at_once(keys)
-        marks = ", ".join("?" for _ in keys)
+    async def get_records(self, wanted: Sequence[tuple[str, str]]) -> list[bytes | None]:
+        check_at_once(wanted)
+        pairs = ", ".join("(?, ?)" for _ in wanted)
 
         def work(db: sqlite3.Connection) -> list[bytes | None]:
             rows = db.execute(
-                f"SELECT key, value FROM records WHERE kind = ? AND key IN ({marks}) "
+                f"SELECT kind, key, value FROM records WHERE (kind, key) IN (VALUES {pairs}) "
                 "AND expires_at > ?",
-                (kind, *keys, time.time()),
+                (*(part for pair in wanted for part in pair), time.time()),
             )
-            found = {key: bytes(value) for key, value in rows}
-            return [found.get(key) for key in keys]
+            found = {(kind, key): bytes(value) for kind, key, value in rows}
+            return [found.get(pair) for pair in wanted]
 
-        return await self._call(work) if keys else []
+        return await self._call(work) if wanted else []
 
     async def delete_record(self, kind: str, key: str) -> bool:
         def work(db: sqlite3.Connection) -> bool:

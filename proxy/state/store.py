@@ -138,9 +138,9 @@ class StateStore(Protocol):
         """The value, or None when there is none or it has expired."""
         ...
 
-    async def get_records(self, kind: str, keys: Sequence[str]) -> list[bytes | None]:
-        """The values of `keys` (of one kind) in their order, as `get_record` finds each, in
-        one read. Raises ValueError past RECORDS_AT_ONCE keys."""
+    async def get_records(self, wanted: Sequence[tuple[str, str]]) -> list[bytes | None]:
+        """The values of the (kind, key) pairs `wanted`, in their order, as `get_record` finds
+        each, in one read. Raises ValueError past RECORDS_AT_ONCE pairs."""
         ...
 
     async def delete_record(self, kind: str, key: str) -> bool:

@@ -307,9 +307,9 @@ class HeldReadsCounted(MemoryStore):
         super().__init__()
         self.reads: list[int] = []
 
-    async def get_records(self, kind: str, keys: Sequence[str]) -> list[bytes | None]:
-        self.reads.append(len(keys))
-        return await super().get_records(kind, keys)
+    async def get_records(self, wanted: Sequence[tuple[str, str]]) -> list[bytes | None]:
+        self.reads.append(len(wanted))
+        return await super().get_records(wanted)
 
 
 async def test_the_calls_held_back_in_a_history_are_looked_up_in_one_read(

@@ -217,9 +217,9 @@ class ReadsOfResponses(MemoryStore):
         self.reads += [1] if kind == "response" else []
         return await super().get_record(kind, key)
 
-    async def get_records(self, kind: str, keys: Sequence[str]) -> list[bytes | None]:
-        self.reads += [len(keys)] if kind == "response" else []
-        return await super().get_records(kind, keys)
+    async def get_records(self, wanted: Sequence[tuple[str, str]]) -> list[bytes | None]:
+        self.reads += [sum(kind == "response" for kind, _ in wanted)]
+        return await super().get_records(wanted)
 
 
 async def stored_items(proxy: Proxy, count: int, **body: Any) -> list[dict[str, str]]:
@@ -240,6 +240,37 @@ async def test_the_responses_a_request_names_are_read_together(proxy_for: ProxyF
     assert read.status_code == 200, read.text
     assert store.reads == [100, 50]
     assert len(proxy.upstream.bodies[-1]["messages"]) == 150  # each named item once
+
+
+class ReadsKept(MemoryStore):
+    """The memory backend, keeping what each of its reads asked for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads: list[list[tuple[str, str]]] = []
+
+    async def get_record(self, kind: str, key: str) -> bytes | None:
+        self.reads.append([(kind, key)])
+        return await super().get_record(kind, key)
+
+    async def get_records(self, wanted: Sequence[tuple[str, str]]) -> list[bytes | None]:
+        self.reads.append(list(wanted))
+        return await super().get_records(wanted)
+
+
+async def test_a_response_continued_is_read_with_its_conversation_in_one_read(
+    proxy_for: ProxyFactory,
+) -> None:
+    """What the Agents SDK and Codex send every turn: one read of the state backend."""
+    store = ReadsKept()
+    async with proxy_for(store=store) as proxy:
+        proxy.upstream.script(keep(say("Noted.")))
+        first = (await respond(proxy, model="scripted", input="Remember 7.")).json()
+        store.reads.clear()
+        again = await respond(proxy, model="scripted", previous_response_id=first["id"])
+    assert again.status_code == 200
+    assert store.reads == [[("response", first["id"]), ("conversation", first["id"])]]
+    assert proxy.upstream.bodies[-1]["messages"][0]["content"] == "Remember 7."
 
 
 async def test_a_request_reads_at_most_max_stored_reads_responses(
@@ -285,8 +316,8 @@ class ReadsCounted(MemoryStore):
         self.read += len(found or b"")
         return found
 
-    async def get_records(self, kind: str, keys: Sequence[str]) -> list[bytes | None]:
-        found = await super().get_records(kind, keys)
+    async def get_records(self, wanted: Sequence[tuple[str, str]]) -> list[bytes | None]:
+        found = await super().get_records(wanted)
         self.read += sum(len(value or b"") for value in found)
         return found
 

@@ -374,11 +374,13 @@ async def test_records_are_read_together_in_the_order_asked(store: StateStore) -
     await store.put_record("held", "gone", b"G", 0.05)
     await store.put_record("other", "c", b"C", 60)
     await asyncio.sleep(0.1)
-    asked = ["b", "missing", "a", "gone", "c", "a"]
-    assert await store.get_records("held", asked) == [b"", None, b"A", None, None, b"A"]
-    assert await store.get_records("held", []) == []
+    asked = [("held", key) for key in ("b", "missing", "a", "gone", "c", "a")]
+    asked += [("other", "c"), ("other", "a")]
+    found = [b"", None, b"A", None, None, b"A", b"C", None]
+    assert await store.get_records(asked) == found
+    assert await store.get_records([]) == []
     with pytest.raises(ValueError, match=f"at most {RECORDS_AT_ONCE} records"):
-        await store.get_records("held", ["a"] * (RECORDS_AT_ONCE + 1))
+        await store.get_records([("held", "a")] * (RECORDS_AT_ONCE + 1))
 
 
 @pytest.mark.parametrize("ttl_s", [0, -1.0, math.nan, math.inf])
