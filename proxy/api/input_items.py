@@ -116,12 +116,16 @@ async def _segments(
     stops at a response deleted or expired since."""
     current = response_id
     spent = 0
+
+    def charge(size: int) -> None:
+        nonlocal spent
+        spent += size
+        _within(spent, budget, response_id)
+
     for _ in range(max_chain):
-        inputs = await store.input(current)
+        inputs = await store.input(current, charge)
         if inputs is None:
             return
-        spent += inputs.size
-        _within(spent, budget, response_id)
         yield listed(inputs.items, current)
         yield inputs.outputs
         if inputs.previous is None:

@@ -3,7 +3,7 @@ state backend for `state.response_ttl_s`, readable only by the key that created 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,7 +16,7 @@ from proxy.api.services import Services
 from proxy.config.server import ServerConfig
 from proxy.errors import NotFound
 from proxy.json_values import holds_over
-from proxy.state.store import RECORDS_AT_ONCE, Record, StateStore
+from proxy.state.store import Record, StateStore
 
 # A stored response is three records: the response (its body, thread and owner), read by `GET`,
 # by run lookups and by item references; the conversation through it, read only by the request
@@ -60,7 +60,6 @@ class StoredInput:
     previous: str | None
     items: list[dict[str, Any]]
     outputs: list[dict[str, Any]] = field(default_factory=list)
-    size: int = 0  # the record's bytes, when read
 
     def dumps(self) -> bytes:
         return orjson.dumps(
@@ -102,6 +101,20 @@ def chain_thread(thread: str | None) -> bool:
 def owned_by(record: bytes, key: str) -> bool:
     """Whether a stored response's record was made by `key`: its last field, read unparsed."""
     return record.endswith(b'"key":' + orjson.dumps(key) + b"}")
+
+
+class Unread:
+    """A record not read yet (None: read, and not found)."""
+
+
+UNREAD = Unread()
+
+
+def conversation_key(response_id: str, key: str | None) -> str:
+    """Where the conversation through a response is kept: under the name of the key that made
+    it, so that a request of another key, which reads it with the response, finds nothing there
+    (it learns nothing from the time its read takes either). Response ids hold no `/`."""
+    return response_id if key is None else f"{response_id}/{key}"
 
 
 def parsed(record: bytes | None, caller: Caller | None) -> StoredResponse | None:
@@ -156,39 +169,32 @@ class ResponseStore:
         """Keeps the response, `messages` (the conversation through it, as the engine saw it,
         the `instructions` aside: they are not carried over, as OpenAI does) and `inputs`, in
         one write; and the `chain`'s thread (when the response continues one) as long."""
+        conversation = conversation_key(response_id, stored.key)
         records = (
-            Record(CONVERSATION_RECORD, response_id, orjson.dumps(messages)),
+            Record(CONVERSATION_RECORD, conversation, orjson.dumps(messages)),
             Record(INPUT_RECORD, response_id, inputs.dumps()),
             Record(RESPONSE_RECORD, response_id, stored.dumps()),  # last: it names the others
         )
         await self.store.put_records(records, self.ttl_s, keep_thread=chain)
 
-    async def input(self, response_id: str) -> StoredInput | None:
+    async def input(
+        self, response_id: str, charge: Callable[[int], None] | None = None
+    ) -> StoredInput | None:
         """The input record of a response `readable` found (None when it has none: it is gone
-        since, or was stored without one)."""
+        since, or was stored without one); `charge` is told its bytes before it is parsed (and
+        may raise to refuse it)."""
         found = await self.store.get_record(INPUT_RECORD, response_id)
         if found is None:
             return None
+        if charge is not None:
+            charge(len(found))
         fields = orjson.loads(found)
-        return StoredInput(
-            fields["previous"], fields["items"], fields.get("outputs", []), len(found)
-        )
+        return StoredInput(fields["previous"], fields["items"], fields.get("outputs", []))
 
     async def load(self, response_id: str, caller: Caller | None) -> StoredResponse | None:
         """The stored response, when it exists and `caller` made it (None otherwise: another
         key's responses do not exist for it), without its conversation."""
         return parsed(await self.store.get_record(RESPONSE_RECORD, response_id), caller)
-
-    async def records(
-        self, wanted: Sequence[tuple[str, str]]
-    ) -> dict[tuple[str, str], bytes | None]:
-        """The records `wanted` ((kind, response id) pairs; a response record is read with
-        `parsed`), in as few reads as the backend allows."""
-        found: dict[tuple[str, str], bytes | None] = {}
-        for start in range(0, len(wanted), RECORDS_AT_ONCE):
-            asked = wanted[start : start + RECORDS_AT_ONCE]
-            found.update(zip(asked, await self.store.get_records(asked), strict=True))
-        return found
 
     async def readable(self, response_id: str, caller: Caller | None) -> StoredResponse | None:
         """`load`, and raises PermissionDenied when the key may no longer use the response's
@@ -203,13 +209,17 @@ class ResponseStore:
         return stored
 
     async def conversation(
-        self, response_id: str, bounds: ServerConfig, found: bytes | None = None
+        self, stored: StoredResponse, bounds: ServerConfig, found: bytes | Unread | None = UNREAD
     ) -> list[dict[str, Any]] | None:
         """The conversation through a response `readable` found (None when it is gone since,
         deleted or expired); `found`, its record when it was read already. Raises
         ConversationTooLarge when it holds more bytes or JSON values than a request's body may
         (checked before it is parsed)."""
-        if found is None:
+        response_id = stored.response["id"]
+        kept = conversation_key(response_id, stored.key)
+        if isinstance(found, Unread):
+            found = await self.store.get_record(CONVERSATION_RECORD, kept)
+        if found is None and kept != response_id:  # kept by an earlier version
             found = await self.store.get_record(CONVERSATION_RECORD, response_id)
         legacy = found is None
         if found is None:  # stored as one record by an earlier version, or gone since
@@ -227,7 +237,11 @@ class ResponseStore:
             return list(parsed)
         return list(parsed["messages"]) if "messages" in parsed else None
 
-    async def delete(self, response_id: str) -> bool:
-        await self.store.delete_record(CONVERSATION_RECORD, response_id)
+    async def delete(self, stored: StoredResponse) -> bool:
+        response_id = stored.response["id"]
+        await self.store.delete_record(
+            CONVERSATION_RECORD, conversation_key(response_id, stored.key)
+        )
+        await self.store.delete_record(CONVERSATION_RECORD, response_id)  # an earlier version's
         await self.store.delete_record(INPUT_RECORD, response_id)
         return await self.store.delete_record(RESPONSE_RECORD, response_id)

@@ -5,6 +5,7 @@ resolve the stored items, plan, run, render. Errors they raise are rendered by t
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from collections.abc import Callable
@@ -46,6 +47,7 @@ from proxy.api.response_store import (
     StoredResponse,
     asked_for,
     chain_thread,
+    conversation_key,
     owned_by,
     parsed,
     response_of_item,
@@ -64,6 +66,7 @@ from proxy.errors import (
     NotFound,
     StateUnavailable,
 )
+from proxy.state.store import RECORDS_AT_ONCE
 
 log = logging.getLogger(__name__)
 CALL_KINDS = frozenset({"function_call", "custom_tool_call"})
@@ -242,9 +245,13 @@ class _Context:
 class _StoredReads:
     """The stored responses one request reads (its previous one, those its item references
     name): each read once, at most MAX_STORED_READS of them and READ_BYTES_PER_BODY request
-    bodies of their records. Of a response an item reference names, only its output items are
-    kept, and its input items when a reference names one; the conversation of the previous one
-    may hold no more bytes or values than a request's body (it goes upstream in this one's)."""
+    bodies of their records (and of the input records its references read), charged before
+    they are parsed. They are read together, in the order the request names them: the previous
+    one with the conversation through it, the others RECORDS_AT_ONCE at a time and only as many
+    bytes of them as the budget has left. Of a response an item reference names, only its
+    output items are kept, and its input items when a reference names one; the conversation of
+    the previous one may hold no more bytes or values than a request's body (it goes upstream
+    in this one's)."""
 
     def __init__(self, store: ResponseStore, caller: Caller | None, bounds: ServerConfig) -> None:
         self.store = store
@@ -253,35 +260,32 @@ class _StoredReads:
         self._outputs: dict[str, dict[str, dict[str, Any]]] = {}  # by response id, by item id
         self._readable: set[str] = set()
         self._inputs: set[str] = set()  # the responses whose input items are in `_outputs`
-        # Records read ahead, by (kind, response id), not yet parsed.
-        self._fetched: dict[tuple[str, str], bytes | None] = {}
+        self._ahead: dict[str, None] = {}  # the responses the request names, not read yet
+        self._fetched: dict[str, bytes | None] = {}  # response records read, not yet parsed
         self._budget = READ_BYTES_PER_BODY * bounds.max_body_bytes
         self._spent = 0
         self._yielded = 0
 
-    async def read_ahead(self, previous_id: str | None, named: list[str]) -> None:
-        """Reads, before any other read and together, the records the request will read: the
-        response it continues and the conversation through it, and the responses its item
-        references name, as many as it may read (one read each for the rest, as it comes to
-        them)."""
-        responses = [previous_id] if previous_id is not None else []
-        responses = list(dict.fromkeys(responses + named))[:MAX_STORED_READS]
-        wanted = [(RESPONSE_RECORD, response) for response in responses]
-        if previous_id is not None:
-            wanted.append((CONVERSATION_RECORD, previous_id))
-        if len(wanted) > 1:
-            self._fetched = await self.store.records(wanted)
+    def will_read(self, named: list[str]) -> None:
+        """The responses the request's item references name, in order: read together."""
+        self._ahead = dict.fromkeys(list(dict.fromkeys(named))[:MAX_STORED_READS])
 
     async def previous(
         self, response_id: str, param: str
     ) -> tuple[StoredResponse, list[dict[str, Any]]]:
-        """The response a request continues, and the conversation through it."""
+        """The response a request continues, and the conversation through it (read together:
+        a request of another key finds none, the conversation being kept under the name of the
+        key that made it)."""
+        key = self.caller.name if self.caller is not None else None
+        wanted = [(RESPONSE_RECORD, response_id)]
+        wanted.append((CONVERSATION_RECORD, conversation_key(response_id, key)))
+        self._fetched[response_id], found = await self.store.store.get_records(wanted)
+        self._ahead.pop(response_id, None)
         stored = await self._read(response_id, param)
         conversation = None
-        if stored is not None:  # first: another key's response has no size for it either
-            found = self._fetched.pop((CONVERSATION_RECORD, response_id), None)
+        if stored is not None:
             try:
-                conversation = await self.store.conversation(response_id, self.bounds, found)
+                conversation = await self.store.conversation(stored, self.bounds, found)
             except ConversationTooLarge as exc:
                 raise BodyTooLarge(str(exc), param=param) from None
         if stored is None or conversation is None:
@@ -296,7 +300,7 @@ class _StoredReads:
         item = self._outputs[owner].get(item_id) if owner is not None else None
         if item is None and owner in self._readable and owner not in self._inputs:
             self._inputs.add(owner)
-            found = await self.store.input(owner)
+            found = await self.store.input(owner, lambda size: self._charge(size, param))
             for given in listed(found.items, owner) if found is not None else ():
                 self._outputs[owner].setdefault(given["id"], given)
             item = self._outputs[owner].get(item_id)
@@ -312,19 +316,9 @@ class _StoredReads:
                 param=param,
             )
         self._outputs[response_id] = {}  # counted, whatever it holds
-        if (RESPONSE_RECORD, response_id) in self._fetched:
-            found = self._fetched.pop((RESPONSE_RECORD, response_id))
-        else:
-            found = await self.store.store.get_record(RESPONSE_RECORD, response_id)
+        found = await self._record(response_id)
         if found is not None and (self.caller is None or owned_by(found, self.caller.name)):
-            self._spent += len(found)  # before it is parsed; another key's has no size for it
-        if self._spent > self._budget:
-            raise BodyTooLarge(
-                f"the stored responses this request reads hold more than {self._budget} bytes "
-                f"({READ_BYTES_PER_BODY} x server.max_body_bytes); continue the conversation "
-                "with previous_response_id instead of naming so many of its items",
-                param=param,
-            )
+            self._charge(len(found), param)  # another key's response has no size for it
         if self._spent - self._yielded >= YIELD_EVERY_BYTES:
             self._yielded = self._spent
             await asyncio.sleep(0)  # other requests' turn
@@ -335,6 +329,31 @@ class _StoredReads:
         output = stored.response.get("output") or ()
         self._outputs[response_id] = {item.get("id"): item for item in output}
         return stored
+
+    async def _record(self, response_id: str) -> bytes | None:
+        """A response's record, read with those the request names after it: as many as
+        RECORDS_AT_ONCE and the bytes its budget has left allow (what is not read is not held)."""
+        if response_id not in self._fetched:
+            self._ahead.pop(response_id, None)
+            chunk = [response_id, *itertools.islice(self._ahead, RECORDS_AT_ONCE - 1)]
+            wanted = [(RESPONSE_RECORD, named) for named in chunk]
+            left = max(0, self._budget - self._spent)
+            found = await self.store.store.get_records(wanted, max_bytes=left)
+            for named, record in zip(chunk, found, strict=False):  # the first ones only
+                self._fetched[named] = record
+                self._ahead.pop(named, None)
+        return self._fetched.pop(response_id)
+
+    def _charge(self, size: int, param: str) -> None:
+        """Counts `size` bytes of records read against the budget, before they are parsed."""
+        self._spent += size
+        if self._spent > self._budget:
+            raise BodyTooLarge(
+                f"the stored responses this request reads hold more than {self._budget} bytes "
+                f"({READ_BYTES_PER_BODY} x server.max_body_bytes); continue the conversation "
+                "with previous_response_id instead of naming so many of its items",
+                param=param,
+            )
 
 
 async def _history(
@@ -350,8 +369,7 @@ async def _history(
     outputs: list[dict[str, Any]] = []
     previous_id = req.previous_response_id
     named = [item["id"] for item in req.items if item.get("type") == "item_reference"]
-    owners = [owner for ref in named if (owner := response_of_item(ref)) is not None]
-    await reads.read_ahead(previous_id, owners)
+    reads.will_read([owner for ref in named if (owner := response_of_item(ref)) is not None])
     if previous_id is not None:
         previous, conversation = await reads.previous(previous_id, "previous_response_id")
         outputs = list(previous.response.get("output") or ())
@@ -433,7 +451,7 @@ class StoredResponses:
         store, stored = await asked_for(self.services(), scope)
         asked = scope["path_params"]["response_id"]
         if scope["method"] == "DELETE":
-            await store.delete(asked)
+            await store.delete(stored)
             await send_json(send, 200, {"id": asked, "object": "response", "deleted": True})
             return
         await send_json(send, 200, stored.response)

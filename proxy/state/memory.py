@@ -107,9 +107,19 @@ class MemoryStore:
     async def get_record(self, kind: str, key: str) -> bytes | None:
         return self._found(kind, key)
 
-    async def get_records(self, wanted: Sequence[tuple[str, str]]) -> list[bytes | None]:
+    async def get_records(
+        self, wanted: Sequence[tuple[str, str]], max_bytes: int | None = None
+    ) -> list[bytes | None]:
         check_at_once(wanted)
-        return [self._found(kind, key) for kind, key in wanted]
+        found: list[bytes | None] = []
+        total = 0
+        for kind, key in wanted:
+            value = self._found(kind, key)
+            total += len(value or b"")
+            if found and max_bytes is not None and total > max_bytes:
+                break
+            found.append(value)
+        return found
 
     def _found(self, kind: str, key: str) -> bytes | None:
         found = self._records.get((kind, key))

@@ -75,6 +75,21 @@ for i = n + 1, #KEYS do redis.call('PEXPIRE', KEYS[i], ARGV[n + i + 1]) end
 return n
 """
 
+# KEYS: records to read, in order; ARGV[1]: the most bytes of values to read, the first record
+# read whatever its size. Returns the values read (false: none), a prefix of KEYS: the sizes
+# are looked at first, so what is not read is not sent.
+_GET_WITHIN = """
+local most = tonumber(ARGV[1])
+local found = {}
+local total = 0
+for i = 1, #KEYS do
+  total = total + redis.call('STRLEN', KEYS[i])
+  if i > 1 and total > most then break end
+  found[i] = redis.call('GET', KEYS[i])
+end
+return found
+"""
+
 # The most bytes of records in one call of a group commit (a put larger alone): redis reads a
 # call whole before it runs it, and runs it without a pause. A record weighs its key and value,
 # and at least RECORD_WEIGHT: at most 1,000 records a call, however small.
@@ -127,6 +142,7 @@ class RedisStore:
         self._reserve = self._redis.register_script(_RESERVE)
         self._save = self._redis.register_script(_SAVE)
         self._put = self._redis.register_script(_PUT)
+        self._get_within = self._redis.register_script(_GET_WITHIN)
         # Whether a write is on its way; the writes put meanwhile, each with the future its
         # put awaits; the task that sends them.
         self._sending = False
@@ -253,12 +269,18 @@ class RedisStore:
             found = await self._redis.get(self._record(kind, key))
         return None if found is None else _bytes(found)
 
-    async def get_records(self, wanted: Sequence[tuple[str, str]]) -> list[bytes | None]:
+    async def get_records(
+        self, wanted: Sequence[tuple[str, str]], max_bytes: int | None = None
+    ) -> list[bytes | None]:
         check_at_once(wanted)
         if not wanted:
             return []
+        names = [self._record(kind, key) for kind, key in wanted]
         with _reached():
-            found = await self._redis.mget([self._record(kind, key) for kind, key in wanted])
+            if max_bytes is None:
+                found = await self._redis.mget(names)
+            else:
+                found = await self._get_within(keys=names, args=[max_bytes])
         return [None if value is None else _bytes(value) for value in found]
 
     async def delete_record(self, kind: str, key: str) -> bool:

@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
-from typing import NamedTuple, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from proxy.errors import StateUnavailable
 from proxy.state import sqlite_threads as threads
@@ -28,6 +28,7 @@ from proxy.state.lease import renewed
 from proxy.state.locks import KeyedLocks
 from proxy.state.sqlite_checkpoints import LOG_FILE_BYTES, Checkpointer
 from proxy.state.store import (
+    RECORDS_AT_ONCE,
     Record,
     StoredContext,
     batches,
@@ -279,18 +280,25 @@ class SqliteStore:
 
         return await self._call(work)
 
-    async def get_records(self, wanted: Sequence[tuple[str, str]]) -> list[bytes | None]:
+    async def get_records(
+        self, wanted: Sequence[tuple[str, str]], max_bytes: int | None = None
+    ) -> list[bytes | None]:
         check_at_once(wanted)
-        pairs = ", ".join("(?, ?)" for _ in wanted)
+
+        def read(
+            db: sqlite3.Connection, pairs: Sequence[tuple[str, str]], what: str
+        ) -> dict[tuple[str, str], Any]:
+            parameters = (*(part for pair in pairs for part in pair), time.time())
+            rows = db.execute(_read_pairs(what, len(pairs)), parameters)
+            return {(kind, key): value for kind, key, value in rows}
 
         def work(db: sqlite3.Connection) -> list[bytes | None]:
-            rows = db.execute(
-                f"SELECT kind, key, value FROM records WHERE (kind, key) IN (VALUES {pairs}) "
-                "AND expires_at > ?",
-                (*(part for pair in wanted for part in pair), time.time()),
-            )
-            found = {(kind, key): bytes(value) for kind, key, value in rows}
-            return [found.get(pair) for pair in wanted]
+            asked = wanted
+            if max_bytes is not None:  # the sizes first: what is not read is not held
+                sizes = read(db, wanted, "length(r.value)")
+                asked = wanted[: _within([sizes.get(pair, 0) for pair in wanted], max_bytes)]
+            found = read(db, asked, "r.value")
+            return [None if (value := found.get(pair)) is None else bytes(value) for pair in asked]
 
         return await self._call(work) if wanted else []
 
@@ -417,6 +425,27 @@ def _insert(rows: int) -> str:
         "ON CONFLICT (kind, key) DO UPDATE SET value = excluded.value, "
         "expires_at = excluded.expires_at"
     )
+
+
+@functools.lru_cache(maxsize=2 * RECORDS_AT_ONCE)
+def _read_pairs(what: str, pairs: int) -> str:
+    """Reads `what` of the records of `pairs` (kind, key) pairs, each found by its primary key
+    (`(kind, key) IN (...)` has sqlite scan the expiry index instead: every live record)."""
+    values = ", ".join(["(?, ?)"] * pairs)
+    return (
+        f"SELECT r.kind, r.key, {what} FROM (VALUES {values}) AS w "
+        "JOIN records AS r ON r.kind = w.column1 AND r.key = w.column2 WHERE r.expires_at > ?"
+    )
+
+
+def _within(sizes: Sequence[int], max_bytes: int) -> int:
+    """How many of the first sizes add up to at most `max_bytes` (one at least)."""
+    total = 0
+    for count, size in enumerate(sizes):
+        total += size
+        if count and total > max_bytes:
+            return count
+    return len(sizes)
 
 
 def _abandon(db: sqlite3.Connection) -> None:

@@ -138,9 +138,13 @@ class StateStore(Protocol):
         """The value, or None when there is none or it has expired."""
         ...
 
-    async def get_records(self, wanted: Sequence[tuple[str, str]]) -> list[bytes | None]:
+    async def get_records(
+        self, wanted: Sequence[tuple[str, str]], max_bytes: int | None = None
+    ) -> list[bytes | None]:
         """The values of the (kind, key) pairs `wanted`, in their order, as `get_record` finds
-        each, in one read. Raises ValueError past RECORDS_AT_ONCE pairs."""
+        each, in one read. With `max_bytes`, of the first pairs only, whose values add up to
+        at most that many bytes (the first, whatever its size): a shorter list, the pairs after
+        it not read. Raises ValueError past RECORDS_AT_ONCE pairs."""
         ...
 
     async def delete_record(self, kind: str, key: str) -> bool:

@@ -307,9 +307,11 @@ class HeldReadsCounted(MemoryStore):
         super().__init__()
         self.reads: list[int] = []
 
-    async def get_records(self, wanted: Sequence[tuple[str, str]]) -> list[bytes | None]:
+    async def get_records(
+        self, wanted: Sequence[tuple[str, str]], max_bytes: int | None = None
+    ) -> list[bytes | None]:
         self.reads.append(len(wanted))
-        return await super().get_records(wanted)
+        return await super().get_records(wanted, max_bytes)
 
 
 async def test_the_calls_held_back_in_a_history_are_looked_up_in_one_read(

@@ -217,9 +217,11 @@ class ReadsOfResponses(MemoryStore):
         self.reads += [1] if kind == "response" else []
         return await super().get_record(kind, key)
 
-    async def get_records(self, wanted: Sequence[tuple[str, str]]) -> list[bytes | None]:
+    async def get_records(
+        self, wanted: Sequence[tuple[str, str]], max_bytes: int | None = None
+    ) -> list[bytes | None]:
         self.reads += [sum(kind == "response" for kind, _ in wanted)]
-        return await super().get_records(wanted)
+        return await super().get_records(wanted, max_bytes)
 
 
 async def stored_items(proxy: Proxy, count: int, **body: Any) -> list[dict[str, str]]:
@@ -253,9 +255,11 @@ class ReadsKept(MemoryStore):
         self.reads.append([(kind, key)])
         return await super().get_record(kind, key)
 
-    async def get_records(self, wanted: Sequence[tuple[str, str]]) -> list[bytes | None]:
+    async def get_records(
+        self, wanted: Sequence[tuple[str, str]], max_bytes: int | None = None
+    ) -> list[bytes | None]:
         self.reads.append(list(wanted))
-        return await super().get_records(wanted)
+        return await super().get_records(wanted, max_bytes)
 
 
 async def test_a_response_continued_is_read_with_its_conversation_in_one_read(
@@ -316,8 +320,10 @@ class ReadsCounted(MemoryStore):
         self.read += len(found or b"")
         return found
 
-    async def get_records(self, wanted: Sequence[tuple[str, str]]) -> list[bytes | None]:
-        found = await super().get_records(wanted)
+    async def get_records(
+        self, wanted: Sequence[tuple[str, str]], max_bytes: int | None = None
+    ) -> list[bytes | None]:
+        found = await super().get_records(wanted, max_bytes)
         self.read += sum(len(value or b"") for value in found)
         return found
 
@@ -367,6 +373,70 @@ async def test_a_stored_response_and_its_chain_s_thread_are_one_write(
         assert again.status_code == 200
     kinds = ["conversation", "input", "response"]  # the response last: it names the others
     assert store.writes == [(kinds, first["id"]), (kinds, first["id"])]
+
+
+async def test_what_a_request_reads_of_the_responses_it_names_stays_within_its_budget(
+    proxy_for: ProxyFactory,
+) -> None:
+    """The records are read together, but only as many bytes of them as the budget has left
+    (the state backend looks at their sizes first): not every record the request names, as
+    large as each may be, before the first is parsed."""
+    store = ReadsCounted()
+    async with proxy_for({"server": {"max_body_bytes": 65536}}, store=store) as proxy:
+        proxy.upstream.script(keep(say("Stored.")))
+        references = await stored_items(proxy, 20, instructions="x" * 40_000)
+        store.read = 0
+        over = await respond(proxy, model="scripted", input=references)
+        assert (over.status_code, over.json()["error"]["param"]) == (413, "input[6].id")
+        assert store.read < 4 * 65536 + 50_000  # the budget and one record, not 20 records
+        store.read = 0
+        unknown = [{"type": "item_reference", "id": "msg_0123456789abcdef01234567_0"}]
+        first_unknown = await respond(proxy, model="scripted", input=unknown + references)
+        assert first_unknown.status_code == 404
+        assert store.read < 4 * 65536 + 50_000
+
+
+async def test_another_key_continuing_a_response_reads_nothing_of_its_conversation(
+    proxy_for: ProxyFactory,
+) -> None:
+    """It gets the 404 of an unknown id, and its read finds no conversation: how long the read
+    takes tells it nothing of the conversation's size either."""
+    store = ReadsCounted()
+    async with proxy_for(keyed(key("a"), key("b")), store=store) as proxy:
+        proxy.upstream.script(keep(say("Noted.")))
+        made = await respond(proxy, "a", model="scripted", input="x" * 300_000)
+        store.read = 0
+        other = await respond(proxy, "b", model="scripted", previous_response_id=made.json()["id"])
+        assert (other.status_code, other.json()["error"]["param"]) == (404, "previous_response_id")
+        assert store.read < 10_000  # the response's record, not its 300 KB conversation
+        again = await respond(proxy, "a", model="scripted", previous_response_id=made.json()["id"])
+        assert again.status_code == 200
+        assert proxy.upstream.bodies[-1]["messages"][0]["content"] == "x" * 300_000
+
+
+async def test_a_conversation_kept_under_the_response_id_alone_is_still_continued(
+    proxy_for: ProxyFactory,
+) -> None:
+    """As the version before kept it, with keys: read once the response is found to be the
+    key's own."""
+    store = MemoryStore()
+    async with proxy_for(keyed(key("a"), key("b")), store=store) as proxy:
+        proxy.upstream.script(keep(say("Noted.")))
+        made = (await respond(proxy, "a", model="scripted", input="Remember 7.")).json()
+        kept = await store.get_record("conversation", f"{made['id']}/a")
+        assert kept is not None
+        await store.delete_record("conversation", f"{made['id']}/a")
+        await store.put_record("conversation", made["id"], kept, 60)
+        other = await respond(proxy, "b", model="scripted", previous_response_id=made["id"])
+        again = await respond(proxy, "a", model="scripted", previous_response_id=made["id"])
+        deleted = await proxy.client.delete(
+            f"/v1/responses/{made['id']}", headers={"authorization": "Bearer sk-a"}
+        )
+    assert other.status_code == 404
+    assert again.status_code == 200
+    assert proxy.upstream.bodies[-1]["messages"][0]["content"] == "Remember 7."
+    assert deleted.status_code == 200
+    assert await store.get_record("conversation", made["id"]) is None
 
 
 async def test_an_item_of_a_response_too_large_to_continue_may_still_be_referenced(
