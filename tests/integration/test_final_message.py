@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 from typing import Any
 
 import httpx
 import orjson
 import pytest
 
-from proxy.state.memory import MemoryStore
 from tests.integration.conftest import Proxy, ProxyFactory
-from tests.integration.test_responses_state import WritesCounted
+from tests.integration.counted_store import CountedStore
 from tests.scripted_upstream import Call, Reply, call, calls, keep, say
 
 
@@ -291,7 +289,7 @@ async def test_held_calls_come_back_after_an_earlier_client_call_with_the_same_u
 async def test_a_run_s_report_and_the_calls_it_held_back_are_one_write(
     proxy_for: ProxyFactory,
 ) -> None:
-    store = WritesCounted()
+    store = CountedStore()
     async with proxy_for(store=store) as proxy:
         proxy.upstream.script(
             calls(call("get_weather", city="Oslo"), call("ask_user", question="Coat?"))
@@ -302,22 +300,10 @@ async def test_a_run_s_report_and_the_calls_it_held_back_are_one_write(
     assert store.writes == [(["run", "held"], None)]
 
 
-class HeldReadsCounted(MemoryStore):
-    def __init__(self) -> None:
-        super().__init__()
-        self.reads: list[int] = []
-
-    async def get_records(
-        self, wanted: Sequence[tuple[str, str]], max_bytes: int | None = None
-    ) -> list[bytes | None]:
-        self.reads.append(len(wanted))
-        return await super().get_records(wanted, max_bytes)
-
-
 async def test_the_calls_held_back_in_a_history_are_looked_up_in_one_read(
     proxy_for: ProxyFactory,
 ) -> None:
-    store = HeldReadsCounted()
+    store = CountedStore()
     ask_user = {"type": "function", "function": {"name": "ask_user", "parameters": {}}}
     history: list[dict[str, Any]] = [{"role": "user", "content": "hi"}]
     async with proxy_for(store=store) as proxy:
@@ -333,7 +319,7 @@ async def test_the_calls_held_back_in_a_history_are_looked_up_in_one_read(
         proxy.upstream.script(say("Take a coat."))
         last = await proxy.chat(model="weather", tools=[ask_user], messages=history)
     assert last.json()["choices"][0]["message"]["content"] == "Take a coat."
-    assert store.reads == [1, 2, 3]  # the first request had nothing to look up
+    assert store.reads_of("held") == [1, 2, 3]  # the first request had nothing to look up
     sent = [m for m in proxy.upstream.bodies[-1]["messages"] if m["role"] == "tool"]
     # The three server calls' results put back, each before its turn's client answer.
     assert [m["content"] == "yes" for m in sent] == [False, True] * 3

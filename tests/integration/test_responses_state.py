@@ -18,6 +18,7 @@ from proxy.errors import StateUnavailable
 from proxy.state.memory import MemoryStore
 from proxy.state.store import Record, StateStore
 from tests.integration.conftest import Proxy, ProxyFactory, state
+from tests.integration.counted_store import CountedStore
 from tests.integration.test_key_scopes import AGENTS, key, keyed
 from tests.scripted_upstream import Call, Reply, call, keep, say
 
@@ -206,24 +207,6 @@ async def test_a_conversation_continued_by_reference_is_bounded_in_bytes_as_a_bo
     assert len(proxy.upstream.requests) == 2
 
 
-class ReadsOfResponses(MemoryStore):
-    """The memory backend, keeping how many response records each of its reads asked for."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.reads: list[int] = []
-
-    async def get_record(self, kind: str, key: str) -> bytes | None:
-        self.reads += [1] if kind == "response" else []
-        return await super().get_record(kind, key)
-
-    async def get_records(
-        self, wanted: Sequence[tuple[str, str]], max_bytes: int | None = None
-    ) -> list[bytes | None]:
-        self.reads += [sum(kind == "response" for kind, _ in wanted)]
-        return await super().get_records(wanted, max_bytes)
-
-
 async def stored_items(proxy: Proxy, count: int, **body: Any) -> list[dict[str, str]]:
     """References to the messages of `count` new stored responses."""
     made = [await respond(proxy, model="scripted", **body) for _ in range(count)]
@@ -233,44 +216,26 @@ async def stored_items(proxy: Proxy, count: int, **body: Any) -> list[dict[str, 
 async def test_the_responses_a_request_names_are_read_together(proxy_for: ProxyFactory) -> None:
     """The AI SDK names an item of every earlier response of its conversation: a long one names
     hundreds, which are read in a few reads, not one each."""
-    store = ReadsOfResponses()
+    store = CountedStore()
     async with proxy_for(store=store) as proxy:
         proxy.upstream.script(keep(say("Stored.")))
         references = await stored_items(proxy, 150)
-        store.reads.clear()
+        store.clear()
         read = await respond(proxy, model="scripted", input=[*references, *references[:3]])
     assert read.status_code == 200, read.text
-    assert store.reads == [100, 50]
+    assert store.reads_of("response") == [100, 50]
     assert len(proxy.upstream.bodies[-1]["messages"]) == 150  # each named item once
-
-
-class ReadsKept(MemoryStore):
-    """The memory backend, keeping what each of its reads asked for."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.reads: list[list[tuple[str, str]]] = []
-
-    async def get_record(self, kind: str, key: str) -> bytes | None:
-        self.reads.append([(kind, key)])
-        return await super().get_record(kind, key)
-
-    async def get_records(
-        self, wanted: Sequence[tuple[str, str]], max_bytes: int | None = None
-    ) -> list[bytes | None]:
-        self.reads.append(list(wanted))
-        return await super().get_records(wanted, max_bytes)
 
 
 async def test_a_response_continued_is_read_with_its_conversation_in_one_read(
     proxy_for: ProxyFactory,
 ) -> None:
     """What the Agents SDK and Codex send every turn: one read of the state backend."""
-    store = ReadsKept()
+    store = CountedStore()
     async with proxy_for(store=store) as proxy:
         proxy.upstream.script(keep(say("Noted.")))
         first = (await respond(proxy, model="scripted", input="Remember 7.")).json()
-        store.reads.clear()
+        store.clear()
         again = await respond(proxy, model="scripted", previous_response_id=first["id"])
     assert again.status_code == 200
     assert store.reads == [[("response", first["id"]), ("conversation", first["id"])]]
@@ -308,64 +273,30 @@ async def test_the_records_a_request_reads_are_bounded_in_bytes(proxy_for: Proxy
     assert "hold more than 262144 bytes (4 x server.max_body_bytes)" in error["message"]
 
 
-class ReadsCounted(MemoryStore):
-    """The memory backend, counting the bytes of the records it was asked for."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.read = 0
-
-    async def get_record(self, kind: str, key: str) -> bytes | None:
-        found = await super().get_record(kind, key)
-        self.read += len(found or b"")
-        return found
-
-    async def get_records(
-        self, wanted: Sequence[tuple[str, str]], max_bytes: int | None = None
-    ) -> list[bytes | None]:
-        found = await super().get_records(wanted, max_bytes)
-        self.read += sum(len(value or b"") for value in found)
-        return found
-
-
 async def test_reading_a_stored_response_does_not_read_the_conversation_through_it(
     proxy_for: ProxyFactory,
 ) -> None:
-    store = ReadsCounted()
+    store = CountedStore()
     async with proxy_for(store=store) as proxy:
         proxy.upstream.script(keep(say("Noted.")))
         first = (await respond(proxy, model="scripted", input="x" * 100_000)).json()
-        store.read = 0
+        store.clear()
         assert (await proxy.client.get(f"/v1/responses/{first['id']}")).json() == first
         assert (await proxy.client.get(f"/v1/runs/{first['id']}")).status_code == 200
         reference = [{"type": "item_reference", "id": first["output"][0]["id"]}]
         assert (await respond(proxy, model="scripted", input=reference)).status_code == 200
         assert store.read < 10_000  # three reads of the response, none of its 100 KB input
-        store.read = 0
+        store.clear()
         continued = await respond(proxy, model="scripted", previous_response_id=first["id"])
         assert continued.status_code == 200
         assert store.read > 100_000
-
-
-class WritesCounted(MemoryStore):
-    """The memory backend, keeping what each write was asked to write."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.writes: list[tuple[list[str], str | None]] = []
-
-    async def put_records(
-        self, records: Sequence[Record], ttl_s: float, keep_thread: str | None = None
-    ) -> None:
-        self.writes.append(([record.kind for record in records], keep_thread))
-        await super().put_records(records, ttl_s, keep_thread)
 
 
 async def test_a_stored_response_and_its_chain_s_thread_are_one_write(
     proxy_for: ProxyFactory,
 ) -> None:
     """One round trip on redis, one commit on sqlite, whatever the chain counts."""
-    store = WritesCounted()
+    store = CountedStore()
     async with proxy_for({"agents": AGENTS}, store=store) as proxy:
         proxy.upstream.script(call("get_weather", city="Lima"), say("Sunny."), say("Again."))
         first = (await respond(proxy, model="capped")).json()
@@ -381,15 +312,15 @@ async def test_what_a_request_reads_of_the_responses_it_names_stays_within_its_b
     """The records are read together, but only as many bytes of them as the budget has left
     (the state backend looks at their sizes first): not every record the request names, as
     large as each may be, before the first is parsed."""
-    store = ReadsCounted()
+    store = CountedStore()
     async with proxy_for({"server": {"max_body_bytes": 65536}}, store=store) as proxy:
         proxy.upstream.script(keep(say("Stored.")))
         references = await stored_items(proxy, 20, instructions="x" * 40_000)
-        store.read = 0
+        store.clear()
         over = await respond(proxy, model="scripted", input=references)
         assert (over.status_code, over.json()["error"]["param"]) == (413, "input[6].id")
         assert store.read < 4 * 65536 + 50_000  # the budget and one record, not 20 records
-        store.read = 0
+        store.clear()
         unknown = [{"type": "item_reference", "id": "msg_0123456789abcdef01234567_0"}]
         first_unknown = await respond(proxy, model="scripted", input=unknown + references)
         assert first_unknown.status_code == 404
@@ -401,11 +332,11 @@ async def test_another_key_continuing_a_response_reads_nothing_of_its_conversati
 ) -> None:
     """It gets the 404 of an unknown id, and its read finds no conversation: how long the read
     takes tells it nothing of the conversation's size either."""
-    store = ReadsCounted()
+    store = CountedStore()
     async with proxy_for(keyed(key("a"), key("b")), store=store) as proxy:
         proxy.upstream.script(keep(say("Noted.")))
         made = await respond(proxy, "a", model="scripted", input="x" * 300_000)
-        store.read = 0
+        store.clear()
         other = await respond(proxy, "b", model="scripted", previous_response_id=made.json()["id"])
         assert (other.status_code, other.json()["error"]["param"]) == (404, "previous_response_id")
         assert store.read < 10_000  # the response's record, not its 300 KB conversation

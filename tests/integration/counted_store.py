@@ -1,0 +1,46 @@
+"""A state backend that keeps what was asked of it: the memory backend, counting."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from proxy.state.memory import MemoryStore
+from proxy.state.store import Record
+
+
+class CountedStore(MemoryStore):
+    """`reads`: the (kind, key) pairs each read asked for; `read`: the bytes the reads found;
+    `writes`: the kinds each write put, and the thread it kept."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads: list[list[tuple[str, str]]] = []
+        self.read = 0
+        self.writes: list[tuple[list[str], str | None]] = []
+
+    def clear(self) -> None:
+        self.reads, self.read, self.writes = [], 0, []
+
+    def reads_of(self, kind: str) -> list[int]:
+        """How many records of `kind` each read that asked for one asked for."""
+        return [n for pairs in self.reads if (n := sum(k == kind for k, _ in pairs))]
+
+    async def get_record(self, kind: str, key: str) -> bytes | None:
+        found = await super().get_record(kind, key)
+        self.reads.append([(kind, key)])
+        self.read += len(found or b"")
+        return found
+
+    async def get_records(
+        self, wanted: Sequence[tuple[str, str]], max_bytes: int | None = None
+    ) -> list[bytes | None]:
+        found = await super().get_records(wanted, max_bytes)
+        self.reads.append(list(wanted))
+        self.read += sum(len(value or b"") for value in found)
+        return found
+
+    async def put_records(
+        self, records: Sequence[Record], ttl_s: float, keep_thread: str | None = None
+    ) -> None:
+        self.writes.append(([record.kind for record in records], keep_thread))
+        await super().put_records(records, ttl_s, keep_thread)
