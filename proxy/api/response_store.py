@@ -110,13 +110,6 @@ class Unread:
 UNREAD = Unread()
 
 
-def conversation_key(response_id: str, key: str | None) -> str:
-    """Where the conversation through a response is kept: under the name of the key that made
-    it, so that a request of another key, which reads it with the response, finds nothing there
-    (it learns nothing from the time its read takes either). Response ids hold no `/`."""
-    return response_id if key is None else f"{response_id}/{key}"
-
-
 def parsed(record: bytes | None, caller: Caller | None) -> StoredResponse | None:
     """A response record as `ResponseStore.load` reads it: None unless `caller` made it."""
     if record is None or (caller is not None and not owned_by(record, caller.name)):
@@ -169,9 +162,8 @@ class ResponseStore:
         """Keeps the response, `messages` (the conversation through it, as the engine saw it,
         the `instructions` aside: they are not carried over, as OpenAI does) and `inputs`, in
         one write; and the `chain`'s thread (when the response continues one) as long."""
-        conversation = conversation_key(response_id, stored.key)
         records = (
-            Record(CONVERSATION_RECORD, conversation, orjson.dumps(messages)),
+            Record(CONVERSATION_RECORD, response_id, orjson.dumps(messages)),
             Record(INPUT_RECORD, response_id, inputs.dumps()),
             Record(RESPONSE_RECORD, response_id, stored.dumps()),  # last: it names the others
         )
@@ -216,10 +208,7 @@ class ResponseStore:
         ConversationTooLarge when it holds more bytes or JSON values than a request's body may
         (checked before it is parsed)."""
         response_id = stored.response["id"]
-        kept = conversation_key(response_id, stored.key)
         if isinstance(found, Unread):
-            found = await self.store.get_record(CONVERSATION_RECORD, kept)
-        if found is None and kept != response_id:  # kept by an earlier version
             found = await self.store.get_record(CONVERSATION_RECORD, response_id)
         legacy = found is None
         if found is None:  # stored as one record by an earlier version, or gone since
@@ -239,9 +228,6 @@ class ResponseStore:
 
     async def delete(self, stored: StoredResponse) -> bool:
         response_id = stored.response["id"]
-        await self.store.delete_record(
-            CONVERSATION_RECORD, conversation_key(response_id, stored.key)
-        )
-        await self.store.delete_record(CONVERSATION_RECORD, response_id)  # an earlier version's
+        await self.store.delete_record(CONVERSATION_RECORD, response_id)
         await self.store.delete_record(INPUT_RECORD, response_id)
         return await self.store.delete_record(RESPONSE_RECORD, response_id)

@@ -40,14 +40,15 @@ from proxy.api.response_store import (
     CONVERSATION_RECORD,
     READ_BYTES_PER_BODY,
     RESPONSE_RECORD,
+    UNREAD,
     ChainThreads,
     ConversationTooLarge,
     ResponseStore,
     StoredInput,
     StoredResponse,
+    Unread,
     asked_for,
     chain_thread,
-    conversation_key,
     owned_by,
     parsed,
     response_of_item,
@@ -76,6 +77,10 @@ _THREAD_HEADER = THREAD_HEADER.encode()
 # their records it may parse (`READ_BYTES_PER_BODY`), giving the loop to others every so many.
 MAX_STORED_READS = 1_000
 YIELD_EVERY_BYTES = 1024 * 1024
+# A continued response is read with the conversation through it when the two hold at most this
+# (most do: one round trip); a larger conversation is read once the response is found to be
+# the key's own, so that another key's request is sent none of it.
+CONVERSATION_AHEAD_BYTES = 256 * 1024
 
 
 class Responses:
@@ -273,13 +278,14 @@ class _StoredReads:
     async def previous(
         self, response_id: str, param: str
     ) -> tuple[StoredResponse, list[dict[str, Any]]]:
-        """The response a request continues, and the conversation through it (read together:
-        a request of another key finds none, the conversation being kept under the name of the
-        key that made it)."""
-        key = self.caller.name if self.caller is not None else None
-        wanted = [(RESPONSE_RECORD, response_id)]
-        wanted.append((CONVERSATION_RECORD, conversation_key(response_id, key)))
-        self._fetched[response_id], found = await self.store.store.get_records(wanted)
+        """The response a request continues, and the conversation through it: read together
+        when the two hold at most CONVERSATION_AHEAD_BYTES (a request of another key is sent
+        no more of it, and learns no more of its size), else the conversation once the
+        response is known to be the key's own."""
+        wanted = [(RESPONSE_RECORD, response_id), (CONVERSATION_RECORD, response_id)]
+        read = await self.store.store.get_records(wanted, max_bytes=CONVERSATION_AHEAD_BYTES)
+        self._fetched[response_id] = read[0]
+        found: bytes | Unread | None = read[1] if len(read) > 1 else UNREAD
         self._ahead.pop(response_id, None)
         stored = await self._read(response_id, param)
         conversation = None
