@@ -13,7 +13,7 @@ import httpx
 import orjson
 import pytest
 
-from proxy.api import responses
+from proxy.api import stored_reads
 from proxy.errors import StateUnavailable
 from proxy.state.memory import MemoryStore
 from proxy.state.store import Record, StateStore
@@ -245,7 +245,7 @@ async def test_a_response_continued_is_read_with_its_conversation_in_one_read(
 async def test_a_request_reads_at_most_max_stored_reads_responses(
     proxy_for: ProxyFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(responses, "MAX_STORED_READS", 8)
+    monkeypatch.setattr(stored_reads, "MAX_STORED_READS", 8)
     async with proxy_for() as proxy:
         proxy.upstream.script(keep(say("Stored.")))
         references = await stored_items(proxy, 9)

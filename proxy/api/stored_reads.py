@@ -1,0 +1,153 @@
+"""The stored responses one Responses request reads (SPEC §12.4): the one it continues, with
+the conversation through it, and those its item references name, read together and bounded."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from typing import Any
+
+from proxy.api.auth import Caller
+from proxy.api.input_items import listed
+from proxy.api.response_store import (
+    CONVERSATION_RECORD,
+    READ_BYTES_PER_BODY,
+    RESPONSE_RECORD,
+    UNREAD,
+    ConversationTooLarge,
+    ResponseStore,
+    StoredResponse,
+    Unread,
+    owned_by,
+    parsed,
+    response_of_item,
+    usable,
+)
+from proxy.config.server import ServerConfig
+from proxy.errors import BodyTooLarge, InvalidRequest, NotFound
+from proxy.state.store import RECORDS_AT_ONCE
+
+# Stored responses one request may read: its previous one and those its item references name
+# (the AI SDK names an item of every earlier response of a conversation), and the bytes of
+# their records it may parse (`READ_BYTES_PER_BODY`), giving the loop to others every so many.
+MAX_STORED_READS = 1_000
+YIELD_EVERY_BYTES = 1024 * 1024
+# A continued response is read with the conversation through it when the two hold at most this
+# (most do: one round trip); a larger conversation is read once the response is found to be
+# the key's own, so that another key's request is sent none of it.
+CONVERSATION_AHEAD_BYTES = 256 * 1024
+
+
+class StoredReads:
+    """The stored responses one request reads (its previous one, those its item references
+    name): each read once, at most MAX_STORED_READS of them and READ_BYTES_PER_BODY request
+    bodies of their records (and of the input records its references read), charged before
+    they are parsed. They are read together, in the order the request names them: the previous
+    one with the conversation through it, the others RECORDS_AT_ONCE at a time and only as many
+    bytes of them as the budget has left. Of a response an item reference names, only its
+    output items are kept, and its input items when a reference names one; the conversation of
+    the previous one may hold no more bytes or values than a request's body (it goes upstream
+    in this one's)."""
+
+    def __init__(self, store: ResponseStore, caller: Caller | None, bounds: ServerConfig) -> None:
+        self.store = store
+        self.caller = caller
+        self.bounds = bounds
+        self._outputs: dict[str, dict[str, dict[str, Any]]] = {}  # by response id, by item id
+        self._readable: set[str] = set()
+        self._inputs: set[str] = set()  # the responses whose input items are in `_outputs`
+        self._ahead: dict[str, None] = {}  # the responses the request names, not read yet
+        self._fetched: dict[str, bytes | None] = {}  # response records read, not yet parsed
+        self._budget = READ_BYTES_PER_BODY * bounds.max_body_bytes
+        self._spent = 0
+        self._yielded = 0
+
+    def will_read(self, named: list[str]) -> None:
+        """The responses the request's item references name, in order: read together."""
+        self._ahead = dict.fromkeys(list(dict.fromkeys(named))[:MAX_STORED_READS])
+
+    async def previous(
+        self, response_id: str, param: str
+    ) -> tuple[StoredResponse, list[dict[str, Any]]]:
+        """The response a request continues, and the conversation through it: read together
+        when the two hold at most CONVERSATION_AHEAD_BYTES (a request of another key is sent
+        no more of it, and learns no more of its size), else the conversation once the
+        response is known to be the key's own."""
+        wanted = [(RESPONSE_RECORD, response_id), (CONVERSATION_RECORD, response_id)]
+        read = await self.store.store.get_records(wanted, max_bytes=CONVERSATION_AHEAD_BYTES)
+        self._fetched[response_id] = read[0]
+        found: bytes | Unread | None = read[1] if len(read) > 1 else UNREAD
+        self._ahead.pop(response_id, None)
+        stored = await self._read(response_id, param)
+        conversation = None
+        if stored is not None:
+            try:
+                conversation = await self.store.conversation(stored, self.bounds, found)
+            except ConversationTooLarge as exc:
+                raise BodyTooLarge(str(exc), param=param) from None
+        if stored is None or conversation is None:
+            raise NotFound(f"no stored response {response_id!r}", param=param)
+        return stored, conversation
+
+    async def item(self, item_id: str, param: str) -> dict[str, Any]:
+        """The stored output item `item_id` names."""
+        owner = response_of_item(item_id)
+        if owner is not None and owner not in self._outputs:
+            await self._read(owner, param)
+        item = self._outputs[owner].get(item_id) if owner is not None else None
+        if item is None and owner in self._readable and owner not in self._inputs:
+            self._inputs.add(owner)
+            found = await self.store.input(owner, lambda size: self._charge(size, param))
+            for given in listed(found.items, owner) if found is not None else ():
+                self._outputs[owner].setdefault(given["id"], given)
+            item = self._outputs[owner].get(item_id)
+        if item is None:
+            raise NotFound(f"no stored item {item_id[:64]!r}", param=param)
+        return dict(item)
+
+    async def _read(self, response_id: str, param: str) -> StoredResponse | None:
+        if len(self._outputs) >= MAX_STORED_READS:
+            raise InvalidRequest(
+                f"a request may read at most {MAX_STORED_READS} stored responses (its "
+                "previous_response_id and the responses its item references name)",
+                param=param,
+            )
+        self._outputs[response_id] = {}  # counted, whatever it holds
+        found = await self._record(response_id)
+        if found is not None and (self.caller is None or owned_by(found, self.caller.name)):
+            self._charge(len(found), param)  # another key's response has no size for it
+        if self._spent - self._yielded >= YIELD_EVERY_BYTES:
+            self._yielded = self._spent
+            await asyncio.sleep(0)  # other requests' turn
+        stored = usable(parsed(found, self.caller), self.caller)
+        if stored is None:
+            return None
+        self._readable.add(response_id)
+        output = stored.response.get("output") or ()
+        self._outputs[response_id] = {item.get("id"): item for item in output}
+        return stored
+
+    async def _record(self, response_id: str) -> bytes | None:
+        """A response's record, read with those the request names after it: as many as
+        RECORDS_AT_ONCE and the bytes its budget has left allow (what is not read is not held)."""
+        if response_id not in self._fetched:
+            self._ahead.pop(response_id, None)
+            chunk = [response_id, *itertools.islice(self._ahead, RECORDS_AT_ONCE - 1)]
+            wanted = [(RESPONSE_RECORD, named) for named in chunk]
+            left = max(0, self._budget - self._spent)
+            found = await self.store.store.get_records(wanted, max_bytes=left)
+            for named, record in zip(chunk, found, strict=False):  # the first ones only
+                self._fetched[named] = record
+                self._ahead.pop(named, None)
+        return self._fetched.pop(response_id)
+
+    def _charge(self, size: int, param: str) -> None:
+        """Counts `size` bytes of records read against the budget, before they are parsed."""
+        self._spent += size
+        if self._spent > self._budget:
+            raise BodyTooLarge(
+                f"the stored responses this request reads hold more than {self._budget} bytes "
+                f"({READ_BYTES_PER_BODY} x server.max_body_bytes); continue the conversation "
+                "with previous_response_id instead of naming so many of its items",
+                param=param,
+            )
