@@ -15,6 +15,7 @@ from proxy.state.store import (
     check_put,
     check_ttl,
     conflict,
+    first_within,
 )
 
 SWEEP_AFTER = 1024  # the fewest puts between two sweeps of expired records
@@ -111,15 +112,8 @@ class MemoryStore:
         self, wanted: Sequence[tuple[str, str]], max_bytes: int | None = None
     ) -> list[bytes | None]:
         check_at_once(wanted)
-        found: list[bytes | None] = []
-        total = 0
-        for kind, key in wanted:
-            value = self._found(kind, key)
-            total += len(value or b"")
-            if found and max_bytes is not None and total > max_bytes:
-                break
-            found.append(value)
-        return found
+        found = [self._found(kind, key) for kind, key in wanted]
+        return found[: first_within([len(value or b"") for value in found], max_bytes)]
 
     def _found(self, kind: str, key: str) -> bytes | None:
         found = self._records.get((kind, key))

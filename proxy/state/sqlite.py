@@ -36,6 +36,7 @@ from proxy.state.store import (
     check_put,
     check_ttl,
     conflict,
+    first_within,
     settle,
 )
 
@@ -296,7 +297,7 @@ class SqliteStore:
             asked = wanted
             if max_bytes is not None:  # the sizes first: what is not read is not held
                 sizes = read(db, wanted, "length(r.value)")
-                asked = wanted[: _within([sizes.get(pair, 0) for pair in wanted], max_bytes)]
+                asked = wanted[: first_within([sizes.get(pair, 0) for pair in wanted], max_bytes)]
             found = read(db, asked, "r.value")
             return [None if (value := found.get(pair)) is None else bytes(value) for pair in asked]
 
@@ -436,16 +437,6 @@ def _read_pairs(what: str, pairs: int) -> str:
         f"SELECT r.kind, r.key, {what} FROM (VALUES {values}) AS w "
         "JOIN records AS r ON r.kind = w.column1 AND r.key = w.column2 WHERE r.expires_at > ?"
     )
-
-
-def _within(sizes: Sequence[int], max_bytes: int) -> int:
-    """How many of the first sizes add up to at most `max_bytes` (one at least)."""
-    total = 0
-    for count, size in enumerate(sizes):
-        total += size
-        if count and total > max_bytes:
-            return count
-    return len(sizes)
 
 
 def _abandon(db: sqlite3.Connection) -> None:

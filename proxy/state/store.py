@@ -129,9 +129,9 @@ class StateStore(Protocol):
         record that names the others last: a reader that finds it finds them). With
         `keep_thread`, that thread's counters end `ttl_s` from now, in the same write where the
         backend allows (sqlite keeps it just before, on its own), unless reserved or kept again
-        later (nothing for a thread without counters, or whose end has
-        passed). Raises ValueError unless `ttl_s` is positive and finite and there are at most
-        RECORDS_AT_ONCE records."""
+        later (nothing for a thread without counters, or whose end has passed). Raises
+        ValueError unless `ttl_s` is positive and finite and there are at most RECORDS_AT_ONCE
+        records."""
         ...
 
     async def get_record(self, kind: str, key: str) -> bytes | None:
@@ -163,6 +163,17 @@ class StateStore(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+def first_within(sizes: Sequence[int], max_bytes: int | None) -> int:
+    """How many of the first records, of these sizes, `get_records` reads within `max_bytes`:
+    those that add up to at most that many, and the first whatever its size."""
+    total = 0
+    for count, size in enumerate(sizes):
+        total += size
+        if count and max_bytes is not None and total > max_bytes:
+            return count
+    return len(sizes)
 
 
 def check_put(records: Sequence[Record], ttl_s: float) -> float:
