@@ -3,7 +3,7 @@ state backend for `state.response_ttl_s`, readable only by the key that created 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,17 +13,32 @@ from starlette.types import Scope
 from proxy.api.asgi import bearer_token
 from proxy.api.auth import Caller, KeyRing
 from proxy.api.services import Services
+from proxy.api.stored_conversation import (
+    CONVERSATION_RECORD,
+    TAIL_RECORD,
+    Conversation,
+    Gone,
+    Part,
+    joined,
+    joined_size,
+    named_parts,
+    parsed_parts,
+    read_parts,
+    stored_form,
+    whole,
+)
 from proxy.config.server import ServerConfig
 from proxy.errors import NotFound
 from proxy.json_values import holds_over
 from proxy.state.store import Record, StateStore
 
 # A stored response is three records: the response (its body, thread and owner), read by `GET`,
-# by run lookups and by item references; the conversation through it, read only by the request
-# that continues it (it goes upstream in that request's body); and its own input items with the
-# response it continued, read by `GET .../input_items` and by references to those items.
+# by run lookups and by item references; the conversation through it (a conversation record, or
+# a tail record that names the earlier records holding the rest: `stored_conversation`), read
+# only by the request that continues it (it goes upstream in that request's body); and its own
+# input items with the response it continued, read by `GET .../input_items` and by references to
+# those items.
 RESPONSE_RECORD = "response"
-CONVERSATION_RECORD = "conversation"
 INPUT_RECORD = "input"
 RESPONSE_PREFIX = "resp_"
 INPUT_ITEM_PREFIX = "in_"  # the ids the proxy gives input items that came without one
@@ -103,13 +118,6 @@ def owned_by(record: bytes, key: str) -> bool:
     return record.endswith(b'"key":' + orjson.dumps(key) + b"}")
 
 
-class Unread:
-    """A record not read yet (None: read, and not found)."""
-
-
-UNREAD = Unread()
-
-
 def parsed(record: bytes | None, caller: Caller | None) -> StoredResponse | None:
     """A response record as `ResponseStore.load` reads it: None unless `caller` made it."""
     if record is None or (caller is not None and not owned_by(record, caller.name)):
@@ -158,16 +166,20 @@ class ResponseStore:
         messages: list[dict[str, Any]],
         inputs: StoredInput,
         chain: str | None,
+        continued: Conversation | None,
     ) -> None:
         """Keeps the response, `messages` (the conversation through it, as the engine saw it,
-        the `instructions` aside: they are not carried over, as OpenAI does) and `inputs`, in
-        one write; and the `chain`'s thread (when the response continues one) as long."""
+        the `instructions` aside: they are not carried over, as OpenAI does; it begins with the
+        messages of the conversation it `continued`) and `inputs`, in one write; and the
+        `chain`'s thread (when the response continues one) and the records of the earlier parts
+        of the conversation as long."""
+        conversation, named = stored_form(response_id, messages, continued)
         records = (
-            Record(CONVERSATION_RECORD, response_id, orjson.dumps(messages)),
+            conversation,
             Record(INPUT_RECORD, response_id, inputs.dumps()),
             Record(RESPONSE_RECORD, response_id, stored.dumps()),  # last: it names the others
         )
-        await self.store.put_records(records, self.ttl_s, keep_thread=chain)
+        await self.store.put_records(records, self.ttl_s, keep_thread=chain, keep=named)
 
     async def input(
         self, response_id: str, charge: Callable[[int], None] | None = None
@@ -201,33 +213,67 @@ class ResponseStore:
         return stored
 
     async def conversation(
-        self, stored: StoredResponse, bounds: ServerConfig, found: bytes | Unread | None = UNREAD
-    ) -> list[dict[str, Any]] | None:
+        self, stored: StoredResponse, bounds: ServerConfig, found: Sequence[bytes | None] = ()
+    ) -> Conversation | None:
         """The conversation through a response `readable` found (None when it is gone since,
-        deleted or expired); `found`, its record when it was read already. Raises
+        deleted or expired, or a part of it is); `found`, the first of its conversation and
+        tail records (`conversation_records`) when they were read already. Raises
         ConversationTooLarge when it holds more bytes or JSON values than a request's body may
-        (checked before it is parsed)."""
+        (checked before it is parsed, and its size before its parts are read)."""
         response_id = stored.response["id"]
-        if isinstance(found, Unread):
-            found = await self.store.get_record(CONVERSATION_RECORD, response_id)
-        legacy = found is None
-        if found is None:  # stored as one record by an earlier version, or gone since
-            found = await self.store.get_record(RESPONSE_RECORD, response_id)
-            if found is None:
-                return None
-        if len(found) > bounds.max_body_bytes:
-            over = f"is larger than {bounds.max_body_bytes} bytes (server.max_body_bytes)"
-            raise ConversationTooLarge(response_id, over)
-        if await holds_over(found, bounds.max_body_values):
-            over = f"holds more than {bounds.max_body_values} JSON values (server.max_body_values)"
-            raise ConversationTooLarge(response_id, over)
-        parsed = orjson.loads(found)
-        if not legacy:
-            return list(parsed)
-        return list(parsed["messages"]) if "messages" in parsed else None
+        found = list(found)
+        if not found or (found[0] is None and len(found) == 1):
+            found += await self.store.get_records(conversation_records(response_id)[len(found) :])
+        conversation, tail = found
+        try:
+            if conversation is not None:
+                await _check(response_id, conversation, bounds)
+                return whole(response_id, conversation, list(orjson.loads(conversation)))
+            if tail is not None:
+                return await self._parted(response_id, tail, bounds)
+        except Gone:
+            return None
+        # Stored as one record by an earlier version, or gone since.
+        legacy = await self.store.get_record(RESPONSE_RECORD, response_id)
+        if legacy is None:
+            return None
+        await _check(response_id, legacy, bounds)
+        fields = orjson.loads(legacy)
+        return Conversation(list(fields["messages"]), ()) if "messages" in fields else None
+
+    async def _parted(self, response_id: str, tail: bytes, bounds: ServerConfig) -> Conversation:
+        parts, own = named_parts(response_id, tail)
+        parts.append(Part(response_id, False, len(own), -1))
+        _check_size(response_id, joined_size([part.size for part in parts]), bounds)
+        texts = await read_parts(self.store, parts[:-1], own)
+        await _check(response_id, joined(texts), bounds)
+        return parsed_parts(parts, texts)
 
     async def delete(self, stored: StoredResponse) -> bool:
         response_id = stored.response["id"]
-        await self.store.delete_record(CONVERSATION_RECORD, response_id)
+        for kind, _ in conversation_records(response_id):
+            await self.store.delete_record(kind, response_id)
         await self.store.delete_record(INPUT_RECORD, response_id)
         return await self.store.delete_record(RESPONSE_RECORD, response_id)
+
+
+def conversation_records(response_id: str) -> list[tuple[str, str]]:
+    """The records that may hold the conversation through a response: one of them does."""
+    return [(CONVERSATION_RECORD, response_id), (TAIL_RECORD, response_id)]
+
+
+def _check_size(response_id: str, size: int, bounds: ServerConfig) -> None:
+    """Raises ConversationTooLarge when a conversation's JSON of `size` bytes is larger than a
+    request's body may be."""
+    if size > bounds.max_body_bytes:
+        over = f"is larger than {bounds.max_body_bytes} bytes (server.max_body_bytes)"
+        raise ConversationTooLarge(response_id, over)
+
+
+async def _check(response_id: str, text: bytes, bounds: ServerConfig) -> None:
+    """Raises ConversationTooLarge when a conversation's JSON holds more bytes or values than a
+    request's body may."""
+    _check_size(response_id, len(text), bounds)
+    if await holds_over(text, bounds.max_body_values):
+        over = f"holds more than {bounds.max_body_values} JSON values (server.max_body_values)"
+        raise ConversationTooLarge(response_id, over)

@@ -45,6 +45,7 @@ from proxy.api.response_store import (
 from proxy.api.responses_request import ResponsesRequest, parse_responses_request
 from proxy.api.responses_stream import ResponsesStream
 from proxy.api.services import Services
+from proxy.api.stored_conversation import Conversation
 from proxy.api.stored_reads import StoredReads
 from proxy.engine.run import Run
 from proxy.engine.run_spec import RunResult
@@ -73,12 +74,12 @@ class Responses:
         req = parse_responses_request(raw, header(scope, _THREAD_HEADER))
         store = ResponseStore(sv.store, sv.config.state.response_ttl_s)
         reads = StoredReads(store, caller, sv.config.server)
-        history, inputs = await _history(req, reads)
+        history = await _history(req, reads)
         run = req.run
         run.messages = (
-            [{"role": "system", "content": req.instructions}, *history]
+            [{"role": "system", "content": req.instructions}, *history.messages]
             if req.instructions
-            else history
+            else history.messages
         )
         plan = sv.planner.plan(run, caller)
         spec = plan.spec
@@ -95,9 +96,7 @@ class Responses:
         created = int(time.time())
         owner = plan.agent or run.model
         headers = {"x-loopwarden-run-id": spec.run_id}
-        context = _Context(
-            sv, req, store, caller, history, inputs, thread, chain, owner, created, prefix
-        )
+        context = _Context(sv, req, store, caller, history, thread, chain, owner, created, prefix)
         if req.stream:
             base = response_object(spec.run_id, created, spec.model, req.echo, "in_progress", [])
             writer = ResponsesStream(send, base, headers, calls, prefix)
@@ -161,8 +160,7 @@ class _Context:
     req: ResponsesRequest
     store: ResponseStore
     caller: Caller | None
-    history: list[dict[str, Any]]
-    inputs: StoredInput  # the request's input items, references read, and what they follow
+    history: _History
     thread: str | None
     chain: str | None  # the thread's key, when it is a chain's (`chain_thread`)
     owner: str
@@ -212,8 +210,10 @@ class _Context:
             try:
                 # The chain's thread lasts as long as the chain: as long as this response
                 # (whether this run counted calls in it or not).
+                history = self.history
+                messages = history.messages + generated
                 await self.store.save(
-                    body["id"], stored, self.history + generated, self.inputs, self.chain
+                    body["id"], stored, messages, history.inputs, self.chain, history.continued
                 )
             except StateUnavailable as exc:
                 log.warning("response %s was not stored: %s", body["id"], exc.message)
@@ -223,9 +223,18 @@ class _Context:
         await self.sv.remember(result, report, self.owner, self.caller)
 
 
-async def _history(
-    req: ResponsesRequest, reads: StoredReads
-) -> tuple[list[dict[str, Any]], StoredInput]:
+@dataclass(frozen=True, slots=True)
+class _History:
+    """The messages a request's run begins with (`instructions` aside), its input items with
+    references read and what they follow, and the stored conversation the messages begin with
+    (that of `previous_response_id`)."""
+
+    messages: list[dict[str, Any]]
+    inputs: StoredInput
+    continued: Conversation | None
+
+
+async def _history(req: ResponsesRequest, reads: StoredReads) -> _History:
     """The conversation a request continues: the stored one of `previous_response_id`, then
     its input items with every `item_reference` read; and those items, after the output of
     the response they continue. A function call output must answer a call of that
@@ -233,12 +242,14 @@ async def _history(
     previous response, an output its call has) is refused, as OpenAI refuses it: the model
     would see it twice."""
     conversation: list[dict[str, Any]] = []
+    continued = None
     outputs: list[dict[str, Any]] = []
     previous_id = req.previous_response_id
     named = [item["id"] for item in req.items if item.get("type") == "item_reference"]
     reads.will_read([owner for ref in named if (owner := response_of_item(ref)) is not None])
     if previous_id is not None:
-        previous, conversation = await reads.previous(previous_id, "previous_response_id")
+        previous, continued = await reads.previous(previous_id, "previous_response_id")
+        conversation = continued.messages
         outputs = list(previous.response.get("output") or ())
         if req.run.thread_id is None:
             req.run.thread_id = previous.thread
@@ -284,7 +295,7 @@ async def _history(
                 )
         items.append(item)
     messages = [*conversation, *items_to_messages(items)]
-    return messages, StoredInput(req.previous_response_id, items, outputs)
+    return _History(messages, StoredInput(req.previous_response_id, items, outputs), continued)
 
 
 def _held_already(key: str, value: str, param: str) -> InvalidRequest:

@@ -10,19 +10,18 @@ from typing import Any
 from proxy.api.auth import Caller
 from proxy.api.input_items import listed
 from proxy.api.response_store import (
-    CONVERSATION_RECORD,
     READ_BYTES_PER_BODY,
     RESPONSE_RECORD,
-    UNREAD,
     ConversationTooLarge,
     ResponseStore,
     StoredResponse,
-    Unread,
+    conversation_records,
     owned_by,
     parsed,
     response_of_item,
     usable,
 )
+from proxy.api.stored_conversation import Conversation
 from proxy.config.server import ServerConfig
 from proxy.errors import BodyTooLarge, InvalidRequest, NotFound
 from proxy.state.store import RECORDS_AT_ONCE
@@ -66,23 +65,20 @@ class StoredReads:
         """The responses the request's item references name, in order: read together."""
         self._ahead = dict.fromkeys(list(dict.fromkeys(named))[:MAX_STORED_READS])
 
-    async def previous(
-        self, response_id: str, param: str
-    ) -> tuple[StoredResponse, list[dict[str, Any]]]:
+    async def previous(self, response_id: str, param: str) -> tuple[StoredResponse, Conversation]:
         """The response a request continues, and the conversation through it: read together
         when the two hold at most CONVERSATION_AHEAD_BYTES (a request of another key is sent
         no more of it, and learns no more of its size), else the conversation once the
-        response is known to be the key's own."""
-        wanted = [(RESPONSE_RECORD, response_id), (CONVERSATION_RECORD, response_id)]
+        response is known to be the key's own, as are the earlier parts it names."""
+        wanted = [(RESPONSE_RECORD, response_id), *conversation_records(response_id)]
         read = await self.store.store.get_records(wanted, max_bytes=CONVERSATION_AHEAD_BYTES)
         self._fetched[response_id] = read[0]
-        found: bytes | Unread | None = read[1] if len(read) > 1 else UNREAD
         self._ahead.pop(response_id, None)
         stored = await self._read(response_id, param)
         conversation = None
         if stored is not None:
             try:
-                conversation = await self.store.conversation(stored, self.bounds, found)
+                conversation = await self.store.conversation(stored, self.bounds, read[1:])
             except ConversationTooLarge as exc:
                 raise BodyTooLarge(str(exc), param=param) from None
         if stored is None or conversation is None:

@@ -89,9 +89,17 @@ class MemoryStore:
         await self.put_records((Record(kind, key, value),), ttl_s)
 
     async def put_records(
-        self, records: Sequence[Record], ttl_s: float, keep_thread: str | None = None
+        self,
+        records: Sequence[Record],
+        ttl_s: float,
+        keep_thread: str | None = None,
+        keep: Sequence[tuple[str, str]] = (),
     ) -> None:
-        until = time.monotonic() + check_put(records, ttl_s)
+        until = time.monotonic() + check_put(records, ttl_s, keep)
+        for kind, key in keep:  # the newest again too: the oldest go first (MAX_RECORDS)
+            if (value := self._found(kind, key)) is not None:
+                del self._records[(kind, key)]
+                self._records[(kind, key)] = (until, value)
         for kind, key, value in records:
             self._records.pop((kind, key), None)  # a replaced record is the newest again
             self._records[(kind, key)] = (until, compact(value))

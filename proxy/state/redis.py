@@ -65,9 +65,9 @@ end
 return 1
 """
 
-# KEYS: the records to set, then the threads to keep; ARGV[1]: how many records, then each
-# record's TTL in ms and value, then each thread's TTL in ms. One call: the records of one put
-# are written together and in order, and with those put meanwhile (group commit).
+# KEYS: the records to set, then the records and threads to keep; ARGV[1]: how many records to
+# set, then each one's TTL in ms and value, then each kept key's TTL in ms. One call: the records
+# of one put are written together and in order, and with those put meanwhile (group commit).
 _PUT = """
 local n = tonumber(ARGV[1])
 for i = 1, n do redis.call('SET', KEYS[i], ARGV[2 * i + 1], 'PX', ARGV[2 * i]) end
@@ -198,14 +198,21 @@ class RedisStore:
         await self.put_records((Record(kind, key, value),), ttl_s)
 
     async def put_records(
-        self, records: Sequence[Record], ttl_s: float, keep_thread: str | None = None
+        self,
+        records: Sequence[Record],
+        ttl_s: float,
+        keep_thread: str | None = None,
+        keep: Sequence[tuple[str, str]] = (),
     ) -> None:
         """Sent at once when no other write is on its way, else with every write put
         meanwhile, in one call after it (group commit): it returns once the server has taken
         its records."""
-        ttl_ms = _ms(check_put(records, ttl_s))
+        ttl_ms = _ms(check_put(records, ttl_s, keep))
         named = [(self._record(kind, key), value) for kind, key, value in records]
-        write = _Write(named, ttl_ms, None if keep_thread is None else self._thread(keep_thread))
+        kept = [self._record(kind, key) for kind, key in keep]
+        if keep_thread is not None:
+            kept.append(self._thread(keep_thread))
+        write = _Write(named, ttl_ms, kept)
         if self._sending:
             done = asyncio.get_running_loop().create_future()
             self._puts.append((write, done))
@@ -221,17 +228,16 @@ class RedisStore:
     async def _write(self, writes: list[_Write]) -> None:
         keys: list[str] = []
         args: list[str | int | bytes] = [0]
-        threads: list[str] = []
+        kept: list[str] = []
         ends: list[str | int | bytes] = []
         for write in writes:
             for name, value in write.records:
                 keys.append(name)
                 args += [write.ttl_ms, value]
-            if write.thread is not None:
-                threads.append(write.thread)
-                ends.append(write.ttl_ms)
+            kept += write.kept
+            ends += [write.ttl_ms] * len(write.kept)
         args[0] = len(keys)
-        await self._put(keys=keys + threads, args=args + ends)
+        await self._put(keys=keys + kept, args=args + ends)
 
     def _send_the_rest(self) -> None:
         if self._puts:
@@ -334,13 +340,13 @@ class RedisStore:
 class _Write(NamedTuple):
     records: list[tuple[str, bytes]]  # redis key, value
     ttl_ms: int
-    thread: str | None  # the redis key of a thread to keep as long
+    kept: list[str]  # the redis keys of the records and thread to keep as long
 
     @property
     def size(self) -> int:
         """What it weighs in a call (CALL_BYTES)."""
         weights = (max(RECORD_WEIGHT, len(key) + len(value)) for key, value in self.records)
-        return sum(weights, RECORD_WEIGHT if self.thread is not None else 0)
+        return sum(weights, RECORD_WEIGHT * len(self.kept))
 
 
 def _bytes(value: bytes | str) -> bytes:

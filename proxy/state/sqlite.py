@@ -229,14 +229,19 @@ class SqliteStore:
         await self.put_records((Record(kind, key, value),), ttl_s)
 
     async def put_records(
-        self, records: Sequence[Record], ttl_s: float, keep_thread: str | None = None
+        self,
+        records: Sequence[Record],
+        ttl_s: float,
+        keep_thread: str | None = None,
+        keep: Sequence[tuple[str, str]] = (),
     ) -> None:
         """Written with the records put meanwhile (group commit, see `_write_puts`): it returns
         once the statement that wrote them is committed."""
         # Deadlines are wall-clock times: other processes and later runs read them.
-        expires_at = time.time() + check_put(records, ttl_s)
+        expires_at = time.time() + check_put(records, ttl_s, keep)
         rows = [(kind, key, value, expires_at) for kind, key, value in records]
-        write = _Write(rows, None if keep_thread is None else (keep_thread, expires_at))
+        thread = None if keep_thread is None else (keep_thread, expires_at)
+        write = _Write(rows, thread, [(expires_at, kind, key) for kind, key in keep])
         loop = asyncio.get_running_loop()
         done = loop.create_future()
         with self._puts_lock:
@@ -251,8 +256,8 @@ class SqliteStore:
         records in one). One statement is one transaction, whose write lock sqlite holds inside
         that one call: an explicit transaction would hold it across the statements, each
         waiting for the GIL while the event loop runs, and another process's writers would
-        wait their busy timeout for it. (The threads kept are kept before, each in a statement
-        of its own: a thread kept when its records then fail only lasts longer.)"""
+        wait their busy timeout for it. (The threads and records kept are kept before, in
+        statements of their own: what is kept when the records then fail only lasts longer.)"""
         with self._puts_lock:
             puts, self._puts = self._puts, []
         now = time.time()
@@ -402,12 +407,17 @@ def _immediate(db: sqlite3.Connection) -> Iterator[None]:
 class _Write(NamedTuple):
     rows: list[tuple[str, str, bytes, float]]  # kind, key, value, expires_at
     thread: tuple[str, float] | None  # a thread to keep, and its new end
+    kept: list[tuple[float, str, str]]  # records to keep: their new end (one), kind, key
 
 
 def _write(writes: list[_Write], db: sqlite3.Connection) -> None:
+    now = time.time()
     for write in writes:
         if write.thread is not None:
             threads.keep(db, *write.thread)
+        if write.kept:
+            pairs = [part for _, kind, key in write.kept for part in (kind, key)]
+            db.execute(_keep(len(write.kept)), [write.kept[0][0], now, *pairs])
     rows = [row for write in writes for row in write.rows]
     if rows:
         db.execute(_insert(len(rows)), [value for row in rows for value in row])
@@ -426,6 +436,14 @@ def _insert(rows: int) -> str:
         "ON CONFLICT (kind, key) DO UPDATE SET value = excluded.value, "
         "expires_at = excluded.expires_at"
     )
+
+
+@functools.lru_cache(maxsize=RECORDS_AT_ONCE)
+def _keep(pairs: int) -> str:
+    """One statement that gives the live records of `pairs` (kind, key) pairs a new end, each
+    found by its primary key (sqlite looks each term of the OR up)."""
+    found = " OR ".join(["(kind = ? AND key = ?)"] * pairs)
+    return f"UPDATE records SET expires_at = ? WHERE expires_at > ? AND ({found})"
 
 
 @functools.lru_cache(maxsize=2 * RECORDS_AT_ONCE)

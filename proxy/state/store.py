@@ -122,16 +122,21 @@ class StateStore(Protocol):
         ...
 
     async def put_records(
-        self, records: Sequence[Record], ttl_s: float, keep_thread: str | None = None
+        self,
+        records: Sequence[Record],
+        ttl_s: float,
+        keep_thread: str | None = None,
+        keep: Sequence[tuple[str, str]] = (),
     ) -> None:
         """Stores each record for `ttl_s` seconds, replacing what was there (its TTL included),
         for every process sharing the backend: all in one write, in their order (put the
         record that names the others last: a reader that finds it finds them). With
         `keep_thread`, that thread's counters end `ttl_s` from now, in the same write where the
         backend allows (sqlite keeps it just before, on its own), unless reserved or kept again
-        later (nothing for a thread without counters, or whose end has passed). Raises
-        ValueError unless `ttl_s` is positive and finite and there are at most RECORDS_AT_ONCE
-        records."""
+        later (nothing for a thread without counters, or whose end has passed). The records
+        `keep` names, as (kind, key) pairs, end `ttl_s` from now too, alike (nothing for a
+        record that is not there). Raises ValueError unless `ttl_s` is positive and finite and
+        there are at most RECORDS_AT_ONCE records, and as many kept."""
         ...
 
     async def get_record(self, kind: str, key: str) -> bytes | None:
@@ -176,9 +181,13 @@ def first_within(sizes: Sequence[int], max_bytes: int | None) -> int:
     return len(sizes)
 
 
-def check_put(records: Sequence[Record], ttl_s: float) -> float:
-    """`ttl_s`, when `records` may be put for that long; raises ValueError otherwise."""
+def check_put(
+    records: Sequence[Record], ttl_s: float, keep: Sequence[tuple[str, str]] = ()
+) -> float:
+    """`ttl_s`, when `records` may be put for that long, and `keep` kept as long; raises
+    ValueError otherwise."""
     check_at_once(records)
+    check_at_once(keep)
     return check_ttl(ttl_s)
 
 

@@ -10,16 +10,19 @@ from proxy.state.store import Record
 
 class CountedStore(MemoryStore):
     """`reads`: the (kind, key) pairs each read asked for; `read`: the bytes the reads found;
-    `writes`: the kinds each write put, and the thread it kept."""
+    `writes`: the kinds each write put, and the thread it kept; `kept`: the records each write
+    kept; `written`: the bytes of the records written."""
 
     def __init__(self) -> None:
         super().__init__()
         self.reads: list[list[tuple[str, str]]] = []
         self.read = 0
         self.writes: list[tuple[list[str], str | None]] = []
+        self.kept: list[list[tuple[str, str]]] = []
+        self.written = 0
 
     def clear(self) -> None:
-        self.reads, self.read, self.writes = [], 0, []
+        self.reads, self.read, self.writes, self.kept, self.written = [], 0, [], [], 0
 
     def reads_of(self, kind: str) -> list[int]:
         """How many records of `kind` each read that asked for one asked for."""
@@ -40,7 +43,13 @@ class CountedStore(MemoryStore):
         return found
 
     async def put_records(
-        self, records: Sequence[Record], ttl_s: float, keep_thread: str | None = None
+        self,
+        records: Sequence[Record],
+        ttl_s: float,
+        keep_thread: str | None = None,
+        keep: Sequence[tuple[str, str]] = (),
     ) -> None:
         self.writes.append(([record.kind for record in records], keep_thread))
-        await super().put_records(records, ttl_s, keep_thread)
+        self.kept.append(list(keep))
+        self.written += sum(len(record.value) for record in records)
+        await super().put_records(records, ttl_s, keep_thread, keep)

@@ -14,6 +14,7 @@ import orjson
 import pytest
 
 from proxy.api import stored_reads
+from proxy.api.response_store import conversation_records
 from proxy.errors import StateUnavailable
 from proxy.state.memory import MemoryStore
 from proxy.state.store import Record, StateStore
@@ -238,7 +239,7 @@ async def test_a_response_continued_is_read_with_its_conversation_in_one_read(
         store.clear()
         again = await respond(proxy, model="scripted", previous_response_id=first["id"])
     assert again.status_code == 200
-    assert store.reads == [[("response", first["id"]), ("conversation", first["id"])]]
+    assert store.reads == [[("response", first["id"]), *conversation_records(first["id"])]]
     assert proxy.upstream.bodies[-1]["messages"][0]["content"] == "Remember 7."
 
 
@@ -491,11 +492,15 @@ class ChainsNotKept(MemoryStore):
     (the thread is kept in the write of the response's records)."""
 
     async def put_records(
-        self, records: Sequence[Record], ttl_s: float, keep_thread: str | None = None
+        self,
+        records: Sequence[Record],
+        ttl_s: float,
+        keep_thread: str | None = None,
+        keep: Sequence[tuple[str, str]] = (),
     ) -> None:
         if keep_thread is not None:
             raise StateUnavailable("the state backend is unreachable")
-        await super().put_records(records, ttl_s)
+        await super().put_records(records, ttl_s, keep=keep)
 
 
 async def test_a_response_that_cannot_be_stored_still_answers_its_client(

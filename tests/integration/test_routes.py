@@ -113,7 +113,11 @@ class ForgetfulStore(MemoryStore):
     """A backend that cannot keep records: the run's answer does not depend on them."""
 
     async def put_records(
-        self, records: Sequence[Record], ttl_s: float, keep_thread: str | None = None
+        self,
+        records: Sequence[Record],
+        ttl_s: float,
+        keep_thread: str | None = None,
+        keep: Sequence[tuple[str, str]] = (),
     ) -> None:
         raise StateUnavailable("the state backend is unreachable")
 

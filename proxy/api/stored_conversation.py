@@ -1,0 +1,145 @@
+"""The conversation through a stored response (SPEC §12.4), kept in parts, so that a chain
+continued turn after turn takes space that grows with its conversation, not with its square.
+
+A response's record holds the messages its turn added, after a list of the earlier records
+that hold the rest (a tail record); or, when it names none, its whole conversation (a
+conversation record, as every response had before: a version that knows no tails reads these).
+A conversation of up to WHOLE_BYTES is kept whole (read with its response in one read). Past
+it, each turn copies into its own record the earlier parts no larger than what it holds (or
+than MIN_PART_BYTES), as a binary counter carries: the parts a conversation names are larger
+the older they are, so there are few of them (read together in a second read), and a message
+is copied a few times (about the logarithm of the conversation's size in parts) rather than
+once a turn. A record keeps the parts it names as long as itself."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from proxy.state.store import Record, StateStore
+
+log = logging.getLogger(__name__)
+
+CONVERSATION_RECORD = "conversation"  # a whole conversation: its messages, a JSON array
+# The messages one turn added (a JSON array), after a line that lists the earlier parts: a JSON
+# array of [response id, whether its record is a conversation record, the bytes of its part].
+TAIL_RECORD = "conversation_tail"
+WHOLE_BYTES = 64 * 1024  # a conversation up to this size is kept whole: one read
+MIN_PART_BYTES = 16 * 1024  # a smaller part is copied into the next turn's record
+MAX_PARTS = 32  # the most records one conversation is read from
+
+
+class Gone(Exception):
+    """A part of the conversation is gone (it expired, or its response was deleted)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Part:
+    """The messages of one record of a conversation: `size` bytes of them (a JSON array),
+    `count` messages; `whole`: the record is a conversation record (the part that begins it)."""
+
+    response_id: str
+    whole: bool
+    size: int
+    count: int
+
+    @property
+    def record(self) -> tuple[str, str]:
+        return (CONVERSATION_RECORD if self.whole else TAIL_RECORD, self.response_id)
+
+
+@dataclass(frozen=True, slots=True)
+class Conversation:
+    """A stored conversation's messages, and the parts that hold them, in order."""
+
+    messages: list[dict[str, Any]]
+    parts: tuple[Part, ...]
+
+
+def stored_form(
+    response_id: str, messages: list[dict[str, Any]], continued: Conversation | None
+) -> tuple[Record, list[tuple[str, str]]]:
+    """The record that keeps `messages`, the conversation through `response_id` (which begins
+    with the messages of the conversation it `continued`), and the records it names (to keep as
+    long as it)."""
+    parts = list(continued.parts) if continued is not None else []
+    start = sum(part.count for part in parts)
+    size = len(orjson.dumps(messages[start:]))
+    small = sum(part.size for part in parts) + size <= WHOLE_BYTES
+    while parts and (
+        small or len(parts) >= MAX_PARTS or parts[-1].size <= max(size, MIN_PART_BYTES)
+    ):
+        copied = parts.pop()
+        start -= copied.count
+        size += copied.size
+    own = orjson.dumps(messages[start:])
+    if not parts:
+        return Record(CONVERSATION_RECORD, response_id, own), []
+    named = orjson.dumps([[part.response_id, part.whole, part.size] for part in parts])
+    return Record(TAIL_RECORD, response_id, named + b"\n" + own), [p.record for p in parts]
+
+
+def whole(response_id: str, record: bytes, messages: list[dict[str, Any]]) -> Conversation:
+    """The conversation of a conversation record, `messages` parsed from it."""
+    return Conversation(messages, (Part(response_id, True, len(record), len(messages)),))
+
+
+def named_parts(response_id: str, record: bytes) -> tuple[list[Part], bytes]:
+    """The earlier parts a tail record names (their counts unknown yet: -1), and its own
+    messages, unparsed. Raises Gone when it is not in the form this version writes."""
+    line, _, own = record.partition(b"\n")
+    try:
+        parts = [_part(*named) for named in orjson.loads(line)]
+    except (orjson.JSONDecodeError, TypeError, ValueError):
+        parts = []
+    if not parts or len(parts) >= MAX_PARTS or len(own) < 2:
+        log.warning("the stored conversation of %s is not in a known form", response_id)
+        raise Gone
+    return parts, own
+
+
+def _part(response_id: object, whole: object, size: object) -> Part:
+    if not (isinstance(response_id, str) and isinstance(whole, bool) and type(size) is int):
+        raise TypeError("not a part")
+    return Part(response_id, whole, size, -1)
+
+
+async def read_parts(store: StateStore, parts: Sequence[Part], own: bytes) -> list[bytes]:
+    """The messages of each part (JSON arrays, unparsed), the tail's `own` last, in one read.
+    Raises Gone when one is missing or not the size its tail says (it expired or was deleted)."""
+    found = await store.get_records([part.record for part in parts])
+    texts = []
+    for part, record in zip(parts, found, strict=True):
+        text = record if part.whole or record is None else record.partition(b"\n")[2]
+        if text is None or len(text) != part.size:
+            raise Gone
+        texts.append(text)
+    texts.append(own)
+    return texts
+
+
+def joined(texts: Sequence[bytes]) -> bytes:
+    """One JSON array of the messages of JSON arrays."""
+    return b"[" + b",".join(text[1:-1] for text in texts if len(text) > 2) + b"]"
+
+
+def joined_size(sizes: Sequence[int]) -> int:
+    """The bytes `joined` makes of JSON arrays of these sizes."""
+    held = [size - 2 for size in sizes if size > 2]
+    return 2 + sum(held) + max(0, len(held) - 1)
+
+
+def parsed_parts(parts: Sequence[Part], texts: Sequence[bytes]) -> Conversation:
+    """The conversation of a tail record's parts (the tail's own last), each parsed on its own:
+    their counts."""
+    messages: list[dict[str, Any]] = []
+    counted = []
+    for part, text in zip(parts, texts, strict=True):
+        held = orjson.loads(text)
+        messages += held
+        counted.append(Part(part.response_id, part.whole, len(text), len(held)))
+    return Conversation(messages, tuple(counted))

@@ -1,0 +1,122 @@
+"""A conversation continued turn after turn is stored in parts (SPEC §12.4): each turn's record
+holds what it added and names the earlier records holding the rest, copying in those no larger
+than what it holds, so the bytes stored grow with the conversation's size times a logarithm,
+not with its square, and a continuation reads few records."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import orjson
+import pytest
+
+from proxy.api import stored_conversation as sc
+from proxy.api.response_store import ResponseStore, StoredInput, StoredResponse
+from proxy.config.server import ServerConfig
+from proxy.state.memory import MemoryStore
+
+BOUNDS = ServerConfig(max_body_bytes=64 * 1024 * 1024, max_body_values=10_000_000)
+
+
+def turn(n: int, size: int) -> list[dict[str, Any]]:
+    return [
+        {"role": "user", "content": f"{n}:" + "u" * size},
+        {"role": "assistant", "content": f"{n}."},
+    ]
+
+
+async def save(
+    store: ResponseStore, response_id: str, messages: list[Any], continued: sc.Conversation | None
+) -> None:
+    stored = StoredResponse({"id": response_id, "output": []}, None, "m", None)
+    await store.save(response_id, stored, messages, StoredInput(None, []), None, continued)
+
+
+async def chain(turns: int, size: int) -> tuple[ResponseStore, int, list[int], list[Any]]:
+    """A chain of `turns` responses, each continued by the next, each turn adding `size` bytes:
+    its store, the bytes written, the parts each continuation read, and the last messages."""
+    backend = MemoryStore()
+    store = ResponseStore(backend, 600)
+    written, parts = 0, []
+    continued = None
+    messages: list[Any] = []
+    for n in range(turns):
+        messages = [*(continued.messages if continued else []), *turn(n, size)]
+        response_id = f"resp_{n:04d}"
+        await save(store, response_id, messages, continued)
+        written += sum(len(backend._found(kind, response_id) or b"") for kind in _KINDS)
+        stored = StoredResponse({"id": response_id}, None, "m", None)
+        continued = await store.conversation(stored, BOUNDS)
+        assert continued is not None
+        assert continued.messages == messages  # whole, in order, each turn
+        parts.append(len(continued.parts))
+    return store, written, parts, messages
+
+
+_KINDS = (sc.CONVERSATION_RECORD, sc.TAIL_RECORD)
+
+
+async def test_a_long_chain_is_stored_in_space_near_linear_in_its_conversation() -> None:
+    """400 turns of 2 KB (an 800 KB conversation): every turn whole a copy would be 160 MB."""
+    _, written, parts, messages = await chain(400, 2_000)
+    size = len(orjson.dumps(messages))
+    quadratic = sum(len(orjson.dumps(messages[: 2 * (n + 1)])) for n in range(400))
+    assert quadratic > 150_000_000
+    doublings = math.log2(size / sc.MIN_PART_BYTES)
+    # A message is copied about once a doubling, and the small parts at each turn.
+    assert written < 2 * doublings * size
+    assert written < quadratic / 20
+    assert max(parts) <= doublings + 2
+
+
+async def test_a_short_conversation_is_one_conversation_record() -> None:
+    """As every version stores it: one that does not know parts reads it."""
+    store, _, parts, messages = await chain(20, 1_000)
+    assert parts == [1] * 20
+    found = await store.store.get_record(sc.CONVERSATION_RECORD, "resp_0019")
+    assert found is not None and orjson.loads(found) == messages
+
+
+async def test_a_tail_names_the_parts_before_it_and_keeps_them_as_long() -> None:
+    messages = turn(0, 100_000)
+    record, kept = sc.stored_form("resp_a", messages, None)
+    assert (record.kind, kept) == (sc.CONVERSATION_RECORD, [])
+    first = sc.whole("resp_a", record.value, messages)
+    more = [*messages, *turn(1, 1_000)]
+    record, kept = sc.stored_form("resp_b", more, first)
+    assert (record.kind, kept) == (sc.TAIL_RECORD, [(sc.CONVERSATION_RECORD, "resp_a")])
+    line, own = record.value.split(b"\n")
+    assert orjson.loads(line) == [["resp_a", True, len(orjson.dumps(messages))]]
+    assert orjson.loads(own) == turn(1, 1_000)
+
+
+async def test_a_part_no_larger_than_the_new_one_is_copied_into_it() -> None:
+    """So the parts a conversation names shrink with their age: few of them."""
+    big = sc.Conversation(turn(0, 100_000), (sc.Part("resp_a", True, 100_030, 2),))
+    record, kept = sc.stored_form("resp_b", [*big.messages, *turn(1, 120_000)], big)
+    assert (record.kind, kept) == (sc.CONVERSATION_RECORD, [])
+
+
+@pytest.mark.parametrize(
+    "line",
+    [b"", b"{}", b"[]", b'[["resp_a", 1, 10]]', b'[["resp_a", true, "10"]]', b"[1]", b"[[1,2]]"],
+)
+async def test_a_tail_in_a_form_this_version_did_not_write_reads_as_gone(line: bytes) -> None:
+    with pytest.raises(sc.Gone):
+        sc.named_parts("resp_b", line + b"\n[]")
+
+
+async def test_a_part_gone_or_replaced_leaves_the_conversation_gone() -> None:
+    """Its response deleted, or expired: the conversation is not sent upstream without it."""
+    store, _, parts, _ = await chain(200, 2_000)
+    stored = StoredResponse({"id": "resp_0199"}, None, "m", None)
+    continued = await store.conversation(stored, BOUNDS)
+    assert continued is not None and len(continued.parts) > 1
+    first = continued.parts[0]
+    value = await store.store.get_record(*first.record)
+    assert value is not None
+    await store.store.put_record(*first.record, value[:-2] + b"]", 60)  # shorter
+    assert await store.conversation(stored, BOUNDS) is None
+    await store.store.delete_record(*first.record)
+    assert await store.conversation(stored, BOUNDS) is None
