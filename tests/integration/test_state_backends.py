@@ -391,18 +391,38 @@ async def test_records_read_within_a_bound_are_the_first_that_fit(store: StateSt
     assert len(await store.get_records(asked, max_bytes=40)) == 5
 
 
-def test_sqlite_reads_records_by_their_key_not_by_scanning_them(tmp_path: Path) -> None:
+async def test_records_kept_by_a_put_last_as_long_as_it(store: StateStore) -> None:
+    """What a stored conversation's tail does for the earlier records holding the rest of it;
+    a record not there (never put, or ended) is not made or brought back."""
+    await store.put_records([Record("part", "a", b"A"), Record("part", "b", b"B")], 0.3)
+    await store.put_record("part", "ended", b"E", 0.05)
+    await asyncio.sleep(0.1)
+    kept = [("part", "a"), ("part", "missing"), ("part", "ended")]
+    await store.put_records([Record("tail", "t", b"T")], 5, keep=kept)
+    await store.put_records([], 0.3, keep_thread="none", keep=[("part", "b")])  # as long
+    await asyncio.sleep(0.4)
+    assert await store.get_records([("part", k) for k in ("a", "b", "missing", "ended")]) == [
+        b"A",
+        None,
+        None,
+        None,
+    ]
+    assert await store.get_record("tail", "t") == b"T"
+    with pytest.raises(ValueError, match=f"at most {RECORDS_AT_ONCE} records"):
+        await store.put_records([], 5, keep=[("part", "a")] * (RECORDS_AT_ONCE + 1))
+
+
+def test_sqlite_finds_records_by_their_key_not_by_scanning_them(tmp_path: Path) -> None:
     """`(kind, key) IN (...)` with the expiry condition had sqlite scan its expiry index:
     every live record, 130 ms a continued response with 200,000 of them."""
     with contextlib.closing(sqlite3.connect(tmp_path / "plan.db")) as db:
         for statement in [*sqlite_state.threads.TABLES, *sqlite_state._TABLES]:
             db.execute(statement)
-        for what in ("r.value", "length(r.value)"):
-            query = sqlite_state._read_pairs(what, 3)
-            plan = " ".join(
-                str(row[-1]) for row in db.execute(f"EXPLAIN QUERY PLAN {query}", [""] * 6 + [0])
-            )
-            assert "sqlite_autoindex_records_1" in plan, plan
+        reads = [sqlite_state._read_pairs(what, 3) for what in ("r.value", "length(r.value)")]
+        for query, lookups in [(reads[0], 1), (reads[1], 1), (sqlite_state._keep(3), 3)]:
+            explained = db.execute(f"EXPLAIN QUERY PLAN {query}", [0] * query.count("?"))
+            plan = " ".join(str(row[-1]) for row in explained)
+            assert plan.count("USING INDEX sqlite_autoindex_records_1") == lookups, plan
             assert "records_by_expiry" not in plan, plan
 
 

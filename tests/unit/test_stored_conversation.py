@@ -75,7 +75,8 @@ async def test_a_short_conversation_is_one_conversation_record() -> None:
     store, _, parts, messages = await chain(20, 1_000)
     assert parts == [1] * 20
     found = await store.store.get_record(sc.CONVERSATION_RECORD, "resp_0019")
-    assert found is not None and orjson.loads(found) == messages
+    assert found is not None
+    assert orjson.loads(found) == messages
 
 
 async def test_a_tail_names_the_parts_before_it_and_keeps_them_as_long() -> None:
@@ -109,10 +110,11 @@ async def test_a_tail_in_a_form_this_version_did_not_write_reads_as_gone(line: b
 
 async def test_a_part_gone_or_replaced_leaves_the_conversation_gone() -> None:
     """Its response deleted, or expired: the conversation is not sent upstream without it."""
-    store, _, parts, _ = await chain(200, 2_000)
+    store, *_ = await chain(200, 2_000)
     stored = StoredResponse({"id": "resp_0199"}, None, "m", None)
     continued = await store.conversation(stored, BOUNDS)
-    assert continued is not None and len(continued.parts) > 1
+    assert continued is not None
+    assert len(continued.parts) > 1
     first = continued.parts[0]
     value = await store.store.get_record(*first.record)
     assert value is not None
