@@ -104,3 +104,26 @@ async def test_another_key_reads_none_of_the_parts(proxy_for: ProxyFactory) -> N
         r = await respond(proxy, "b", model="weather", previous_response_id=ids[-1])
     assert (r.status_code, r.json()["error"]["param"]) == (404, "previous_response_id")
     assert [pairs[0][0] for pairs in store.reads] == ["response"]
+
+
+async def test_a_conversation_in_parts_holding_too_many_values_is_refused(
+    proxy_for: ProxyFactory,
+) -> None:
+    """Counted over the parts together, as over a body (each part alone holds fewer)."""
+    store = MemoryStore()
+    async with proxy_for({"server": {"max_body_values": 1000}}, store=store) as proxy:
+        proxy.upstream.script(keep(say("Noted.")))
+        many = [{"role": "user", "content": [{"type": "input_text", "text": "x" * 40}] * 30}]
+        ids: list[str] = []
+        r = None
+        for _ in range(30):
+            previous = {"previous_response_id": ids[-1]} if ids else {}
+            r = await respond(proxy, model="scripted", input=many, **previous)
+            if r.status_code != 200:
+                break
+            ids.append(r.json()["id"])
+    assert r is not None
+    assert r.status_code == 413, r.text
+    assert r.json()["error"]["param"] == "previous_response_id"
+    assert "server.max_body_values" in r.json()["error"]["message"]
+    assert await store.get_record(TAIL_RECORD, ids[-1]) is not None

@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from tests.bench import body_stall, mcp_cost, mcp_stall, policy_cost, telemetry_cost
+from tests.bench import (
+    body_stall,
+    chain_storage,
+    mcp_cost,
+    mcp_stall,
+    policy_cost,
+    telemetry_cost,
+)
 
 
 def test_the_telemetry_cost_benchmark_prints_every_row(capsys: pytest.CaptureFixture[str]) -> None:
@@ -67,3 +74,16 @@ def test_the_body_stall_benchmark_refuses_the_hostile_bodies(
         "one base64 image": "200",
     }
     assert all(float(figure) > 0 for figures in rows.values() for figure in figures[1:])
+
+
+def test_the_chain_storage_benchmark_stores_each_chain_in_parts_and_whole(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    chain_storage.main(["--chains", "60x2000,20x100"])
+    rows = [line.strip("|").split("|") for line in capsys.readouterr().out.splitlines()[2:]]
+    assert [(row[0].strip(), row[1].strip()) for row in rows] == [
+        (backend, chain) for backend in ("memory", "sqlite") for chain in ("60 x 2,000", "20 x 100")
+    ]
+    for _, chain, _, parts, whole, *_ in rows:
+        in_parts, kept_whole = float(parts.split()[0]), float(whole.split()[0])
+        assert in_parts < kept_whole if chain.strip().startswith("60") else in_parts == kept_whole

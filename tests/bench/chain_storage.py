@@ -1,0 +1,115 @@
+"""What a chain of stored responses, each continuing the last with `previous_response_id`,
+takes in the state backend, and what continuing it costs: its conversation's size, the bytes
+of the records holding it (kept in parts), the records the last continuation read, and the
+median time to read the conversation and to store a turn over the last 20 turns; beside the
+same chain stored whole at every turn (as before conversations were kept in parts).
+
+    python -m tests.bench.chain_storage [--redis] [--chains 100x4000,300x2000,...]
+
+Each chain is stored through `ResponseStore` as the proxy stores a response (its conversation,
+its input items, its response record), one turn after another.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from proxy.api.response_store import ResponseStore, StoredInput, StoredResponse
+from proxy.api.stored_conversation import CONVERSATION_RECORD, TAIL_RECORD, Conversation
+from proxy.config.server import ServerConfig
+from proxy.state.store import StateStore
+from tests.bench.state_writes import stores
+
+CHAINS = "100x4000,300x2000,1000x500,200x20000"  # turns x bytes a turn
+BOUNDS = ServerConfig(max_body_bytes=64 * 1024 * 1024, max_body_values=10_000_000)
+TIMED = 20  # the last turns, timed
+
+
+def turn(n: int, size: int) -> list[dict[str, Any]]:
+    return [
+        {"role": "user", "content": f"Turn {n}: " + "x" * size},
+        {"role": "assistant", "content": "Noted."},
+    ]
+
+
+async def chain(
+    backend: StateStore, name: str, turns: int, size: int, parts: bool
+) -> dict[str, float]:
+    store = ResponseStore(backend, 3600)
+    continued: Conversation | None = None
+    stored = 0
+    reads: list[float] = []
+    writes: list[float] = []
+    for n in range(turns):
+        response_id = f"resp_{name}_{size}_{parts}_{n:05d}"
+        messages = [*(continued.messages if continued else []), *turn(n, size)]
+        body = StoredResponse({"id": response_id, "output": []}, None, "m", None)
+        started = time.perf_counter()
+        inputs = StoredInput(None, [])
+        await store.save(response_id, body, messages, inputs, None, continued if parts else None)
+        writes.append(time.perf_counter() - started)
+        kept = await backend.get_records([(kind, response_id) for kind in KINDS])
+        stored += sum(len(value or b"") for value in kept)
+        started = time.perf_counter()
+        continued = await store.conversation(body, BOUNDS)
+        reads.append(time.perf_counter() - started)
+        assert continued is not None
+    assert continued is not None
+    return {
+        "conversation": len(orjson.dumps(continued.messages)),
+        "stored": stored,
+        "parts": len(continued.parts),
+        "read_ms": 1e3 * statistics.median(reads[-TIMED:]),
+        "write_ms": 1e3 * statistics.median(writes[-TIMED:]),
+    }
+
+
+KINDS = (CONVERSATION_RECORD, TAIL_RECORD)
+
+
+async def run(redis: bool, chains: list[tuple[int, int]]) -> str:
+    lines = [
+        "| backend | turns x bytes | conversation | stored in parts | stored whole | parts read "
+        "| read ms, parts / whole | store ms, parts / whole |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    with tempfile.TemporaryDirectory() as folder, stores(Path(folder), redis) as found:
+        for name, backend in found:
+            for turns, size in chains:
+                p = await chain(backend, name, turns, size, parts=True)
+                w = await chain(backend, name, turns, size, parts=False)
+                size_mb = p["conversation"] / 1e6
+                lines.append(
+                    f"| {name} | {turns} x {size:,} | {size_mb:.2f} MB | "
+                    f"{stored(p)} | {stored(w)} | "
+                    f"{p['parts']:.0f} | {p['read_ms']:.2f} / {w['read_ms']:.2f} | "
+                    f"{p['write_ms']:.2f} / {w['write_ms']:.2f} |"
+                )
+            await backend.close()
+    return "\n".join(lines)
+
+
+def stored(figures: dict[str, float]) -> str:
+    return f"{figures['stored'] / 1e6:,.2f} MB ({figures['stored'] / figures['conversation']:.1f}x)"
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--redis", action="store_true", help="also redis (needs redis-server)")
+    parser.add_argument("--chains", default=CHAINS, help="TURNSxBYTES, comma-separated")
+    args = parser.parse_args(argv)
+    chains = [(int(t), int(b)) for t, b in (c.split("x") for c in args.chains.split(","))]
+    print(asyncio.run(run(args.redis, chains)))
+
+
+if __name__ == "__main__":
+    main()
