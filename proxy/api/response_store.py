@@ -15,12 +15,14 @@ from proxy.api.auth import Caller, KeyRing
 from proxy.api.services import Services
 from proxy.api.stored_conversation import (
     CONVERSATION_RECORD,
+    NAMED_RECORD,
     TAIL_RECORD,
     Conversation,
     Gone,
     Part,
     joined,
     joined_size,
+    named,
     named_parts,
     parsed_parts,
     read_parts,
@@ -173,13 +175,15 @@ class ResponseStore:
         messages of the conversation it `continued`) and `inputs`, in one write; and the
         `chain`'s thread (when the response continues one) and the records of the earlier parts
         of the conversation as long."""
-        conversation, named = stored_form(response_id, messages, continued)
+        conversation, parts = stored_form(response_id, messages, continued)
+        marks, kept = named(parts)
         records = (
             conversation,
+            *marks,
             Record(INPUT_RECORD, response_id, inputs.dumps()),
             Record(RESPONSE_RECORD, response_id, stored.dumps()),  # last: it names the others
         )
-        await self.store.put_records(records, self.ttl_s, keep_thread=chain, keep=named)
+        await self.store.put_records(records, self.ttl_s, keep_thread=chain, keep=kept)
 
     async def input(
         self, response_id: str, charge: Callable[[int], None] | None = None
@@ -252,9 +256,13 @@ class ResponseStore:
         return parsed_parts(parts, texts)
 
     async def delete(self, stored: StoredResponse) -> bool:
+        """Drops the response and its input items, and the conversation through it unless a
+        later response's conversation names it as a part (it then ends with that one, as a
+        whole copy in that one's record would have)."""
         response_id = stored.response["id"]
-        for kind, _ in conversation_records(response_id):
-            await self.store.delete_record(kind, response_id)
+        if await self.store.get_record(NAMED_RECORD, response_id) is None:
+            for kind, _ in conversation_records(response_id):
+                await self.store.delete_record(kind, response_id)
         await self.store.delete_record(INPUT_RECORD, response_id)
         return await self.store.delete_record(RESPONSE_RECORD, response_id)
 

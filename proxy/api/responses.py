@@ -212,8 +212,10 @@ class _Context:
                 # (whether this run counted calls in it or not).
                 history = self.history
                 messages = history.messages + generated
+                parts = self.sv.config.state.conversation_parts
+                continued = history.continued if parts else None  # else kept whole
                 await self.store.save(
-                    body["id"], stored, messages, history.inputs, self.chain, history.continued
+                    body["id"], stored, messages, history.inputs, self.chain, continued
                 )
             except StateUnavailable as exc:
                 log.warning("response %s was not stored: %s", body["id"], exc.message)

@@ -9,7 +9,8 @@ it, each turn copies into its own record the earlier parts no larger than what i
 than MIN_PART_BYTES), as a binary counter carries: the parts a conversation names are larger
 the older they are, so there are few of them (read together in a second read), and a message
 is copied a few times (about the logarithm of the conversation's size in parts) rather than
-once a turn. A record keeps the parts it names as long as itself."""
+once a turn. A record keeps the parts it names as long as itself; deleting a response leaves a
+part that a later response names (that one's conversation holds it, as a whole copy did)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,10 @@ TAIL_RECORD = "conversation_tail"
 WHOLE_BYTES = 64 * 1024  # a conversation up to this size is kept whole: one read
 MIN_PART_BYTES = 16 * 1024  # a smaller part is copied into the next turn's record
 MAX_PARTS = 32  # the most records one conversation is read from
+MAX_LINE_BYTES = MAX_PARTS * 128  # the line of a tail that names its parts, at most
+# Marks a response's conversation record as named by a later one's, for as long as that one
+# is kept: deleting the response then leaves it (the later one's conversation holds it).
+NAMED_RECORD = "conversation_named"
 
 
 class Gone(Exception):
@@ -62,10 +67,10 @@ class Conversation:
 
 def stored_form(
     response_id: str, messages: list[dict[str, Any]], continued: Conversation | None
-) -> tuple[Record, list[tuple[str, str]]]:
+) -> tuple[Record, list[Part]]:
     """The record that keeps `messages`, the conversation through `response_id` (which begins
-    with the messages of the conversation it `continued`), and the records it names (to keep as
-    long as it)."""
+    with the messages of the conversation it `continued`), and the earlier parts it names (to
+    keep as long as it: `named`)."""
     parts = list(continued.parts) if continued is not None else []
     start = sum(part.count for part in parts)
     size = len(orjson.dumps(messages[start:]))
@@ -80,7 +85,15 @@ def stored_form(
     if not parts:
         return Record(CONVERSATION_RECORD, response_id, own), []
     named = orjson.dumps([[part.response_id, part.whole, part.size] for part in parts])
-    return Record(TAIL_RECORD, response_id, named + b"\n" + own), [p.record for p in parts]
+    return Record(TAIL_RECORD, response_id, named + b"\n" + own), parts
+
+
+def named(parts: Sequence[Part]) -> tuple[list[Record], list[tuple[str, str]]]:
+    """What a record that names `parts` writes beside it: a mark for each that a later record
+    names it (its response's delete leaves it to them: NAMED_RECORD), and the parts' records,
+    to keep as long as it."""
+    marks = [Record(NAMED_RECORD, part.response_id, b"") for part in parts]
+    return marks, [part.record for part in parts]
 
 
 def whole(response_id: str, record: bytes, messages: list[dict[str, Any]]) -> Conversation:
@@ -111,7 +124,11 @@ def _part(response_id: object, whole: object, size: object) -> Part:
 async def read_parts(store: StateStore, parts: Sequence[Part], own: bytes) -> list[bytes]:
     """The messages of each part (JSON arrays, unparsed), the tail's `own` last, in one read.
     Raises Gone when one is missing or not the size its tail says (it expired or was deleted)."""
-    found = await store.get_records([part.record for part in parts])
+    # As many bytes as the parts should hold: a record grown since is not read whole.
+    most = sum(part.size + (0 if part.whole else MAX_LINE_BYTES) for part in parts)
+    found = await store.get_records([part.record for part in parts], max_bytes=most)
+    if len(found) < len(parts):
+        raise Gone
     texts = []
     for part, record in zip(parts, found, strict=True):
         text = record if part.whole or record is None else record.partition(b"\n")[2]

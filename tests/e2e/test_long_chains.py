@@ -1,7 +1,8 @@
 """A long chain of stored responses through the real `openai` SDK, each turn continuing the last
 with `previous_response_id` (as the Agents SDK does), on sqlite: the upstream gets the whole
 conversation every turn, and the records holding it grow with it, not with its square, as
-each turn's record names the earlier ones instead of copying them (SPEC §12.4)."""
+each turn's record names the earlier ones instead of copying them (SPEC §12.4); unless
+`state.conversation_parts` is off."""
 
 from __future__ import annotations
 
@@ -25,19 +26,31 @@ TURNS = 100
 TURN_TEXT = 4_000  # bytes each turn's user message carries
 
 
-@pytest.fixture
-def chained(upstream_url: str, tmp_path: Path) -> Iterator[tuple[OpenAI, Path]]:
-    database = tmp_path / "state.db"
+@contextlib.contextmanager
+def chained(upstream_url: str, folder: Path, parts: bool = True) -> Iterator[tuple[OpenAI, Path]]:
+    database = folder / "state.db"
     config = {
         "upstreams": {"scripted": {"base_url": upstream_url, "max_retries": 0}},
         "default_upstream": "scripted",
-        "state": {"backend": "sqlite", "path": str(database)},
+        "state": {"backend": "sqlite", "path": str(database), "conversation_parts": parts},
     }
     with (
-        proxy_process(config_file(tmp_path, config)) as base,
+        proxy_process(config_file(folder, config)) as base,
         OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0) as client,
     ):
         yield client, database
+
+
+def long_chain(client: OpenAI, turns: int) -> list[str]:
+    ids: list[str] = []
+    for n in range(turns):
+        text = f"Turn {n}: " + "x" * TURN_TEXT
+        previous = ids[-1] if ids else openai.omit
+        response = client.responses.create(
+            model="scripted", input=text, previous_response_id=previous
+        )
+        ids.append(response.id)
+    return ids
 
 
 def stored_bytes(database: Path) -> dict[str, int]:
@@ -50,47 +63,69 @@ def stored_bytes(database: Path) -> dict[str, int]:
         return dict(rows.fetchall())
 
 
+def conversation_of(database: Path, response_id: str) -> bytes | None:
+    """The record that holds the conversation through a response (or its last part)."""
+    with contextlib.closing(sqlite3.connect(database)) as db:
+        found = db.execute(
+            "SELECT value FROM records WHERE kind IN (?, ?) AND key = ?",
+            (CONVERSATION_RECORD, TAIL_RECORD, response_id),
+        ).fetchone()
+    return None if found is None else bytes(found[0])
+
+
 def named_parts(database: Path, response_id: str) -> list[str]:
     """The responses whose records hold the earlier parts of a response's conversation."""
-    with contextlib.closing(sqlite3.connect(database)) as db:
-        (tail,) = db.execute(
-            "SELECT value FROM records WHERE kind = ? AND key = ?", (TAIL_RECORD, response_id)
-        ).fetchone()
-    return [part[0] for part in json.loads(bytes(tail).partition(b"\n")[0])]
+    tail = conversation_of(database, response_id)
+    assert tail is not None
+    return [part[0] for part in json.loads(tail.partition(b"\n")[0])]
 
 
 def test_a_long_chain_is_sent_whole_and_stored_in_parts(
-    chained: tuple[OpenAI, Path], upstream: ScriptedUpstream
+    upstream_url: str, upstream: ScriptedUpstream, tmp_path: Path
 ) -> None:
-    client, database = chained
     upstream.script(keep(say("Noted.")))
-    ids: list[str] = []
-    for n in range(TURNS):
-        text = f"Turn {n}: " + "x" * TURN_TEXT
-        previous = ids[-1] if ids else openai.omit
-        ids.append(
-            client.responses.create(model="scripted", input=text, previous_response_id=previous).id
-        )
-    sent = upstream.bodies[-1]["messages"]
-    assert len(sent) == 2 * TURNS - 1
-    assert [m["content"][:8] for m in sent[::2]] == [f"Turn {n}: "[:8] for n in range(TURNS)]
-    assert all(m["content"] == "Noted." for m in sent[1::2])
-    conversation = sum(len(m["content"]) + 40 for m in sent)  # its JSON, near enough
-    stored = stored_bytes(database)
-    assert stored[TAIL_RECORD] > 0
-    # Each turn a whole copy: 100 x 101 / 2 x 4 KB, 20 MB, 50 times the conversation.
-    assert sum(stored.values()) < 10 * conversation, stored
+    with chained(upstream_url, tmp_path) as (client, database):
+        ids = long_chain(client, TURNS)
+        sent = upstream.bodies[-1]["messages"]
+        assert len(sent) == 2 * TURNS - 1
+        assert [m["content"][:8] for m in sent[::2]] == [f"Turn {n}: "[:8] for n in range(TURNS)]
+        assert all(m["content"] == "Noted." for m in sent[1::2])
+        conversation = sum(len(m["content"]) + 40 for m in sent)  # its JSON, near enough
+        stored = stored_bytes(database)
+        assert stored[TAIL_RECORD] > 0
+        # Each turn a whole copy: 100 x 101 / 2 x 4 KB, 20 MB, 50 times the conversation.
+        assert sum(stored.values()) < 10 * conversation, stored
 
-    # A fork continues an earlier response; deleting a response whose record holds a part of
-    # the last one's conversation leaves that one readable, but no longer to be continued.
-    fork = client.responses.create(model="scripted", input="Fork.", previous_response_id=ids[10])
-    assert len(upstream.bodies[-1]["messages"]) == 2 * 11 + 1
-    named = named_parts(database, ids[-1])
-    assert 1 < len(named) < 8
-    assert ids[10] not in named
-    assert client.responses.delete(named[-1]) is None
-    assert client.responses.retrieve(ids[-1]).id == ids[-1]
-    with pytest.raises(openai.NotFoundError):
-        client.responses.create(model="scripted", input="More.", previous_response_id=ids[-1])
-    again = client.responses.create(model="scripted", input="Go on.", previous_response_id=fork.id)
-    assert again.output_text == "Noted."
+        # Deleting a response whose record holds a part of a later one's conversation leaves
+        # that part to the later one (as a whole copy in its record did); deleting one that no
+        # later response names drops its conversation.
+        named = named_parts(database, ids[-1])
+        assert 1 < len(named) < 8
+        fork = client.responses.create(
+            model="scripted", input="Fork.", previous_response_id=ids[10]
+        )
+        assert len(upstream.bodies[-1]["messages"]) == 2 * 11 + 1
+        for deleted in (named[-1], fork.id):
+            assert client.responses.delete(deleted) is None
+            with pytest.raises(openai.NotFoundError):
+                client.responses.retrieve(deleted)
+        again = client.responses.create(
+            model="scripted", input="More.", previous_response_id=ids[-1]
+        )
+        assert again.output_text == "Noted."
+        assert len(upstream.bodies[-1]["messages"]) == 2 * TURNS + 1
+        assert conversation_of(database, named[-1]) is not None
+        assert conversation_of(database, fork.id) is None
+
+
+def test_conversation_parts_off_keeps_each_conversation_whole(
+    upstream_url: str, upstream: ScriptedUpstream, tmp_path: Path
+) -> None:
+    """For a rolling upgrade from a version that reads no parts (SPEC §12.4)."""
+    upstream.script(keep(say("Noted.")))
+    with chained(upstream_url, tmp_path, parts=False) as (client, database):
+        ids = long_chain(client, 30)
+        assert set(stored_bytes(database)) == {CONVERSATION_RECORD}
+        conversation = conversation_of(database, ids[-1])
+        assert conversation is not None
+        assert len(json.loads(conversation)) == 2 * 30

@@ -81,12 +81,15 @@ async def test_a_short_conversation_is_one_conversation_record() -> None:
 
 async def test_a_tail_names_the_parts_before_it_and_keeps_them_as_long() -> None:
     messages = turn(0, 100_000)
-    record, kept = sc.stored_form("resp_a", messages, None)
-    assert (record.kind, kept) == (sc.CONVERSATION_RECORD, [])
+    record, parts = sc.stored_form("resp_a", messages, None)
+    assert (record.kind, parts) == (sc.CONVERSATION_RECORD, [])
     first = sc.whole("resp_a", record.value, messages)
     more = [*messages, *turn(1, 1_000)]
-    record, kept = sc.stored_form("resp_b", more, first)
-    assert (record.kind, kept) == (sc.TAIL_RECORD, [(sc.CONVERSATION_RECORD, "resp_a")])
+    record, parts = sc.stored_form("resp_b", more, first)
+    assert (record.kind, parts) == (sc.TAIL_RECORD, list(first.parts))
+    marks, kept = sc.named(parts)
+    assert kept == [(sc.CONVERSATION_RECORD, "resp_a")]
+    assert [(mark.kind, mark.key) for mark in marks] == [(sc.NAMED_RECORD, "resp_a")]
     line, own = record.value.split(b"\n")
     assert orjson.loads(line) == [["resp_a", True, len(orjson.dumps(messages))]]
     assert orjson.loads(own) == turn(1, 1_000)
@@ -95,8 +98,8 @@ async def test_a_tail_names_the_parts_before_it_and_keeps_them_as_long() -> None
 async def test_a_part_no_larger_than_the_new_one_is_copied_into_it() -> None:
     """So the parts a conversation names shrink with their age: few of them."""
     big = sc.Conversation(turn(0, 100_000), (sc.Part("resp_a", True, 100_030, 2),))
-    record, kept = sc.stored_form("resp_b", [*big.messages, *turn(1, 120_000)], big)
-    assert (record.kind, kept) == (sc.CONVERSATION_RECORD, [])
+    record, parts = sc.stored_form("resp_b", [*big.messages, *turn(1, 120_000)], big)
+    assert (record.kind, parts) == (sc.CONVERSATION_RECORD, [])
 
 
 @pytest.mark.parametrize(
@@ -119,6 +122,10 @@ async def test_a_part_gone_or_replaced_leaves_the_conversation_gone() -> None:
     value = await store.store.get_record(*first.record)
     assert value is not None
     await store.store.put_record(*first.record, value[:-2] + b"]", 60)  # shorter
+    assert await store.conversation(stored, BOUNDS) is None
+    await store.store.put_record(*first.record, value[:-1] + b", {}]", 60)  # longer
+    assert await store.conversation(stored, BOUNDS) is None
+    await store.store.put_record(*first.record, value[:-1] + b"," + b" " * 100_000 + b"]", 60)
     assert await store.conversation(stored, BOUNDS) is None
     await store.store.delete_record(*first.record)
     assert await store.conversation(stored, BOUNDS) is None
