@@ -237,11 +237,7 @@ class SqliteStore:
     ) -> None:
         """Written with the records put meanwhile (group commit, see `_write_puts`): it returns
         once the statement that wrote them is committed."""
-        # Deadlines are wall-clock times: other processes and later runs read them.
-        expires_at = time.time() + check_put(records, ttl_s, keep)
-        rows = [(kind, key, value, expires_at) for kind, key, value in records]
-        thread = None if keep_thread is None else (keep_thread, expires_at)
-        write = _Write(rows, thread, [(expires_at, kind, key) for kind, key in keep])
+        write = _Write(records, check_put(records, ttl_s, keep), keep_thread, keep)
         loop = asyncio.get_running_loop()
         done = loop.create_future()
         with self._puts_lock:
@@ -268,7 +264,7 @@ class SqliteStore:
                 self._on_thread(_statement(_SWEEP, (now,)))
                 for sweep in threads.SWEEP:
                     self._on_thread(_statement(sweep, (now,)))
-        for chunk in batches(puts, lambda put: len(put[0].rows), ROWS_PER_WRITE):
+        for chunk in batches(puts, lambda put: len(put[0].records), ROWS_PER_WRITE):
             error: BaseException | None = None
             try:
                 self._on_thread(functools.partial(_write, [write for write, _ in chunk]))
@@ -405,20 +401,27 @@ def _immediate(db: sqlite3.Connection) -> Iterator[None]:
 
 
 class _Write(NamedTuple):
-    rows: list[tuple[str, str, bytes, float]]  # kind, key, value, expires_at
-    thread: tuple[str, float] | None  # a thread to keep, and its new end
-    kept: list[tuple[float, str, str]]  # records to keep: their new end (one), kind, key
+    records: Sequence[Record]
+    ttl_s: float
+    thread: str | None  # a thread to keep as long
+    kept: Sequence[tuple[str, str]]  # records to keep as long
 
 
 def _write(writes: list[_Write], db: sqlite3.Connection) -> None:
+    """The writes' records in one statement, after the threads and records they keep; the
+    records kept for as long are kept together (most writes keep theirs as long)."""
+    # Deadlines are wall-clock times: other processes and later runs read them.
     now = time.time()
+    kept: dict[float, list[str]] = {}  # by end: kind, key, kind, key...
     for write in writes:
         if write.thread is not None:
-            threads.keep(db, *write.thread)
-        if write.kept:
-            pairs = [part for _, kind, key in write.kept for part in (kind, key)]
-            db.execute(_keep(len(write.kept)), [write.kept[0][0], now, *pairs])
-    rows = [row for write in writes for row in write.rows]
+            threads.keep(db, write.thread, now + write.ttl_s)
+        kept.setdefault(now + write.ttl_s, []).extend(p for pair in write.kept for p in pair)
+    for end, pairs in kept.items():
+        for at in range(0, len(pairs), 2 * RECORDS_AT_ONCE):
+            chunk = pairs[at : at + 2 * RECORDS_AT_ONCE]
+            db.execute(_keep(len(chunk) // 2), [end, now, *chunk])
+    rows = [(*record, now + write.ttl_s) for write in writes for record in write.records]
     if rows:
         db.execute(_insert(len(rows)), [value for row in rows for value in row])
 

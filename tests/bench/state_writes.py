@@ -1,7 +1,8 @@
 """Records written to each state backend with 1 and with 64 writers at once: writes per second
 and CPU per write, in this process (event loop and the store's threads). A write is a run's
 report (one record), or a stored response: its three records and its chain's thread, in one
-write as the proxy makes it, and in four one after another to show what that saves.
+write as the proxy makes it, and in four one after another to show what that saves; and one
+whose conversation is kept in parts (three earlier ones named, marked and kept as long).
 
     python -m tests.bench.state_writes [--writes 6000] [--redis]
 
@@ -46,6 +47,17 @@ async def response(store: StateStore, key: str) -> None:
     await store.put_records(records, 3600, keep_thread=f"resp_{key}")
 
 
+async def response_in_parts(store: StateStore, key: str) -> None:
+    """A stored response whose conversation names three earlier parts: they are marked as named
+    and kept as long."""
+    parts = [f"{key}_part{n}" for n in range(3)]
+    records = [Record("conversation_tail", key, RECORD)]
+    records += [Record("conversation_named", part, b"") for part in parts]
+    records += [Record(kind, key, RECORD) for kind in ("input", "response")]
+    kept = [("conversation", part) for part in parts]
+    await store.put_records(records, 3600, keep_thread=f"resp_{key}", keep=kept)
+
+
 async def response_in_four(store: StateStore, key: str) -> None:
     for kind in ("conversation", "input", "response"):
         await store.put_record(kind, key, RECORD, 3600)
@@ -55,6 +67,7 @@ async def response_in_four(store: StateStore, key: str) -> None:
 WRITES: dict[str, Write] = {
     "run report": report,
     "stored response": response,
+    "stored response, in parts": response_in_parts,
     "stored response, in four": response_in_four,
 }
 

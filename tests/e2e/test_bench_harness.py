@@ -146,7 +146,12 @@ def test_the_state_writes_benchmark_measures_every_backend() -> None:
     assert done.returncode == 0, done.stderr
     rows = [line.split("|")[1:-1] for line in done.stdout.splitlines() if line.startswith("| ")]
     named = [tuple(cell.strip() for cell in row[:3]) for row in rows[1:]]
-    writes = ("run report", "stored response", "stored response, in four")
+    writes = (
+        "run report",
+        "stored response",
+        "stored response, in parts",
+        "stored response, in four",
+    )
     assert named == [
         (b, what, w) for b in ("memory", "sqlite", "redis") for what in writes for w in ("1", "64")
     ]

@@ -51,6 +51,22 @@ async def test_puts_of_one_key_keep_their_order(store: StateStore) -> None:
     assert await store.get_record("run", "same") == b"19"
 
 
+async def test_records_kept_by_puts_at_once_are_each_kept_as_long(store: StateStore) -> None:
+    """Each put's own TTL, whether kept together (sqlite: one statement for those kept as long)
+    or not; a short one does not shorten another's."""
+    await store.put_records([Record("part", f"p{i}", b"%d" % i) for i in range(PUTS)], 0.2)
+    ttls = [0.3 if i % 3 == 0 else 30 for i in range(PUTS)]
+    await asyncio.gather(
+        *(
+            store.put_records([Record("tail", f"t{i}", b"")], ttl, keep=[("part", f"p{i}")])
+            for i, ttl in enumerate(ttls)
+        )
+    )
+    await asyncio.sleep(0.5)
+    found = await store.get_records([("part", f"p{i}") for i in range(PUTS)])
+    assert found == [None if ttl < 1 else b"%d" % i for i, ttl in enumerate(ttls)]
+
+
 async def test_a_cancelled_put_leaves_its_batch_alone(store: StateStore) -> None:
     puts = [asyncio.create_task(store.put_record("run", f"r{i}", b"{}", 60)) for i in range(8)]
     await asyncio.sleep(0)  # every put has joined a batch
