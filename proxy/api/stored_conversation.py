@@ -32,7 +32,6 @@ TAIL_RECORD = "conversation_tail"
 WHOLE_BYTES = 64 * 1024  # a conversation up to this size is kept whole: one read
 MIN_PART_BYTES = 16 * 1024  # a smaller part is copied into the next turn's record
 MAX_PARTS = 32  # the most records one conversation is read from
-MAX_LINE_BYTES = MAX_PARTS * 128  # the line of a tail that names its parts, at most
 # Marks a response's conversation record as named by a later one's, for as long as that one
 # is kept: deleting the response then leaves it (the later one's conversation holds it).
 NAMED_RECORD = "conversation_named"
@@ -124,11 +123,7 @@ def _part(response_id: object, whole: object, size: object) -> Part:
 async def read_parts(store: StateStore, parts: Sequence[Part], own: bytes) -> list[bytes]:
     """The messages of each part (JSON arrays, unparsed), the tail's `own` last, in one read.
     Raises Gone when one is missing or not the size its tail says (it expired or was deleted)."""
-    # As many bytes as the parts should hold: a record grown since is not read whole.
-    most = sum(part.size + (0 if part.whole else MAX_LINE_BYTES) for part in parts)
-    found = await store.get_records([part.record for part in parts], max_bytes=most)
-    if len(found) < len(parts):
-        raise Gone
+    found = await store.get_records([part.record for part in parts])
     texts = []
     for part, record in zip(parts, found, strict=True):
         text = record if part.whole or record is None else record.partition(b"\n")[2]
