@@ -20,15 +20,15 @@ from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
-from typing import Any, NamedTuple, TypeVar
+from typing import TypeVar
 
 from proxy.errors import StateUnavailable
+from proxy.state import sqlite_records as records_sql
 from proxy.state import sqlite_threads as threads
 from proxy.state.lease import renewed
 from proxy.state.locks import KeyedLocks
 from proxy.state.sqlite_checkpoints import LOG_FILE_BYTES, Checkpointer
 from proxy.state.store import (
-    RECORDS_AT_ONCE,
     Record,
     StoredContext,
     batches,
@@ -36,15 +36,12 @@ from proxy.state.store import (
     check_put,
     check_ttl,
     conflict,
-    first_within,
     settle,
 )
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 SWEEP_EVERY_S = 60.0  # the most often expired records are deleted
-ROWS_PER_WRITE = 200  # records in one statement: 4 parameters each, within sqlite's 999
-_SWEEP = "DELETE FROM records WHERE expires_at <= ?"
 LOCK_POLL_S = (0.005, 0.05)  # the first and the longest wait between two tries of a held lock
 
 _TABLES = [
@@ -54,15 +51,6 @@ _TABLES = [
         updated REAL,
         version INTEGER NOT NULL DEFAULT 1
     )""",
-    """CREATE TABLE IF NOT EXISTS records (
-        kind TEXT NOT NULL,
-        key TEXT NOT NULL,
-        value BLOB NOT NULL,
-        expires_at REAL NOT NULL,
-        PRIMARY KEY (kind, key)
-    )""",
-    # The sweep finds expired rows without reading the others (Responses are kept for days).
-    "CREATE INDEX IF NOT EXISTS records_by_expiry ON records (expires_at)",
     # Who holds each context (a random token) and until when (wall-clock, shared).
     """CREATE TABLE IF NOT EXISTS context_locks (
         id TEXT PRIMARY KEY,
@@ -138,7 +126,7 @@ class SqliteStore:
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="loopwarden-sqlite")
         self._swept = -math.inf  # monotonic; the first put sweeps what expired before it
         # Writes put and not yet taken by the thread, each with the future its put awaits.
-        self._puts: list[tuple[_Write, asyncio.Future[None]]] = []
+        self._puts: list[tuple[records_sql.Write, asyncio.Future[None]]] = []
         self._puts_lock = threading.Lock()  # the loop adds to the list, the thread takes it
         self._locks = KeyedLocks()
 
@@ -237,7 +225,7 @@ class SqliteStore:
     ) -> None:
         """Written with the records put meanwhile (group commit, see `_write_puts`): it returns
         once the statement that wrote them is committed."""
-        write = _Write(records, check_put(records, ttl_s, keep), keep_thread, keep)
+        write = records_sql.Write(records, check_put(records, ttl_s, keep), keep_thread, keep)
         loop = asyncio.get_running_loop()
         done = loop.create_future()
         with self._puts_lock:
@@ -261,59 +249,32 @@ class SqliteStore:
         if clock - self._swept >= SWEEP_EVERY_S:  # expired rows do not pile up
             self._swept = clock
             with contextlib.suppress(StateUnavailable):  # the writes below say so too
-                self._on_thread(_statement(_SWEEP, (now,)))
+                self._on_thread(_statement(records_sql.SWEEP, (now,)))
                 for sweep in threads.SWEEP:
                     self._on_thread(_statement(sweep, (now,)))
-        for chunk in batches(puts, lambda put: len(put[0].records), ROWS_PER_WRITE):
+        rows = records_sql.ROWS_PER_WRITE
+        for chunk in batches(puts, lambda put: len(put[0].records), rows):
             error: BaseException | None = None
             try:
-                self._on_thread(functools.partial(_write, [write for write, _ in chunk]))
+                writes = [write for write, _ in chunk]
+                self._on_thread(functools.partial(records_sql.write, writes))
             except BaseException as exc:  # every put of the statement fails with it
                 error = exc
             loop.call_soon_threadsafe(settle, [done for _, done in chunk], error)
 
     async def get_record(self, kind: str, key: str) -> bytes | None:
-        def work(db: sqlite3.Connection) -> bytes | None:
-            row = db.execute(
-                "SELECT value FROM records WHERE kind = ? AND key = ? AND expires_at > ?",
-                (kind, key, time.time()),
-            ).fetchone()
-            return None if row is None else bytes(row[0])
-
-        return await self._call(work)
+        return await self._call(lambda db: records_sql.get(db, kind, key))
 
     async def get_records(
         self, wanted: Sequence[tuple[str, str]], max_bytes: int | None = None
     ) -> list[bytes | None]:
         check_at_once(wanted)
-
-        def read(
-            db: sqlite3.Connection, pairs: Sequence[tuple[str, str]], what: str
-        ) -> dict[tuple[str, str], Any]:
-            parameters = (*(part for pair in pairs for part in pair), time.time())
-            rows = db.execute(_read_pairs(what, len(pairs)), parameters)
-            return {(kind, key): value for kind, key, value in rows}
-
-        def work(db: sqlite3.Connection) -> list[bytes | None]:
-            asked = wanted
-            if max_bytes is not None:  # the sizes first: what is not read is not held
-                sizes = read(db, wanted, "length(r.value)")
-                asked = wanted[: first_within([sizes.get(pair, 0) for pair in wanted], max_bytes)]
-            found = read(db, asked, "r.value")
-            return [None if (value := found.get(pair)) is None else bytes(value) for pair in asked]
-
-        return await self._call(work) if wanted else []
+        if not wanted:
+            return []
+        return await self._call(lambda db: records_sql.get_many(db, wanted, max_bytes))
 
     async def delete_record(self, kind: str, key: str) -> bool:
-        def work(db: sqlite3.Connection) -> bool:
-            # An expired row is left to the sweep: it reads as absent already.
-            deleted = db.execute(
-                "DELETE FROM records WHERE kind = ? AND key = ? AND expires_at > ?",
-                (kind, key, time.time()),
-            )
-            return bool(deleted.rowcount)
-
-        return await self._call(work)
+        return await self._call(lambda db: records_sql.delete(db, kind, key))
 
     def hold(self, context_id: str) -> AbstractAsyncContextManager[None]:
         return self._hold(context_id)
@@ -400,64 +361,8 @@ def _immediate(db: sqlite3.Connection) -> Iterator[None]:
     db.execute("COMMIT")
 
 
-class _Write(NamedTuple):
-    records: Sequence[Record]
-    ttl_s: float
-    thread: str | None  # a thread to keep as long
-    kept: Sequence[tuple[str, str]]  # records to keep as long
-
-
-def _write(writes: list[_Write], db: sqlite3.Connection) -> None:
-    """The writes' records in one statement, after the threads and records they keep; the
-    records kept for as long are kept together (most writes keep theirs as long)."""
-    # Deadlines are wall-clock times: other processes and later runs read them.
-    now = time.time()
-    kept: dict[float, list[str]] = {}  # by end: kind, key, kind, key...
-    for write in writes:
-        if write.thread is not None:
-            threads.keep(db, write.thread, now + write.ttl_s)
-        kept.setdefault(now + write.ttl_s, []).extend(p for pair in write.kept for p in pair)
-    for end, pairs in kept.items():
-        for at in range(0, len(pairs), 2 * RECORDS_AT_ONCE):
-            chunk = pairs[at : at + 2 * RECORDS_AT_ONCE]
-            db.execute(_keep(len(chunk) // 2), [end, now, *chunk])
-    rows = [(*record, now + write.ttl_s) for write in writes for record in write.records]
-    if rows:
-        db.execute(_insert(len(rows)), [value for row in rows for value in row])
-
-
 def _statement(sql: str, parameters: Sequence[object]) -> Callable[[sqlite3.Connection], object]:
     return lambda db: db.execute(sql, parameters)
-
-
-@functools.lru_cache(maxsize=ROWS_PER_WRITE)
-def _insert(rows: int) -> str:
-    """One statement that writes `rows` records (a later one of a key replaces an earlier)."""
-    values = ", ".join(["(?, ?, ?, ?)"] * rows)
-    return (
-        f"INSERT INTO records (kind, key, value, expires_at) VALUES {values} "
-        "ON CONFLICT (kind, key) DO UPDATE SET value = excluded.value, "
-        "expires_at = excluded.expires_at"
-    )
-
-
-@functools.lru_cache(maxsize=RECORDS_AT_ONCE)
-def _keep(pairs: int) -> str:
-    """One statement that gives the live records of `pairs` (kind, key) pairs a new end, each
-    found by its primary key (sqlite looks each term of the OR up)."""
-    found = " OR ".join(["(kind = ? AND key = ?)"] * pairs)
-    return f"UPDATE records SET expires_at = ? WHERE expires_at > ? AND ({found})"
-
-
-@functools.lru_cache(maxsize=2 * RECORDS_AT_ONCE)
-def _read_pairs(what: str, pairs: int) -> str:
-    """Reads `what` of the records of `pairs` (kind, key) pairs, each found by its primary key
-    (`(kind, key) IN (...)` has sqlite scan the expiry index instead: every live record)."""
-    values = ", ".join(["(?, ?)"] * pairs)
-    return (
-        f"SELECT r.kind, r.key, {what} FROM (VALUES {values}) AS w "
-        "JOIN records AS r ON r.kind = w.column1 AND r.key = w.column2 WHERE r.expires_at > ?"
-    )
 
 
 def _abandon(db: sqlite3.Connection) -> None:
@@ -472,7 +377,7 @@ def _create_schema(db: sqlite3.Connection) -> None:
     """Creates the tables, and adds what older files lack, in one transaction (processes that
     open one file at once do not race)."""
     with _immediate(db):
-        for statement in [*threads.TABLES, *_TABLES]:
+        for statement in [*threads.TABLES, *records_sql.TABLES, *_TABLES]:
             db.execute(statement)
         columns = {row[1] for row in db.execute("PRAGMA table_info(contexts)")}
         if "version" not in columns:  # a file from before contexts had versions

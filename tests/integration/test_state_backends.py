@@ -21,6 +21,7 @@ import pytest
 from proxy.config.state import StateConfig
 from proxy.errors import StateUnavailable
 from proxy.state import sqlite as sqlite_state
+from proxy.state import sqlite_records
 from proxy.state.backend import open_store
 from proxy.state.memory import SWEEP_AFTER, MemoryStore
 from proxy.state.redis import RedisStore
@@ -412,10 +413,10 @@ def test_sqlite_finds_records_by_their_key_not_by_scanning_them(tmp_path: Path) 
     """`(kind, key) IN (...)` with the expiry condition had sqlite scan its expiry index:
     every live record, 130 ms a continued response with 200,000 of them."""
     with contextlib.closing(sqlite3.connect(tmp_path / "plan.db")) as db:
-        for statement in [*sqlite_state.threads.TABLES, *sqlite_state._TABLES]:
+        for statement in sqlite_records.TABLES:
             db.execute(statement)
-        reads = [sqlite_state._read_pairs(what, 3) for what in ("r.value", "length(r.value)")]
-        for query, lookups in [(reads[0], 1), (reads[1], 1), (sqlite_state._keep(3), 3)]:
+        reads = [sqlite_records.read_pairs(what, 3) for what in ("r.value", "length(r.value)")]
+        for query, lookups in [(reads[0], 1), (reads[1], 1), (sqlite_records.keep_pairs(3), 3)]:
             explained = db.execute(f"EXPLAIN QUERY PLAN {query}", [0] * query.count("?"))
             plan = " ".join(str(row[-1]) for row in explained)
             assert plan.count("USING INDEX sqlite_autoindex_records_1") == lookups, plan
