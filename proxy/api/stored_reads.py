@@ -81,8 +81,13 @@ class StoredReads:
                 conversation = await self.store.conversation(stored, self.bounds, read[1:])
             except ConversationTooLarge as exc:
                 raise BodyTooLarge(str(exc), param=param) from None
-        if stored is None or conversation is None:
+        if stored is None:
             raise NotFound(f"no stored response {response_id!r}", param=param)
+        if conversation is None:  # it expired or was deleted since, or a part of it was
+            raise NotFound(
+                f"the conversation through stored response {response_id!r} is no longer kept",
+                param=param,
+            )
         return stored, conversation
 
     async def item(self, item_id: str, param: str) -> dict[str, Any]:

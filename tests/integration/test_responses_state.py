@@ -404,6 +404,7 @@ async def test_a_response_whose_conversation_is_gone_is_not_continued(
         r = await respond(proxy, model="scripted", previous_response_id=first["id"])
     assert r.status_code == 404
     assert r.json()["error"]["param"] == "previous_response_id"
+    assert "the conversation through stored response" in r.json()["error"]["message"]
     assert len(proxy.upstream.requests) == 1
 
 
