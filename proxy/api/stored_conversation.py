@@ -147,11 +147,13 @@ def joined_size(sizes: Sequence[int]) -> int:
 
 def parsed_parts(parts: Sequence[Part], texts: Sequence[bytes]) -> Conversation:
     """The conversation of a tail record's parts (the tail's own last), each parsed on its own:
-    their counts."""
+    their counts. Raises Gone when one is not a JSON array."""
     messages: list[dict[str, Any]] = []
     counted = []
     for part, text in zip(parts, texts, strict=True):
         held = orjson.loads(text)
+        if not isinstance(held, list):
+            raise Gone
         messages += held
         counted.append(Part(part.response_id, part.whole, len(text), len(held)))
     return Conversation(messages, tuple(counted))

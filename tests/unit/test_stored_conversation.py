@@ -127,5 +127,8 @@ async def test_a_part_gone_or_replaced_leaves_the_conversation_gone() -> None:
     assert await store.conversation(stored, BOUNDS) is None
     await store.store.put_record(*first.record, value[:-1] + b"," + b" " * 100_000 + b"]", 60)
     assert await store.conversation(stored, BOUNDS) is None
+    same_size = b"{" + b" " * (len(value) - 2) + b"}"  # not a JSON array
+    await store.store.put_record(*first.record, same_size, 60)
+    assert await store.conversation(stored, BOUNDS) is None
     await store.store.delete_record(*first.record)
     assert await store.conversation(stored, BOUNDS) is None
