@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import ConfigDict, ValidationError, create_model
 
-from proxy.callables import CallThreads, call
+from proxy.callables import CallThreads
 from proxy.engine.values import ToolContext
 from proxy.tools.base import BadArguments, Invoke
 
@@ -44,7 +44,16 @@ def python_tool(
             where = ".".join(str(p) for p in first["loc"]) or "arguments"
             raise BadArguments(f"invalid arguments at {where}: {first['msg']}") from None
 
-    async def invoke(arguments: dict[str, Any], ctx: ToolContext) -> Any:
-        return await call(func, threads, **arguments)
+    # Which way it runs is known once (asking on each call costs more than the call's own
+    # layer): async on the loop, sync in one of the threads.
+    if inspect.iscoroutinefunction(func):
+
+        async def invoke(arguments: dict[str, Any], ctx: ToolContext) -> Any:
+            return await func(**arguments)
+
+    else:
+
+        async def invoke(arguments: dict[str, Any], ctx: ToolContext) -> Any:
+            return await threads.run(func, **arguments)
 
     return invoke, schema, validate
