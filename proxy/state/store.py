@@ -187,7 +187,8 @@ def check_put(
     """`ttl_s`, when `records` may be put for that long, and `keep` kept as long; raises
     ValueError otherwise."""
     check_at_once(records)
-    check_at_once(keep)
+    if keep:
+        check_at_once(keep)
     return check_ttl(ttl_s)
 
 
