@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 from starlette.types import Scope
@@ -41,6 +41,9 @@ from proxy.state.store import Record, StateStore
 # input items with the response it continued, read by `GET .../input_items` and by references to
 # those items.
 RESPONSE_RECORD = "response"
+# Beside the response record, its output items alone: what an item reference reads (the record
+# also echoes the request's `tools` and `instructions`, which would be read at every reference).
+OUTPUTS_RECORD = "outputs"
 INPUT_RECORD = "input"
 RESPONSE_PREFIX = "resp_"
 INPUT_ITEM_PREFIX = "in_"  # the ids the proxy gives input items that came without one
@@ -66,6 +69,19 @@ class StoredResponse:
         return orjson.dumps(
             {"response": self.response, "thread": self.thread, "owner": self.owner, "key": self.key}
         )
+
+
+@dataclass(slots=True)
+class StoredOutputs:
+    """A stored response's output items, and who may read them (as `StoredResponse`)."""
+
+    output: list[dict[str, Any]]
+    owner: str
+    key: str | None
+
+    def dumps(self) -> bytes:
+        """The record; it ends with its key (`owned_by` reads it there, unparsed)."""
+        return orjson.dumps({"output": self.output, "owner": self.owner, "key": self.key})
 
 
 @dataclass(slots=True)
@@ -132,7 +148,26 @@ def parsed(record: bytes | None, caller: Caller | None) -> StoredResponse | None
     return stored
 
 
-def usable(stored: StoredResponse | None, caller: Caller | None) -> StoredResponse | None:
+def parsed_outputs(record: bytes | None, caller: Caller | None) -> StoredOutputs | None:
+    """An outputs record (or the response record of one stored before outputs had their own),
+    as `parsed` reads a response record: None unless `caller` made it."""
+    if record is None or (caller is not None and not owned_by(record, caller.name)):
+        return None
+    fields = orjson.loads(record)
+    if "response" in fields:
+        fields = {"output": fields["response"].get("output") or [], **fields}
+        for extra in ("response", "thread", "messages"):
+            fields.pop(extra, None)
+    outputs = StoredOutputs(**fields)
+    if caller is not None and outputs.key != caller.name:
+        return None
+    return outputs
+
+
+Owned = TypeVar("Owned", StoredResponse, StoredOutputs)
+
+
+def usable(stored: Owned | None, caller: Caller | None) -> Owned | None:
     """`stored`; raises PermissionDenied when the key may no longer use its agent or model."""
     if stored is not None and caller is not None:
         KeyRing.check(caller, stored.owner)
@@ -170,17 +205,19 @@ class ResponseStore:
         chain: str | None,
         continued: Conversation | None,
     ) -> None:
-        """Keeps the response, `messages` (the conversation through it, as the engine saw it,
-        the `instructions` aside: they are not carried over, as OpenAI does; it begins with the
-        messages of the conversation it `continued`) and `inputs`, in one write; and the
-        `chain`'s thread (when the response continues one) and the records of the earlier parts
-        of the conversation as long."""
+        """Keeps the response (and its output items alone), `messages` (the conversation through
+        it, as the engine saw it, the `instructions` aside: they are not carried over, as OpenAI
+        does; it begins with the messages of the conversation it `continued`) and `inputs`, in
+        one write; and the `chain`'s thread (when the response continues one) and the records of
+        the earlier parts of the conversation as long."""
         conversation, parts = stored_form(response_id, messages, continued)
         marks, kept = named(parts)
+        outputs = StoredOutputs(stored.response.get("output") or [], stored.owner, stored.key)
         records = (
             conversation,
             *marks,
             Record(INPUT_RECORD, response_id, inputs.dumps()),
+            Record(OUTPUTS_RECORD, response_id, outputs.dumps()),
             Record(RESPONSE_RECORD, response_id, stored.dumps()),  # last: it names the others
         )
         await self.store.put_records(records, self.ttl_s, keep_thread=chain, keep=kept)
@@ -264,6 +301,7 @@ class ResponseStore:
             for kind, _ in conversation_records(response_id):
                 await self.store.delete_record(kind, response_id)
         await self.store.delete_record(INPUT_RECORD, response_id)
+        await self.store.delete_record(OUTPUTS_RECORD, response_id)
         return await self.store.delete_record(RESPONSE_RECORD, response_id)
 
 

@@ -10,6 +10,7 @@ from typing import Any
 from proxy.api.auth import Caller
 from proxy.api.input_items import listed
 from proxy.api.response_store import (
+    OUTPUTS_RECORD,
     READ_BYTES_PER_BODY,
     RESPONSE_RECORD,
     ConversationTooLarge,
@@ -18,6 +19,7 @@ from proxy.api.response_store import (
     conversation_records,
     owned_by,
     parsed,
+    parsed_outputs,
     response_of_item,
     usable,
 )
@@ -72,17 +74,17 @@ class StoredReads:
         response is known to be the key's own, as are the earlier parts it names."""
         wanted = [(RESPONSE_RECORD, response_id), *conversation_records(response_id)]
         read = await self.store.store.get_records(wanted, max_bytes=CONVERSATION_AHEAD_BYTES)
-        self._fetched[response_id] = read[0]
         self._ahead.pop(response_id, None)
-        stored = await self._read(response_id, param)
-        conversation = None
-        if stored is not None:
-            try:
-                conversation = await self.store.conversation(stored, self.bounds, read[1:])
-            except ConversationTooLarge as exc:
-                raise BodyTooLarge(str(exc), param=param) from None
+        self._admit(response_id, param)
+        await self._charged(read[0], param)
+        stored = usable(parsed(read[0], self.caller), self.caller)
         if stored is None:
             raise NotFound(f"no stored response {response_id!r}", param=param)
+        self._keep_outputs(response_id, stored.response.get("output") or [])
+        try:
+            conversation = await self.store.conversation(stored, self.bounds, read[1:])
+        except ConversationTooLarge as exc:
+            raise BodyTooLarge(str(exc), param=param) from None
         if conversation is None:  # it expired or was deleted since, or a part of it was
             raise NotFound(
                 f"the conversation through stored response {response_id!r} is no longer kept",
@@ -106,38 +108,60 @@ class StoredReads:
             raise NotFound(f"no stored item {item_id[:64]!r}", param=param)
         return dict(item)
 
-    async def _read(self, response_id: str, param: str) -> StoredResponse | None:
+    async def _read(self, response_id: str, param: str) -> None:
+        """The output items of a response an item reference names."""
+        self._admit(response_id, param)
+        found = await self._record(response_id)
+        await self._charged(found, param)
+        outputs = usable(parsed_outputs(found, self.caller), self.caller)
+        if outputs is not None:
+            self._keep_outputs(response_id, outputs.output)
+
+    def _admit(self, response_id: str, param: str) -> None:
+        """Counts a response read (whatever it holds), within MAX_STORED_READS."""
         if len(self._outputs) >= MAX_STORED_READS:
             raise InvalidRequest(
                 f"a request may read at most {MAX_STORED_READS} stored responses (its "
                 "previous_response_id and the responses its item references name)",
                 param=param,
             )
-        self._outputs[response_id] = {}  # counted, whatever it holds
-        found = await self._record(response_id)
+        self._outputs[response_id] = {}
+
+    async def _charged(self, found: bytes | None, param: str) -> None:
+        """Charges a record the key made (another key's has no size for it), and gives the loop
+        to others every YIELD_EVERY_BYTES."""
         if found is not None and (self.caller is None or owned_by(found, self.caller.name)):
-            self._charge(len(found), param)  # another key's response has no size for it
+            self._charge(len(found), param)
         if self._spent - self._yielded >= YIELD_EVERY_BYTES:
             self._yielded = self._spent
             await asyncio.sleep(0)  # other requests' turn
-        stored = usable(parsed(found, self.caller), self.caller)
-        if stored is None:
-            return None
+
+    def _keep_outputs(self, response_id: str, output: list[Any]) -> None:
         self._readable.add(response_id)
-        output = stored.response.get("output") or ()
         self._outputs[response_id] = {item.get("id"): item for item in output}
-        return stored
 
     async def _record(self, response_id: str) -> bytes | None:
-        """A response's record, read with those the request names after it: as many as
-        RECORDS_AT_ONCE and the bytes its budget has left allow (what is not read is not held)."""
+        """The outputs record of a response, read with those the request names after it: as
+        many as RECORDS_AT_ONCE and the bytes its budget has left allow (what is not read is
+        not held); the response records of those stored without one, in a second read."""
         if response_id not in self._fetched:
             self._ahead.pop(response_id, None)
             chunk = [response_id, *itertools.islice(self._ahead, RECORDS_AT_ONCE - 1)]
-            wanted = [(RESPONSE_RECORD, named) for named in chunk]
             left = max(0, self._budget - self._spent)
+            wanted = [(OUTPUTS_RECORD, named) for named in chunk]
             found = await self.store.store.get_records(wanted, max_bytes=left)
+            older = [named for named, record in zip(chunk, found, strict=False) if record is None]
+            responses: dict[str, bytes | None] = {}
+            if older:  # stored before outputs had a record of their own
+                left = max(0, left - sum(len(record or b"") for record in found))
+                wanted = [(RESPONSE_RECORD, named) for named in older]
+                read = await self.store.store.get_records(wanted, max_bytes=left)
+                responses = dict(zip(older, read, strict=False))
             for named, record in zip(chunk, found, strict=False):  # the first ones only
+                if record is None:
+                    if named not in responses:
+                        break  # not read within the budget: read in a later chunk
+                    record = responses[named]
                 self._fetched[named] = record
                 self._ahead.pop(named, None)
         return self._fetched.pop(response_id)

@@ -224,7 +224,8 @@ async def test_the_responses_a_request_names_are_read_together(proxy_for: ProxyF
         store.clear()
         read = await respond(proxy, model="scripted", input=[*references, *references[:3]])
     assert read.status_code == 200, read.text
-    assert store.reads_of("response") == [100, 50]
+    assert store.reads_of("outputs") == [100, 50]
+    assert store.reads_of("response") == []
     assert len(proxy.upstream.bodies[-1]["messages"]) == 150  # each named item once
 
 
@@ -258,10 +259,10 @@ async def test_a_request_reads_at_most_max_stored_reads_responses(
 
 
 async def test_the_records_a_request_reads_are_bounded_in_bytes(proxy_for: ProxyFactory) -> None:
-    """Four request bodies of records (a response keeps its instructions): 256 KiB here."""
+    """Four request bodies of records: 256 KiB here."""
     async with proxy_for({"server": {"max_body_bytes": 65536}}) as proxy:
-        proxy.upstream.script(keep(say("Stored.")))
-        references = await stored_items(proxy, 7, instructions="x" * 40_000)
+        proxy.upstream.script(keep(say("x" * 40_000)))
+        references = await stored_items(proxy, 7)
         read = await respond(proxy, model="scripted", input=references[:6])
         over = await respond(proxy, model="scripted", input=references)
     assert read.status_code == 200
@@ -272,6 +273,42 @@ async def test_the_records_a_request_reads_are_bounded_in_bytes(proxy_for: Proxy
         "input[6].id",
     )
     assert "hold more than 262144 bytes (4 x server.max_body_bytes)" in error["message"]
+
+
+async def test_an_item_reference_reads_the_outputs_not_what_the_response_echoes(
+    proxy_for: ProxyFactory,
+) -> None:
+    """A response echoes its request's `tools` and `instructions`: the AI SDK names every
+    earlier response of a conversation, and would read (and be charged) them at every turn."""
+    store = CountedStore()
+    config = {"server": {"max_body_bytes": 65536}}
+    async with proxy_for(config, store=store) as proxy:
+        proxy.upstream.script(keep(say("Stored.")))
+        references = await stored_items(proxy, 20, instructions="x" * 40_000)
+        store.clear()
+        read = await respond(proxy, model="scripted", input=references)
+    assert read.status_code == 200, read.text
+    assert store.reads_of("outputs") == [20]
+    assert store.read < 20 * 1_000  # twenty outputs, none of the 800 KB of instructions
+
+
+async def test_an_item_of_a_response_stored_without_an_outputs_record_is_read(
+    proxy_for: ProxyFactory,
+) -> None:
+    """As a version before outputs had a record of their own stored it: its response record is
+    read instead, in a second read of the chunk."""
+    store = CountedStore()
+    async with proxy_for(store=store) as proxy:
+        proxy.upstream.script(keep(say("Stored.")))
+        references = await stored_items(proxy, 4)
+        for reference in references[1:3]:
+            await store.delete_record("outputs", "resp_" + reference["id"][4:].split("_")[0])
+        store.clear()
+        read = await respond(proxy, model="scripted", input=references)
+    assert read.status_code == 200, read.text
+    assert store.reads_of("outputs") == [4]
+    assert store.reads_of("response") == [2]
+    assert [m["content"] for m in proxy.upstream.bodies[-1]["messages"]] == ["Stored."] * 4
 
 
 async def test_reading_a_stored_response_does_not_read_the_conversation_through_it(
@@ -303,7 +340,7 @@ async def test_a_stored_response_and_its_chain_s_thread_are_one_write(
         first = (await respond(proxy, model="capped")).json()
         again = await respond(proxy, model="capped", previous_response_id=first["id"])
         assert again.status_code == 200
-    kinds = ["conversation", "input", "response"]  # the response last: it names the others
+    kinds = ["conversation", "input", "outputs", "response"]  # the response last: it names them
     assert store.writes == [(kinds, first["id"]), (kinds, first["id"])]
 
 
@@ -315,8 +352,8 @@ async def test_what_a_request_reads_of_the_responses_it_names_stays_within_its_b
     large as each may be, before the first is parsed."""
     store = CountedStore()
     async with proxy_for({"server": {"max_body_bytes": 65536}}, store=store) as proxy:
-        proxy.upstream.script(keep(say("Stored.")))
-        references = await stored_items(proxy, 20, instructions="x" * 40_000)
+        proxy.upstream.script(keep(say("x" * 40_000)))
+        references = await stored_items(proxy, 20)
         store.clear()
         over = await respond(proxy, model="scripted", input=references)
         assert (over.status_code, over.json()["error"]["param"]) == (413, "input[6].id")
