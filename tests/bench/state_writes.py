@@ -1,7 +1,7 @@
 """Records written to each state backend with 1 and with 64 writers at once: writes per second
 and CPU per write, in this process (event loop and the store's threads). A write is a run's
-report (one record), or a stored response: its three records and its chain's thread, in one
-write as the proxy makes it, and in four one after another to show what that saves; and one
+report (one record), or a stored response: its four records and its chain's thread, in one
+write as the proxy makes it, and in five one after another to show what that saves; and one
 whose conversation is kept in parts (three earlier ones named, marked and kept as long).
 
     python -m tests.bench.state_writes [--writes 6000] [--redis]
@@ -27,6 +27,7 @@ from proxy.state.sqlite import SqliteStore
 from proxy.state.store import Record, StateStore
 from tests.servers import redis_server
 
+RESPONSE_KINDS = ("conversation", "input", "outputs", "response")  # as the proxy writes them
 RECORD = b'{"run_id": "run_x", "stop_reason": "completed", "usage": {}}' + b" " * 540
 
 
@@ -43,7 +44,7 @@ async def report(store: StateStore, key: str) -> None:
 
 
 async def response(store: StateStore, key: str) -> None:
-    records = [Record(kind, key, RECORD) for kind in ("conversation", "input", "response")]
+    records = [Record(kind, key, RECORD) for kind in RESPONSE_KINDS]
     await store.put_records(records, 3600, keep_thread=f"resp_{key}")
 
 
@@ -53,13 +54,13 @@ async def response_in_parts(store: StateStore, key: str) -> None:
     parts = [f"{key}_part{n}" for n in range(3)]
     records = [Record("conversation_tail", key, RECORD)]
     records += [Record("conversation_named", part, b"") for part in parts]
-    records += [Record(kind, key, RECORD) for kind in ("input", "response")]
+    records += [Record(kind, key, RECORD) for kind in RESPONSE_KINDS[1:]]
     kept = [("conversation", part) for part in parts]
     await store.put_records(records, 3600, keep_thread=f"resp_{key}", keep=kept)
 
 
-async def response_in_four(store: StateStore, key: str) -> None:
-    for kind in ("conversation", "input", "response"):
+async def response_one_by_one(store: StateStore, key: str) -> None:
+    for kind in RESPONSE_KINDS:
         await store.put_record(kind, key, RECORD, 3600)
     await store.put_records([], 3600, keep_thread=f"resp_{key}")
 
@@ -68,7 +69,7 @@ WRITES: dict[str, Write] = {
     "run report": report,
     "stored response": response,
     "stored response, in parts": response_in_parts,
-    "stored response, in four": response_in_four,
+    "stored response, one by one": response_one_by_one,
 }
 
 

@@ -150,7 +150,7 @@ def test_the_state_writes_benchmark_measures_every_backend() -> None:
         "run report",
         "stored response",
         "stored response, in parts",
-        "stored response, in four",
+        "stored response, one by one",
     )
     assert named == [
         (b, what, w) for b in ("memory", "sqlite", "redis") for what in writes for w in ("1", "64")
