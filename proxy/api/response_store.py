@@ -15,14 +15,12 @@ from proxy.api.auth import Caller, KeyRing
 from proxy.api.services import Services
 from proxy.api.stored_conversation import (
     CONVERSATION_RECORD,
-    NAMED_RECORD,
     TAIL_RECORD,
     Conversation,
     Gone,
     Part,
     joined,
     joined_size,
-    named,
     named_parts,
     parsed_parts,
     read_parts,
@@ -192,9 +190,14 @@ async def asked_for(sv: Services, scope: Scope) -> tuple[ResponseStore, StoredRe
 
 
 class ResponseStore:
-    def __init__(self, store: StateStore, ttl_s: float) -> None:
+    """`earlier_form`: write responses as the version before conversations in parts and
+    outputs records did (`state.rolling_upgrade`), so that its replicas read and delete them
+    whole."""
+
+    def __init__(self, store: StateStore, ttl_s: float, earlier_form: bool = False) -> None:
         self.store = store
         self.ttl_s = ttl_s
+        self.earlier_form = earlier_form
 
     async def save(
         self,
@@ -210,16 +213,15 @@ class ResponseStore:
         does; it begins with the messages of the conversation it `continued`) and `inputs`, in
         one write; and the `chain`'s thread (when the response continues one) and the records of
         the earlier parts of the conversation as long."""
+        if self.earlier_form:  # each conversation whole, and no outputs record
+            continued = None
         conversation, parts = stored_form(response_id, messages, continued)
-        marks, kept = named(parts)
-        outputs = StoredOutputs(stored.response.get("output") or [], stored.owner, stored.key)
-        records = (
-            conversation,
-            *marks,
-            Record(INPUT_RECORD, response_id, inputs.dumps()),
-            Record(OUTPUTS_RECORD, response_id, outputs.dumps()),
-            Record(RESPONSE_RECORD, response_id, stored.dumps()),  # last: it names the others
-        )
+        records = [conversation, Record(INPUT_RECORD, response_id, inputs.dumps())]
+        if not self.earlier_form:
+            outputs = StoredOutputs(stored.response.get("output") or [], stored.owner, stored.key)
+            records.append(Record(OUTPUTS_RECORD, response_id, outputs.dumps()))
+        records.append(Record(RESPONSE_RECORD, response_id, stored.dumps()))  # last: names all
+        kept = [part.record for part in parts]
         await self.store.put_records(records, self.ttl_s, keep_thread=chain, keep=kept)
 
     async def input(
@@ -293,13 +295,11 @@ class ResponseStore:
         return parsed_parts(parts, texts)
 
     async def delete(self, stored: StoredResponse) -> bool:
-        """Drops the response and its input items, and the conversation through it unless a
-        later response's conversation names it as a part (it then ends with that one, as a
-        whole copy in that one's record would have)."""
+        """Drops the response's records: a later response whose conversation names its part
+        can then no longer be continued (as if it had expired)."""
         response_id = stored.response["id"]
-        if await self.store.get_record(NAMED_RECORD, response_id) is None:
-            for kind, _ in conversation_records(response_id):
-                await self.store.delete_record(kind, response_id)
+        for kind, _ in conversation_records(response_id):
+            await self.store.delete_record(kind, response_id)
         await self.store.delete_record(INPUT_RECORD, response_id)
         await self.store.delete_record(OUTPUTS_RECORD, response_id)
         return await self.store.delete_record(RESPONSE_RECORD, response_id)

@@ -72,7 +72,8 @@ class Responses:
         caller = sv.keys.caller(bearer)
         raw = await read_json(receive, scope, sv.config.server)
         req = parse_responses_request(raw, header(scope, _THREAD_HEADER))
-        store = ResponseStore(sv.store, sv.config.state.response_ttl_s)
+        state = sv.config.state
+        store = ResponseStore(sv.store, state.response_ttl_s, state.rolling_upgrade)
         reads = StoredReads(store, caller, sv.config.server)
         history = await _history(req, reads)
         run = req.run
@@ -212,10 +213,8 @@ class _Context:
                 # (whether this run counted calls in it or not).
                 history = self.history
                 messages = history.messages + generated
-                parts = self.sv.config.state.conversation_parts
-                continued = history.continued if parts else None  # else kept whole
                 await self.store.save(
-                    body["id"], stored, messages, history.inputs, self.chain, continued
+                    body["id"], stored, messages, history.inputs, self.chain, history.continued
                 )
             except StateUnavailable as exc:
                 log.warning("response %s was not stored: %s", body["id"], exc.message)

@@ -9,8 +9,8 @@ it, each turn copies into its own record the earlier parts no larger than what i
 than MIN_PART_BYTES), as a binary counter carries: the parts a conversation names are larger
 the older they are, so there are few of them (read together in a second read), and a message
 is copied a few times (about the logarithm of the conversation's size in parts) rather than
-once a turn. A record keeps the parts it names as long as itself; deleting a response leaves a
-part that a later response names (that one's conversation holds it, as a whole copy did)."""
+once a turn. A record keeps the parts it names as long as itself. Deleting a response deletes
+its records: a later response whose conversation names one can no longer be continued."""
 
 from __future__ import annotations
 
@@ -32,9 +32,6 @@ TAIL_RECORD = "conversation_tail"
 WHOLE_BYTES = 64 * 1024  # a conversation up to this size is kept whole: one read
 MIN_PART_BYTES = 16 * 1024  # a smaller part is copied into the next turn's record
 MAX_PARTS = 32  # the most records one conversation is read from
-# Marks a response's conversation record as named by a later one's, for as long as that one
-# is kept: deleting the response then leaves it (the later one's conversation holds it).
-NAMED_RECORD = "conversation_named"
 
 
 class Gone(Exception):
@@ -69,7 +66,7 @@ def stored_form(
 ) -> tuple[Record, list[Part]]:
     """The record that keeps `messages`, the conversation through `response_id` (which begins
     with the messages of the conversation it `continued`), and the earlier parts it names (to
-    keep as long as it: `named`)."""
+    keep as long as it)."""
     parts = list(continued.parts) if continued is not None else []
     start = sum(part.count for part in parts)
     size = len(orjson.dumps(messages[start:]))
@@ -85,14 +82,6 @@ def stored_form(
         return Record(CONVERSATION_RECORD, response_id, own), []
     named = orjson.dumps([[part.response_id, part.whole, part.size] for part in parts])
     return Record(TAIL_RECORD, response_id, named + b"\n" + own), parts
-
-
-def named(parts: Sequence[Part]) -> tuple[list[Record], list[tuple[str, str]]]:
-    """What a record that names `parts` writes beside it: a mark for each that a later record
-    names it (its response's delete leaves it to them: NAMED_RECORD), and the parts' records,
-    to keep as long as it."""
-    marks = [Record(NAMED_RECORD, part.response_id, b"") for part in parts]
-    return marks, [part.record for part in parts]
 
 
 def whole(response_id: str, record: bytes, messages: list[dict[str, Any]]) -> Conversation:

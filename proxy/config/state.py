@@ -20,9 +20,10 @@ class StateConfig(ConfigModel):
     run_ttl_s: float = Field(86400.0, gt=0, allow_inf_nan=False)
     # Stored responses (`/v1/responses` with `store`, SPEC §12.4) are kept this long.
     response_ttl_s: float = Field(30 * 86400.0, gt=0, allow_inf_nan=False)
-    # A stored conversation over 64 KiB is kept in parts (each turn's record names the earlier
-    # ones): `false` keeps each whole, for a rolling upgrade from a version that reads no parts.
-    conversation_parts: bool = True
+    # Stored responses written as the version before conversations in parts and outputs records
+    # wrote them (each conversation whole), so that its replicas read and delete them whole: on
+    # for a rolling upgrade from it, off once every replica runs this one.
+    rolling_upgrade: bool = False
     # The longest one call to the backend may wait (redis socket timeouts, sqlite's busy
     # timeout, the /readyz check) before it fails with 503 state_unavailable.
     timeout_s: float = Field(5.0, gt=0, le=300, allow_inf_nan=False)

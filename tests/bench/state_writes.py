@@ -2,7 +2,7 @@
 and CPU per write, in this process (event loop and the store's threads). A write is a run's
 report (one record), or a stored response: its four records and its chain's thread, in one
 write as the proxy makes it, and in five one after another to show what that saves; and one
-whose conversation is kept in parts (three earlier ones named, marked and kept as long).
+whose conversation is kept in parts (three earlier ones named and kept as long).
 
     python -m tests.bench.state_writes [--writes 6000] [--redis]
 
@@ -49,11 +49,9 @@ async def response(store: StateStore, key: str) -> None:
 
 
 async def response_in_parts(store: StateStore, key: str) -> None:
-    """A stored response whose conversation names three earlier parts: they are marked as named
-    and kept as long."""
+    """A stored response whose conversation names three earlier parts, kept as long."""
     parts = [f"{key}_part{n}" for n in range(3)]
     records = [Record("conversation_tail", key, RECORD)]
-    records += [Record("conversation_named", part, b"") for part in parts]
     records += [Record(kind, key, RECORD) for kind in RESPONSE_KINDS[1:]]
     kept = [("conversation", part) for part in parts]
     await store.put_records(records, 3600, keep_thread=f"resp_{key}", keep=kept)

@@ -2,7 +2,7 @@
 with `previous_response_id` (as the Agents SDK does), on sqlite: the upstream gets the whole
 conversation every turn, and the records holding it grow with it, not with its square, as
 each turn's record names the earlier ones instead of copying them (SPEC §12.4); unless
-`state.conversation_parts` is off."""
+`state.rolling_upgrade` is on."""
 
 from __future__ import annotations
 
@@ -27,12 +27,18 @@ TURN_TEXT = 4_000  # bytes each turn's user message carries
 
 
 @contextlib.contextmanager
-def chained(upstream_url: str, folder: Path, parts: bool = True) -> Iterator[tuple[OpenAI, Path]]:
+def chained(
+    upstream_url: str, folder: Path, rolling_upgrade: bool = False
+) -> Iterator[tuple[OpenAI, Path]]:
     database = folder / "state.db"
     config = {
         "upstreams": {"scripted": {"base_url": upstream_url, "max_retries": 0}},
         "default_upstream": "scripted",
-        "state": {"backend": "sqlite", "path": str(database), "conversation_parts": parts},
+        "state": {
+            "backend": "sqlite",
+            "path": str(database),
+            "rolling_upgrade": rolling_upgrade,
+        },
     }
     with (
         proxy_process(config_file(folder, config)) as base,
@@ -96,9 +102,8 @@ def test_a_long_chain_is_sent_whole_and_stored_in_parts(
         # Each turn a whole copy: 100 x 101 / 2 x 4 KB, 20 MB, 50 times the conversation.
         assert sum(stored.values()) < 10 * conversation, stored
 
-        # Deleting a response whose record holds a part of a later one's conversation leaves
-        # that part to the later one (as a whole copy in its record did); deleting one that no
-        # later response names drops its conversation.
+        # A fork continues an earlier response. Deleting a response drops its records: a later
+        # one whose conversation names its part can still be read, no longer continued.
         named = named_parts(database, ids[-1])
         assert 1 < len(named) < 8
         fork = client.responses.create(
@@ -109,23 +114,29 @@ def test_a_long_chain_is_sent_whole_and_stored_in_parts(
             assert client.responses.delete(deleted) is None
             with pytest.raises(openai.NotFoundError):
                 client.responses.retrieve(deleted)
-        again = client.responses.create(
-            model="scripted", input="More.", previous_response_id=ids[-1]
-        )
+            assert conversation_of(database, deleted) is None
+        assert client.responses.retrieve(ids[-1]).id == ids[-1]
+        with pytest.raises(openai.NotFoundError, match="is no longer kept"):
+            client.responses.create(model="scripted", input="More.", previous_response_id=ids[-1])
+        again = client.responses.create(model="scripted", input="On.", previous_response_id=ids[10])
         assert again.output_text == "Noted."
-        assert len(upstream.bodies[-1]["messages"]) == 2 * TURNS + 1
-        assert conversation_of(database, named[-1]) is not None
-        assert conversation_of(database, fork.id) is None
 
 
-def test_conversation_parts_off_keeps_each_conversation_whole(
+def test_a_rolling_upgrade_stores_responses_as_the_version_before_did(
     upstream_url: str, upstream: ScriptedUpstream, tmp_path: Path
 ) -> None:
-    """For a rolling upgrade from a version that reads no parts (SPEC §12.4)."""
+    """With `state.rolling_upgrade`, for replicas of that version: each conversation whole, and
+    no outputs record (an older replica's delete would leave it)."""
     upstream.script(keep(say("Noted.")))
-    with chained(upstream_url, tmp_path, parts=False) as (client, database):
+    with chained(upstream_url, tmp_path, rolling_upgrade=True) as (client, database):
         ids = long_chain(client, 30)
         assert set(stored_bytes(database)) == {CONVERSATION_RECORD}
         conversation = conversation_of(database, ids[-1])
         assert conversation is not None
         assert len(json.loads(conversation)) == 2 * 30
+        with contextlib.closing(sqlite3.connect(database)) as db:
+            kinds = {kind for (kind,) in db.execute("SELECT DISTINCT kind FROM records")}
+        assert kinds == {"conversation", "input", "response"}
+        reference = {"type": "item_reference", "id": client.responses.retrieve(ids[3]).output[0].id}
+        read = client.responses.create(model="scripted", input=[reference])  # type: ignore[list-item]
+        assert read.output_text == "Noted."

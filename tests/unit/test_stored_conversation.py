@@ -87,9 +87,7 @@ async def test_a_tail_names_the_parts_before_it_and_keeps_them_as_long() -> None
     more = [*messages, *turn(1, 1_000)]
     record, parts = sc.stored_form("resp_b", more, first)
     assert (record.kind, parts) == (sc.TAIL_RECORD, list(first.parts))
-    marks, kept = sc.named(parts)
-    assert kept == [(sc.CONVERSATION_RECORD, "resp_a")]
-    assert [(mark.kind, mark.key) for mark in marks] == [(sc.NAMED_RECORD, "resp_a")]
+    assert [part.record for part in parts] == [(sc.CONVERSATION_RECORD, "resp_a")]
     line, own = record.value.split(b"\n")
     assert orjson.loads(line) == [["resp_a", True, len(orjson.dumps(messages))]]
     assert orjson.loads(own) == turn(1, 1_000)
