@@ -46,9 +46,9 @@ class StoredReads:
     they are parsed. They are read together, in the order the request names them: the previous
     one with the conversation through it, the others RECORDS_AT_ONCE at a time and only as many
     bytes of them as the budget has left. Of a response an item reference names, only its
-    output items are kept, and its input items when a reference names one; the conversation of
-    the previous one may hold no more bytes or values than a request's body (it goes upstream
-    in this one's)."""
+    output items are read (its outputs record), and its input items when a reference names one;
+    the conversation of the previous one may hold no more bytes or values than a request's body
+    (it goes upstream in this one's)."""
 
     def __init__(self, store: ResponseStore, caller: Caller | None, bounds: ServerConfig) -> None:
         self.store = store
@@ -58,7 +58,7 @@ class StoredReads:
         self._readable: set[str] = set()
         self._inputs: set[str] = set()  # the responses whose input items are in `_outputs`
         self._ahead: dict[str, None] = {}  # the responses the request names, not read yet
-        self._fetched: dict[str, bytes | None] = {}  # response records read, not yet parsed
+        self._fetched: dict[str, bytes | None] = {}  # outputs records read, not yet parsed
         self._budget = READ_BYTES_PER_BODY * bounds.max_body_bytes
         self._spent = 0
         self._yielded = 0
