@@ -51,6 +51,9 @@ ITEM_PREFIXES = ("msg_", "fc_", "mcp_", INPUT_ITEM_PREFIX)
 # this: a chain whose conversation still fits a request holds about the bytes of one request
 # body in its input items and as many in its outputs.
 READ_BYTES_PER_BODY = 4
+# The records of a response read with it before it is known to be the caller's: another key's
+# request is sent no more of them, and learns no more of their size.
+AHEAD_BYTES = 256 * 1024
 
 
 @dataclass(slots=True)
@@ -217,9 +220,11 @@ class ResponseStore:
             continued = None
         conversation, parts = stored_form(response_id, messages, continued)
         records = [conversation, Record(INPUT_RECORD, response_id, inputs.dumps())]
-        if not self.earlier_form:
+        if not self.earlier_form:  # the output items in a record of their own, not twice
             outputs = StoredOutputs(stored.response.get("output") or [], stored.owner, stored.key)
             records.append(Record(OUTPUTS_RECORD, response_id, outputs.dumps()))
+            body = {**stored.response, "output": None}
+            stored = StoredResponse(body, stored.thread, stored.owner, stored.key)
         records.append(Record(RESPONSE_RECORD, response_id, stored.dumps()))  # last: names all
         kept = [part.record for part in parts]
         await self.store.put_records(records, self.ttl_s, keep_thread=chain, keep=kept)
@@ -241,7 +246,21 @@ class ResponseStore:
     async def load(self, response_id: str, caller: Caller | None) -> StoredResponse | None:
         """The stored response, when it exists and `caller` made it (None otherwise: another
         key's responses do not exist for it), without its conversation."""
-        return parsed(await self.store.get_record(RESPONSE_RECORD, response_id), caller)
+        wanted = [(RESPONSE_RECORD, response_id), (OUTPUTS_RECORD, response_id)]
+        found = await self.store.get_records(wanted, max_bytes=AHEAD_BYTES)
+        stored = parsed(found[0], caller)
+        return None if stored is None else await self.with_outputs(stored, found[1:])
+
+    async def with_outputs(
+        self, stored: StoredResponse, found: Sequence[bytes | None] = ()
+    ) -> StoredResponse:
+        """`stored` with its output items, which a response record written beside its outputs
+        record holds as `null`; `found`, the outputs record when it was read already."""
+        if stored.response.get("output") is None:
+            response_id = stored.response["id"]
+            record = found[0] if found else await self.store.get_record(OUTPUTS_RECORD, response_id)
+            stored.response["output"] = orjson.loads(record)["output"] if record else []
+        return stored
 
     async def readable(self, response_id: str, caller: Caller | None) -> StoredResponse | None:
         """`load`, and raises PermissionDenied when the key may no longer use the response's
@@ -303,6 +322,13 @@ class ResponseStore:
         await self.store.delete_record(INPUT_RECORD, response_id)
         await self.store.delete_record(OUTPUTS_RECORD, response_id)
         return await self.store.delete_record(RESPONSE_RECORD, response_id)
+
+
+def continued_records(response_id: str) -> list[tuple[str, str]]:
+    """What a request that continues a response reads of it at once (within AHEAD_BYTES): the
+    response, its outputs, and the records that may hold the conversation through it."""
+    ahead = [(RESPONSE_RECORD, response_id), (OUTPUTS_RECORD, response_id)]
+    return [*ahead, *conversation_records(response_id)]
 
 
 def conversation_records(response_id: str) -> list[tuple[str, str]]:

@@ -10,13 +10,14 @@ from typing import Any
 from proxy.api.auth import Caller
 from proxy.api.input_items import listed
 from proxy.api.response_store import (
+    AHEAD_BYTES,
     OUTPUTS_RECORD,
     READ_BYTES_PER_BODY,
     RESPONSE_RECORD,
     ConversationTooLarge,
     ResponseStore,
     StoredResponse,
-    conversation_records,
+    continued_records,
     owned_by,
     parsed,
     parsed_outputs,
@@ -33,10 +34,6 @@ from proxy.state.store import RECORDS_AT_ONCE
 # their records it may parse (`READ_BYTES_PER_BODY`), giving the loop to others every so many.
 MAX_STORED_READS = 1_000
 YIELD_EVERY_BYTES = 1024 * 1024
-# A continued response is read with the conversation through it when the two hold at most this
-# (most do: one round trip); a larger conversation is read once the response is found to be
-# the key's own, so that another key's request is sent none of it.
-CONVERSATION_AHEAD_BYTES = 256 * 1024
 
 
 class StoredReads:
@@ -68,21 +65,21 @@ class StoredReads:
         self._ahead = dict.fromkeys(list(dict.fromkeys(named))[:MAX_STORED_READS])
 
     async def previous(self, response_id: str, param: str) -> tuple[StoredResponse, Conversation]:
-        """The response a request continues, and the conversation through it: read together
-        when the two hold at most CONVERSATION_AHEAD_BYTES (a request of another key is sent
-        no more of it, and learns no more of its size), else the conversation once the
-        response is known to be the key's own, as are the earlier parts it names."""
-        wanted = [(RESPONSE_RECORD, response_id), *conversation_records(response_id)]
-        read = await self.store.store.get_records(wanted, max_bytes=CONVERSATION_AHEAD_BYTES)
+        """The response a request continues, its outputs and the conversation through it: read
+        together when they hold at most AHEAD_BYTES (most do: one round trip), else what is left
+        once the response is known to be the key's own, as are the earlier parts it names."""
+        wanted = continued_records(response_id)
+        read = await self.store.store.get_records(wanted, max_bytes=AHEAD_BYTES)
         self._ahead.pop(response_id, None)
         self._admit(response_id, param)
         await self._charged(read[0], param)
         stored = usable(parsed(read[0], self.caller), self.caller)
         if stored is None:
             raise NotFound(f"no stored response {response_id!r}", param=param)
-        self._keep_outputs(response_id, stored.response.get("output") or [])
+        stored = await self.store.with_outputs(stored, read[1:2])
+        self._keep_outputs(response_id, stored.response["output"])
         try:
-            conversation = await self.store.conversation(stored, self.bounds, read[1:])
+            conversation = await self.store.conversation(stored, self.bounds, read[2:])
         except ConversationTooLarge as exc:
             raise BodyTooLarge(str(exc), param=param) from None
         if conversation is None:  # it expired or was deleted since, or a part of it was

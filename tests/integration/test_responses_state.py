@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from proxy.api import stored_reads
-from proxy.api.response_store import conversation_records
+from proxy.api.response_store import continued_records
 from proxy.errors import StateUnavailable
 from proxy.state.memory import MemoryStore
 from proxy.state.store import Record, StateStore
@@ -240,7 +240,7 @@ async def test_a_response_continued_is_read_with_its_conversation_in_one_read(
         store.clear()
         again = await respond(proxy, model="scripted", previous_response_id=first["id"])
     assert again.status_code == 200
-    assert store.reads == [[("response", first["id"]), *conversation_records(first["id"])]]
+    assert store.reads == [continued_records(first["id"])]
     assert proxy.upstream.bodies[-1]["messages"][0]["content"] == "Remember 7."
 
 
@@ -292,6 +292,23 @@ async def test_an_item_reference_reads_the_outputs_not_what_the_response_echoes(
     assert store.read < 20 * 1_000  # twenty outputs, none of the 800 KB of instructions
 
 
+async def test_a_response_s_output_items_are_stored_once(proxy_for: ProxyFactory) -> None:
+    """In its outputs record: its response record holds them as `null`, and `GET` gives them
+    whole."""
+    store = MemoryStore()
+    async with proxy_for(store=store) as proxy:
+        proxy.upstream.script(keep(say("x" * 40_000)))
+        made = (await respond(proxy, model="scripted")).json()
+        response = await store.get_record("response", made["id"])
+        outputs = await store.get_record("outputs", made["id"])
+        got = (await proxy.client.get(f"/v1/responses/{made['id']}")).json()
+    assert response is not None
+    assert outputs is not None
+    assert len(response) < 5_000 < 40_000 < len(outputs)
+    assert orjson.loads(response)["response"]["output"] is None
+    assert got == made
+
+
 async def test_an_item_of_a_response_stored_without_an_outputs_record_is_read(
     proxy_for: ProxyFactory,
 ) -> None:
@@ -302,7 +319,11 @@ async def test_an_item_of_a_response_stored_without_an_outputs_record_is_read(
         proxy.upstream.script(keep(say("Stored.")))
         references = await stored_items(proxy, 4)
         for reference in references[1:3]:
-            await store.delete_record("outputs", "resp_" + reference["id"][4:].split("_")[0])
+            response_id = "resp_" + reference["id"][4:].split("_")[0]
+            earlier = orjson.loads(await store.get_record("response", response_id) or b"")
+            earlier["response"] = (await proxy.client.get(f"/v1/responses/{response_id}")).json()
+            await store.put_record("response", response_id, orjson.dumps(earlier), 60)
+            await store.delete_record("outputs", response_id)
         store.clear()
         read = await respond(proxy, model="scripted", input=references)
     assert read.status_code == 200, read.text
@@ -369,7 +390,7 @@ async def test_another_key_continuing_a_response_reads_nothing_of_its_conversati
     proxy_for: ProxyFactory,
 ) -> None:
     """It gets the 404 of an unknown id, and is sent none of a conversation larger than what is
-    read with the response (CONVERSATION_AHEAD_BYTES): how long its read takes tells it no more
+    read with the response (AHEAD_BYTES): how long its read takes tells it no more
     than that; the key that made it continues it in two reads."""
     store = CountedStore()
     async with proxy_for(keyed(key("a"), key("b")), store=store) as proxy:

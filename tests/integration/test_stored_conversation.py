@@ -8,7 +8,7 @@ import orjson
 import pytest
 
 from proxy.api import stored_conversation
-from proxy.api.response_store import conversation_records
+from proxy.api.response_store import continued_records
 from proxy.api.stored_conversation import TAIL_RECORD
 from proxy.state.memory import MemoryStore
 from proxy.state.store import StateStore
@@ -92,7 +92,7 @@ async def test_a_conversation_in_parts_over_the_body_bound_is_refused_before_the
     assert over.json()["error"]["param"] == "previous_response_id"
     assert "server.max_body_bytes" in over.json()["error"]["message"]
     # One read: its response and its tail, none of the parts it names.
-    assert store.reads == [[("response", ids[-1]), *conversation_records(ids[-1])]]
+    assert store.reads == [continued_records(ids[-1])]
 
 
 async def test_another_key_reads_none_of_the_parts(proxy_for: ProxyFactory) -> None:
