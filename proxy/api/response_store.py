@@ -252,14 +252,24 @@ class ResponseStore:
         return None if stored is None else await self.with_outputs(stored, found[1:])
 
     async def with_outputs(
-        self, stored: StoredResponse, found: Sequence[bytes | None] = ()
-    ) -> StoredResponse:
+        self,
+        stored: StoredResponse,
+        found: Sequence[bytes | None] = (),
+        charge: Callable[[int], None] | None = None,
+    ) -> StoredResponse | None:
         """`stored` with its output items, which a response record written beside its outputs
-        record holds as `null`; `found`, the outputs record when it was read already."""
-        if stored.response.get("output") is None:
-            response_id = stored.response["id"]
-            record = found[0] if found else await self.store.get_record(OUTPUTS_RECORD, response_id)
-            stored.response["output"] = orjson.loads(record)["output"] if record else []
+        record holds as `null` (None when that record is gone: the response is, in part);
+        `found`, the outputs record when it was read already; `charge` is told its bytes before
+        it is parsed (and may raise to refuse it)."""
+        if stored.response.get("output") is not None:
+            return stored
+        response_id = stored.response["id"]
+        record = found[0] if found else await self.store.get_record(OUTPUTS_RECORD, response_id)
+        if record is None:
+            return None
+        if charge is not None:
+            charge(len(record))
+        stored.response["output"] = orjson.loads(record)["output"]
         return stored
 
     async def readable(self, response_id: str, caller: Caller | None) -> StoredResponse | None:

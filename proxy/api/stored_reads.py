@@ -4,6 +4,7 @@ the conversation through it, and those its item references name, read together a
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 from typing import Any
 
@@ -74,9 +75,11 @@ class StoredReads:
         self._admit(response_id, param)
         await self._charged(read[0], param)
         stored = usable(parsed(read[0], self.caller), self.caller)
-        if stored is None:
+        if stored is not None:  # its output items, charged too
+            charge = functools.partial(self._charge, param=param)
+            stored = await self.store.with_outputs(stored, read[1:2], charge)
+        if stored is None:  # none, another key's, or its outputs record is gone
             raise NotFound(f"no stored response {response_id!r}", param=param)
-        stored = await self.store.with_outputs(stored, read[1:2])
         self._keep_outputs(response_id, stored.response["output"])
         try:
             conversation = await self.store.conversation(stored, self.bounds, read[2:])

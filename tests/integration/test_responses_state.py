@@ -309,6 +309,34 @@ async def test_a_response_s_output_items_are_stored_once(proxy_for: ProxyFactory
     assert got == made
 
 
+async def test_the_output_items_of_a_continued_response_are_charged_to_the_budget(
+    proxy_for: ProxyFactory,
+) -> None:
+    """Before they are parsed, as when they were in its response record: 45 KB of them and
+    five referenced 44 KB outputs are over four 64 KiB bodies."""
+    async with proxy_for({"server": {"max_body_bytes": 65536}}) as proxy:
+        proxy.upstream.script(keep(say("x" * 44_000)))
+        references = await stored_items(proxy, 5)
+        previous = (await respond(proxy, model="scripted", input="y" * 1_000)).json()
+        over = await respond(
+            proxy, model="scripted", input=references, previous_response_id=previous["id"]
+        )
+    assert (over.status_code, over.json()["error"]["param"]) == (413, "input[4].id")
+
+
+async def test_a_response_whose_outputs_record_is_gone_is_gone(proxy_for: ProxyFactory) -> None:
+    """Not one with no output items: GET and a continuation are 404s."""
+    store = MemoryStore()
+    async with proxy_for(store=store) as proxy:
+        proxy.upstream.script(keep(say("Stored.")))
+        made = (await respond(proxy, model="scripted")).json()
+        await store.delete_record("outputs", made["id"])
+        got = await proxy.client.get(f"/v1/responses/{made['id']}")
+        again = await respond(proxy, model="scripted", previous_response_id=made["id"])
+    assert got.status_code == 404
+    assert (again.status_code, again.json()["error"]["param"]) == (404, "previous_response_id")
+
+
 async def test_an_item_of_a_response_stored_without_an_outputs_record_is_read(
     proxy_for: ProxyFactory,
 ) -> None:
