@@ -32,15 +32,15 @@ from proxy.errors import NotFound
 from proxy.json_values import holds_over
 from proxy.state.store import Record, StateStore
 
-# A stored response is three records: the response (its body, thread and owner), read by `GET`,
-# by run lookups and by item references; the conversation through it (a conversation record, or
-# a tail record that names the earlier records holding the rest: `stored_conversation`), read
+# A stored response is four records: the response (its body, thread and owner), read by `GET`,
+# by run lookups and by the request that continues it; its output items, read with it and alone
+# by item references (the response also echoes the request's `tools` and `instructions`, which
+# would be read at every reference); the conversation through it (a conversation record, or a
+# tail record that names the earlier records holding the rest: `stored_conversation`), read
 # only by the request that continues it (it goes upstream in that request's body); and its own
 # input items with the response it continued, read by `GET .../input_items` and by references to
 # those items.
 RESPONSE_RECORD = "response"
-# Beside the response record, its output items alone: what an item reference reads (the record
-# also echoes the request's `tools` and `instructions`, which would be read at every reference).
 OUTPUTS_RECORD = "outputs"
 INPUT_RECORD = "input"
 RESPONSE_PREFIX = "resp_"
@@ -137,32 +137,35 @@ def owned_by(record: bytes, key: str) -> bool:
     return record.endswith(b'"key":' + orjson.dumps(key) + b"}")
 
 
+def _owned_fields(record: bytes | None, caller: Caller | None) -> dict[str, Any] | None:
+    """A record's fields, None unless `caller` made it."""
+    if record is None or (caller is not None and not owned_by(record, caller.name)):
+        return None  # first: another key's record has no size for it either
+    fields: dict[str, Any] = orjson.loads(record)
+    if caller is not None and fields["key"] != caller.name:
+        return None
+    return fields
+
+
 def parsed(record: bytes | None, caller: Caller | None) -> StoredResponse | None:
     """A response record as `ResponseStore.load` reads it: None unless `caller` made it."""
-    if record is None or (caller is not None and not owned_by(record, caller.name)):
-        return None  # first: another key's response has no size for it either
-    fields = orjson.loads(record)
-    fields.pop("messages", None)  # stored as one record, by an earlier version
-    stored = StoredResponse(**fields)
-    if caller is not None and stored.key != caller.name:
+    fields = _owned_fields(record, caller)
+    if fields is None:
         return None
-    return stored
+    fields.pop("messages", None)  # stored as one record, by an earlier version
+    return StoredResponse(**fields)
 
 
 def parsed_outputs(record: bytes | None, caller: Caller | None) -> StoredOutputs | None:
     """An outputs record (or the response record of one stored before outputs had their own),
     as `parsed` reads a response record: None unless `caller` made it."""
-    if record is None or (caller is not None and not owned_by(record, caller.name)):
+    fields = _owned_fields(record, caller)
+    if fields is None:
         return None
-    fields = orjson.loads(record)
     if "response" in fields:
-        fields = {"output": fields["response"].get("output") or [], **fields}
-        for extra in ("response", "thread", "messages"):
-            fields.pop(extra, None)
-    outputs = StoredOutputs(**fields)
-    if caller is not None and outputs.key != caller.name:
-        return None
-    return outputs
+        output = fields["response"].get("output") or []
+        return StoredOutputs(output, fields["owner"], fields["key"])
+    return StoredOutputs(**fields)
 
 
 Owned = TypeVar("Owned", StoredResponse, StoredOutputs)

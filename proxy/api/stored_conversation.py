@@ -69,15 +69,18 @@ def stored_form(
     keep as long as it)."""
     parts = list(continued.parts) if continued is not None else []
     start = sum(part.count for part in parts)
-    size = len(orjson.dumps(messages[start:]))
+    own = orjson.dumps(messages[start:])
+    size = len(own)
     small = sum(part.size for part in parts) + size <= WHOLE_BYTES
+    copied = 0
     while parts and (
         small or len(parts) >= MAX_PARTS or parts[-1].size <= max(size, MIN_PART_BYTES)
     ):
-        copied = parts.pop()
-        start -= copied.count
-        size += copied.size
-    own = orjson.dumps(messages[start:])
+        part = parts.pop()
+        copied += part.count
+        size += part.size
+    if copied:  # the parts copied in, with what the turn added
+        own = orjson.dumps(messages[start - copied :])
     if not parts:
         return Record(CONVERSATION_RECORD, response_id, own), []
     named = orjson.dumps([[part.response_id, part.whole, part.size] for part in parts])

@@ -46,7 +46,8 @@ def write(writes: list[Write], db: sqlite3.Connection) -> None:
     for put in writes:
         if put.thread is not None:
             threads.keep(db, put.thread, now + put.ttl_s)
-        kept.setdefault(now + put.ttl_s, []).extend(p for pair in put.kept for p in pair)
+        if put.kept:
+            kept.setdefault(now + put.ttl_s, []).extend(p for pair in put.kept for p in pair)
     for end, pairs in kept.items():
         for at in range(0, len(pairs), 2 * RECORDS_AT_ONCE):
             chunk = pairs[at : at + 2 * RECORDS_AT_ONCE]
