@@ -17,8 +17,10 @@ from proxy.api.stored_conversation import (
     CONVERSATION_RECORD,
     TAIL_RECORD,
     Conversation,
+    Fingerprint,
     Gone,
     Part,
+    fingerprint,
     joined,
     joined_size,
     named_parts,
@@ -74,15 +76,21 @@ class StoredResponse:
 
 @dataclass(slots=True)
 class StoredOutputs:
-    """A stored response's output items, and who may read them (as `StoredResponse`)."""
+    """A stored response's output items, and who may read them (as `StoredResponse`); and,
+    when its request sent its whole conversation, the fingerprint of the conversation through
+    it (`stored_conversation`)."""
 
     output: list[dict[str, Any]]
     owner: str
     key: str | None
+    conversation: Fingerprint | None = None
 
     def dumps(self) -> bytes:
         """The record; it ends with its key (`owned_by` reads it there, unparsed)."""
-        return orjson.dumps({"output": self.output, "owner": self.owner, "key": self.key})
+        fields: dict[str, Any] = {"output": self.output}
+        if self.conversation is not None:
+            fields["conversation"] = self.conversation.form()
+        return orjson.dumps({**fields, "owner": self.owner, "key": self.key})
 
 
 @dataclass(slots=True)
@@ -165,7 +173,8 @@ def parsed_outputs(record: bytes | None, caller: Caller | None) -> StoredOutputs
     if "response" in fields:
         output = fields["response"].get("output") or []
         return StoredOutputs(output, fields["owner"], fields["key"])
-    return StoredOutputs(**fields)
+    conversation = Fingerprint.read(fields.get("conversation"))
+    return StoredOutputs(fields["output"], fields["owner"], fields["key"], conversation)
 
 
 Owned = TypeVar("Owned", StoredResponse, StoredOutputs)
@@ -213,18 +222,24 @@ class ResponseStore:
         inputs: StoredInput,
         chain: str | None,
         continued: Conversation | None,
+        fingerprinted: bool = False,
     ) -> None:
         """Keeps the response (and its output items alone), `messages` (the conversation through
         it, as the engine saw it, the `instructions` aside: they are not carried over, as OpenAI
         does; it begins with the messages of the conversation it `continued`) and `inputs`, in
         one write; and the `chain`'s thread (when the response continues one) and the records of
-        the earlier parts of the conversation as long."""
+        the earlier parts of the conversation as long. `fingerprinted`: its request sent its
+        whole conversation, and the next may too (its outputs record keeps its fingerprint)."""
         if self.earlier_form:  # each conversation whole, and no outputs record
             continued = None
         conversation, parts = stored_form(response_id, messages, continued)
         records = [conversation, Record(INPUT_RECORD, response_id, inputs.dumps())]
         if not self.earlier_form:  # the output items in a record of their own, not twice
-            outputs = StoredOutputs(stored.response.get("output") or [], stored.owner, stored.key)
+            output = stored.response.get("output") or []
+            outputs = StoredOutputs(output, stored.owner, stored.key)
+            if fingerprinted:
+                form = (conversation, parts, messages, continued)
+                outputs.conversation = fingerprint(response_id, *form)
             records.append(Record(OUTPUTS_RECORD, response_id, outputs.dumps()))
             body = {**stored.response, "output": None}
             stored = StoredResponse(body, stored.thread, stored.owner, stored.key)

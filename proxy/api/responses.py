@@ -214,7 +214,13 @@ class _Context:
                 history = self.history
                 messages = history.messages + generated
                 await self.store.save(
-                    body["id"], stored, messages, history.inputs, self.chain, history.continued
+                    body["id"],
+                    stored,
+                    messages,
+                    history.inputs,
+                    self.chain,
+                    history.continued,
+                    fingerprinted=self.req.previous_response_id is None,
                 )
             except StateUnavailable as exc:
                 log.warning("response %s was not stored: %s", body["id"], exc.message)
@@ -268,6 +274,7 @@ async def _history(req: ResponsesRequest, reads: StoredReads) -> _History:
     previous_calls = {item.get("call_id") for item in outputs if item.get("type") in CALL_KINDS}
     items: list[dict[str, Any]] = []
     seen: set[str] = set()
+    last: tuple[int, str] | None = None  # the last item referenced: its place, its response
     for i, item in enumerate(req.items):
         kind = item.get("type", "message")
         if kind == "item_reference":
@@ -275,10 +282,12 @@ async def _history(req: ResponsesRequest, reads: StoredReads) -> _History:
             if ref in seen:  # the same stored item named twice (a call, and its result)
                 continue
             seen.add(ref)
-            if previous_id is not None and response_of_item(ref) == previous_id:
+            owner = response_of_item(ref)
+            if previous_id is not None and owner == previous_id:
                 raise _held_already("id", ref, f"input[{i}].id")
             item = await reads.item(ref, f"input[{i}].id")
             kind = item.get("type", "message")
+            last = (len(items), owner) if owner is not None else last
         if kind in CALL_KINDS:
             if item["call_id"] in previous_calls:
                 raise _held_already("call_id", item["call_id"], f"input[{i}].call_id")
@@ -296,7 +305,33 @@ async def _history(req: ResponsesRequest, reads: StoredReads) -> _History:
                 )
         items.append(item)
     messages = [*conversation, *items_to_messages(items)]
+    if previous_id is None and last is not None and req.store:
+        return _resent(messages, items, reads, *last)
     return _History(messages, StoredInput(req.previous_response_id, items, outputs), continued)
+
+
+def _resent(
+    messages: list[dict[str, Any]],
+    items: list[dict[str, Any]],
+    reads: StoredReads,
+    place: int,
+    named: str,
+) -> _History:
+    """The history of a request that sends its whole conversation again, naming the earlier
+    output items by reference (as the AI SDK does): when its messages begin with the
+    conversation through the response its last reference names (`named`, whose item is at
+    `place`), it is stored as that response's continuation (`stored_conversation`), and so are
+    its input items when those after `place` make the rest of its messages."""
+    history = _History(messages, StoredInput(None, items, []), None)
+    outputs = reads.named(named)
+    fingerprint = outputs.conversation if outputs is not None else None
+    continued = fingerprint.begun(messages) if fingerprint is not None else None
+    if outputs is None or continued is None:
+        return history
+    rest = items[place + 1 :]
+    if items_to_messages(rest) != messages[len(continued.messages) :]:
+        return _History(messages, history.inputs, continued)
+    return _History(messages, StoredInput(named, rest, outputs.output), continued)
 
 
 def _held_already(key: str, value: str, param: str) -> InvalidRequest:

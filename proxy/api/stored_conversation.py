@@ -10,10 +10,17 @@ than MIN_PART_BYTES), as a binary counter carries: the parts a conversation name
 the older they are, so there are few of them (read together in a second read), and a message
 is copied a few times (about the logarithm of the conversation's size in parts) rather than
 once a turn. A record keeps the parts it names as long as itself. Deleting a response deletes
-its records: a later response whose conversation names one can no longer be continued."""
+its records: a later response whose conversation names one can no longer be continued.
+
+A client may send the whole conversation again each turn instead (the AI SDK names the earlier
+output items by item references, without `previous_response_id`): a response made so keeps a
+fingerprint of the conversation through it (a digest, and the parts that hold it), and a
+request whose messages begin with that conversation is stored as its continuation, naming those
+parts without reading them."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -55,10 +62,79 @@ class Part:
 
 @dataclass(frozen=True, slots=True)
 class Conversation:
-    """A stored conversation's messages, and the parts that hold them, in order."""
+    """A stored conversation's messages, and the parts that hold them, in order; `hashing`,
+    when it was known by its fingerprint: the digest of its JSON so far (all but the closing
+    bracket), for the fingerprint of the conversation that goes on from it."""
 
     messages: list[dict[str, Any]]
     parts: tuple[Part, ...]
+    hashing: Any = None  # a hashlib object
+
+
+@dataclass(frozen=True, slots=True)
+class Fingerprint:
+    """The conversation through a response, as its outputs record keeps it for a client that
+    sends that conversation whole again: the digest of its JSON and the parts that hold it."""
+
+    digest: str
+    parts: tuple[Part, ...]
+
+    def begun(self, messages: list[dict[str, Any]]) -> Conversation | None:
+        """The conversation it fingerprints, when `messages` begin with it (byte for byte)."""
+        count = sum(part.count for part in self.parts)
+        if len(messages) < count:
+            return None
+        held = orjson.dumps(messages[:count])
+        if len(held) != joined_size([part.size for part in self.parts]):
+            return None
+        hashing = hashlib.sha256(memoryview(held)[:-1])
+        closed = hashing.copy()
+        closed.update(b"]")
+        if closed.hexdigest() != self.digest:
+            return None
+        return Conversation(messages[:count], self.parts, hashing)
+
+    def form(self) -> list[Any]:
+        """Its JSON form: `[digest, [[response id, whole, size, count], ...]]`."""
+        return [self.digest, [[p.response_id, p.whole, p.size, p.count] for p in self.parts]]
+
+    @staticmethod
+    def read(form: Any) -> Fingerprint | None:
+        """The fingerprint of a JSON `form`; None when it is not one (or none was kept)."""
+        try:
+            digest, parts = form
+            read = tuple(_part(*named) for named in parts)
+        except (TypeError, ValueError):
+            return None
+        if not isinstance(digest, str) or not 0 < len(read) <= MAX_PARTS:
+            return None
+        if any(part.count < 0 for part in read):
+            return None
+        return Fingerprint(digest, read)
+
+
+def fingerprint(
+    response_id: str,
+    record: Record,
+    named: Sequence[Part],
+    messages: list[dict[str, Any]],
+    continued: Conversation | None,
+) -> Fingerprint:
+    """The fingerprint of `messages`, the conversation through `response_id`, kept in `record`
+    and the `named` parts (as `stored_form` made them from the conversation it `continued`):
+    the digest goes on from that conversation's when it has one, so that a conversation sent
+    whole is hashed once a turn."""
+    own = record.value if not named else record.value.partition(b"\n")[2]
+    count = len(messages) - sum(part.count for part in named)
+    parts = (*named, Part(response_id, not named, len(own), count))
+    if not named:  # a conversation record holds it all
+        return Fingerprint(hashlib.sha256(record.value).hexdigest(), parts)
+    if continued is None or continued.hashing is None or not continued.messages:
+        return Fingerprint(hashlib.sha256(orjson.dumps(messages)).hexdigest(), parts)
+    hashing = continued.hashing.copy()
+    rest = messages[len(continued.messages) :]
+    hashing.update(b"," + orjson.dumps(rest)[1:] if rest else b"]")
+    return Fingerprint(hashing.hexdigest(), parts)
 
 
 def stored_form(
@@ -106,10 +182,12 @@ def named_parts(response_id: str, record: bytes) -> tuple[list[Part], bytes]:
     return parts, own
 
 
-def _part(response_id: object, whole: object, size: object) -> Part:
+def _part(response_id: object, whole: object, size: object, count: object = -1) -> Part:
     if not (isinstance(response_id, str) and isinstance(whole, bool) and type(size) is int):
         raise TypeError("not a part")
-    return Part(response_id, whole, size, -1)
+    if type(count) is not int:
+        raise TypeError("not a part")
+    return Part(response_id, whole, size, count)
 
 
 async def read_parts(store: StateStore, parts: Sequence[Part], own: bytes) -> list[bytes]:

@@ -17,6 +17,7 @@ from proxy.api.response_store import (
     RESPONSE_RECORD,
     ConversationTooLarge,
     ResponseStore,
+    StoredOutputs,
     StoredResponse,
     continued_records,
     owned_by,
@@ -54,6 +55,7 @@ class StoredReads:
         self.bounds = bounds
         self._outputs: dict[str, dict[str, dict[str, Any]]] = {}  # by response id, by item id
         self._readable: set[str] = set()
+        self._named: dict[str, StoredOutputs] = {}  # the outputs of responses references name
         self._inputs: set[str] = set()  # the responses whose input items are in `_outputs`
         self._ahead: dict[str, None] = {}  # the responses the request names, not read yet
         self._fetched: dict[str, bytes | None] = {}  # outputs records read, not yet parsed
@@ -116,6 +118,11 @@ class StoredReads:
         outputs = usable(parsed_outputs(found, self.caller), self.caller)
         if outputs is not None:
             self._keep_outputs(response_id, outputs.output)
+            self._named[response_id] = outputs
+
+    def named(self, response_id: str) -> StoredOutputs | None:
+        """The outputs record of a response an item reference named, as read (None if none)."""
+        return self._named.get(response_id)
 
     def _admit(self, response_id: str, param: str) -> None:
         """Counts a response read (whatever it holds), within MAX_STORED_READS."""

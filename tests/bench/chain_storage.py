@@ -1,13 +1,15 @@
-"""What a chain of stored responses, each continuing the last with `previous_response_id`,
-takes in the state backend, and what continuing it costs: its conversation's size, the bytes
-of the records holding it (kept in parts), the records the last continuation read, and the
-median time to read the conversation and to store a turn over the last 20 turns; beside the
-same chain stored whole at every turn (as before conversations were kept in parts).
+"""What a chain of stored responses takes in the state backend, and what continuing it costs:
+its conversation's size, the bytes of the records holding it (kept in parts), the records the
+last continuation read, and the median time to read the conversation and to store a turn over
+the last 20 turns; for a chain continued with `previous_response_id` (the Agents SDK's way),
+one sent whole again each turn (the AI SDK's way: the conversation through the last response
+is known by its fingerprint, not read), and the same chain stored whole at every turn (as
+before conversations were kept in parts).
 
     python -m tests.bench.chain_storage [--redis] [--chains 100x4000,300x2000,...]
 
 Each chain is stored through `ResponseStore` as the proxy stores a response (its conversation,
-its input items, its response record), one turn after another.
+its input items, its outputs and response records), one turn after another.
 """
 
 from __future__ import annotations
@@ -23,7 +25,13 @@ from typing import Any
 
 import orjson
 
-from proxy.api.response_store import ResponseStore, StoredInput, StoredResponse
+from proxy.api.response_store import (
+    OUTPUTS_RECORD,
+    ResponseStore,
+    StoredInput,
+    StoredResponse,
+    parsed_outputs,
+)
 from proxy.api.stored_conversation import CONVERSATION_RECORD, TAIL_RECORD, Conversation
 from proxy.config.server import ServerConfig
 from proxy.state.store import StateStore
@@ -42,32 +50,44 @@ def turn(n: int, size: int) -> list[dict[str, Any]]:
 
 
 async def chain(
-    backend: StateStore, name: str, turns: int, size: int, parts: bool
+    backend: StateStore, name: str, turns: int, size: int, mode: str
 ) -> dict[str, float]:
+    """`mode`: "chained" (each turn continues the last by id), "resent" (each turn sends the
+    whole conversation again) or "whole" (each conversation stored whole)."""
     store = ResponseStore(backend, 3600)
+    messages: list[dict[str, Any]] = []
     continued: Conversation | None = None
     stored = 0
     reads: list[float] = []
     writes: list[float] = []
     for n in range(turns):
-        response_id = f"resp_{name}_{size}_{parts}_{n:05d}"
-        messages = [*(continued.messages if continued else []), *turn(n, size)]
+        response_id = f"resp_{name}_{size}_{mode}_{n:05d}"
+        messages = [*messages, *turn(n, size)]
         body = StoredResponse({"id": response_id, "output": []}, None, "m", None)
         started = time.perf_counter()
         inputs = StoredInput(None, [])
-        await store.save(response_id, body, messages, inputs, None, continued if parts else None)
+        resent = mode == "resent"
+        await store.save(response_id, body, messages, inputs, None, continued, resent)
         writes.append(time.perf_counter() - started)
         kept = await backend.get_records([(kind, response_id) for kind in KINDS])
         stored += sum(len(value or b"") for value in kept)
         started = time.perf_counter()
-        continued = await store.conversation(body, BOUNDS)
+        if mode == "chained":
+            continued = await store.conversation(body, BOUNDS)
+            assert continued is not None
+            messages = continued.messages
+        elif resent:  # the outputs record, with the fingerprint; the next turn's messages
+            outputs = parsed_outputs(await backend.get_record(OUTPUTS_RECORD, response_id), None)
+            assert outputs is not None
+            assert outputs.conversation is not None
+            continued = outputs.conversation.begun([*messages, *turn(n + 1, size)])
+            assert continued is not None
         reads.append(time.perf_counter() - started)
-        assert continued is not None
-    assert continued is not None
+    parts = len(continued.parts) if continued is not None else 1
     return {
-        "conversation": len(orjson.dumps(continued.messages)),
+        "conversation": len(orjson.dumps(messages)),
         "stored": stored,
-        "parts": len(continued.parts),
+        "parts": parts,
         "read_ms": 1e3 * statistics.median(reads[-TIMED:]),
         "write_ms": 1e3 * statistics.median(writes[-TIMED:]),
     }
@@ -78,24 +98,29 @@ KINDS = (CONVERSATION_RECORD, TAIL_RECORD)
 
 async def run(redis: bool, chains: list[tuple[int, int]]) -> str:
     lines = [
-        "| backend | turns x bytes | conversation | stored in parts | stored whole | parts read "
-        "| read ms, parts / whole | store ms, parts / whole |",
-        "|---|---|---|---|---|---|---|---|",
+        "| backend | turns x bytes | conversation | stored: chained / resent / whole | parts "
+        "| read ms: chained / resent / whole | store ms: chained / resent / whole |",
+        "|---|---|---|---|---|---|---|",
     ]
     with tempfile.TemporaryDirectory() as folder, stores(Path(folder), redis) as found:
         for name, backend in found:
             for turns, size in chains:
-                p = await chain(backend, name, turns, size, parts=True)
-                w = await chain(backend, name, turns, size, parts=False)
-                size_mb = p["conversation"] / 1e6
+                runs = [await chain(backend, name, turns, size, mode) for mode in MODES]
+                size_mb = runs[0]["conversation"] / 1e6
                 lines.append(
                     f"| {name} | {turns} x {size:,} | {size_mb:.2f} MB | "
-                    f"{stored(p)} | {stored(w)} | "
-                    f"{p['parts']:.0f} | {p['read_ms']:.2f} / {w['read_ms']:.2f} | "
-                    f"{p['write_ms']:.2f} / {w['write_ms']:.2f} |"
+                    + " / ".join(stored(r) for r in runs)
+                    + f" | {runs[0]['parts']:.0f} | "
+                    + " / ".join(f"{r['read_ms']:.2f}" for r in runs)
+                    + " | "
+                    + " / ".join(f"{r['write_ms']:.2f}" for r in runs)
+                    + " |"
                 )
             await backend.close()
     return "\n".join(lines)
+
+
+MODES = ("chained", "resent", "whole")
 
 
 def stored(figures: dict[str, float]) -> str:

@@ -1,8 +1,9 @@
 """A long chain of stored responses through the real `openai` SDK, each turn continuing the last
-with `previous_response_id` (as the Agents SDK does), on sqlite: the upstream gets the whole
-conversation every turn, and the records holding it grow with it, not with its square, as
-each turn's record names the earlier ones instead of copying them (SPEC §12.4); unless
-`state.rolling_upgrade` is on."""
+with `previous_response_id` (as the Agents SDK does), or sending the whole conversation again
+with the earlier output items as item references (as the AI SDK does), on sqlite: the upstream
+gets the whole conversation every turn, and the records holding it grow with it, not with its
+square, as each turn's record names the earlier ones instead of copying them (SPEC §12.4);
+unless `state.rolling_upgrade` is on."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ pytestmark = pytest.mark.e2e
 
 TURNS = 100
 TURN_TEXT = 4_000  # bytes each turn's user message carries
+CONVERSATIONS = (CONVERSATION_RECORD, TAIL_RECORD)
 
 
 @contextlib.contextmanager
@@ -59,12 +61,26 @@ def long_chain(client: OpenAI, turns: int) -> list[str]:
     return ids
 
 
-def stored_bytes(database: Path) -> dict[str, int]:
-    """The bytes of the conversation records and tails in the state file, by kind."""
+def resent_chain(client: OpenAI, turns: int) -> list[str]:
+    """Each turn sends the whole conversation: every user message again, and the earlier
+    answers as references to their output items (as the AI SDK does with `store`)."""
+    ids: list[str] = []
+    items: list[dict[str, str]] = []
+    for n in range(turns):
+        items.append({"role": "user", "content": f"Turn {n}: " + "x" * TURN_TEXT})
+        response = client.responses.create(model="scripted", input=items)  # type: ignore[arg-type]
+        items += [{"type": "item_reference", "id": item.id} for item in response.output]
+        ids.append(response.id)
+    return ids
+
+
+def stored_bytes(database: Path, kinds: tuple[str, ...] = CONVERSATIONS) -> dict[str, int]:
+    """The bytes of the records of `kinds` in the state file, by kind."""
     with contextlib.closing(sqlite3.connect(database)) as db:
         rows = db.execute(
-            "SELECT kind, sum(length(value)) FROM records WHERE kind IN (?, ?) GROUP BY kind",
-            (CONVERSATION_RECORD, TAIL_RECORD),
+            "SELECT kind, sum(length(value)) FROM records WHERE kind IN "
+            f"({', '.join('?' * len(kinds))}) GROUP BY kind",
+            kinds,
         )
         return dict(rows.fetchall())
 
@@ -120,6 +136,37 @@ def test_a_long_chain_is_sent_whole_and_stored_in_parts(
             client.responses.create(model="scripted", input="More.", previous_response_id=ids[-1])
         again = client.responses.create(model="scripted", input="On.", previous_response_id=ids[10])
         assert again.output_text == "Noted."
+
+
+def test_a_conversation_sent_whole_each_turn_is_stored_in_parts(
+    upstream_url: str, upstream: ScriptedUpstream, tmp_path: Path
+) -> None:
+    """Each turn's messages begin with the conversation through the response its last item
+    reference names: it is stored as that response's continuation (conversation and input
+    items), so a continuation and the listing of its input items see the whole of it."""
+    upstream.script(keep(say("Noted.")))
+    with chained(upstream_url, tmp_path) as (client, database):
+        ids = resent_chain(client, TURNS)
+        sent = upstream.bodies[-1]["messages"]
+        assert len(sent) == 2 * TURNS - 1
+        assert [m["content"][:8] for m in sent[::2]] == [f"Turn {n}: "[:8] for n in range(TURNS)]
+        conversation = sum(len(m["content"]) + 40 for m in sent)
+        stored = stored_bytes(database)
+        assert stored[TAIL_RECORD] > 0
+        assert sum(stored.values()) < 10 * conversation, stored
+        # The input items: each turn's own (its user message), after the turn it continues.
+        assert stored_bytes(database, ("input",))["input"] < 3 * conversation
+
+        onward = client.responses.create(
+            model="scripted", input="On.", previous_response_id=ids[-1]
+        )
+        assert onward.output_text == "Noted."
+        answer = {"role": "assistant", "content": "Noted."}
+        assert upstream.bodies[-1]["messages"][:-1] == [*sent, answer]
+        listed = list(client.responses.input_items.list(ids[-1], order="asc", limit=100))
+        assert len(listed) == 2 * TURNS - 1
+        texts = [part.text for item in listed for part in item.content]  # type: ignore[union-attr]
+        assert texts == [m["content"] for m in sent]
 
 
 def test_a_rolling_upgrade_stores_responses_as_the_version_before_did(
