@@ -320,17 +320,15 @@ def _resent(
     """The history of a request that sends its whole conversation again, naming the earlier
     output items by reference (as the AI SDK does): when its messages begin with the
     conversation through the response its last reference names (`named`, whose item is at
-    `place`), it is stored as that response's continuation (`stored_conversation`), and so are
-    its input items when those after `place` make the rest of its messages."""
-    history = _History(messages, StoredInput(None, items, []), None)
+    `place`), and the items after `place` make the rest, it is stored as that response's
+    continuation (`stored_conversation`): its conversation, and its input items after it."""
     outputs = reads.named(named)
     fingerprint = outputs.conversation if outputs is not None else None
     continued = fingerprint.begun(messages) if fingerprint is not None else None
-    if outputs is None or continued is None:
-        return history
     rest = items[place + 1 :]
-    if items_to_messages(rest) != messages[len(continued.messages) :]:
-        return _History(messages, history.inputs, continued)
+    if continued is None or items_to_messages(rest) != messages[len(continued.messages) :]:
+        return _History(messages, StoredInput(None, items, []), None)
+    assert outputs is not None  # it has the fingerprint
     return _History(messages, StoredInput(named, rest, outputs.output), continued)
 
 

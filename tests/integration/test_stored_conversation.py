@@ -1,8 +1,10 @@
 """The conversation of a chain of stored responses, kept in parts (SPEC §12.4), through the HTTP
 API on every state backend: whole upstream every turn, in few reads, bounded before its parts
-are read, and read by no key but its own."""
+are read, and read by no key but its own; and kept alike when each turn sends it whole again."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import orjson
 import pytest
@@ -127,3 +129,136 @@ async def test_a_conversation_in_parts_holding_too_many_values_is_refused(
     assert r.json()["error"]["param"] == "previous_response_id"
     assert "server.max_body_values" in r.json()["error"]["message"]
     assert await store.get_record(TAIL_RECORD, ids[-1]) is not None
+
+
+async def resend(
+    proxy: Proxy, turns: int, items: list[dict[str, Any]] | None = None, size: int = 500
+) -> tuple[list[str], list[dict[str, Any]]]:
+    """Turns that each send the whole conversation again, the earlier answers as references to
+    their output items (as the AI SDK does), after `items`: the responses, and the items the
+    next turn would send before its own message."""
+    ids: list[str] = []
+    items = list(items or [])
+    done = sum(item.get("role") == "user" for item in items)
+    for n in range(done, done + turns):
+        items.append({"role": "user", "content": f"{n}:" + "x" * size})
+        r = await respond(proxy, model="scripted", input=items)
+        assert r.status_code == 200, r.text
+        items += [{"type": "item_reference", "id": item["id"]} for item in r.json()["output"]]
+        ids.append(r.json()["id"])
+    return ids, items
+
+
+def sent_texts(body: dict[str, Any]) -> list[str]:
+    return [m["content"] for m in body["messages"]]
+
+
+async def test_a_conversation_sent_whole_again_is_stored_in_parts_on_every_backend(
+    proxy_for: ProxyFactory, backend: StateStore
+) -> None:
+    """Known by the fingerprint of the response its last reference names: no conversation is
+    read, and a continuation by id sends the whole of it."""
+    async with proxy_for(store=backend) as proxy:
+        proxy.upstream.script(keep(say("Noted.")))
+        ids, _ = await resend(proxy, 40)
+        assert len(proxy.upstream.bodies[-1]["messages"]) == 79
+        tail = await backend.get_record(TAIL_RECORD, ids[-1])
+        assert tail is not None
+        assert len(orjson.loads(tail.partition(b"\n")[0])) > 1
+        r = await respond(proxy, model="scripted", input="On.", previous_response_id=ids[-1])
+        assert r.status_code == 200, r.text
+        texts = [f"{n}:" + "x" * 500 for n in range(40)]
+        assert sent_texts(proxy.upstream.bodies[-1]) == [
+            *(text for pair in zip(texts, ["Noted."] * 40, strict=True) for text in pair),
+            "On.",
+        ]
+
+
+async def test_a_resent_turn_reads_outputs_records_only(proxy_for: ProxyFactory) -> None:
+    store = CountedStore()
+    async with proxy_for(store=store) as proxy:
+        proxy.upstream.script(keep(say("Noted.")))
+        _, items = await resend(proxy, 28)
+        store.clear()
+        (last,), _ = await resend(proxy, 1, items)
+        assert {kind for pairs in store.reads for kind, _ in pairs} <= {"outputs", "held"}
+        tail = await MemoryStore.get_record(store, TAIL_RECORD, last)
+    assert tail is not None
+    named = stored_conversation.named_parts(last, tail)[0]
+    assert len(named) > 1
+    assert store.kept == [[part.record for part in named]]  # kept as long as the tail
+
+
+async def test_a_conversation_resent_changed_is_stored_as_it_was_sent(
+    proxy_for: ProxyFactory,
+) -> None:
+    """An earlier message edited (same size), or the references stopping at an earlier turn
+    (a fork): the conversation stored is the one sent, whole or continuing that turn's."""
+    store = MemoryStore()
+    async with proxy_for(store=store) as proxy:
+        proxy.upstream.script(keep(say("Noted.")))
+        _, items = await resend(proxy, 30)
+        edited = [{**items[0], "content": "0:" + "y" * 500}, *items[1:]]
+        (changed,), _ = await resend(proxy, 1, edited)
+        assert await store.get_record(TAIL_RECORD, changed) is None
+        fork_items = items[: 2 * 11]  # through turn 10's answer
+        (fork,), _ = await resend(proxy, 1, fork_items)
+        assert await store.get_record(TAIL_RECORD, fork) is not None
+        for response_id, first, turns in ((changed, "y", 31), (fork, "x", 12)):
+            r = await respond(
+                proxy, model="scripted", input="On.", previous_response_id=response_id
+            )
+            assert r.status_code == 200, r.text
+            sent = sent_texts(proxy.upstream.bodies[-1])
+            assert len(sent) == 2 * turns + 1
+            assert sent[0] == "0:" + first * 500
+            assert sent[-3] == f"{turns - 1}:" + "x" * 500
+
+
+async def test_a_resent_conversation_whose_part_is_deleted_goes_on_as_sent(
+    proxy_for: ProxyFactory,
+) -> None:
+    """A part its fingerprint names is deleted, and a turn sends the deleted response's answer
+    in full (not by reference): the whole conversation goes upstream, and the response is
+    stored and readable, no longer continued by id (as a chain's, SPEC §12.4)."""
+    store = MemoryStore()
+    async with proxy_for(store=store) as proxy:
+        proxy.upstream.script(keep(say("Noted.")))
+        ids, items = await resend(proxy, 28)
+        tail = await store.get_record(TAIL_RECORD, ids[-1])
+        assert tail is not None
+        named = orjson.loads(tail.partition(b"\n")[0])[0][0]
+        assert (await proxy.client.delete(f"/v1/responses/{named}")).status_code == 200
+        answer = {"role": "assistant", "content": "Noted."}
+        owned = {"msg_" + named.removeprefix("resp_")}
+        items = [answer if item.get("id") in owned else item for item in items]
+        (last,), _ = await resend(proxy, 1, items)
+        assert len(proxy.upstream.bodies[-1]["messages"]) == 57
+        assert (await proxy.client.get(f"/v1/responses/{last}")).status_code == 200
+        r = await respond(proxy, model="scripted", input="On.", previous_response_id=last)
+        assert r.status_code == 404
+        assert "is no longer kept" in r.json()["error"]["message"]
+
+
+async def test_a_turn_whose_items_after_its_last_reference_are_not_the_rest_is_stored_as_sent(
+    proxy_for: ProxyFactory,
+) -> None:
+    """Its messages begin with the conversation of the response it names last, but through
+    other items (that response's own input item named after a message sent again): its input
+    items are listed as they were sent."""
+    store = MemoryStore()
+    async with proxy_for(store=store) as proxy:
+        proxy.upstream.script(keep(say("Noted.")))
+        (first,), items = await resend(proxy, 1)
+        sent = [
+            *items[:1],
+            {"role": "assistant", "content": "Noted."},
+            {"role": "user", "content": "1:"},
+        ]
+        sent.append({"type": "item_reference", "id": "in_" + first.removeprefix("resp_") + "_0"})
+        r = await respond(proxy, model="scripted", input=sent)
+        assert r.status_code == 200, r.text
+        assert len(proxy.upstream.bodies[-1]["messages"]) == 4
+        listed = await proxy.client.get(f"/v1/responses/{r.json()['id']}/input_items?order=asc")
+    assert [item["type"] for item in listed.json()["data"]] == ["message"] * 4
+    assert await store.get_record(stored_conversation.CONVERSATION_RECORD, r.json()["id"])

@@ -1,10 +1,12 @@
 """A conversation continued turn after turn is stored in parts (SPEC §12.4): each turn's record
 holds what it added and names the earlier records holding the rest, copying in those no larger
 than what it holds, so the bytes stored grow with the conversation's size times a logarithm,
-not with its square, and a continuation reads few records."""
+not with its square, and a continuation reads few records. A conversation sent whole each turn
+is stored alike, the conversation it begins with known by its fingerprint."""
 
 from __future__ import annotations
 
+import hashlib
 import math
 from typing import Any
 
@@ -12,7 +14,13 @@ import orjson
 import pytest
 
 from proxy.api import stored_conversation as sc
-from proxy.api.response_store import ResponseStore, StoredInput, StoredResponse
+from proxy.api.response_store import (
+    OUTPUTS_RECORD,
+    ResponseStore,
+    StoredInput,
+    StoredResponse,
+    parsed_outputs,
+)
 from proxy.config.server import ServerConfig
 from proxy.state.memory import MemoryStore
 
@@ -130,3 +138,77 @@ async def test_a_part_gone_or_replaced_leaves_the_conversation_gone() -> None:
     assert await store.conversation(stored, BOUNDS) is None
     await store.store.delete_record(*first.record)
     assert await store.conversation(stored, BOUNDS) is None
+
+
+async def resent(turns: int, size: int) -> tuple[ResponseStore, int, list[Any]]:
+    """A conversation sent whole each turn: each response stored as the continuation of the
+    conversation its outputs record's fingerprint finds at the start of the next turn's."""
+    backend = MemoryStore()
+    store = ResponseStore(backend, 600)
+    written = 0
+    continued = None
+    messages: list[Any] = []
+    for n in range(turns):
+        messages = [*messages, *turn(n, size)]
+        if continued is not None:
+            assert continued.messages == messages[: len(continued.messages)]
+        response_id = f"resp_{n:04d}"
+        stored = StoredResponse({"id": response_id, "output": []}, None, "m", None)
+        inputs = StoredInput(None, [])
+        await store.save(response_id, stored, messages, inputs, None, continued, True)
+        written += sum(len(backend._found(kind, response_id) or b"") for kind in _KINDS)
+        outputs = parsed_outputs(await backend.get_record(OUTPUTS_RECORD, response_id), None)
+        assert outputs is not None
+        assert outputs.conversation is not None
+        # The digest of the whole conversation's JSON, whether hashed whole or gone on from
+        # the one before.
+        assert outputs.conversation.digest == hashlib.sha256(orjson.dumps(messages)).hexdigest()
+        continued = outputs.conversation.begun([*messages, *turn(n + 1, size)])
+        assert continued is not None
+        assert (await store.conversation(stored, BOUNDS)) == sc.Conversation(
+            messages, continued.parts
+        )
+    return store, written, messages
+
+
+async def test_a_conversation_sent_whole_each_turn_is_stored_as_a_chain_is() -> None:
+    """Known by its fingerprint, not read: the same parts as a chain's, in as little space."""
+    _, written, messages = await resent(400, 2_000)
+    _, chained, _, same = await chain(400, 2_000)
+    assert messages == same
+    assert written == chained
+
+
+def test_a_fingerprint_finds_only_the_conversation_it_was_made_of() -> None:
+    messages = [*turn(0, 100_000), *turn(1, 1_000)]
+    record, _ = sc.stored_form("resp_a", messages[:2], None)
+    first = sc.fingerprint("resp_a", record, [], messages[:2], None)
+    found = first.begun(messages)
+    assert found is not None
+    assert (found.messages, found.parts) == (messages[:2], first.parts)
+    assert first.begun(messages[:2]) is not None  # nothing after it yet
+    assert first.begun(messages[:1]) is None  # fewer messages
+    changed = [{**messages[0], "content": messages[0]["content"][:-1] + "v"}, *messages[1:]]
+    assert first.begun(changed) is None  # one byte other, the same size
+    assert first.begun([messages[1], messages[0], *messages[2:]]) is None
+    assert sc.Fingerprint.read(first.form()) == first
+
+
+@pytest.mark.parametrize(
+    "form",
+    [
+        None,
+        [],
+        ["d"],
+        ["d", []],
+        [1, [["resp_a", True, 10, 2]]],
+        ["d", [["resp_a", True, 10]]],
+        ["d", [["resp_a", True, 10, -1]]],
+        ["d", [["resp_a", True, 10, "2"]]],
+        ["d", [["resp_a", True, 10, 2]] * (sc.MAX_PARTS + 1)],
+        ["d", "resp_a"],
+    ],
+)
+def test_a_fingerprint_in_another_form_is_none(form: Any) -> None:
+    """The conversation is then stored whole, as it was sent."""
+    assert sc.Fingerprint.read(form) is None
