@@ -19,6 +19,7 @@ from openai import OpenAI
 
 from proxy.api.stored_conversation import CONVERSATION_RECORD, TAIL_RECORD
 from tests.e2e.conftest import config_file, proxy_process
+from tests.e2e.node import installed, run_ai_sdk
 from tests.scripted_upstream import ScriptedUpstream, keep, say
 
 pytestmark = pytest.mark.e2e
@@ -187,3 +188,28 @@ def test_a_rolling_upgrade_stores_responses_as_the_version_before_did(
         reference = {"type": "item_reference", "id": client.responses.retrieve(ids[3]).output[0].id}
         read = client.responses.create(model="scripted", input=[reference])  # type: ignore[list-item]
         assert read.output_text == "Noted."
+
+
+def test_the_ai_sdk_s_conversation_is_stored_in_parts(
+    upstream_url: str, upstream: ScriptedUpstream, tmp_path: Path
+) -> None:
+    """The real AI SDK (`generateText`, `store` on by default) sends the whole conversation each
+    turn, its earlier answers as item references: stored as a chain's."""
+    clients = installed(tmp_path)
+    upstream.script(keep(say("Noted.")))
+    turns = 60
+    texts = [f"Turn {n}: " + "x" * TURN_TEXT for n in range(turns)]
+    with chained(upstream_url, tmp_path) as (client, database):
+        base = str(client.base_url).rstrip("/")
+        scenario = {"baseURL": base, "model": "scripted", "mode": "generate"}
+        long = {"turns": {"count": turns, "bytes": TURN_TEXT}}
+        report = run_ai_sdk(clients, {**scenario, **long})
+        assert report["followUps"] == ["Noted."] * (turns - 1)
+        sent = upstream.bodies[-1]["messages"]
+        assert [m["content"] for m in sent[1::2]] == ["Noted."] * (turns - 1)
+        assert ["".join(p["text"] for p in m["content"]) for m in sent[::2]] == texts
+        conversation = sum(len(t) + 60 for t in texts)
+        stored = stored_bytes(database)
+        assert stored[TAIL_RECORD] > 0
+        # Each turn whole: 60 x 61 / 2 x 4 KB, 7.3 MB, 30 times the conversation.
+        assert sum(stored.values()) < 6 * conversation, stored

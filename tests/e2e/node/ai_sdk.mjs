@@ -1,9 +1,11 @@
 // The Vercel AI SDK's `openai(model)` (the Responses API) against the proxy: one turn with
-// `generateText` or `streamText`, optionally a client tool and a second turn that sends the
-// first turn's messages back. Prints one JSON object: what the SDK made of each turn.
+// `generateText` or `streamText`, optionally a client tool and later turns that send the
+// conversation so far back (`followUp`, or a list of them: `followUps`). Prints one JSON
+// object: what the SDK made of each turn.
 //
 //   node ai_sdk.mjs '{"baseURL": "...", "model": "stock", "mode": "generate", "prompt": "...",
-//                     "clientTool": true, "store": false, "followUp": "And now?"}'
+//                     "clientTool": true, "store": false, "followUp": "And now?",
+//                     "followUps": ["More?", "And more?"], "turns": {"count": 60, "bytes": 4000}}'
 import { createOpenAI } from '@ai-sdk/openai';
 import { generateText, stepCountIs, streamText, tool } from 'ai';
 import { z } from 'zod';
@@ -59,16 +61,22 @@ async function turn(request) {
   return { text: result.text, steps: result.steps.map(describeStep), response: result.response };
 }
 
+// `turns: {count, bytes}`: that many turns of `Turn <n>: ` and `bytes` x's (a long conversation).
+if (scenario.turns) {
+  const texts = Array.from({ length: scenario.turns.count }, (_, n) => `Turn ${n}: ` + 'x'.repeat(scenario.turns.bytes));
+  [scenario.prompt, ...scenario.followUps] = texts;
+}
 const first = await turn({ prompt: scenario.prompt });
 const report = { text: first.text, steps: first.steps, parts: first.parts, errors: first.errors };
-if (scenario.followUp) {
-  const messages = [
-    { role: 'user', content: scenario.prompt },
-    ...first.response.messages,
-    { role: 'user', content: scenario.followUp },
-  ];
-  const second = await turn({ messages });
-  report.followUp = { text: second.text, steps: second.steps, parts: second.parts, errors: second.errors };
+// Each follow-up turn sends the whole conversation so far, as an app built on the SDK keeps it.
+const messages = [{ role: 'user', content: scenario.prompt }, ...first.response.messages];
+report.followUps = [];
+for (const text of scenario.followUps ?? (scenario.followUp ? [scenario.followUp] : [])) {
+  messages.push({ role: 'user', content: text });
+  const next = await turn({ messages });
+  messages.push(...next.response.messages);
+  report.followUp = { text: next.text, steps: next.steps, parts: next.parts, errors: next.errors };
+  report.followUps.push(next.text);
 }
 report.asked = asked;
 report.warnings = warnings;
