@@ -274,20 +274,22 @@ async def _history(req: ResponsesRequest, reads: StoredReads) -> _History:
     previous_calls = {item.get("call_id") for item in outputs if item.get("type") in CALL_KINDS}
     items: list[dict[str, Any]] = []
     seen: set[str] = set()
-    last: tuple[int, str] | None = None  # the last item referenced: its place, its response
+    last: tuple[int, str] | None = None  # the last stored item named: its place, its response
     for i, item in enumerate(req.items):
         kind = item.get("type", "message")
+        given = item.get("id")  # a reference's, or that of an item sent whole
+        owner = response_of_item(given) if isinstance(given, str) else None
         if kind == "item_reference":
-            ref = item["id"]
+            ref: str = item["id"]
             if ref in seen:  # the same stored item named twice (a call, and its result)
                 continue
             seen.add(ref)
-            owner = response_of_item(ref)
             if previous_id is not None and owner == previous_id:
                 raise _held_already("id", ref, f"input[{i}].id")
             item = await reads.item(ref, f"input[{i}].id")
             kind = item.get("type", "message")
-            last = (len(items), owner) if owner is not None else last
+        if owner is not None:
+            last = (len(items), owner)
         if kind in CALL_KINDS:
             if item["call_id"] in previous_calls:
                 raise _held_already("call_id", item["call_id"], f"input[{i}].call_id")
@@ -306,11 +308,11 @@ async def _history(req: ResponsesRequest, reads: StoredReads) -> _History:
         items.append(item)
     messages = [*conversation, *items_to_messages(items)]
     if previous_id is None and last is not None and req.store:
-        return _resent(messages, items, reads, *last)
+        return await _resent(messages, items, reads, *last)
     return _History(messages, StoredInput(req.previous_response_id, items, outputs), continued)
 
 
-def _resent(
+async def _resent(
     messages: list[dict[str, Any]],
     items: list[dict[str, Any]],
     reads: StoredReads,
@@ -318,11 +320,12 @@ def _resent(
     named: str,
 ) -> _History:
     """The history of a request that sends its whole conversation again, naming the earlier
-    output items by reference (as the AI SDK does): when its messages begin with the
-    conversation through the response its last reference names (`named`, whose item is at
-    `place`), and the items after `place` make the rest, it is stored as that response's
-    continuation (`stored_conversation`): its conversation, and its input items after it."""
-    outputs = reads.named(named)
+    output items by reference (as the AI SDK does) or whole (as a client that adds each
+    response's output to its input does): when its messages begin with the conversation through
+    the response its last such item names (`named`, the item at `place`), and the items after
+    it make the rest, it is stored as that response's continuation (`stored_conversation`): its
+    conversation, and its input items after it."""
+    outputs = await reads.named(named)
     fingerprint = outputs.conversation if outputs is not None else None
     continued = fingerprint.begun(messages) if fingerprint is not None else None
     rest = items[place + 1 :]

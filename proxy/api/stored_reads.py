@@ -120,8 +120,16 @@ class StoredReads:
             self._keep_outputs(response_id, outputs.output)
             self._named[response_id] = outputs
 
-    def named(self, response_id: str) -> StoredOutputs | None:
-        """The outputs record of a response an item reference named, as read (None if none)."""
+    async def named(self, response_id: str) -> StoredOutputs | None:
+        """The outputs record of a response the request names, by an item reference (as read)
+        or by the id of an item it sends whole (read now, when the key made it and it holds at
+        most AHEAD_BYTES); None if there is none."""
+        if response_id not in self._outputs and response_id not in self._named:
+            found = await self.store.store.get_record(OUTPUTS_RECORD, response_id)
+            if found is not None and len(found) <= AHEAD_BYTES:
+                outputs = parsed_outputs(found, self.caller)
+                if outputs is not None:
+                    self._named[response_id] = outputs
         return self._named.get(response_id)
 
     def _admit(self, response_id: str, param: str) -> None:

@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from proxy.api import stored_conversation
-from proxy.api.response_store import continued_records
+from proxy.api.response_store import AHEAD_BYTES, continued_records
 from proxy.api.stored_conversation import TAIL_RECORD
 from proxy.state.memory import MemoryStore
 from proxy.state.store import StateStore
@@ -132,19 +132,25 @@ async def test_a_conversation_in_parts_holding_too_many_values_is_refused(
 
 
 async def resend(
-    proxy: Proxy, turns: int, items: list[dict[str, Any]] | None = None, size: int = 500
+    proxy: Proxy,
+    turns: int,
+    items: list[dict[str, Any]] | None = None,
+    size: int = 500,
+    as_key: str | None = None,
+    whole: bool = False,
 ) -> tuple[list[str], list[dict[str, Any]]]:
     """Turns that each send the whole conversation again, the earlier answers as references to
-    their output items (as the AI SDK does), after `items`: the responses, and the items the
-    next turn would send before its own message."""
+    their output items (as the AI SDK does), or `whole`, after `items`: the responses, and the
+    items the next turn would send before its own message."""
     ids: list[str] = []
     items = list(items or [])
     done = sum(item.get("role") == "user" for item in items)
     for n in range(done, done + turns):
         items.append({"role": "user", "content": f"{n}:" + "x" * size})
-        r = await respond(proxy, model="scripted", input=items)
+        r = await respond(proxy, as_key, model="scripted", input=items)
         assert r.status_code == 200, r.text
-        items += [{"type": "item_reference", "id": item["id"]} for item in r.json()["output"]]
+        output = r.json()["output"]
+        items += output if whole else [{"type": "item_reference", "id": i["id"]} for i in output]
         ids.append(r.json()["id"])
     return ids, items
 
@@ -262,3 +268,32 @@ async def test_a_turn_whose_items_after_its_last_reference_are_not_the_rest_is_s
         listed = await proxy.client.get(f"/v1/responses/{r.json()['id']}/input_items?order=asc")
     assert [item["type"] for item in listed.json()["data"]] == ["message"] * 4
     assert await store.get_record(stored_conversation.CONVERSATION_RECORD, r.json()["id"])
+
+
+async def test_another_key_s_items_sent_whole_are_stored_as_sent(proxy_for: ProxyFactory) -> None:
+    """Their response's fingerprint is not read for another key (nor its parts named)."""
+    store = CountedStore()
+    async with proxy_for(keyed(key("a"), key("b")), store=store) as proxy:
+        proxy.upstream.script(keep(say("Noted.")))
+        _, items = await resend(proxy, 28, as_key="a", whole=True)
+        store.clear()
+        (theirs,), _ = await resend(proxy, 1, items, as_key="b", whole=True)
+        (ours,), _ = await resend(proxy, 1, items, as_key="a", whole=True)
+        whole = stored_conversation.CONVERSATION_RECORD
+        for response_id, kind in ((theirs, whole), (ours, TAIL_RECORD)):
+            assert await MemoryStore.get_record(store, kind, response_id) is not None
+    assert store.kept[0] == []
+
+
+async def test_a_stored_output_over_the_read_ahead_is_not_parsed_for_its_fingerprint(
+    proxy_for: ProxyFactory,
+) -> None:
+    """Its items sent whole: that turn's conversation is stored whole."""
+    store = CountedStore()
+    async with proxy_for(store=store) as proxy:
+        proxy.upstream.script(say("y" * (AHEAD_BYTES + 1)), keep(say("Noted.")))
+        _, items = await resend(proxy, 1, whole=True)
+        store.clear()
+        (second,), _ = await resend(proxy, 1, items, whole=True)
+        assert [pairs[0][0] for pairs in store.reads] == ["outputs"]
+        assert await MemoryStore.get_record(store, stored_conversation.CONVERSATION_RECORD, second)
