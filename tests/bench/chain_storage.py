@@ -72,16 +72,17 @@ async def chain(
         kept = await backend.get_records([(kind, response_id) for kind in KINDS])
         stored += sum(len(value or b"") for value in kept)
         started = time.perf_counter()
-        if mode == "chained":
-            continued = await store.conversation(body, BOUNDS)
-            assert continued is not None
-            messages = continued.messages
-        elif resent:  # the outputs record, with the fingerprint; the next turn's messages
+        if resent:  # the outputs record, with the fingerprint; the next turn's messages
             outputs = parsed_outputs(await backend.get_record(OUTPUTS_RECORD, response_id), None)
             assert outputs is not None
             assert outputs.conversation is not None
             continued = outputs.conversation.begun([*messages, *turn(n + 1, size)])
             assert continued is not None
+        else:  # the conversation, read as a continuation reads it
+            read = await store.conversation(body, BOUNDS)
+            assert read is not None
+            messages = read.messages
+            continued = read if mode == "chained" else None
         reads.append(time.perf_counter() - started)
     parts = len(continued.parts) if continued is not None else 1
     return {

@@ -79,11 +79,13 @@ def test_the_body_stall_benchmark_refuses_the_hostile_bodies(
 def test_the_chain_storage_benchmark_stores_each_chain_in_parts_and_whole(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
+    """Chained and resent alike in parts; whole larger, once the conversation is."""
     chain_storage.main(["--chains", "60x2000,20x100"])
     rows = [line.strip("|").split("|") for line in capsys.readouterr().out.splitlines()[2:]]
     assert [(row[0].strip(), row[1].strip()) for row in rows] == [
         (backend, chain) for backend in ("memory", "sqlite") for chain in ("60 x 2,000", "20 x 100")
     ]
-    for _, chain, _, parts, whole, *_ in rows:
-        in_parts, kept_whole = float(parts.split()[0]), float(whole.split()[0])
-        assert in_parts < kept_whole if chain.strip().startswith("60") else in_parts == kept_whole
+    for _, chain, _, stored, *_ in rows:
+        chained, resent, whole = (float(mode.split()[0]) for mode in stored.split(" / "))
+        assert chained == resent
+        assert chained < whole if chain.strip().startswith("60") else chained == whole
