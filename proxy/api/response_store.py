@@ -345,11 +345,9 @@ class ResponseStore:
         """Drops the response's records: a later response whose conversation names its part
         can then no longer be continued (as if it had expired)."""
         response_id = stored.response["id"]
-        for kind, _ in conversation_records(response_id):
-            await self.store.delete_record(kind, response_id)
-        await self.store.delete_record(INPUT_RECORD, response_id)
-        await self.store.delete_record(OUTPUTS_RECORD, response_id)
-        return await self.store.delete_record(RESPONSE_RECORD, response_id)
+        kinds = (INPUT_RECORD, OUTPUTS_RECORD, RESPONSE_RECORD)
+        records = [*conversation_records(response_id), *((kind, response_id) for kind in kinds)]
+        return await self.store.delete_records(records) > 0
 
 
 def continued_records(response_id: str) -> list[tuple[str, str]]:

@@ -134,8 +134,13 @@ class MemoryStore:
         return value
 
     async def delete_record(self, kind: str, key: str) -> bool:
-        found = self._records.pop((kind, key), None)
-        return found is not None and found[0] > time.monotonic()
+        return await self.delete_records([(kind, key)]) == 1
+
+    async def delete_records(self, wanted: Sequence[tuple[str, str]]) -> int:
+        check_at_once(wanted)
+        now = time.monotonic()
+        found = [self._records.pop(pair, None) for pair in wanted]
+        return sum(record is not None and record[0] > now for record in found)
 
     def _sweep(self) -> None:
         """Drops expired records that nobody asked for again, and ended threads."""

@@ -290,8 +290,14 @@ class RedisStore:
         return [None if value is None else _bytes(value) for value in found]
 
     async def delete_record(self, kind: str, key: str) -> bool:
+        return await self.delete_records([(kind, key)]) == 1
+
+    async def delete_records(self, wanted: Sequence[tuple[str, str]]) -> int:
+        check_at_once(wanted)
+        if not wanted:
+            return 0
         with _reached():
-            return bool(await self._redis.delete(self._record(kind, key)))
+            return int(await self._redis.delete(*(self._record(k, key) for k, key in wanted)))
 
     def hold(self, context_id: str) -> AbstractAsyncContextManager[None]:
         return self._hold(context_id)

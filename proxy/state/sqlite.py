@@ -274,7 +274,13 @@ class SqliteStore:
         return await self._call(lambda db: records_sql.get_many(db, wanted, max_bytes))
 
     async def delete_record(self, kind: str, key: str) -> bool:
-        return await self._call(lambda db: records_sql.delete(db, kind, key))
+        return await self.delete_records([(kind, key)]) == 1
+
+    async def delete_records(self, wanted: Sequence[tuple[str, str]]) -> int:
+        check_at_once(wanted)
+        if not wanted:
+            return 0
+        return await self._call(lambda db: records_sql.delete(db, wanted))
 
     def hold(self, context_id: str) -> AbstractAsyncContextManager[None]:
         return self._hold(context_id)

@@ -156,6 +156,11 @@ class StateStore(Protocol):
         """Drops it; False when there was none (or it had expired)."""
         ...
 
+    async def delete_records(self, wanted: Sequence[tuple[str, str]]) -> int:
+        """Drops the records of these (kind, key) pairs in one call; how many there were.
+        Raises ValueError past RECORDS_AT_ONCE pairs."""
+        ...
+
     def hold(self, context_id: str) -> AbstractAsyncContextManager[None]:
         """Serialises the runs on one context, between every process sharing the backend. The
         hold is a lease, renewed while it is held: when it is lost all the same (the process

@@ -11,7 +11,8 @@ from proxy.state.store import Record
 class CountedStore(MemoryStore):
     """`reads`: the (kind, key) pairs each read asked for; `read`: the bytes the reads found;
     `writes`: the kinds each write put, and the thread it kept; `kept`: the records each write
-    kept; `written`: the bytes of the records written."""
+    kept; `written`: the bytes of the records written; `deletes`: the pairs each delete asked
+    for."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -20,9 +21,11 @@ class CountedStore(MemoryStore):
         self.writes: list[tuple[list[str], str | None]] = []
         self.kept: list[list[tuple[str, str]]] = []
         self.written = 0
+        self.deletes: list[list[tuple[str, str]]] = []
 
     def clear(self) -> None:
         self.reads, self.read, self.writes, self.kept, self.written = [], 0, [], [], 0
+        self.deletes = []
 
     def reads_of(self, kind: str) -> list[int]:
         """How many records of `kind` each read that asked for one asked for."""
@@ -53,3 +56,7 @@ class CountedStore(MemoryStore):
         self.kept.append(list(keep))
         self.written += sum(len(record.value) for record in records)
         await super().put_records(records, ttl_s, keep_thread, keep)
+
+    async def delete_records(self, wanted: Sequence[tuple[str, str]]) -> int:
+        self.deletes.append(list(wanted))
+        return await super().delete_records(wanted)

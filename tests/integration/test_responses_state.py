@@ -58,6 +58,22 @@ async def test_stored_responses_on_every_backend(
         assert await backend.get_record("conversation", second["id"]) is not None
 
 
+async def test_deleting_a_response_drops_its_records_in_one_call(
+    proxy_for: ProxyFactory,
+) -> None:
+    store = CountedStore()
+    async with proxy_for(store=store) as proxy:
+        proxy.upstream.script(keep(say("One.")))
+        made = (await respond(proxy, model="scripted")).json()
+        kinds = {kind for (kind, key) in store._records if key == made["id"]}
+        assert kinds == {"conversation", "input", "outputs", "response"}
+        assert (await proxy.client.delete(f"/v1/responses/{made['id']}")).status_code == 200
+    [deleted] = store.deletes
+    assert {kind for kind, _ in deleted} >= kinds
+    assert {key for _, key in deleted} == {made["id"]}
+    assert not [key for (_, key) in store._records if key == made["id"]]
+
+
 async def test_a_stored_response_belongs_to_its_key(proxy_for: ProxyFactory) -> None:
     config = {**keyed(key("a"), key("b")), "server": {"max_body_bytes": 65536}}
     async with proxy_for(config) as proxy:

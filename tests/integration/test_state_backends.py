@@ -331,6 +331,26 @@ async def test_delete_record_drops_it_once(store: StateStore) -> None:
     assert await store.get_record("run", "r2") == b"y"
 
 
+async def test_delete_records_drops_several_in_one_call(store: StateStore) -> None:
+    """Of the pairs asked, the live ones: expired, missing and other records stay as they are."""
+    for key in ("r1", "r2", "r3"):
+        await store.put_record("run", key, key.encode(), 60)
+    await store.put_record("run", "short", b"gone", 0.05)
+    await store.put_record("held", "r1", b"other kind", 60)
+    await asyncio.sleep(0.15)
+    wanted = [("run", "r1"), ("run", "r3"), ("run", "short"), ("run", "never")]
+    assert await store.delete_records(wanted) == 2
+    assert await store.get_records([*wanted, ("run", "r2"), ("held", "r1")]) == [
+        *[None] * 4,
+        b"r2",
+        b"other kind",
+    ]
+    assert await store.delete_records(wanted) == 0
+    assert await store.delete_records([]) == 0
+    with pytest.raises(ValueError, match="at once"):
+        await store.delete_records([("run", str(n)) for n in range(RECORDS_AT_ONCE + 1)])
+
+
 async def test_record_kinds_do_not_collide(store: StateStore) -> None:
     # Pairs that read the same when naively joined with ':'.
     pairs = [("run", "r1"), ("held_calls", "r1"), ("a:b", "c"), ("a", "b:c"), ("", "a:b:c")]
