@@ -436,7 +436,8 @@ def test_sqlite_finds_records_by_their_key_not_by_scanning_them(tmp_path: Path) 
         for statement in sqlite_records.TABLES:
             db.execute(statement)
         reads = [sqlite_records.read_pairs(what, 3) for what in ("r.value", "length(r.value)")]
-        for query, lookups in [(reads[0], 1), (reads[1], 1), (sqlite_records.keep_pairs(3), 3)]:
+        by_key = [sqlite_records.keep_pairs(3), sqlite_records.delete_pairs(3)]
+        for query, lookups in [(reads[0], 1), (reads[1], 1), *((q, 3) for q in by_key)]:
             explained = db.execute(f"EXPLAIN QUERY PLAN {query}", [0] * query.count("?"))
             plan = " ".join(str(row[-1]) for row in explained)
             assert plan.count("USING INDEX sqlite_autoindex_records_1") == lookups, plan
