@@ -4,6 +4,7 @@ resolve the stored items, plan, run, render. Errors they raise are rendered by t
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -97,7 +98,9 @@ class Responses:
         created = int(time.time())
         owner = plan.agent or run.model
         headers = {"x-loopwarden-run-id": spec.run_id}
-        context = _Context(sv, req, store, caller, history, thread, chain, owner, created, prefix)
+        context = _Context(
+            sv, req, store, caller, history, thread, chain, owner, created, prefix, calls
+        )
         if req.stream:
             base = response_object(spec.run_id, created, spec.model, req.echo, "in_progress", [])
             writer = ResponsesStream(send, base, headers, calls, prefix)
@@ -167,6 +170,7 @@ class _Context:
     owner: str
     created: int
     prefix: str
+    calls: ServerCalls | None  # the server calls shown as items
 
     def report(self, result: RunResult) -> dict[str, Any]:
         report = loop_report(result, self.req.run.loop.include_messages)
@@ -206,6 +210,8 @@ class _Context:
         answer does not depend on it."""
         if self.req.store:
             generated = [m for m in result.generated if m.get("role") != "system"]
+            if self.calls is not None:  # named as their items, which clients send back
+                generated = self.calls.renamed(generated)
             key = self.caller.name if self.caller is not None else None
             stored = StoredResponse(body, self.thread, self.owner, key)
             try:
@@ -227,6 +233,8 @@ class _Context:
             else:
                 if result.held is None:
                     return
+        if self.calls is not None and result.held is not None:
+            result = dataclasses.replace(result, held=self.calls.renamed_held(result.held))
         await self.sv.remember(result, report, self.owner, self.caller)
 
 

@@ -18,7 +18,7 @@ from tests.integration.conftest import Proxy, ProxyFactory
 from tests.integration.counted_store import CountedStore
 from tests.integration.test_key_scopes import key, keyed
 from tests.integration.test_responses_state import respond
-from tests.scripted_upstream import keep, say
+from tests.scripted_upstream import call, keep, say, say_tool_result
 
 
 @pytest.fixture(autouse=True)
@@ -138,6 +138,7 @@ async def resend(
     size: int = 500,
     as_key: str | None = None,
     whole: bool = False,
+    model: str = "scripted",
 ) -> tuple[list[str], list[dict[str, Any]]]:
     """Turns that each send the whole conversation again, the earlier answers as references to
     their output items (as the AI SDK does), or `whole`, after `items`: the responses, and the
@@ -147,7 +148,7 @@ async def resend(
     done = sum(item.get("role") == "user" for item in items)
     for n in range(done, done + turns):
         items.append({"role": "user", "content": f"{n}:" + "x" * size})
-        r = await respond(proxy, as_key, model="scripted", input=items)
+        r = await respond(proxy, as_key, model=model, input=items)
         assert r.status_code == 200, r.text
         output = r.json()["output"]
         items += output if whole else [{"type": "item_reference", "id": i["id"]} for i in output]
@@ -297,3 +298,25 @@ async def test_a_stored_output_over_the_read_ahead_is_not_parsed_for_its_fingerp
         (second,), _ = await resend(proxy, 1, items, whole=True)
         assert [pairs[0][0] for pairs in store.reads] == ["outputs"]
         assert await MemoryStore.get_record(store, stored_conversation.CONVERSATION_RECORD, second)
+
+
+@pytest.mark.parametrize("whole", [False, True], ids=["references", "items"])
+async def test_a_resent_conversation_with_server_calls_continues_each_turn(
+    proxy_for: ProxyFactory, whole: bool
+) -> None:
+    """A server call's `mcp_call` item, sent back, makes the call and result it stands for: the
+    stored conversation names the call by its item's id, so the next turn begins with it."""
+    store = MemoryStore()
+    async with proxy_for(store=store) as proxy:
+        weather = (call("get_weather", city="Lima"), say_tool_result(), say("Noted."))
+        proxy.upstream.script(*weather, *weather, *weather, say("Done."))
+        ids, _ = await resend(proxy, 6, model="weather", whole=whole)
+        inputs = [await store.get_record("input", response_id) for response_id in ids]
+        assert [orjson.loads(i or b"{}")["previous"] for i in inputs] == [None, *ids[:-1]]
+        r = await respond(proxy, model="weather", input="On.", previous_response_id=ids[-1])
+        assert r.status_code == 200, r.text
+    sent = proxy.upstream.bodies[-1]["messages"]
+    calls = [c["id"] for m in sent for c in m.get("tool_calls") or ()]
+    assert len(calls) == 3
+    assert all(c.startswith("mcp_") for c in calls)
+    assert [m["tool_call_id"] for m in sent if m["role"] == "tool"] == calls
