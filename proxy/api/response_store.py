@@ -12,6 +12,7 @@ from starlette.types import Scope
 
 from proxy.api.asgi import bearer_token
 from proxy.api.auth import Caller, KeyRing
+from proxy.api.json_digest import JsonDigest
 from proxy.api.services import Services
 from proxy.api.stored_conversation import (
     CONVERSATION_RECORD,
@@ -41,10 +42,12 @@ from proxy.state.store import Record, StateStore
 # tail record that names the earlier records holding the rest: `stored_conversation`), read
 # only by the request that continues it (it goes upstream in that request's body); and its own
 # input items with the response it continued, read by `GET .../input_items` and by references to
-# those items.
+# those items. One made without `previous_response_id` has a fifth, its fingerprint, read by the
+# request that sends its conversation whole again.
 RESPONSE_RECORD = "response"
 OUTPUTS_RECORD = "outputs"
 INPUT_RECORD = "input"
+FINGERPRINT_RECORD = "fingerprint"
 RESPONSE_PREFIX = "resp_"
 INPUT_ITEM_PREFIX = "in_"  # the ids the proxy gives input items that came without one
 ITEM_PREFIXES = ("msg_", "fc_", "mcp_", INPUT_ITEM_PREFIX)
@@ -76,21 +79,49 @@ class StoredResponse:
 
 @dataclass(slots=True)
 class StoredOutputs:
-    """A stored response's output items, and who may read them (as `StoredResponse`); and,
-    when its request sent its whole conversation, the fingerprint of the conversation through
-    it (`stored_conversation`)."""
+    """A stored response's output items, and who may read them (as `StoredResponse`)."""
 
     output: list[dict[str, Any]]
     owner: str
     key: str | None
-    conversation: Fingerprint | None = None
 
     def dumps(self) -> bytes:
         """The record; it ends with its key (`owned_by` reads it there, unparsed)."""
-        fields: dict[str, Any] = {"output": self.output}
-        if self.conversation is not None:
-            fields["conversation"] = self.conversation.form()
-        return orjson.dumps({**fields, "owner": self.owner, "key": self.key})
+        return orjson.dumps({"output": self.output, "owner": self.owner, "key": self.key})
+
+
+@dataclass(frozen=True, slots=True)
+class Lineage:
+    """What a request made without `previous_response_id` goes on from, for the fingerprint
+    its response keeps: the digest of the items (keys sorted) of the chain its input items
+    continue, through that response's output (none: a new digest), and the input records of
+    that chain with its own (a listing's reads)."""
+
+    items: JsonDigest
+    depth: int
+
+    @staticmethod
+    def first() -> Lineage:
+        return Lineage(JsonDigest(orjson.OPT_SORT_KEYS), 1)
+
+
+@dataclass(frozen=True, slots=True)
+class StoredFingerprint:
+    """What a response made without `previous_response_id` keeps for a later request that
+    sends its conversation whole again (a record of its own, which a version before reads
+    not): the conversation's fingerprint; the digest of the items that request sends up to
+    this response's last output item (its input chain's, then its output, keys sorted), for
+    its input items to continue that chain; the chain's input records; and its key (last)."""
+
+    conversation: Fingerprint
+    items: str
+    depth: int
+    key: str | None
+
+    def dumps(self) -> bytes:
+        form = self.conversation.form()
+        fields = {"conversation": form, "items": self.items, "depth": self.depth}
+        return orjson.dumps({**fields, "key": self.key})
 
 
 @dataclass(slots=True)
@@ -173,8 +204,20 @@ def parsed_outputs(record: bytes | None, caller: Caller | None) -> StoredOutputs
     if "response" in fields:
         output = fields["response"].get("output") or []
         return StoredOutputs(output, fields["owner"], fields["key"])
+    return StoredOutputs(fields["output"], fields["owner"], fields["key"])
+
+
+def parsed_fingerprint(record: bytes | None, caller: Caller | None) -> StoredFingerprint | None:
+    """A fingerprint record, as `parsed` reads a response record: None unless `caller` made it
+    (or it is in no form this version writes)."""
+    fields = _owned_fields(record, caller)
+    if fields is None:
+        return None
     conversation = Fingerprint.read(fields.get("conversation"))
-    return StoredOutputs(fields["output"], fields["owner"], fields["key"], conversation)
+    items, depth = fields.get("items"), fields.get("depth")
+    if conversation is None or not isinstance(items, str) or type(depth) is not int:
+        return None
+    return StoredFingerprint(conversation, items, depth, fields["key"])
 
 
 Owned = TypeVar("Owned", StoredResponse, StoredOutputs)
@@ -222,14 +265,15 @@ class ResponseStore:
         inputs: StoredInput,
         chain: str | None,
         continued: Conversation | None,
-        fingerprinted: bool = False,
+        lineage: Lineage | None = None,
     ) -> None:
         """Keeps the response (and its output items alone), `messages` (the conversation through
         it, as the engine saw it, the `instructions` aside: they are not carried over, as OpenAI
         does; it begins with the messages of the conversation it `continued`) and `inputs`, in
         one write; and the `chain`'s thread (when the response continues one) and the records of
-        the earlier parts of the conversation as long. `fingerprinted`: its request sent its
-        whole conversation, and the next may too (its outputs record keeps its fingerprint)."""
+        the earlier parts of the conversation as long. `lineage`: its request sent the whole
+        conversation (no `previous_response_id`), and the next may too: it keeps a fingerprint
+        (`StoredFingerprint`)."""
         if self.earlier_form:  # each conversation whole, and no outputs record
             continued = None
         conversation, parts = stored_form(response_id, messages, continued)
@@ -237,10 +281,12 @@ class ResponseStore:
         if not self.earlier_form:  # the output items in a record of their own, not twice
             output = stored.response.get("output") or []
             outputs = StoredOutputs(output, stored.owner, stored.key)
-            if fingerprinted:
-                form = (conversation, parts, messages, continued)
-                outputs.conversation = fingerprint(response_id, *form)
             records.append(Record(OUTPUTS_RECORD, response_id, outputs.dumps()))
+            if lineage is not None:
+                made = fingerprint(response_id, conversation, parts, messages, continued)
+                items = lineage.items.copy().extend(inputs.items).extend(output).hexdigest()
+                form = StoredFingerprint(made, items, lineage.depth, stored.key)
+                records.append(Record(FINGERPRINT_RECORD, response_id, form.dumps()))
             body = {**stored.response, "output": None}
             stored = StoredResponse(body, stored.thread, stored.owner, stored.key)
         records.append(Record(RESPONSE_RECORD, response_id, stored.dumps()))  # last: names all
@@ -345,7 +391,7 @@ class ResponseStore:
         """Drops the response's records: a later response whose conversation names its part
         can then no longer be continued (as if it had expired)."""
         response_id = stored.response["id"]
-        kinds = (INPUT_RECORD, OUTPUTS_RECORD, RESPONSE_RECORD)
+        kinds = (INPUT_RECORD, OUTPUTS_RECORD, FINGERPRINT_RECORD, RESPONSE_RECORD)
         records = [*conversation_records(response_id), *((kind, response_id) for kind in kinds)]
         return await self.store.delete_records(records) > 0
 

@@ -20,6 +20,7 @@ from proxy.api.completion import loop_report
 from proxy.api.failures import failed, failure_error, send_failure
 from proxy.api.json_body import read_json
 from proxy.api.planning import Plan
+from proxy.api.resent import resumed
 from proxy.api.response_body import (
     finished_response,
     item_prefix,
@@ -36,6 +37,7 @@ from proxy.api.response_items import (
 )
 from proxy.api.response_store import (
     ChainThreads,
+    Lineage,
     ResponseStore,
     StoredInput,
     StoredResponse,
@@ -226,7 +228,7 @@ class _Context:
                     history.inputs,
                     self.chain,
                     history.continued,
-                    fingerprinted=self.req.previous_response_id is None,
+                    history.lineage,
                 )
             except StateUnavailable as exc:
                 log.warning("response %s was not stored: %s", body["id"], exc.message)
@@ -241,12 +243,14 @@ class _Context:
 @dataclass(frozen=True, slots=True)
 class _History:
     """The messages a request's run begins with (`instructions` aside), its input items with
-    references read and what they follow, and the stored conversation the messages begin with
-    (that of `previous_response_id`)."""
+    references read and what they follow, the stored conversation the messages begin with
+    (that of `previous_response_id`, or of the response a conversation sent whole names:
+    `resent`), and, without `previous_response_id`, what its fingerprint goes on from."""
 
     messages: list[dict[str, Any]]
     inputs: StoredInput
     continued: Conversation | None
+    lineage: Lineage | None
 
 
 async def _history(req: ResponsesRequest, reads: StoredReads) -> _History:
@@ -315,32 +319,11 @@ async def _history(req: ResponsesRequest, reads: StoredReads) -> _History:
                 )
         items.append(item)
     messages = [*conversation, *items_to_messages(items)]
-    if previous_id is None and last is not None and req.store:
-        return await _resent(messages, items, reads, *last)
-    return _History(messages, StoredInput(req.previous_response_id, items, outputs), continued)
-
-
-async def _resent(
-    messages: list[dict[str, Any]],
-    items: list[dict[str, Any]],
-    reads: StoredReads,
-    place: int,
-    named: str,
-) -> _History:
-    """The history of a request that sends its whole conversation again, naming the earlier
-    output items by reference (as the AI SDK does) or whole (as a client that adds each
-    response's output to its input does): when its messages begin with the conversation through
-    the response its last such item names (`named`, the item at `place`), and the items after
-    it make the rest, it is stored as that response's continuation (`stored_conversation`): its
-    conversation, and its input items after it."""
-    outputs = await reads.named(named)
-    fingerprint = outputs.conversation if outputs is not None else None
-    continued = fingerprint.begun(messages) if fingerprint is not None else None
-    rest = items[place + 1 :]
-    if continued is None or items_to_messages(rest) != messages[len(continued.messages) :]:
-        return _History(messages, StoredInput(None, items, []), None)
-    assert outputs is not None  # it has the fingerprint
-    return _History(messages, StoredInput(named, rest, outputs.output), continued)
+    if previous_id is not None:
+        return _History(messages, StoredInput(previous_id, items, outputs), continued, None)
+    if last is not None and req.store:  # the whole conversation again, naming stored items
+        return _History(messages, *await resumed(messages, items, reads, *last))
+    return _History(messages, StoredInput(None, items, []), None, Lineage.first())
 
 
 def _held_already(key: str, value: str, param: str) -> InvalidRequest:

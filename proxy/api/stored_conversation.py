@@ -14,13 +14,12 @@ its records: a later response whose conversation names one can no longer be cont
 
 A client may send the whole conversation again each turn instead (the AI SDK names the earlier
 output items by item references, without `previous_response_id`): a response made so keeps a
-fingerprint of the conversation through it (a digest, and the parts that hold it), and a
-request whose messages begin with that conversation is stored as its continuation, naming those
-parts without reading them."""
+fingerprint of the conversation through it (the digest of its messages as items carry them, and
+the parts that hold it), and a request whose messages begin with that conversation is stored as
+its continuation, naming those parts without reading them."""
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from typing import Any
 
 import orjson
 
+from proxy.api.json_digest import JsonDigest
 from proxy.state.store import Record, StateStore
 
 log = logging.getLogger(__name__)
@@ -63,34 +63,30 @@ class Part:
 @dataclass(frozen=True, slots=True)
 class Conversation:
     """A stored conversation's messages, and the parts that hold them, in order; `hashing`,
-    when it was known by its fingerprint: the digest of its JSON so far (all but the closing
-    bracket), for the fingerprint of the conversation that goes on from it."""
+    when it was known by its fingerprint: the digest of its messages' `canonical` forms, for
+    the fingerprint of the conversation that goes on from it."""
 
     messages: list[dict[str, Any]]
     parts: tuple[Part, ...]
-    hashing: Any = None  # a hashlib object
+    hashing: JsonDigest | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Fingerprint:
-    """The conversation through a response, as its outputs record keeps it for a client that
-    sends that conversation whole again: the digest of its JSON and the parts that hold it."""
+    """The conversation through a response, kept for a client that sends that conversation
+    whole again: the digest of its messages' `canonical` forms and the parts that hold it."""
 
     digest: str
     parts: tuple[Part, ...]
 
     def begun(self, messages: list[dict[str, Any]]) -> Conversation | None:
-        """The conversation it fingerprints, when `messages` begin with it (byte for byte)."""
+        """The conversation it fingerprints, when `messages` begin with it (as items carry it:
+        the stored conversation is sent on, the parts it names as they were stored)."""
         count = sum(part.count for part in self.parts)
         if len(messages) < count:
             return None
-        held = orjson.dumps(messages[:count])
-        if len(held) != joined_size([part.size for part in self.parts]):
-            return None
-        hashing = hashlib.sha256(memoryview(held)[:-1])
-        closed = hashing.copy()
-        closed.update(b"]")
-        if closed.hexdigest() != self.digest:
+        hashing = JsonDigest().extend(canonical(messages[:count]))
+        if hashing.hexdigest() != self.digest:
             return None
         return Conversation(messages[:count], self.parts, hashing)
 
@@ -127,14 +123,33 @@ def fingerprint(
     own = record.value if not named else record.value.partition(b"\n")[2]
     count = len(messages) - sum(part.count for part in named)
     parts = (*named, Part(response_id, not named, len(own), count))
-    if not named:  # a conversation record holds it all
-        return Fingerprint(hashlib.sha256(record.value).hexdigest(), parts)
-    if continued is None or continued.hashing is None or not continued.messages:
-        return Fingerprint(hashlib.sha256(orjson.dumps(messages)).hexdigest(), parts)
-    hashing = continued.hashing.copy()
-    rest = messages[len(continued.messages) :]
-    hashing.update(b"," + orjson.dumps(rest)[1:] if rest else b"]")
-    return Fingerprint(hashing.hexdigest(), parts)
+    if continued is not None and continued.hashing is not None:
+        rest = messages[len(continued.messages) :]
+        return Fingerprint(continued.hashing.copy().extend(canonical(rest)).hexdigest(), parts)
+    return Fingerprint(JsonDigest().extend(canonical(messages)).hexdigest(), parts)
+
+
+def canonical(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Messages as their items carry them when a client sends them back (`items_to_messages`
+    makes no more of them): a role, content, tool calls (id, type, name, arguments) and the
+    call a result answers. What else an upstream's reply holds (`refusal: null`, `annotations`,
+    `reasoning_content`, a call's extra fields) is not part of a conversation's fingerprint."""
+    forms = []
+    for message in messages:
+        form = {"role": message.get("role"), "content": message.get("content")}
+        if calls := message.get("tool_calls"):
+            form["tool_calls"] = [_call_form(call) for call in calls]
+        if "tool_call_id" in message:
+            form["tool_call_id"] = message["tool_call_id"]
+        forms.append(form)
+    return forms
+
+
+def _call_form(call: Any) -> Any:
+    if not isinstance(call, dict) or not isinstance(function := call.get("function"), dict):
+        return call
+    named = {"name": function.get("name"), "arguments": function.get("arguments")}
+    return {"id": call.get("id"), "type": call.get("type"), "function": named}
 
 
 def stored_form(

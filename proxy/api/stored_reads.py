@@ -12,23 +12,26 @@ from proxy.api.auth import Caller
 from proxy.api.input_items import listed
 from proxy.api.response_store import (
     AHEAD_BYTES,
+    FINGERPRINT_RECORD,
     OUTPUTS_RECORD,
     READ_BYTES_PER_BODY,
     RESPONSE_RECORD,
     ConversationTooLarge,
     ResponseStore,
+    StoredFingerprint,
     StoredOutputs,
     StoredResponse,
     continued_records,
     owned_by,
     parsed,
+    parsed_fingerprint,
     parsed_outputs,
     response_of_item,
     usable,
 )
 from proxy.api.stored_conversation import Conversation
 from proxy.config.server import ServerConfig
-from proxy.errors import BodyTooLarge, InvalidRequest, NotFound
+from proxy.errors import BodyTooLarge, InvalidRequest, NotFound, StateUnavailable
 from proxy.state.store import RECORDS_AT_ONCE
 
 # Stored responses one request may read: its previous one and those its item references name
@@ -120,17 +123,27 @@ class StoredReads:
             self._keep_outputs(response_id, outputs.output)
             self._named[response_id] = outputs
 
-    async def named(self, response_id: str) -> StoredOutputs | None:
-        """The outputs record of a response the request names, by an item reference (as read)
-        or by the id of an item it sends whole (read now, when the key made it and it holds at
-        most AHEAD_BYTES); None if there is none."""
-        if response_id not in self._outputs and response_id not in self._named:
-            found = await self.store.store.get_record(OUTPUTS_RECORD, response_id)
-            if found is not None and len(found) <= AHEAD_BYTES:
-                outputs = parsed_outputs(found, self.caller)
-                if outputs is not None:
-                    self._named[response_id] = outputs
-        return self._named.get(response_id)
+    async def fingerprint(
+        self, response_id: str
+    ) -> tuple[StoredFingerprint | None, list[dict[str, Any]] | None]:
+        """The fingerprint of a response the request names (by an item reference, or by the id
+        of an item it sends whole), and its output items (read with it when no reference read
+        them: the key's own, within AHEAD_BYTES). None for what is not there, is not the key's,
+        or could not be read (the backend failed: the request is stored whole)."""
+        wanted = [(FINGERPRINT_RECORD, response_id)]
+        if response_id not in self._outputs:
+            wanted.append((OUTPUTS_RECORD, response_id))
+        try:
+            found = await self.store.store.get_records(wanted)
+        except StateUnavailable:
+            return None, None
+        fingerprint = parsed_fingerprint(found[0], self.caller)
+        read = found[1] if len(found) > 1 else None
+        outputs = parsed_outputs(read, self.caller) if read and len(read) <= AHEAD_BYTES else None
+        if outputs is not None:
+            self._named[response_id] = outputs
+        named = self._named.get(response_id)
+        return fingerprint, named.output if named is not None else None
 
     def _admit(self, response_id: str, param: str) -> None:
         """Counts a response read (whatever it holds), within MAX_STORED_READS."""

@@ -26,11 +26,12 @@ from typing import Any
 import orjson
 
 from proxy.api.response_store import (
-    OUTPUTS_RECORD,
+    FINGERPRINT_RECORD,
+    Lineage,
     ResponseStore,
     StoredInput,
     StoredResponse,
-    parsed_outputs,
+    parsed_fingerprint,
 )
 from proxy.api.stored_conversation import CONVERSATION_RECORD, TAIL_RECORD, Conversation
 from proxy.config.server import ServerConfig
@@ -67,16 +68,17 @@ async def chain(
         started = time.perf_counter()
         inputs = StoredInput(None, [])
         resent = mode == "resent"
-        await store.save(response_id, body, messages, inputs, None, continued, resent)
+        lineage = Lineage.first() if resent else None
+        await store.save(response_id, body, messages, inputs, None, continued, lineage)
         writes.append(time.perf_counter() - started)
         kept = await backend.get_records([(kind, response_id) for kind in KINDS])
         stored += sum(len(value or b"") for value in kept)
         started = time.perf_counter()
-        if resent:  # the outputs record, with the fingerprint; the next turn's messages
-            outputs = parsed_outputs(await backend.get_record(OUTPUTS_RECORD, response_id), None)
-            assert outputs is not None
-            assert outputs.conversation is not None
-            continued = outputs.conversation.begun([*messages, *turn(n + 1, size)])
+        if resent:  # the fingerprint, and its check against the next turn's messages
+            kept = await backend.get_record(FINGERPRINT_RECORD, response_id)
+            fingerprint = parsed_fingerprint(kept, None)
+            assert fingerprint is not None
+            continued = fingerprint.conversation.begun([*messages, *turn(n + 1, size)])
             assert continued is not None
         else:  # the conversation, read as a continuation reads it
             read = await store.conversation(body, BOUNDS)

@@ -66,7 +66,7 @@ async def test_deleting_a_response_drops_its_records_in_one_call(
         proxy.upstream.script(keep(say("One.")))
         made = (await respond(proxy, model="scripted")).json()
         kinds = {kind for (kind, key) in store._records if key == made["id"]}
-        assert kinds == {"conversation", "input", "outputs", "response"}
+        assert kinds == {"conversation", "input", "outputs", "fingerprint", "response"}
         assert (await proxy.client.delete(f"/v1/responses/{made['id']}")).status_code == 200
     [deleted] = store.deletes
     assert {kind for kind, _ in deleted} >= kinds
@@ -406,7 +406,9 @@ async def test_a_stored_response_and_its_chain_s_thread_are_one_write(
         again = await respond(proxy, model="capped", previous_response_id=first["id"])
         assert again.status_code == 200
     kinds = ["conversation", "input", "outputs", "response"]  # the response last: it names them
-    assert store.writes == [(kinds, first["id"]), (kinds, first["id"])]
+    # The first, made without previous_response_id, also keeps its fingerprint.
+    made = [*kinds[:3], "fingerprint", kinds[3]]
+    assert store.writes == [(made, first["id"]), (kinds, first["id"])]
 
 
 async def test_what_a_request_reads_of_the_responses_it_names_stays_within_its_budget(

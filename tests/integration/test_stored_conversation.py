@@ -4,14 +4,17 @@ are read, and read by no key but its own; and kept alike when each turn sends it
 
 from __future__ import annotations
 
+import unittest.mock
 from typing import Any
 
+import httpx
 import orjson
 import pytest
 
-from proxy.api import stored_conversation
-from proxy.api.response_store import AHEAD_BYTES, continued_records
+from proxy.api import input_items, stored_conversation
+from proxy.api.response_store import AHEAD_BYTES, FINGERPRINT_RECORD, continued_records
 from proxy.api.stored_conversation import TAIL_RECORD
+from proxy.errors import StateUnavailable
 from proxy.state.memory import MemoryStore
 from proxy.state.store import StateStore
 from tests.integration.conftest import Proxy, ProxyFactory
@@ -181,14 +184,20 @@ async def test_a_conversation_sent_whole_again_is_stored_in_parts_on_every_backe
         ]
 
 
-async def test_a_resent_turn_reads_outputs_records_only(proxy_for: ProxyFactory) -> None:
+async def test_a_resent_turn_reads_outputs_records_and_one_fingerprint(
+    proxy_for: ProxyFactory,
+) -> None:
+    """No conversation is read: the parts it names are kept as long as its tail."""
     store = CountedStore()
     async with proxy_for(store=store) as proxy:
         proxy.upstream.script(keep(say("Noted.")))
-        _, items = await resend(proxy, 28)
+        ids, items = await resend(proxy, 28)
         store.clear()
         (last,), _ = await resend(proxy, 1, items)
-        assert {kind for pairs in store.reads for kind, _ in pairs} <= {"outputs", "held"}
+        assert {kind for pairs in store.reads for kind, _ in pairs} <= {"outputs", "held"} | {
+            FINGERPRINT_RECORD
+        }
+        assert [(FINGERPRINT_RECORD, ids[-1])] in store.reads
         tail = await MemoryStore.get_record(store, TAIL_RECORD, last)
     assert tail is not None
     named = stored_conversation.named_parts(last, tail)[0]
@@ -289,15 +298,19 @@ async def test_another_key_s_items_sent_whole_are_stored_as_sent(proxy_for: Prox
 async def test_a_stored_output_over_the_read_ahead_is_not_parsed_for_its_fingerprint(
     proxy_for: ProxyFactory,
 ) -> None:
-    """Its items sent whole: that turn's conversation is stored whole."""
+    """Its items sent whole: read with its fingerprint, not parsed, so that turn's input items
+    are stored whole; its conversation, known by the fingerprint, continues."""
     store = CountedStore()
     async with proxy_for(store=store) as proxy:
         proxy.upstream.script(say("y" * (AHEAD_BYTES + 1)), keep(say("Noted.")))
         _, items = await resend(proxy, 1, whole=True)
         store.clear()
         (second,), _ = await resend(proxy, 1, items, whole=True)
-        assert [pairs[0][0] for pairs in store.reads] == ["outputs"]
-        assert await MemoryStore.get_record(store, stored_conversation.CONVERSATION_RECORD, second)
+        assert [FINGERPRINT_RECORD, "outputs"] in [[k for k, _ in pairs] for pairs in store.reads]
+        inputs = await MemoryStore.get_record(store, "input", second)
+        assert inputs is not None
+        assert orjson.loads(inputs)["previous"] is None
+        assert await MemoryStore.get_record(store, TAIL_RECORD, second)
 
 
 @pytest.mark.parametrize("whole", [False, True], ids=["references", "items"])
@@ -320,3 +333,92 @@ async def test_a_resent_conversation_with_server_calls_continues_each_turn(
     assert len(calls) == 3
     assert all(c.startswith("mcp_") for c in calls)
     assert [m["tool_call_id"] for m in sent if m["role"] == "tool"] == calls
+
+
+def openai_like(request: httpx.Request) -> httpx.Response:
+    """An upstream that answers as api.openai.com does: its message holds more than the output
+    items give back (`refusal`, `annotations`)."""
+    message = {"role": "assistant", "content": "Noted.", "refusal": None, "annotations": []}
+    choice = {"index": 0, "finish_reason": "stop", "logprobs": None, "message": message}
+    usage = {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
+    body = {"id": "chatcmpl-1", "object": "chat.completion", "model": "scripted"}
+    return httpx.Response(200, json={**body, "choices": [choice], "usage": usage})
+
+
+@pytest.mark.parametrize("whole", [False, True], ids=["references", "items"])
+async def test_an_upstream_s_fuller_messages_are_continued_as_their_items_give_them(
+    proxy_for: ProxyFactory, whole: bool
+) -> None:
+    store = MemoryStore()
+    async with proxy_for(store=store, handler=openai_like) as proxy:
+        ids, _ = await resend(proxy, 20, whole=whole)
+        tail = await store.get_record(TAIL_RECORD, ids[-1])
+        assert tail is not None
+        assert tail.endswith(b'"refusal":null,"annotations":[]}]')  # stored as it came
+
+
+async def test_a_fingerprint_the_backend_fails_to_read_leaves_the_turn_stored_whole(
+    proxy_for: ProxyFactory,
+) -> None:
+    """As when there is none: the request is answered all the same."""
+    store = CountedStore()
+    async with proxy_for(store=store) as proxy:
+        proxy.upstream.script(keep(say("Noted.")))
+        _, items = await resend(proxy, 28, whole=True)
+        down = StateUnavailable("the state backend is unreachable")
+        with unittest.mock.patch.object(MemoryStore, "get_records", side_effect=down):
+            (last,), _ = await resend(proxy, 1, items, whole=True)
+        inputs = await store.get_record("input", last)
+    assert inputs is not None
+    assert orjson.loads(inputs)["previous"] is None
+    assert await store.get_record(stored_conversation.CONVERSATION_RECORD, last) is not None
+
+
+async def test_a_resent_turn_s_input_items_are_listed_as_it_sent_them(
+    proxy_for: ProxyFactory,
+) -> None:
+    """Items that make the same messages as the earlier turn's (a system message for a
+    developer one, no id for a given one, a hosted call left out) are its own, not that turn's:
+    its input items are stored whole; its conversation continues the earlier turn's."""
+    store = MemoryStore()
+    async with proxy_for(store=store) as proxy:
+        proxy.upstream.script(keep(say("Noted.")))
+        first = [
+            {"role": "developer", "content": "Be brief."},
+            {"type": "web_search_call", "id": "ws_1", "status": "completed"},
+            {"role": "user", "content": "a" * 5_000, "id": "u-first"},
+        ]
+        made = (await respond(proxy, model="scripted", input=first)).json()
+        second = [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "a" * 5_000},
+            {"type": "item_reference", "id": made["output"][0]["id"]},
+            {"role": "user", "content": "c"},
+        ]
+        again = (await respond(proxy, model="scripted", input=second)).json()
+        listed = await proxy.client.get(f"/v1/responses/{again['id']}/input_items?order=asc")
+        assert await store.get_record(TAIL_RECORD, again["id"]) is not None
+    assert [(i["type"], i.get("role")) for i in listed.json()["data"]] == [
+        ("message", "system"),
+        ("message", "user"),
+        ("message", "assistant"),
+        ("message", "user"),
+    ]
+
+
+async def test_a_resent_conversation_s_input_chain_is_bounded(
+    proxy_for: ProxyFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A listing walks at most MAX_CHAIN input records: the turn past it starts a new chain,
+    its input items stored whole."""
+    monkeypatch.setattr(input_items, "MAX_CHAIN", 4)
+    store = MemoryStore()
+    async with proxy_for(store=store) as proxy:
+        proxy.upstream.script(keep(say("Noted.")))
+        ids, _ = await resend(proxy, 10, whole=True)
+        inputs = [await store.get_record("input", response_id) for response_id in ids]
+        previous = [orjson.loads(record or b"{}")["previous"] for record in inputs]
+        assert previous == [None, *ids[:3], None, *ids[4:7], None, ids[8]]
+        listed = await proxy.client.get(f"/v1/responses/{ids[-1]}/input_items?order=asc&limit=100")
+    assert listed.status_code == 200, listed.text
+    assert len(listed.json()["data"]) == 19

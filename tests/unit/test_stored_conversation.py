@@ -15,11 +15,12 @@ import pytest
 
 from proxy.api import stored_conversation as sc
 from proxy.api.response_store import (
-    OUTPUTS_RECORD,
+    FINGERPRINT_RECORD,
+    Lineage,
     ResponseStore,
     StoredInput,
     StoredResponse,
-    parsed_outputs,
+    parsed_fingerprint,
 )
 from proxy.config.server import ServerConfig
 from proxy.state.memory import MemoryStore
@@ -142,7 +143,7 @@ async def test_a_part_gone_or_replaced_leaves_the_conversation_gone() -> None:
 
 async def resent(turns: int, size: int) -> tuple[ResponseStore, int, list[Any]]:
     """A conversation sent whole each turn: each response stored as the continuation of the
-    conversation its outputs record's fingerprint finds at the start of the next turn's."""
+    conversation its fingerprint finds at the start of the next turn's."""
     backend = MemoryStore()
     store = ResponseStore(backend, 600)
     written = 0
@@ -155,15 +156,15 @@ async def resent(turns: int, size: int) -> tuple[ResponseStore, int, list[Any]]:
         response_id = f"resp_{n:04d}"
         stored = StoredResponse({"id": response_id, "output": []}, None, "m", None)
         inputs = StoredInput(None, [])
-        await store.save(response_id, stored, messages, inputs, None, continued, True)
+        await store.save(response_id, stored, messages, inputs, None, continued, Lineage.first())
         written += sum(len(backend._found(kind, response_id) or b"") for kind in _KINDS)
-        outputs = parsed_outputs(await backend.get_record(OUTPUTS_RECORD, response_id), None)
-        assert outputs is not None
-        assert outputs.conversation is not None
-        # The digest of the whole conversation's JSON, whether hashed whole or gone on from
-        # the one before.
-        assert outputs.conversation.digest == hashlib.sha256(orjson.dumps(messages)).hexdigest()
-        continued = outputs.conversation.begun([*messages, *turn(n + 1, size)])
+        kept = parsed_fingerprint(await backend.get_record(FINGERPRINT_RECORD, response_id), None)
+        assert kept is not None
+        # The digest of the whole conversation's canonical JSON, whether hashed whole or gone
+        # on from the one before.
+        canonical = orjson.dumps(sc.canonical(messages))
+        assert kept.conversation.digest == hashlib.sha256(canonical).hexdigest()
+        continued = kept.conversation.begun([*messages, *turn(n + 1, size)])
         assert continued is not None
         assert (await store.conversation(stored, BOUNDS)) == sc.Conversation(
             messages, continued.parts
@@ -192,6 +193,45 @@ def test_a_fingerprint_finds_only_the_conversation_it_was_made_of() -> None:
     assert first.begun(changed) is None  # one byte other, the same size
     assert first.begun([messages[1], messages[0], *messages[2:]]) is None
     assert sc.Fingerprint.read(first.form()) == first
+
+
+def test_a_fingerprint_is_of_what_items_carry_of_a_message() -> None:
+    """An upstream's reply holds more than its output items give back (`refusal: null`,
+    `annotations`, `reasoning_content`, a call's extra fields): the conversation sent back
+    without them begins as the stored one; a call's id, name or arguments, or a message's role
+    or content, changed does not."""
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    sent_back = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+        {"role": "assistant", "content": "Done."},
+    ]
+    replied = [
+        sent_back[0],
+        {
+            "role": "assistant",
+            "content": None,
+            "refusal": None,
+            "reasoning_content": "thinking",
+            "tool_calls": [{**call, "extra_content": {"google": {"thought_signature": "x"}}}],
+        },
+        sent_back[2],
+        {"content": "Done.", "role": "assistant", "annotations": [], "tool_calls": []},
+    ]
+    record, _ = sc.stored_form("resp_a", replied, None)
+    kept = sc.fingerprint("resp_a", record, [], replied, None)
+    found = kept.begun([*sent_back, {"role": "user", "content": "More?"}])
+    assert found is not None
+    assert orjson.loads(record.value) == replied  # stored as the upstream gave it
+    other_call = {**call, "function": {"name": "f", "arguments": '{"a": 1}'}}
+    for changed in (
+        {**sent_back[1], "tool_calls": [other_call]},
+        {**sent_back[1], "tool_calls": [{**call, "id": "c2"}]},
+        {"role": "user", "content": None, "tool_calls": [call]},
+        {**sent_back[1], "content": ""},
+    ):
+        assert kept.begun([sent_back[0], changed, *sent_back[2:]]) is None
 
 
 @pytest.mark.parametrize(

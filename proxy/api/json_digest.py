@@ -1,0 +1,38 @@
+"""The sha256 of a JSON array as it grows: the digest of `orjson.dumps(values)` (with `option`)
+for all the values added so far, each added value serialised once."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import orjson
+
+
+class JsonDigest:
+    __slots__ = ("_empty", "_hashing", "option")
+
+    def __init__(self, option: int | None = None) -> None:
+        self._hashing = hashlib.sha256(b"[")
+        self._empty = True
+        self.option = option
+
+    def extend(self, values: list[Any]) -> JsonDigest:
+        """Adds `values` at the end; gives itself."""
+        if values:
+            text = memoryview(orjson.dumps(values, option=self.option))
+            if not self._empty:
+                self._hashing.update(b",")
+            self._hashing.update(text[1:-1])
+            self._empty = False
+        return self
+
+    def copy(self) -> JsonDigest:
+        other = JsonDigest(self.option)
+        other._hashing, other._empty = self._hashing.copy(), self._empty
+        return other
+
+    def hexdigest(self) -> str:
+        closed = self._hashing.copy()
+        closed.update(b"]")
+        return closed.hexdigest()
