@@ -108,8 +108,8 @@ class Lineage:
 @dataclass(frozen=True, slots=True)
 class StoredFingerprint:
     """What a response made without `previous_response_id` keeps for a later request that
-    sends its conversation whole again (a record of its own, which a version before reads
-    not): the conversation's fingerprint; the digest of the items that request sends up to
+    sends its conversation whole again (a record of its own: a version before never reads
+    it): the conversation's fingerprint; the digest of the items that request sends up to
     this response's last output item (its input chain's, then its output, keys sorted), for
     its input items to continue that chain; the chain's input records; and its key (last)."""
 
