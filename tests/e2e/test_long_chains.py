@@ -197,11 +197,14 @@ def test_a_rolling_upgrade_stores_responses_as_the_version_before_did(
 
 
 def test_the_ai_sdk_s_conversation_is_stored_in_parts(
-    upstream_url: str, upstream: ScriptedUpstream, tmp_path: Path
+    upstream_url: str,
+    upstream: ScriptedUpstream,
+    tmp_path: Path,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
     """The real AI SDK (`generateText`, `store` on by default) sends the whole conversation each
     turn, its earlier answers as item references: stored as a chain's."""
-    clients = installed(tmp_path)
+    clients = installed(tmp_path_factory.getbasetemp())  # once a session, as other tests
     upstream.script(keep(say("Noted.")))
     turns = 60
     texts = [f"Turn {n}: " + "x" * TURN_TEXT for n in range(turns)]
