@@ -36,3 +36,14 @@ class JsonDigest:
         closed = self._hashing.copy()
         closed.update(b"]")
         return closed.hexdigest()
+
+
+def without_nulls(value: Any) -> Any:
+    """`value` with every object's null members left out, at any depth: the one form of JSON
+    documents that differ only in members given as null or left out (as an SDK's model of an
+    item, dumped whole, gives every field it knows)."""
+    if isinstance(value, dict):
+        return {key: without_nulls(member) for key, member in value.items() if member is not None}
+    if isinstance(value, list):
+        return [without_nulls(member) for member in value]
+    return value

@@ -5,8 +5,8 @@ stored item names, when what it sends begins with what that response's fingerpri
 that its records grow with the conversation, not with its square: its conversation, when its
 messages begin with that response's conversation (`Fingerprint.begun`: the stored parts are
 named, not read), and its input items, when the items up to that one are that response's
-chain's through its output (keys sorted; a listing then shows the same items), within
-MAX_CHAIN input records. What does not begin so is stored whole, as it was sent."""
+chain's through its output (keys sorted, null members left out: a listing then shows the same
+items), within MAX_CHAIN input records. What does not begin so is stored whole, as sent."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 
 from proxy.api import input_items
-from proxy.api.json_digest import JsonDigest
+from proxy.api.json_digest import JsonDigest, without_nulls
 from proxy.api.response_store import Lineage, StoredInput
 from proxy.api.stored_conversation import Conversation
 from proxy.api.stored_reads import StoredReads
@@ -36,7 +36,7 @@ async def resumed(
     if fingerprint is None:
         return whole, None, Lineage.first()
     continued = fingerprint.conversation.begun(messages)
-    chain = JsonDigest(orjson.OPT_SORT_KEYS).extend(items[: place + 1])
+    chain = JsonDigest(orjson.OPT_SORT_KEYS).extend(without_nulls(items[: place + 1]))
     depth = fingerprint.depth + 1
     if output is None or depth > input_items.MAX_CHAIN or chain.hexdigest() != fingerprint.items:
         return whole, continued, Lineage.first()

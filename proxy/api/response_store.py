@@ -12,7 +12,7 @@ from starlette.types import Scope
 
 from proxy.api.asgi import bearer_token
 from proxy.api.auth import Caller, KeyRing
-from proxy.api.json_digest import JsonDigest
+from proxy.api.json_digest import JsonDigest, without_nulls
 from proxy.api.services import Services
 from proxy.api.stored_conversation import (
     CONVERSATION_RECORD,
@@ -93,9 +93,9 @@ class StoredOutputs:
 @dataclass(frozen=True, slots=True)
 class Lineage:
     """What a request made without `previous_response_id` goes on from, for the fingerprint
-    its response keeps: the digest of the items (keys sorted) of the chain its input items
-    continue, through that response's output (none: a new digest), and the input records of
-    that chain with its own (a listing's reads)."""
+    its response keeps: the digest of the items (keys sorted, null members left out) of the
+    chain its input items continue, through that response's output (none: a new digest), and
+    the input records of that chain with its own (a listing's reads)."""
 
     items: JsonDigest
     depth: int
@@ -284,7 +284,8 @@ class ResponseStore:
             records.append(Record(OUTPUTS_RECORD, response_id, outputs.dumps()))
             if lineage is not None:
                 made = fingerprint(response_id, conversation, parts, messages, continued)
-                items = lineage.items.copy().extend(inputs.items).extend(output).hexdigest()
+                went_on = lineage.items.copy().extend(without_nulls([*inputs.items, *output]))
+                items = went_on.hexdigest()
                 form = StoredFingerprint(made, items, lineage.depth, stored.key)
                 records.append(Record(FINGERPRINT_RECORD, response_id, form.dumps()))
             body = {**stored.response, "output": None}

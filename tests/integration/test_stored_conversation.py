@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 import orjson
 import pytest
+from openai.types.responses import ResponseOutputMessage
 
 from proxy.api import input_items, stored_conversation
 from proxy.api.response_store import AHEAD_BYTES, FINGERPRINT_RECORD, continued_records
@@ -422,3 +423,64 @@ async def test_a_resent_conversation_s_input_chain_is_bounded(
         listed = await proxy.client.get(f"/v1/responses/{ids[-1]}/input_items?order=asc&limit=100")
     assert listed.status_code == 200, listed.text
     assert len(listed.json()["data"]) == 19
+
+
+ASK = {
+    "type": "function",
+    "name": "ask_user",
+    "parameters": {"type": "object", "properties": {"question": {"type": "string"}}},
+}
+
+
+@pytest.mark.parametrize("whole", [False, True], ids=["references", "items"])
+async def test_a_server_call_then_a_client_call_sent_back_is_continued_as_it_was_sent(
+    proxy_for: ProxyFactory, whole: bool
+) -> None:
+    """`[mcp_call, function_call]` sent back reads as one step of two calls (the items cannot
+    say otherwise): the turn is stored as its upstream request had it, and a continuation by id
+    sends that request's messages, the reply, and what follows."""
+    async with proxy_for() as proxy:
+        proxy.upstream.script(
+            call("get_weather", city="Lima"), call("ask_user", question="Go?"), say("Done.")
+        )
+        items: list[dict[str, Any]] = [{"role": "user", "content": "Lima?"}]
+        made = (await respond(proxy, model="weather", input=items, tools=[ASK])).json()
+        output = made["output"]
+        assert [item["type"] for item in output] == ["mcp_call", "function_call"]
+        items += output if whole else [{"type": "item_reference", "id": i["id"]} for i in output]
+        items.append(
+            {"type": "function_call_output", "call_id": output[1]["call_id"], "output": "yes"}
+        )
+        done = await respond(proxy, model="weather", input=items, tools=[ASK])
+        assert done.status_code == 200, done.text
+        sent = proxy.upstream.bodies[-1]["messages"]
+        proxy.upstream.script(say("On it."))
+        r = await respond(
+            proxy, model="weather", input="On.", previous_response_id=done.json()["id"], tools=[ASK]
+        )
+        assert r.status_code == 200, r.text
+    assert proxy.upstream.bodies[-1]["messages"] == [
+        *sent,
+        {"role": "assistant", "content": "Done."},
+        {"role": "user", "content": "On."},
+    ]
+
+
+async def test_items_sent_back_as_an_sdk_dumps_them_continue_the_input_chain(
+    proxy_for: ProxyFactory,
+) -> None:
+    """`model_dump()` of the openai SDK's items gives every field it knows, null or not: the
+    same items, so the turn's input record continues the chain."""
+    store = MemoryStore()
+    async with proxy_for(store=store) as proxy:
+        proxy.upstream.script(keep(say("Noted.")))
+        (first,), items = await resend(proxy, 1, whole=True)
+        dumped = [
+            *items[:1],
+            *(ResponseOutputMessage.model_validate(item).model_dump() for item in items[1:]),
+        ]
+        assert None in dumped[1].values()  # `phase`, which the proxy does not give
+        (second,), _ = await resend(proxy, 1, dumped, whole=True)
+        inputs = await store.get_record("input", second)
+    assert inputs is not None
+    assert orjson.loads(inputs)["previous"] == first
