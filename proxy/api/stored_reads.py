@@ -150,7 +150,9 @@ class StoredReads:
         if len(self._outputs) >= MAX_STORED_READS:
             raise InvalidRequest(
                 f"a request may read at most {MAX_STORED_READS} stored responses (its "
-                "previous_response_id and the responses its item references name)",
+                "previous_response_id and the responses its item references name); continue "
+                "the conversation with previous_response_id instead of naming so many of its "
+                "items (the AI SDK: providerOptions.openai.previousResponseId)",
                 param=param,
             )
         self._outputs[response_id] = {}

@@ -272,6 +272,7 @@ async def test_a_request_reads_at_most_max_stored_reads_responses(
     assert read.status_code == 200
     assert (over.status_code, over.json()["error"]["param"]) == (400, "input[8].id")
     assert "at most 8 stored responses" in over.json()["error"]["message"]
+    assert "previousResponseId" in over.json()["error"]["message"]
 
 
 async def test_the_records_a_request_reads_are_bounded_in_bytes(proxy_for: ProxyFactory) -> None:
