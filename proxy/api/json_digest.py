@@ -3,10 +3,16 @@ for all the values added so far, each added value serialised once."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+from collections.abc import Callable
 from typing import Any
 
 import orjson
+
+# The values `JsonDigest.extended` forms and serialises at a time, giving the loop to others
+# between: a conversation of 20,000 messages takes ~30 ms to hash, ~0.4 ms a piece.
+PIECE = 256
 
 
 class JsonDigest:
@@ -25,6 +31,17 @@ class JsonDigest:
                 self._hashing.update(b",")
             self._hashing.update(text[1:-1])
             self._empty = False
+        return self
+
+    async def extended(
+        self, values: list[Any], form: Callable[[list[Any]], list[Any]] = list
+    ) -> JsonDigest:
+        """`extend` with `form` of `values`, PIECE values at a time, giving the loop to other
+        requests between pieces; gives itself."""
+        for at in range(0, len(values), PIECE):
+            if at:
+                await asyncio.sleep(0)
+            self.extend(form(values[at : at + PIECE]))
         return self
 
     def copy(self) -> JsonDigest:

@@ -35,8 +35,8 @@ async def resumed(
     whole = StoredInput(None, items, [])
     if fingerprint is None:
         return whole, None, Lineage.first()
-    continued = fingerprint.conversation.begun(messages)
-    chain = JsonDigest(orjson.OPT_SORT_KEYS).extend(without_nulls(items[: place + 1]))
+    continued = await fingerprint.conversation.begun(messages)
+    chain = await JsonDigest(orjson.OPT_SORT_KEYS).extended(items[: place + 1], without_nulls)
     depth = fingerprint.depth + 1
     if output is None or depth > input_items.MAX_CHAIN or chain.hexdigest() != fingerprint.items:
         return whole, continued, Lineage.first()

@@ -283,8 +283,10 @@ class ResponseStore:
             outputs = StoredOutputs(output, stored.owner, stored.key)
             records.append(Record(OUTPUTS_RECORD, response_id, outputs.dumps()))
             if lineage is not None:
-                made = fingerprint(response_id, conversation, parts, messages, continued)
-                went_on = lineage.items.copy().extend(without_nulls([*inputs.items, *output]))
+                made = await fingerprint(response_id, conversation, parts, messages, continued)
+                went_on = await lineage.items.copy().extended(
+                    [*inputs.items, *output], without_nulls
+                )
                 items = went_on.hexdigest()
                 form = StoredFingerprint(made, items, lineage.depth, stored.key)
                 records.append(Record(FINGERPRINT_RECORD, response_id, form.dumps()))

@@ -79,13 +79,13 @@ class Fingerprint:
     digest: str
     parts: tuple[Part, ...]
 
-    def begun(self, messages: list[dict[str, Any]]) -> Conversation | None:
+    async def begun(self, messages: list[dict[str, Any]]) -> Conversation | None:
         """The conversation it fingerprints, when `messages` begin with it (as items carry it:
         the stored conversation is sent on, the parts it names as they were stored)."""
         count = sum(part.count for part in self.parts)
         if len(messages) < count:
             return None
-        hashing = JsonDigest().extend(canonical(messages[:count]))
+        hashing = await JsonDigest().extended(messages[:count], canonical)
         if hashing.hexdigest() != self.digest:
             return None
         return Conversation(messages[:count], self.parts, hashing)
@@ -109,7 +109,7 @@ class Fingerprint:
         return Fingerprint(digest, read)
 
 
-def fingerprint(
+async def fingerprint(
     response_id: str,
     record: Record,
     named: Sequence[Part],
@@ -124,9 +124,10 @@ def fingerprint(
     count = len(messages) - sum(part.count for part in named)
     parts = (*named, Part(response_id, not named, len(own), count))
     if continued is not None and continued.hashing is not None:
-        rest = messages[len(continued.messages) :]
-        return Fingerprint(continued.hashing.copy().extend(canonical(rest)).hexdigest(), parts)
-    return Fingerprint(JsonDigest().extend(canonical(messages)).hexdigest(), parts)
+        hashing, rest = continued.hashing.copy(), messages[len(continued.messages) :]
+    else:
+        hashing, rest = JsonDigest(), messages
+    return Fingerprint((await hashing.extended(rest, canonical)).hexdigest(), parts)
 
 
 def canonical(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -78,7 +78,7 @@ async def chain(
             kept = await backend.get_record(FINGERPRINT_RECORD, response_id)
             fingerprint = parsed_fingerprint(kept, None)
             assert fingerprint is not None
-            continued = fingerprint.conversation.begun([*messages, *turn(n + 1, size)])
+            continued = await fingerprint.conversation.begun([*messages, *turn(n + 1, size)])
             assert continued is not None
         else:  # the conversation, read as a continuation reads it
             read = await store.conversation(body, BOUNDS)

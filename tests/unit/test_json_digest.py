@@ -3,12 +3,13 @@ null members are left out alike at any depth."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 
 import orjson
 import pytest
 
-from proxy.api.json_digest import JsonDigest, without_nulls
+from proxy.api.json_digest import PIECE, JsonDigest, without_nulls
 
 VALUES = [{"b": 1, "a": [None, {"c": "é"}]}, "x", 2, [], {}, None]
 
@@ -42,3 +43,25 @@ def test_null_members_are_left_out_at_any_depth_and_null_values_in_lists_kept() 
         {"b": {"d": [None, {}]}},
         None,
     ]
+
+
+async def test_a_long_array_is_hashed_a_piece_at_a_time_with_the_loop_given_between() -> None:
+    """Other requests run between its pieces (no single hold of the loop for all of it), and
+    the digest is the whole array's."""
+    values = [{"n": n, "gone": None} for n in range(10 * PIECE + 1)]
+    turns = 0
+
+    async def other() -> None:
+        nonlocal turns
+        while True:
+            turns += 1
+            await asyncio.sleep(0)
+
+    running = asyncio.create_task(other())
+    await asyncio.sleep(0)
+    before = turns
+    digest = await JsonDigest().extended(values, without_nulls)
+    running.cancel()
+    assert turns - before >= 10
+    expected = hashlib.sha256(orjson.dumps(without_nulls(values))).hexdigest()
+    assert digest.hexdigest() == expected

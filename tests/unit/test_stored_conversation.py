@@ -164,7 +164,7 @@ async def resent(turns: int, size: int) -> tuple[ResponseStore, int, list[Any]]:
         # on from the one before.
         canonical = orjson.dumps(sc.canonical(messages))
         assert kept.conversation.digest == hashlib.sha256(canonical).hexdigest()
-        continued = kept.conversation.begun([*messages, *turn(n + 1, size)])
+        continued = await kept.conversation.begun([*messages, *turn(n + 1, size)])
         assert continued is not None
         assert (await store.conversation(stored, BOUNDS)) == sc.Conversation(
             messages, continued.parts
@@ -180,22 +180,22 @@ async def test_a_conversation_sent_whole_each_turn_is_stored_as_a_chain_is() -> 
     assert written == chained
 
 
-def test_a_fingerprint_finds_only_the_conversation_it_was_made_of() -> None:
+async def test_a_fingerprint_finds_only_the_conversation_it_was_made_of() -> None:
     messages = [*turn(0, 100_000), *turn(1, 1_000)]
     record, _ = sc.stored_form("resp_a", messages[:2], None)
-    first = sc.fingerprint("resp_a", record, [], messages[:2], None)
-    found = first.begun(messages)
+    first = await sc.fingerprint("resp_a", record, [], messages[:2], None)
+    found = await first.begun(messages)
     assert found is not None
     assert (found.messages, found.parts) == (messages[:2], first.parts)
-    assert first.begun(messages[:2]) is not None  # nothing after it yet
-    assert first.begun(messages[:1]) is None  # fewer messages
+    assert await first.begun(messages[:2]) is not None  # nothing after it yet
+    assert await first.begun(messages[:1]) is None  # fewer messages
     changed = [{**messages[0], "content": messages[0]["content"][:-1] + "v"}, *messages[1:]]
-    assert first.begun(changed) is None  # one byte other, the same size
-    assert first.begun([messages[1], messages[0], *messages[2:]]) is None
+    assert await first.begun(changed) is None  # one byte other, the same size
+    assert await first.begun([messages[1], messages[0], *messages[2:]]) is None
     assert sc.Fingerprint.read(first.form()) == first
 
 
-def test_a_fingerprint_is_of_what_items_carry_of_a_message() -> None:
+async def test_a_fingerprint_is_of_what_items_carry_of_a_message() -> None:
     """An upstream's reply holds more than its output items give back (`refusal: null`,
     `annotations`, `reasoning_content`, a call's extra fields): the conversation sent back
     without them begins as the stored one; a call's id, name or arguments, or a message's role
@@ -220,8 +220,8 @@ def test_a_fingerprint_is_of_what_items_carry_of_a_message() -> None:
         {"content": "Done.", "role": "assistant", "annotations": [], "tool_calls": []},
     ]
     record, _ = sc.stored_form("resp_a", replied, None)
-    kept = sc.fingerprint("resp_a", record, [], replied, None)
-    found = kept.begun([*sent_back, {"role": "user", "content": "More?"}])
+    kept = await sc.fingerprint("resp_a", record, [], replied, None)
+    found = await kept.begun([*sent_back, {"role": "user", "content": "More?"}])
     assert found is not None
     assert orjson.loads(record.value) == replied  # stored as the upstream gave it
     other_call = {**call, "function": {"name": "f", "arguments": '{"a": 1}'}}
@@ -231,7 +231,7 @@ def test_a_fingerprint_is_of_what_items_carry_of_a_message() -> None:
         {"role": "user", "content": None, "tool_calls": [call]},
         {**sent_back[1], "content": ""},
     ):
-        assert kept.begun([sent_back[0], changed, *sent_back[2:]]) is None
+        assert await kept.begun([sent_back[0], changed, *sent_back[2:]]) is None
 
 
 @pytest.mark.parametrize(
