@@ -2,7 +2,9 @@
 app's ASGI callable while a 1 ms ticker runs on the same loop, and the longest gap between two
 ticks is the stall every other request in the process would have seen (medians of 3, after a
 small request has warmed the app up). Beside it, what orjson alone takes to parse that body:
-what the stall was before a body's values were counted.
+what the stall was before a body's values were counted. The last row is a Responses request
+that sends a stored conversation whole again (its messages and items hashed against the
+stored response's fingerprint).
 
     python -m tests.bench.body_stall [--mib N]
 """
@@ -62,7 +64,9 @@ def body(shape: str, size: int) -> bytes:
     return head + SHAPES[shape](size - len(head) - len(tail) - 200) + tail
 
 
-async def stall_of(app: ASGIApp, raw: bytes) -> tuple[int, float, float]:
+async def stall_of(
+    app: ASGIApp, raw: bytes, path: str = "/v1/chat/completions"
+) -> tuple[int, float, float]:
     """The status, the request's wall time and the longest gap between ticks, in seconds."""
     gaps: list[float] = []
     done = asyncio.Event()
@@ -83,7 +87,7 @@ async def stall_of(app: ASGIApp, raw: bytes) -> tuple[int, float, float]:
     ticker = asyncio.create_task(tick())
     await asyncio.sleep(0.01)
     started = time.perf_counter()
-    await app(post_scope("/v1/chat/completions"), body_then_stay(raw), send)
+    await app(post_scope(path), body_then_stay(raw), send)
     wall = time.perf_counter() - started
     done.set()
     await ticker
@@ -116,7 +120,44 @@ async def measure(size: int, reps: int = 3) -> list[tuple[str, int, float, float
                 stalls.append(stall)
             (status,) = statuses
             rows.append((shape, status, median(walls), median(stalls), median(parses)))
+        rows.append(await resent(app, size, reps))
     return rows
+
+
+RESENT = "resent conversation"  # /v1/responses: a stored conversation and one more message
+
+
+async def resent(app: ASGIApp, size: int, reps: int) -> tuple[str, int, float, float, float]:
+    """A Responses request that sends a stored response's conversation whole again (its items
+    and output, and one more message), `size` bytes of long messages."""
+    prose = {"role": "user", "content": PROSE}
+    items = [prose] * ((size - 300) // len(orjson.dumps(prose)))
+    parses, walls, stalls, statuses = [], [], [], set()
+    for _ in range(reps):
+        first = orjson.dumps({"model": "scripted", "input": items[:-1]})
+        sent = await answered(app, first, "/v1/responses")
+        again = [*items[:-1], *orjson.loads(sent)["output"], {"role": "user", "content": "?"}]
+        raw = orjson.dumps({"model": "scripted", "input": again})
+        started = time.perf_counter()
+        orjson.loads(raw)
+        parses.append(time.perf_counter() - started)
+        status, wall, stall = await stall_of(app, raw, "/v1/responses")
+        statuses.add(status)
+        walls.append(wall)
+        stalls.append(stall)
+    (status,) = statuses
+    return RESENT, status, median(walls), median(stalls), median(parses)
+
+
+async def answered(app: ASGIApp, raw: bytes, path: str) -> bytes:
+    """The body of the app's answer to `raw`."""
+    body: list[bytes] = []
+
+    async def send(message: Message) -> None:
+        body.append(message.get("body", b""))
+
+    await app(post_scope(path), body_then_stay(raw), send)
+    return b"".join(body)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
