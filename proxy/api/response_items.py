@@ -190,7 +190,8 @@ class ServerCalls:
         self.tools = tools
         self.items: list[dict[str, Any]] = []
         self._open: dict[str, dict[str, Any]] = {}
-        self._ids: dict[str, str] = {}  # a call's id: its item's
+        # A call's id: its item's, by which a client that sends the items back names the call.
+        self.ids: dict[str, str] = {}
 
     def on_event(self, event: ev.RunEvent) -> None:
         if isinstance(event, ev.ToolStarted):
@@ -200,7 +201,7 @@ class ServerCalls:
 
     def started(self, event: ev.ToolStarted) -> dict[str, Any]:
         call = event.call
-        self._ids[call.id] = item_id = f"mcp_{self.prefix}_{len(self.items)}"
+        self.ids[call.id] = item_id = f"mcp_{self.prefix}_{len(self.items)}"
         item = {
             "id": item_id,
             "type": "mcp_call",
@@ -228,31 +229,6 @@ class ServerCalls:
             item["output"] = result.output
         return item
 
-    def renamed(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """`messages` with each server call's id (in its assistant message and its result) the
-        id of its item, as `items_to_messages` makes them of the items: the conversation a
-        client that sends the items back names (`item_reference` or whole)."""
-        ids = self._ids
-        if not ids:
-            return messages
-        out = []
-        for message in messages:
-            if message.get("tool_call_id") in ids:
-                message = {**message, "tool_call_id": ids[message["tool_call_id"]]}
-            elif any(call.get("id") in ids for call in message.get("tool_calls") or ()):
-                calls = [_renamed(call, ids) for call in message["tool_calls"]]
-                message = {**message, "tool_calls": calls}
-            out.append(message)
-        return out
-
-    def renamed_held(self, held: dict[str, Any]) -> dict[str, Any]:
-        """What a run held back from the client (`RunResult.held`), its server calls named as
-        `renamed` names them: a history that holds them (the stored conversation, or the items
-        sent back) has them already."""
-        [message] = self.renamed([held["message"]])
-        earlier, results = self.renamed(held.get("earlier", [])), self.renamed(held["results"])
-        return {**held, "earlier": earlier, "message": message, "results": results}
-
     def unfinished(self) -> list[dict[str, Any]]:
         """Ends the calls that started but never finished (the run stopped meanwhile, e.g. at
         its time budget) as `incomplete`; gives them."""
@@ -265,10 +241,6 @@ class ServerCalls:
 
 
 UNFINISHED = "The run stopped before this call finished."
-
-
-def _renamed(call: dict[str, Any], ids: Mapping[str, str]) -> dict[str, Any]:
-    return {**call, "id": ids[call["id"]]} if call.get("id") in ids else call
 
 
 def _failure(message: str) -> dict[str, Any]:

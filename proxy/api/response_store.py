@@ -266,6 +266,7 @@ class ResponseStore:
         chain: str | None,
         continued: Conversation | None,
         lineage: Lineage | None = None,
+        calls: Mapping[str, str] = {},
     ) -> None:
         """Keeps the response (and its output items alone), `messages` (the conversation through
         it, as the engine saw it, the `instructions` aside: they are not carried over, as OpenAI
@@ -273,7 +274,9 @@ class ResponseStore:
         one write; and the `chain`'s thread (when the response continues one) and the records of
         the earlier parts of the conversation as long. `lineage`: its request sent the whole
         conversation (no `previous_response_id`), and the next may too: it keeps a fingerprint
-        (`StoredFingerprint`)."""
+        (`StoredFingerprint`), in which its server calls go by `calls` (the ids of the items
+        that show them, which such a request sends back: the conversation keeps the upstream's
+        ids, which an upstream may require in its own form)."""
         if self.earlier_form:  # each conversation whole, and no outputs record
             continued = None
         conversation, parts = stored_form(response_id, messages, continued)
@@ -283,13 +286,14 @@ class ResponseStore:
             outputs = StoredOutputs(output, stored.owner, stored.key)
             records.append(Record(OUTPUTS_RECORD, response_id, outputs.dumps()))
             if lineage is not None:
-                made = await fingerprint(response_id, conversation, parts, messages, continued)
+                form = (conversation, parts, messages, continued, calls)
+                made = await fingerprint(response_id, *form)
                 went_on = await lineage.items.copy().extended(
                     [*inputs.items, *output], without_nulls
                 )
                 items = went_on.hexdigest()
-                form = StoredFingerprint(made, items, lineage.depth, stored.key)
-                records.append(Record(FINGERPRINT_RECORD, response_id, form.dumps()))
+                marked = StoredFingerprint(made, items, lineage.depth, stored.key)
+                records.append(Record(FINGERPRINT_RECORD, response_id, marked.dumps()))
             body = {**stored.response, "output": None}
             stored = StoredResponse(body, stored.thread, stored.owner, stored.key)
         records.append(Record(RESPONSE_RECORD, response_id, stored.dumps()))  # last: names all

@@ -4,7 +4,6 @@ resolve the stored items, plan, run, render. Errors they raise are rendered by t
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -212,8 +211,6 @@ class _Context:
         answer does not depend on it."""
         if self.req.store:
             generated = [m for m in result.generated if m.get("role") != "system"]
-            if self.calls is not None:  # named as their items, which clients send back
-                generated = self.calls.renamed(generated)
             key = self.caller.name if self.caller is not None else None
             stored = StoredResponse(body, self.thread, self.owner, key)
             try:
@@ -229,14 +226,13 @@ class _Context:
                     self.chain,
                     history.continued,
                     history.lineage,
+                    self.calls.ids if self.calls is not None else {},
                 )
             except StateUnavailable as exc:
                 log.warning("response %s was not stored: %s", body["id"], exc.message)
             else:
                 if result.held is None:
                     return
-        if self.calls is not None and result.held is not None:
-            result = dataclasses.replace(result, held=self.calls.renamed_held(result.held))
         await self.sv.remember(result, report, self.owner, self.caller)
 
 

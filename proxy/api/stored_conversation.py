@@ -20,8 +20,9 @@ its continuation, naming those parts without reading them."""
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -115,11 +116,12 @@ async def fingerprint(
     named: Sequence[Part],
     messages: list[dict[str, Any]],
     continued: Conversation | None,
+    calls: Mapping[str, str] = {},
 ) -> Fingerprint:
     """The fingerprint of `messages`, the conversation through `response_id`, kept in `record`
     and the `named` parts (as `stored_form` made them from the conversation it `continued`):
     the digest goes on from that conversation's when it has one, so that a conversation sent
-    whole is hashed once a turn."""
+    whole is hashed once a turn; `calls` renames call ids as `canonical` does."""
     own = record.value if not named else record.value.partition(b"\n")[2]
     count = len(messages) - sum(part.count for part in named)
     parts = (*named, Part(response_id, not named, len(own), count))
@@ -127,30 +129,37 @@ async def fingerprint(
         hashing, rest = continued.hashing.copy(), messages[len(continued.messages) :]
     else:
         hashing, rest = JsonDigest(), messages
-    return Fingerprint((await hashing.extended(rest, canonical)).hexdigest(), parts)
+    form = functools.partial(canonical, calls=calls)
+    return Fingerprint((await hashing.extended(rest, form)).hexdigest(), parts)
 
 
-def canonical(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def canonical(
+    messages: list[dict[str, Any]],
+    calls: Mapping[str, str] = {},
+) -> list[dict[str, Any]]:
     """Messages as their items carry them when a client sends them back (`items_to_messages`
     makes no more of them): a role, content, tool calls (id, type, name, arguments) and the
-    call a result answers. What else an upstream's reply holds (`refusal: null`, `annotations`,
-    `reasoning_content`, a call's extra fields) is not part of a conversation's fingerprint."""
+    call a result answers, a server call under the id of the item that shows it (`calls`).
+    What else an upstream's reply holds (`refusal: null`, `annotations`, `reasoning_content`, a
+    call's extra fields) is not part of a conversation's fingerprint."""
     forms = []
     for message in messages:
         form = {"role": message.get("role"), "content": message.get("content")}
-        if calls := message.get("tool_calls"):
-            form["tool_calls"] = [_call_form(call) for call in calls]
+        if called := message.get("tool_calls"):
+            form["tool_calls"] = [_call_form(call, calls) for call in called]
         if "tool_call_id" in message:
-            form["tool_call_id"] = message["tool_call_id"]
+            answered = message["tool_call_id"]
+            form["tool_call_id"] = calls.get(answered, answered)
         forms.append(form)
     return forms
 
 
-def _call_form(call: Any) -> Any:
+def _call_form(call: Any, calls: Mapping[str, str]) -> Any:
     if not isinstance(call, dict) or not isinstance(function := call.get("function"), dict):
         return call
     named = {"name": function.get("name"), "arguments": function.get("arguments")}
-    return {"id": call.get("id"), "type": call.get("type"), "function": named}
+    call_id: Any = call.get("id")
+    return {"id": calls.get(call_id, call_id), "type": call.get("type"), "function": named}
 
 
 def stored_form(

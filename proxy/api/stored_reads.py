@@ -128,18 +128,20 @@ class StoredReads:
     ) -> tuple[StoredFingerprint | None, list[dict[str, Any]] | None]:
         """The fingerprint of a response the request names (by an item reference, or by the id
         of an item it sends whole), and its output items (read with it when no reference read
-        them: the key's own, within AHEAD_BYTES). None for what is not there, is not the key's,
-        or could not be read (the backend failed: the request is stored whole)."""
+        them: the key's own, when they hold at most AHEAD_BYTES). None for what is not there, is
+        not the key's, or could not be read (the backend failed: the request is stored whole);
+        no fingerprint when the response is gone (a version before left it at a delete)."""
         wanted = [(FINGERPRINT_RECORD, response_id)]
         if response_id not in self._outputs:
             wanted.append((OUTPUTS_RECORD, response_id))
         try:
-            found = await self.store.store.get_records(wanted)
+            found = await self.store.store.get_records(wanted, max_bytes=AHEAD_BYTES)
         except StateUnavailable:
             return None, None
+        if len(found) > 1 and found[1] is None:
+            return None, None
         fingerprint = parsed_fingerprint(found[0], self.caller)
-        read = found[1] if len(found) > 1 else None
-        outputs = parsed_outputs(read, self.caller) if read and len(read) <= AHEAD_BYTES else None
+        outputs = parsed_outputs(found[1], self.caller) if len(found) > 1 else None
         if outputs is not None:
             self._named[response_id] = outputs
         named = self._named.get(response_id)

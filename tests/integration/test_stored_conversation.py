@@ -22,7 +22,7 @@ from tests.integration.conftest import Proxy, ProxyFactory
 from tests.integration.counted_store import CountedStore
 from tests.integration.test_key_scopes import key, keyed
 from tests.integration.test_responses_state import respond
-from tests.scripted_upstream import call, keep, say, say_tool_result
+from tests.scripted_upstream import Call, Reply, call, keep, say, say_tool_result
 
 
 @pytest.fixture(autouse=True)
@@ -308,6 +308,7 @@ async def test_a_stored_output_over_the_read_ahead_is_not_parsed_for_its_fingerp
         store.clear()
         (second,), _ = await resend(proxy, 1, items, whole=True)
         assert [FINGERPRINT_RECORD, "outputs"] in [[k for k, _ in pairs] for pairs in store.reads]
+        assert store.read < AHEAD_BYTES  # the outputs record is not read
         inputs = await MemoryStore.get_record(store, "input", second)
         assert inputs is not None
         assert orjson.loads(inputs)["previous"] is None
@@ -318,21 +319,22 @@ async def test_a_stored_output_over_the_read_ahead_is_not_parsed_for_its_fingerp
 async def test_a_resent_conversation_with_server_calls_continues_each_turn(
     proxy_for: ProxyFactory, whole: bool
 ) -> None:
-    """A server call's `mcp_call` item, sent back, makes the call and result it stands for: the
-    stored conversation names the call by its item's id, so the next turn begins with it."""
+    """A server call's `mcp_call` item, sent back, makes the call and result it stands for
+    under the item's id: the fingerprint names the call so, so the next turn begins with the
+    stored conversation (each call paired with its result, whichever id it goes by)."""
     store = MemoryStore()
     async with proxy_for(store=store) as proxy:
         weather = (call("get_weather", city="Lima"), say_tool_result(), say("Noted."))
         proxy.upstream.script(*weather, *weather, *weather, say("Done."))
-        ids, _ = await resend(proxy, 6, model="weather", whole=whole)
+        ids, _ = await resend(proxy, 6, model="weather", whole=whole, size=2_000)
         inputs = [await store.get_record("input", response_id) for response_id in ids]
         assert [orjson.loads(i or b"{}")["previous"] for i in inputs] == [None, *ids[:-1]]
+        assert await store.get_record(TAIL_RECORD, ids[-1]) is not None  # continued
         r = await respond(proxy, model="weather", input="On.", previous_response_id=ids[-1])
         assert r.status_code == 200, r.text
     sent = proxy.upstream.bodies[-1]["messages"]
     calls = [c["id"] for m in sent for c in m.get("tool_calls") or ()]
     assert len(calls) == 3
-    assert all(c.startswith("mcp_") for c in calls)
     assert [m["tool_call_id"] for m in sent if m["role"] == "tool"] == calls
 
 
@@ -484,3 +486,39 @@ async def test_items_sent_back_as_an_sdk_dumps_them_continue_the_input_chain(
         inputs = await store.get_record("input", second)
     assert inputs is not None
     assert orjson.loads(inputs)["previous"] == first
+
+
+async def test_a_chain_continued_by_id_sends_the_upstream_s_own_call_ids(
+    proxy_for: ProxyFactory,
+) -> None:
+    """An upstream that takes only ids of its own form (Mistral: nine letters and digits) is
+    sent back the ids it gave, not those of the items that showed its calls."""
+    async with proxy_for() as proxy:
+        mistral = Reply(calls=(Call("get_weather", {"city": "Lima"}, id="aB3dE5fG7"),))
+        proxy.upstream.script(mistral, say("Sunny."), say("Bye."))
+        first = await respond(proxy, model="weather", input="Lima?")
+        assert first.status_code == 200, first.text
+        step = proxy.upstream.bodies[-1]["messages"]
+        then = await respond(
+            proxy, model="weather", input="Thanks", previous_response_id=first.json()["id"]
+        )
+        assert then.status_code == 200, then.text
+    assert proxy.upstream.bodies[-1]["messages"][: len(step)] == step
+
+
+async def test_a_fingerprint_left_by_a_delete_of_the_version_before_is_not_used(
+    proxy_for: ProxyFactory,
+) -> None:
+    """That version's delete drops the response's other records: its items sent whole again
+    make a turn stored whole, not one naming the deleted response's parts."""
+    store = MemoryStore()
+    async with proxy_for(store=store) as proxy:
+        proxy.upstream.script(keep(say("Noted.")))
+        ids, items = await resend(proxy, 28, whole=True)
+        older = ["conversation", TAIL_RECORD, "input", "outputs", "response"]
+        await store.delete_records([(kind, ids[-1]) for kind in older])
+        (last,), _ = await resend(proxy, 1, items, whole=True)
+        assert await store.get_record(TAIL_RECORD, last) is None
+        r = await respond(proxy, model="scripted", input="On.", previous_response_id=last)
+        assert r.status_code == 200, r.text
+        assert len(proxy.upstream.bodies[-1]["messages"]) == 2 * 29 + 1
