@@ -89,8 +89,7 @@ def delete(db: sqlite3.Connection, pairs: Sequence[tuple[str, str]]) -> int:
 def delete_pairs(pairs: int) -> str:
     """One statement that drops the live records of `pairs` (kind, key) pairs, each found by
     its primary key (sqlite looks each term of the OR up)."""
-    found = " OR ".join(["(kind = ? AND key = ?)"] * pairs)
-    return f"DELETE FROM records WHERE expires_at > ? AND ({found})"
+    return f"DELETE FROM records WHERE expires_at > ? AND ({_by_key(pairs)})"
 
 
 def _read(
@@ -116,8 +115,12 @@ def _insert(rows: int) -> str:
 def keep_pairs(pairs: int) -> str:
     """One statement that gives the live records of `pairs` (kind, key) pairs a new end, each
     found by its primary key (sqlite looks each term of the OR up)."""
-    found = " OR ".join(["(kind = ? AND key = ?)"] * pairs)
-    return f"UPDATE records SET expires_at = ? WHERE expires_at > ? AND ({found})"
+    return f"UPDATE records SET expires_at = ? WHERE expires_at > ? AND ({_by_key(pairs)})"
+
+
+def _by_key(pairs: int) -> str:
+    """The records of `pairs` (kind, key) pairs, each term found by the primary key."""
+    return " OR ".join(["(kind = ? AND key = ?)"] * pairs)
 
 
 @functools.lru_cache(maxsize=2 * RECORDS_AT_ONCE)
