@@ -63,19 +63,22 @@ def long_chain(client: OpenAI, turns: int) -> list[str]:
     return ids
 
 
-def resent_chain(client: OpenAI, turns: int, by_reference: bool) -> list[str]:
+def resent_chain(client: OpenAI, turns: int, way: str) -> list[str]:
     """Each turn sends the whole conversation: every user message again, and the earlier
-    answers as references to their output items (as the AI SDK does with `store`), or whole
-    (as a client that adds each response's output to its input does)."""
+    answers as references to their output items (as the AI SDK does with `store`), or whole:
+    the SDK's own objects (`input += response.output`, the function-calling guide's way) or
+    dicts of every field (`model_dump()`, nulls and all)."""
     ids: list[str] = []
-    items: list[dict[str, Any]] = []
+    items: list[Any] = []
     for n in range(turns):
         items.append({"role": "user", "content": f"Turn {n}: " + "x" * TURN_TEXT})
-        response = client.responses.create(model="scripted", input=items)  # type: ignore[arg-type]
-        if by_reference:
+        response = client.responses.create(model="scripted", input=items)
+        if way == "references":
             items += [{"type": "item_reference", "id": item.id} for item in response.output]
+        elif way == "objects":
+            items += response.output
         else:
-            items += [item.model_dump(exclude_none=True) for item in response.output]
+            items += [item.model_dump() for item in response.output]
         ids.append(response.id)
     return ids
 
@@ -144,16 +147,16 @@ def test_a_long_chain_is_sent_whole_and_stored_in_parts(
         assert again.output_text == "Noted."
 
 
-@pytest.mark.parametrize("by_reference", [True, False], ids=["references", "items"])
+@pytest.mark.parametrize("way", ["references", "objects", "dumped"])
 def test_a_conversation_sent_whole_each_turn_is_stored_in_parts(
-    upstream_url: str, upstream: ScriptedUpstream, tmp_path: Path, by_reference: bool
+    upstream_url: str, upstream: ScriptedUpstream, tmp_path: Path, way: str
 ) -> None:
     """Each turn's messages begin with the conversation through the response its last stored
     item names: it is stored as that response's continuation (conversation and input items),
     so a continuation and the listing of its input items see the whole of it."""
     upstream.script(keep(say("Noted.")))
     with chained(upstream_url, tmp_path) as (client, database):
-        ids = resent_chain(client, TURNS, by_reference)
+        ids = resent_chain(client, TURNS, way)
         sent = upstream.bodies[-1]["messages"]
         assert len(sent) == 2 * TURNS - 1
         assert [m["content"][:8] for m in sent[::2]] == [f"Turn {n}: "[:8] for n in range(TURNS)]
