@@ -272,14 +272,16 @@ class ResponseStore:
         it, as the engine saw it, the `instructions` aside: they are not carried over, as OpenAI
         does; it begins with the messages of the conversation it `continued`) and `inputs`, in
         one write; and the `chain`'s thread (when the response continues one) and the records of
-        the earlier parts of the conversation as long. `lineage`: its request sent the whole
-        conversation (no `previous_response_id`), and the next may too: it keeps a fingerprint
-        (`StoredFingerprint`), in which its server calls go by `calls` (the ids of the items
-        that show them, which such a request sends back: the conversation keeps the upstream's
-        ids, which an upstream may require in its own form)."""
+        the earlier parts of the conversation as long (when one of them is gone since, expired or
+        deleted, the conversation is kept whole, in a second write). `lineage`: its request
+        sent the whole conversation (no `previous_response_id`), and the next may too: it keeps
+        a fingerprint (`StoredFingerprint`), in which its server calls go by `calls` (the ids of
+        the items that show them, which such a request sends back: the conversation keeps the
+        upstream's ids, which an upstream may require in its own form)."""
         if self.earlier_form:  # each conversation whole, and no outputs record
             continued = None
         conversation, parts = stored_form(response_id, messages, continued)
+        marked: StoredFingerprint | None = None
         records = [conversation, Record(INPUT_RECORD, response_id, inputs.dumps())]
         if not self.earlier_form:  # the output items in a record of their own, not twice
             output = stored.response.get("output") or []
@@ -298,7 +300,23 @@ class ResponseStore:
             stored = StoredResponse(body, stored.thread, stored.owner, stored.key)
         records.append(Record(RESPONSE_RECORD, response_id, stored.dumps()))  # last: names all
         kept = [part.record for part in parts]
-        await self.store.put_records(records, self.ttl_s, keep_thread=chain, keep=kept)
+        found = await self.store.put_records(records, self.ttl_s, keep_thread=chain, keep=kept)
+        if found < len(kept):
+            await self._whole(response_id, messages, marked)
+
+    async def _whole(
+        self, response_id: str, messages: list[dict[str, Any]], marked: StoredFingerprint | None
+    ) -> None:
+        """Keeps the conversation through a response whole, its fingerprint naming it so: a
+        part it named was gone (the record of the conversation is read before its tail)."""
+        whole = orjson.dumps(messages)
+        records = [Record(CONVERSATION_RECORD, response_id, whole)]
+        if marked is not None:
+            one = (Part(response_id, True, len(whole), len(messages)),)
+            printed = Fingerprint(marked.conversation.digest, one)
+            again = StoredFingerprint(printed, marked.items, marked.depth, marked.key)
+            records.append(Record(FINGERPRINT_RECORD, response_id, again.dumps()))
+        await self.store.put_records(records, self.ttl_s)
 
     async def input(
         self, response_id: str, charge: Callable[[int], None] | None = None

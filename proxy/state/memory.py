@@ -94,12 +94,14 @@ class MemoryStore:
         ttl_s: float,
         keep_thread: str | None = None,
         keep: Sequence[tuple[str, str]] = (),
-    ) -> None:
+    ) -> int:
         until = time.monotonic() + check_put(records, ttl_s, keep)
+        found = 0
         for kind, key in keep:  # the newest again too: the oldest go first (MAX_RECORDS)
             if (value := self._found(kind, key)) is not None:
                 del self._records[(kind, key)]
                 self._records[(kind, key)] = (until, value)
+                found += 1
         for kind, key, value in records:
             self._records.pop((kind, key), None)  # a replaced record is the newest again
             self._records[(kind, key)] = (until, compact(value))
@@ -112,6 +114,7 @@ class MemoryStore:
                 self._end_thread_in(keep_thread, ttl_s)
         if self._puts_to_sweep <= 0:
             self._sweep()
+        return found
 
     async def get_record(self, kind: str, key: str) -> bytes | None:
         return self._found(kind, key)

@@ -68,11 +68,13 @@ return 1
 # KEYS: the records to set, then the records and threads to keep; ARGV[1]: how many records to
 # set, then each one's TTL in ms and value, then each kept key's TTL in ms. One call: the records
 # of one put are written together and in order, and with those put meanwhile (group commit).
+# Returns, for each key kept, whether it was there (1 or 0).
 _PUT = """
 local n = tonumber(ARGV[1])
 for i = 1, n do redis.call('SET', KEYS[i], ARGV[2 * i + 1], 'PX', ARGV[2 * i]) end
-for i = n + 1, #KEYS do redis.call('PEXPIRE', KEYS[i], ARGV[n + i + 1]) end
-return n
+local kept = {}
+for i = n + 1, #KEYS do kept[i - n] = redis.call('PEXPIRE', KEYS[i], ARGV[n + i + 1]) end
+return kept
 """
 
 # KEYS: records to read, in order; ARGV[1]: the most bytes of values to read, the first record
@@ -146,7 +148,7 @@ class RedisStore:
         # Whether a write is on its way; the writes put meanwhile, each with the future its
         # put awaits; the task that sends them.
         self._sending = False
-        self._puts: list[tuple[_Write, asyncio.Future[None]]] = []
+        self._puts: list[tuple[_Write, asyncio.Future[int]]] = []
         self._writer: asyncio.Task[None] | None = None
 
     def _thread(self, thread_id: str) -> str:
@@ -203,7 +205,7 @@ class RedisStore:
         ttl_s: float,
         keep_thread: str | None = None,
         keep: Sequence[tuple[str, str]] = (),
-    ) -> None:
+    ) -> int:
         """Sent at once when no other write is on its way, else with every write put
         meanwhile, in one call after it (group commit): it returns once the server has taken
         its records."""
@@ -212,20 +214,21 @@ class RedisStore:
         kept = [self._record(kind, key) for kind, key in keep]
         if keep_thread is not None:
             kept.append(self._thread(keep_thread))
-        write = _Write(named, ttl_ms, kept)
+        write = _Write(named, ttl_ms, kept, len(keep))
         if self._sending:
-            done = asyncio.get_running_loop().create_future()
+            done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
             self._puts.append((write, done))
-            await done
-            return
+            return await done
         self._sending = True
         try:
             with _reached():
-                await self._write([write])
+                (found,) = await self._write([write])
+                return found
         finally:
             self._send_the_rest()
 
-    async def _write(self, writes: list[_Write]) -> None:
+    async def _write(self, writes: list[_Write]) -> list[int]:
+        """How many of the records each write keeps were there."""
         keys: list[str] = []
         args: list[str | int | bytes] = [0]
         kept: list[str] = []
@@ -237,7 +240,12 @@ class RedisStore:
             kept += write.kept
             ends += [write.ttl_ms] * len(write.kept)
         args[0] = len(keys)
-        await self._put(keys=keys + kept, args=args + ends)
+        there = await self._put(keys=keys + kept, args=args + ends)
+        found, at = [], 0
+        for write in writes:
+            found.append(sum(int(was) for was in there[at : at + write.records_kept]))
+            at += len(write.kept)
+        return found
 
     def _send_the_rest(self) -> None:
         if self._puts:
@@ -254,12 +262,13 @@ class RedisStore:
                 puts, self._puts = self._puts, []
                 for batch in batches(puts, lambda put: put[0].size, CALL_BYTES):
                     error: BaseException | None = None
+                    found: list[int] = []
                     try:
                         with _reached():
-                            await self._write([write for write, _ in batch])
+                            found = await self._write([write for write, _ in batch])
                     except Exception as exc:  # every put of the call fails with it
                         error = exc
-                    settle([done for _, done in batch], error)
+                    settle([done for _, done in batch], error, found)
         except asyncio.CancelledError:
             stopped = StateUnavailable(
                 "the state backend (redis) writer was stopped: records may not have been written"
@@ -347,6 +356,7 @@ class _Write(NamedTuple):
     records: list[tuple[str, bytes]]  # redis key, value
     ttl_ms: int
     kept: list[str]  # the redis keys of the records and thread to keep as long
+    records_kept: int  # how many of `kept` are records (the first ones)
 
     @property
     def size(self) -> int:

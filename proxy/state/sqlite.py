@@ -126,7 +126,7 @@ class SqliteStore:
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="loopwarden-sqlite")
         self._swept = -math.inf  # monotonic; the first put sweeps what expired before it
         # Writes put and not yet taken by the thread, each with the future its put awaits.
-        self._puts: list[tuple[records_sql.Write, asyncio.Future[None]]] = []
+        self._puts: list[tuple[records_sql.Write, asyncio.Future[int]]] = []
         self._puts_lock = threading.Lock()  # the loop adds to the list, the thread takes it
         self._locks = KeyedLocks()
 
@@ -222,18 +222,18 @@ class SqliteStore:
         ttl_s: float,
         keep_thread: str | None = None,
         keep: Sequence[tuple[str, str]] = (),
-    ) -> None:
+    ) -> int:
         """Written with the records put meanwhile (group commit, see `_write_puts`): it returns
         once the statement that wrote them is committed."""
         write = records_sql.Write(records, check_put(records, ttl_s, keep), keep_thread, keep)
         loop = asyncio.get_running_loop()
-        done = loop.create_future()
+        done: asyncio.Future[int] = loop.create_future()
         with self._puts_lock:
             puts, first = self._puts, not self._puts
             puts.append((write, done))
         if first:  # the thread takes this batch, and any record put before it gets to it
             self._thread.submit(self._write_puts, loop)
-        await done
+        return await done
 
     def _write_puts(self, loop: asyncio.AbstractEventLoop) -> None:
         """Writes what was put so far, up to ROWS_PER_WRITE records in each statement (a put's
@@ -255,12 +255,13 @@ class SqliteStore:
         rows = records_sql.ROWS_PER_WRITE
         for chunk in batches(puts, lambda put: len(put[0].records), rows):
             error: BaseException | None = None
+            kept: list[int] = []
             try:
                 writes = [write for write, _ in chunk]
-                self._on_thread(functools.partial(records_sql.write, writes))
+                kept = self._on_thread(functools.partial(records_sql.write, writes))
             except BaseException as exc:  # every put of the statement fails with it
                 error = exc
-            loop.call_soon_threadsafe(settle, [done for _, done in chunk], error)
+            loop.call_soon_threadsafe(settle, [done for _, done in chunk], error, kept)
 
     async def get_record(self, kind: str, key: str) -> bytes | None:
         return await self._call(lambda db: records_sql.get(db, kind, key))

@@ -37,9 +37,10 @@ class Write(NamedTuple):
     kept: Sequence[tuple[str, str]]
 
 
-def write(writes: list[Write], db: sqlite3.Connection) -> None:
+def write(writes: list[Write], db: sqlite3.Connection) -> list[int]:
     """The writes' records in one statement, after the threads and records they keep; the
-    records kept for as long are kept together (most writes keep theirs as long)."""
+    records kept for as long are kept together (most writes keep theirs as long). Gives how
+    many of the records each write keeps were there."""
     # Deadlines are wall-clock times: other processes and later runs read them.
     now = time.time()
     kept: dict[float, list[str]] = {}  # by end: kind, key, kind, key...
@@ -48,13 +49,18 @@ def write(writes: list[Write], db: sqlite3.Connection) -> None:
             threads.keep(db, put.thread, now + put.ttl_s)
         if put.kept:
             kept.setdefault(now + put.ttl_s, []).extend(p for pair in put.kept for p in pair)
+    found = 0
     for end, pairs in kept.items():
         for at in range(0, len(pairs), 2 * RECORDS_AT_ONCE):
             chunk = pairs[at : at + 2 * RECORDS_AT_ONCE]
-            db.execute(keep_pairs(len(chunk) // 2), [end, now, *chunk])
+            found += db.execute(keep_pairs(len(chunk) // 2), [end, now, *chunk]).rowcount
+    counts = [len(put.kept) for put in writes]
+    if found != sum(counts):  # one was not there (or two writes kept one): count each's
+        counts = [len(_read(db, put.kept, "1")) if put.kept else 0 for put in writes]
     rows = [(*record, now + put.ttl_s) for put in writes for record in put.records]
     if rows:
         db.execute(_insert(len(rows)), [value for row in rows for value in row])
+    return counts
 
 
 def get(db: sqlite3.Connection, kind: str, key: str) -> bytes | None:

@@ -127,7 +127,7 @@ class StateStore(Protocol):
         ttl_s: float,
         keep_thread: str | None = None,
         keep: Sequence[tuple[str, str]] = (),
-    ) -> None:
+    ) -> int:
         """Stores each record for `ttl_s` seconds, replacing what was there (its TTL included),
         for every process sharing the backend: all in one write, in their order (put the
         record that names the others last: a reader that finds it finds them). With
@@ -135,8 +135,9 @@ class StateStore(Protocol):
         backend allows (sqlite keeps it just before, on its own), unless reserved or kept again
         later (nothing for a thread without counters, or whose end has passed). The records
         `keep` names, as (kind, key) pairs, end `ttl_s` from now too, alike (nothing for a
-        record that is not there). Raises ValueError unless `ttl_s` is positive and finite and
-        there are at most RECORDS_AT_ONCE records, and as many kept."""
+        record that is not there): gives how many of them were there. Raises ValueError unless
+        `ttl_s` is positive and finite and there are at most RECORDS_AT_ONCE records, and as
+        many kept."""
         ...
 
     async def get_record(self, kind: str, key: str) -> bytes | None:
@@ -226,13 +227,15 @@ def batches(puts: Sequence[P], size: Callable[[P], int], most: int) -> Iterator[
         yield batch
 
 
-def settle(waiting: list[asyncio.Future[None]], error: BaseException | None) -> None:
+def settle(
+    waiting: list[asyncio.Future[int]], error: BaseException | None, kept: Sequence[int] = ()
+) -> None:
     """Ends the writes of a batch (group commit): each with the batch's error, if any, as a copy
-    of its own."""
-    for future in waiting:
+    of its own, else with how many of the records it keeps were there (`kept`, in order)."""
+    for at, future in enumerate(waiting):
         if future.done():  # its put was cancelled
             continue
         if error is None:
-            future.set_result(None)
+            future.set_result(kept[at] if at < len(kept) else 0)
         else:
             future.set_exception(copy.copy(error))

@@ -51,11 +51,11 @@ class CountedStore(MemoryStore):
         ttl_s: float,
         keep_thread: str | None = None,
         keep: Sequence[tuple[str, str]] = (),
-    ) -> None:
+    ) -> int:
         self.writes.append(([record.kind for record in records], keep_thread))
         self.kept.append(list(keep))
         self.written += sum(len(record.value) for record in records)
-        await super().put_records(records, ttl_s, keep_thread, keep)
+        return await super().put_records(records, ttl_s, keep_thread, keep)
 
     async def delete_records(self, wanted: Sequence[tuple[str, str]]) -> int:
         self.deletes.append(list(wanted))

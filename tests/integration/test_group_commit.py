@@ -67,6 +67,28 @@ async def test_records_kept_by_puts_at_once_are_each_kept_as_long(store: StateSt
     assert found == [None if ttl < 1 else b"%d" % i for i, ttl in enumerate(ttls)]
 
 
+async def test_puts_at_once_each_say_how_many_of_the_records_they_keep_were_there(
+    store: StateStore,
+) -> None:
+    """Each its own count, though they went in one write (sqlite: one statement for the records
+    kept as long, which finds one kept by every put once)."""
+    await store.put_records([Record("part", f"p{i}", b"") for i in range(0, PUTS, 2)], 30)
+    await store.put_record("part", "shared", b"", 30)
+    found = await asyncio.gather(
+        *(
+            store.put_records(
+                [Record("tail", f"t{i}", b"")], 30, keep=[("part", f"p{i}"), ("part", "shared")]
+            )
+            for i in range(PUTS)
+        )
+    )
+    assert found == [2 if i % 2 == 0 else 1 for i in range(PUTS)]
+    alone = await asyncio.gather(
+        *(store.put_records([], 30, keep=[("part", f"p{i}")]) for i in range(PUTS))
+    )
+    assert alone == [1 if i % 2 == 0 else 0 for i in range(PUTS)]
+
+
 async def test_a_cancelled_put_leaves_its_batch_alone(store: StateStore) -> None:
     puts = [asyncio.create_task(store.put_record("run", f"r{i}", b"{}", 60)) for i in range(8)]
     await asyncio.sleep(0)  # every put has joined a batch

@@ -603,10 +603,10 @@ class ChainsNotKept(MemoryStore):
         ttl_s: float,
         keep_thread: str | None = None,
         keep: Sequence[tuple[str, str]] = (),
-    ) -> None:
+    ) -> int:
         if keep_thread is not None:
             raise StateUnavailable("the state backend is unreachable")
-        await super().put_records(records, ttl_s, keep=keep)
+        return await super().put_records(records, ttl_s, keep=keep)
 
 
 async def test_a_response_that_cannot_be_stored_still_answers_its_client(

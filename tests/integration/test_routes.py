@@ -118,7 +118,7 @@ class ForgetfulStore(MemoryStore):
         ttl_s: float,
         keep_thread: str | None = None,
         keep: Sequence[tuple[str, str]] = (),
-    ) -> None:
+    ) -> int:
         raise StateUnavailable("the state backend is unreachable")
 
 

@@ -419,8 +419,9 @@ async def test_records_kept_by_a_put_last_as_long_as_it(store: StateStore) -> No
     await store.put_record("part", "ended", b"E", 0.05)
     await asyncio.sleep(0.1)
     kept = [("part", "a"), ("part", "missing"), ("part", "ended")]
-    await store.put_records([Record("tail", "t", b"T")], 5, keep=kept)
-    await store.put_records([], 5, keep_thread="none", keep=[("part", "b")])  # no records
+    assert await store.put_records([Record("tail", "t", b"T")], 5, keep=kept) == 1  # found
+    assert await store.put_records([], 5, keep_thread="none", keep=[("part", "b")]) == 1
+    assert await store.put_records([Record("tail", "u", b"U")], 5) == 0
     await asyncio.sleep(0.4)
     parts = [("part", k) for k in ("a", "b", "c", "missing", "ended")]
     assert await store.get_records(parts) == [b"a", b"b", None, None, None]

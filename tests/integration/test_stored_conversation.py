@@ -5,6 +5,7 @@ are read, and read by no key but its own; and kept alike when each turn sends it
 from __future__ import annotations
 
 import unittest.mock
+from collections.abc import Sequence
 from typing import Any
 
 import httpx
@@ -17,7 +18,7 @@ from proxy.api.response_store import AHEAD_BYTES, FINGERPRINT_RECORD, continued_
 from proxy.api.stored_conversation import TAIL_RECORD
 from proxy.errors import StateUnavailable
 from proxy.state.memory import MemoryStore
-from proxy.state.store import StateStore
+from proxy.state.store import Record, StateStore
 from tests.integration.conftest import Proxy, ProxyFactory
 from tests.integration.counted_store import CountedStore
 from tests.integration.test_key_scopes import key, keyed
@@ -236,8 +237,8 @@ async def test_a_resent_conversation_whose_part_is_deleted_goes_on_as_sent(
     proxy_for: ProxyFactory,
 ) -> None:
     """A part its fingerprint names is deleted, and a turn sends the deleted response's answer
-    in full (not by reference): the whole conversation goes upstream, and the response is
-    stored and readable, no longer continued by id (as a chain's, SPEC §12.4)."""
+    in full (not by reference): the whole conversation goes upstream, and the response, whose
+    write finds that part gone, keeps it whole: it is continued by id, whole."""
     store = MemoryStore()
     async with proxy_for(store=store) as proxy:
         proxy.upstream.script(keep(say("Noted.")))
@@ -251,10 +252,16 @@ async def test_a_resent_conversation_whose_part_is_deleted_goes_on_as_sent(
         items = [answer if item.get("id") in owned else item for item in items]
         (last,), _ = await resend(proxy, 1, items)
         assert len(proxy.upstream.bodies[-1]["messages"]) == 57
+        sent = proxy.upstream.bodies[-1]["messages"]
         assert (await proxy.client.get(f"/v1/responses/{last}")).status_code == 200
         r = await respond(proxy, model="scripted", input="On.", previous_response_id=last)
-        assert r.status_code == 404
-        assert "is no longer kept" in r.json()["error"]["message"]
+        assert r.status_code == 200, r.text
+        again = [
+            *sent,
+            {"role": "assistant", "content": "Noted."},
+            {"role": "user", "content": "On."},
+        ]
+        assert proxy.upstream.bodies[-1]["messages"] == again
 
 
 async def test_a_turn_whose_items_after_its_last_reference_are_not_the_rest_is_stored_as_sent(
@@ -522,3 +529,34 @@ async def test_a_fingerprint_left_by_a_delete_of_the_version_before_is_not_used(
         r = await respond(proxy, model="scripted", input="On.", previous_response_id=last)
         assert r.status_code == 200, r.text
         assert len(proxy.upstream.bodies[-1]["messages"]) == 2 * 29 + 1
+
+
+class PartGoneBeforeTheWrite(MemoryStore):
+    """A part named by a write is deleted just before it (expired, or its response deleted,
+    between the read of the conversation and the write of its continuation)."""
+
+    async def put_records(
+        self,
+        records: Sequence[Record],
+        ttl_s: float,
+        keep_thread: str | None = None,
+        keep: Sequence[tuple[str, str]] = (),
+    ) -> int:
+        if keep:
+            await self.delete_records(keep[:1])
+        return await super().put_records(records, ttl_s, keep_thread, keep)
+
+
+async def test_a_continuation_whose_part_goes_before_its_write_keeps_its_conversation_whole(
+    proxy_for: ProxyFactory,
+) -> None:
+    store = PartGoneBeforeTheWrite()
+    async with proxy_for(store=store) as proxy:
+        proxy.upstream.script(keep(say("Noted.")))
+        ids = await chain(proxy, 30)
+        last = ids[-1]
+        assert await store.get_record(stored_conversation.CONVERSATION_RECORD, last) is not None
+        r = await respond(proxy, model="scripted", input="On.", previous_response_id=last)
+        assert r.status_code == 200, r.text
+    sent = proxy.upstream.bodies[-1]["messages"]
+    assert [m["content"] for m in sent[::2]] == [f"{n}:" + "x" * 500 for n in range(30)] + ["On."]
