@@ -65,16 +65,20 @@ end
 return 1
 """
 
-# KEYS: the records to set, then the records and threads to keep; ARGV[1]: how many records to
-# set, then each one's TTL in ms and value, then each kept key's TTL in ms. One call: the records
-# of one put are written together and in order, and with those put meanwhile (group commit).
-# Returns, for each key kept, whether it was there (1 or 0).
+# KEYS: the records to set, the records to keep, then the threads to keep; ARGV[1]: how many
+# records to set, ARGV[2]: how many to keep, then each set one's TTL in ms and value, then each
+# kept key's TTL in ms. One call: the records of one put are written together and in order, and
+# with those put meanwhile (group commit). Returns the places (from 1) among the records kept of
+# those that were not there.
 _PUT = """
-local n = tonumber(ARGV[1])
-for i = 1, n do redis.call('SET', KEYS[i], ARGV[2 * i + 1], 'PX', ARGV[2 * i]) end
-local kept = {}
-for i = n + 1, #KEYS do kept[i - n] = redis.call('PEXPIRE', KEYS[i], ARGV[n + i + 1]) end
-return kept
+local n, k = tonumber(ARGV[1]), tonumber(ARGV[2])
+for i = 1, n do redis.call('SET', KEYS[i], ARGV[2 * i + 2], 'PX', ARGV[2 * i + 1]) end
+local gone = {}
+for i = n + 1, #KEYS do
+  local there = redis.call('PEXPIRE', KEYS[i], ARGV[n + i + 2])
+  if there == 0 and i <= n + k then gone[#gone + 1] = i - n end
+end
+return gone
 """
 
 # KEYS: records to read, in order; ARGV[1]: the most bytes of values to read, the first record
@@ -212,9 +216,8 @@ class RedisStore:
         ttl_ms = _ms(check_put(records, ttl_s, keep))
         named = [(self._record(kind, key), value) for kind, key, value in records]
         kept = [self._record(kind, key) for kind, key in keep]
-        if keep_thread is not None:
-            kept.append(self._thread(keep_thread))
-        write = _Write(named, ttl_ms, kept, len(keep))
+        thread = None if keep_thread is None else self._thread(keep_thread)
+        write = _Write(named, ttl_ms, kept, thread)
         if self._sending:
             done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
             self._puts.append((write, done))
@@ -230,21 +233,27 @@ class RedisStore:
     async def _write(self, writes: list[_Write]) -> list[int]:
         """How many of the records each write keeps were there."""
         keys: list[str] = []
-        args: list[str | int | bytes] = [0]
+        args: list[str | int | bytes] = [0, 0]
         kept: list[str] = []
         ends: list[str | int | bytes] = []
+        threads: list[str] = []
+        thread_ends: list[str | int | bytes] = []
         for write in writes:
             for name, value in write.records:
                 keys.append(name)
                 args += [write.ttl_ms, value]
             kept += write.kept
             ends += [write.ttl_ms] * len(write.kept)
-        args[0] = len(keys)
-        there = await self._put(keys=keys + kept, args=args + ends)
-        found, at = [], 0
-        for write in writes:
-            found.append(sum(int(was) for was in there[at : at + write.records_kept]))
-            at += len(write.kept)
+            if write.thread is not None:
+                threads.append(write.thread)
+                thread_ends.append(write.ttl_ms)
+        args[0], args[1] = len(keys), len(kept)
+        gone = await self._put(keys=keys + kept + threads, args=args + ends + thread_ends)
+        found = [len(write.kept) for write in writes]
+        if gone:  # which write kept each
+            owners = [i for i, write in enumerate(writes) for _ in write.kept]
+            for place in gone:
+                found[owners[int(place) - 1]] -= 1
         return found
 
     def _send_the_rest(self) -> None:
@@ -355,14 +364,14 @@ class RedisStore:
 class _Write(NamedTuple):
     records: list[tuple[str, bytes]]  # redis key, value
     ttl_ms: int
-    kept: list[str]  # the redis keys of the records and thread to keep as long
-    records_kept: int  # how many of `kept` are records (the first ones)
+    kept: list[str]  # the redis keys of the records to keep as long
+    thread: str | None  # and of the thread
 
     @property
     def size(self) -> int:
         """What it weighs in a call (CALL_BYTES)."""
         weights = (max(RECORD_WEIGHT, len(key) + len(value)) for key, value in self.records)
-        return sum(weights, RECORD_WEIGHT * len(self.kept))
+        return sum(weights, RECORD_WEIGHT * (len(self.kept) + (self.thread is not None)))
 
 
 def _bytes(value: bytes | str) -> bytes:

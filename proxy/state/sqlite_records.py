@@ -43,19 +43,21 @@ def write(writes: list[Write], db: sqlite3.Connection) -> list[int]:
     many of the records each write keeps were there."""
     # Deadlines are wall-clock times: other processes and later runs read them.
     now = time.time()
-    kept: dict[float, list[str]] = {}  # by end: kind, key, kind, key...
+    kept: dict[float, dict[tuple[str, str], None]] = {}  # by end, each pair once
     for put in writes:
         if put.thread is not None:
             threads.keep(db, put.thread, now + put.ttl_s)
         if put.kept:
-            kept.setdefault(now + put.ttl_s, []).extend(p for pair in put.kept for p in pair)
-    found = 0
+            kept.setdefault(now + put.ttl_s, {}).update(dict.fromkeys(put.kept))
+    found = asked = 0
     for end, pairs in kept.items():
-        for at in range(0, len(pairs), 2 * RECORDS_AT_ONCE):
-            chunk = pairs[at : at + 2 * RECORDS_AT_ONCE]
+        flat = [part for pair in pairs for part in pair]
+        asked += len(pairs)
+        for at in range(0, len(flat), 2 * RECORDS_AT_ONCE):
+            chunk = flat[at : at + 2 * RECORDS_AT_ONCE]
             found += db.execute(keep_pairs(len(chunk) // 2), [end, now, *chunk]).rowcount
     counts = [len(put.kept) for put in writes]
-    if found != sum(counts):  # one was not there (or two writes kept one): count each's
+    if found != asked:  # one was not there: count each write's
         counts = [len(_read(db, put.kept, "1")) if put.kept else 0 for put in writes]
     rows = [(*record, now + put.ttl_s) for put in writes for record in put.records]
     if rows:

@@ -49,8 +49,11 @@ async def response(store: StateStore, key: str) -> None:
 
 
 async def response_in_parts(store: StateStore, key: str) -> None:
-    """A stored response whose conversation names three earlier parts, kept as long."""
-    parts = [f"{key}_part{n}" for n in range(3)]
+    """A stored response whose conversation names three earlier parts, kept as long: the
+    conversation records of the responses the row before wrote (so they are there, as a
+    conversation's parts are; one that is not makes more work)."""
+    writer, _, turn = key.rpartition("-")
+    parts = [f"{writer}-{int(turn) + n}" for n in range(3)]
     records = [Record("conversation_tail", key, RECORD)]
     records += [Record(kind, key, RECORD) for kind in RESPONSE_KINDS[1:]]
     kept = [("conversation", part) for part in parts]
