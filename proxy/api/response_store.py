@@ -309,10 +309,10 @@ class ResponseStore:
     ) -> None:
         """Keeps the conversation through a response whole, its fingerprint naming it so: a
         part it named was gone (the record of the conversation is read before its tail)."""
-        whole = orjson.dumps(messages)
-        records = [Record(CONVERSATION_RECORD, response_id, whole)]
+        record, _ = stored_form(response_id, messages, None)
+        records = [record]
         if marked is not None:
-            one = (Part(response_id, True, len(whole), len(messages)),)
+            one = whole(response_id, record.value, messages).parts
             printed = Fingerprint(marked.conversation.digest, one)
             again = StoredFingerprint(printed, marked.items, marked.depth, marked.key)
             records.append(Record(FINGERPRINT_RECORD, response_id, again.dumps()))
