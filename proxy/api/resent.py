@@ -1,43 +1,115 @@
 """A conversation sent whole again each turn (SPEC §12.4), without `previous_response_id`: the
 AI SDK names the earlier output items by `item_reference`, other clients add each response's
-output to their input. Such a request is stored as the continuation of the response its last
-stored item names, when what it sends begins with what that response's fingerprint says, so
-that its records grow with the conversation, not with its square: its conversation, when its
-messages begin with that response's conversation (`Fingerprint.begun`: the stored parts are
-named, not read), and its input items, when the items up to that one are that response's
-chain's through its output (keys sorted, null members left out: a listing then shows the same
-items), within MAX_CHAIN input records. What does not begin so is stored whole, as sent."""
+output to their input. Such a request is known by the response its last stored item names
+(`last_named`): when its items begin with the items that response's request sent (by their
+digest, kept in its fingerprint), followed by that response's output items (by reference or
+whole, null members aside), it continues that response as `previous_response_id` would (its
+conversation read from its parts, its input record continuing that response's chain), reading
+none of the responses its earlier items name. One that does not is read item by item and stored
+whole, its conversation still continuing that response's when its messages begin with it
+(`Fingerprint.begun`: the parts are named, not read), so that what is stored grows with the
+conversation, not with its square."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 from proxy.api import input_items
 from proxy.api.json_digest import JsonDigest, without_nulls
-from proxy.api.response_store import Lineage, StoredInput
+from proxy.api.response_store import Lineage, response_of_item
 from proxy.api.stored_conversation import Conversation
-from proxy.api.stored_reads import StoredReads
+from proxy.api.stored_reads import Named, StoredReads
+
+
+@dataclass(frozen=True, slots=True)
+class Resent:
+    """A request known as the continuation of the response it names last (`named`): its items
+    from `start` on are its own, those before are that response's request's and output."""
+
+    named: str
+    start: int
+    conversation: Conversation
+    output: list[dict[str, Any]]
+
+
+def last_named(items: list[dict[str, Any]]) -> tuple[int, str] | None:
+    """The place of the last item that names a stored response (a reference, or an item sent
+    whole with one of the proxy's ids), and that response's id."""
+    for place in range(len(items) - 1, -1, -1):
+        given = items[place].get("id")
+        if isinstance(given, str) and (owner := response_of_item(given)) is not None:
+            return place, owner
+    return None
 
 
 async def resumed(
-    messages: list[dict[str, Any]],
-    items: list[dict[str, Any]],
-    reads: StoredReads,
-    place: int,
-    named: str,
-) -> tuple[StoredInput, Conversation | None, Lineage]:
-    """How a request that sends `items` (references read), making `messages`, is stored: its
-    input record, the conversation it continues, and what its fingerprint goes on from; the
-    item at `place` is the last the request names of a stored response's (`named`)."""
-    fingerprint, output = await reads.fingerprint(named)
-    whole = StoredInput(None, items, [])
-    if fingerprint is None:
-        return whole, None, Lineage.first()
-    continued = await fingerprint.conversation.begun(messages)
-    chain = await JsonDigest(orjson.OPT_SORT_KEYS).extended(items[: place + 1], without_nulls)
-    depth = fingerprint.depth + 1
-    if output is None or depth > input_items.MAX_CHAIN or chain.hexdigest() != fingerprint.items:
-        return whole, continued, Lineage.first()
-    return StoredInput(named, items[place + 1 :], output), continued, Lineage(chain, depth)
+    items: list[dict[str, Any]], place: int, named: Named, reads: StoredReads
+) -> tuple[Resent | None, Lineage]:
+    """Whether a request that sends `items`, the one at `place` naming the response `named`
+    last, continues it; and what its own fingerprint keeps."""
+    found = named.fingerprint
+    sent = JsonDigest(orjson.OPT_SORT_KEYS)
+    if found is None or found.sent is None or found.count > place:
+        return None, Lineage((await sent.extended(items, without_nulls)).hexdigest(), len(items), 1)
+    await sent.extended(items[: found.count], without_nulls)
+    resent = None
+    if sent.hexdigest() == found.sent and not (
+        found.depth >= input_items.MAX_CHAIN and _held(items[: place + 1])
+    ):
+        resent = await _continued(items[found.count : place + 1], place + 1, named, reads)
+    await sent.extended(items[found.count :], without_nulls)
+    depth = found.depth + 1 if resent is not None else 1
+    return resent, Lineage(sent.hexdigest(), len(items), depth)
+
+
+async def _continued(
+    given: list[dict[str, Any]], start: int, named: Named, reads: StoredReads
+) -> Resent | None:
+    """The continuation of `named` when the items `given` after its request's are its output,
+    and the conversation through it is there."""
+    found = await reads.continued_output(named.response_id, f"input[{start - 1}].id")
+    if found is None or not _output(given, found[0]):
+        return None
+    conversation = await reads.conversation(named.response_id, found[1])
+    if conversation is None:
+        return None
+    return Resent(named.response_id, start, conversation, found[0])
+
+
+async def begun(named: Named, messages: list[dict[str, Any]]) -> Conversation | None:
+    """The conversation through `named` when `messages` begin with it (as items carry it)."""
+    if named.fingerprint is None:
+        return None
+    return await named.fingerprint.conversation.begun(messages)
+
+
+async def first_lineage(items: list[dict[str, Any]]) -> Lineage:
+    """What the fingerprint of a request that names no stored response keeps."""
+    sent = await JsonDigest(orjson.OPT_SORT_KEYS).extended(items, without_nulls)
+    return Lineage(sent.hexdigest(), len(items), 1)
+
+
+def _output(given: list[dict[str, Any]], output: list[dict[str, Any]]) -> bool:
+    """Whether items `given` (references, or items sent whole) are the output items `output`,
+    null members aside; a reference named twice counts once, as it is read once."""
+    by_id = {item.get("id"): item for item in output}
+    items, seen = [], set()
+    for item in given:
+        if item.get("type") == "item_reference":
+            if item["id"] in seen:
+                continue
+            seen.add(item["id"])
+            item = by_id.get(item["id"], {})
+        items.append(item)
+    return bool(without_nulls(items) == without_nulls(output))
+
+
+def _held(items: list[dict[str, Any]]) -> bool:
+    """Whether `items` hold what they stand for (no references): a chain past MAX_CHAIN input
+    records then begins anew with them, for a listing to walk no further; one whose items name
+    earlier ones by reference goes on (its `asc` listing is refused, as a chain continued by
+    `previous_response_id` is past that many)."""
+    return not any(item.get("type") == "item_reference" for item in items)

@@ -12,7 +12,6 @@ from starlette.types import Scope
 
 from proxy.api.asgi import bearer_token
 from proxy.api.auth import Caller, KeyRing
-from proxy.api.json_digest import JsonDigest, without_nulls
 from proxy.api.services import Services
 from proxy.api.stored_conversation import (
     CONVERSATION_RECORD,
@@ -92,36 +91,34 @@ class StoredOutputs:
 
 @dataclass(frozen=True, slots=True)
 class Lineage:
-    """What a request made without `previous_response_id` goes on from, for the fingerprint
-    its response keeps: the digest of the items (keys sorted, null members left out) of the
-    chain its input items continue, through that response's output (none: a new digest), and
-    the input records of that chain with its own (a listing's reads)."""
+    """What a request made without `previous_response_id` keeps in its response's fingerprint
+    for the next request, which may send its items again: the digest of its items as sent
+    (`sent_digest`), how many there are, and the input records of the chain its input record
+    ends (a listing's reads)."""
 
-    items: JsonDigest
+    sent: str
+    count: int
     depth: int
-
-    @staticmethod
-    def first() -> Lineage:
-        return Lineage(JsonDigest(orjson.OPT_SORT_KEYS), 1)
 
 
 @dataclass(frozen=True, slots=True)
 class StoredFingerprint:
     """What a response made without `previous_response_id` keeps for a later request that
     sends its conversation whole again (a record of its own: a version before never reads
-    it): the conversation's fingerprint; the digest of the items that request sends up to
-    this response's last output item (its input chain's, then its output, keys sorted), for
-    its input items to continue that chain; the chain's input records; and its key (last)."""
+    it): the conversation's fingerprint; the digest of the items its request sent and how many
+    (None in a fingerprint a version before wrote); its input chain's records; and its key
+    (last)."""
 
     conversation: Fingerprint
-    items: str
+    sent: str | None
+    count: int
     depth: int
     key: str | None
 
     def dumps(self) -> bytes:
         form = self.conversation.form()
-        fields = {"conversation": form, "items": self.items, "depth": self.depth}
-        return orjson.dumps({**fields, "key": self.key})
+        fields = {"conversation": form, "sent": self.sent, "count": self.count}
+        return orjson.dumps({**fields, "depth": self.depth, "key": self.key})
 
 
 @dataclass(slots=True)
@@ -214,10 +211,12 @@ def parsed_fingerprint(record: bytes | None, caller: Caller | None) -> StoredFin
     if fields is None:
         return None
     conversation = Fingerprint.read(fields.get("conversation"))
-    items, depth = fields.get("items"), fields.get("depth")
-    if conversation is None or not isinstance(items, str) or type(depth) is not int:
+    if conversation is None:
         return None
-    return StoredFingerprint(conversation, items, depth, fields["key"])
+    sent, count, depth = fields.get("sent"), fields.get("count"), fields.get("depth")
+    if not isinstance(sent, str) or type(count) is not int or type(depth) is not int:
+        sent, count, depth = None, 0, 0  # a version before's: its conversation only
+    return StoredFingerprint(conversation, sent, count, depth, fields["key"])
 
 
 Owned = TypeVar("Owned", StoredResponse, StoredOutputs)
@@ -290,11 +289,8 @@ class ResponseStore:
             if lineage is not None:
                 form = (conversation, parts, messages, continued, calls)
                 made = await fingerprint(response_id, *form)
-                went_on = await lineage.items.copy().extended(
-                    [*inputs.items, *output], without_nulls
-                )
-                items = went_on.hexdigest()
-                marked = StoredFingerprint(made, items, lineage.depth, stored.key)
+                sent, count, depth = lineage.sent, lineage.count, lineage.depth
+                marked = StoredFingerprint(made, sent, count, depth, stored.key)
                 records.append(Record(FINGERPRINT_RECORD, response_id, marked.dumps()))
             body = {**stored.response, "output": None}
             stored = StoredResponse(body, stored.thread, stored.owner, stored.key)
@@ -314,7 +310,7 @@ class ResponseStore:
         if marked is not None:
             one = whole(response_id, record.value, messages).parts
             printed = Fingerprint(marked.conversation.digest, one)
-            again = StoredFingerprint(printed, marked.items, marked.depth, marked.key)
+            again = StoredFingerprint(printed, marked.sent, marked.count, marked.depth, marked.key)
             records.append(Record(FINGERPRINT_RECORD, response_id, again.dumps()))
         await self.store.put_records(records, self.ttl_s)
 
@@ -374,14 +370,13 @@ class ResponseStore:
         return stored
 
     async def conversation(
-        self, stored: StoredResponse, bounds: ServerConfig, found: Sequence[bytes | None] = ()
+        self, response_id: str, bounds: ServerConfig, found: Sequence[bytes | None] = ()
     ) -> Conversation | None:
-        """The conversation through a response `readable` found (None when it is gone since,
+        """The conversation through a response the key may read (None when it is gone since,
         deleted or expired, or a part of it is); `found`, the first of its conversation and
         tail records (`conversation_records`) when they were read already. Raises
         ConversationTooLarge when it holds more bytes or JSON values than a request's body may
         (checked before it is parsed, and its size before its parts are read)."""
-        response_id = stored.response["id"]
         found = list(found)
         if not found or (found[0] is None and len(found) == 1):
             found += await self.store.get_records(conversation_records(response_id)[len(found) :])

@@ -19,7 +19,7 @@ from proxy.api.completion import loop_report
 from proxy.api.failures import failed, failure_error, send_failure
 from proxy.api.json_body import read_json
 from proxy.api.planning import Plan
-from proxy.api.resent import resumed
+from proxy.api.resent import begun, first_lineage, last_named, resumed
 from proxy.api.response_body import (
     finished_response,
     item_prefix,
@@ -250,24 +250,35 @@ class _History:
 
 
 async def _history(req: ResponsesRequest, reads: StoredReads) -> _History:
-    """The conversation a request continues: the stored one of `previous_response_id`, then
-    its input items with every `item_reference` read; and those items, after the output of
-    the response they continue. A function call output must answer a call of that
-    conversation. An item the stored conversation holds already (an item or a call of the
-    previous response, an output its call has) is refused, as OpenAI refuses it: the model
-    would see it twice."""
+    """The conversation a request continues: the stored one of `previous_response_id` (or of the
+    response a conversation sent whole again names last, when it continues it: `resent`), then
+    its input items with every `item_reference` read; and those items, after the output of the
+    response they continue. A function call output must answer a call of that conversation. An
+    item the stored conversation holds already (an item or a call of the previous response, an
+    output its call has) is refused, as OpenAI refuses it: the model would see it twice."""
     conversation: list[dict[str, Any]] = []
     continued = None
     outputs: list[dict[str, Any]] = []
     previous_id = req.previous_response_id
-    named = [item["id"] for item in req.items if item.get("type") == "item_reference"]
-    reads.will_read([owner for ref in named if (owner := response_of_item(ref)) is not None])
+    start = 0
+    named = resent = lineage = None
     if previous_id is not None:
+        reads.will_read(_named(req.items))
         previous, continued = await reads.previous(previous_id, "previous_response_id")
         conversation = continued.messages
         outputs = list(previous.response.get("output") or ())
         if req.run.thread_id is None:
             req.run.thread_id = previous.thread
+    elif (last := last_named(req.items)) is not None:
+        named = await reads.named(last[1])
+        resent, lineage = await resumed(req.items, last[0], named, reads)
+        if resent is not None:
+            continued, start = resent.conversation, resent.start
+            conversation = continued.messages
+        else:
+            reads.will_read(_named(req.items))
+    elif req.store:
+        lineage = await first_lineage(req.items)
     known: set[str] = set()
     done: dict[str, bool] = {}  # by call id: whether an output follows its last call
     for message in conversation:
@@ -282,22 +293,18 @@ async def _history(req: ResponsesRequest, reads: StoredReads) -> _History:
     previous_calls = {item.get("call_id") for item in outputs if item.get("type") in CALL_KINDS}
     items: list[dict[str, Any]] = []
     seen: set[str] = set()
-    last: tuple[int, str] | None = None  # the last stored item named: its place, its response
-    for i, item in enumerate(req.items):
+    for i in range(start, len(req.items)):
+        item = req.items[i]
         kind = item.get("type", "message")
-        given = item.get("id")  # a reference's, or that of an item sent whole
-        owner = response_of_item(given) if isinstance(given, str) else None
         if kind == "item_reference":
             ref: str = item["id"]
             if ref in seen:  # the same stored item named twice (a call, and its result)
                 continue
             seen.add(ref)
-            if previous_id is not None and owner == previous_id:
+            if previous_id is not None and response_of_item(ref) == previous_id:
                 raise _held_already("id", ref, f"input[{i}].id")
             item = await reads.item(ref, f"input[{i}].id")
             kind = item.get("type", "message")
-        if owner is not None:
-            last = (len(items), owner)
         if kind in CALL_KINDS:
             if item["call_id"] in previous_calls:
                 raise _held_already("call_id", item["call_id"], f"input[{i}].call_id")
@@ -317,9 +324,18 @@ async def _history(req: ResponsesRequest, reads: StoredReads) -> _History:
     messages = [*conversation, *items_to_messages(items)]
     if previous_id is not None:
         return _History(messages, StoredInput(previous_id, items, outputs), continued, None)
-    if last is not None and req.store:  # the whole conversation again, naming stored items
-        return _History(messages, *await resumed(messages, items, reads, *last))
-    return _History(messages, StoredInput(None, items, []), None, Lineage.first())
+    if resent is not None:
+        inputs = StoredInput(resent.named, items, resent.output)
+        return _History(messages, inputs, continued, lineage)
+    if named is not None and req.store:  # its conversation may still begin with named's
+        continued = await begun(named, messages)
+    return _History(messages, StoredInput(None, items, []), continued, lineage)
+
+
+def _named(items: list[dict[str, Any]]) -> list[str]:
+    """The responses the item references among `items` name, in order."""
+    refs = [item["id"] for item in items if item.get("type") == "item_reference"]
+    return [owner for ref in refs if (owner := response_of_item(ref)) is not None]
 
 
 def _held_already(key: str, value: str, param: str) -> InvalidRequest:

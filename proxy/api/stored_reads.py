@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
+from dataclasses import dataclass
 from typing import Any
 
 from proxy.api.auth import Caller
@@ -22,6 +23,7 @@ from proxy.api.response_store import (
     StoredOutputs,
     StoredResponse,
     continued_records,
+    conversation_records,
     owned_by,
     parsed,
     parsed_fingerprint,
@@ -31,8 +33,24 @@ from proxy.api.response_store import (
 )
 from proxy.api.stored_conversation import Conversation
 from proxy.config.server import ServerConfig
-from proxy.errors import BodyTooLarge, InvalidRequest, NotFound, StateUnavailable
+from proxy.errors import (
+    BodyTooLarge,
+    InvalidRequest,
+    NotFound,
+    PermissionDenied,
+    StateUnavailable,
+)
 from proxy.state.store import RECORDS_AT_ONCE
+
+
+@dataclass(frozen=True, slots=True)
+class Named:
+    """The response a request sending a conversation whole again names last, and its
+    fingerprint (None when it has none, is gone, or is not the key's)."""
+
+    response_id: str
+    fingerprint: StoredFingerprint | None
+
 
 # Stored responses one request may read: its previous one and those its item references name
 # (the AI SDK names an item of every earlier response of a conversation), and the bytes of
@@ -58,7 +76,6 @@ class StoredReads:
         self.bounds = bounds
         self._outputs: dict[str, dict[str, dict[str, Any]]] = {}  # by response id, by item id
         self._readable: set[str] = set()
-        self._named: dict[str, StoredOutputs] = {}  # the outputs of responses references name
         self._inputs: set[str] = set()  # the responses whose input items are in `_outputs`
         self._ahead: dict[str, None] = {}  # the responses the request names, not read yet
         self._fetched: dict[str, bytes | None] = {}  # outputs records read, not yet parsed
@@ -68,7 +85,8 @@ class StoredReads:
 
     def will_read(self, named: list[str]) -> None:
         """The responses the request's item references name, in order: read together."""
-        self._ahead = dict.fromkeys(list(dict.fromkeys(named))[:MAX_STORED_READS])
+        unread = [response_id for response_id in named if response_id not in self._outputs]
+        self._ahead = dict.fromkeys(list(dict.fromkeys(unread))[:MAX_STORED_READS])
 
     async def previous(self, response_id: str, param: str) -> tuple[StoredResponse, Conversation]:
         """The response a request continues, its outputs and the conversation through it: read
@@ -87,7 +105,7 @@ class StoredReads:
             raise NotFound(f"no stored response {response_id!r}", param=param)
         self._keep_outputs(response_id, stored.response["output"])
         try:
-            conversation = await self.store.conversation(stored, self.bounds, read[2:])
+            conversation = await self.store.conversation(response_id, self.bounds, read[2:])
         except ConversationTooLarge as exc:
             raise BodyTooLarge(str(exc), param=param) from None
         if conversation is None:  # it expired or was deleted since, or a part of it was
@@ -121,31 +139,54 @@ class StoredReads:
         outputs = usable(parsed_outputs(found, self.caller), self.caller)
         if outputs is not None:
             self._keep_outputs(response_id, outputs.output)
-            self._named[response_id] = outputs
 
-    async def fingerprint(
-        self, response_id: str
-    ) -> tuple[StoredFingerprint | None, list[dict[str, Any]] | None]:
-        """The fingerprint of a response the request names (by an item reference, or by the id
-        of an item it sends whole), and its output items (read with it when no reference read
-        them: the key's own, when they hold at most AHEAD_BYTES). None for what is not there, is
-        not the key's, or could not be read (the backend failed: the request is stored whole);
-        no fingerprint when the response is gone (a version before left it at a delete)."""
-        wanted = [(FINGERPRINT_RECORD, response_id)]
-        if response_id not in self._outputs:
-            wanted.append((OUTPUTS_RECORD, response_id))
+    async def named(self, response_id: str) -> Named:
+        """The response a request without `previous_response_id` names last (by an item
+        reference, or by the id of an item it sends whole), and its fingerprint: none when the
+        backend failed (the request then reads what it names as any other)."""
+        try:
+            found = await self.store.store.get_record(FINGERPRINT_RECORD, response_id)
+        except StateUnavailable:
+            return Named(response_id, None)
+        return Named(response_id, parsed_fingerprint(found, self.caller))
+
+    async def continued_output(
+        self, response_id: str, param: str
+    ) -> tuple[list[dict[str, Any]], list[bytes | None]] | None:
+        """The output items of the response `named` found, once a request is known to begin
+        with its request's items, read with what fits of the records of the conversation
+        through it (within AHEAD_BYTES); None when they are gone, or not the key's to use."""
+        wanted = [(OUTPUTS_RECORD, response_id), *conversation_records(response_id)]
         try:
             found = await self.store.store.get_records(wanted, max_bytes=AHEAD_BYTES)
         except StateUnavailable:
-            return None, None
-        if len(found) > 1 and found[1] is None:
-            return None, None
-        fingerprint = parsed_fingerprint(found[0], self.caller)
-        outputs = parsed_outputs(found[1], self.caller) if len(found) > 1 else None
-        if outputs is not None:
-            self._named[response_id] = outputs
-        named = self._named.get(response_id)
-        return fingerprint, named.output if named is not None else None
+            return None
+        outputs = parsed_outputs(found[0], self.caller)
+        if outputs is None or not self._may_use(outputs):
+            return None
+        self._admit(response_id, param)
+        await self._charged(found[0], param)
+        self._keep_outputs(response_id, outputs.output)
+        return outputs.output, found[1:]
+
+    async def conversation(
+        self, response_id: str, found: list[bytes | None]
+    ) -> Conversation | None:
+        """The conversation through a response `continued_output` read (`found`, what it read
+        of its records): None when it is gone, larger than a request's body, or could not be
+        read."""
+        try:
+            return await self.store.conversation(response_id, self.bounds, found)
+        except (ConversationTooLarge, StateUnavailable):
+            return None
+
+    def _may_use(self, outputs: StoredOutputs) -> bool:
+        """Whether the key may still use the agent or model of a response it made."""
+        try:
+            usable(outputs, self.caller)
+        except PermissionDenied:
+            return False
+        return True
 
     def _admit(self, response_id: str, param: str) -> None:
         """Counts a response read (whatever it holds), within MAX_STORED_READS."""

@@ -68,7 +68,7 @@ async def chain(
         started = time.perf_counter()
         inputs = StoredInput(None, [])
         resent = mode == "resent"
-        lineage = Lineage.first() if resent else None
+        lineage = Lineage("", 0, 1) if resent else None
         await store.save(response_id, body, messages, inputs, None, continued, lineage)
         writes.append(time.perf_counter() - started)
         kept = await backend.get_records([(kind, response_id) for kind in KINDS])
@@ -81,7 +81,7 @@ async def chain(
             continued = await fingerprint.conversation.begun([*messages, *turn(n + 1, size)])
             assert continued is not None
         else:  # the conversation, read as a continuation reads it
-            read = await store.conversation(body, BOUNDS)
+            read = await store.conversation(response_id, BOUNDS)
             assert read is not None
             messages = read.messages
             continued = read if mode == "chained" else None

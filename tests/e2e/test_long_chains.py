@@ -104,6 +104,22 @@ def conversation_of(database: Path, response_id: str) -> bytes | None:
     return None if found is None else bytes(found[0])
 
 
+def input_chains(database: Path) -> list[int]:
+    """The lengths of the chains the input records make (each names the response it continued,
+    or none), longest first."""
+    with contextlib.closing(sqlite3.connect(database)) as db:
+        rows = db.execute("SELECT key, value FROM records WHERE kind = 'input'").fetchall()
+    previous = {key: json.loads(value)["previous"] for key, value in rows}
+    continued = set(previous.values())
+    lengths = []
+    for last in (key for key in previous if key not in continued):
+        length, current = 0, last
+        while current is not None:
+            length, current = length + 1, previous.get(current)
+        lengths.append(length)
+    return sorted(lengths, reverse=True)
+
+
 def named_parts(database: Path, response_id: str) -> list[str]:
     """The responses whose records hold the earlier parts of a response's conversation."""
     tail = conversation_of(database, response_id)
@@ -166,6 +182,7 @@ def test_a_conversation_sent_whole_each_turn_is_stored_in_parts(
         assert sum(stored.values()) < 10 * conversation, stored
         # The input items: each turn's own (its user message), after the turn it continues.
         assert stored_bytes(database, ("input",))["input"] < 3 * conversation
+        assert input_chains(database) == [TURNS]
 
         onward = client.responses.create(
             model="scripted", input="On.", previous_response_id=ids[-1]
@@ -206,7 +223,8 @@ def test_the_ai_sdk_s_conversation_is_stored_in_parts(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
     """The real AI SDK (`generateText`, `store` on by default) sends the whole conversation each
-    turn, its earlier answers as item references: stored as a chain's."""
+    turn, its earlier answers as item references: each turn continues the one before (its
+    input record names it), reading none of the earlier ones, and is stored as a chain's."""
     clients = installed(tmp_path_factory.getbasetemp())  # once a session, as other tests
     upstream.script(keep(say("Noted.")))
     turns = 60
@@ -225,3 +243,4 @@ def test_the_ai_sdk_s_conversation_is_stored_in_parts(
         assert stored[TAIL_RECORD] > 0
         # Each turn whole: 60 x 61 / 2 x 4 KB, 7.3 MB, 30 times the conversation.
         assert sum(stored.values()) < 6 * conversation, stored
+        assert input_chains(database) == [turns]

@@ -13,7 +13,7 @@ import orjson
 import pytest
 from openai.types.responses import ResponseOutputMessage
 
-from proxy.api import input_items, stored_conversation
+from proxy.api import input_items, stored_conversation, stored_reads
 from proxy.api.response_store import AHEAD_BYTES, FINGERPRINT_RECORD, continued_records
 from proxy.api.stored_conversation import TAIL_RECORD
 from proxy.errors import StateUnavailable
@@ -186,25 +186,42 @@ async def test_a_conversation_sent_whole_again_is_stored_in_parts_on_every_backe
         ]
 
 
-async def test_a_resent_turn_reads_outputs_records_and_one_fingerprint(
+async def test_a_resent_turn_reads_the_response_it_names_last_and_its_parts(
     proxy_for: ProxyFactory,
 ) -> None:
-    """No conversation is read: the parts it names are kept as long as its tail."""
+    """Its items begin with that response's request's and output: none of the responses the
+    earlier references name is read; the parts it names are kept as long as its tail."""
     store = CountedStore()
     async with proxy_for(store=store) as proxy:
         proxy.upstream.script(keep(say("Noted.")))
         ids, items = await resend(proxy, 28)
         store.clear()
         (last,), _ = await resend(proxy, 1, items)
-        assert {kind for pairs in store.reads for kind, _ in pairs} <= {"outputs", "held"} | {
-            FINGERPRINT_RECORD
-        }
-        assert [(FINGERPRINT_RECORD, ids[-1])] in store.reads
+        assert len(proxy.upstream.bodies[-1]["messages"]) == 57
         tail = await MemoryStore.get_record(store, TAIL_RECORD, last)
     assert tail is not None
     named = stored_conversation.named_parts(last, tail)[0]
     assert len(named) > 1
+    fingerprint = [(FINGERPRINT_RECORD, ids[-1])]
+    continued = [(kind, ids[-1]) for kind in ("outputs", "conversation", TAIL_RECORD)]
+    assert store.reads == [fingerprint, continued, [part.record for part in named]]
     assert store.kept == [[part.record for part in named]]  # kept as long as the tail
+
+
+async def test_a_resent_conversation_names_more_responses_than_a_request_may_read(
+    proxy_for: ProxyFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each turn continues the one before: it reads one response, whatever the references to
+    earlier ones; a turn that does not continue one reads what it names, within the bound."""
+    monkeypatch.setattr(stored_reads, "MAX_STORED_READS", 5)
+    async with proxy_for() as proxy:
+        proxy.upstream.script(keep(say("Noted.")))
+        _, items = await resend(proxy, 12)
+        assert len(proxy.upstream.bodies[-1]["messages"]) == 23
+        edited = [{**items[0], "content": "0:" + "y" * 500}, *items[1:]]
+        refused = await respond(proxy, model="scripted", input=edited)
+    assert refused.status_code == 400, refused.text
+    assert "at most 5 stored responses" in refused.json()["error"]["message"]
 
 
 async def test_a_conversation_resent_changed_is_stored_as_it_was_sent(
@@ -303,23 +320,24 @@ async def test_another_key_s_items_sent_whole_are_stored_as_sent(proxy_for: Prox
     assert store.kept[0] == []
 
 
-async def test_a_stored_output_over_the_read_ahead_is_not_parsed_for_its_fingerprint(
+async def test_a_stored_output_over_the_read_ahead_is_read_when_a_turn_continues_it(
     proxy_for: ProxyFactory,
 ) -> None:
-    """Its items sent whole: read with its fingerprint, not parsed, so that turn's input items
-    are stored whole; its conversation, known by the fingerprint, continues."""
+    """Its items sent whole, after the items its request sent: the output is read whole (and
+    charged) to be compared, and the conversation through it read on its own."""
     store = CountedStore()
     async with proxy_for(store=store) as proxy:
         proxy.upstream.script(say("y" * (AHEAD_BYTES + 1)), keep(say("Noted.")))
-        _, items = await resend(proxy, 1, whole=True)
+        (first,), items = await resend(proxy, 1, whole=True)
         store.clear()
         (second,), _ = await resend(proxy, 1, items, whole=True)
-        assert [FINGERPRINT_RECORD, "outputs"] in [[k for k, _ in pairs] for pairs in store.reads]
-        assert store.read < AHEAD_BYTES  # the outputs record is not read
+        assert store.read > AHEAD_BYTES
         inputs = await MemoryStore.get_record(store, "input", second)
-        assert inputs is not None
-        assert orjson.loads(inputs)["previous"] is None
-        assert await MemoryStore.get_record(store, TAIL_RECORD, second)
+    assert inputs is not None
+    assert orjson.loads(inputs)["previous"] == first
+    kinds = [[kind for kind, _ in pairs] for pairs in store.reads[:3]]
+    conversation = ["conversation", TAIL_RECORD]
+    assert kinds == [[FINGERPRINT_RECORD], ["outputs", *conversation], conversation]
 
 
 @pytest.mark.parametrize("whole", [False, True], ids=["references", "items"])
@@ -367,21 +385,29 @@ async def test_an_upstream_s_fuller_messages_are_continued_as_their_items_give_t
         assert tail.endswith(b'"refusal":null,"annotations":[]}]')  # stored as it came
 
 
-async def test_a_fingerprint_the_backend_fails_to_read_leaves_the_turn_stored_whole(
-    proxy_for: ProxyFactory,
+@pytest.mark.parametrize("failing", ["get_record", "get_records"])
+async def test_a_turn_whose_reads_fail_is_stored_as_it_was_sent(
+    proxy_for: ProxyFactory, failing: str
 ) -> None:
-    """As when there is none: the request is answered all the same."""
+    """The backend fails the fingerprint's read (`get_record`): the turn is stored whole, as
+    when there is none; or the continuation's read after it (`get_records`): its input items
+    are stored whole, its conversation still known by the fingerprint. The request is
+    answered all the same."""
     store = CountedStore()
     async with proxy_for(store=store) as proxy:
         proxy.upstream.script(keep(say("Noted.")))
         _, items = await resend(proxy, 28, whole=True)
         down = StateUnavailable("the state backend is unreachable")
-        with unittest.mock.patch.object(MemoryStore, "get_records", side_effect=down):
+        with unittest.mock.patch.object(MemoryStore, failing, side_effect=down):
             (last,), _ = await resend(proxy, 1, items, whole=True)
         inputs = await store.get_record("input", last)
-    assert inputs is not None
-    assert orjson.loads(inputs)["previous"] is None
-    assert await store.get_record(stored_conversation.CONVERSATION_RECORD, last) is not None
+        assert inputs is not None
+        assert orjson.loads(inputs)["previous"] is None
+        whole = await store.get_record(stored_conversation.CONVERSATION_RECORD, last)
+        assert (whole is not None) is (failing == "get_record")
+        r = await respond(proxy, model="scripted", input="On.", previous_response_id=last)
+        assert r.status_code == 200, r.text
+        assert len(proxy.upstream.bodies[-1]["messages"]) == 2 * 29 + 1
 
 
 async def test_a_resent_turn_s_input_items_are_listed_as_it_sent_them(
@@ -442,12 +468,13 @@ ASK = {
 
 
 @pytest.mark.parametrize("whole", [False, True], ids=["references", "items"])
-async def test_a_server_call_then_a_client_call_sent_back_is_continued_as_it_was_sent(
+async def test_a_server_call_then_a_client_call_sent_back_go_upstream_as_two_steps(
     proxy_for: ProxyFactory, whole: bool
 ) -> None:
-    """`[mcp_call, function_call]` sent back reads as one step of two calls (the items cannot
-    say otherwise): the turn is stored as its upstream request had it, and a continuation by id
-    sends that request's messages, the reply, and what follows."""
+    """`[mcp_call, function_call]` sent back after the request's own items continues that
+    response: the upstream is sent the two steps the model made (the items alone would read as
+    one step of two calls), and a continuation by id sends that request's messages, the reply,
+    and what follows."""
     async with proxy_for() as proxy:
         proxy.upstream.script(
             call("get_weather", city="Lima"), call("ask_user", question="Go?"), say("Done.")
@@ -460,9 +487,12 @@ async def test_a_server_call_then_a_client_call_sent_back_is_continued_as_it_was
         items.append(
             {"type": "function_call_output", "call_id": output[1]["call_id"], "output": "yes"}
         )
+        first = proxy.upstream.bodies[-1]["messages"]  # the client call's step
         done = await respond(proxy, model="weather", input=items, tools=[ASK])
         assert done.status_code == 200, done.text
         sent = proxy.upstream.bodies[-1]["messages"]
+        assert sent[: len(first)] == first
+        assert [m["role"] for m in sent[len(first) :]] == ["assistant", "tool"]
         proxy.upstream.script(say("On it."))
         r = await respond(
             proxy, model="weather", input="On.", previous_response_id=done.json()["id"], tools=[ASK]
@@ -513,11 +543,13 @@ async def test_a_chain_continued_by_id_sends_the_upstream_s_own_call_ids(
     assert proxy.upstream.bodies[-1]["messages"][: len(step)] == step
 
 
-async def test_a_fingerprint_left_by_a_delete_of_the_version_before_is_not_used(
+async def test_a_fingerprint_left_by_a_delete_of_the_version_before_leaves_no_gap(
     proxy_for: ProxyFactory,
 ) -> None:
     """That version's delete drops the response's other records: its items sent whole again
-    make a turn stored whole, not one naming the deleted response's parts."""
+    make a turn that does not continue it (its outputs are gone) but whose conversation begins
+    with its conversation's messages, as sent: continued by id, it is whole (a part found gone
+    by the write would be kept whole)."""
     store = MemoryStore()
     async with proxy_for(store=store) as proxy:
         proxy.upstream.script(keep(say("Noted.")))
@@ -525,7 +557,9 @@ async def test_a_fingerprint_left_by_a_delete_of_the_version_before_is_not_used(
         older = ["conversation", TAIL_RECORD, "input", "outputs", "response"]
         await store.delete_records([(kind, ids[-1]) for kind in older])
         (last,), _ = await resend(proxy, 1, items, whole=True)
-        assert await store.get_record(TAIL_RECORD, last) is None
+        inputs = await store.get_record("input", last)
+        assert inputs is not None
+        assert orjson.loads(inputs)["previous"] is None
         r = await respond(proxy, model="scripted", input="On.", previous_response_id=last)
         assert r.status_code == 200, r.text
         assert len(proxy.upstream.bodies[-1]["messages"]) == 2 * 29 + 1

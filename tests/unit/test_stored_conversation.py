@@ -55,8 +55,7 @@ async def chain(turns: int, size: int) -> tuple[ResponseStore, int, list[int], l
         response_id = f"resp_{n:04d}"
         await save(store, response_id, messages, continued)
         written += sum(len(backend._found(kind, response_id) or b"") for kind in _KINDS)
-        stored = StoredResponse({"id": response_id}, None, "m", None)
-        continued = await store.conversation(stored, BOUNDS)
+        continued = await store.conversation(response_id, BOUNDS)
         assert continued is not None
         assert continued.messages == messages  # whole, in order, each turn
         parts.append(len(continued.parts))
@@ -121,24 +120,23 @@ async def test_a_tail_in_a_form_this_version_did_not_write_reads_as_gone(line: b
 async def test_a_part_gone_or_replaced_leaves_the_conversation_gone() -> None:
     """Its response deleted, or expired: the conversation is not sent upstream without it."""
     store, *_ = await chain(200, 2_000)
-    stored = StoredResponse({"id": "resp_0199"}, None, "m", None)
-    continued = await store.conversation(stored, BOUNDS)
+    continued = await store.conversation("resp_0199", BOUNDS)
     assert continued is not None
     assert len(continued.parts) > 1
     first = continued.parts[0]
     value = await store.store.get_record(*first.record)
     assert value is not None
     await store.store.put_record(*first.record, value[:-2] + b"]", 60)  # shorter
-    assert await store.conversation(stored, BOUNDS) is None
+    assert await store.conversation("resp_0199", BOUNDS) is None
     await store.store.put_record(*first.record, value[:-1] + b", {}]", 60)  # longer
-    assert await store.conversation(stored, BOUNDS) is None
+    assert await store.conversation("resp_0199", BOUNDS) is None
     await store.store.put_record(*first.record, value[:-1] + b"," + b" " * 100_000 + b"]", 60)
-    assert await store.conversation(stored, BOUNDS) is None
+    assert await store.conversation("resp_0199", BOUNDS) is None
     same_size = b"{" + b" " * (len(value) - 2) + b"}"  # not a JSON array
     await store.store.put_record(*first.record, same_size, 60)
-    assert await store.conversation(stored, BOUNDS) is None
+    assert await store.conversation("resp_0199", BOUNDS) is None
     await store.store.delete_record(*first.record)
-    assert await store.conversation(stored, BOUNDS) is None
+    assert await store.conversation("resp_0199", BOUNDS) is None
 
 
 async def resent(turns: int, size: int) -> tuple[ResponseStore, int, list[Any]]:
@@ -156,7 +154,8 @@ async def resent(turns: int, size: int) -> tuple[ResponseStore, int, list[Any]]:
         response_id = f"resp_{n:04d}"
         stored = StoredResponse({"id": response_id, "output": []}, None, "m", None)
         inputs = StoredInput(None, [])
-        await store.save(response_id, stored, messages, inputs, None, continued, Lineage.first())
+        lineage = Lineage("", 0, 1)
+        await store.save(response_id, stored, messages, inputs, None, continued, lineage)
         written += sum(len(backend._found(kind, response_id) or b"") for kind in _KINDS)
         kept = parsed_fingerprint(await backend.get_record(FINGERPRINT_RECORD, response_id), None)
         assert kept is not None
@@ -166,7 +165,7 @@ async def resent(turns: int, size: int) -> tuple[ResponseStore, int, list[Any]]:
         assert kept.conversation.digest == hashlib.sha256(canonical).hexdigest()
         continued = await kept.conversation.begun([*messages, *turn(n + 1, size)])
         assert continued is not None
-        assert (await store.conversation(stored, BOUNDS)) == sc.Conversation(
+        assert (await store.conversation(response_id, BOUNDS)) == sc.Conversation(
             messages, continued.parts
         )
     return store, written, messages
