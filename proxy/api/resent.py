@@ -53,14 +53,14 @@ async def resumed(
     found = named.fingerprint
     sent = JsonDigest(orjson.OPT_SORT_KEYS)
     if found is None or found.sent is None or found.count > place:
-        return None, Lineage((await sent.extended(items, without_nulls)).hexdigest(), len(items), 1)
-    await sent.extended(items[: found.count], without_nulls)
+        return None, Lineage((await sent.extended(items)).hexdigest(), len(items), 1)
+    await sent.extended(items[: found.count])
     resent = None
     if sent.hexdigest() == found.sent and not (
         found.depth >= input_items.MAX_CHAIN and _held(items[: place + 1])
     ):
         resent = await _continued(items[found.count : place + 1], place + 1, named, reads)
-    await sent.extended(items[found.count :], without_nulls)
+    await sent.extended(items[found.count :])
     depth = found.depth + 1 if resent is not None else 1
     return resent, Lineage(sent.hexdigest(), len(items), depth)
 
@@ -88,7 +88,7 @@ async def begun(named: Named, messages: list[dict[str, Any]]) -> Conversation | 
 
 async def first_lineage(items: list[dict[str, Any]]) -> Lineage:
     """What the fingerprint of a request that names no stored response keeps."""
-    sent = await JsonDigest(orjson.OPT_SORT_KEYS).extended(items, without_nulls)
+    sent = await JsonDigest(orjson.OPT_SORT_KEYS).extended(items)
     return Lineage(sent.hexdigest(), len(items), 1)
 
 
