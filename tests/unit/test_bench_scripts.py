@@ -11,6 +11,7 @@ from tests.bench import (
     mcp_cost,
     mcp_stall,
     policy_cost,
+    resent_turns,
     telemetry_cost,
 )
 
@@ -90,3 +91,24 @@ def test_the_chain_storage_benchmark_stores_each_chain_in_parts_and_whole(
         chained, resent, whole = (float(mode.split()[0]) for mode in stored.split(" / "))
         assert chained == resent
         assert chained < whole if chain.strip().startswith("60") else chained == whole
+
+
+def test_the_resent_turns_benchmark_reads_as_few_records_each_way(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A turn of a conversation sent again reads the response it continues, whatever the
+    number of earlier responses its references name, as a continuation by id does."""
+    resent_turns.main(["--turns", "120", "--bytes", "100"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["backend", "way", "turn", "ms", "a", "turn", "reads", "KB", "read"]
+    rows = [line.split() for line in lines[1:]]
+    assert [(row[0], row[1], row[2]) for row in rows] == [
+        (backend, way, mark)
+        for backend in ("memory", "sqlite")
+        for way in resent_turns.WAYS
+        for mark in ("10", "100", "120")
+    ]
+    for backend, way, _, ms, reads, kb in rows:
+        assert float(ms) > 0
+        assert float(kb) > 0
+        assert int(reads) <= (2 if way == "previous_response_id" else 3), (backend, way)
