@@ -27,12 +27,14 @@ from proxy.api.stored_reads import Named, StoredReads
 @dataclass(frozen=True, slots=True)
 class Resent:
     """A request known as the continuation of the response it names last (`named`): its items
-    from `start` on are its own, those before are that response's request's and output."""
+    from `start` on are its own, those before are that response's request's and output; it
+    goes on in that response's chain's thread, as a continuation by id does."""
 
     named: str
     start: int
     conversation: Conversation
     output: list[dict[str, Any]]
+    thread: str | None  # that response's chain's thread
 
 
 def last_named(items: list[dict[str, Any]]) -> tuple[int, str] | None:
@@ -50,9 +52,9 @@ async def resumed(
 ) -> tuple[Resent | None, Lineage]:
     """Whether a request that sends `items`, the one at `place` naming the response `named`
     last, continues it; and what its own fingerprint keeps."""
-    found = named.fingerprint
+    found = named.fingerprint.lineage if named.fingerprint is not None else None
     sent = JsonDigest(orjson.OPT_SORT_KEYS)
-    if found is None or found.sent is None or found.count > place:
+    if found is None or found.count > place:
         return None, Lineage((await sent.extended(items)).hexdigest(), len(items), 1)
     await sent.extended(items[: found.count])
     resent = None
@@ -76,7 +78,8 @@ async def _continued(
     conversation = await reads.conversation(named.response_id, found[1])
     if conversation is None:
         return None
-    return Resent(named.response_id, start, conversation, found[0])
+    thread = named.fingerprint.thread if named.fingerprint is not None else None
+    return Resent(named.response_id, start, conversation, found[0], thread)
 
 
 async def begun(named: Named, messages: list[dict[str, Any]]) -> Conversation | None:

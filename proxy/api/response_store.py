@@ -3,6 +3,7 @@ state backend for `state.response_ttl_s`, readable only by the key that created 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -105,20 +106,21 @@ class Lineage:
 class StoredFingerprint:
     """What a response made without `previous_response_id` keeps for a later request that
     sends its conversation whole again (a record of its own: a version before never reads
-    it): the conversation's fingerprint; the digest of the items its request sent and how many
-    (None in a fingerprint a version before wrote); its input chain's records; and its key
+    it): the conversation's fingerprint; its request's `Lineage` (None in a fingerprint a
+    version before wrote); its chain's thread, as `StoredResponse` keeps it; and its key
     (last)."""
 
     conversation: Fingerprint
-    sent: str | None
-    count: int
-    depth: int
+    lineage: Lineage | None
+    thread: str | None
     key: str | None
 
     def dumps(self) -> bytes:
-        form = self.conversation.form()
-        fields = {"conversation": form, "sent": self.sent, "count": self.count}
-        return orjson.dumps({**fields, "depth": self.depth, "key": self.key})
+        fields: dict[str, Any] = {"conversation": self.conversation.form()}
+        if self.lineage is not None:
+            lineage = self.lineage
+            fields |= {"sent": lineage.sent, "count": lineage.count, "depth": lineage.depth}
+        return orjson.dumps({**fields, "thread": self.thread, "key": self.key})
 
 
 @dataclass(slots=True)
@@ -214,9 +216,12 @@ def parsed_fingerprint(record: bytes | None, caller: Caller | None) -> StoredFin
     if conversation is None:
         return None
     sent, count, depth = fields.get("sent"), fields.get("count"), fields.get("depth")
-    if not isinstance(sent, str) or type(count) is not int or type(depth) is not int:
-        sent, count, depth = None, 0, 0  # a version before's: its conversation only
-    return StoredFingerprint(conversation, sent, count, depth, fields["key"])
+    lineage = None  # a version before's: its conversation only
+    if isinstance(sent, str) and type(count) is int and type(depth) is int:
+        lineage = Lineage(sent, count, depth)
+    thread = fields.get("thread")
+    thread = thread if isinstance(thread, str) else None
+    return StoredFingerprint(conversation, lineage, thread, fields["key"])
 
 
 Owned = TypeVar("Owned", StoredResponse, StoredOutputs)
@@ -289,8 +294,7 @@ class ResponseStore:
             if lineage is not None:
                 form = (conversation, parts, messages, continued, calls)
                 made = await fingerprint(response_id, *form)
-                sent, count, depth = lineage.sent, lineage.count, lineage.depth
-                marked = StoredFingerprint(made, sent, count, depth, stored.key)
+                marked = StoredFingerprint(made, lineage, stored.thread, stored.key)
                 records.append(Record(FINGERPRINT_RECORD, response_id, marked.dumps()))
             body = {**stored.response, "output": None}
             stored = StoredResponse(body, stored.thread, stored.owner, stored.key)
@@ -310,7 +314,7 @@ class ResponseStore:
         if marked is not None:
             one = whole(response_id, record.value, messages).parts
             printed = Fingerprint(marked.conversation.digest, one)
-            again = StoredFingerprint(printed, marked.sent, marked.count, marked.depth, marked.key)
+            again = dataclasses.replace(marked, conversation=printed)
             records.append(Record(FINGERPRINT_RECORD, response_id, again.dumps()))
         await self.store.put_records(records, self.ttl_s)
 

@@ -275,6 +275,8 @@ async def _history(req: ResponsesRequest, reads: StoredReads) -> _History:
         if resent is not None:
             continued, start = resent.conversation, resent.start
             conversation = continued.messages
+            if req.run.thread_id is None:
+                req.run.thread_id = resent.thread
         else:
             reads.will_read(_named(req.items))
     elif req.store:

@@ -21,8 +21,8 @@ from proxy.state.memory import MemoryStore
 from proxy.state.store import Record, StateStore
 from tests.integration.conftest import Proxy, ProxyFactory
 from tests.integration.counted_store import CountedStore
-from tests.integration.test_key_scopes import key, keyed
-from tests.integration.test_responses_state import respond
+from tests.integration.test_key_scopes import AGENTS, key, keyed
+from tests.integration.test_responses_state import LIMITED, respond, tool_results
 from tests.scripted_upstream import Call, Reply, call, keep, say, say_tool_result
 
 
@@ -222,6 +222,30 @@ async def test_a_resent_conversation_names_more_responses_than_a_request_may_rea
         refused = await respond(proxy, model="scripted", input=edited)
     assert refused.status_code == 400, refused.text
     assert "at most 5 stored responses" in refused.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("whole", [False, True], ids=["references", "items"])
+async def test_a_conversation_sent_again_is_one_thread_as_a_chain_is(
+    proxy_for: ProxyFactory, whole: bool
+) -> None:
+    """Its tool call limits span its turns (`thread_limit`), as a chain continued by id does;
+    a turn that does not continue the response it names begins a thread of its own."""
+    async with proxy_for({"agents": AGENTS}) as proxy:
+        weather = (call("get_weather", city="Lima"), say("Sunny."))
+        proxy.upstream.script(*weather, *weather, *weather)
+        (first,), items = await resend(proxy, 1, model="capped", whole=whole)
+        (second,), _ = await resend(proxy, 1, items, model="capped", whole=whole)
+        assert LIMITED in tool_results(proxy.upstream.bodies[3])[-1]
+        edited = [{**items[0], "content": "0:" + "y" * 500}, *items[1:]]
+        await resend(proxy, 1, edited, model="capped", whole=whole)
+        assert LIMITED not in tool_results(proxy.upstream.bodies[5])[-1]
+    threads = [
+        span.attributes.get("gen_ai.conversation.id")
+        for span in proxy.spans()
+        if span.name.startswith("invoke_agent") and span.attributes
+    ]
+    assert threads[:2] == [first, first]
+    assert threads[2] not in (first, second)
 
 
 async def test_a_conversation_resent_changed_is_stored_as_it_was_sent(
