@@ -94,8 +94,8 @@ class StoredOutputs:
 class Lineage:
     """What a request made without `previous_response_id` keeps in its response's fingerprint
     for the next request, which may send its items again: the digest of its items as sent
-    (`sent_digest`), how many there are, and the input records of the chain its input record
-    ends (a listing's reads)."""
+    (their JSON, keys sorted), how many there are, and the input records of the chain its
+    input record ends (a listing's reads)."""
 
     sent: str
     count: int
