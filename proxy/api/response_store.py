@@ -378,13 +378,14 @@ class ResponseStore:
     ) -> Conversation | None:
         """The conversation through a response the key may read (None when it is gone since,
         deleted or expired, or a part of it is); `found`, the first of its conversation and
-        tail records (`conversation_records`) when they were read already. Raises
+        tail records (`conversation_records`) when they were read already (a conversation
+        record is read first: one kept whole beside its tail, as `_whole` keeps it). Raises
         ConversationTooLarge when it holds more bytes or JSON values than a request's body may
         (checked before it is parsed, and its size before its parts are read)."""
         found = list(found)
         if not found or (found[0] is None and len(found) == 1):
             found += await self.store.get_records(conversation_records(response_id)[len(found) :])
-        conversation, tail = found
+        conversation, tail = found[0], found[1] if len(found) > 1 else None
         try:
             if conversation is not None:
                 await _check(response_id, conversation, bounds)

@@ -591,7 +591,9 @@ async def test_a_fingerprint_left_by_a_delete_of_the_version_before_leaves_no_ga
 
 class PartGoneBeforeTheWrite(MemoryStore):
     """A part named by a write is deleted just before it (expired, or its response deleted,
-    between the read of the conversation and the write of its continuation)."""
+    between the read of the conversation and the write of its continuation), while `armed`."""
+
+    armed = True
 
     async def put_records(
         self,
@@ -600,7 +602,7 @@ class PartGoneBeforeTheWrite(MemoryStore):
         keep_thread: str | None = None,
         keep: Sequence[tuple[str, str]] = (),
     ) -> int:
-        if keep:
+        if keep and self.armed:
             await self.delete_records(keep[:1])
         return await super().put_records(records, ttl_s, keep_thread, keep)
 
@@ -618,3 +620,39 @@ async def test_a_continuation_whose_part_goes_before_its_write_keeps_its_convers
         assert r.status_code == 200, r.text
     sent = proxy.upstream.bodies[-1]["messages"]
     assert [m["content"] for m in sent[::2]] == [f"{n}:" + "x" * 500 for n in range(30)] + ["On."]
+
+
+@pytest.mark.parametrize("how", ["resent", "previous_response_id"])
+async def test_a_response_kept_whole_beside_its_tail_is_continued_from_the_whole(
+    proxy_for: ProxyFactory, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """Its first write left a tail record: a continuation whose read-ahead holds the
+    conversation record but not the tail reads the whole one."""
+    store = PartGoneBeforeTheWrite()
+    store.armed = False
+    async with proxy_for(store=store) as proxy:
+        proxy.upstream.script(keep(say("Noted.")))
+        _, items = await resend(proxy, 29, whole=True)
+        store.armed = True
+        (last,), items = await resend(proxy, 1, items, whole=True)
+        store.armed = False
+        records = {kind: await store.get_record(kind, last) for kind in (*KINDS, "response")}
+        whole, tail = records["conversation"], records[TAIL_RECORD]
+        assert whole is not None
+        assert tail is not None
+        ahead = sum(len(records[kind] or b"") for kind in ("outputs", "conversation"))
+        if how == "previous_response_id":
+            ahead += len(records["response"] or b"")
+        monkeypatch.setattr(stored_reads, "AHEAD_BYTES", ahead + len(tail) // 2)
+        if how == "resent":
+            r = await respond(
+                proxy, model="scripted", input=[*items, {"role": "user", "content": "On."}]
+            )
+        else:
+            r = await respond(proxy, model="scripted", input="On.", previous_response_id=last)
+        assert r.status_code == 200, r.text
+    sent = proxy.upstream.bodies[-1]["messages"]
+    assert [m["content"] for m in sent[::2]] == [f"{n}:" + "x" * 500 for n in range(30)] + ["On."]
+
+
+KINDS = ("outputs", stored_conversation.CONVERSATION_RECORD, TAIL_RECORD)
