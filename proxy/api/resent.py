@@ -82,13 +82,6 @@ async def _continued(
     return Resent(named.response_id, start, conversation, found[0], thread)
 
 
-async def begun(named: Named, messages: list[dict[str, Any]]) -> Conversation | None:
-    """The conversation through `named` when `messages` begin with it (as items carry it)."""
-    if named.fingerprint is None:
-        return None
-    return await named.fingerprint.conversation.begun(messages)
-
-
 async def first_lineage(items: list[dict[str, Any]]) -> Lineage:
     """What the fingerprint of a request that names no stored response keeps."""
     sent = await JsonDigest(orjson.OPT_SORT_KEYS).extended(items)

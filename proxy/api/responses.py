@@ -19,7 +19,7 @@ from proxy.api.completion import loop_report
 from proxy.api.failures import failed, failure_error, send_failure
 from proxy.api.json_body import read_json
 from proxy.api.planning import Plan
-from proxy.api.resent import begun, first_lineage, last_named, resumed
+from proxy.api.resent import first_lineage, last_named, resumed
 from proxy.api.response_body import (
     finished_response,
     item_prefix,
@@ -329,8 +329,11 @@ async def _history(req: ResponsesRequest, reads: StoredReads) -> _History:
     if resent is not None:
         inputs = StoredInput(resent.named, items, resent.output)
         return _History(messages, inputs, continued, lineage)
-    if named is not None and req.store:  # its conversation may still begin with named's
-        continued = await begun(named, messages)
+    fingerprint = named.fingerprint if named is not None and req.store else None
+    if fingerprint is not None:  # its conversation may still begin with named's: its thread
+        continued = await fingerprint.conversation.begun(messages)
+        if continued is not None and req.run.thread_id is None:
+            req.run.thread_id = fingerprint.thread
     return _History(messages, StoredInput(None, items, []), continued, lineage)
 
 
@@ -342,8 +345,9 @@ def _named(items: list[dict[str, Any]]) -> list[str]:
 
 def _held_already(key: str, value: str, param: str) -> InvalidRequest:
     return InvalidRequest(
-        f"Duplicate item found with {key} {value[:64]!r}: the conversation of "
-        "previous_response_id holds it already; send only the items that follow it",
+        f"Duplicate item found with {key} {value[:64]!r}: the conversation this request "
+        "continues (its previous_response_id, or the stored response its items name last) "
+        "holds it already; send only the items that follow it",
         param=param,
     )
 

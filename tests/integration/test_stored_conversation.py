@@ -228,24 +228,28 @@ async def test_a_resent_conversation_names_more_responses_than_a_request_may_rea
 async def test_a_conversation_sent_again_is_one_thread_as_a_chain_is(
     proxy_for: ProxyFactory, whole: bool
 ) -> None:
-    """Its tool call limits span its turns (`thread_limit`), as a chain continued by id does;
-    a turn that does not continue the response it names begins a thread of its own."""
+    """Its tool call limits span its turns (`thread_limit`), as a chain continued by id does,
+    and a turn whose conversation begins with it though its items do not (a message sent with
+    an id of its own now) too; a turn that does not continue it begins a thread of its own."""
     async with proxy_for({"agents": AGENTS}) as proxy:
         weather = (call("get_weather", city="Lima"), say("Sunny."))
-        proxy.upstream.script(*weather, *weather, *weather)
+        proxy.upstream.script(*weather * 4)
         (first,), items = await resend(proxy, 1, model="capped", whole=whole)
         (second,), _ = await resend(proxy, 1, items, model="capped", whole=whole)
         assert LIMITED in tool_results(proxy.upstream.bodies[3])[-1]
+        named = [{**items[0], "id": "u-0"}, *items[1:]]
+        await resend(proxy, 1, named, model="capped", whole=whole)
+        assert LIMITED in tool_results(proxy.upstream.bodies[5])[-1]
         edited = [{**items[0], "content": "0:" + "y" * 500}, *items[1:]]
         await resend(proxy, 1, edited, model="capped", whole=whole)
-        assert LIMITED not in tool_results(proxy.upstream.bodies[5])[-1]
+        assert LIMITED not in tool_results(proxy.upstream.bodies[7])[-1]
     threads = [
         span.attributes.get("gen_ai.conversation.id")
         for span in proxy.spans()
         if span.name.startswith("invoke_agent") and span.attributes
     ]
-    assert threads[:2] == [first, first]
-    assert threads[2] not in (first, second)
+    assert threads[:3] == [first, first, first]
+    assert threads[3] not in (first, second)
 
 
 async def test_a_conversation_resent_changed_is_stored_as_it_was_sent(
