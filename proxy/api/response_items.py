@@ -190,8 +190,6 @@ class ServerCalls:
         self.tools = tools
         self.items: list[dict[str, Any]] = []
         self._open: dict[str, dict[str, Any]] = {}
-        # A call's id: its item's, by which a client that sends the items back names the call.
-        self.ids: dict[str, str] = {}
 
     def on_event(self, event: ev.RunEvent) -> None:
         if isinstance(event, ev.ToolStarted):
@@ -201,7 +199,7 @@ class ServerCalls:
 
     def started(self, event: ev.ToolStarted) -> dict[str, Any]:
         call = event.call
-        self.ids[call.id] = item_id = f"mcp_{self.prefix}_{len(self.items)}"
+        item_id = f"mcp_{self.prefix}_{len(self.items)}"
         item = {
             "id": item_id,
             "type": "mcp_call",

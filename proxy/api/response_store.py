@@ -270,7 +270,6 @@ class ResponseStore:
         chain: str | None,
         continued: Conversation | None,
         lineage: Lineage | None = None,
-        calls: Mapping[str, str] = {},
     ) -> None:
         """Keeps the response (and its output items alone), `messages` (the conversation through
         it, as the engine saw it, the `instructions` aside: they are not carried over, as OpenAI
@@ -279,9 +278,7 @@ class ResponseStore:
         the earlier parts of the conversation as long (when one of them is gone since, expired or
         deleted, the conversation is kept whole, in a second write). `lineage`: its request
         sent the whole conversation (no `previous_response_id`), and the next may too: it keeps
-        a fingerprint (`StoredFingerprint`), in which its server calls go by `calls` (the ids of
-        the items that show them, which such a request sends back: the conversation keeps the
-        upstream's ids, which an upstream may require in its own form)."""
+        a fingerprint (`StoredFingerprint`)."""
         if self.earlier_form:  # each conversation whole, and no outputs record
             continued = None
         conversation, parts = stored_form(response_id, messages, continued)
@@ -292,8 +289,7 @@ class ResponseStore:
             outputs = StoredOutputs(output, stored.owner, stored.key)
             records.append(Record(OUTPUTS_RECORD, response_id, outputs.dumps()))
             if lineage is not None:
-                form = (conversation, parts, messages, continued, calls)
-                made = await fingerprint(response_id, *form)
+                made = await fingerprint(response_id, conversation, parts, messages, continued)
                 marked = StoredFingerprint(made, lineage, stored.thread, stored.key)
                 records.append(Record(FINGERPRINT_RECORD, response_id, marked.dumps()))
             body = {**stored.response, "output": None}

@@ -226,7 +226,6 @@ class _Context:
                     self.chain,
                     history.continued,
                     history.lineage,
-                    self.calls.ids if self.calls is not None else {},
                 )
             except StateUnavailable as exc:
                 log.warning("response %s was not stored: %s", body["id"], exc.message)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,7 +69,7 @@ class Conversation:
 
     messages: list[dict[str, Any]]
     parts: tuple[Part, ...]
-    hashing: JsonDigest | None = None
+    hashing: ConversationDigest | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +86,7 @@ class Fingerprint:
         count = sum(part.count for part in self.parts)
         if len(messages) < count:
             return None
-        hashing = await JsonDigest().extended(messages[:count], canonical)
+        hashing = await ConversationDigest().extended(messages[:count])
         if hashing.hexdigest() != self.digest:
             return None
         return Conversation(messages[:count], self.parts, hashing)
@@ -116,50 +116,98 @@ async def fingerprint(
     named: Sequence[Part],
     messages: list[dict[str, Any]],
     continued: Conversation | None,
-    calls: Mapping[str, str] = {},
 ) -> Fingerprint:
     """The fingerprint of `messages`, the conversation through `response_id`, kept in `record`
     and the `named` parts (as `stored_form` made them from the conversation it `continued`):
     the digest goes on from that conversation's when it has one, so that a conversation sent
-    whole is hashed once a turn; `calls` renames call ids as `canonical` does."""
+    whole is hashed once a turn."""
     own = record.value if not named else record.value.partition(b"\n")[2]
     count = len(messages) - sum(part.count for part in named)
     parts = (*named, Part(response_id, not named, len(own), count))
     if continued is not None and continued.hashing is not None:
         hashing, rest = continued.hashing.copy(), messages[len(continued.messages) :]
     else:
-        hashing, rest = JsonDigest(), messages
-    form = functools.partial(canonical, calls=calls)
-    return Fingerprint((await hashing.extended(rest, form)).hexdigest(), parts)
+        hashing, rest = ConversationDigest(), messages
+    return Fingerprint((await hashing.extended(rest)).hexdigest(), parts)
+
+
+class CallNumbers:
+    """The calls of a conversation numbered as they come, and each result by the number of the
+    call it answers, for a fingerprint that holds no call id: the conversation as stored (the
+    upstream's ids) and as its items carry it (a server call under the id of the `mcp_call`
+    item that shows it) are then one. An id given again (an upstream that gives every turn
+    `call_0`) is a new call; a result answers the latest call of its id."""
+
+    __slots__ = ("count", "latest")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.latest: dict[str, int] = {}
+
+    def call(self, call_id: Any) -> Any:
+        if not isinstance(call_id, str):
+            return call_id
+        self.latest[call_id] = number = self.count
+        self.count += 1
+        return number
+
+    def answered(self, call_id: Any) -> Any:
+        return self.latest.get(call_id, call_id) if isinstance(call_id, str) else call_id
+
+    def copy(self) -> CallNumbers:
+        other = CallNumbers()
+        other.count, other.latest = self.count, dict(self.latest)
+        return other
+
+
+class ConversationDigest:
+    """The digest of a conversation's `canonical` forms, as it grows."""
+
+    __slots__ = ("calls", "json")
+
+    def __init__(self) -> None:
+        self.json = JsonDigest()
+        self.calls = CallNumbers()
+
+    async def extended(self, messages: list[dict[str, Any]]) -> ConversationDigest:
+        """Adds `messages` (hashed a piece at a time: `JsonDigest.extended`); gives itself."""
+        await self.json.extended(messages, functools.partial(canonical, calls=self.calls))
+        return self
+
+    def copy(self) -> ConversationDigest:
+        other = ConversationDigest()
+        other.json, other.calls = self.json.copy(), self.calls.copy()
+        return other
+
+    def hexdigest(self) -> str:
+        return self.json.hexdigest()
 
 
 def canonical(
-    messages: list[dict[str, Any]],
-    calls: Mapping[str, str] = {},
+    messages: list[dict[str, Any]], calls: CallNumbers | None = None
 ) -> list[dict[str, Any]]:
     """Messages as their items carry them when a client sends them back (`items_to_messages`
-    makes no more of them): a role, content, tool calls (id, type, name, arguments) and the
-    call a result answers, a server call under the id of the item that shows it (`calls`).
-    What else an upstream's reply holds (`refusal: null`, `annotations`, `reasoning_content`, a
-    call's extra fields) is not part of a conversation's fingerprint."""
+    makes no more of them): a role, content, tool calls (type, name, arguments) and the call a
+    result answers, each call by its number in the conversation (`calls`, going on from the
+    messages before). What else an upstream's reply holds (`refusal: null`, `annotations`,
+    `reasoning_content`, a call's extra fields) is not part of a conversation's fingerprint."""
+    calls = calls if calls is not None else CallNumbers()
     forms = []
     for message in messages:
         form = {"role": message.get("role"), "content": message.get("content")}
         if called := message.get("tool_calls"):
             form["tool_calls"] = [_call_form(call, calls) for call in called]
         if "tool_call_id" in message:
-            answered = message["tool_call_id"]
-            form["tool_call_id"] = calls.get(answered, answered)
+            form["tool_call_id"] = calls.answered(message["tool_call_id"])
         forms.append(form)
     return forms
 
 
-def _call_form(call: Any, calls: Mapping[str, str]) -> Any:
+def _call_form(call: Any, calls: CallNumbers) -> Any:
     if not isinstance(call, dict) or not isinstance(function := call.get("function"), dict):
         return call
     named = {"name": function.get("name"), "arguments": function.get("arguments")}
-    call_id: Any = call.get("id")
-    return {"id": calls.get(call_id, call_id), "type": call.get("type"), "function": named}
+    return {"id": calls.call(call.get("id")), "type": call.get("type"), "function": named}
 
 
 def stored_form(

@@ -391,6 +391,33 @@ async def test_a_resent_conversation_with_server_calls_continues_each_turn(
     assert [m["tool_call_id"] for m in sent if m["role"] == "tool"] == calls
 
 
+async def test_a_turn_not_continuing_an_agent_s_conversation_still_begins_with_it(
+    proxy_for: ProxyFactory,
+) -> None:
+    """After turns that continued the responses they named (their conversations read from the
+    stored parts, server calls under the upstream's ids), a turn whose items are not the
+    earlier turn's (a message's own id left out now), though its messages are, is stored as
+    that conversation's continuation: no whole copy."""
+    store = MemoryStore()
+    async with proxy_for(store=store) as proxy:
+        proxy.upstream.script(keep(weather_each_turn))
+        first = {"role": "user", "content": "0:" + "x" * 600, "id": "u-0"}
+        ids, items = await resend(proxy, 7, [first], model="weather", whole=True, size=600)
+        inputs = [await store.get_record("input", response_id) for response_id in ids]
+        assert [orjson.loads(i or b"{}")["previous"] for i in inputs] == [None, *ids[:-1]]
+        unnamed = [{"role": "user", "content": first["content"]}, *items[1:]]
+        (last,), _ = await resend(proxy, 1, unnamed, model="weather", whole=True, size=600)
+        assert await store.get_record(stored_conversation.CONVERSATION_RECORD, last) is None
+        assert await store.get_record(TAIL_RECORD, last) is not None
+
+
+def weather_each_turn(body: dict[str, Any]) -> Reply:
+    """A call of `get_weather` each turn, answered with its result."""
+    if body["messages"][-1]["role"] == "tool":
+        return say_tool_result()(body)
+    return call("get_weather", city="Lima")
+
+
 def openai_like(request: httpx.Request) -> httpx.Response:
     """An upstream that answers as api.openai.com does: its message holds more than the output
     items give back (`refusal`, `annotations`)."""

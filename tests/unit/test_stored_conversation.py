@@ -233,6 +233,36 @@ async def test_a_fingerprint_is_of_what_items_carry_of_a_message() -> None:
         assert await kept.begun([sent_back[0], changed, *sent_back[2:]]) is None
 
 
+async def test_a_fingerprint_holds_no_call_ids_but_which_result_answers_which_call() -> None:
+    """A server call stored under the upstream's id is sent back under its item's (`mcp_…`);
+    an upstream may give every turn the same ids (`call_0`): the conversation is the same.
+    A result answering another call than before is not."""
+
+    def step(call_id: str, city: str) -> list[dict[str, Any]]:
+        function = {"name": "get_weather", "arguments": f'{{"city": "{city}"}}'}
+        called = {"id": call_id, "type": "function", "function": function}
+        return [
+            {"role": "assistant", "content": None, "tool_calls": [called]},
+            {"role": "tool", "tool_call_id": call_id, "content": city},
+        ]
+
+    stored = [*step("call_0", "Lima"), *step("call_0", "Oslo")]
+    record, _ = sc.stored_form("resp_a", stored, None)
+    kept = await sc.fingerprint("resp_a", record, [], stored, None)
+    sent_back = [*step("mcp_a_0", "Lima"), *step("mcp_b_0", "Oslo")]
+    assert await kept.begun(sent_back) is not None
+    crossed = [sent_back[0], sent_back[2], sent_back[1], sent_back[3]]
+    assert await kept.begun(crossed) is None
+    both = {
+        **sent_back[0],
+        "tool_calls": [*sent_back[0]["tool_calls"], *sent_back[2]["tool_calls"]],
+    }
+    swapped = [both, sent_back[3], sent_back[1]]  # the results in the other order
+    record, _ = sc.stored_form("resp_b", [both, sent_back[1], sent_back[3]], None)
+    parallel = await sc.fingerprint("resp_b", record, [], [both, sent_back[1], sent_back[3]], None)
+    assert await parallel.begun(swapped) is None
+
+
 @pytest.mark.parametrize(
     "form",
     [
