@@ -63,36 +63,51 @@ def server_label(spec: ToolSpec | None) -> str:
 
 def items_to_messages(items: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """Chat Completions messages for validated input items: consecutive calls become one
-    assistant message with `tool_calls` (joined to the assistant text right before them), an
-    `mcp_call`'s result follows that message, outputs become `tool` messages, `developer`
-    becomes `system`. Items that have no upstream meaning (`reasoning`, hosted calls) are
-    left out."""
+    assistant message with `tool_calls`, joined to the assistant text right before them, or
+    right after client calls (a JSON response lists its client calls before its text: the
+    text must not come between the calls and their outputs); an `mcp_call`'s result follows
+    that message, outputs become `tool` messages, `developer` becomes `system`. Items that have
+    no upstream meaning (`reasoning`, hosted calls) are left out."""
     messages: list[dict[str, Any]] = []
     calls: list[dict[str, Any]] = []
     results: list[dict[str, Any]] = []
+    said: list[Any] = []  # the assistant text after client calls, which it goes with
 
     def flush() -> None:
         last = messages[-1] if messages else None
-        if last is not None and last["role"] == "assistant" and "tool_calls" not in last:
+        if (
+            not said
+            and last is not None
+            and last["role"] == "assistant"
+            and "tool_calls" not in last
+        ):
             last["tool_calls"] = list(calls)
         else:
-            messages.append({"role": "assistant", "content": None, "tool_calls": list(calls)})
+            text = said[0] if said else None
+            messages.append({"role": "assistant", "content": text, "tool_calls": list(calls)})
         messages.extend(results)
         calls.clear()
         results.clear()
+        said.clear()
 
     for item in items:
         kind = item.get("type", "message")
         if kind in CALL_ITEMS:
+            if said:
+                flush()
             call, result = _call(item, kind)
             calls.append(call)
             if result is not None:
                 results.append(result)
             continue
         if kind == "message":
+            message = _message(item)
+            if calls and not results and not said and message["role"] == "assistant":
+                said.append(message["content"])
+                continue
             if calls:
                 flush()
-            messages.append(_message(item))
+            messages.append(message)
         elif kind in OUTPUT_ITEMS:
             if calls:
                 flush()

@@ -96,6 +96,33 @@ def test_consecutive_calls_are_one_assistant_message_joined_to_its_text() -> Non
     ]
 
 
+def test_assistant_text_after_client_calls_goes_with_them_before_their_outputs() -> None:
+    """A JSON response lists its client calls before its text: sent back, the text is the
+    calls' message's (a message between calls and their outputs is refused upstream); the
+    text after a server call's result is an answer of its own."""
+    messages = items_to_messages(
+        [
+            fn_call("c1", "a"),
+            {"type": "message", "role": "assistant", "content": "Let me ask."},
+            {"type": "function_call_output", "call_id": "c1", "output": "one"},
+        ]
+    )
+    assert messages == [
+        {
+            "role": "assistant",
+            "content": "Let me ask.",
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "a", "arguments": "{}"}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "one"},
+    ]
+    server = {"type": "mcp_call", "id": "mcp_1", "name": "s", "arguments": "{}", "output": "ok"}
+    answered = items_to_messages([server, {"role": "assistant", "content": "Done."}])
+    assert [m["role"] for m in answered] == ["assistant", "tool", "assistant"]
+    assert answered[-1] == {"role": "assistant", "content": "Done."}
+
+
 def test_reasoning_and_hosted_items_are_left_out_without_splitting_calls() -> None:
     messages = items_to_messages(
         [
