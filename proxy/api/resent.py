@@ -2,8 +2,8 @@
 AI SDK names the earlier output items by `item_reference`, other clients add each response's
 output to their input. Such a request is known by the response its last stored item names
 (`last_named`): when its items begin with the items that response's request sent (by their
-digest, kept in its fingerprint), followed by that response's output items (by reference or
-whole, null members aside), it continues that response as `previous_response_id` would (its
+digest, kept in its fingerprint), followed by that response's output items (by reference, or
+whole: null members aside, and the `id` and `status` a client may leave out), it continues that response as `previous_response_id` would (its
 conversation read from its parts, its input record continuing that response's chain), reading
 none of the responses its earlier items name. One that does not is read item by item and stored
 whole, its conversation still continuing that response's when its messages begin with it
@@ -61,19 +61,22 @@ async def resumed(
     if sent.hexdigest() == found.sent and not (
         found.depth >= input_items.MAX_CHAIN and _held(items[: place + 1])
     ):
-        resent = await _continued(items[found.count : place + 1], place + 1, named, reads)
+        resent = await _continued(items, found.count, place, named, reads)
     await sent.extended(items[found.count :])
     depth = found.depth + 1 if resent is not None else 1
     return resent, Lineage(sent.hexdigest(), len(items), depth)
 
 
 async def _continued(
-    given: list[dict[str, Any]], start: int, named: Named, reads: StoredReads
+    items: list[dict[str, Any]], count: int, place: int, named: Named, reads: StoredReads
 ) -> Resent | None:
-    """The continuation of `named` when the items `given` after its request's are its output,
-    and the conversation through it is there."""
-    found = await reads.continued_output(named.response_id, f"input[{start - 1}].id")
-    if found is None or not _output(given, found[0]):
+    """The continuation of `named` when its output items follow its request's `count` items,
+    through the one at `place`, and the conversation through it is there."""
+    found = await reads.continued_output(named.response_id, f"input[{place}].id")
+    if found is None:
+        return None
+    start = _after(items, count, found[0])
+    if start is None or start <= place:
         return None
     conversation = await reads.conversation(named.response_id, found[1])
     if conversation is None:
@@ -88,19 +91,35 @@ async def first_lineage(items: list[dict[str, Any]]) -> Lineage:
     return Lineage(sent.hexdigest(), len(items), 1)
 
 
-def _output(given: list[dict[str, Any]], output: list[dict[str, Any]]) -> bool:
-    """Whether items `given` (references, or items sent whole) are the output items `output`,
-    null members aside; a reference named twice counts once, as it is read once."""
-    by_id = {item.get("id"): item for item in output}
-    items, seen = [], set()
-    for item in given:
-        if item.get("type") == "item_reference":
-            if item["id"] in seen:
-                continue
-            seen.add(item["id"])
-            item = by_id.get(item["id"], {})
-        items.append(item)
-    return bool(without_nulls(items) == without_nulls(output))
+def _after(items: list[dict[str, Any]], at: int, output: list[dict[str, Any]]) -> int | None:
+    """The place after the output items `output` when `items` from `at` on begin with them, each
+    by reference or sent whole (`_same`); a reference named again is passed over, as it is read
+    once."""
+    seen: set[str] = set()
+    for expected in output:
+        while at < len(items) and _again(items[at], seen):
+            at += 1
+        if at == len(items) or not _same(items[at], expected, seen):
+            return None
+        at += 1
+    return at
+
+
+def _again(item: dict[str, Any], seen: set[str]) -> bool:
+    return item.get("type") == "item_reference" and item["id"] in seen
+
+
+def _same(item: dict[str, Any], expected: dict[str, Any], seen: set[str]) -> bool:
+    """Whether `item` is the output item `expected`: a reference to it, or it sent whole, null
+    members aside, and its `id` and `status` when left out (the AI SDK sends a call so)."""
+    if item.get("type") == "item_reference":
+        seen.add(item["id"])
+        return bool(item["id"] == expected.get("id"))
+    given, stored = without_nulls(item), without_nulls(expected)
+    for key in ("id", "status"):
+        if key not in given:
+            stored.pop(key, None)
+    return bool(given == stored)
 
 
 def _held(items: list[dict[str, Any]]) -> bool:

@@ -23,6 +23,7 @@ from tests.integration.conftest import Proxy, ProxyFactory
 from tests.integration.counted_store import CountedStore
 from tests.integration.test_key_scopes import AGENTS, key, keyed
 from tests.integration.test_responses_state import LIMITED, respond, tool_results
+from tests.response_events import checked, parse_events
 from tests.scripted_upstream import Call, Reply, call, keep, say, say_tool_result
 
 
@@ -558,6 +559,49 @@ async def test_a_server_call_then_a_client_call_sent_back_go_upstream_as_two_ste
         {"role": "assistant", "content": "Done."},
         {"role": "user", "content": "On."},
     ]
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["json", "stream"])
+async def test_a_client_call_sent_back_whole_without_its_id_continues_its_response(
+    proxy_for: ProxyFactory, streamed: bool
+) -> None:
+    """The AI SDK sends a client call back whole, without its `id` and `status`, and the text
+    that came with it by reference, in the order the response listed them (a JSON response:
+    the call first; a stream: the text first): that response is continued, and the upstream
+    is sent its message (text and call) before the call's output."""
+    store = MemoryStore()
+    async with proxy_for(store=store) as proxy:
+        asked = Reply(content="Let me ask.", calls=(Call("ask_user", {"question": "Go?"}),))
+        proxy.upstream.script(say("Hello."), asked, say("Done."))
+        items: list[dict[str, Any]] = [{"role": "user", "content": "Hi"}]
+        first = (await respond(proxy, model="scripted", input=items, tools=[ASK])).json()
+        items += [{"type": "item_reference", "id": item["id"]} for item in first["output"]]
+        items.append({"role": "user", "content": "Go on?"})
+        body = {"model": "scripted", "input": items, "tools": [ASK], "stream": streamed}
+        r = await proxy.client.post("/v1/responses", json=body)
+        made = checked(parse_events(r.text)) if streamed else r.json()
+        kinds = [item["type"] for item in made["output"]]
+        assert kinds == (["message", "function_call"] if streamed else ["function_call", "message"])
+        for item in made["output"]:
+            if item["type"] == "function_call":
+                fields = ("type", "call_id", "name", "arguments")
+                items.append({field: item[field] for field in fields})
+                call_id = item["call_id"]
+            else:
+                items.append({"type": "item_reference", "id": item["id"]})
+        items.append({"type": "function_call_output", "call_id": call_id, "output": "yes"})
+        done = await respond(proxy, model="scripted", input=items, tools=[ASK])
+        assert done.status_code == 200, done.text
+        inputs = await store.get_record("input", done.json()["id"])
+    assert inputs is not None
+    assert orjson.loads(inputs)["previous"] == made["id"]
+    sent = proxy.upstream.bodies[-1]["messages"]
+    assert [(m["role"], m.get("content")) for m in sent[-3:]] == [
+        ("user", "Go on?"),
+        ("assistant", "Let me ask."),
+        ("tool", "yes"),
+    ]
+    assert sent[-2]["tool_calls"][0]["id"] == call_id
 
 
 async def test_items_sent_back_as_an_sdk_dumps_them_continue_the_input_chain(
