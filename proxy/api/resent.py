@@ -2,13 +2,14 @@
 AI SDK names the earlier output items by `item_reference`, other clients add each response's
 output to their input. Such a request is known by the response its last stored item names
 (`last_named`): when its items begin with the items that response's request sent (by their
-digest, kept in its fingerprint), followed by that response's output items (by reference, or
-whole: null members aside, and the `id` and `status` a client may leave out), it continues that response as `previous_response_id` would (its
-conversation read from its parts, its input record continuing that response's chain), reading
-none of the responses its earlier items name. One that does not is read item by item and stored
-whole, its conversation still continuing that response's when its messages begin with it
-(`Fingerprint.begun`: the parts are named, not read), so that what is stored grows with the
-conversation, not with its square."""
+digest, kept in its fingerprint), followed by that response's output items in the order it
+listed them (by reference, or whole: null members aside, and the `id` and `status` a client
+may leave out), it continues that response as `previous_response_id` would (its conversation
+read from its parts, its input record continuing that response's chain, its thread), reading
+none of the responses its earlier items name. One that does not is read item by item and its
+input items stored whole, its conversation still continuing that response's when its messages
+begin with it (`Fingerprint.begun`: the parts are named, not read), so that what is stored
+grows with the conversation, not with its square."""
 
 from __future__ import annotations
 
