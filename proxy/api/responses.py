@@ -262,7 +262,7 @@ async def _history(req: ResponsesRequest, reads: StoredReads) -> _History:
     start = 0
     named = resent = lineage = None
     if previous_id is not None:
-        reads.will_read(_named(req.items))
+        reads.will_read(_referenced(req.items))
         previous, continued = await reads.previous(previous_id, "previous_response_id")
         conversation = continued.messages
         outputs = list(previous.response.get("output") or ())
@@ -277,7 +277,7 @@ async def _history(req: ResponsesRequest, reads: StoredReads) -> _History:
             if req.run.thread_id is None:
                 req.run.thread_id = resent.thread
         else:
-            reads.will_read(_named(req.items))
+            reads.will_read(_referenced(req.items))
     elif req.store:
         lineage = await first_lineage(req.items)
     known: set[str] = set()
@@ -336,7 +336,7 @@ async def _history(req: ResponsesRequest, reads: StoredReads) -> _History:
     return _History(messages, StoredInput(None, items, []), continued, lineage)
 
 
-def _named(items: list[dict[str, Any]]) -> list[str]:
+def _referenced(items: list[dict[str, Any]]) -> list[str]:
     """The responses the item references among `items` name, in order."""
     refs = [item["id"] for item in items if item.get("type") == "item_reference"]
     return [owner for ref in refs if (owner := response_of_item(ref)) is not None]
