@@ -1,7 +1,7 @@
 """A conversation sent whole again each turn (SPEC §12.4), without `previous_response_id`: the
 AI SDK names the earlier output items by `item_reference`, other clients add each response's
 output to their input. Such a request is known by the response its last stored item names
-(`last_named`): when its items begin with the items that response's request sent (by their
+(`last_stored`): when its items begin with the items that response's request sent (by their
 digest, kept in its fingerprint), followed by that response's output items in the order it
 listed them (by reference, or whole: null members aside, and the `id` and `status` a client
 may leave out), it continues that response as `previous_response_id` would (its conversation
@@ -20,6 +20,7 @@ import orjson
 
 from proxy.api import input_items
 from proxy.api.json_digest import JsonDigest, without_nulls
+from proxy.api.response_items import CLIENT_CALLS
 from proxy.api.response_store import Lineage, response_of_item
 from proxy.api.stored_conversation import Conversation
 from proxy.api.stored_reads import Named, StoredReads
@@ -38,13 +39,22 @@ class Resent:
     thread: str | None  # that response's chain's thread
 
 
-def last_named(items: list[dict[str, Any]]) -> tuple[int, str] | None:
-    """The place of the last item that names a stored response (a reference, or an item sent
-    whole with one of the proxy's ids), and that response's id."""
+async def last_stored(items: list[dict[str, Any]], reads: StoredReads) -> tuple[int, str] | None:
+    """The place of the last item that names a stored response, and that response's id: by its
+    id (a reference, or an item sent whole with one of the proxy's), or, for the last client
+    call sent whole without one (the AI SDK's way), by its call id (`StoredReads.called`: one
+    read, for that call alone)."""
+    asked = False
     for place in range(len(items) - 1, -1, -1):
-        given = items[place].get("id")
+        item = items[place]
+        given = item.get("id")
         if isinstance(given, str) and (owner := response_of_item(given)) is not None:
             return place, owner
+        call_id = item.get("call_id")
+        if not asked and item.get("type") in CLIENT_CALLS and isinstance(call_id, str):
+            asked = True
+            if (owner := await reads.called(call_id)) is not None:
+                return place, owner
     return None
 
 

@@ -19,7 +19,8 @@ from proxy.engine.tool_calls import error_content
 from proxy.engine.values import ToolSpec
 
 DEFAULT_SERVER_LABEL = "loopwarden"
-CALL_ITEMS = frozenset({"function_call", "custom_tool_call", "mcp_call"})
+CLIENT_CALLS = frozenset({"function_call", "custom_tool_call"})
+CALL_ITEMS = frozenset({*CLIENT_CALLS, "mcp_call"})
 OUTPUT_ITEMS = frozenset({"function_call_output", "custom_tool_call_output"})
 # The parameters of the function a `custom` tool becomes upstream: one free-text `input`.
 CUSTOM_PARAMETERS: dict[str, Any] = {

@@ -13,6 +13,7 @@ from starlette.types import Scope
 
 from proxy.api.asgi import bearer_token
 from proxy.api.auth import Caller, KeyRing
+from proxy.api.response_items import CLIENT_CALLS
 from proxy.api.services import Services
 from proxy.api.stored_conversation import (
     CONVERSATION_RECORD,
@@ -48,6 +49,10 @@ RESPONSE_RECORD = "response"
 OUTPUTS_RECORD = "outputs"
 INPUT_RECORD = "input"
 FINGERPRINT_RECORD = "fingerprint"
+# A client call of a response that has a fingerprint, by its call id in the key's namespace
+# (`call_key`): the response, for a request that sends the call back whole without its item's
+# id (the AI SDK does) to be known as that response's continuation.
+CALL_RECORD = "call"
 RESPONSE_PREFIX = "resp_"
 INPUT_ITEM_PREFIX = "in_"  # the ids the proxy gives input items that came without one
 ITEM_PREFIXES = ("msg_", "fc_", "mcp_", INPUT_ITEM_PREFIX)
@@ -292,6 +297,8 @@ class ResponseStore:
                 made = await fingerprint(response_id, conversation, parts, messages, continued)
                 marked = StoredFingerprint(made, lineage, stored.thread, stored.key)
                 records.append(Record(FINGERPRINT_RECORD, response_id, marked.dumps()))
+                called = orjson.dumps({"response": response_id, "key": stored.key})
+                records += [Record(CALL_RECORD, key, called) for key in _calls(stored.key, output)]
             body = {**stored.response, "output": None}
             stored = StoredResponse(body, stored.thread, stored.owner, stored.key)
         records.append(Record(RESPONSE_RECORD, response_id, stored.dumps()))  # last: names all
@@ -414,7 +421,28 @@ class ResponseStore:
         response_id = stored.response["id"]
         kinds = (INPUT_RECORD, OUTPUTS_RECORD, FINGERPRINT_RECORD, RESPONSE_RECORD)
         records = [*conversation_records(response_id), *((kind, response_id) for kind in kinds)]
+        output = stored.response.get("output") or []
+        records += [(CALL_RECORD, key) for key in _calls(stored.key, output)]
         return await self.store.delete_records(records) > 0
+
+
+def call_key(key: str | None, call_id: str) -> str:
+    """The key of a client call's `CALL_RECORD`: its id in the namespace of the API key that
+    made it (an upstream's call ids are not unique between keys)."""
+    return call_id if key is None else f"{key}/{call_id}"
+
+
+def _calls(key: str | None, output: list[dict[str, Any]]) -> list[str]:
+    """The `CALL_RECORD` keys of the client calls among a response's output items."""
+    calls = (item.get("call_id") for item in output if item.get("type") in CLIENT_CALLS)
+    return [call_key(key, call_id) for call_id in calls if isinstance(call_id, str)]
+
+
+def parsed_call(record: bytes | None, caller: Caller | None) -> str | None:
+    """The response a `CALL_RECORD` names, None unless `caller` made it."""
+    fields = _owned_fields(record, caller)
+    response_id = fields.get("response") if fields is not None else None
+    return response_id if isinstance(response_id, str) else None
 
 
 def continued_records(response_id: str) -> list[tuple[str, str]]:

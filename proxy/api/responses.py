@@ -19,7 +19,7 @@ from proxy.api.completion import loop_report
 from proxy.api.failures import failed, failure_error, send_failure
 from proxy.api.json_body import read_json
 from proxy.api.planning import Plan
-from proxy.api.resent import first_lineage, last_named, resumed
+from proxy.api.resent import first_lineage, last_stored, resumed
 from proxy.api.response_body import (
     finished_response,
     item_prefix,
@@ -28,6 +28,7 @@ from proxy.api.response_body import (
     response_usage,
 )
 from proxy.api.response_items import (
+    CLIENT_CALLS,
     OUTPUT_ITEMS,
     ServerCalls,
     client_items,
@@ -58,7 +59,6 @@ from proxy.errors import (
 )
 
 log = logging.getLogger(__name__)
-CALL_KINDS = frozenset({"function_call", "custom_tool_call"})
 _THREAD_HEADER = THREAD_HEADER.encode()
 
 
@@ -268,7 +268,7 @@ async def _history(req: ResponsesRequest, reads: StoredReads) -> _History:
         outputs = list(previous.response.get("output") or ())
         if req.run.thread_id is None:
             req.run.thread_id = previous.thread
-    elif (last := last_named(req.items)) is not None:
+    elif (last := await last_stored(req.items, reads)) is not None:
         named = await reads.named(last[1])
         resent, lineage = await resumed(req.items, last[0], named, reads)
         if resent is not None:
@@ -291,7 +291,7 @@ async def _history(req: ResponsesRequest, reads: StoredReads) -> _History:
     # An upstream may give every turn the same call ids (`call_0`): a call is the previous
     # response's by its place, and an output is one too many only after its call's last output.
     answered = {call_id for call_id, output in done.items() if output}
-    previous_calls = {item.get("call_id") for item in outputs if item.get("type") in CALL_KINDS}
+    previous_calls = {item.get("call_id") for item in outputs if item.get("type") in CLIENT_CALLS}
     items: list[dict[str, Any]] = []
     seen: set[str] = set()
     for i in range(start, len(req.items)):
@@ -306,7 +306,7 @@ async def _history(req: ResponsesRequest, reads: StoredReads) -> _History:
                 raise _held_already("id", ref, f"input[{i}].id")
             item = await reads.item(ref, f"input[{i}].id")
             kind = item.get("type", "message")
-        if kind in CALL_KINDS:
+        if kind in CLIENT_CALLS:
             if item["call_id"] in previous_calls:
                 raise _held_already("call_id", item["call_id"], f"input[{i}].call_id")
             known.add(item["call_id"])

@@ -13,6 +13,7 @@ from proxy.api.auth import Caller
 from proxy.api.input_items import listed
 from proxy.api.response_store import (
     AHEAD_BYTES,
+    CALL_RECORD,
     FINGERPRINT_RECORD,
     OUTPUTS_RECORD,
     READ_BYTES_PER_BODY,
@@ -22,10 +23,12 @@ from proxy.api.response_store import (
     StoredFingerprint,
     StoredOutputs,
     StoredResponse,
+    call_key,
     continued_records,
     conversation_records,
     owned_by,
     parsed,
+    parsed_call,
     parsed_fingerprint,
     parsed_outputs,
     response_of_item,
@@ -82,6 +85,7 @@ class StoredReads:
         self._budget = READ_BYTES_PER_BODY * bounds.max_body_bytes
         self._spent = 0
         self._yielded = 0
+        self._key = caller.name if caller is not None else None
 
     def will_read(self, named: list[str]) -> None:
         """The responses the request's item references name, in order: read together."""
@@ -149,6 +153,15 @@ class StoredReads:
         except StateUnavailable:
             return Named(response_id, None)
         return Named(response_id, parsed_fingerprint(found, self.caller))
+
+    async def called(self, call_id: str) -> str | None:
+        """The response whose output holds the client call `call_id` (`CALL_RECORD`): None when
+        none of the key's does that has a fingerprint, or the backend failed."""
+        try:
+            found = await self.store.store.get_record(CALL_RECORD, call_key(self._key, call_id))
+        except StateUnavailable:
+            return None
+        return parsed_call(found, self.caller)
 
     async def continued_output(
         self, response_id: str, param: str

@@ -604,6 +604,64 @@ async def test_a_client_call_sent_back_whole_without_its_id_continues_its_respon
     assert sent[-2]["tool_calls"][0]["id"] == call_id
 
 
+@pytest.mark.parametrize("earlier", [0, 1], ids=["first-turn", "later-turn"])
+async def test_a_response_that_only_calls_a_client_tool_is_continued_by_its_call(
+    proxy_for: ProxyFactory, earlier: int
+) -> None:
+    """Its call sent back whole without its item's id is the only item naming it: the call's
+    id names it (a record of its own, in the key's namespace), so the turn that answers the
+    call continues it and is sent the message the model made; deleting it drops that record."""
+    store = CountedStore()
+    async with proxy_for(store=store) as proxy:
+        proxy.upstream.script(*[say("Hello.")] * earlier, call("ask_user", question="Go?"))
+        _, items = await resend(proxy, earlier, model="scripted")
+        items.append({"role": "user", "content": "Go on?"})
+        asked = await respond(proxy, model="scripted", input=items, tools=[ASK])
+        (called,) = asked.json()["output"]
+        step = proxy.upstream.bodies[-1]["messages"]
+        items.append({key: called[key] for key in ("type", "call_id", "name", "arguments")})
+        items.append({"type": "function_call_output", "call_id": called["call_id"], "output": "y"})
+        proxy.upstream.script(say("Done."))
+        store.clear()
+        done = await respond(proxy, model="scripted", input=items, tools=[ASK])
+        assert done.status_code == 200, done.text
+        inputs = await MemoryStore.get_record(store, "input", done.json()["id"])
+        assert inputs is not None
+        assert orjson.loads(inputs)["previous"] == asked.json()["id"]
+        assert store.reads[0] == [("call", called["call_id"])]
+        sent = proxy.upstream.bodies[-1]["messages"]
+        assert sent[: len(step)] == step
+        assert sent[len(step) :][0]["tool_calls"][0]["id"] == called["call_id"]
+        await proxy.client.delete(f"/v1/responses/{asked.json()['id']}")
+        assert await MemoryStore.get_record(store, "call", called["call_id"]) is None
+
+
+async def test_a_call_id_names_a_response_of_the_key_that_made_it(
+    proxy_for: ProxyFactory,
+) -> None:
+    """Two keys whose upstream gave their calls one id: each key's call names its own
+    response (a record in each key's namespace), and never the other's."""
+    store = MemoryStore()
+    async with proxy_for(keyed(key("a"), key("b")), store=store) as proxy:
+        same = Reply(calls=(Call("ask_user", {"question": "Go?"}, id="call_same"),))
+        proxy.upstream.script(same, same, keep(say("Done.")))
+        items: list[dict[str, Any]] = [{"role": "user", "content": "Go?"}]
+        asked = {}
+        for name in ("a", "b"):
+            r = await respond(proxy, name, model="scripted", input=items, tools=[ASK])
+            asked[name] = r.json()["id"]
+        (called,) = r.json()["output"]
+        items.append({key: called[key] for key in ("type", "call_id", "name", "arguments")})
+        items.append({"type": "function_call_output", "call_id": "call_same", "output": "y"})
+        previous = {}
+        for name in ("a", "b"):
+            r = await respond(proxy, name, model="scripted", input=items, tools=[ASK])
+            assert r.status_code == 200, r.text
+            inputs = await store.get_record("input", r.json()["id"])
+            previous[name] = orjson.loads(inputs or b"{}")["previous"]
+    assert previous == asked
+
+
 async def test_items_sent_back_as_an_sdk_dumps_them_continue_the_input_chain(
     proxy_for: ProxyFactory,
 ) -> None:
