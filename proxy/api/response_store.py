@@ -44,7 +44,8 @@ from proxy.state.store import Record, StateStore
 # only by the request that continues it (it goes upstream in that request's body); and its own
 # input items with the response it continued, read by `GET .../input_items` and by references to
 # those items. One made without `previous_response_id` has a fifth, its fingerprint, read by the
-# request that sends its conversation whole again.
+# request that sends its conversation whole again, and a record for each client call it ends
+# with (`CALL_RECORD`).
 RESPONSE_RECORD = "response"
 OUTPUTS_RECORD = "outputs"
 INPUT_RECORD = "input"
