@@ -39,12 +39,14 @@ class Resent:
     thread: str | None  # that response's chain's thread
 
 
-async def last_stored(items: list[dict[str, Any]], reads: StoredReads) -> tuple[int, str] | None:
+async def last_stored(
+    items: list[dict[str, Any]], reads: StoredReads, by_call: bool = True
+) -> tuple[int, str] | None:
     """The place of the last item that names a stored response, and that response's id: by its
-    id (a reference, or an item sent whole with one of the proxy's), or, for the last client
-    call sent whole without one (the AI SDK's way), by its call id (`StoredReads.called`: one
-    read, for that call alone)."""
-    asked = False
+    id (a reference, or an item sent whole with one of the proxy's), or, `by_call`, for the last
+    client call sent whole without one (the AI SDK's way), by its call id (`StoredReads.called`:
+    one read, for that call alone)."""
+    asked = not by_call
     for place in range(len(items) - 1, -1, -1):
         item = items[place]
         given = item.get("id")

@@ -268,7 +268,9 @@ async def _history(req: ResponsesRequest, reads: StoredReads) -> _History:
         outputs = list(previous.response.get("output") or ())
         if req.run.thread_id is None:
             req.run.thread_id = previous.thread
-    elif (last := await last_stored(req.items, reads)) is not None:
+    # A request that stores nothing (Codex's) sends its calls back whole each turn: no read for
+    # them, as no response of its has a record of its calls.
+    elif (last := await last_stored(req.items, reads, by_call=req.store)) is not None:
         named = await reads.named(last[1])
         resent, lineage = await resumed(req.items, last[0], named, reads)
         if resent is not None:

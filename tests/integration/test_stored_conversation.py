@@ -632,6 +632,11 @@ async def test_a_response_that_only_calls_a_client_tool_is_continued_by_its_call
         sent = proxy.upstream.bodies[-1]["messages"]
         assert sent[: len(step)] == step
         assert sent[len(step) :][0]["tool_calls"][0]["id"] == called["call_id"]
+        store.clear()
+        proxy.upstream.script(say("Done."))
+        unstored = await respond(proxy, model="scripted", input=items, tools=[ASK], store=False)
+        assert unstored.status_code == 200, unstored.text
+        assert "call" not in {kind for pairs in store.reads for kind, _ in pairs}
         await proxy.client.delete(f"/v1/responses/{asked.json()['id']}")
         assert await MemoryStore.get_record(store, "call", called["call_id"]) is None
 
