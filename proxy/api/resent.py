@@ -19,9 +19,10 @@ from typing import Any
 import orjson
 
 from proxy.api import input_items
+from proxy.api.fingerprint_records import Lineage
 from proxy.api.json_digest import JsonDigest, without_nulls
 from proxy.api.response_items import CLIENT_CALLS
-from proxy.api.response_store import Lineage, response_of_item
+from proxy.api.response_store import response_of_item
 from proxy.api.stored_conversation import Conversation
 from proxy.api.stored_reads import Named, StoredReads
 

@@ -13,7 +13,14 @@ from starlette.types import Scope
 
 from proxy.api.asgi import bearer_token
 from proxy.api.auth import Caller, KeyRing
-from proxy.api.response_items import CLIENT_CALLS
+from proxy.api.fingerprint_records import (
+    CALL_RECORD,
+    FINGERPRINT_RECORD,
+    Lineage,
+    StoredFingerprint,
+    client_call_keys,
+)
+from proxy.api.record_owner import owned_fields
 from proxy.api.services import Services
 from proxy.api.stored_conversation import (
     CONVERSATION_RECORD,
@@ -45,15 +52,10 @@ from proxy.state.store import Record, StateStore
 # input items with the response it continued, read by `GET .../input_items` and by references to
 # those items. One made without `previous_response_id` has a fifth, its fingerprint, read by the
 # request that sends its conversation whole again, and a record for each client call it ends
-# with (`CALL_RECORD`).
+# with (`fingerprint_records`).
 RESPONSE_RECORD = "response"
 OUTPUTS_RECORD = "outputs"
 INPUT_RECORD = "input"
-FINGERPRINT_RECORD = "fingerprint"
-# A client call of a response that has a fingerprint, by its call id in the key's namespace
-# (`call_key`): the response, for a request that sends the call back whole without its item's
-# id (the AI SDK does) to be known as that response's continuation.
-CALL_RECORD = "call"
 RESPONSE_PREFIX = "resp_"
 INPUT_ITEM_PREFIX = "in_"  # the ids the proxy gives input items that came without one
 ITEM_PREFIXES = ("msg_", "fc_", "mcp_", INPUT_ITEM_PREFIX)
@@ -94,39 +96,6 @@ class StoredOutputs:
     def dumps(self) -> bytes:
         """The record; it ends with its key (`owned_by` reads it there, unparsed)."""
         return orjson.dumps({"output": self.output, "owner": self.owner, "key": self.key})
-
-
-@dataclass(frozen=True, slots=True)
-class Lineage:
-    """What a request made without `previous_response_id` keeps in its response's fingerprint
-    for the next request, which may send its items again: the digest of its items as sent
-    (their JSON, keys sorted), how many there are, and the input records of the chain its
-    input record ends (a listing's reads)."""
-
-    sent: str
-    count: int
-    depth: int
-
-
-@dataclass(frozen=True, slots=True)
-class StoredFingerprint:
-    """What a response made without `previous_response_id` keeps for a later request that
-    sends its conversation whole again (a record of its own: a version before never reads
-    it): the conversation's fingerprint; its request's `Lineage` (None in a fingerprint a
-    version before wrote); its chain's thread, as `StoredResponse` keeps it; and its key
-    (last)."""
-
-    conversation: Fingerprint
-    lineage: Lineage | None
-    thread: str | None
-    key: str | None
-
-    def dumps(self) -> bytes:
-        fields: dict[str, Any] = {"conversation": self.conversation.form()}
-        if self.lineage is not None:
-            lineage = self.lineage
-            fields |= {"sent": lineage.sent, "count": lineage.count, "depth": lineage.depth}
-        return orjson.dumps({**fields, "thread": self.thread, "key": self.key})
 
 
 @dataclass(slots=True)
@@ -176,24 +145,9 @@ def chain_thread(thread: str | None) -> bool:
     return thread is not None and thread.startswith(RESPONSE_PREFIX)
 
 
-def owned_by(record: bytes, key: str) -> bool:
-    """Whether a stored response's record was made by `key`: its last field, read unparsed."""
-    return record.endswith(b'"key":' + orjson.dumps(key) + b"}")
-
-
-def _owned_fields(record: bytes | None, caller: Caller | None) -> dict[str, Any] | None:
-    """A record's fields, None unless `caller` made it."""
-    if record is None or (caller is not None and not owned_by(record, caller.name)):
-        return None  # first: another key's record has no size for it either
-    fields: dict[str, Any] = orjson.loads(record)
-    if caller is not None and fields["key"] != caller.name:
-        return None
-    return fields
-
-
 def parsed(record: bytes | None, caller: Caller | None) -> StoredResponse | None:
     """A response record as `ResponseStore.load` reads it: None unless `caller` made it."""
-    fields = _owned_fields(record, caller)
+    fields = owned_fields(record, caller)
     if fields is None:
         return None
     fields.pop("messages", None)  # stored as one record, by an earlier version
@@ -203,31 +157,13 @@ def parsed(record: bytes | None, caller: Caller | None) -> StoredResponse | None
 def parsed_outputs(record: bytes | None, caller: Caller | None) -> StoredOutputs | None:
     """An outputs record (or the response record of one stored before outputs had their own),
     as `parsed` reads a response record: None unless `caller` made it."""
-    fields = _owned_fields(record, caller)
+    fields = owned_fields(record, caller)
     if fields is None:
         return None
     if "response" in fields:
         output = fields["response"].get("output") or []
         return StoredOutputs(output, fields["owner"], fields["key"])
     return StoredOutputs(fields["output"], fields["owner"], fields["key"])
-
-
-def parsed_fingerprint(record: bytes | None, caller: Caller | None) -> StoredFingerprint | None:
-    """A fingerprint record, as `parsed` reads a response record: None unless `caller` made it
-    (or it is in no form this version writes)."""
-    fields = _owned_fields(record, caller)
-    if fields is None:
-        return None
-    conversation = Fingerprint.read(fields.get("conversation"))
-    if conversation is None:
-        return None
-    sent, count, depth = fields.get("sent"), fields.get("count"), fields.get("depth")
-    lineage = None  # a version before's: its conversation only
-    if isinstance(sent, str) and type(count) is int and type(depth) is int:
-        lineage = Lineage(sent, count, depth)
-    thread = fields.get("thread")
-    thread = thread if isinstance(thread, str) else None
-    return StoredFingerprint(conversation, lineage, thread, fields["key"])
 
 
 Owned = TypeVar("Owned", StoredResponse, StoredOutputs)
@@ -299,7 +235,9 @@ class ResponseStore:
                 marked = StoredFingerprint(made, lineage, stored.thread, stored.key)
                 records.append(Record(FINGERPRINT_RECORD, response_id, marked.dumps()))
                 called = orjson.dumps({"response": response_id, "key": stored.key})
-                records += [Record(CALL_RECORD, key, called) for key in _calls(stored.key, output)]
+                records += [
+                    Record(CALL_RECORD, key, called) for key in client_call_keys(stored.key, output)
+                ]
             body = {**stored.response, "output": None}
             stored = StoredResponse(body, stored.thread, stored.owner, stored.key)
         records.append(Record(RESPONSE_RECORD, response_id, stored.dumps()))  # last: names all
@@ -423,27 +361,8 @@ class ResponseStore:
         kinds = (INPUT_RECORD, OUTPUTS_RECORD, FINGERPRINT_RECORD, RESPONSE_RECORD)
         records = [*conversation_records(response_id), *((kind, response_id) for kind in kinds)]
         output = stored.response.get("output") or []
-        records += [(CALL_RECORD, key) for key in _calls(stored.key, output)]
+        records += [(CALL_RECORD, key) for key in client_call_keys(stored.key, output)]
         return await self.store.delete_records(records) > 0
-
-
-def call_key(key: str | None, call_id: str) -> str:
-    """The key of a client call's `CALL_RECORD`: its id in the namespace of the API key that
-    made it (an upstream's call ids are not unique between keys)."""
-    return call_id if key is None else f"{key}/{call_id}"
-
-
-def _calls(key: str | None, output: list[dict[str, Any]]) -> list[str]:
-    """The `CALL_RECORD` keys of the client calls among a response's output items."""
-    calls = (item.get("call_id") for item in output if item.get("type") in CLIENT_CALLS)
-    return [call_key(key, call_id) for call_id in calls if isinstance(call_id, str)]
-
-
-def parsed_call(record: bytes | None, caller: Caller | None) -> str | None:
-    """The response a `CALL_RECORD` names, None unless `caller` made it."""
-    fields = _owned_fields(record, caller)
-    response_id = fields.get("response") if fields is not None else None
-    return response_id if isinstance(response_id, str) else None
 
 
 def continued_records(response_id: str) -> list[tuple[str, str]]:

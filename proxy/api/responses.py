@@ -17,6 +17,7 @@ from proxy.api.auth import Caller
 from proxy.api.chat_request import THREAD_HEADER
 from proxy.api.completion import loop_report
 from proxy.api.failures import failed, failure_error, send_failure
+from proxy.api.fingerprint_records import Lineage
 from proxy.api.json_body import read_json
 from proxy.api.planning import Plan
 from proxy.api.resent import first_lineage, last_stored, resumed
@@ -37,7 +38,6 @@ from proxy.api.response_items import (
 )
 from proxy.api.response_store import (
     ChainThreads,
-    Lineage,
     ResponseStore,
     StoredInput,
     StoredResponse,

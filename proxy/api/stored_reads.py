@@ -10,26 +10,28 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.api.auth import Caller
-from proxy.api.input_items import listed
-from proxy.api.response_store import (
-    AHEAD_BYTES,
+from proxy.api.fingerprint_records import (
     CALL_RECORD,
     FINGERPRINT_RECORD,
+    StoredFingerprint,
+    call_key,
+    parsed_call,
+    parsed_fingerprint,
+)
+from proxy.api.input_items import listed
+from proxy.api.record_owner import owned_by
+from proxy.api.response_store import (
+    AHEAD_BYTES,
     OUTPUTS_RECORD,
     READ_BYTES_PER_BODY,
     RESPONSE_RECORD,
     ConversationTooLarge,
     ResponseStore,
-    StoredFingerprint,
     StoredOutputs,
     StoredResponse,
-    call_key,
     continued_records,
     conversation_records,
-    owned_by,
     parsed,
-    parsed_call,
-    parsed_fingerprint,
     parsed_outputs,
     response_of_item,
     usable,

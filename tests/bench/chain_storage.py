@@ -25,14 +25,8 @@ from typing import Any
 
 import orjson
 
-from proxy.api.response_store import (
-    FINGERPRINT_RECORD,
-    Lineage,
-    ResponseStore,
-    StoredInput,
-    StoredResponse,
-    parsed_fingerprint,
-)
+from proxy.api.fingerprint_records import FINGERPRINT_RECORD, Lineage, parsed_fingerprint
+from proxy.api.response_store import ResponseStore, StoredInput, StoredResponse
 from proxy.api.stored_conversation import CONVERSATION_RECORD, TAIL_RECORD, Conversation
 from proxy.config.server import ServerConfig
 from proxy.state.store import StateStore

@@ -14,7 +14,8 @@ import pytest
 from openai.types.responses import ResponseOutputMessage
 
 from proxy.api import input_items, stored_conversation, stored_reads
-from proxy.api.response_store import AHEAD_BYTES, FINGERPRINT_RECORD, continued_records
+from proxy.api.fingerprint_records import FINGERPRINT_RECORD
+from proxy.api.response_store import AHEAD_BYTES, continued_records
 from proxy.api.stored_conversation import TAIL_RECORD
 from proxy.errors import StateUnavailable
 from proxy.state.memory import MemoryStore

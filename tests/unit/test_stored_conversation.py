@@ -14,14 +14,8 @@ import orjson
 import pytest
 
 from proxy.api import stored_conversation as sc
-from proxy.api.response_store import (
-    FINGERPRINT_RECORD,
-    Lineage,
-    ResponseStore,
-    StoredInput,
-    StoredResponse,
-    parsed_fingerprint,
-)
+from proxy.api.fingerprint_records import FINGERPRINT_RECORD, Lineage, parsed_fingerprint
+from proxy.api.response_store import ResponseStore, StoredInput, StoredResponse
 from proxy.config.server import ServerConfig
 from proxy.state.memory import MemoryStore
 
