@@ -21,7 +21,7 @@ from openai import OpenAI
 from proxy.api.stored_conversation import CONVERSATION_RECORD, TAIL_RECORD
 from tests.e2e.conftest import config_file, proxy_process
 from tests.e2e.node import installed, run_ai_sdk
-from tests.scripted_upstream import ScriptedUpstream, keep, say
+from tests.scripted_upstream import Reply, ScriptedUpstream, call, keep, say
 
 pytestmark = pytest.mark.e2e
 
@@ -244,3 +244,40 @@ def test_the_ai_sdk_s_conversation_is_stored_in_parts(
         # Each turn whole: 60 x 61 / 2 x 4 KB, 7.3 MB, 30 times the conversation.
         assert sum(stored.values()) < 6 * conversation, stored
         assert input_chains(database) == [turns]
+
+
+def ask_every_other_turn(body: dict[str, Any]) -> Reply:
+    """A call of the client's `ask_user` alone at every even turn, and an answer otherwise
+    (after the call's output too)."""
+    last = body["messages"][-1]
+    text = last["content"] if isinstance(last["content"], str) else last["content"][0]["text"]
+    if last["role"] == "user" and int(text.split(":")[0].split()[-1]) % 2 == 0:
+        return call("ask_user", question="Go on?")
+    return say("Noted.")
+
+
+@pytest.mark.parametrize("mode", ["generate", "stream"])
+def test_the_ai_sdk_s_tool_steps_each_continue_the_one_before(
+    upstream_url: str,
+    upstream: ScriptedUpstream,
+    tmp_path: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    mode: str,
+) -> None:
+    """The real AI SDK with a client tool: a step that only calls the tool makes a response
+    that the next step (the tool's output, the call sent back without its item's id) names by
+    its call id: every response of the conversation continues the one before, one chain."""
+    clients = installed(tmp_path_factory.getbasetemp())
+    upstream.script(keep(ask_every_other_turn))
+    turns = 12
+    with chained(upstream_url, tmp_path) as (client, database):
+        base = str(client.base_url).rstrip("/")
+        scenario = {"baseURL": base, "model": "scripted", "mode": mode, "clientTool": True}
+        report = run_ai_sdk(clients, {**scenario, "turns": {"count": turns, "bytes": 100}})
+        assert report["followUps"] == ["Noted."] * (turns - 1)
+        assert len(upstream.bodies) == turns + turns // 2
+        assert input_chains(database) == [len(upstream.bodies)]
+    sent = upstream.bodies[-1]["messages"]
+    calls = [c["id"] for m in sent for c in m.get("tool_calls") or ()]
+    assert [m["tool_call_id"] for m in sent if m["role"] == "tool"] == calls
+    assert len(calls) == turns // 2
