@@ -69,7 +69,7 @@ async def resumed(
     found = named.fingerprint.lineage if named.fingerprint is not None else None
     sent = JsonDigest(orjson.OPT_SORT_KEYS)
     if found is None or found.count > place:
-        return None, Lineage((await sent.extended(items)).hexdigest(), len(items), 1)
+        return None, await first_lineage(items)
     await sent.extended(items[: found.count])
     resent = None
     if sent.hexdigest() == found.sent and not (
