@@ -50,7 +50,22 @@ class SSEDecoder:
             return
         if self._pieces:
             chunk = b"".join([*self._pieces, chunk])
-        *lines, rest = chunk.split(b"\n")
+        if not self._data and not self._error and b"\n\n" in chunk and b"\r" not in chunk:
+            # Whole events, as upstreams send them: one split, and a `data: ` line alone
+            # taken as it is; any other event is read line by line.
+            *blocks, chunk = chunk.split(b"\n\n")
+            for block in blocks:
+                if block.startswith(b"data: ") and b"\n" not in block:
+                    self._event(block[6:], events)
+                else:
+                    self._lines(block + b"\n\n", events)
+                if self.done:
+                    return
+        self._lines(chunk, events)
+
+    def _lines(self, text: bytes, events: list[bytes]) -> None:
+        """Reads each line `text` ends; the rest waits for the line's end."""
+        *lines, rest = text.split(b"\n")
         self._pieces = [rest] if rest else []
         self._pieces_size = len(rest)
         for raw in lines:
@@ -63,10 +78,9 @@ class SSEDecoder:
                 self._data, self._data_size = [], 0
                 if error:
                     raise ErrorEvent(data)
-                if data == b"[DONE]":
-                    self.done = True
+                self._event(data, events)
+                if self.done:
                     return
-                events.append(data)
             elif line.startswith(b"data:"):
                 value = line[5:]
                 value = value[1:] if value.startswith(b" ") else value
@@ -76,6 +90,14 @@ class SSEDecoder:
             elif line.startswith(b"event:"):
                 self._error = line[6:].strip() == b"error"
         self._check()
+
+    def _event(self, data: bytes, events: list[bytes]) -> None:
+        if data == b"[DONE]":
+            self.done = True
+        elif self.max_event_bytes is not None and len(data) > self.max_event_bytes:
+            raise EventTooLarge(f"an event of more than {self.max_event_bytes} bytes")
+        else:
+            events.append(data)
 
     def _check(self) -> None:
         limit = self.max_event_bytes

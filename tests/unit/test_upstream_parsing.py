@@ -3,12 +3,15 @@ body sent upstream."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from datetime import UTC, datetime
 from typing import Any
 
 import httpx
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from proxy.engine.values import ModelRequest, ToolCall
 from proxy.errors import UpstreamBadReply, UpstreamStatusError
@@ -163,6 +166,60 @@ def test_sse_nothing_after_done_is_read() -> None:
     assert decoder.feed(b"data: 1\n\ndata: [DONE]\n\ndata: 2\n\n") == [b"1"]
     assert decoder.done
     assert decoder.feed(b"data: 3\n\n") == []
+
+
+def _read_whole(stream: bytes) -> tuple[list[bytes], str | None]:
+    """The events of a whole stream read line by line, and how it ended (`done`, `error`)."""
+    events: list[bytes] = []
+    data: list[bytes] = []
+    error = False
+    for raw in stream.split(b"\n")[:-1]:  # the lines that end
+        line = raw.rstrip(b"\r")
+        if not line:
+            if data:
+                event, data = b"\n".join(data), []
+                if error:
+                    return events, "error"
+                if event == b"[DONE]":
+                    return events, "done"
+                events.append(event)
+            error = False
+        elif line.startswith(b"data:"):
+            value = line[5:]
+            data.append(value[1:] if value.startswith(b" ") else value)
+        elif line.startswith(b"event:"):
+            error = line[6:].strip() == b"error"
+    return events, None
+
+
+_LINES = st.sampled_from(
+    [b"data: {\"a\":1}", b'data:{"b":2}', b"data: x", b"data:  y", b"data: [DONE]", b"data:",
+     b": keep-alive", b"id: 7", b"event: message", b"event: error", b"retry: 5", b""]
+)  # fmt: skip
+_EVENTS = st.lists(st.tuples(st.lists(_LINES, min_size=1, max_size=3), st.booleans()))
+
+
+@settings(max_examples=400, deadline=None)
+@given(events=_EVENTS, cuts=st.lists(st.integers(min_value=0), max_size=8))
+@example(events=[([b"event: error", b"data: x"], False)], cuts=[13])  # type, then its data
+@example(events=[([b"id: 7", b"data: x", b"data: y"], False)], cuts=[6])
+def test_sse_the_events_are_the_same_however_the_reads_fall(
+    events: list[tuple[list[bytes], bool]], cuts: list[int]
+) -> None:
+    """Whole events take a shorter path than lines read one by one; wherever the reads begin
+    and end (an event, a line or a `\\r\\n` cut in two), the decoder returns what reading the
+    whole stream line by line does, and ends as it does."""
+    stream = b"".join(
+        b"".join(line + (b"\r\n" if crlf else b"\n") for line in lines) + b"\n"
+        for lines, crlf in events
+    )
+    marks = sorted({cut % (len(stream) + 1) for cut in cuts} | {0, len(stream)})
+    decoder = SSEDecoder(max_event_bytes=1_000)
+    read = [e for a, b in itertools.pairwise(marks) for e in decoder.feed(stream[a:b])]
+    expected, end = _read_whole(stream)
+    assert read == expected
+    assert decoder.done == (end is not None)
+    assert isinstance(decoder.failure, ErrorEvent) == (end == "error")
 
 
 # Replies: ids, usage
