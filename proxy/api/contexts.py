@@ -34,7 +34,7 @@ from proxy.errors import (
     ProxyError,
     StateUnavailable,
 )
-from proxy.state.store import StateStore, StoredContext
+from proxy.state.store import Holding, StateStore, StoredContext
 
 log = logging.getLogger(__name__)
 
@@ -205,16 +205,17 @@ def kept_messages(result: RunResult) -> list[dict[str, Any]]:
 
 
 @contextlib.asynccontextmanager
-async def held(store: StateStore, context_id: str, receive: Receive) -> AsyncIterator[bool]:
+async def held(
+    store: StateStore, context_id: str, receive: Receive
+) -> AsyncIterator[Holding | None]:
     """Holds a context for a request, waiting behind the run that holds it for as long as the
-    client stays: False when it left first (nothing is to be done, or sent)."""
+    client stays: None when it left first (nothing is to be done, or sent)."""
     async with contextlib.AsyncExitStack() as stack:
 
-        async def take() -> bool:
-            await stack.enter_async_context(store.hold(context_id))
-            return True
+        async def take() -> Holding:
+            return await stack.enter_async_context(store.hold(context_id))
 
-        yield await run_or_cancel(take, receive) is not None
+        yield await run_or_cancel(take, receive)
 
 
 class ContextRuns:
@@ -230,8 +231,8 @@ class ContextRuns:
         raw = await read_json(receive, scope, sv.config.server)
         body = _body(raw, scope["path"], sv.config.state.max_context_id_chars)
         async with held(sv.store, body["context_id"], receive) as holding:
-            if holding:
-                await self._run(sv, caller, bearer, scope, receive, send, body)
+            if holding is not None:
+                await self._run(sv, caller, bearer, scope, receive, send, body, holding)
 
     async def _run(
         self,
@@ -242,11 +243,12 @@ class ContextRuns:
         receive: Receive,
         send: Send,
         body: dict[str, Any],
+        holding: Holding,
     ) -> None:
         agent = body.get("agent")
         if agent is not None and agent not in sv.config.agents:
             raise InvalidRequest(f"no agent named {agent!r}", param="agent")
-        context = _open(body, await sv.store.load_context(body["context_id"]), caller)
+        context = _open(body, holding.context, caller)
         messages = list(context.messages)
         if body.get("message") is not None:
             messages.append({"role": "user", "content": body["message"]})
@@ -277,6 +279,7 @@ class ContextRuns:
             return
         added = kept_messages(result)
         refused: ProxyError | None = None
+        save: StoredContext | None = None
         if not failed(result):  # a failed run saves nothing
             saved = messages + added
             if _size(saved) > cap:
@@ -287,13 +290,12 @@ class ContextRuns:
                     code="context_too_large",
                 )
             else:
-                result = await _save(sv, context, saved, result)
+                context.messages, context.updated, save = saved, int(time.time()), context
+        result, report = await _end(sv, holding, save, result, owner, caller)
         headers = {
             "x-loopwarden-run-id": result.run_id,
             "x-loopwarden-stop-reason": result.stop.reason.value,
         }
-        report = loop_report(result, False)
-        await sv.remember(result, report, owner, caller)
         if failed(result):
             await send_failure(send, result, report, headers)
             return
@@ -312,19 +314,31 @@ class ContextRuns:
         await send_json(send, 200, reply, headers)
 
 
-async def _save(
-    sv: Services, context: StoredContext, messages: list[dict[str, Any]], result: RunResult
-) -> RunResult:
-    """Saves the run's messages; a save the backend refuses (it failed, or another request
-    changed the context since this run read it) fails the run with `state_unavailable`."""
-    context.messages = messages
-    context.updated = int(time.time())
+async def _end(
+    sv: Services,
+    holding: Holding,
+    save: StoredContext | None,
+    result: RunResult,
+    owner: str,
+    caller: Caller | None,
+) -> tuple[RunResult, dict[str, Any]]:
+    """Saves the run's messages (`save`) and keeps the run, in the hold's last write. A save the
+    backend refuses (it failed, or another request changed the context since this run read it)
+    fails the run with `state_unavailable`, kept on its own; the run and its report."""
+    report = loop_report(result, False)
     try:
-        await sv.store.save_context(context)
+        await holding.end(
+            save, sv.run_records(result, report, owner, caller), sv.config.state.run_ttl_s
+        )
     except StateUnavailable as exc:
+        if save is None:  # only the run was not kept: its answer does not depend on it
+            log.warning("run %s was not kept: %s", result.run_id, exc.message)
+            return result, report
         stop = Stop(StopReason.STATE_UNAVAILABLE, {"error": exc.message, "step": result.steps})
-        return dataclasses.replace(result, stop=stop, error=exc)
-    return result
+        result = dataclasses.replace(result, stop=stop, error=exc)
+        report = loop_report(result, False)
+        await sv.remember(result, report, owner, caller)
+    return result, report
 
 
 async def read_context(sv: Services, context_id: str, caller: Caller | None) -> StoredContext:
@@ -365,7 +379,7 @@ class ContextRecords:
             await send_json(send, 200, await context_body(sv, found))
             return
         async with held(sv.store, context_id, receive) as holding:  # not while a run holds it
-            if not holding:
+            if holding is None:
                 return
             found = await read_context(sv, context_id, caller)
             await sv.store.delete_context(found.id)

@@ -62,15 +62,23 @@ class Services:
         (`GET /v1/runs/{id}`, for the key that ran it, with the agent or model that `owner`
         names) and the server calls it held back from the client (SPEC §5.1.6), in the key's
         own namespace. A backend that fails is logged: the run's answer does not depend on it."""
+        try:
+            records = self.run_records(result, report, owner, caller)
+            await self.store.put_records(records, self.config.state.run_ttl_s)
+        except StateUnavailable as exc:
+            log.warning("run %s was not kept: %s", result.run_id, exc.message)
+
+    @staticmethod
+    def run_records(
+        result: RunResult, report: dict[str, Any], owner: str, caller: Caller | None
+    ) -> list[Record]:
+        """What `remember` keeps of a run."""
         key = caller.name if caller is not None else None
         kept = orjson.dumps({"owner": owner, "key": key, "loop": report})
         records = [Record(RUN_RECORD, result.run_id, kept)]
         if (held := held_calls.record(result, caller)) is not None:
             records.append(held)
-        try:
-            await self.store.put_records(records, self.config.state.run_ttl_s)
-        except StateUnavailable as exc:
-            log.warning("run %s was not kept: %s", result.run_id, exc.message)
+        return records
 
     async def unless_left(
         self,

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 
 from proxy.state.locks import KeyedLocks
 from proxy.state.store import (
+    Held,
+    Holding,
     Record,
     StoredContext,
     check_at_once,
@@ -159,8 +162,13 @@ class MemoryStore:
         # next sweep, and keeps the dict within twice what the last sweep left (or SWEEP_AFTER).
         self._puts_to_sweep = max(SWEEP_AFTER, len(self._records))
 
-    def hold(self, context_id: str) -> AbstractAsyncContextManager[None]:
-        return self._locks.hold(context_id)
+    def hold(self, context_id: str) -> AbstractAsyncContextManager[Holding]:
+        return self._hold(context_id)
+
+    @contextlib.asynccontextmanager
+    async def _hold(self, context_id: str) -> AsyncIterator[Holding]:
+        async with self._locks.hold(context_id):
+            yield Held(self, await self.load_context(context_id))
 
     async def ping(self) -> None:
         return None

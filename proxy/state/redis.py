@@ -14,11 +14,12 @@ from contextlib import AbstractAsyncContextManager
 from typing import NamedTuple
 
 import redis.asyncio as aioredis
-from redis.exceptions import LockError, RedisError
+from redis.exceptions import RedisError
 
 from proxy.errors import StateUnavailable
 from proxy.state.lease import renewed
 from proxy.state.store import (
+    Holding,
     Record,
     StoredContext,
     batches,
@@ -49,10 +50,11 @@ table.insert(counts, 1, ok)
 return counts
 """
 
-# KEYS[1]: the context; ARGV: the version it was read from, its new stored form, its TTL in ms
-# ('' for none). The stored form starts with {"version":N (a context stored before versions is
-# version 1), so the version is read from its first bytes. Returns 1 when saved, 0 otherwise.
-_SAVE = """
+# Compares and sets KEYS[1], the context: ARGV[1] the version it was read from, ARGV[2] its new
+# stored form, ARGV[3] its TTL in ms ('' for none). The stored form starts with {"version":N (a
+# context stored before versions is version 1), so the version is read from its first bytes.
+# Returns 0 when the stored version is another, having set nothing.
+_COMPARE_AND_SET = """
 local head = redis.call('GETRANGE', KEYS[1], 0, 31)
 local current = 0
 if head ~= '' then current = tonumber(string.match(head, '^{"version":(%d+)')) or 1 end
@@ -62,8 +64,40 @@ if ARGV[3] == '' then
 else
   redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 end
+"""
+# Returns 1 when saved, 0 otherwise.
+_SAVE = _COMPARE_AND_SET + "return 1"
+
+# A context's hold: KEYS[1] its lock, KEYS[2] the context; ARGV[1] the holder's token, ARGV[2]
+# the lease in ms. Returns {1, the context (false: none)} when taken, else {0}.
+_HOLD = """
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return {1, redis.call('GET', KEYS[2])}
+end
+return {0}
+"""
+# The lock KEYS[1] kept ARGV[2] ms more while the token ARGV[1] holds it. Returns 1 if it does.
+_RENEW = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+"""
+# The lock KEYS[1] let go, if the token ARGV[1] still holds it.
+_LET_GO = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
 return 1
 """
+# A hold's end: KEYS[1] the context, KEYS[2] its lock, then the records to set; ARGV[1..3] as
+# _COMPARE_AND_SET's (ARGV[1] '': nothing to save), ARGV[4] the token, ARGV[5] the records'
+# TTL in ms, then their values. Returns 0 when the save was refused, having set nothing.
+_END = (
+    "if ARGV[1] ~= '' then\n"
+    + _COMPARE_AND_SET
+    + """end
+for i = 3, #KEYS do redis.call('SET', KEYS[i], ARGV[i + 3], 'PX', ARGV[5]) end
+if redis.call('GET', KEYS[2]) == ARGV[4] then redis.call('DEL', KEYS[2]) end
+return 1
+"""
+)
 
 # KEYS: the records to set, the records to keep, then the threads to keep; ARGV[1]: how many
 # records to set, ARGV[2]: how many to keep, then each set one's TTL in ms and value, then each
@@ -149,6 +183,10 @@ class RedisStore:
         self._save = self._redis.register_script(_SAVE)
         self._put = self._redis.register_script(_PUT)
         self._get_within = self._redis.register_script(_GET_WITHIN)
+        self._take = self._redis.register_script(_HOLD)
+        self._renew = self._redis.register_script(_RENEW)
+        self._let_go = self._redis.register_script(_LET_GO)
+        self._end_script = self._redis.register_script(_END)
         # Whether a write is on its way; the writes put meanwhile, each with the future its
         # put awaits; the task that sends them.
         self._sending = False
@@ -182,10 +220,13 @@ class RedisStore:
             data = await self._redis.get(self._context(context_id))
         return None if data is None else StoredContext.loads(data)
 
+    def _context_ttl_ms(self) -> str | int:
+        return "" if self._ttl is None else max(1, round(self._ttl * 1000))
+
     async def save_context(self, context: StoredContext) -> None:
-        ttl: str | int = "" if self._ttl is None else max(1, round(self._ttl * 1000))
         version = context.version + 1
-        args: list[str | int | bytes] = [context.version, context.dumps(version), ttl]
+        args: list[str | int | bytes] = [context.version, context.dumps(version)]
+        args.append(self._context_ttl_ms())
         with _reached():
             saved = await self._save(keys=[self._context(context.id)], args=args)
         if not saved:
@@ -317,41 +358,63 @@ class RedisStore:
         with _reached():
             return int(await self._redis.delete(*(self._record(k, key) for k, key in wanted)))
 
-    def hold(self, context_id: str) -> AbstractAsyncContextManager[None]:
+    def hold(self, context_id: str) -> AbstractAsyncContextManager[Holding]:
         return self._hold(context_id)
 
     @contextlib.asynccontextmanager
-    async def _hold(self, context_id: str) -> AsyncIterator[None]:
-        lock = self._redis.lock(f"{self._prefix}lock:{context_id}", timeout=self._lease)
-        token = secrets.token_hex(16)
+    async def _hold(self, context_id: str) -> AsyncIterator[Holding]:
+        held = _Held(self, context_id, secrets.token_hex(16))
+        keys = [held.lock, self._context(context_id)]
         try:
             # One attempt at a time, each checked for the cancellation the client may drop
-            # (`_reached`): its own waiting loop would go on past one.
+            # (`_reached`).
             while True:
                 with _reached():
-                    if await lock.acquire(blocking=False, token=token):
-                        break
+                    taken = await self._take(keys=keys, args=[held.token, _ms(self._lease)])
+                if taken[0]:
+                    break
                 await asyncio.sleep(LOCK_RETRY_S)
         except asyncio.CancelledError:  # the wait's last attempt may have taken it
-            with contextlib.suppress(LockError, RedisError):
-                await lock.do_release(token.encode())
+            with contextlib.suppress(RedisError):
+                await self._let_go(keys=[held.lock], args=[held.token])
             raise
+        if taken[1] is not None:
+            held.context = StoredContext.loads(taken[1])
 
         async def renew() -> bool:
-            try:
-                await lock.reacquire()
-            except LockError:  # not ours any more: the lease expired and someone took it
-                return False
-            return True
+            if held.ended:
+                return True
+            with _reached():
+                return bool(
+                    await self._renew(keys=[held.lock], args=[held.token, _ms(self._lease)])
+                )
 
         try:
             async with renewed(f"context {context_id!r}", self._lease, renew):
-                yield
+                yield held
         finally:
-            try:
-                await lock.release()
-            except RedisError as exc:  # lost or unreachable: the lease expires on its own
-                log.warning("releasing the lock on context %r failed: %s", context_id, exc)
+            if not held.ended:
+                try:
+                    await self._let_go(keys=[held.lock], args=[held.token])
+                except RedisError as exc:  # unreachable: the lease expires on its own
+                    log.warning("releasing the lock on context %r failed: %s", context_id, exc)
+
+    async def _end(
+        self, held: _Held, save: StoredContext | None, records: Sequence[Record], ttl_s: float
+    ) -> None:
+        ttl_ms = _ms(check_put(records, ttl_s, ()))
+        args: list[str | int | bytes] = ["", "", ""]
+        if save is not None:
+            args = [save.version, save.dumps(save.version + 1), self._context_ttl_ms()]
+        args += [held.token, ttl_ms, *(record.value for record in records)]
+        keys = [self._context(held.context_id), held.lock]
+        keys += [self._record(kind, key) for kind, key, _ in records]
+        with _reached():
+            if not await self._end_script(keys=keys, args=args):
+                raise conflict(held.context_id)
+        held.ended = True
+        if save is not None:
+            save.version += 1
 
     async def ping(self) -> None:
         with _reached():
@@ -359,6 +422,23 @@ class RedisStore:
 
     async def close(self) -> None:
         await self._redis.aclose()
+
+
+class _Held:
+    """A context held by `token`: the context as read when the hold was taken."""
+
+    def __init__(self, store: RedisStore, context_id: str, token: str) -> None:
+        self.store = store
+        self.context_id = context_id
+        self.lock = f"{store._prefix}lock:{context_id}"
+        self.token = token
+        self.context: StoredContext | None = None
+        self.ended = False  # its last write let it go
+
+    async def end(
+        self, save: StoredContext | None, records: Sequence[Record], ttl_s: float
+    ) -> None:
+        await self.store._end(self, save, records, ttl_s)
 
 
 class _Write(NamedTuple):

@@ -29,6 +29,8 @@ from proxy.state.lease import renewed
 from proxy.state.locks import KeyedLocks
 from proxy.state.sqlite_checkpoints import LOG_FILE_BYTES, Checkpointer
 from proxy.state.store import (
+    Held,
+    Holding,
     Record,
     StoredContext,
     batches,
@@ -172,17 +174,7 @@ class SqliteStore:
         return await self._call(lambda db: threads.counts(db, thread_id))
 
     async def load_context(self, context_id: str) -> StoredContext | None:
-        def work(db: sqlite3.Connection) -> StoredContext | None:
-            row = db.execute(
-                "SELECT body, version FROM contexts WHERE id = ?", (context_id,)
-            ).fetchone()
-            if row is None:
-                return None
-            context = StoredContext.loads(row[0])
-            context.version = row[1]
-            return context
-
-        return await self._call(work)
+        return await self._call(lambda db: _context(db, context_id))
 
     async def save_context(self, context: StoredContext) -> None:
         version = context.version + 1
@@ -283,11 +275,11 @@ class SqliteStore:
             return 0
         return await self._call(lambda db: records_sql.delete(db, wanted))
 
-    def hold(self, context_id: str) -> AbstractAsyncContextManager[None]:
+    def hold(self, context_id: str) -> AbstractAsyncContextManager[Holding]:
         return self._hold(context_id)
 
     @contextlib.asynccontextmanager
-    async def _hold(self, context_id: str) -> AsyncIterator[None]:
+    async def _hold(self, context_id: str) -> AsyncIterator[Holding]:
         # One waiter per context and process polls the table; the others queue here.
         async with self._locks.hold(context_id):
             token = secrets.token_hex(16)
@@ -303,9 +295,9 @@ class SqliteStore:
                 return await self._call(work)
 
             try:
-                await self._take(context_id, token)
+                context = await self._take(context_id, token)
                 async with renewed(f"context {context_id!r}", self._lease, renew):
-                    yield
+                    yield Held(self, context)
             finally:  # also when the wait was cancelled, as its last attempt took the row
                 try:
                     await self._call(
@@ -317,10 +309,11 @@ class SqliteStore:
                 except StateUnavailable as exc:  # the lease expires on its own
                     log.warning("releasing the lock on context %r failed: %s", context_id, exc)
 
-    async def _take(self, context_id: str, token: str) -> None:
-        """Waits until this process holds the context's lock row (free, or its lease over)."""
+    async def _take(self, context_id: str, token: str) -> StoredContext | None:
+        """Waits until this process holds the context's lock row (free, or its lease over);
+        the context as stored then."""
 
-        def work(db: sqlite3.Connection) -> bool:
+        def work(db: sqlite3.Connection) -> tuple[bool, StoredContext | None]:
             now = time.time()
             taken = db.execute(
                 "INSERT INTO context_locks (id, token, expires_at) VALUES (?, ?, ?) "
@@ -328,12 +321,13 @@ class SqliteStore:
                 "expires_at = excluded.expires_at WHERE context_locks.expires_at <= ?",
                 (context_id, token, now + self._lease, now),
             )
-            return taken.rowcount == 1
+            return (True, _context(db, context_id)) if taken.rowcount == 1 else (False, None)
 
         wait, longest = LOCK_POLL_S
-        while not await self._call(work):
+        while not (taken := await self._call(work))[0]:
             await asyncio.sleep(wait)
             wait = min(wait * 2, longest)
+        return taken[1]
 
     async def ping(self) -> None:
         """Fails unless the file is still the one opened and takes writes: one row written,
@@ -394,3 +388,12 @@ def _create_schema(db: sqlite3.Connection) -> None:
 def _identity(path: str) -> tuple[int, int]:
     found = os.stat(path)
     return found.st_dev, found.st_ino
+
+
+def _context(db: sqlite3.Connection, context_id: str) -> StoredContext | None:
+    row = db.execute("SELECT body, version FROM contexts WHERE id = ?", (context_id,)).fetchone()
+    if row is None:
+        return None
+    context = StoredContext.loads(row[0])
+    context.version = row[1]
+    return context

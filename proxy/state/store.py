@@ -90,6 +90,42 @@ def conflict(context_id: str) -> StateUnavailable:
     )
 
 
+class Holding(Protocol):
+    """A context held (`StateStore.hold`)."""
+
+    @property
+    def context(self) -> StoredContext | None:
+        """The context as it was stored when the hold was taken; None when there was none."""
+        ...
+
+    async def end(
+        self, save: StoredContext | None, records: Sequence[Record], ttl_s: float
+    ) -> None:
+        """The hold's last write, in one call where the backend allows: `save` (when one is
+        given) stored as `save_context` stores it, `records` put for `ttl_s` as `put_records`
+        puts them, and the hold let go. Raises `StateUnavailable` when the save is refused
+        (`conflict`), which wrote nothing, or the backend fails; the hold ends with its block
+        then."""
+        ...
+
+
+@dataclass(slots=True)
+class Held:
+    """The hold of a backend whose calls are no round trips (this process's memory, a file):
+    its last write is a save and a put, and it is let go as its block ends."""
+
+    store: StateStore
+    context: StoredContext | None
+
+    async def end(
+        self, save: StoredContext | None, records: Sequence[Record], ttl_s: float
+    ) -> None:
+        if save is not None:
+            await self.store.save_context(save)
+        if records:
+            await self.store.put_records(records, ttl_s)
+
+
 class StateStore(Protocol):
     """Every method raises `StateUnavailable` when the backend fails or cannot be trusted."""
 
@@ -162,11 +198,11 @@ class StateStore(Protocol):
         Raises ValueError past RECORDS_AT_ONCE pairs."""
         ...
 
-    def hold(self, context_id: str) -> AbstractAsyncContextManager[None]:
-        """Serialises the runs on one context, between every process sharing the backend. The
-        hold is a lease, renewed while it is held: when it is lost all the same (the process
-        stalled longer than the lease), the holder's `save_context` fails instead of
-        overwriting the next holder's."""
+    def hold(self, context_id: str) -> AbstractAsyncContextManager[Holding]:
+        """Serialises the runs on one context, between every process sharing the backend, and
+        reads the context as the hold is taken. The hold is a lease, renewed while it is held:
+        when it is lost all the same (the process stalled longer than the lease), the holder's
+        save fails instead of overwriting the next holder's."""
         ...
 
     async def ping(self) -> None:

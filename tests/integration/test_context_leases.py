@@ -101,6 +101,7 @@ async def test_a_run_that_lost_its_lease_fails_instead_of_overwriting_the_next(
         _opened["g"].set()
         lost = await asyncio.wait_for(late, 10)
         stored = (await second.client.get("/v1/contexts/c")).json()
+        kept = await first.client.get(f"/v1/runs/{lost.headers['x-loopwarden-run-id']}")
     assert taken.status_code == 200, taken.text
     assert lost.status_code == 503, lost.text
     assert lost.json()["error"]["code"] == "state_unavailable"
@@ -108,6 +109,7 @@ async def test_a_run_that_lost_its_lease_fails_instead_of_overwriting_the_next(
     assert lost.json()["loop"]["stop_reason"] == "state_unavailable"
     assert lost.headers["x-loopwarden-stop-reason"] == "state_unavailable"
     assert lost.headers["x-should-retry"] == "false"  # its tool ran
+    assert kept.json()["stop_reason"] == "state_unavailable"  # the run is kept all the same
     said = [m["content"] for m in stored["messages"] if m["role"] in ("user", "assistant")]
     assert said == ["start", "Ready.", "second", "Second."]
 

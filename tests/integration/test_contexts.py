@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import secrets
 from typing import Any
 from urllib.parse import quote
 
 import orjson
 import pytest
+import redis.asyncio as aioredis
 
 from proxy.state.memory import MemoryStore
+from proxy.state.redis import RedisStore
 from proxy.state.store import StateStore, StoredContext
 from tests.integration.conftest import Proxy, ProxyFactory
 from tests.scripted_upstream import call, each_run, keep, say, say_tool_result
@@ -180,6 +183,54 @@ async def test_a_client_that_leaves_while_its_context_is_held_runs_nothing(
         stored = (await proxy.client.get("/v1/contexts/c-wait")).json()
     assert again.status_code == 200
     assert [m["content"] for m in stored["messages"]] == ["start", "Ready.", "here", "Here."]
+
+
+async def test_a_context_s_run_is_read_with_its_hold_and_kept_as_it_is_let_go(
+    proxy_for: ProxyFactory, backend: StateStore
+) -> None:
+    """On every backend: the context as its hold found it, the run saved and kept by the hold's
+    last write, and the context free for the next run as soon as the answer is sent."""
+    async with proxy_for(REPORTER, store=backend) as proxy:
+        proxy.upstream.script(say("Noted: first"), say("Noted: second"))
+        await post(proxy, "/chat", context_id="c-end", model="scripted", message="first")
+        second = await post(proxy, "/chat", context_id="c-end", message="second")
+        async with asyncio.timeout(1), backend.hold("c-end") as holding:  # the lease is 30 s
+            assert holding.context is not None
+            said = [m["content"] for m in holding.context.messages]
+        run = await proxy.client.get(f"/v1/runs/{second.headers['x-loopwarden-run-id']}")
+    assert second.status_code == 200, second.text
+    assert said == ["first", "Noted: first", "second", "Noted: second"]
+    assert run.status_code == 200
+    assert run.json()["stop_reason"] == "completed"
+
+
+async def test_a_context_s_run_on_redis_is_two_round_trips(
+    proxy_for: ProxyFactory, redis_url: str
+) -> None:
+    """The hold taken with the context read, then the save, the run kept and the hold let go
+    in one call (were five: the lock, the read, the save, the run, the lock)."""
+    prefix = f"trips-{secrets.token_hex(4)}:"
+    store = RedisStore(redis_url, prefix=prefix)
+    monitor = aioredis.Redis.from_url(redis_url)
+    try:
+        async with proxy_for(REPORTER, store=store) as proxy:
+            proxy.upstream.script(say("Noted: first"), say("Noted: second"))
+            await post(proxy, "/chat", context_id="c", model="scripted", message="first")
+            async with monitor.monitor() as watching:
+                second = await post(proxy, "/chat", context_id="c", message="second")
+                await monitor.ping()  # from the connection that watches: not seen
+                await store.ping()  # the last command seen
+                sent = []
+                while (seen := await asyncio.wait_for(watching.next_command(), 5))[
+                    "command"
+                ] != "PING":
+                    if seen["client_type"] != "lua" and prefix in seen["command"]:
+                        sent.append(seen["command"].split()[0].upper())
+    finally:
+        await store.close()
+        await monitor.aclose()
+    assert second.status_code == 200, second.text
+    assert sent == ["EVALSHA", "EVALSHA"]
 
 
 async def test_delete_drops_the_context(proxy_for: ProxyFactory) -> None:
