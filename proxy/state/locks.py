@@ -1,10 +1,15 @@
-"""One asyncio lock per key, dropped when nobody holds or waits for it."""
+"""One asyncio lock per key, dropped when nobody holds or waits for it: the waiters of one
+process for a lock shared between processes take their turns here, and only the first asks
+the backend."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+
+# The first and the longest wait between two tries of a lock that another process holds.
+LOCK_POLL_S = (0.005, 0.05)
 
 
 class KeyedLocks:

@@ -18,6 +18,7 @@ from redis.exceptions import RedisError
 
 from proxy.errors import StateUnavailable
 from proxy.state.lease import renewed
+from proxy.state.locks import LOCK_POLL_S, KeyedLocks
 from proxy.state.store import (
     Holding,
     Record,
@@ -136,9 +137,6 @@ return found
 CALL_BYTES = 4 * 1024 * 1024
 RECORD_WEIGHT = CALL_BYTES // 1000
 
-# How long a request waits between its attempts to take a context's lock.
-LOCK_RETRY_S = 0.01
-
 
 @contextlib.contextmanager
 def _reached() -> Iterator[None]:
@@ -187,6 +185,7 @@ class RedisStore:
         self._renew = self._redis.register_script(_RENEW)
         self._let_go = self._redis.register_script(_LET_GO)
         self._end_script = self._redis.register_script(_END)
+        self._locks = KeyedLocks()
         # Whether a write is on its way; the writes put meanwhile, each with the future its
         # put awaits; the task that sends them.
         self._sending = False
@@ -363,8 +362,33 @@ class RedisStore:
 
     @contextlib.asynccontextmanager
     async def _hold(self, context_id: str) -> AsyncIterator[Holding]:
+        # One waiter per context and process asks redis; the others queue here.
+        async with self._locks.hold(context_id):
+            held = await self._take_hold(context_id)
+
+            async def renew() -> bool:
+                if held.ended:
+                    return True
+                args: list[str | int] = [held.token, _ms(self._lease)]
+                with _reached():
+                    return bool(await self._renew(keys=[held.lock], args=args))
+
+            try:
+                async with renewed(f"context {context_id!r}", self._lease, renew):
+                    yield held
+            finally:
+                if not held.ended:
+                    try:
+                        await self._let_go(keys=[held.lock], args=[held.token])
+                    except RedisError as exc:  # unreachable: the lease expires on its own
+                        log.warning("releasing the lock on context %r failed: %s", context_id, exc)
+
+    async def _take_hold(self, context_id: str) -> _Held:
+        """Waits until this process holds the context's lock (free, or its lease over), and
+        reads the context as it takes it."""
         held = _Held(self, context_id, secrets.token_hex(16))
         keys = [held.lock, self._context(context_id)]
+        wait, longest = LOCK_POLL_S
         try:
             # One attempt at a time, each checked for the cancellation the client may drop
             # (`_reached`).
@@ -373,31 +397,15 @@ class RedisStore:
                     taken = await self._take(keys=keys, args=[held.token, _ms(self._lease)])
                 if taken[0]:
                     break
-                await asyncio.sleep(LOCK_RETRY_S)
+                await asyncio.sleep(wait)
+                wait = min(wait * 2, longest)
         except asyncio.CancelledError:  # the wait's last attempt may have taken it
             with contextlib.suppress(RedisError):
                 await self._let_go(keys=[held.lock], args=[held.token])
             raise
         if taken[1] is not None:
             held.context = StoredContext.loads(taken[1])
-
-        async def renew() -> bool:
-            if held.ended:
-                return True
-            with _reached():
-                return bool(
-                    await self._renew(keys=[held.lock], args=[held.token, _ms(self._lease)])
-                )
-
-        try:
-            async with renewed(f"context {context_id!r}", self._lease, renew):
-                yield held
-        finally:
-            if not held.ended:
-                try:
-                    await self._let_go(keys=[held.lock], args=[held.token])
-                except RedisError as exc:  # unreachable: the lease expires on its own
-                    log.warning("releasing the lock on context %r failed: %s", context_id, exc)
+        return held
 
     async def _end(
         self, held: _Held, save: StoredContext | None, records: Sequence[Record], ttl_s: float

@@ -26,7 +26,7 @@ from proxy.errors import StateUnavailable
 from proxy.state import sqlite_records as records_sql
 from proxy.state import sqlite_threads as threads
 from proxy.state.lease import renewed
-from proxy.state.locks import KeyedLocks
+from proxy.state.locks import LOCK_POLL_S, KeyedLocks
 from proxy.state.sqlite_checkpoints import LOG_FILE_BYTES, Checkpointer
 from proxy.state.store import (
     Held,
@@ -44,7 +44,6 @@ from proxy.state.store import (
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 SWEEP_EVERY_S = 60.0  # the most often expired records are deleted
-LOCK_POLL_S = (0.005, 0.05)  # the first and the longest wait between two tries of a held lock
 
 _TABLES = [
     """CREATE TABLE IF NOT EXISTS contexts (

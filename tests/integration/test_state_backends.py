@@ -17,6 +17,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+import redis
 
 from proxy.config.state import StateConfig
 from proxy.errors import StateUnavailable
@@ -639,6 +640,40 @@ async def test_a_held_context_stays_held_past_its_lease_while_its_holder_lives(
     await holder.close()
     await waiter.close()
     assert order == ["held", "released", "taken"]
+
+
+def _script_calls(url: str) -> int:
+    with redis.Redis.from_url(url) as admin:
+        return int(admin.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+async def test_the_runs_of_one_process_waiting_for_a_context_ask_redis_as_one(
+    redis_url: str,
+) -> None:
+    """Twenty requests wait behind a run (of another process) that holds their context: one of
+    them asks redis whether it is free, the others wait their turn in the process, so redis is
+    asked as often as for one waiter (were twenty, each every 10 ms); each takes it in turn."""
+    prefix = f"wait-{secrets.token_hex(4)}:"
+    holder, store = RedisStore(redis_url, prefix=prefix), RedisStore(redis_url, prefix=prefix)
+    taken: list[int] = []
+
+    async def wait(n: int) -> None:
+        async with store.hold("c"):
+            taken.append(n)
+
+    try:
+        async with holder.hold("c"):
+            waiting = [asyncio.create_task(wait(n)) for n in range(20)]
+            await asyncio.sleep(0.1)
+            before = await asyncio.to_thread(_script_calls, redis_url)
+            await asyncio.sleep(1)
+            tries = await asyncio.to_thread(_script_calls, redis_url) - before
+        await asyncio.wait_for(asyncio.gather(*waiting), 5)
+    finally:
+        await holder.close()
+        await store.close()
+    assert sorted(taken) == list(range(20))
+    assert tries <= 100, f"{tries} tries of the lock in 1 s"  # one waiter's, every 10 ms
 
 
 def test_a_context_stored_by_a_later_version_is_read_without_its_new_fields() -> None:
