@@ -371,7 +371,8 @@ class RedisStore:
                     return True
                 args: list[str | int] = [held.token, _ms(self._lease)]
                 with _reached():
-                    return bool(await self._renew(keys=[held.lock], args=args))
+                    kept = bool(await self._renew(keys=[held.lock], args=args))
+                return kept or held.ended  # let go by its last write meanwhile
 
             try:
                 async with renewed(f"context {context_id!r}", self._lease, renew):
