@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Callable, Collection
 from starlette.types import Receive, Scope, Send
 
 from proxy.api.asgi import bearer_token
+from proxy.api.auth import Caller
 from proxy.api.services import Services
 from proxy.errors import (
     ClientDisconnected,
@@ -18,6 +19,7 @@ from proxy.errors import (
     PermissionDenied,
 )
 from proxy.upstream.client import Upstream
+from proxy.upstream.form_model import AmbiguousModel
 from proxy.upstream.relay import MODEL_SNIFF_LIMIT, relay, sniff_model
 
 METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
@@ -72,12 +74,7 @@ class Passthrough:
         )
         upstream = sv.config.default_upstream
         if model is None and caller is not None and restricted:
-            raise PermissionDenied(
-                f"key {caller.name!r} may use only the models it names, and the model of this "
-                f"request cannot be read (a JSON body of at most {MODEL_SNIFF_LIMIT} bytes and "
-                f"{values} values (server.max_body_values) naming one `model`, a string)",
-                param="model",
-            )
+            raise self._unread(caller)
         if model is not None:
             sv.keys.check(caller, model)
             agent = sv.config.agents.get(model)
@@ -86,8 +83,21 @@ class Passthrough:
         try:
             target = sv.upstream(upstream, bearer)
             await self._relay(target, scope, raw_path.decode("latin-1"), body, send)
+        except AmbiguousModel:  # a second `model` in a form, found as it was sent
+            raise self._unread(caller) from None
         except ValueError as exc:  # a path the relay refuses to send on
             raise InvalidRequest(str(exc)) from None
+
+    def _unread(self, caller: Caller | None) -> PermissionDenied:
+        values = self.services().config.server.max_body_values
+        name = caller.name if caller is not None else ""
+        return PermissionDenied(
+            f"key {name!r} may use only the models it names, and the model of this "
+            f"request cannot be read (a JSON body of at most {MODEL_SNIFF_LIMIT} bytes and "
+            f"{values} values (server.max_body_values) naming one `model`, a string, or a "
+            f"form with one `model` field in its first {MODEL_SNIFF_LIMIT} bytes)",
+            param="model",
+        )
 
     @staticmethod
     async def _relay(

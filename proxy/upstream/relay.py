@@ -11,7 +11,7 @@ OpenAI-shaped error, scrubbed of secrets (`error_body`), and a status no client 
 (600 and over) is a 502.
 
 Which upstream gets a request is the caller's choice; `sniff_model` reads the `model` of a JSON
-body for it, which means reading a body of up to MODEL_SNIFF_LIMIT bytes before sending it.
+body or a form for it, which means reading up to MODEL_SNIFF_LIMIT bytes before sending it.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import orjson
 from proxy.errors import UpstreamBadReply, UpstreamStatusError
 from proxy.json_values import holds_over
 from proxy.upstream.client import Upstream
+from proxy.upstream.form_model import FormModel, form_boundary
 from proxy.upstream.transport import Answer
 
 # A JSON body up to this size is read whole to find its model; a larger one is not parsed.
@@ -117,7 +118,7 @@ def returned_headers(upstream: Sequence[tuple[bytes, bytes]]) -> list[tuple[byte
 
 def json_model(content_type: str | None, body: bytes, limit: int = MODEL_SNIFF_LIMIT) -> str | None:
     """The top-level string `model` of a JSON object, given the whole body. None when the content
-    type is not JSON (a multipart audio upload: it goes to the default upstream), the body is
+    type is not JSON (a form's is read by `sniff_model`), the body is
     over `limit` bytes (not parsed), not JSON or not an object, or its `model` is not a string.
     """
     parsed = _json_object(content_type, body, limit)
@@ -142,10 +143,11 @@ async def sniff_model(
     exact: bool = False,
     max_values: int | None = None,
 ) -> tuple[str | None, AsyncIterator[bytes]]:
-    """The model a request names (see `json_model`), and its body to relay: the bytes read to
-    find it, then the rest, unread. Only a JSON body whose `content-length`, if given, is at most
-    `limit` is read, and only until more than `limit` bytes came; any other body is left as
-    it is.
+    """The model a request names (see `json_model`; a form's `model` field), and its body to
+    relay: the bytes read to find it, then the rest, unread. Only a JSON body whose
+    `content-length`, if given, is at most `limit` is read, and only until more than `limit`
+    bytes came; a `multipart/form-data` body until its `model` field ended, within `limit`
+    bytes; any other body is left as it is.
 
     A JSON body over `limit` bytes, or holding more than `max_values` JSON values (which it
     would take long to parse on the event loop: 1 MiB of `[],` takes 35 ms), goes to the
@@ -154,7 +156,8 @@ async def sniff_model(
     `exact`, for a caller whose models are checked: the body relayed is the object as read, so
     that no upstream reads another model in it than the one checked (from a repeated `model`,
     which parsers take first or last, or a `MODEL`, which some match); a body that names one in
-    another case has none.
+    another case has none. A form's rest is read as it is relayed, and raises AmbiguousModel at
+    a second part named `model` in any case (the upstream then gets no whole body).
     """
     chunks = aiter(body)
     content_type = content_length = None
@@ -163,6 +166,8 @@ async def sniff_model(
             content_type = value.decode("latin-1")
         elif name == b"content-length" and value.isdigit():
             content_length = int(value)
+    if (boundary := form_boundary(content_type)) is not None:
+        return await _form_model(boundary, chunks, limit, exact)
     if not _is_json(content_type) or (content_length is not None and content_length > limit):
         return None, chunks
     read: list[bytes] = []
@@ -182,6 +187,28 @@ async def sniff_model(
     if parsed is None or named != ["model"] or not isinstance(parsed["model"], str):
         return None, _prepend(head, chunks)
     return parsed["model"], _prepend(orjson.dumps(parsed), chunks)
+
+
+async def _form_model(
+    boundary: bytes, chunks: AsyncIterator[bytes], limit: int, exact: bool
+) -> tuple[str | None, AsyncIterator[bytes]]:
+    """`sniff_model` of a form: read until its first `model` field ended, within `limit`
+    bytes. With `exact`, a form with another part named `model` in what was read has none,
+    and the rest is read as it is relayed, raising AmbiguousModel at another (the upstream
+    then gets no whole body)."""
+    form = FormModel(boundary)
+    read: list[bytes] = []
+    size = 0
+    async for chunk in chunks:
+        read.append(chunk)
+        size += len(chunk)
+        form.feed(chunk)
+        if form.values or form.broken or size > limit:
+            break
+    if not exact:
+        return form.model, _prepend(b"".join(read), chunks)
+    model = form.model if len(form.names) == 1 else None
+    return model, _prepend(b"".join(read), form.checked(chunks))
 
 
 @contextlib.asynccontextmanager

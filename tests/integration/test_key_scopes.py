@@ -4,10 +4,13 @@ threads, and `GET /metrics` when that is protected."""
 from __future__ import annotations
 
 import hashlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
+import openai
 import pytest
+from openai import AsyncOpenAI
 
 from proxy.config import ConfigError, parse_config
 from tests.bodies import user
@@ -441,7 +444,8 @@ async def test_a_key_limited_to_some_models_relays_only_a_request_whose_model_it
     assert unread.json()["error"] == {
         "message": "key 'a' may use only the models it names, and the model of this request "
         "cannot be read (a JSON body of at most 1048576 bytes and 100000 values "
-        "(server.max_body_values) naming one `model`, a string)",
+        "(server.max_body_values) naming one `model`, a string, or a form with one `model` "
+        "field in its first 1048576 bytes)",
         "type": "permission_error",
         "param": "model",
         "code": "model_not_allowed",
@@ -469,3 +473,72 @@ async def test_a_limited_key_s_body_goes_upstream_as_the_proxy_read_it(
         )
     assert r.status_code == 200
     assert relayed == [b'{"model":"gpt-4o-mini","input":"x"}']
+
+
+async def test_a_limited_key_uploads_audio_only_for_a_model_it_may_use(
+    proxy_for: ProxyFactory,
+) -> None:
+    """Through the openai SDK: a transcription's form names its model in a field, read as the
+    key's models are checked; a form that names another model after its file is cut off as it
+    goes, so the upstream never gets it whole (some parsers take the last)."""
+    relayed: list[bytes] = []
+
+    async def upstream(request: httpx.Request) -> httpx.Response:
+        relayed.append(await request.aread())
+        return httpx.Response(200, json={"text": "heard"})
+
+    config = keyed(key("a", agents=["whisper-1"]), key("all"))
+    audio = b"RIFF" + b"\x01" * 300_000
+    boundary = "b0und"
+    second = (
+        (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="model"\r\n\r\nwhisper-1\r\n'
+            f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n\r\n'
+        ).encode()
+        + audio
+        + (
+            f'\r\n--{boundary}\r\nContent-Disposition: form-data; name="MODEL"\r\n\r\nwhisper-2\r\n'
+            f"--{boundary}--\r\n"
+        ).encode()
+    )
+    form = {"content-type": f"multipart/form-data; boundary={boundary}"}
+    async with proxy_for(config, handler=upstream) as proxy:
+
+        def sdk(name: str) -> AsyncOpenAI:
+            return AsyncOpenAI(
+                base_url="http://proxy.test/v1",
+                api_key=f"sk-{name}",
+                http_client=proxy.client,
+                max_retries=0,
+            )
+
+        heard = await sdk("a").audio.transcriptions.create(
+            model="whisper-1", file=("a.wav", audio, "audio/wav")
+        )
+        with pytest.raises(openai.PermissionDeniedError) as other:
+            await sdk("a").audio.transcriptions.create(
+                model="whisper-2", file=("a.wav", audio, "audio/wav")
+            )
+        named_twice = await proxy.client.post(
+            "/v1/audio/transcriptions",
+            content=in_pieces(second, 65_536),  # as a client streams it: read as it comes
+            headers={"authorization": "Bearer sk-a", **form},
+        )
+        unchecked = await proxy.client.post(
+            "/v1/audio/transcriptions",
+            content=second,
+            headers={"authorization": "Bearer sk-all", **form},
+        )
+    assert heard.text == "heard"
+    assert (other.value.code, other.value.param) == ("model_not_allowed", "model")
+    assert named_twice.status_code == 403, named_twice.text
+    assert named_twice.json()["error"]["code"] == "model_not_allowed"
+    assert unchecked.status_code == 200
+    assert len(relayed) == 2  # the first upload and the unchecked key's: not the one named twice
+    assert audio in relayed[0]
+    assert relayed[1] == second
+
+
+async def in_pieces(body: bytes, size: int) -> AsyncIterator[bytes]:
+    for start in range(0, len(body), size):
+        yield body[start : start + size]

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 import httpx
 import orjson
+from openai import AsyncOpenAI
 
 from proxy.errors import StateUnavailable
 from proxy.state.memory import MemoryStore
@@ -46,6 +47,39 @@ async def test_other_v1_routes_are_relayed_to_the_upstream_unchanged(
     assert echo["query"] == "dims=8"
     assert echo["body"] == {"model": "text-embedding-3-small", "input": "hé"}
     assert echo["authorization"] is None  # the client's key is not the upstream's
+
+
+async def test_an_audio_upload_goes_to_the_upstream_of_the_model_its_form_names(
+    proxy_for: ProxyFactory,
+) -> None:
+    """The openai SDK's transcription: a multipart form whose `model` field routes it, its file
+    relayed as it came."""
+    seen: list[tuple[str, bytes]] = []
+
+    async def upstreams(request: httpx.Request) -> httpx.Response:
+        seen.append((request.url.host, await request.aread()))
+        return httpx.Response(200, json={"text": f"heard on {request.url.host}"})
+
+    config = {
+        "upstreams": {"speech": {"base_url": "http://speech.test/v1", "max_retries": 0}},
+        "models": {"whisper-large-v3": {"upstream": "speech", "model": "whisper-large-v3"}},
+    }
+    audio = b"RIFF" + bytes(range(256)) * 8192  # 2 MiB: past what is read to find the model
+    async with proxy_for(config, handler=upstreams) as proxy:
+        client = AsyncOpenAI(
+            base_url="http://proxy.test/v1", api_key="sk", http_client=proxy.client, max_retries=0
+        )
+        routed = await client.audio.transcriptions.create(
+            model="whisper-large-v3", file=("talk.wav", audio, "audio/wav"), language="en"
+        )
+        default = await client.audio.transcriptions.create(
+            model="whisper-1", file=("talk.wav", b"RIFF", "audio/wav")
+        )
+    assert (routed.text, default.text) == ("heard on speech.test", "heard on upstream.test")
+    (host, form), _ = seen
+    assert host == "speech.test"
+    assert audio in form
+    assert b'name="model"\r\n\r\nwhisper-large-v3\r\n' in form
 
 
 async def test_models_and_chat_answer_without_the_v1_prefix(proxy_for: ProxyFactory) -> None:

@@ -17,6 +17,7 @@ from proxy.errors import (
     UpstreamUnavailable,
 )
 from proxy.upstream.client import Upstream
+from proxy.upstream.form_model import MAX_PARTS, AmbiguousModel, FormModel
 from proxy.upstream.httpx_transport import HttpxTransport
 from proxy.upstream.relay import (
     json_model,
@@ -486,10 +487,116 @@ async def test_sniff_model_parses_no_body_of_more_values_than_the_bound() -> Non
     assert model == "e-1"
 
 
+def form(*parts: tuple[str, bytes, str | None], boundary: str = "b0und") -> tuple[bytes, bytes]:
+    """A multipart form of (name, value, filename) parts, and its content type."""
+    body = b""
+    for name, value, filename in parts:
+        disposition = f'form-data; name="{name}"' + (f'; filename="{filename}"' if filename else "")
+        body += f"--{boundary}\r\nContent-Disposition: {disposition}\r\n\r\n".encode()
+        body += value + b"\r\n"
+    return (
+        body + f"--{boundary}--\r\n".encode(),
+        f"multipart/form-data; boundary={boundary}".encode(),
+    )
+
+
+def pieces(body: bytes, size: int) -> list[bytes]:
+    return [body[i : i + size] for i in range(0, len(body), size)]
+
+
+@pytest.mark.parametrize("exact", [False, True])
+async def test_sniff_model_reads_a_form_until_its_model_field_and_gives_all_of_it_back(
+    exact: bool,
+) -> None:
+    audio = bytes(range(256)) * 64
+    body, content_type = form(("model", b"whisper-1", None), ("file", audio, "a.wav"))
+    sent = Counted(*pieces(body, 50))
+    model, rest = await sniff_model([(b"content-type", content_type)], sent, exact=exact)
+    assert model == "whisper-1"
+    assert sent.taken == 2  # the field ended in the second read: the file is not read
+    assert b"".join(await read_all(rest)) == body
+
+
+@pytest.mark.parametrize(
+    "parts",
+    [
+        [("MODEL", b"m-1", None), ("model", b"m-2", None)],  # some match it
+        [("model", b"m-1", "model.txt")],  # a file
+        [("model", b"m" * 257, None)],  # no model name
+        [("file", b"x" * 100, "a.wav"), ("model", b"m-1", None)],  # past the bytes read
+    ],
+)
+async def test_a_form_whose_model_is_not_one_field_early_on_has_none(
+    parts: list[tuple[str, bytes, str | None]],
+) -> None:
+    body, content_type = form(*parts)
+    sent = Counted(*pieces(body, 40))
+    model, rest = await sniff_model([(b"content-type", content_type)], sent, limit=80)
+    assert model is None
+    assert b"".join(await read_all(rest)) == body
+
+
+async def test_a_form_that_is_no_form_has_no_model() -> None:
+    body = b"--b0und\r\nContent-Disposition form-data\r\n\r\nm-1\r\n--b0und--\r\n"
+    headers = [(b"content-type", b"multipart/form-data; boundary=b0und")]
+    model, rest = await sniff_model(headers, Counted(body), exact=True)
+    assert model is None
+    assert b"".join(await read_all(rest)) == body
+
+
+async def test_a_checked_form_fails_at_a_second_model_before_it_goes_on() -> None:
+    """The key's model is checked in the first part; one named again after a file of any size
+    fails the body before its part is relayed, so the upstream never gets the whole form."""
+    audio = b"x" * 10_000
+    body, content_type = form(
+        ("model", b"m-1", None), ("file", audio, "a.wav"), ("Model", b"m-2", None)
+    )
+    model, rest = await sniff_model(
+        [(b"content-type", content_type)], Counted(*pieces(body, 1000)), exact=True
+    )
+    assert model == "m-1"
+    relayed: list[bytes] = []
+
+    async def relay() -> None:
+        async for chunk in rest:
+            relayed.append(chunk)
+
+    with pytest.raises(AmbiguousModel):
+        await relay()
+    assert len(relayed) > 5  # the file went on as it came
+    assert body.startswith(b"".join(relayed))
+    assert b"m-2" not in b"".join(relayed)
+    for sent in (Counted(body), Counted(*pieces(body, 1000))):
+        unchecked, rest = await sniff_model([(b"content-type", content_type)], sent)
+        assert unchecked == "m-1"  # the first's upstream, for a key whose models are not checked
+        assert b"".join(await read_all(rest)) == body
+    model, _ = await sniff_model([(b"content-type", content_type)], Counted(body), exact=True)
+    assert model is None  # both in the bytes read
+
+
+async def test_a_checked_form_of_more_parts_than_the_bound_is_cut_off_at_the_bound() -> None:
+    """Each part costs the event loop some Python: a form of thousands of empty parts is not
+    read past MAX_PARTS, checked or not."""
+    many = [("model", b"m-1", None)] + [("x", b"", None)] * (MAX_PARTS + 10)
+    body, content_type = form(*many)
+    headers = [(b"content-type", content_type)]
+    model, rest = await sniff_model(headers, Counted(*pieces(body, 100)), exact=True)
+    assert model == "m-1"
+    with pytest.raises(AmbiguousModel):
+        await read_all(rest)
+    model, _ = await sniff_model(headers, Counted(body), exact=True)
+    assert model is None  # all of it in the bytes read: not parsed past the bound
+    reader = FormModel(b"b0und")
+    reader.feed(body)
+    assert reader.broken
+    assert reader.names == ["model"]
+
+
 @pytest.mark.parametrize(
     "headers",
     [
-        [(b"content-type", b"multipart/form-data; boundary=x")],
+        [(b"content-type", b"multipart/mixed; boundary=x")],
+        [(b"content-type", b"multipart/form-data")],  # no boundary
         [],
         [(b"content-type", JSON.encode()), (b"content-length", b"21")],
     ],
