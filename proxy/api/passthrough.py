@@ -20,7 +20,7 @@ from proxy.errors import (
 )
 from proxy.upstream.client import Upstream
 from proxy.upstream.form_model import AmbiguousModel
-from proxy.upstream.relay import MODEL_SNIFF_LIMIT, relay, sniff_model
+from proxy.upstream.relay import FORM_MODEL_WITHIN, relay, sniff_model
 
 METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
 
@@ -68,9 +68,13 @@ class Passthrough:
         bearer = bearer_token(scope)
         caller = sv.keys.caller(bearer)
         restricted = caller is not None and not caller.unrestricted
-        values = sv.config.server.max_body_values
+        bounds = sv.config.server
         model, body = await sniff_model(
-            scope["headers"], client_body(receive), exact=restricted, max_values=values
+            scope["headers"],
+            client_body(receive),
+            limit=bounds.max_body_bytes,
+            exact=restricted,
+            max_values=bounds.max_body_values,
         )
         upstream = sv.config.default_upstream
         if model is None and caller is not None and restricted:
@@ -89,13 +93,14 @@ class Passthrough:
             raise InvalidRequest(str(exc)) from None
 
     def _unread(self, caller: Caller | None) -> PermissionDenied:
-        values = self.services().config.server.max_body_values
+        bounds = self.services().config.server
         name = caller.name if caller is not None else ""
         return PermissionDenied(
-            f"key {name!r} may use only the models it names, and the model of this "
-            f"request cannot be read (a JSON body of at most {MODEL_SNIFF_LIMIT} bytes and "
-            f"{values} values (server.max_body_values) naming one `model`, a string, or a "
-            f"form with one `model` field in its first {MODEL_SNIFF_LIMIT} bytes)",
+            f"key {name!r} may use only the models it names, and the model of this request "
+            f"cannot be read (a JSON body of at most {bounds.max_body_bytes} bytes "
+            f"(server.max_body_bytes) and {bounds.max_body_values} values "
+            "(server.max_body_values) naming one `model`, a string, or a form with one `model` "
+            f"field in its first {FORM_MODEL_WITHIN} bytes)",
             param="model",
         )
 

@@ -11,7 +11,8 @@ OpenAI-shaped error, scrubbed of secrets (`error_body`), and a status no client 
 (600 and over) is a 502.
 
 Which upstream gets a request is the caller's choice; `sniff_model` reads the `model` of a JSON
-body or a form for it, which means reading up to MODEL_SNIFF_LIMIT bytes before sending it.
+body or a form for it, which means reading some of it (MODEL_SNIFF_LIMIT bytes of JSON, or
+another bound; FORM_MODEL_WITHIN of a form) before sending it.
 """
 
 from __future__ import annotations
@@ -30,8 +31,12 @@ from proxy.upstream.client import Upstream
 from proxy.upstream.form_model import FormModel, form_boundary
 from proxy.upstream.transport import Answer
 
-# A JSON body up to this size is read whole to find its model; a larger one is not parsed.
+# A JSON body up to this size is read whole to find its model, unless told another bound; a
+# larger one is not parsed.
 MODEL_SNIFF_LIMIT = 1 << 20
+# A form's `model` field is looked for in its first bytes only (the openai SDK sends it first;
+# the file after it is streamed on, never held).
+FORM_MODEL_WITHIN = 1 << 20
 
 # RFC 9110 §7.6.1: headers for one connection only, as is every `proxy-*` header and every header
 # a `connection` header names.
@@ -146,8 +151,8 @@ async def sniff_model(
     """The model a request names (see `json_model`; a form's `model` field), and its body to
     relay: the bytes read to find it, then the rest, unread. Only a JSON body whose
     `content-length`, if given, is at most `limit` is read, and only until more than `limit`
-    bytes came; a `multipart/form-data` body until its `model` field ended, within `limit`
-    bytes; any other body is left as it is.
+    bytes came; a `multipart/form-data` body until its `model` field ended, within its first
+    FORM_MODEL_WITHIN bytes; any other body is left as it is.
 
     A JSON body over `limit` bytes, or holding more than `max_values` JSON values (which it
     would take long to parse on the event loop: 1 MiB of `[],` takes 35 ms), goes to the
@@ -167,7 +172,7 @@ async def sniff_model(
         elif name == b"content-length" and value.isdigit():
             content_length = int(value)
     if (boundary := form_boundary(content_type)) is not None:
-        return await _form_model(boundary, chunks, limit, exact)
+        return await _form_model(boundary, chunks, FORM_MODEL_WITHIN, exact)
     if not _is_json(content_type) or (content_length is not None and content_length > limit):
         return None, chunks
     read: list[bytes] = []

@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 import openai
+import orjson
 import pytest
 from openai import AsyncOpenAI
 
@@ -410,7 +411,8 @@ UNREADABLE = [  # bodies whose model the proxy cannot read, which a lenient upst
     ({"content-type": "application/json"}, b'{"model":"gpt-4o","prompt":"\\ud800"}'),
     ({"content-type": "text/plain"}, b'{"model":"gpt-4o","prompt":"hi"}'),
     ({}, b'{"model":"gpt-4o","prompt":"hi"}'),
-    ({"content-type": "application/json"}, b'{"model":"gpt-4o","prompt":"hi"}' + b" " * (1 << 20)),
+    # over server.max_body_bytes (8 MiB)
+    ({"content-type": "application/json"}, b'{"model":"gpt-4o","prompt":"hi"}' + b" " * (8 << 20)),
     ({"content-type": "application/json"}, b'{"model":["gpt-4o"],"prompt":"hi"}'),
     # another case of the key: some parsers (Go's) match it, and take the later one
     ({"content-type": "application/json"}, b'{"model":"gpt-4o-mini","MODEL":"gpt-4o"}'),
@@ -443,14 +445,45 @@ async def test_a_key_limited_to_some_models_relays_only_a_request_whose_model_it
     assert unread.status_code == 403
     assert unread.json()["error"] == {
         "message": "key 'a' may use only the models it names, and the model of this request "
-        "cannot be read (a JSON body of at most 1048576 bytes and 100000 values "
-        "(server.max_body_values) naming one `model`, a string, or a form with one `model` "
-        "field in its first 1048576 bytes)",
+        "cannot be read (a JSON body of at most 8388608 bytes (server.max_body_bytes) and "
+        "100000 values (server.max_body_values) naming one `model`, a string, or a form with "
+        "one `model` field in its first 1048576 bytes)",
         "type": "permission_error",
         "param": "model",
         "code": "model_not_allowed",
     }
     assert relayed == [b'{"model":"gpt-4o-mini","prompt":"hi"}', body]
+
+
+async def test_a_limited_key_embeds_a_batch_as_large_as_a_body_may_be(
+    proxy_for: ProxyFactory,
+) -> None:
+    """An embeddings batch of 2,048 inputs (3 MiB of JSON, as OpenAI takes): its model read to
+    be checked, within `server.max_body_bytes` as every JSON body the proxy reads."""
+    relayed: list[tuple[str, bytes]] = []
+
+    async def upstream(request: httpx.Request) -> httpx.Response:
+        relayed.append((request.url.host, await request.aread()))
+        return httpx.Response(200, json={"object": "list", "data": []})
+
+    config = {
+        **keyed(key("a", agents=["text-embedding-3-large"]), key("all")),
+        "upstreams": {"vectors": {"base_url": "http://vectors.test/v1", "max_retries": 0}},
+        "models": {
+            "text-embedding-3-large": {"upstream": "vectors", "model": "text-embedding-3-large"}
+        },
+    }
+    batch = {"model": "text-embedding-3-large", "input": ["x" * 1500] * 2048}
+    async with proxy_for(config, handler=upstream) as proxy:
+        replies = [
+            await proxy.client.post(
+                "/v1/embeddings", json=batch, headers={"authorization": f"Bearer sk-{name}"}
+            )
+            for name in ("a", "all")
+        ]
+    assert [r.status_code for r in replies] == [200, 200]
+    assert [host for host, _ in relayed] == ["vectors.test", "vectors.test"]
+    assert orjson.loads(relayed[0][1]) == batch
 
 
 async def test_a_limited_key_s_body_goes_upstream_as_the_proxy_read_it(
