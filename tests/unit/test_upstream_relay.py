@@ -16,6 +16,7 @@ from proxy.errors import (
     UpstreamTimeout,
     UpstreamUnavailable,
 )
+from proxy.upstream import relay as relay_module
 from proxy.upstream.client import Upstream
 from proxy.upstream.form_model import MAX_PARTS, AmbiguousModel, FormModel
 from proxy.upstream.httpx_transport import HttpxTransport
@@ -527,11 +528,12 @@ async def test_sniff_model_reads_a_form_until_its_model_field_and_gives_all_of_i
     ],
 )
 async def test_a_form_whose_model_is_not_one_field_early_on_has_none(
-    parts: list[tuple[str, bytes, str | None]],
+    parts: list[tuple[str, bytes, str | None]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(relay_module, "FORM_MODEL_WITHIN", 80)
     body, content_type = form(*parts)
     sent = Counted(*pieces(body, 40))
-    model, rest = await sniff_model([(b"content-type", content_type)], sent, limit=80)
+    model, rest = await sniff_model([(b"content-type", content_type)], sent)
     assert model is None
     assert b"".join(await read_all(rest)) == body
 
