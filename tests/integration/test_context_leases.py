@@ -19,7 +19,7 @@ from proxy.state.redis import RedisStore
 from proxy.state.sqlite import SqliteStore
 from proxy.state.store import StateStore
 from tests.integration.conftest import Proxy, ProxyFactory
-from tests.scripted_upstream import call, say
+from tests.scripted_upstream import call, keep, say
 
 _entered: dict[str, asyncio.Event] = {}
 _opened: dict[str, asyncio.Event] = {}
@@ -151,3 +151,44 @@ async def test_a_wait_for_a_held_context_ends_when_cancelled_at_any_point(
             done, _ = await asyncio.wait({waiting}, timeout=2)
             assert done, f"cancelled after {turns} turns, it went on waiting"
             assert waiting.cancelled()
+
+
+async def test_runs_on_one_context_from_two_processes_on_redis_each_see_the_last(
+    proxy_for: ProxyFactory, redis_url: str
+) -> None:
+    """Forty runs at once on one context, half through each of two proxies sharing a redis:
+    each run reads the context the run before it saved and saves its turn as it lets go, so
+    the context ends with every turn, whole, and no run saw the same history as another."""
+    prefix = f"many-{secrets.token_hex(4)}:"
+    stores = [RedisStore(redis_url, prefix=prefix), RedisStore(redis_url, prefix=prefix)]
+
+    def ack(body: dict[str, Any]) -> Any:
+        return say(f"ack {body['messages'][-1]['content']}")
+
+    try:
+        async with proxy_for(store=stores[0]) as one, proxy_for(store=stores[1]) as two:
+            one.upstream.script(say("Ready."), keep(ack))
+            first = await one.client.post(
+                "/chat", json={"context_id": "c", "model": "scripted", "message": "start"}
+            )
+            assert first.status_code == 200
+            replies = await asyncio.gather(
+                *(
+                    (one, two)[i % 2].client.post(
+                        "/chat", json={"context_id": "c", "message": f"m{i}"}
+                    )
+                    for i in range(40)
+                )
+            )
+            stored = (await one.client.get("/v1/contexts/c")).json()
+            seen = [len(body["messages"]) for body in one.upstream.bodies[1:]]
+    finally:
+        for store in stores:
+            await store.close()
+    assert [r.status_code for r in replies] == [200] * 40
+    said = [m["content"] for m in stored["messages"]]
+    assert said[:2] == ["start", "Ready."]
+    turns = list(zip(said[2::2], said[3::2], strict=True))
+    assert all(reply == f"ack {message}" for message, reply in turns)
+    assert sorted(message for message, _ in turns) == sorted(f"m{i}" for i in range(40))
+    assert sorted(seen) == [3 + 2 * k for k in range(40)]  # each the history of all before it
