@@ -15,7 +15,8 @@ class StateConfig(ConfigModel):
     path: str = "./loopwarden.db"
     url_env: EnvName = "REDIS_URL"
     key_prefix: str = "loopwarden:"  # redis
-    context_ttl_s: float | None = Field(None, gt=0)  # redis: contexts expire when left alone
+    # A context ends this long after it was last saved (None: never).
+    context_ttl_s: float | None = Field(None, gt=0, allow_inf_nan=False)
     # Run reports (GET /v1/runs/{id}) and held server calls (SPEC §5.1.6) are kept this long.
     run_ttl_s: float = Field(86400.0, gt=0, allow_inf_nan=False)
     # Stored responses (`/v1/responses` with `store`, SPEC §12.4) are kept this long.

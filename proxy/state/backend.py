@@ -13,7 +13,7 @@ def open_store(config: StateConfig) -> StateStore:
     if config.backend == "memory":
         from proxy.state.memory import MemoryStore
 
-        return MemoryStore()
+        return MemoryStore(context_ttl_s=config.context_ttl_s)
     if config.backend == "sqlite":
         from proxy.state.sqlite import SqliteStore
 
@@ -23,6 +23,7 @@ def open_store(config: StateConfig) -> StateStore:
                 timeout_s=config.timeout_s,
                 lock_lease_s=config.lock_lease_s,
                 journal=config.sqlite_journal,
+                context_ttl_s=config.context_ttl_s,
             )
         except Exception as exc:  # sqlite3.Error or OSError: an unusable path
             raise ValueError(f"state.path: cannot open {config.path!r}: {exc}") from None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -28,12 +29,15 @@ MAX_RECORDS = 10_000
 
 
 class MemoryStore:
-    def __init__(self) -> None:
+    def __init__(self, context_ttl_s: float | None = None) -> None:
+        """`context_ttl_s`: a context ends this long after it was last saved (None: never)."""
+        self._context_ttl = context_ttl_s
         self._threads: dict[str, Counter[str]] = {}
         # The monotonic ends of threads reserved with a TTL, the soonest first; at most
         # MAX_RECORDS (past it the soonest goes, as records do: its chain's records went first).
         self._thread_ends: OrderedDict[str, float] = OrderedDict()
-        self._contexts: dict[str, tuple[int, bytes]] = {}  # id -> (version, stored form)
+        # id -> (version, stored form, monotonic end or inf)
+        self._contexts: dict[str, tuple[int, bytes, float]] = {}
         # (kind, key) -> (monotonic deadline, value)
         self._records: OrderedDict[tuple[str, str], tuple[float, bytes]] = OrderedDict()
         self._puts_to_sweep = SWEEP_AFTER
@@ -70,7 +74,7 @@ class MemoryStore:
             self._threads.pop(thread_id, None)
 
     async def load_context(self, context_id: str) -> StoredContext | None:
-        found = self._contexts.get(context_id)
+        found = self._context(context_id)
         if found is None:
             return None
         context = StoredContext.loads(found[1])
@@ -78,15 +82,26 @@ class MemoryStore:
         return context
 
     async def save_context(self, context: StoredContext) -> None:
-        found = self._contexts.get(context.id)
+        found = self._context(context.id)
         if (found[0] if found is not None else 0) != context.version:
             raise conflict(context.id)
         version = context.version + 1
-        self._contexts[context.id] = (version, compact(context.dumps(version)))
+        ttl = self._context_ttl
+        end = math.inf if ttl is None else time.monotonic() + ttl
+        self._contexts[context.id] = (version, compact(context.dumps(version)), end)
         context.version = version
 
     async def delete_context(self, context_id: str) -> bool:
-        return self._contexts.pop(context_id, None) is not None
+        found = self._context(context_id) is not None
+        self._contexts.pop(context_id, None)
+        return found
+
+    def _context(self, context_id: str) -> tuple[int, bytes, float] | None:
+        found = self._contexts.get(context_id)
+        if found is not None and found[2] <= time.monotonic():
+            del self._contexts[context_id]
+            return None
+        return found
 
     async def put_record(self, kind: str, key: str, value: bytes, ttl_s: float) -> None:
         await self.put_records((Record(kind, key, value),), ttl_s)
@@ -155,6 +170,10 @@ class MemoryStore:
         self._records = OrderedDict(
             (k, found) for k, found in self._records.items() if found[0] > now
         )
+        if self._context_ttl is not None:
+            gone = [context_id for context_id, found in self._contexts.items() if found[2] <= now]
+            for context_id in gone:
+                del self._contexts[context_id]
         while self._thread_ends and next(iter(self._thread_ends.values())) <= now:
             ended, _ = self._thread_ends.popitem(last=False)
             self._threads.pop(ended, None)

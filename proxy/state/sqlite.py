@@ -45,6 +45,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 SWEEP_EVERY_S = 60.0  # the most often expired records are deleted
 
+SWEEP_CONTEXTS = "DELETE FROM contexts WHERE updated <= ?"
 _TABLES = [
     """CREATE TABLE IF NOT EXISTS contexts (
         id TEXT PRIMARY KEY,
@@ -52,6 +53,8 @@ _TABLES = [
         updated REAL,
         version INTEGER NOT NULL DEFAULT 1
     )""",
+    # Contexts that end (state.context_ttl_s) are swept by when they were last saved.
+    "CREATE INDEX IF NOT EXISTS contexts_by_update ON contexts (updated)",
     # Who holds each context (a random token) and until when (wall-clock, shared).
     """CREATE TABLE IF NOT EXISTS context_locks (
         id TEXT PRIMARY KEY,
@@ -86,10 +89,13 @@ class SqliteStore:
         timeout_s: float = 5.0,
         lock_lease_s: float = 30.0,
         journal: str = "wal",
+        context_ttl_s: float | None = None,
     ) -> None:
-        """`journal`: `wal` or `rollback` (see `StateConfig.sqlite_journal`)."""
+        """`journal`: `wal` or `rollback` (see `StateConfig.sqlite_journal`);
+        `context_ttl_s`: a context ends this long after it was last saved (None: never)."""
         self._path = str(path)
         self._lease = lock_lease_s
+        self._context_ttl = context_ttl_s
         in_memory = self._path == ":memory:"
         if not in_memory:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -172,19 +178,28 @@ class SqliteStore:
     async def thread_counts(self, thread_id: str) -> dict[str, int]:
         return await self._call(lambda db: threads.counts(db, thread_id))
 
+    def _ended(self) -> float:
+        """When the contexts saved last before it have ended (wall-clock, shared)."""
+        return -math.inf if self._context_ttl is None else time.time() - self._context_ttl
+
     async def load_context(self, context_id: str) -> StoredContext | None:
-        return await self._call(lambda db: _context(db, context_id))
+        ended = self._ended()
+        return await self._call(lambda db: _context(db, context_id, ended))
 
     async def save_context(self, context: StoredContext) -> None:
         version = context.version + 1
         body = context.dumps(version)
 
+        ended = self._ended()
+
         def work(db: sqlite3.Connection) -> bool:
-            if context.version == 0:
+            if context.version == 0:  # none, or one that has ended
                 saved = db.execute(
                     "INSERT INTO contexts (id, body, updated, version) VALUES (?, ?, ?, ?) "
-                    "ON CONFLICT (id) DO NOTHING",
-                    (context.id, body, time.time(), version),
+                    "ON CONFLICT (id) DO UPDATE SET body = excluded.body, "
+                    "updated = excluded.updated, version = excluded.version "
+                    "WHERE contexts.updated <= ?",
+                    (context.id, body, time.time(), version, ended),
                 )
             else:
                 saved = db.execute(
@@ -199,8 +214,12 @@ class SqliteStore:
         context.version = version
 
     async def delete_context(self, context_id: str) -> bool:
+        ended = self._ended()
+
         def work(db: sqlite3.Connection) -> bool:
-            return bool(db.execute("DELETE FROM contexts WHERE id = ?", (context_id,)).rowcount)
+            found = _context(db, context_id, ended) is not None
+            db.execute("DELETE FROM contexts WHERE id = ?", (context_id,))
+            return found
 
         return await self._call(work)
 
@@ -243,6 +262,8 @@ class SqliteStore:
                 self._on_thread(_statement(records_sql.SWEEP, (now,)))
                 for sweep in threads.SWEEP:
                     self._on_thread(_statement(sweep, (now,)))
+                if self._context_ttl is not None:
+                    self._on_thread(_statement(SWEEP_CONTEXTS, (self._ended(),)))
         rows = records_sql.ROWS_PER_WRITE
         for chunk in batches(puts, lambda put: len(put[0].records), rows):
             error: BaseException | None = None
@@ -320,7 +341,9 @@ class SqliteStore:
                 "expires_at = excluded.expires_at WHERE context_locks.expires_at <= ?",
                 (context_id, token, now + self._lease, now),
             )
-            return (True, _context(db, context_id)) if taken.rowcount == 1 else (False, None)
+            if taken.rowcount != 1:
+                return False, None
+            return True, _context(db, context_id, self._ended())
 
         wait, longest = LOCK_POLL_S
         while not (taken := await self._call(work))[0]:
@@ -389,8 +412,12 @@ def _identity(path: str) -> tuple[int, int]:
     return found.st_dev, found.st_ino
 
 
-def _context(db: sqlite3.Connection, context_id: str) -> StoredContext | None:
-    row = db.execute("SELECT body, version FROM contexts WHERE id = ?", (context_id,)).fetchone()
+def _context(db: sqlite3.Connection, context_id: str, ended: float) -> StoredContext | None:
+    """The context, unless it was last saved before `ended`."""
+    row = db.execute(
+        "SELECT body, version FROM contexts WHERE id = ? AND (updated IS NULL OR updated > ?)",
+        (context_id, ended),
+    ).fetchone()
     if row is None:
         return None
     context = StoredContext.loads(row[0])

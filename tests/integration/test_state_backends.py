@@ -126,6 +126,48 @@ async def test_contexts_round_trip_and_delete(store: StateStore) -> None:
     assert await store.load_context("c1") is None
 
 
+@pytest.mark.parametrize("kind", ["memory", "sqlite", "redis"])
+async def test_a_context_ends_context_ttl_s_after_it_was_last_saved(
+    kind: str, tmp_path: Path, redis_url: str
+) -> None:
+    """`state.context_ttl_s` on every backend: a context left alone that long is gone (read,
+    held, deleted), its id free for a new one, and the sqlite file no longer holds it."""
+    os.environ["LOOPWARDEN_TEST_REDIS"] = redis_url
+    config = StateConfig(
+        backend=kind,  # type: ignore[arg-type]
+        path=str(tmp_path / "state.db"),
+        url_env="LOOPWARDEN_TEST_REDIS",
+        key_prefix=f"ttl-{secrets.token_hex(4)}:",
+        context_ttl_s=1.0,
+    )
+    store = open_store(config)
+    try:
+        await store.save_context(StoredContext("kept", agent="a"))
+        await store.save_context(StoredContext("left", agent="a"))
+        await asyncio.sleep(0.6)
+        kept = await store.load_context("kept")
+        assert kept is not None
+        await store.save_context(kept)  # saved again: another second from now
+        await asyncio.sleep(0.6)
+        assert await store.load_context("left") is None
+        assert (await store.load_context("kept")) is not None
+        async with store.hold("left") as holding:
+            assert holding.context is None
+        assert await store.delete_context("left") is False
+        await store.save_context(StoredContext("left", agent="b"))  # a new one, not a conflict
+        again = await store.load_context("left")
+        assert again is not None
+        assert (again.agent, again.version) == ("b", 1)
+        await asyncio.sleep(1.2)
+        if kind == "sqlite":  # the first write sweeps what ended before it
+            await store.put_record("run", "r", b"{}", 60)
+            with contextlib.closing(sqlite3.connect(tmp_path / "state.db")) as db:
+                assert db.execute("SELECT count(*) FROM contexts").fetchone() == (0,)
+        assert await store.load_context("kept") is None
+    finally:
+        await store.close()
+
+
 async def test_a_save_fails_when_another_saved_the_context_since_it_was_read(
     store: StateStore,
 ) -> None:
