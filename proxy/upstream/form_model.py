@@ -3,7 +3,9 @@ the body passes by python-multipart's parser, which keeps no part in memory."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
+from typing import Any
 
 from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
@@ -19,43 +21,58 @@ class AmbiguousModel(ValueError):
     it named it: an upstream could read another model in it than the one checked."""
 
 
-def form_boundary(content_type: str | None) -> bytes | None:
-    """The boundary of a `multipart/form-data` content type, else None."""
+# A part's name parameters: `name` and RFC 2231's `name*`, which parsers decode each their way.
+_NAMES = re.compile(rb"(?:^|;)\s*name\*?\s*=", re.IGNORECASE)
+
+
+def form_boundary(content_type: str | None) -> tuple[bytes, bool] | None:
+    """The boundary of a `multipart/form-data` content type, and whether it is all the type
+    says (no `charset` or other parameter, which an upstream may read the form by); else
+    None."""
     if content_type is None:
         return None
     kind, options = parse_options_header(content_type)
-    if kind != b"multipart/form-data":
+    boundary = options.get(b"boundary")
+    if kind != b"multipart/form-data" or not boundary:
         return None
-    return options.get(b"boundary") or None
+    return boundary, options.keys() == {b"boundary"}
 
 
 class FormModel:
     """Reads a form's chunks for its parts named `model` (in any case, as some upstreams match
     it): `names` the names of those begun, `values` the values of those ended, as text (None:
     a file, or too long for a model name). `broken`: the parser could not read the form, or it
-    has more than MAX_PARTS parts (the rest is not read)."""
+    has more than MAX_PARTS parts (the rest is not read).
 
-    def __init__(self, boundary: bytes) -> None:
+    `strict`, for a form whose model is checked: a form that parsers could read otherwise is
+    broken too: a part header given twice (parsers take the first or the last), a name given
+    twice or in RFC 2231's form (`name*=`), a name that is not plain ASCII (with a `\\` or a
+    `%`, which some decode) and a `_charset_` part (which some read the other names by)."""
+
+    def __init__(self, boundary: bytes, strict: bool = False) -> None:
         self.names: list[str] = []
         self.values: list[str | None] = []
         self.broken = False
+        self.strict = strict
         self._parts = 0
         self._header = self._header_text = b""  # the header being read: its name, its value
         self._headers: dict[bytes, bytes] = {}
         self._reading = False  # the part being read is named `model`
         self._value: bytearray | None = None  # its value so far, when it may be a model name
-        self._parser = MultipartParser(
-            boundary,
-            {
-                "on_part_begin": self._begin,
-                "on_header_field": self._field,
-                "on_header_value": self._header_value,
-                "on_header_end": self._header_end,
-                "on_headers_finished": self._headers_finished,
-                "on_part_data": self._data,
-                "on_part_end": self._end,
-            },
-        )
+        callbacks: Any = {
+            "on_part_begin": self._begin,
+            "on_header_field": self._field,
+            "on_header_value": self._header_value,
+            "on_header_end": self._header_end,
+            "on_headers_finished": self._headers_finished,
+            "on_part_data": self._data,
+            "on_part_end": self._end,
+        }
+        self._parser: MultipartParser | None = None
+        try:
+            self._parser = MultipartParser(boundary, callbacks)
+        except ValueError:  # a boundary the parser does not take (over 256 bytes)
+            self.broken = True
 
     @property
     def model(self) -> str | None:
@@ -66,7 +83,7 @@ class FormModel:
         return self.values[0]
 
     def feed(self, chunk: bytes) -> None:
-        if self.broken:
+        if self.broken or self._parser is None:
             return
         try:
             self._parser.write(chunk)
@@ -95,12 +112,18 @@ class FormModel:
         self._header_text += data[start:end]
 
     def _header_end(self) -> None:
-        self._headers[self._header.lower()] = self._header_text
+        name = self._header.lower()
+        if self.strict and name in self._headers:
+            raise MultipartParseError("a part header given twice")
+        self._headers[name] = self._header_text
         self._header = self._header_text = b""
 
     def _headers_finished(self) -> None:
-        _, options = parse_options_header(self._headers.get(b"content-disposition", b""))
+        disposition = self._headers.get(b"content-disposition", b"")
+        _, options = parse_options_header(disposition)
         name = options.get(b"name", b"").decode("latin-1")
+        if self.strict and not _plain(name, disposition):
+            raise MultipartParseError("a part name that parsers may read otherwise")
         self._reading = name.lower() == "model"
         if self._reading:
             self.names.append(name)
@@ -116,3 +139,17 @@ class FormModel:
         if self._reading:
             value, self._value, self._reading = self._value, None, False
             self.values.append(None if value is None else value.decode("utf-8", errors="replace"))
+
+
+def _plain(name: str, disposition: bytes) -> bool:
+    """Whether every parser reads the part's name as `name`."""
+    given = _NAMES.findall(disposition)
+    return (
+        len(given) <= 1
+        and all(b"*" not in parameter for parameter in given)
+        and name.isascii()
+        and name.isprintable()
+        and "\\" not in name
+        and "%" not in name
+        and name.lower() != "_charset_"
+    )

@@ -162,16 +162,25 @@ async def sniff_model(
     that no upstream reads another model in it than the one checked (from a repeated `model`,
     which parsers take first or last, or a `MODEL`, which some match); a body that names one in
     another case has none. A form's rest is read as it is relayed, and raises AmbiguousModel at
-    a second part named `model` in any case (the upstream then gets no whole body).
+    a second part named `model` in any case, or at a part that parsers may read otherwise
+    (`FormModel.strict`): the upstream then gets no whole body. A request with two content
+    types, or a form's with a parameter besides its boundary, has none.
     """
     chunks = aiter(body)
     content_type = content_length = None
+    types = 0
     for name, value in headers:
         if name == b"content-type":
-            content_type = value.decode("latin-1")
+            types += 1
+            content_type = content_type or value.decode("latin-1")  # as servers read it
         elif name == b"content-length" and value.isdigit():
             content_length = int(value)
-    if (boundary := form_boundary(content_type)) is not None:
+    if exact and types > 1:  # which one an upstream reads is its own choice
+        return None, chunks
+    if (form := form_boundary(content_type)) is not None:
+        boundary, plain = form
+        if exact and not plain:  # an upstream may read its names by its `charset`
+            return None, chunks
         return await _form_model(boundary, chunks, FORM_MODEL_WITHIN, exact)
     if not _is_json(content_type) or (content_length is not None and content_length > limit):
         return None, chunks
@@ -201,7 +210,7 @@ async def _form_model(
     bytes. With `exact`, a form with another part named `model` in what was read has none,
     and the rest is read as it is relayed, raising AmbiguousModel at another (the upstream
     then gets no whole body)."""
-    form = FormModel(boundary)
+    form = FormModel(boundary, strict=exact)
     read: list[bytes] = []
     size = 0
     async for chunk in chunks:

@@ -576,6 +576,70 @@ async def test_a_checked_form_fails_at_a_second_model_before_it_goes_on() -> Non
     assert model is None  # both in the bytes read
 
 
+FIRST = b'--b0und\r\nContent-Disposition: form-data; name="model"\r\n\r\nm-1\r\n'
+FILE = b'--b0und\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n\r\nRIFF\r\n'
+
+
+@pytest.mark.parametrize(
+    "part",
+    [
+        # a header twice: parsers take the first (busboy, Go) or the last (python-multipart)
+        b'Content-Disposition: form-data; name="model"\r\nContent-Disposition: form-data; name="x"',
+        b'Content-Disposition: form-data; name="model"; name="x"',  # a name twice
+        b"Content-Disposition: form-data; name*=utf-8''model",  # RFC 2231, decoded or not
+        b'Content-Disposition: form-data; name="\\x6dodel"',  # some decode escapes
+        b'Content-Disposition: form-data; name="%6Dodel"',
+        b'Content-Disposition: form-data; name="mod\xe8l"',
+        b'Content-Disposition: form-data; name="_charset_"',  # the others read by it
+    ],
+)
+async def test_a_checked_form_is_cut_off_at_a_part_parsers_may_read_otherwise(part: bytes) -> None:
+    """Each of these is a second `model` to some upstream's parser."""
+    body = FIRST + FILE + b"--b0und\r\n" + part + b"\r\n\r\nm-2\r\n--b0und--\r\n"
+    headers = [(b"content-type", b"multipart/form-data; boundary=b0und")]
+    model, rest = await sniff_model(
+        headers, Counted(FIRST, FILE, body[len(FIRST + FILE) :]), exact=True
+    )
+    assert model == "m-1"
+    with pytest.raises(AmbiguousModel):
+        await read_all(rest)
+    unchecked, rest = await sniff_model(headers, Counted(body))  # routed by the first model
+    assert unchecked == "m-1"
+    assert b"".join(await read_all(rest)) == body
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        # a charset the upstream reads the names by (starlette does: `\x6dodel` is `model`)
+        [(b"content-type", b"multipart/form-data; boundary=b0und; charset=unicode_escape")],
+        # two content types: servers read the first (a form hidden in this one's file)
+        [
+            (b"content-type", b"multipart/form-data; boundary=other"),
+            (b"content-type", b"multipart/form-data; boundary=b0und"),
+        ],
+        # a boundary longer than the parser takes
+        [(b"content-type", b"multipart/form-data; boundary=" + b"x" * 257)],
+    ],
+)
+async def test_a_checked_form_an_upstream_may_read_otherwise_has_no_model(
+    headers: list[tuple[bytes, bytes]],
+) -> None:
+    body = FIRST + FILE + b"--b0und--\r\n"
+    model, rest = await sniff_model(headers, Counted(body), exact=True)
+    assert model is None
+    assert b"".join(await read_all(rest)) == body
+
+
+async def test_a_form_with_a_boundary_the_parser_refuses_goes_on_unread() -> None:
+    long = b"x" * 257
+    body = b"--" + long + b'\r\nContent-Disposition: form-data; name="model"\r\n\r\nm\r\n'
+    headers = [(b"content-type", b"multipart/form-data; boundary=" + long)]
+    model, rest = await sniff_model(headers, Counted(body))
+    assert model is None
+    assert b"".join(await read_all(rest)) == body
+
+
 async def test_a_checked_form_of_more_parts_than_the_bound_is_cut_off_at_the_bound() -> None:
     """Each part costs the event loop some Python: a form of thousands of empty parts is not
     read past MAX_PARTS, checked or not."""
