@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import dataclasses
+import logging
 import math
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -15,6 +16,8 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 import orjson
 
 from proxy.errors import StateUnavailable
+
+log = logging.getLogger(__name__)
 
 P = TypeVar("P")
 RECORDS_AT_ONCE = 100  # the most records one `put_records` writes, or `get_records` reads
@@ -104,8 +107,9 @@ class Holding(Protocol):
         """The hold's last write, in one call where the backend allows: `save` (when one is
         given) stored as `save_context` stores it, `records` put for `ttl_s` as `put_records`
         puts them, and the hold let go. Raises `StateUnavailable` when the save is refused
-        (`conflict`), which wrote nothing, or the backend fails; the hold ends with its block
-        then."""
+        (`conflict`), which wrote nothing, or the backend fails before it is known to be made
+        (the hold ends with its block then); records that fail after the save was made are
+        logged, not raised: the save stands."""
         ...
 
 
@@ -122,8 +126,14 @@ class Held:
     ) -> None:
         if save is not None:
             await self.store.save_context(save)
-        if records:
+        if not records:
+            return
+        try:
             await self.store.put_records(records, ttl_s)
+        except StateUnavailable as exc:
+            if save is None:
+                raise
+            log.warning("context %r was saved, but its run's records were not: %s", save.id, exc)
 
 
 class StateStore(Protocol):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import quote
 
@@ -11,9 +12,10 @@ import orjson
 import pytest
 import redis.asyncio as aioredis
 
+from proxy.errors import StateUnavailable
 from proxy.state.memory import MemoryStore
 from proxy.state.redis import RedisStore
-from proxy.state.store import StateStore, StoredContext
+from proxy.state.store import Record, StateStore, StoredContext
 from tests.integration.conftest import Proxy, ProxyFactory
 from tests.scripted_upstream import call, each_run, keep, say, say_tool_result
 
@@ -231,6 +233,34 @@ async def test_a_context_s_run_on_redis_is_two_round_trips(
         await monitor.aclose()
     assert second.status_code == 200, second.text
     assert sent == ["EVALSHA", "EVALSHA"]
+
+
+class RecordsFail(MemoryStore):
+    """A backend whose record writes fail (a full disk, say); its contexts are saved."""
+
+    async def put_records(
+        self,
+        records: Sequence[Record],
+        ttl_s: float,
+        keep_thread: str | None = None,
+        keep: Sequence[tuple[str, str]] = (),
+    ) -> int:
+        raise StateUnavailable("the state backend is unavailable: disk I/O error")
+
+
+async def test_a_run_saved_whose_record_cannot_be_kept_still_answers(
+    proxy_for: ProxyFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The context was saved: the run is answered as it ran (a 503 would have its client send
+    the turn again, and the context hold it twice), its record's loss logged."""
+    async with proxy_for(REPORTER, store=RecordsFail()) as proxy:
+        proxy.upstream.script(say("Noted."))
+        r = await post(proxy, "/chat", context_id="c-rec", model="scripted", message="hi")
+        stored = (await proxy.client.get("/v1/contexts/c-rec")).json()
+    assert r.status_code == 200, r.text
+    assert r.headers["x-loopwarden-stop-reason"] == "completed"
+    assert [m["content"] for m in stored["messages"]] == ["hi", "Noted."]
+    assert "context 'c-rec' was saved, but its run's records were not" in caplog.text
 
 
 async def test_delete_drops_the_context(proxy_for: ProxyFactory) -> None:
