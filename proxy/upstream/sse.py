@@ -67,7 +67,7 @@ class SSEDecoder:
         """Reads each line `text` ends; the rest waits for the line's end."""
         *lines, rest = text.split(b"\n")
         self._pieces = [rest] if rest else []
-        self._pieces_size = len(rest)
+        self._pieces_size = 0  # the lines before it are no part of the event `rest` is in
         for raw in lines:
             line = raw.rstrip(b"\r")
             if not line:
@@ -89,6 +89,7 @@ class SSEDecoder:
                 self._check()
             elif line.startswith(b"event:"):
                 self._error = line[6:].strip() == b"error"
+        self._pieces_size = len(rest)
         self._check()
 
     def _event(self, data: bytes, events: list[bytes]) -> None:

@@ -135,6 +135,17 @@ def test_sse_an_event_over_the_cap_is_refused_before_it_ends() -> None:
     assert decoder.feed(b"\n\n") == []  # nothing after it is read
 
 
+@pytest.mark.parametrize("end", [b"\n", b"\r\n"])
+def test_sse_an_event_at_the_cap_is_read_whatever_follows_it_in_the_read(end: bytes) -> None:
+    """The bound is the event's: the next event's first bytes in the same read do not count
+    against the one before (whole events and lines read one by one agree)."""
+    decoder = SSEDecoder(max_event_bytes=100)
+    read = b"data: " + b"x" * 100 + end + end + b"data: yyyy"
+    assert decoder.feed(read) == [b"x" * 100]
+    assert decoder.failure is None
+    assert decoder.feed(end + end) == [b"yyyy"]
+
+
 def test_sse_a_line_without_end_is_refused_at_the_cap() -> None:
     decoder = SSEDecoder(max_event_bytes=1000)
     for _ in range(9):
