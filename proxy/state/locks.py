@@ -16,6 +16,10 @@ class KeyedLocks:
     def __init__(self) -> None:
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
 
+    def waiting(self, key: str) -> bool:
+        """Whether anyone waits for `key` besides its holder."""
+        return self._locks.get(key, (None, 0))[1] > 1
+
     @contextlib.asynccontextmanager
     async def hold(self, key: str) -> AsyncIterator[None]:
         lock, users = self._locks.get(key, (asyncio.Lock(), 0))

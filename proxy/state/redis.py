@@ -51,6 +51,10 @@ table.insert(counts, 1, ok)
 return counts
 """
 
+# A store that waits for a context marks it so for this long after each try: longer than its
+# tries are apart (LOCK_POLL_S).
+WAITING_MARK_S = 4 * LOCK_POLL_S[1]
+
 # Compares and sets KEYS[1], the context: ARGV[1] the version it was read from, ARGV[2] its new
 # stored form, ARGV[3] its TTL in ms ('' for none). The stored form starts with {"version":N (a
 # context stored before versions is version 1), so the version is read from its first bytes.
@@ -69,12 +73,16 @@ end
 # Returns 1 when saved, 0 otherwise.
 _SAVE = _COMPARE_AND_SET + "return 1"
 
-# A context's hold: KEYS[1] its lock, KEYS[2] the context; ARGV[1] the holder's token, ARGV[2]
-# the lease in ms. Returns {1, the context (false: none)} when taken, else {0}.
+# A context's hold: KEYS[1] its lock, KEYS[2] the context, KEYS[3] its waiting mark; ARGV[1] the
+# holder's token, ARGV[2] the lease in ms, ARGV[3] the store's id, ARGV[4] the mark's TTL in ms.
+# Returns {1, the context (false: none)} when taken, else {0}, having marked the context as
+# waited for by this store (so that the store holding it lets another store have it next).
 _HOLD = """
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  if redis.call('GET', KEYS[3]) == ARGV[3] then redis.call('DEL', KEYS[3]) end
   return {1, redis.call('GET', KEYS[2])}
 end
+redis.call('SET', KEYS[3], ARGV[3], 'PX', ARGV[4])
 return {0}
 """
 # The lock KEYS[1] kept ARGV[2] ms more while the token ARGV[1] holds it. Returns 1 if it does.
@@ -82,20 +90,30 @@ _RENEW = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 """
-# The lock KEYS[1] let go, if the token ARGV[1] still holds it.
+# The lock KEYS[1] let go, if the token ARGV[1] still holds it; returns 1 when the waiting mark
+# KEYS[2] names another store than ARGV[2], else 0.
 _LET_GO = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
-return 1
+local waiting = redis.call('GET', KEYS[2])
+if waiting and waiting ~= ARGV[2] then return 1 end
+return 0
 """
-# A hold's end: KEYS[1] the context, KEYS[2] its lock, then the records to set; ARGV[1..3] as
-# _COMPARE_AND_SET's (ARGV[1] '': nothing to save), ARGV[4] the token, ARGV[5] the records'
-# TTL in ms, then their values. Returns 0 when the save was refused, having set nothing.
+# A hold's end: KEYS[1] the context, KEYS[2] its lock, KEYS[3] its waiting mark, then the
+# records to set; ARGV[1..3] as _COMPARE_AND_SET's (ARGV[1] '': nothing to save), ARGV[4] the
+# token, ARGV[5] the records' TTL in ms, ARGV[6] the store's id, then the records' values.
+# Returns 0, having set nothing, when the save was refused or another token holds the lock (the
+# lease was lost); else 2 when another store waits for the context, 1 when none does.
 _END = (
-    "if ARGV[1] ~= '' then\n"
+    """local holder = redis.call('GET', KEYS[2])
+if holder and holder ~= ARGV[4] then return 0 end
+if ARGV[1] ~= '' then
+"""
     + _COMPARE_AND_SET
     + """end
-for i = 3, #KEYS do redis.call('SET', KEYS[i], ARGV[i + 3], 'PX', ARGV[5]) end
-if redis.call('GET', KEYS[2]) == ARGV[4] then redis.call('DEL', KEYS[2]) end
+for i = 4, #KEYS do redis.call('SET', KEYS[i], ARGV[i + 3], 'PX', ARGV[5]) end
+if holder then redis.call('DEL', KEYS[2]) end
+local waiting = redis.call('GET', KEYS[3])
+if waiting and waiting ~= ARGV[6] then return 2 end
 return 1
 """
 )
@@ -186,6 +204,8 @@ class RedisStore:
         self._let_go = self._redis.register_script(_LET_GO)
         self._end_script = self._redis.register_script(_END)
         self._locks = KeyedLocks()
+        self._id = secrets.token_hex(8)  # this store's, in the contexts' waiting marks
+        self._give_way: set[str] = set()  # contexts another store has the next turn of
         # Whether a write is on its way; the writes put meanwhile, each with the future its
         # put awaits; the task that sends them.
         self._sending = False
@@ -362,8 +382,13 @@ class RedisStore:
 
     @contextlib.asynccontextmanager
     async def _hold(self, context_id: str) -> AsyncIterator[Holding]:
-        # One waiter per context and process asks redis; the others queue here.
+        # One waiter per context and process asks redis; the others queue here. When the hold
+        # before was let go while another store waited, that store has the next turn: this
+        # one waits longer than the other's polls are apart before it asks.
         async with self._locks.hold(context_id):
+            if context_id in self._give_way:
+                self._give_way.discard(context_id)
+                await asyncio.sleep(2 * LOCK_POLL_S[1])
             held = await self._take_hold(context_id)
 
             async def renew() -> bool:
@@ -380,29 +405,37 @@ class RedisStore:
             finally:
                 if not held.ended:
                     try:
-                        await self._let_go(keys=[held.lock], args=[held.token])
+                        args = [held.token, self._id]
+                        others = await self._let_go(keys=[held.lock, held.mark], args=args)
+                        self._after(context_id, bool(others))
                     except RedisError as exc:  # unreachable: the lease expires on its own
                         log.warning("releasing the lock on context %r failed: %s", context_id, exc)
+
+    def _after(self, context_id: str, others_wait: bool) -> None:
+        """A hold let go: the next waiter of this process gives way to another store's."""
+        if others_wait and self._locks.waiting(context_id):
+            self._give_way.add(context_id)
 
     async def _take_hold(self, context_id: str) -> _Held:
         """Waits until this process holds the context's lock (free, or its lease over), and
         reads the context as it takes it."""
         held = _Held(self, context_id, secrets.token_hex(16))
-        keys = [held.lock, self._context(context_id)]
+        keys = [held.lock, self._context(context_id), held.mark]
         wait, longest = LOCK_POLL_S
+        args: list[str | int] = [held.token, _ms(self._lease), self._id, _ms(WAITING_MARK_S)]
         try:
             # One attempt at a time, each checked for the cancellation the client may drop
             # (`_reached`).
             while True:
                 with _reached():
-                    taken = await self._take(keys=keys, args=[held.token, _ms(self._lease)])
+                    taken = await self._take(keys=keys, args=args)
                 if taken[0]:
                     break
                 await asyncio.sleep(wait)
                 wait = min(wait * 2, longest)
         except asyncio.CancelledError:  # the wait's last attempt may have taken it
             with contextlib.suppress(RedisError):
-                await self._let_go(keys=[held.lock], args=[held.token])
+                await self._let_go(keys=[held.lock, held.mark], args=[held.token, self._id])
             raise
         if taken[1] is not None:
             held.context = StoredContext.loads(taken[1])
@@ -415,13 +448,20 @@ class RedisStore:
         args: list[str | int | bytes] = ["", "", ""]
         if save is not None:
             args = [save.version, save.dumps(save.version + 1), self._context_ttl_ms()]
-        args += [held.token, ttl_ms, *(record.value for record in records)]
-        keys = [self._context(held.context_id), held.lock]
+        args += [held.token, ttl_ms, self._id, *(record.value for record in records)]
+        keys = [self._context(held.context_id), held.lock, held.mark]
         keys += [self._record(kind, key) for kind, key, _ in records]
-        with _reached():
-            if not await self._end_script(keys=keys, args=args):
-                raise conflict(held.context_id)
-        held.ended = True
+        held.ended = True  # a renewal meanwhile is no lost lease
+        try:
+            with _reached():
+                ended = await self._end_script(keys=keys, args=args)
+        except BaseException:
+            held.ended = False  # let go, or tried, as the block ends
+            raise
+        if not ended:
+            held.ended = False
+            raise conflict(held.context_id)
+        self._after(held.context_id, ended == 2)
         if save is not None:
             save.version += 1
 
@@ -440,6 +480,7 @@ class _Held:
         self.store = store
         self.context_id = context_id
         self.lock = f"{store._prefix}lock:{context_id}"
+        self.mark = f"{store._prefix}waiting:{context_id}"  # the last store that waited
         self.token = token
         self.context: StoredContext | None = None
         self.ended = False  # its last write let it go
