@@ -1,9 +1,11 @@
-"""A state backend that keeps what was asked of it: the memory backend, counting."""
+"""State backends for tests: the memory backend counting what was asked of it (CountedStore), or
+failing every record write (ForgetfulStore)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from proxy.errors import StateUnavailable
 from proxy.state.memory import MemoryStore
 from proxy.state.store import Record
 
@@ -60,3 +62,16 @@ class CountedStore(MemoryStore):
     async def delete_records(self, wanted: Sequence[tuple[str, str]]) -> int:
         self.deletes.append(list(wanted))
         return await super().delete_records(wanted)
+
+
+class ForgetfulStore(MemoryStore):
+    """A backend that cannot keep records (a full disk, say); its contexts are saved."""
+
+    async def put_records(
+        self,
+        records: Sequence[Record],
+        ttl_s: float,
+        keep_thread: str | None = None,
+        keep: Sequence[tuple[str, str]] = (),
+    ) -> int:
+        raise StateUnavailable("the state backend is unreachable")

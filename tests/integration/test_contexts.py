@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import Sequence
 from typing import Any
 from urllib.parse import quote
 
@@ -12,11 +11,11 @@ import orjson
 import pytest
 import redis.asyncio as aioredis
 
-from proxy.errors import StateUnavailable
 from proxy.state.memory import MemoryStore
 from proxy.state.redis import RedisStore
-from proxy.state.store import Record, StateStore, StoredContext
+from proxy.state.store import StateStore, StoredContext
 from tests.integration.conftest import Proxy, ProxyFactory
+from tests.integration.counted_store import ForgetfulStore
 from tests.scripted_upstream import call, each_run, keep, say, say_tool_result
 
 REPORTER = {
@@ -235,25 +234,12 @@ async def test_a_context_s_run_on_redis_is_two_round_trips(
     assert sent == ["EVALSHA", "EVALSHA"]
 
 
-class RecordsFail(MemoryStore):
-    """A backend whose record writes fail (a full disk, say); its contexts are saved."""
-
-    async def put_records(
-        self,
-        records: Sequence[Record],
-        ttl_s: float,
-        keep_thread: str | None = None,
-        keep: Sequence[tuple[str, str]] = (),
-    ) -> int:
-        raise StateUnavailable("the state backend is unavailable: disk I/O error")
-
-
 async def test_a_run_saved_whose_record_cannot_be_kept_still_answers(
     proxy_for: ProxyFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The context was saved: the run is answered as it ran (a 503 would have its client send
     the turn again, and the context hold it twice), its record's loss logged."""
-    async with proxy_for(REPORTER, store=RecordsFail()) as proxy:
+    async with proxy_for(REPORTER, store=ForgetfulStore()) as proxy:
         proxy.upstream.script(say("Noted."))
         r = await post(proxy, "/chat", context_id="c-rec", model="scripted", message="hi")
         stored = (await proxy.client.get("/v1/contexts/c-rec")).json()

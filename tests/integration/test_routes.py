@@ -3,16 +3,14 @@ every route's errors are OpenAI-shaped."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import httpx
 import orjson
 from openai import AsyncOpenAI
 
-from proxy.errors import StateUnavailable
 from proxy.state.memory import MemoryStore
-from proxy.state.store import Record, StoredContext
+from proxy.state.store import StoredContext
 from tests.integration.conftest import UPSTREAM, ProxyFactory
+from tests.integration.counted_store import ForgetfulStore
 from tests.scripted_upstream import say
 
 
@@ -141,19 +139,6 @@ async def test_a_failing_state_backend_is_an_openai_shaped_error(proxy_for: Prox
     assert r.status_code == 500
     assert r.headers["content-type"] == "application/json"
     assert r.json()["error"]["code"] == "internal_error"
-
-
-class ForgetfulStore(MemoryStore):
-    """A backend that cannot keep records: the run's answer does not depend on them."""
-
-    async def put_records(
-        self,
-        records: Sequence[Record],
-        ttl_s: float,
-        keep_thread: str | None = None,
-        keep: Sequence[tuple[str, str]] = (),
-    ) -> int:
-        raise StateUnavailable("the state backend is unreachable")
 
 
 async def test_a_run_answers_though_its_report_cannot_be_kept(proxy_for: ProxyFactory) -> None:
