@@ -187,12 +187,25 @@ class SqliteStore:
         return await self._call(lambda db: _context(db, context_id, ended))
 
     async def save_context(self, context: StoredContext) -> None:
+        await self._save(context)
+
+    async def _save(self, context: StoredContext, token: str | None = None) -> None:
+        """`save_context`; with `token`, the save of a hold by it, refused while another
+        token holds the context (this one's lease was lost and another run took it)."""
         version = context.version + 1
         body = context.dumps(version)
-
         ended = self._ended()
 
         def work(db: sqlite3.Connection) -> bool:
+            if token is None:
+                return save(db)
+            with _immediate(db):  # no other holder between the look and the save
+                holder = db.execute(
+                    "SELECT token FROM context_locks WHERE id = ?", (context.id,)
+                ).fetchone()
+                return (holder is None or holder[0] == token) and save(db)
+
+        def save(db: sqlite3.Connection) -> bool:
             if context.version == 0:  # none, or one that has ended
                 saved = db.execute(
                     "INSERT INTO contexts (id, body, updated, version) VALUES (?, ?, ?, ?) "
@@ -317,7 +330,7 @@ class SqliteStore:
             try:
                 context = await self._take(context_id, token)
                 async with renewed(f"context {context_id!r}", self._lease, renew):
-                    yield Held(self, context)
+                    yield Held(self, context, functools.partial(self._save, token=token))
             finally:  # also when the wait was cancelled, as its last attempt took the row
                 try:
                     await self._call(

@@ -8,7 +8,7 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol, TypeVar
@@ -116,16 +116,18 @@ class Holding(Protocol):
 @dataclass(slots=True)
 class Held:
     """The hold of a backend whose calls are no round trips (this process's memory, a file):
-    its last write is a save and a put, and it is let go as its block ends."""
+    its last write is a save (by `saving`, else `save_context`) and a put, and it is let go as
+    its block ends."""
 
     store: StateStore
     context: StoredContext | None
+    saving: Callable[[StoredContext], Awaitable[None]] | None = None
 
     async def end(
         self, save: StoredContext | None, records: Sequence[Record], ttl_s: float
     ) -> None:
         if save is not None:
-            await self.store.save_context(save)
+            await (self.saving or self.store.save_context)(save)
         if not records:
             return
         try:

@@ -15,9 +15,10 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
+from proxy.errors import StateUnavailable
 from proxy.state.redis import RedisStore
 from proxy.state.sqlite import SqliteStore
-from proxy.state.store import StateStore
+from proxy.state.store import Record, StateStore, StoredContext
 from tests.integration.conftest import Proxy, ProxyFactory
 from tests.scripted_upstream import call, keep, say
 
@@ -112,6 +113,32 @@ async def test_a_run_that_lost_its_lease_fails_instead_of_overwriting_the_next(
     assert kept.json()["stop_reason"] == "state_unavailable"  # the run is kept all the same
     said = [m["content"] for m in stored["messages"] if m["role"] in ("user", "assistant")]
     assert said == ["start", "Ready.", "second", "Second."]
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "redis"])
+async def test_a_hold_whose_lease_was_lost_saves_nothing_while_another_holds(
+    tmp_path: Path, redis_url: str, backend: str
+) -> None:
+    """The run that lost its lease (its process stalled) finds the context held by the next:
+    its save is refused though the next has not saved yet, and the next one's stands."""
+    async with two_stores(backend, tmp_path, redis_url) as (first, second, expire):
+        await first.save_context(StoredContext("c", agent="a"))
+        async with first.hold("c") as late:
+            assert late.context is not None
+            await expire()
+            async with second.hold("c") as next_one:
+                assert next_one.context is not None
+                late.context.messages = [{"role": "user", "content": "late"}]
+                with pytest.raises(StateUnavailable, match="its lock was lost"):
+                    await late.end(late.context, [], 60)
+                next_one.context.messages = [{"role": "user", "content": "next"}]
+                await next_one.end(next_one.context, [Record("run", "next", b"{}")], 60)
+        kept = await first.load_context("c")
+        assert kept is not None
+        assert kept.messages == [{"role": "user", "content": "next"}]
+        assert await first.get_record("run", "next") == b"{}"
+        async with asyncio.timeout(1), first.hold("c"):  # let go by the next one's end
+            pass
 
 
 async def test_a_wait_for_a_context_cancelled_as_it_takes_the_lock_leaves_it_free(
