@@ -342,9 +342,14 @@ async def _end(
 
 
 async def read_context(sv: Services, context_id: str, caller: Caller | None) -> StoredContext:
+    return _readable(sv, context_id, await sv.store.load_context(context_id), caller)
+
+
+def _readable(
+    sv: Services, context_id: str, context: StoredContext | None, caller: Caller | None
+) -> StoredContext:
     """The context, when it exists, is the caller's (another key's is not found: a 403 would
     tell that it exists) and the caller may use its agent or model."""
-    context = await sv.store.load_context(context_id)
     if context is None or not _visible(context, caller):
         raise NotFound(f"no context {context_id!r}")
     sv.keys.check(caller, context.agent or context.model or "")
@@ -381,7 +386,7 @@ class ContextRecords:
         async with held(sv.store, context_id, receive) as holding:  # not while a run holds it
             if holding is None:
                 return
-            found = await read_context(sv, context_id, caller)
+            found = _readable(sv, context_id, holding.context, caller)
             await sv.store.delete_context(found.id)
             body = {"id": found.id, "object": "loopwarden.context.deleted", "deleted": True}
             await send_json(send, 200, body)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+from collections.abc import Awaitable
 from typing import Any
 from urllib.parse import quote
 
@@ -209,29 +210,38 @@ async def test_a_context_s_run_on_redis_is_two_round_trips(
     proxy_for: ProxyFactory, redis_url: str
 ) -> None:
     """The hold taken with the context read, then the save, the run kept and the hold let go
-    in one call (were five: the lock, the read, the save, the run, the lock)."""
+    in one call (were five: the lock, the read, the save, the run, the lock); a delete is the
+    hold, the delete and the let-go (were four: the context read again)."""
     prefix = f"trips-{secrets.token_hex(4)}:"
     store = RedisStore(redis_url, prefix=prefix)
     monitor = aioredis.Redis.from_url(redis_url)
+
+    async def sent_by(request: Awaitable[Any]) -> tuple[Any, list[str]]:
+        """What `request` got, and the commands the store sent redis for it."""
+        async with monitor.monitor() as watching:
+            answer = await request
+            await monitor.ping()  # from the connection that watches: not seen
+            await store.ping()  # the last command seen
+            sent = []
+            while (seen := await asyncio.wait_for(watching.next_command(), 5))["command"] != "PING":
+                if seen["client_type"] != "lua" and prefix in seen["command"]:
+                    sent.append(seen["command"].split()[0].upper())
+        return answer, sent
+
     try:
         async with proxy_for(REPORTER, store=store) as proxy:
             proxy.upstream.script(say("Noted: first"), say("Noted: second"))
             await post(proxy, "/chat", context_id="c", model="scripted", message="first")
-            async with monitor.monitor() as watching:
-                second = await post(proxy, "/chat", context_id="c", message="second")
-                await monitor.ping()  # from the connection that watches: not seen
-                await store.ping()  # the last command seen
-                sent = []
-                while (seen := await asyncio.wait_for(watching.next_command(), 5))[
-                    "command"
-                ] != "PING":
-                    if seen["client_type"] != "lua" and prefix in seen["command"]:
-                        sent.append(seen["command"].split()[0].upper())
+            await proxy.client.delete("/v1/contexts/none")  # every script loaded: a 404
+            second, chatting = await sent_by(post(proxy, "/chat", context_id="c", message="x"))
+            deleted, deleting = await sent_by(proxy.client.delete("/v1/contexts/c"))
     finally:
         await store.close()
         await monitor.aclose()
     assert second.status_code == 200, second.text
-    assert sent == ["EVALSHA", "EVALSHA"]
+    assert chatting == ["EVALSHA", "EVALSHA"]
+    assert deleted.status_code == 200, deleted.text
+    assert deleting == ["EVALSHA", "DEL", "EVALSHA"]
 
 
 async def test_a_run_saved_whose_record_cannot_be_kept_still_answers(
