@@ -1,0 +1,223 @@
+"""Runs on one context serialised between every process that shares a redis server: a hold is
+a leased lock taken with the context read, renewed while it is held, and let go by the hold's
+last write (the save, the run's records) in the same call. The waiters of one process take
+their turns in the process, and a store that waits marks the context so, for the store holding
+it to let it have the next turn."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from proxy.state.lease import renewed
+from proxy.state.locks import LOCK_POLL_S, KeyedLocks
+from proxy.state.redis_calls import ms, reached
+from proxy.state.store import Holding, Record, StoredContext, check_put, conflict
+
+log = logging.getLogger(__name__)
+
+# A store that waits for a context marks it so for this long after each try: longer than its
+# tries are apart (LOCK_POLL_S).
+WAITING_MARK_S = 4 * LOCK_POLL_S[1]
+
+# Compares and sets KEYS[1], the context: ARGV[1] the version it was read from, ARGV[2] its new
+# stored form, ARGV[3] its TTL in ms ('' for none). The stored form starts with {"version":N (a
+# context stored before versions is version 1), so the version is read from its first bytes.
+# Returns 0 when the stored version is another, having set nothing.
+COMPARE_AND_SET = """
+local head = redis.call('GETRANGE', KEYS[1], 0, 31)
+local current = 0
+if head ~= '' then current = tonumber(string.match(head, '^{"version":(%d+)')) or 1 end
+if current ~= tonumber(ARGV[1]) then return 0 end
+if ARGV[3] == '' then
+  redis.call('SET', KEYS[1], ARGV[2])
+else
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+end
+"""
+
+# A context's hold: KEYS[1] its lock, KEYS[2] the context, KEYS[3] its waiting mark; ARGV[1] the
+# holder's token, ARGV[2] the lease in ms, ARGV[3] the store's id, ARGV[4] the mark's TTL in ms.
+# Returns {1, the context (false: none)} when taken, else {0}, having marked the context as
+# waited for by this store (so that the store holding it lets another store have it next).
+_HOLD = """
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  if redis.call('GET', KEYS[3]) == ARGV[3] then redis.call('DEL', KEYS[3]) end
+  return {1, redis.call('GET', KEYS[2])}
+end
+redis.call('SET', KEYS[3], ARGV[3], 'PX', ARGV[4])
+return {0}
+"""
+# The lock KEYS[1] kept ARGV[2] ms more while the token ARGV[1] holds it. Returns 1 if it does.
+_RENEW = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+"""
+# The lock KEYS[1] let go, if the token ARGV[1] still holds it; returns 1 when the waiting mark
+# KEYS[2] names another store than ARGV[2], else 0.
+_LET_GO = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
+local waiting = redis.call('GET', KEYS[2])
+if waiting and waiting ~= ARGV[2] then return 1 end
+return 0
+"""
+# A hold's end: KEYS[1] the context, KEYS[2] its lock, KEYS[3] its waiting mark, then the
+# records to set; ARGV[1..3] as COMPARE_AND_SET's (ARGV[1] '': nothing to save), ARGV[4] the
+# token, ARGV[5] the records' TTL in ms, ARGV[6] the store's id, then the records' values.
+# Returns 0, having set nothing, when the save was refused or another token holds the lock (the
+# lease was lost); else 2 when another store waits for the context, 1 when none does.
+_END = (
+    """local holder = redis.call('GET', KEYS[2])
+if holder and holder ~= ARGV[4] then return 0 end
+if ARGV[1] ~= '' then
+"""
+    + COMPARE_AND_SET
+    + """end
+for i = 4, #KEYS do redis.call('SET', KEYS[i], ARGV[i + 3], 'PX', ARGV[5]) end
+if holder then redis.call('DEL', KEYS[2]) end
+local waiting = redis.call('GET', KEYS[3])
+if waiting and waiting ~= ARGV[6] then return 2 end
+return 1
+"""
+)
+
+
+class ContextHolds:
+    """The holds of contexts on the server `client` talks to, under `prefix`: leases of
+    `lease_s`; contexts saved for `context_ttl_ms` ('' for good) at the keys `context_key`
+    names, records at those `record_key` names."""
+
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        prefix: str,
+        lease_s: float,
+        context_ttl_ms: str | int,
+        context_key: Callable[[str], str],
+        record_key: Callable[[str, str], str],
+    ) -> None:
+        self.prefix = prefix
+        self._lease = lease_s
+        self._context_ttl_ms = context_ttl_ms
+        self._context_key = context_key
+        self._record_key = record_key
+        self._take = client.register_script(_HOLD)
+        self._renew = client.register_script(_RENEW)
+        self._let_go = client.register_script(_LET_GO)
+        self._end_script = client.register_script(_END)
+        self._locks = KeyedLocks()
+        self._id = secrets.token_hex(8)  # this store's, in the contexts' waiting marks
+        self._give_way: set[str] = set()  # contexts another store has the next turn of
+
+    def hold(self, context_id: str) -> AbstractAsyncContextManager[Holding]:
+        return self._hold(context_id)
+
+    @contextlib.asynccontextmanager
+    async def _hold(self, context_id: str) -> AsyncIterator[Holding]:
+        # One waiter per context and process asks redis; the others queue here. When the hold
+        # before was let go while another store waited, that store has the next turn: this
+        # one waits longer than the other's polls are apart before it asks.
+        async with self._locks.hold(context_id):
+            if context_id in self._give_way:
+                self._give_way.discard(context_id)
+                await asyncio.sleep(2 * LOCK_POLL_S[1])
+            held = await self._take_hold(context_id)
+
+            async def renew() -> bool:
+                if held.ended:
+                    return True
+                args: list[str | int] = [held.token, ms(self._lease)]
+                with reached():
+                    kept = bool(await self._renew(keys=[held.lock], args=args))
+                return kept or held.ended  # let go by its last write meanwhile
+
+            try:
+                async with renewed(f"context {context_id!r}", self._lease, renew):
+                    yield held
+            finally:
+                if not held.ended:
+                    try:
+                        args = [held.token, self._id]
+                        others = await self._let_go(keys=[held.lock, held.mark], args=args)
+                        self._after(context_id, bool(others))
+                    except RedisError as exc:  # unreachable: the lease expires on its own
+                        log.warning("releasing the lock on context %r failed: %s", context_id, exc)
+
+    def _after(self, context_id: str, others_wait: bool) -> None:
+        """A hold let go: the next waiter of this process gives way to another store's."""
+        if others_wait and self._locks.waiting(context_id):
+            self._give_way.add(context_id)
+
+    async def _take_hold(self, context_id: str) -> _Held:
+        """Waits until this process holds the context's lock (free, or its lease over), and
+        reads the context as it takes it."""
+        held = _Held(self, context_id, secrets.token_hex(16))
+        keys = [held.lock, self._context_key(context_id), held.mark]
+        wait, longest = LOCK_POLL_S
+        args: list[str | int] = [held.token, ms(self._lease), self._id, ms(WAITING_MARK_S)]
+        try:
+            # One attempt at a time, each checked for the cancellation the client may drop
+            # (`_reached`).
+            while True:
+                with reached():
+                    taken = await self._take(keys=keys, args=args)
+                if taken[0]:
+                    break
+                await asyncio.sleep(wait)
+                wait = min(wait * 2, longest)
+        except asyncio.CancelledError:  # the wait's last attempt may have taken it
+            with contextlib.suppress(RedisError):
+                await self._let_go(keys=[held.lock, held.mark], args=[held.token, self._id])
+            raise
+        if taken[1] is not None:
+            held.context = StoredContext.loads(taken[1])
+        return held
+
+    async def _end(
+        self, held: _Held, save: StoredContext | None, records: Sequence[Record], ttl_s: float
+    ) -> None:
+        ttl_ms = ms(check_put(records, ttl_s, ()))
+        args: list[str | int | bytes] = ["", "", ""]
+        if save is not None:
+            args = [save.version, save.dumps(save.version + 1), self._context_ttl_ms]
+        args += [held.token, ttl_ms, self._id, *(record.value for record in records)]
+        keys = [self._context_key(held.context_id), held.lock, held.mark]
+        keys += [self._record_key(kind, key) for kind, key, _ in records]
+        held.ended = True  # a renewal meanwhile is no lost lease
+        try:
+            with reached():
+                ended = await self._end_script(keys=keys, args=args)
+        except BaseException:
+            held.ended = False  # let go, or tried, as the block ends
+            raise
+        if not ended:
+            held.ended = False
+            raise conflict(held.context_id)
+        self._after(held.context_id, ended == 2)
+        if save is not None:
+            save.version += 1
+
+
+class _Held:
+    """A context held by `token`: the context as read when the hold was taken."""
+
+    def __init__(self, holds: ContextHolds, context_id: str, token: str) -> None:
+        self.holds = holds
+        self.context_id = context_id
+        self.lock = f"{holds.prefix}lock:{context_id}"
+        self.mark = f"{holds.prefix}waiting:{context_id}"  # the last store that waited
+        self.token = token
+        self.context: StoredContext | None = None
+        self.ended = False  # its last write let it go
+
+    async def end(
+        self, save: StoredContext | None, records: Sequence[Record], ttl_s: float
+    ) -> None:
+        await self.holds._end(self, save, records, ttl_s)
