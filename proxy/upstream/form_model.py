@@ -21,8 +21,8 @@ class AmbiguousModel(ValueError):
     it named it: an upstream could read another model in it than the one checked."""
 
 
-# A part's name parameters: `name` and RFC 2231's `name*`, which parsers decode each their way.
-_NAMES = re.compile(rb"(?:^|;)\s*name\*?\s*=", re.IGNORECASE)
+# A header's parameters, each `; key` with its value (a quoted string whole, `;`s and all).
+_PARAMETER = re.compile(rb';\s*([^\s=;]*)\s*(?:=\s*(?:"(?:[^"\\]|\\.)*"|[^;]*))?')
 
 
 def form_boundary(content_type: str | None) -> tuple[bytes, bool] | None:
@@ -35,7 +35,7 @@ def form_boundary(content_type: str | None) -> tuple[bytes, bool] | None:
     boundary = options.get(b"boundary")
     if kind != b"multipart/form-data" or not boundary:
         return None
-    return boundary, options.keys() == {b"boundary"}
+    return boundary, options.keys() - {b""} == {b"boundary"}  # a `;` at its end is nothing
 
 
 class FormModel:
@@ -143,10 +143,10 @@ class FormModel:
 
 def _plain(name: str, disposition: bytes) -> bool:
     """Whether every parser reads the part's name as `name`."""
-    given = _NAMES.findall(disposition)
+    keys = [match.group(1).lower() for match in _PARAMETER.finditer(disposition)]
     return (
-        len(given) <= 1
-        and all(b"*" not in parameter for parameter in given)
+        keys.count(b"name") <= 1
+        and b"name*" not in keys  # RFC 2231's, which parsers decode each their way
         and name.isascii()
         and name.isprintable()
         and "\\" not in name

@@ -609,6 +609,27 @@ async def test_a_checked_form_is_cut_off_at_a_part_parsers_may_read_otherwise(pa
 
 
 @pytest.mark.parametrize(
+    ("content_type", "disposition"),
+    [
+        # a filename with `; name=` in it: one name, as every parser reads it
+        (b"multipart/form-data; boundary=b0und", b'name="file"; filename="take 2; name=x.wav"'),
+        (b"multipart/form-data; boundary=b0und", b"name=\"file\"; filename*=UTF-8''t%C3%A9.wav"),
+        (b"multipart/form-data; boundary=b0und;", b'name="file"; filename="a.wav"'),  # a last `;`
+        (b'Multipart/Form-Data; Boundary="b0und"', b'name="file"; filename="a.wav"'),
+    ],
+)
+async def test_a_checked_form_as_clients_send_it_goes_on_whole(
+    content_type: bytes, disposition: bytes
+) -> None:
+    upload = b"--b0und\r\nContent-Disposition: form-data; " + disposition + b"\r\n"
+    body = FIRST + upload + b"Content-Type: audio/wav\r\n\r\nRIFF\r\n--b0und--\r\n"
+    sent = Counted(FIRST, body[len(FIRST) :])
+    model, rest = await sniff_model([(b"content-type", content_type)], sent, exact=True)
+    assert model == "m-1"
+    assert b"".join(await read_all(rest)) == body
+
+
+@pytest.mark.parametrize(
     "headers",
     [
         # a charset the upstream reads the names by (starlette does: `\x6dodel` is `model`)
