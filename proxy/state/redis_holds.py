@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 
@@ -114,7 +115,9 @@ class ContextHolds:
         self._end_script = client.register_script(_END)
         self._locks = KeyedLocks()
         self._id = secrets.token_hex(8)  # this store's, in the contexts' waiting marks
-        self._give_way: set[str] = set()  # contexts another store has the next turn of
+        # Contexts another store has the next turn of, each with when that turn is over
+        # (monotonic): the next waiter of this process waits until then before it asks.
+        self._give_way: dict[str, float] = {}
 
     def hold(self, context_id: str) -> AbstractAsyncContextManager[Holding]:
         return self._hold(context_id)
@@ -123,11 +126,10 @@ class ContextHolds:
     async def _hold(self, context_id: str) -> AsyncIterator[Holding]:
         # One waiter per context and process asks redis; the others queue here. When the hold
         # before was let go while another store waited, that store has the next turn: this
-        # one waits longer than the other's polls are apart before it asks.
+        # one waits until that turn is over before it asks.
         async with self._locks.hold(context_id):
-            if context_id in self._give_way:
-                self._give_way.discard(context_id)
-                await asyncio.sleep(2 * LOCK_POLL_S[1])
+            if (wait := self._give_way.pop(context_id, 0.0) - time.monotonic()) > 0:
+                await asyncio.sleep(wait)
             held = await self._take_hold(context_id)
 
             async def renew() -> bool:
@@ -151,9 +153,13 @@ class ContextHolds:
                         log.warning("releasing the lock on context %r failed: %s", context_id, exc)
 
     def _after(self, context_id: str, others_wait: bool) -> None:
-        """A hold let go: the next waiter of this process gives way to another store's."""
+        """A hold let go: the next waiter of this process gives way to another store's, for
+        longer than that store's tries are apart. (A turn that passed unused, its waiter gone,
+        is dropped here.)"""
         if others_wait and self._locks.waiting(context_id):
-            self._give_way.add(context_id)
+            now = time.monotonic()
+            self._give_way = {c: t for c, t in self._give_way.items() if t > now}
+            self._give_way[context_id] = now + 2 * LOCK_POLL_S[1]
 
     async def _take_hold(self, context_id: str) -> _Held:
         """Waits until this process holds the context's lock (free, or its lease over), and
