@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import time
 from collections import Counter, OrderedDict
@@ -82,8 +83,14 @@ class MemoryStore:
         return context
 
     async def save_context(self, context: StoredContext) -> None:
-        found = self._context(context.id)
-        if (found[0] if found is not None else 0) != context.version:
+        await self._save(context, held=False)
+
+    async def _save(self, context: StoredContext, held: bool) -> None:
+        """`save_context`; `held`: the save of a hold, for which a context that ended while it
+        was held (`context_ttl_s`) is the one it read: no one else can have changed it."""
+        found = self._contexts.get(context.id) if held else self._context(context.id)
+        current = found[0] if found is not None else context.version if held else 0
+        if current != context.version:
             raise conflict(context.id)
         version = context.version + 1
         ttl = self._context_ttl
@@ -187,7 +194,8 @@ class MemoryStore:
     @contextlib.asynccontextmanager
     async def _hold(self, context_id: str) -> AsyncIterator[Holding]:
         async with self._locks.hold(context_id):
-            yield Held(self, await self.load_context(context_id))
+            saving = functools.partial(self._save, held=True)
+            yield Held(self, await self.load_context(context_id), saving)
 
     async def ping(self) -> None:
         return None

@@ -32,17 +32,20 @@ WAITING_MARK_S = 4 * LOCK_POLL_S[1]
 # stored form, ARGV[3] its TTL in ms ('' for none). The stored form starts with {"version":N (a
 # context stored before versions is version 1), so the version is read from its first bytes.
 # Returns 0 when the stored version is another, having set nothing.
-COMPARE_AND_SET = """
+_SAME_VERSION = """
 local head = redis.call('GETRANGE', KEYS[1], 0, 31)
 local current = 0
 if head ~= '' then current = tonumber(string.match(head, '^{"version":(%d+)')) or 1 end
 if current ~= tonumber(ARGV[1]) then return 0 end
+"""
+_SET_CONTEXT = """
 if ARGV[3] == '' then
   redis.call('SET', KEYS[1], ARGV[2])
 else
   redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 end
 """
+COMPARE_AND_SET = _SAME_VERSION + _SET_CONTEXT
 
 # A context's hold: KEYS[1] its lock, KEYS[2] the context, KEYS[3] its waiting mark; ARGV[1] the
 # holder's token, ARGV[2] the lease in ms, ARGV[3] the store's id, ARGV[4] the mark's TTL in ms.
@@ -71,15 +74,19 @@ return 0
 """
 # A hold's end: KEYS[1] the context, KEYS[2] its lock, KEYS[3] its waiting mark, then the
 # records to set; ARGV[1..3] as COMPARE_AND_SET's (ARGV[1] '': nothing to save), ARGV[4] the
-# token, ARGV[5] the records' TTL in ms, ARGV[6] the store's id, then the records' values.
-# Returns 0, having set nothing, when the save was refused or another token holds the lock (the
-# lease was lost); else 2 when another store waits for the context, 1 when none does.
+# token, ARGV[5] the records' TTL in ms, ARGV[6] the store's id, then the records' values. A
+# context that ended (its TTL) while the hold had it is saved all the same. Returns 0, having
+# set nothing, when the save was refused or another token holds the lock (the lease was lost);
+# else 2 when another store waits for the context, 1 when none does.
 _END = (
     """local holder = redis.call('GET', KEYS[2])
 if holder and holder ~= ARGV[4] then return 0 end
 if ARGV[1] ~= '' then
+if not holder or redis.call('EXISTS', KEYS[1]) == 1 then
 """
-    + COMPARE_AND_SET
+    + _SAME_VERSION
+    + "end\n"
+    + _SET_CONTEXT
     + """end
 for i = 4, #KEYS do redis.call('SET', KEYS[i], ARGV[i + 3], 'PX', ARGV[5]) end
 if holder then redis.call('DEL', KEYS[2]) end

@@ -214,6 +214,14 @@ class SqliteStore:
                     "WHERE contexts.updated <= ?",
                     (context.id, body, time.time(), version, ended),
                 )
+            elif token is not None:  # held: one that ended and was swept meanwhile is this one
+                saved = db.execute(
+                    "INSERT INTO contexts (id, body, updated, version) VALUES (?, ?, ?, ?) "
+                    "ON CONFLICT (id) DO UPDATE SET body = excluded.body, "
+                    "updated = excluded.updated, version = excluded.version "
+                    "WHERE contexts.version = ?",
+                    (context.id, body, time.time(), version, context.version),
+                )
             else:
                 saved = db.execute(
                     "UPDATE contexts SET body = ?, updated = ?, version = ? "

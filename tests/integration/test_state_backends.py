@@ -168,6 +168,37 @@ async def test_a_context_ends_context_ttl_s_after_it_was_last_saved(
         await store.close()
 
 
+@pytest.mark.parametrize("kind", ["memory", "sqlite", "redis"])
+async def test_a_context_that_ends_while_a_run_holds_it_is_saved_by_that_run(
+    kind: str, tmp_path: Path, redis_url: str
+) -> None:
+    """A run longer than `context_ttl_s` (or begun just before its end): nobody else could
+    change the context while it held it, so its turn is saved, not refused as a conflict."""
+    os.environ["LOOPWARDEN_TEST_REDIS"] = redis_url
+    config = StateConfig(
+        backend=kind,  # type: ignore[arg-type]
+        path=str(tmp_path / "state.db"),
+        url_env="LOOPWARDEN_TEST_REDIS",
+        key_prefix=f"held-{secrets.token_hex(4)}:",
+        context_ttl_s=0.5,
+    )
+    store = open_store(config)
+    try:
+        await store.save_context(StoredContext("c", agent="a"))
+        async with store.hold("c") as holding:
+            context = holding.context
+            assert context is not None
+            await asyncio.sleep(0.8)  # it ended meanwhile
+            await store.put_record("run", "r", b"{}", 60)  # sqlite: swept by the first write
+            context.messages = [{"role": "user", "content": "a long run"}]
+            await holding.end(context, [], 60)
+        saved = await store.load_context("c")
+    finally:
+        await store.close()
+    assert saved is not None
+    assert (saved.messages, saved.version) == ([{"role": "user", "content": "a long run"}], 2)
+
+
 async def test_a_save_fails_when_another_saved_the_context_since_it_was_read(
     store: StateStore,
 ) -> None:
