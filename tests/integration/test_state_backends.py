@@ -14,6 +14,7 @@ import threading
 import tracemalloc
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -35,18 +36,22 @@ from tests.servers import redis_server
 async def store(
     request: pytest.FixtureRequest, tmp_path: Path, redis_url: str
 ) -> AsyncIterator[StateStore]:
-    kind = request.param
-    prefix = f"test-{secrets.token_hex(4)}:"
+    store = opened(request.param, tmp_path, redis_url)
+    yield store
+    await store.close()
+
+
+def opened(kind: str, tmp_path: Path, redis_url: str, **state: Any) -> StateStore:
+    """A store of the backend `kind`, with `state` settings, keys of its own on redis."""
     os.environ["LOOPWARDEN_TEST_REDIS"] = redis_url
     config = StateConfig(
-        backend=kind,
+        backend=kind,  # type: ignore[arg-type]
         path=str(tmp_path / "state.db"),
         url_env="LOOPWARDEN_TEST_REDIS",
-        key_prefix=prefix,
+        key_prefix=f"test-{secrets.token_hex(4)}:",
+        **state,
     )
-    opened = open_store(config)
-    yield opened
-    await opened.close()
+    return open_store(config)
 
 
 async def test_reserve_adds_one_to_every_counter_or_to_none(store: StateStore) -> None:
@@ -132,15 +137,7 @@ async def test_a_context_ends_context_ttl_s_after_it_was_last_saved(
 ) -> None:
     """`state.context_ttl_s` on every backend: a context left alone that long is gone (read,
     held, deleted), its id free for a new one, and the sqlite file no longer holds it."""
-    os.environ["LOOPWARDEN_TEST_REDIS"] = redis_url
-    config = StateConfig(
-        backend=kind,  # type: ignore[arg-type]
-        path=str(tmp_path / "state.db"),
-        url_env="LOOPWARDEN_TEST_REDIS",
-        key_prefix=f"ttl-{secrets.token_hex(4)}:",
-        context_ttl_s=1.0,
-    )
-    store = open_store(config)
+    store = opened(kind, tmp_path, redis_url, context_ttl_s=1.0)
     try:
         await store.save_context(StoredContext("kept", agent="a"))
         await store.save_context(StoredContext("left", agent="a"))
@@ -174,15 +171,7 @@ async def test_a_context_that_ends_while_a_run_holds_it_is_saved_by_that_run(
 ) -> None:
     """A run longer than `context_ttl_s` (or begun just before its end): nobody else could
     change the context while it held it, so its turn is saved, not refused as a conflict."""
-    os.environ["LOOPWARDEN_TEST_REDIS"] = redis_url
-    config = StateConfig(
-        backend=kind,  # type: ignore[arg-type]
-        path=str(tmp_path / "state.db"),
-        url_env="LOOPWARDEN_TEST_REDIS",
-        key_prefix=f"held-{secrets.token_hex(4)}:",
-        context_ttl_s=0.5,
-    )
-    store = open_store(config)
+    store = opened(kind, tmp_path, redis_url, context_ttl_s=0.5)
     try:
         await store.save_context(StoredContext("c", agent="a"))
         async with store.hold("c") as holding:
