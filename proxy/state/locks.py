@@ -9,7 +9,7 @@ import contextlib
 from collections.abc import AsyncIterator
 
 # The first and the longest wait between two tries of a lock that another process holds.
-LOCK_POLL_S = (0.005, 0.05)
+LOCK_POLL_S = (0.005, 0.02)
 
 
 class KeyedLocks:
