@@ -19,6 +19,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
@@ -29,7 +30,6 @@ from proxy.state.lease import renewed
 from proxy.state.locks import LOCK_POLL_S, KeyedLocks
 from proxy.state.sqlite_checkpoints import LOG_FILE_BYTES, Checkpointer
 from proxy.state.store import (
-    Held,
     Holding,
     Record,
     StoredContext,
@@ -187,52 +187,45 @@ class SqliteStore:
         return await self._call(lambda db: _context(db, context_id, ended))
 
     async def save_context(self, context: StoredContext) -> None:
-        await self._save(context)
-
-    async def _save(self, context: StoredContext, token: str | None = None) -> None:
-        """`save_context`; with `token`, the save of a hold by it, refused while another
-        token holds the context (this one's lease was lost and another run took it)."""
         version = context.version + 1
-        body = context.dumps(version)
+        body, ended = context.dumps(version), self._ended()
+        if not await self._call(lambda db: _save_row(db, context, body, version, ended, False)):
+            raise conflict(context.id)
+        context.version = version
+
+    async def _end(
+        self,
+        hold: _Hold,
+        save: StoredContext | None,
+        records: Sequence[Record],
+        ttl_s: float,
+    ) -> None:
+        """`Holding.end` in one transaction: the save, refused while another token holds the
+        context (this one's lease was lost and another run took it), the records, and the
+        lock row let go; nothing written but the lock's release when the save is refused."""
+        write = records_sql.Write(records, check_put(records, ttl_s), None, ()) if records else None
+        version = 0 if save is None else save.version + 1
+        body = b"" if save is None else save.dumps(version)
         ended = self._ended()
 
         def work(db: sqlite3.Connection) -> bool:
-            if token is None:
-                return save(db)
-            with _immediate(db):  # no other holder between the look and the save
+            with _immediate(db):
                 holder = db.execute(
-                    "SELECT token FROM context_locks WHERE id = ?", (context.id,)
+                    "SELECT token FROM context_locks WHERE id = ?", (hold.context_id,)
                 ).fetchone()
-                return (holder is None or holder[0] == token) and save(db)
+                mine = holder is None or holder[0] == hold.token
+                saved = save is None or (mine and _save_row(db, save, body, version, ended, True))
+                if saved and write is not None:
+                    records_sql.write([write], db)
+                _let_go(db, hold.context_id, hold.token)
+                return saved
 
-        def save(db: sqlite3.Connection) -> bool:
-            if context.version == 0:  # none, or one that has ended
-                saved = db.execute(
-                    "INSERT INTO contexts (id, body, updated, version) VALUES (?, ?, ?, ?) "
-                    "ON CONFLICT (id) DO UPDATE SET body = excluded.body, "
-                    "updated = excluded.updated, version = excluded.version "
-                    "WHERE contexts.updated <= ?",
-                    (context.id, body, time.time(), version, ended),
-                )
-            elif token is not None:  # held: one that ended and was swept meanwhile is this one
-                saved = db.execute(
-                    "INSERT INTO contexts (id, body, updated, version) VALUES (?, ?, ?, ?) "
-                    "ON CONFLICT (id) DO UPDATE SET body = excluded.body, "
-                    "updated = excluded.updated, version = excluded.version "
-                    "WHERE contexts.version = ?",
-                    (context.id, body, time.time(), version, context.version),
-                )
-            else:
-                saved = db.execute(
-                    "UPDATE contexts SET body = ?, updated = ?, version = ? "
-                    "WHERE id = ? AND version = ?",
-                    (body, time.time(), version, context.id, context.version),
-                )
-            return saved.rowcount == 1
-
-        if not await self._call(work):
-            raise conflict(context.id)
-        context.version = version
+        saved = await self._call(work)
+        hold.let_go = True
+        if not saved:
+            raise conflict(hold.context_id)
+        if save is not None:
+            save.version = version
 
     async def delete_context(self, context_id: str) -> bool:
         ended = self._ended()
@@ -335,20 +328,17 @@ class SqliteStore:
 
                 return await self._call(work)
 
+            hold = _Hold(self, context_id, token)
             try:
-                context = await self._take(context_id, token)
+                hold.context = await self._take(context_id, token)
                 async with renewed(f"context {context_id!r}", self._lease, renew):
-                    yield Held(self, context, functools.partial(self._save, token=token))
+                    yield hold
             finally:  # also when the wait was cancelled, as its last attempt took the row
-                try:
-                    await self._call(
-                        lambda db: db.execute(
-                            "DELETE FROM context_locks WHERE id = ? AND token = ?",
-                            (context_id, token),
-                        )
-                    )
-                except StateUnavailable as exc:  # the lease expires on its own
-                    log.warning("releasing the lock on context %r failed: %s", context_id, exc)
+                if not hold.let_go:
+                    try:
+                        await self._call(lambda db: _let_go(db, context_id, token))
+                    except StateUnavailable as exc:  # the lease expires on its own
+                        log.warning("releasing the lock on context %r failed: %s", context_id, exc)
 
     async def _take(self, context_id: str, token: str) -> StoredContext | None:
         """Waits until this process holds the context's lock row (free, or its lease over);
@@ -403,6 +393,61 @@ def _immediate(db: sqlite3.Connection) -> Iterator[None]:
         db.execute("ROLLBACK")
         raise
     db.execute("COMMIT")
+
+
+@dataclass(slots=True)
+class _Hold:
+    """A context held by this process (`SqliteStore.hold`), under its lock row's `token`."""
+
+    store: SqliteStore
+    context_id: str
+    token: str
+    context: StoredContext | None = None
+    let_go: bool = False  # the lock row was let go by `end`
+
+    async def end(
+        self, save: StoredContext | None, records: Sequence[Record], ttl_s: float
+    ) -> None:
+        await self.store._end(self, save, records, ttl_s)
+
+
+def _save_row(
+    db: sqlite3.Connection,
+    context: StoredContext,
+    body: bytes,
+    version: int,
+    ended: float,
+    held: bool,
+) -> bool:
+    """Stores `context` as `version` (its stored form `body`) when the stored copy is still the
+    one it was read from: none, or one last saved before `ended`, for a new one. A `held`
+    context that ended and was swept meanwhile is that one: no one else could change it."""
+    if context.version == 0:
+        saved = db.execute(
+            "INSERT INTO contexts (id, body, updated, version) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT (id) DO UPDATE SET body = excluded.body, "
+            "updated = excluded.updated, version = excluded.version "
+            "WHERE contexts.updated <= ?",
+            (context.id, body, time.time(), version, ended),
+        )
+    elif held:
+        saved = db.execute(
+            "INSERT INTO contexts (id, body, updated, version) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT (id) DO UPDATE SET body = excluded.body, "
+            "updated = excluded.updated, version = excluded.version "
+            "WHERE contexts.version = ?",
+            (context.id, body, time.time(), version, context.version),
+        )
+    else:
+        saved = db.execute(
+            "UPDATE contexts SET body = ?, updated = ?, version = ? WHERE id = ? AND version = ?",
+            (body, time.time(), version, context.id, context.version),
+        )
+    return saved.rowcount == 1
+
+
+def _let_go(db: sqlite3.Connection, context_id: str, token: str) -> None:
+    db.execute("DELETE FROM context_locks WHERE id = ? AND token = ?", (context_id, token))
 
 
 def _statement(sql: str, parameters: Sequence[object]) -> Callable[[sqlite3.Connection], object]:

@@ -115,9 +115,9 @@ class Holding(Protocol):
 
 @dataclass(slots=True)
 class Held:
-    """The hold of a backend whose calls are no round trips (this process's memory, a file):
-    its last write is a save (by `saving`, else `save_context`) and a put, and it is let go as
-    its block ends."""
+    """The hold of a backend whose calls are no round trips (this process's memory): its last
+    write is a save (by `saving`, else `save_context`) and a put, and it is let go as its block
+    ends."""
 
     store: StateStore
     context: StoredContext | None

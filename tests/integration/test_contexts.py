@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 from collections.abc import Awaitable
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -14,6 +15,7 @@ import redis.asyncio as aioredis
 
 from proxy.state.memory import MemoryStore
 from proxy.state.redis import RedisStore
+from proxy.state.sqlite import SqliteStore
 from proxy.state.store import StateStore, StoredContext
 from tests.integration.conftest import Proxy, ProxyFactory
 from tests.integration.counted_store import ForgetfulStore
@@ -242,6 +244,48 @@ async def test_a_context_s_run_on_redis_is_two_round_trips(
     assert chatting == ["EVALSHA", "EVALSHA"]
     assert deleted.status_code == 200, deleted.text
     assert deleting == ["EVALSHA", "DEL", "EVALSHA"]
+
+
+async def test_a_context_s_run_on_sqlite_is_two_transactions(
+    proxy_for: ProxyFactory, tmp_path: Path
+) -> None:
+    """The lock row taken with the context read, then the save, the run kept and the lock let
+    go in one transaction (were four: the lock, the save, the run, the release): what the
+    file's write-ahead log holds is what the store committed."""
+    store = SqliteStore(tmp_path / "state.sqlite")
+    log = tmp_path / "state.sqlite-wal"
+    try:
+        async with proxy_for(REPORTER, store=store) as proxy:
+            proxy.upstream.script(say("Noted: first"), say("Noted: second"))
+            await post(proxy, "/chat", context_id="c", model="scripted", message="first")
+            before = commits(log.read_bytes())
+            second = await post(proxy, "/chat", context_id="c", message="second")
+            after = commits(log.read_bytes())
+            run = await proxy.client.get(f"/v1/runs/{second.headers['x-loopwarden-run-id']}")
+            stored = (await proxy.client.get("/v1/contexts/c")).json()
+    finally:
+        await store.close()
+    assert second.status_code == 200, second.text
+    assert after - before == 2
+    assert run.json()["stop_reason"] == "completed"
+    assert [m["content"] for m in stored["messages"]] == [
+        "first",
+        "Noted: first",
+        "second",
+        "Noted: second",
+    ]
+
+
+def commits(wal: bytes) -> int:
+    """The transactions a sqlite write-ahead log holds: its frames of the log's current salt
+    that end a commit (a frame header's second word is the file's size in pages after it)."""
+    page_size = int.from_bytes(wal[8:12], "big")
+    salt = wal[16:24]
+    count = 0
+    for at in range(32, len(wal) - 24 + 1, 24 + page_size):
+        if wal[at + 8 : at + 16] == salt and int.from_bytes(wal[at + 4 : at + 8], "big"):
+            count += 1
+    return count
 
 
 async def test_a_run_saved_whose_record_cannot_be_kept_still_answers(
