@@ -629,8 +629,9 @@ async def test_the_sqlite_log_stays_bounded_under_writers_that_never_pause(
             sorted(t.name for t in started if "checkpoint" in t.name)
             == ["loopwarden-sqlite-checkpoint_0"] * writers
         )
-        # Seen: 1-3 MB here; with passive copies alone, or none, 66 MB (every page written).
-        assert largest < 16 * 1024 * 1024, f"the log held {largest} bytes"
+        # Seen: 1-3 MB here, 26 MB with both cores busy with other work; with passive copies
+        # alone, or none, 66 MB (every page written).
+        assert largest < 40 * 1024 * 1024, f"the log held {largest} bytes"
         (file,) = await asyncio.to_thread(_sizes, path)
         assert file > 3_000 * len(value)  # the records are in the file itself
         last = f"w{writers - 1}-{3_000 // writers - 1}"
