@@ -79,9 +79,14 @@ class LoopPolicy:
         return any(c.kind == "max_cost" for c in walk(self.stop_when))
 
     def effective_max_steps(self) -> int | None:
+        """The run's cap on steps: its own, else DEFAULT_MAX_STEPS for a run that can take a
+        step more than one: one with server tools, or rules or limits (a call they block, or a
+        nudge, is answered by a step more); a run of one step needs none."""
         if self.max_steps is not None:
             return self.max_steps
-        return DEFAULT_MAX_STEPS if self.tools else None
+        if self.tools or self.tool_rules or self.tool_call_limits:
+            return DEFAULT_MAX_STEPS
+        return None
 
     def build(
         self,
@@ -165,20 +170,26 @@ def compile_policy(
 
 
 def tighten(agent: LoopPolicy, request: LoopPolicy) -> LoopPolicy:
-    """The agent's policy with a request's added: tools, conditions, rules and limits add up;
-    numbers can only get smaller; `final_answer` only turns on (SPEC §4.1)."""
+    """The agent's policy with a request's added: tools, conditions, rules, limits and
+    terminating tools add up; numbers can only get smaller (an agent's `max_steps` unset is the
+    default); `final_answer` only turns on (SPEC §4.1)."""
     terminating = request.terminating or agent.terminating
     if request.terminating is not None and agent.terminating is not None:
         base = agent.terminating
         terminating = replace(
             request.terminating,
+            tool_ids=tuple(dict.fromkeys(base.tool_ids + request.terminating.tool_ids)),
             consecutive_nudges=min(request.terminating.consecutive_nudges, base.consecutive_nudges),
             max_invocations=min(request.terminating.max_invocations, base.max_invocations),
         )
+    max_steps = agent.max_steps
+    if request.max_steps is not None:  # an agent without a cap of its own has the default
+        cap = DEFAULT_MAX_STEPS if agent.max_steps is None else agent.max_steps
+        max_steps = min(cap, request.max_steps)
     return LoopPolicy(
         tools={**agent.tools, **request.tools},
         stop_when=agent.stop_when + request.stop_when,
-        max_steps=_smaller(agent.max_steps, request.max_steps),
+        max_steps=max_steps,
         terminating=terminating,
         tool_rules=agent.tool_rules + request.tool_rules,
         tool_call_limits=agent.tool_call_limits + request.tool_call_limits,
@@ -238,9 +249,3 @@ def check_references(
 
 def _only_price(problems: list[tuple[str, str]]) -> bool:
     return [path for path, _ in problems] == ["model"]
-
-
-def _smaller(a: int | None, b: int | None) -> int | None:
-    if a is None:
-        return b
-    return a if b is None else min(a, b)

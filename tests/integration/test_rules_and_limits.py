@@ -12,6 +12,7 @@ import pytest
 from proxy.api.services import build_services
 from proxy.config import ConfigError, parse_config
 from proxy.engine import events as ev
+from proxy.engine.policy import DEFAULT_MAX_STEPS
 from proxy.state.memory import MemoryStore
 from tests.bodies import offered, user
 from tests.integration.conftest import BASE_CONFIG, ProxyFactory
@@ -93,6 +94,61 @@ async def test_request_rules_are_added_to_the_agent_s(proxy_for: ProxyFactory) -
     body = r.json()
     assert body["loop"]["stop_reason"] == "terminal_tool"
     assert json.loads(body["choices"][0]["message"]["content"])["city"] == "Oslo"
+
+
+async def test_a_run_a_rule_can_nudge_is_capped_though_it_has_no_server_tools(
+    proxy_for: ProxyFactory,
+) -> None:
+    """A rule on a client tool nudges a model that only talks: every nudge is a step more, so
+    the run has the default cap (it had none, and ran until its client left)."""
+    lookup = {"type": "function", "function": {"name": "lookup", "parameters": {}}}
+    async with proxy_for() as proxy:
+        # Without the cap, a run until its client leaves: here, until the script runs out.
+        proxy.upstream.script(*[say("Done.")] * DEFAULT_MAX_STEPS)
+        r = await proxy.chat(
+            model="scripted",
+            messages=user("hi"),
+            tools=[lookup],
+            loop={"tool_rules": [{"type": "required_before_exit", "tool_name": "lookup"}]},
+        )
+    assert r.status_code == 200, r.text
+    assert r.json()["loop"]["stop_reason"] == "max_steps"
+    assert r.json()["loop"]["steps"] == DEFAULT_MAX_STEPS
+    assert len(proxy.upstream.requests) == DEFAULT_MAX_STEPS
+
+
+async def test_a_request_cannot_raise_the_default_cap_on_steps(proxy_for: ProxyFactory) -> None:
+    """The agent sets no `max_steps`: its cap is the default, and a larger one asked is ignored
+    (SPEC §4.1); a smaller one holds."""
+    async with proxy_for() as proxy:
+        proxy.upstream.script(keep(call("get_weather", city="Lima")))
+        larger = await proxy.chat(model="weather", loop={"max_steps": DEFAULT_MAX_STEPS + 15})
+        smaller = await proxy.chat(model="weather", loop={"max_steps": 3})
+    assert [r.json()["loop"]["stop_reason"] for r in (larger, smaller)] == ["max_steps"] * 2
+    assert [r.json()["loop"]["steps"] for r in (larger, smaller)] == [DEFAULT_MAX_STEPS, 3]
+
+
+async def test_a_request_s_terminating_tools_are_added_to_the_agent_s(
+    proxy_for: ProxyFactory,
+) -> None:
+    """Both end the run: the request's config may not take the agent's terminal tool away."""
+    agents = {
+        "agents": {
+            "term": {
+                "model": "scripted",
+                "tools": ["get_weather", "to_fahrenheit"],
+                "terminating_config": {"tool_ids": ["get_weather"]},
+            }
+        }
+    }
+    added = {"terminating_config": {"tool_ids": ["to_fahrenheit"]}}
+    async with proxy_for(agents) as proxy:
+        proxy.upstream.script(call("get_weather", city="Oslo"), call("to_fahrenheit", celsius=5))
+        agent_s = await proxy.chat(model="term", loop=added)
+        request_s = await proxy.chat(model="term", loop=added)
+    assert [r.status_code for r in (agent_s, request_s)] == [200, 200]
+    assert [r.json()["loop"]["stop_reason"] for r in (agent_s, request_s)] == ["terminal_tool"] * 2
+    assert [r.json()["loop"]["steps"] for r in (agent_s, request_s)] == [1, 1]
 
 
 @pytest.mark.parametrize(
