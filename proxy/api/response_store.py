@@ -128,6 +128,9 @@ class ChainThreads:
     ) -> tuple[bool, dict[str, int]]:
         return await self.store.reserve(thread_id, limits, ttl_s=self.ttl_s)
 
+    async def thread_counts(self, thread_id: str) -> dict[str, int]:
+        return await self.store.thread_counts(thread_id)
+
 
 class ConversationTooLarge(Exception):
     """A stored response whose conversation is larger than a request may be: it goes upstream

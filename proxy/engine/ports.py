@@ -58,6 +58,10 @@ class ThreadCounters(Protocol):
         """
         ...
 
+    async def thread_counts(self, thread_id: str) -> dict[str, int]:
+        """The counters as they are."""
+        ...
+
 
 class RunObserver(Protocol):
     def on_event(self, event: RunEvent) -> None: ...

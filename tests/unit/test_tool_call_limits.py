@@ -115,6 +115,22 @@ async def test_thread_counts_persist_across_runs_on_one_thread() -> None:
     assert await store.thread_counts("t1") == {"search": 3}
 
 
+async def test_a_run_limit_s_message_gives_the_thread_s_count() -> None:
+    """The thread held 2 calls of earlier runs: the run limit is hit at this run's first call,
+    and the message states the thread's count, not the run's (SPEC §9)."""
+    store = MemoryStore()
+    await store.reserve("t1", {"search": 5})
+    await store.reserve("t1", {"search": 5})
+    limits = [{"tool_name": "search", "thread_limit": 5, "run_limit": 1}]
+    h = Harness(
+        [*searches(2), reply("a")], TOOLS, tool_call_limits=limits, threads=store, thread_id="t1"
+    )
+    result = await h.run()
+    assert errors(result.generated) == [
+        "Tool call limit exceeded (thread: 3/5, run: 1/1). Do not call 'search' again."
+    ]
+
+
 async def test_without_a_thread_id_the_thread_is_the_run() -> None:
     store = MemoryStore()
     limits = [{"thread_limit": 2, "run_limit": 1}]

@@ -117,8 +117,18 @@ class ToolCallLimits(Policy):
                 self.run_counts[key] += 1
             return None
         hit = max(hits, key=lambda h: _SEVERITY[h.limit.exit_behavior])
-        message = limit_message(hit.limit, call.name, hit.run_count, hit.thread_count)
+        thread_count = hit.thread_count
+        if thread_count is None and hit.limit.thread_limit is not None:  # a run limit's hit
+            thread_count = await self._thread_count(run, hit.limit)
+        message = limit_message(hit.limit, call.name, hit.run_count, thread_count)
         return Block(message, "blocked_limit", self._stop(hit, call, run, message))
+
+    async def _thread_count(self, run: RunState, limit: ToolCallLimit) -> int:
+        """The thread's count of `limit`'s calls, for its message: the run's, when the run is
+        the thread."""
+        if run.thread_id is None or self.threads is None:
+            return self.run_counts[limit.key]
+        return (await self.threads.thread_counts(run.thread_id)).get(limit.key, 0)
 
     @staticmethod
     def _stop(hit: _Hit, call: ToolCall, run: RunState, message: str) -> Stop | None:
@@ -142,8 +152,7 @@ class ToolCallLimits(Policy):
 def limit_message(limit: ToolCallLimit, tool: str, run_count: int, thread_count: int | None) -> str:
     parts = []
     if limit.thread_limit is not None:
-        shown = run_count if thread_count is None else thread_count
-        parts.append(f"thread: {shown}/{limit.thread_limit}")
+        parts.append(f"thread: {thread_count}/{limit.thread_limit}")
     if limit.run_limit is not None:
         parts.append(f"run: {run_count}/{limit.run_limit}")
     return f"Tool call limit exceeded ({', '.join(parts)}). Do not call '{tool}' again."
