@@ -231,7 +231,7 @@ def create_app(
         if isinstance(exc, HTTPException) and exc.status_code == 405:
             message = f"{request.method} is not allowed on {request.url.path}"
             return error_response(MethodNotAllowed(message))
-        return error_response(NotFound(f"no route {request.method} {request.url.path}"))
+        return error_response(NotFound(f"no route {request.method} {request.url.path[:300]}"))
 
     chat = ChatCompletions(services)
     responses = Responses(services)

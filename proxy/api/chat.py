@@ -9,10 +9,11 @@ from starlette.types import Receive, Scope, Send
 
 from proxy.api.asgi import bearer_token, header, run_or_cancel, send_json
 from proxy.api.auth import Caller
-from proxy.api.chat_request import THREAD_HEADER, ChatRequest, parse_chat_request
+from proxy.api.chat_request import ChatRequest, parse_chat_request
 from proxy.api.completion import completion_body, completion_id, loop_report
 from proxy.api.failures import failed, failure_error, send_failure
 from proxy.api.json_body import read_json
+from proxy.api.run_request import THREAD_HEADER
 from proxy.api.services import Services
 from proxy.api.sse import SSEWriter
 from proxy.engine.run import Run

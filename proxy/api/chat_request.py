@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.api.json_body import json_object
-from proxy.api.run_request import NO_LOOP, RunRequest, parse_loop
+from proxy.api.run_request import NO_LOOP, RunRequest, header_thread, parse_loop
 from proxy.engine.options import MAX_NAME_CHARS
 from proxy.errors import InvalidRequest
 
@@ -23,7 +23,6 @@ OWN_FIELDS = frozenset(
         "max_completion_tokens",
     }
 )
-THREAD_HEADER = "x-loopwarden-thread-id"
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 
 
@@ -64,7 +63,7 @@ def parse_chat_request(raw: bytes, thread_header: str | None = None) -> ChatRequ
         _tool_choice(body.get("tool_choice")),
         cap,
         params,
-        loop.thread_id or (name(thread_header, THREAD_HEADER) if thread_header else None),
+        loop.thread_id or header_thread(thread_header),
         client_thread=True,
     )
     return ChatRequest(run, stream, include_usage)

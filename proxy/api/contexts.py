@@ -351,7 +351,7 @@ def _readable(
     """The context, when it exists, is the caller's (another key's is not found: a 403 would
     tell that it exists) and the caller may use its agent or model."""
     if context is None or not _visible(context, caller):
-        raise NotFound(f"no context {context_id!r}")
+        raise NotFound(f"no context {context_id[:256]!r}")
     sv.keys.check(caller, context.agent or context.model or "")
     return context
 

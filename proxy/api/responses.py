@@ -14,7 +14,6 @@ from starlette.types import Receive, Scope, Send
 
 from proxy.api.asgi import bearer_token, header, run_or_cancel, send_json
 from proxy.api.auth import Caller
-from proxy.api.chat_request import THREAD_HEADER
 from proxy.api.completion import loop_report
 from proxy.api.failures import failed, failure_error, send_failure
 from proxy.api.fingerprint_records import Lineage
@@ -47,6 +46,7 @@ from proxy.api.response_store import (
 )
 from proxy.api.responses_request import ResponsesRequest, parse_responses_request
 from proxy.api.responses_stream import ResponsesStream
+from proxy.api.run_request import THREAD_HEADER
 from proxy.api.services import Services
 from proxy.api.stored_conversation import Conversation
 from proxy.api.stored_reads import StoredReads

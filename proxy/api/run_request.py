@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 from pydantic import Field, StrictBool, ValidationError
 
-from proxy.engine.options import Name, PolicyOptions, problems
+from proxy.engine.options import MAX_NAME_CHARS, Name, PolicyOptions, problems
 from proxy.errors import InvalidRequest, PolicyInvalid
 
 # The most server tools a request's `loop.tools` may name (an MCP source may expose 4,096).
 MAX_LOOP_TOOLS = 4096
 # A thread's name, as it is stored, logged and put on spans: no control characters.
-ThreadName = Annotated[Name, Field(pattern=r"^[^\x00-\x1f\x7f-\x9f]+$")]
+THREAD_NAME = r"^[^\x00-\x1f\x7f-\x9f]+$"
+ThreadName = Annotated[Name, Field(pattern=THREAD_NAME)]
+THREAD_HEADER = "x-loopwarden-thread-id"
 
 
 class LoopOptions(PolicyOptions):
@@ -58,3 +61,19 @@ class RunRequest:
     # Where the client named each of `client_tools`, for errors: Chat Completions'
     # `tools[i].function.name` when empty.
     tool_params: list[str] = field(default_factory=list)
+
+
+def header_thread(value: str | None) -> str | None:
+    """The thread the `x-loopwarden-thread-id` header names, checked as `loop.thread_id` is."""
+    if not value:  # none, or empty: none
+        return None
+    if len(value) > MAX_NAME_CHARS or not _THREAD_NAME.match(value):
+        raise InvalidRequest(
+            f"{THREAD_HEADER} must be at most {MAX_NAME_CHARS} characters, none of them a "
+            "control character",
+            param=THREAD_HEADER,
+        )
+    return value
+
+
+_THREAD_NAME = re.compile(THREAD_NAME)

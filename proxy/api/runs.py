@@ -44,7 +44,7 @@ class RunReports:
             if kept is not None:
                 record = {"key": kept.key, "loop": kept.response["loop"]}
         if record is None:
-            raise NotFound(f"no recent run {asked!r}")
+            raise NotFound(f"no recent run {asked[:64]!r}")
         if caller is not None and record.get("key") != caller.name:
-            raise NotFound(f"no recent run {asked!r}")
+            raise NotFound(f"no recent run {asked[:64]!r}")
         await send_json(send, 200, {"object": "loopwarden.run", **record["loop"]})

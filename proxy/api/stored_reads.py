@@ -108,7 +108,7 @@ class StoredReads:
             charge = functools.partial(self._charge, param=param)
             stored = await self.store.with_outputs(stored, read[1:2], charge)
         if stored is None:  # none, another key's, or its outputs record is gone
-            raise NotFound(f"no stored response {response_id!r}", param=param)
+            raise NotFound(f"no stored response {response_id[:64]!r}", param=param)
         self._keep_outputs(response_id, stored.response["output"])
         try:
             conversation = await self.store.conversation(response_id, self.bounds, read[2:])

@@ -357,3 +357,15 @@ async def test_the_process_survives_garbage(proxy: Proxy) -> None:
         assert r.status_code == 400
     proxy.upstream.script(say("Still here."))
     assert (await proxy.chat(model="scripted")).status_code == 200
+
+
+@pytest.mark.parametrize(
+    "path", ["/v1/runs/{}", "/v1/contexts/{}", "/nothing/{}", "/v1/responses/{}"]
+)
+async def test_a_long_id_is_not_echoed_whole_in_a_404(proxy_for: ProxyFactory, path: str) -> None:
+    """An id of 60 KB (within the request head's bound) is named by its first characters."""
+    async with proxy_for() as proxy:
+        r = await proxy.client.get(path.format("r" * 60_000))
+    assert r.status_code == 404
+    assert r.json()["error"]["message"].count("r") < 400
+    assert len(r.content) < 1_000

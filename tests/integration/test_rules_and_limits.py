@@ -12,6 +12,7 @@ import pytest
 from proxy.api.services import build_services
 from proxy.config import ConfigError, parse_config
 from proxy.engine import events as ev
+from proxy.engine.options import MAX_NAME_CHARS
 from proxy.engine.policy import DEFAULT_MAX_STEPS
 from proxy.state.memory import MemoryStore
 from tests.bodies import offered, user
@@ -304,3 +305,23 @@ async def test_thread_limits_count_across_requests_by_header_or_loop_thread_id(
         fresh = await proxy.chat(model="capped", messages=user("Lima?"), loop={"thread_id": "t-2"})
     assert executed == [3, 0]
     assert fresh.json()["loop"]["tool_calls"] == 3
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/responses"])
+@pytest.mark.parametrize("thread", ["a\x85b", "a\x9b[2Jb", "t" * (MAX_NAME_CHARS + 1)])
+async def test_a_thread_header_is_checked_as_loop_thread_id_is(
+    proxy_for: ProxyFactory, path: str, thread: str
+) -> None:
+    """A thread's name is stored, logged and put on spans: a header naming one with a control
+    character (here C1: NEL, CSI) is refused as the same name in `loop.thread_id` is."""
+    body = {"model": "weather", "messages": user("hi"), "input": "hi"}
+    body.pop("input" if path.endswith("completions") else "messages")
+    async with proxy_for() as proxy:
+        sent = await proxy.client.post(
+            path, json=body, headers={"x-loopwarden-thread-id": thread.encode("latin-1")}
+        )
+        in_loop = await proxy.client.post(path, json={**body, "loop": {"thread_id": thread}})
+    assert (sent.status_code, in_loop.status_code) == (400, 400), sent.text
+    assert sent.json()["error"]["param"] == "x-loopwarden-thread-id"
+    assert in_loop.json()["error"]["param"] == "loop.thread_id"
+    assert proxy.upstream.requests == []
