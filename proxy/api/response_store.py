@@ -41,7 +41,7 @@ from proxy.api.stored_conversation import (
 from proxy.config.server import ServerConfig
 from proxy.errors import NotFound
 from proxy.json_values import holds_over
-from proxy.state.store import Record, StateStore
+from proxy.state.store import RECORDS_AT_ONCE, Record, StateStore
 
 # A stored response is four records: the response (its body, thread and owner), read by `GET`,
 # by run lookups and by the request that continues it; its output items, read with it and alone
@@ -219,7 +219,8 @@ class ResponseStore:
         """Keeps the response (and its output items alone), `messages` (the conversation through
         it, as the engine saw it, the `instructions` aside: they are not carried over, as OpenAI
         does; it begins with the messages of the conversation it `continued`) and `inputs`, in
-        one write; and the `chain`'s thread (when the response continues one) and the records of
+        one write (its client calls' records in writes before it, when they are more than one
+        write takes); and the `chain`'s thread (when the response continues one) and the records of
         the earlier parts of the conversation as long (when one of them is gone since, expired or
         deleted, the conversation is kept whole, in a second write). `lineage`: its request
         sent the whole conversation (no `previous_response_id`), and the next may too: it keeps
@@ -228,6 +229,7 @@ class ResponseStore:
             continued = None
         conversation, parts = stored_form(response_id, messages, continued)
         marked: StoredFingerprint | None = None
+        calls: list[Record] = []
         records = [conversation, Record(INPUT_RECORD, response_id, inputs.dumps())]
         if not self.earlier_form:  # the output items in a record of their own, not twice
             output = stored.response.get("output") or []
@@ -238,11 +240,16 @@ class ResponseStore:
                 marked = StoredFingerprint(made, lineage, stored.thread, stored.key)
                 records.append(Record(FINGERPRINT_RECORD, response_id, marked.dumps()))
                 called = orjson.dumps({"response": response_id, "key": stored.key})
-                records += [
+                calls = [
                     Record(CALL_RECORD, key, called) for key in client_call_keys(stored.key, output)
                 ]
             body = {**stored.response, "output": None}
             stored = StoredResponse(body, stored.thread, stored.owner, stored.key)
+        if len(records) + len(calls) < RECORDS_AT_ONCE:
+            records += calls
+        else:  # more than one write takes: the calls first, each naming the response to come
+            for at in range(0, len(calls), RECORDS_AT_ONCE):
+                await self.store.put_records(calls[at : at + RECORDS_AT_ONCE], self.ttl_s)
         records.append(Record(RESPONSE_RECORD, response_id, stored.dumps()))  # last: names all
         kept = [part.record for part in parts]
         found = await self.store.put_records(records, self.ttl_s, keep_thread=chain, keep=kept)
@@ -365,7 +372,10 @@ class ResponseStore:
         records = [*conversation_records(response_id), *((kind, response_id) for kind in kinds)]
         output = stored.response.get("output") or []
         records += [(CALL_RECORD, key) for key in client_call_keys(stored.key, output)]
-        return await self.store.delete_records(records) > 0
+        found = 0
+        for at in range(0, len(records), RECORDS_AT_ONCE):  # the response's own first
+            found += await self.store.delete_records(records[at : at + RECORDS_AT_ONCE])
+        return found > 0
 
 
 def continued_records(response_id: str) -> list[tuple[str, str]]:

@@ -567,6 +567,31 @@ async def test_a_chains_own_thread_ends_when_the_chain_can_no_longer_be_continue
         assert await backend.thread_counts("named") != {}
 
 
+async def test_a_reply_of_more_client_calls_than_one_write_takes_is_stored_and_deleted(
+    proxy_for: ProxyFactory, backend: StateStore
+) -> None:
+    """128 client calls (`max_tool_calls_per_reply`): a record each, that the turn answering
+    one finds its response by, more than one write of the backend takes (100)."""
+    function = {"type": "function", "name": "lookup", "parameters": {"type": "object"}}
+    many = Reply(calls=tuple(Call("lookup", {"q": n}, id=f"call_{n}") for n in range(128)))
+    async with proxy_for(store=backend) as proxy:
+        proxy.upstream.script(many)
+        made = await respond(proxy, model="scripted", tools=[function])
+        assert made.status_code == 200, made.text
+        response_id = made.json()["id"]
+        calls = [("call", f"call_{n}") for n in range(128)]
+        kept = [v for at in (0, 64) for v in await backend.get_records(calls[at : at + 64])]
+        got = await proxy.client.get(f"/v1/responses/{response_id}")
+        deleted = await proxy.client.delete(f"/v1/responses/{response_id}")
+        gone = await proxy.client.get(f"/v1/responses/{response_id}")
+        left = [v for at in (0, 64) for v in await backend.get_records(calls[at : at + 64])]
+    assert [item["call_id"] for item in made.json()["output"]] == [c for _, c in calls]
+    assert {orjson.loads(v or b"{}").get("response") for v in kept} == {response_id}
+    assert got.json() == made.json()
+    assert (deleted.status_code, gone.status_code) == (200, 404)
+    assert left == [None] * 128
+
+
 async def test_an_upstream_that_gives_every_turn_the_same_call_id_is_answered_each_turn(
     proxy: Proxy,
 ) -> None:
