@@ -19,9 +19,13 @@ from proxy.config.server import ServerConfig
 from proxy.errors import BodyTooLarge, InvalidRequest
 from proxy.json_values import holds_over
 
-# orjson reads 1,024 levels of nesting but writes only 255: a body the proxy could not send
-# on is refused when it is read.
-MAX_JSON_DEPTH = 254
+# orjson reads 1,024 levels of nesting but writes only 254. The proxy puts what a body holds
+# into objects of its own, a few levels deeper than it came (a Responses tool's `parameters`
+# one level down for the upstream, a response's echoed settings in its stream's events and its
+# stored record): a body nested deeper than it could then write is refused when it is read.
+WRITTEN_DEPTH = 254
+HEADROOM = 8  # levels the proxy may add
+MAX_JSON_DEPTH = WRITTEN_DEPTH - HEADROOM
 _COUNT_BRACKETS_UP_TO = 64 * 1024
 
 
@@ -46,8 +50,11 @@ def json_object(raw: bytes) -> dict[str, Any]:
     # A small body with few brackets cannot nest that deep; a large one is written back whole
     # (counting its brackets first would take as long as that, and it has more than enough).
     if len(raw) > _COUNT_BRACKETS_UP_TO or raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH:
+        wrapped: Any = body
+        for _ in range(HEADROOM):
+            wrapped = [wrapped]
         try:
-            orjson.dumps(body)
+            orjson.dumps(wrapped)
         except TypeError:
             raise InvalidRequest(f"the body nests deeper than {MAX_JSON_DEPTH} levels") from None
     return body

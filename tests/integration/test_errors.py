@@ -5,10 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 
+from proxy.api.json_body import MAX_JSON_DEPTH
 from tests.integration.conftest import Proxy, ProxyFactory
-from tests.scripted_upstream import Failure, call, fail, say
+from tests.scripted_upstream import Failure, call, fail, keep, say
 
 USER = [{"role": "user", "content": "hi"}]
 
@@ -336,19 +338,61 @@ async def test_errors_after_a_tool_ran_say_do_not_retry(proxy: Proxy) -> None:
     assert r.json()["loop"]["tool_calls"] == 1
 
 
-@pytest.mark.parametrize("depth", [255, 600])
+@pytest.mark.parametrize("depth", [MAX_JSON_DEPTH, 255, 600])
 @pytest.mark.parametrize("stream", [False, True])
 async def test_a_body_nested_deeper_than_can_be_sent_on_is_a_400(
     proxy: Proxy, depth: int, stream: bool
 ) -> None:
-    """orjson reads 1,024 levels but writes 255: such a body failed every run with a 500."""
-    deep = '{"a":' * depth + "1" + "}" * depth
+    """orjson reads 1,024 levels but writes 254: such a body failed every run with a 500."""
+    deep = '{"a":' * depth + "1" + "}" * depth  # in the body: a level more
     body = '{"model": "weather", "stream": %s, "messages": [{"role": "user", "content": "x"}], '
     body = body % ("true" if stream else "false") + '"metadata": ' + deep + "}"
     r = await proxy.client.post("/v1/chat/completions", content=body)
     assert r.status_code == 400
-    assert r.json()["error"]["message"] == "the body nests deeper than 254 levels"
+    assert r.json()["error"]["message"] == f"the body nests deeper than {MAX_JSON_DEPTH} levels"
     assert proxy.upstream.requests == []
+
+
+# Responses bodies whose deepest part the proxy writes deeper than it came: a function tool's
+# `parameters` (under `function` for the upstream), echoed settings (in stream events and the
+# stored record). "@" is where the nesting goes.
+DEEPENED = [
+    {"tools": [{"type": "function", "name": "f", "parameters": {"type": "object", "x": "@"}}]},
+    {"tools": [{"type": "web_search", "x": "@"}], "stream": True},
+    {"reasoning": {"x": "@"}, "stream": True},
+    {"reasoning": {"x": "@"}},
+    {"text": {"format": {"type": "json_schema", "name": "s", "schema": {"x": "@"}}}},
+    {"tool_choice": {"type": "web_search", "x": "@"}},
+]
+
+
+def nested_to(template: dict[str, Any], depth: int) -> bytes:
+    """`template` as a body nested `depth` levels deep in all, the nesting where "@" is."""
+    raw = orjson.dumps({"model": "scripted", "input": "hi", **template}).decode()
+    around = raw.count("{") + raw.count("[")  # each bracket of the template holds the "@"
+    inside = depth - around
+    return raw.replace('"@"', "[" * inside + "]" * inside).encode()
+
+
+@pytest.mark.parametrize("template", DEEPENED)
+async def test_a_body_as_deep_as_the_proxy_takes_is_written_wherever_it_goes(
+    proxy: Proxy, template: dict[str, Any]
+) -> None:
+    """At the bound it answers whole, streamed to its end and stored; a level more is a 400
+    (there was no room for the levels the proxy adds: a 500, or a stream cut off, after the
+    upstream was paid)."""
+    proxy.upstream.script(keep(say("Fine.")))
+    at = await proxy.client.post("/v1/responses", content=nested_to(template, MAX_JSON_DEPTH))
+    over = await proxy.client.post("/v1/responses", content=nested_to(template, MAX_JSON_DEPTH + 1))
+    assert at.status_code == 200, at.text
+    if template.get("stream"):
+        assert '"type":"response.completed"' in at.text
+    else:
+        stored = await proxy.client.get(f"/v1/responses/{at.json()['id']}")
+        assert stored.json() == at.json()
+    assert over.status_code == 400
+    assert over.json()["error"]["message"] == f"the body nests deeper than {MAX_JSON_DEPTH} levels"
+    assert len(proxy.upstream.requests) == 1
 
 
 async def test_the_process_survives_garbage(proxy: Proxy) -> None:
