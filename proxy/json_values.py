@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import re
 
+import orjson
+
 _DELIMITERS = b",:[{"
 _NOT_DELIMITERS = bytes(sorted(set(range(256)) - set(_DELIMITERS)))
 # A string (skipped whole, escapes and all) or a delimiter outside one (group 1).
@@ -47,4 +49,36 @@ def values_over(raw: bytes | bytearray, limit: int) -> bool:
             count += 1
             if count > limit:
                 return True
+    return False
+
+
+# orjson reads 1,024 levels of nesting but writes only 254. The proxy puts what it reads into
+# objects of its own, a few levels deeper than it came (a Responses tool's `parameters` one
+# level down for the upstream, a reply's message in a stored response, settings echoed in
+# stream events): what it reads may nest MAX_DEPTH levels, room left for HEADROOM more.
+WRITTEN_DEPTH = 254
+HEADROOM = 8
+MAX_DEPTH = WRITTEN_DEPTH - HEADROOM
+
+
+def nests_too_deep(raw: bytes | str, value: object) -> bool:
+    """Whether `value`, parsed from the JSON text `raw`, nests deeper than MAX_DEPTH levels: a
+    text of fewer brackets cannot; any other is asked `too_deep`."""
+    if isinstance(raw, bytes):
+        brackets = raw.count(b"[") + raw.count(b"{")
+    else:
+        brackets = raw.count("[") + raw.count("{")
+    return brackets > MAX_DEPTH and too_deep(value)
+
+
+def too_deep(value: object) -> bool:
+    """Whether `value` (parsed JSON) nests deeper than MAX_DEPTH levels: it is written once to
+    know, with HEADROOM levels around it (in C, as fast as parsing it)."""
+    wrapped = value
+    for _ in range(HEADROOM):
+        wrapped = [wrapped]
+    try:
+        orjson.dumps(wrapped)
+    except TypeError:
+        return True
     return False

@@ -34,6 +34,7 @@ from proxy.errors import (
     ProxyError,
     StateUnavailable,
 )
+from proxy.json_values import nests_too_deep
 from proxy.state.store import Holding, StateStore, StoredContext
 
 log = logging.getLogger(__name__)
@@ -193,10 +194,14 @@ def generated_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _arguments(raw: Any) -> Any:
+    """A call's arguments, parsed when they are JSON an answer can hold, else as they came."""
+    if not isinstance(raw, str):
+        return raw
     try:
-        return orjson.loads(raw) if isinstance(raw, str) else raw
+        parsed = orjson.loads(raw)
     except orjson.JSONDecodeError:
         return raw
+    return raw if nests_too_deep(raw, parsed) else parsed
 
 
 def kept_messages(result: RunResult) -> list[dict[str, Any]]:

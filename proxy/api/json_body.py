@@ -17,16 +17,7 @@ from starlette.types import Receive, Scope
 from proxy.api.asgi import read_body
 from proxy.config.server import ServerConfig
 from proxy.errors import BodyTooLarge, InvalidRequest
-from proxy.json_values import holds_over
-
-# orjson reads 1,024 levels of nesting but writes only 254. The proxy puts what a body holds
-# into objects of its own, a few levels deeper than it came (a Responses tool's `parameters`
-# one level down for the upstream, a response's echoed settings in its stream's events and its
-# stored record): a body nested deeper than it could then write is refused when it is read.
-WRITTEN_DEPTH = 254
-HEADROOM = 8  # levels the proxy may add
-MAX_JSON_DEPTH = WRITTEN_DEPTH - HEADROOM
-_COUNT_BRACKETS_UP_TO = 64 * 1024
+from proxy.json_values import MAX_DEPTH, holds_over, nests_too_deep
 
 
 async def read_json(receive: Receive, scope: Scope, server: ServerConfig) -> bytes:
@@ -40,21 +31,13 @@ async def read_json(receive: Receive, scope: Scope, server: ServerConfig) -> byt
 
 
 def json_object(raw: bytes) -> dict[str, Any]:
-    """A request body that must be one JSON object, nested at most MAX_JSON_DEPTH deep."""
+    """A request body that must be one JSON object, nested at most MAX_DEPTH deep."""
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise InvalidRequest(f"the body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise InvalidRequest("the body must be a JSON object")
-    # A small body with few brackets cannot nest that deep; a large one is written back whole
-    # (counting its brackets first would take as long as that, and it has more than enough).
-    if len(raw) > _COUNT_BRACKETS_UP_TO or raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH:
-        wrapped: Any = body
-        for _ in range(HEADROOM):
-            wrapped = [wrapped]
-        try:
-            orjson.dumps(wrapped)
-        except TypeError:
-            raise InvalidRequest(f"the body nests deeper than {MAX_JSON_DEPTH} levels") from None
+    if nests_too_deep(raw, body):
+        raise InvalidRequest(f"the body nests deeper than {MAX_DEPTH} levels")
     return body

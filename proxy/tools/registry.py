@@ -18,6 +18,7 @@ from proxy.config.agents import AgentConfig
 from proxy.config.tools import ToolConfig
 from proxy.deadline import within
 from proxy.engine.values import ToolCall, ToolContext, ToolResult, ToolSpec
+from proxy.json_values import MAX_DEPTH, nests_too_deep
 from proxy.tools.base import Tool, ToolFailed, as_text, definition, output_too_large
 from proxy.tools.builtin import BUILTINS, builtin_invoke
 from proxy.tools.http_tool import http_invoke
@@ -178,6 +179,8 @@ class ToolRegistry:
             return ToolResult(f"arguments are not valid JSON: {exc}", "error")
         if not isinstance(arguments, dict):
             return ToolResult("arguments must be a JSON object", "error")
+        if nests_too_deep(call.arguments, arguments):  # no message or record could hold them
+            return ToolResult(f"arguments nest deeper than {MAX_DEPTH} levels", "error")
         try:
             arguments = tool.validate(arguments)
             output = await within(tool.invoke(arguments, ctx), tool.timeout_s)

@@ -19,6 +19,7 @@ from typing import Any
 
 from proxy.engine.usage import Usage
 from proxy.engine.values import ModelReply, ToolCall
+from proxy.json_values import MAX_DEPTH, too_deep
 
 log = logging.getLogger(__name__)
 
@@ -92,8 +93,10 @@ class ChunkAccumulator:
         if not self.model:
             self.model = _text(chunk.get("model"))
         usage = chunk.get("usage")
-        if usage:
+        if usage:  # the one object of a chunk that goes on as it came
             self.usage = _object(usage, "usage")
+            if too_deep(usage):
+                raise MalformedReply(f"usage nests deeper than {MAX_DEPTH} levels")
         choices = chunk.get("choices")
         if not choices:
             return None

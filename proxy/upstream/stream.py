@@ -15,6 +15,7 @@ import orjson
 
 from proxy.engine.values import DeltaSink, ModelReply
 from proxy.errors import UpstreamBadReply
+from proxy.json_values import MAX_DEPTH, nests_too_deep
 from proxy.upstream.error_body import mid_stream_message
 from proxy.upstream.reply import ChunkAccumulator, MalformedReply, ReplyLimits, reply_from_body
 from proxy.upstream.sse import ErrorEvent, EventTooLarge, SSEDecoder
@@ -49,6 +50,10 @@ class ReplyReader:
         body = self._json(raw, "a body")
         if not isinstance(body, dict):
             raise UpstreamBadReply(f"upstream {self.name} sent a body that is not a JSON object")
+        if nests_too_deep(raw, body):  # no answer or record could hold it
+            raise UpstreamBadReply(
+                f"upstream {self.name} sent a body nested deeper than {MAX_DEPTH} levels"
+            )
         return body
 
     def reply(self, body: dict[str, Any]) -> ModelReply:

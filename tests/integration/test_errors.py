@@ -8,7 +8,7 @@ import httpx
 import orjson
 import pytest
 
-from proxy.api.json_body import MAX_JSON_DEPTH
+from proxy.json_values import MAX_DEPTH as MAX_JSON_DEPTH
 from tests.integration.conftest import Proxy, ProxyFactory
 from tests.scripted_upstream import Failure, call, fail, keep, say
 

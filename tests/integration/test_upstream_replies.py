@@ -323,3 +323,75 @@ async def test_the_reply_is_the_choice_of_index_0_whatever_the_order(
         r = await proxy.chat(model="weather", messages=WEATHER, stream=stream)
     text = content(events(r.text)) if stream else r.json()["choices"][0]["message"]["content"]
     assert text == "first"
+
+
+def deep(levels: int) -> bytes:
+    return b"[" * levels + b"]" * levels
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/responses", "/chat"])
+async def test_a_reply_nested_deeper_than_the_proxy_writes_is_a_502(
+    proxy_for: ProxyFactory, path: str
+) -> None:
+    """orjson reads 1,024 levels and writes 254: a reply deeper than the proxy takes (a field
+    300 levels down in its message) could be neither answered nor stored (a 500)."""
+    message = b'{"role":"assistant","content":"Hi","extra":' + deep(300) + b"}"
+    raw = b'{"id":"x","choices":[{"index":0,"message":' + message + b',"finish_reason":"stop"}]}'
+    body = {"model": "weather", "messages": WEATHER, "input": "hi", "message": "hi"}
+    body["context_id"] = "c-deep"
+    async with proxy_for(handler=answering(raw)) as proxy:
+        r = await proxy.client.post(path, json=_for(path, body))
+        stored = await proxy.client.get("/v1/contexts/c-deep")
+    assert r.status_code == 502, r.text
+    assert r.json()["error"]["code"] == "upstream_error"
+    assert "sent a body nested deeper than 246 levels" in r.json()["error"]["message"]
+    assert stored.status_code == 404  # nothing saved
+
+
+def _for(path: str, body: dict[str, Any]) -> dict[str, Any]:
+    """The fields of `body` that `path` takes."""
+    fields = {
+        "/v1/chat/completions": ("model", "messages"),
+        "/v1/responses": ("model", "input"),
+        "/chat": ("model", "message", "context_id"),
+    }[path]
+    return {name: body[name] for name in fields}
+
+
+async def test_a_streamed_usage_nested_too_deep_fails_the_stream(proxy_for: ProxyFactory) -> None:
+    """Usage is the one object of a chunk that goes on as it came: after the stream began, an
+    error event (SPEC §4.3) instead of a 500 at its end."""
+    usage = b'{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2,"x":' + deep(300) + b"}"
+    usage_chunk = b'{"id":"x","choices":[],"usage":' + usage + b"}"
+    stream = sse(chunk({"role": "assistant"}), chunk({}, finish_reason="stop"), usage_chunk)
+    async with proxy_for(handler=answering(stream, content_type="text/event-stream")) as proxy:
+        r = await proxy.chat(model="scripted", stream=True)
+    *_, failed, done = events(r.text)
+    assert failed["error"]["code"] == "upstream_error"
+    assert "usage nests deeper than 246 levels" in failed["error"]["message"]
+    assert (failed["loop"]["stop_reason"], done) == ("upstream_error", "[DONE]")
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/chat"])
+async def test_tool_arguments_nested_too_deep_are_a_tool_error(
+    proxy_for: ProxyFactory, path: str
+) -> None:
+    """The model reads the error and goes on; /chat answered a 500 over a saved turn."""
+    arguments = '{"city":' + deep(300).decode() + "}"
+    first = body_with(
+        choice(
+            {"role": "assistant", "tool_calls": [tool_call("c1", "get_weather", arguments)]},
+            "tool_calls",
+        )
+    )
+    then = body_with(choice({"role": "assistant", "content": "Sorry."}))
+    body = {"model": "weather", "messages": WEATHER, "message": "hi", "context_id": "c-args"}
+    async with proxy_for(handler=answering(first, then)) as proxy:
+        r = await proxy.client.post(path, json=_for(path, body))
+    assert r.status_code == 200, r.text
+    if path == "/chat":
+        [tool] = [m for m in r.json()["generated_messages"] if m.get("tool_input") is not None]
+        assert tool["tool_input"] == arguments  # as it came: no answer could hold it parsed
+    else:
+        assert r.json()["choices"][0]["message"]["content"] == "Sorry."
+        assert r.json()["loop"]["tool_calls"] == 1
