@@ -89,7 +89,14 @@ async def final_message(
             run.generated.append({"role": "assistant", "content": stated})
             text = f"{text}\n\n{stated}" if text else stated
         return Ending(stop, {"role": "assistant", "content": text}, FINISH_REASONS[stop.reason])
-    message = dict(last_reply.message) if last_reply is not None else {"role": "assistant"}
+    # Calls of the last reply, if any, were the server's and have run: a client would run them
+    # again (a `finish_reason_is: tool_calls` condition holds after them).
+    message = without_tool_calls(last_reply.message) if last_reply else {"role": "assistant"}
     message["content"] = run.text or message.get("content")
+    if message["content"] is None and stop.reason is StopReason.FINISH_REASON:
+        stated = stated_stop(stop)  # as a limit stop's: never an empty reply
+        await say(stated)
+        run.generated.append({"role": "assistant", "content": stated})
+        message["content"] = stated
     finish = FINISH_REASONS.get(stop.reason) or (last_reply.finish_reason if last_reply else None)
     return Ending(stop, message, finish)

@@ -324,3 +324,40 @@ async def test_the_calls_held_back_in_a_history_are_looked_up_in_one_read(
     # The three server calls' results put back, each before its turn's client answer.
     assert [m["content"] == "yes" for m in sent] == [False, True] * 3
     assert all(city in sent[2 * i]["content"] for i, city in enumerate(("Oslo", "Lima", "Rome")))
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_finish_reason_stop_after_a_tool_step_gives_no_server_call_to_the_client(
+    proxy: Proxy, stream: bool
+) -> None:
+    """`finish_reason_is: tool_calls` holds after the server's calls ran: the reply carries none
+    of them (a client would run a tool it does not have), and states the stop, as the stream
+    says it."""
+    proxy.upstream.script(call("get_weather", city="Oslo"))
+    loop = {"stop_when": [{"finish_reason_is": "tool_calls"}]}
+    r = await proxy.chat(model="weather", stream=stream, loop=loop)
+    sentence = "Stopped: the stop condition loop.stop_when[0] held."
+    if stream:
+        events, content = streamed(r.text)
+        assert content == sentence
+        assert not [
+            e for e in events if e.get("choices") and e["choices"][0]["delta"].get("tool_calls")
+        ]
+        assert events[-1]["loop"]["stop_reason"] == "finish_reason"
+    else:
+        message = r.json()["choices"][0]["message"]
+        assert r.json()["loop"]["stop_reason"] == "finish_reason"
+        assert r.json()["loop"]["tool_calls"] == 1
+        assert (message["content"], message.get("tool_calls")) == (sentence, None)
+
+
+async def test_a_finish_reason_stop_after_a_tool_step_is_no_function_call_item(
+    proxy: Proxy,
+) -> None:
+    """On the Responses API the call that ran is its `mcp_call` item alone (SPEC §12.2)."""
+    proxy.upstream.script(call("get_weather", city="Oslo"))
+    loop = {"stop_when": [{"finish_reason_is": "tool_calls"}]}
+    r = await proxy.client.post(
+        "/v1/responses", json={"model": "weather", "input": "Oslo?", "loop": loop}
+    )
+    assert [item["type"] for item in r.json()["output"]] == ["mcp_call", "message"]
