@@ -52,6 +52,9 @@ class Checkpoints:
             policy.admit(run, call)
         return None
 
+    def decides_next(self, call: ToolCall) -> bool:
+        return any(policy.decides_next(call) for policy in self.policies)
+
     def after_tool(self, run: RunState, call: ToolCall, result: ToolResult) -> Stop | None:
         stops = [policy.after_tool(run, call, result) for policy in self.policies]
         return next((stop for stop in stops if stop is not None), None)

@@ -98,7 +98,8 @@ class ReplyCalls:
                 )
                 stop = block.stop
                 continue
-            if self.parallel and call.name not in self.terminal:
+            alone = call.name in self.terminal or self.checkpoints.decides_next(call)
+            if self.parallel and not alone:
                 batch.append(call)
                 continue
             await flush()

@@ -156,6 +156,27 @@ async def test_conditional_picks_the_next_tool_by_the_output(
     assert h.model.requests[1].tool_choice == named(expected[0])
 
 
+@pytest.mark.parametrize("parallel", [False, True])
+async def test_a_call_after_a_conditional_tool_in_one_reply_waits_for_its_output(
+    parallel: bool,
+) -> None:
+    """Its output picks what may come next, in the same reply too: with parallel calls, the
+    conditional tool runs first, alone, and the call after it is reviewed by its output."""
+    tools = dict(TOOLS, plan=lambda _: "found")
+    rule = {
+        "type": "conditional",
+        "tool_name": "plan",
+        "child_output_mapping": {"found": "fetch"},
+        "require_output_mapping": True,
+    }
+    script = [reply(calls=[("plan", "{}"), ("write", "{}"), ("fetch", "{}")]), reply("done")]
+    h = Harness(script, tools, tool_rules=[rule], parallel=parallel)
+    await h.run()
+    assert [c[0] for c in h.tools.calls] == ["plan", "fetch"]  # write is blocked
+    [blocked] = h.observer.of(ev.CallBlocked)
+    assert blocked.call.name == "write"
+
+
 async def test_conditional_without_a_match_is_free_unless_the_mapping_is_required() -> None:
     rule = {
         "type": "ConditionalToolRule",

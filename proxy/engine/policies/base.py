@@ -58,6 +58,11 @@ class Policy:
     def admit(self, run: RunState, call: ToolCall) -> None:
         """The call passed every review and will be executed."""
 
+    def decides_next(self, call: ToolCall) -> bool:
+        """Whether the review of the calls after `call` needs its result: it then runs before
+        them, alone, however the run's calls run."""
+        return False
+
     def after_tool(self, run: RunState, call: ToolCall, result: ToolResult) -> Stop | None:
         return None
 

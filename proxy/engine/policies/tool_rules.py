@@ -292,6 +292,9 @@ class ToolRules(Policy):
         self.counts[call.name] += 1
         self.last_output = None
 
+    def decides_next(self, call: ToolCall) -> bool:
+        return call.name in self.conditional  # its output picks the next tool
+
     def after_tool(self, run: RunState, call: ToolCall, result: ToolResult) -> Stop | None:
         if self.history and self.history[-1] == call.name:
             self.last_output = result.output
