@@ -89,6 +89,19 @@ async def test_client_cap_wins_when_smaller() -> None:
     assert h.model.requests[0].max_completion_tokens == 7
 
 
+async def test_a_reply_cut_short_of_the_budget_s_cap_is_no_budget_stop() -> None:
+    """Cut at 50 tokens (the client's own `max_tokens`, or the model's own limit) under a
+    budget that capped the step at hundreds: the run completed, as the model ended it."""
+    h = Harness(
+        [reply("cut", prompt=20, completion=50, finish="length")],
+        TOOLS,
+        stop_when=[{"max_tokens_used": 1000}],
+    )
+    result = await h.run()
+    assert h.model.requests[0].max_completion_tokens is not None  # the budget's cap
+    assert (result.stop.reason, result.finish_reason) == (StopReason.COMPLETED, "length")
+
+
 async def test_budget_inside_all_is_not_a_hard_cap() -> None:
     cond = {"all": [{"max_tokens_used": 10}, {"step_count_is": 2}]}
     h = Harness([reply(calls=[("search", "{}")])] * 3, TOOLS, stop_when=[cond])

@@ -70,9 +70,12 @@ class Budgets(Policy):
         return None
 
     def after_reply(self, run: RunState, plan: StepPlan, reply: ModelReply) -> Stop | None:
-        """A reply cut short at the cap a budget imposed ends the run with that budget."""
+        """A reply cut short at the cap a budget imposed ends the run with that budget: one cut
+        shorter (the client's own `max_tokens`, the model's own limit) is no budget's doing."""
         cond = self._cap_by
         if cond is None or reply.finish_reason != "length":
+            return None
+        if reply.usage.completion_tokens < (plan.max_completion_tokens or 0):
             return None
         if cond.kind == "max_tokens_used":
             observed: float = run.usage.total_tokens
