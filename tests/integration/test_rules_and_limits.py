@@ -118,6 +118,41 @@ async def test_a_run_a_rule_can_nudge_is_capped_though_it_has_no_server_tools(
     assert len(proxy.upstream.requests) == DEFAULT_MAX_STEPS
 
 
+async def test_a_client_tool_required_before_exit_is_met_by_its_result_in_the_turn(
+    proxy_for: ProxyFactory,
+) -> None:
+    """A client tool runs between two runs of a turn: its result in the second run's messages
+    meets the rule (it nudged until max_steps); a new user message asks for it again."""
+    lookup = {"type": "function", "function": {"name": "lookup", "parameters": {}}}
+    loop = {"tool_rules": [{"type": "required_before_exit", "tool_name": "lookup"}]}
+    asked = user("Find it.")
+    async with proxy_for() as proxy:
+        proxy.upstream.script(
+            call("lookup", q="it"), say("Found it."), say("Next?"), call("lookup", q="more")
+        )
+        first = await proxy.chat(model="scripted", messages=asked, tools=[lookup], loop=loop)
+        called = first.json()["choices"][0]["message"]
+        answered = [
+            *asked,
+            called,
+            {"role": "tool", "tool_call_id": called["tool_calls"][0]["id"], "content": "here"},
+        ]
+        second = await proxy.chat(model="scripted", messages=answered, tools=[lookup], loop=loop)
+        again = [*answered, {"role": "assistant", "content": "Found it."}, *user("And more?")]
+        third = await proxy.chat(model="scripted", messages=again, tools=[lookup], loop=loop)
+    assert first.json()["loop"]["stop_reason"] == "client_tool_call"
+    assert (second.json()["loop"]["stop_reason"], second.json()["loop"]["steps"]) == (
+        "completed",
+        1,
+    )
+    # Nudged once: this turn has not called it.
+    assert (third.json()["loop"]["stop_reason"], third.json()["loop"]["steps"]) == (
+        "client_tool_call",
+        2,
+    )
+    assert "first call 'lookup'" in str(proxy.upstream.bodies[3]["messages"])
+
+
 async def test_a_request_cannot_raise_the_default_cap_on_steps(proxy_for: ProxyFactory) -> None:
     """The agent sets no `max_steps`: its cap is the default, and a larger one asked is ignored
     (SPEC §4.1); a smaller one holds."""

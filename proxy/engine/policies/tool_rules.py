@@ -205,6 +205,25 @@ def output_value(output: str) -> str:
     return orjson.dumps(value).decode() if isinstance(value, dict | list) else str(value)
 
 
+def answered_in_turn(messages: list[dict[str, Any]]) -> frozenset[str]:
+    """The tools whose calls the conversation answered since its last user message: a client
+    tool runs between two runs of one turn, its result in the messages of the second."""
+    answered: set[str] = set()
+    results: set[Any] = set()
+    for message in reversed(messages):
+        role = message.get("role")
+        if role == "user":
+            break
+        if role == "tool":
+            results.add(message.get("tool_call_id"))
+        elif role == "assistant" and isinstance(message.get("tool_calls"), list):
+            for call in message["tool_calls"]:
+                function = call.get("function") if isinstance(call, dict) else None
+                if isinstance(function, dict) and call.get("id") in results:
+                    answered.add(str(function.get("name")))
+    return frozenset(answered)
+
+
 def forced_choice(allowed: list[str]) -> Any:
     """`tool_choice` for a forced call: a single allowed tool is named explicitly."""
     if len(allowed) == 1:
@@ -228,6 +247,7 @@ class ToolRules(Policy):
         self.counts: Counter[str] = Counter()
         self.last_output: str | None = None
         self.offered: list[str] = []
+        self.answered: frozenset[str] = frozenset()  # in the turn, before this run
 
     def allowed(self, names: Iterable[str]) -> tuple[list[str], bool]:
         """Of `names`, those the rules allow next, and whether a call is forced."""
@@ -264,6 +284,8 @@ class ToolRules(Policy):
         return None
 
     def before_step(self, run: RunState, plan: StepPlan) -> Stop | None:
+        if self.required and run.step_count == 0:
+            self.answered = answered_in_turn(run.messages)
         names = [t["function"]["name"] for t in plan.tools]
         allowed, forced = self.allowed(names)
         self.offered = allowed
@@ -301,7 +323,7 @@ class ToolRules(Policy):
         return None
 
     def after_reply_without_tools(self, run: RunState, reply: ModelReply) -> Nudge | Stop | None:
-        missing = [name for name in self.required if self.counts[name] == 0]
+        missing = [n for n in self.required if not self.counts[n] and n not in self.answered]
         if missing:
             listed = ", ".join(f"'{name}'" for name in missing)
             return Nudge(f"You may not finish yet: first call {listed}.")
