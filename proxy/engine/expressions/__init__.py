@@ -111,6 +111,7 @@ class Expression:
     patterns: int = 0  # what compiling its `matches()` patterns costs, once each
     walks: int = 0  # operations that may touch every value given (`==` on lists, `in`, ...)
     depth: int = 0  # how deep its comprehensions nest
+    concats: int = 0  # string concatenations: each may make a longer string to work on
     # The snapshot's variables it uses: only these are sized and handed to the library, whose
     # conversion of its input is most of an evaluation's cost (1-2 µs a value).
     variables: frozenset[str] = frozenset(VARIABLES)
@@ -131,7 +132,9 @@ class Expression:
             snapshot = self.projection.of(snapshot)
         widest, longest, values = extent(snapshot)
         each = self.terms + self.patterns + self.walks * values  # one pass over the expression
-        work = each * widest**self.depth * (1 + longest // 1024)
+        # A string made by concatenations is at most as long as all the strings they join.
+        reach = longest * (self.concats + 1)
+        work = each * widest**self.depth * (1 + reach // 1024)
         cost = work + values * CONVERSION_COST
         if cost > MAX_EVALUATION_COST or (budget is not None and cost > budget.left):
             limit = (
@@ -194,6 +197,7 @@ def compile_condition(source: str) -> Expression:
         patterns,
         checker.walks,
         depth,
+        checker.concats,
         frozenset(named & set(VARIABLES)),
         projection if projection.drops else None,
     )
