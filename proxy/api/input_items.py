@@ -13,6 +13,7 @@ says where the next one starts.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
@@ -23,8 +24,8 @@ from starlette.types import Receive, Scope, Send
 from proxy.api.asgi import send_json
 from proxy.api.response_store import (
     INPUT_ITEM_PREFIX,
-    READ_BYTES_PER_BODY,
     RESPONSE_PREFIX,
+    ReadBudget,
     ResponseStore,
     asked_for,
 )
@@ -72,7 +73,7 @@ class InputItems:
         limit, order, after = _query(scope.get("query_string", b""))
         store, _ = await asked_for(sv, scope)
         asked = scope["path_params"]["response_id"]
-        budget = READ_BYTES_PER_BODY * sv.config.server.max_body_bytes
+        budget = ReadBudget.of(sv.config.server)
         async with contextlib.aclosing(_segments(store, asked, budget)) as segments:
             ordered = _newest_first if order == "desc" else _oldest_first
             page = await _page(ordered(segments), after, limit)
@@ -109,18 +110,21 @@ def _query(raw: bytes) -> tuple[int, str, str | None]:
 
 
 async def _segments(
-    store: ResponseStore, response_id: str, budget: int, max_chain: int = MAX_CHAIN
+    store: ResponseStore, response_id: str, budget: ReadBudget, max_chain: int = MAX_CHAIN
 ) -> AsyncGenerator[list[dict[str, Any]]]:
     """The chain's items, newest first in runs (a response's input items, the output of the
     response it continued, that one's input items...), each run in its own order. The walk
     stops at a response deleted or expired since."""
     current = response_id
-    spent = 0
 
-    def charge(size: int) -> None:
-        nonlocal spent
-        spent += size
-        _within(spent, budget, response_id)
+    def charge(record: bytes) -> None:
+        over = budget.charge(record)
+        if over is not None:
+            raise InvalidRequest(
+                f"the input items of response {response_id[:64]!r} hold more than {over}: "
+                "they are not listed",
+                param="response_id",
+            )
 
     for _ in range(max_chain):
         inputs = await store.input(current, charge)
@@ -131,20 +135,12 @@ async def _segments(
         if inputs.previous is None:
             return
         current = inputs.previous
+        await asyncio.sleep(0)  # a chain read from memory: other requests' turn between reads
     raise InvalidRequest(
         f"response {response_id[:64]!r} continues a chain of more than {max_chain} responses: "
         "its input items are not listed",
         param="response_id",
     )
-
-
-def _within(spent: int, budget: int, response_id: str) -> None:
-    if spent > budget:
-        raise InvalidRequest(
-            f"the input items of response {response_id[:64]!r} hold more than {budget} bytes "
-            f"({READ_BYTES_PER_BODY} times server.max_body_bytes): they are not listed",
-            param="response_id",
-        )
 
 
 async def _newest_first(

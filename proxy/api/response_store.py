@@ -40,7 +40,7 @@ from proxy.api.stored_conversation import (
 )
 from proxy.config.server import ServerConfig
 from proxy.errors import NotFound
-from proxy.json_values import holds_over
+from proxy.json_values import delimiters, holds_over
 from proxy.state.store import RECORDS_AT_ONCE, Record, StateStore
 
 # A stored response is four records: the response (its body, thread and owner), read by `GET`,
@@ -60,10 +60,47 @@ RESPONSE_PREFIX = "resp_"
 INPUT_ITEM_PREFIX = "in_"  # the ids the proxy gives input items that came without one
 ITEM_PREFIXES = ("msg_", "fc_", "mcp_", INPUT_ITEM_PREFIX)
 # What one request may read of stored responses' records (the input items of a listing, the
-# responses a create's item references name), in bytes, past `server.max_body_bytes` times
-# this: a chain whose conversation still fits a request holds about the bytes of one request
-# body in its input items and as many in its outputs.
+# responses a create's item references name), in bytes and in JSON values, past
+# `server.max_body_bytes` and `server.max_body_values` times this: a chain whose conversation
+# still fits a request holds about one request body in its input items and as much in its
+# outputs.
 READ_BYTES_PER_BODY = 4
+
+
+@dataclass(slots=True)
+class ReadBudget:
+    """What the records one request reads may hold together, charged before each is parsed:
+    READ_BYTES_PER_BODY request bodies, in bytes and in values. A record's values are its JSON
+    delimiters, those inside strings too (never fewer than its values; one pass in C): items
+    may carry fields the proxy keeps but never reads, so bytes alone do not bound the parse."""
+
+    max_bytes: int
+    max_values: int
+    read_bytes: int = 0
+    read_values: int = 0
+
+    @classmethod
+    def of(cls, bounds: ServerConfig) -> ReadBudget:
+        return cls(
+            READ_BYTES_PER_BODY * bounds.max_body_bytes,
+            READ_BYTES_PER_BODY * bounds.max_body_values,
+        )
+
+    def charge(self, record: bytes) -> str | None:
+        """Counts `record`; what the records read now pass, if anything ("600 bytes (...)")."""
+        self.read_bytes += len(record)
+        if self.read_bytes > self.max_bytes:
+            return f"{self.max_bytes} bytes ({READ_BYTES_PER_BODY} x server.max_body_bytes)"
+        self.read_values += delimiters(record)
+        if self.read_values > self.max_values:
+            return f"{self.max_values} values ({READ_BYTES_PER_BODY} x server.max_body_values)"
+        return None
+
+    @property
+    def bytes_left(self) -> int:
+        return max(0, self.max_bytes - self.read_bytes)
+
+
 # The records of a response read with it before it is known to be the caller's: another key's
 # request is sent no more of them, and learns no more of their size.
 AHEAD_BYTES = 256 * 1024
@@ -271,16 +308,16 @@ class ResponseStore:
         await self.store.put_records(records, self.ttl_s)
 
     async def input(
-        self, response_id: str, charge: Callable[[int], None] | None = None
+        self, response_id: str, charge: Callable[[bytes], None] | None = None
     ) -> StoredInput | None:
         """The input record of a response `readable` found (None when it has none: it is gone
-        since, or was stored without one); `charge` is told its bytes before it is parsed (and
-        may raise to refuse it)."""
+        since, or was stored without one); `charge` is given it before it is parsed (and may
+        raise to refuse it)."""
         found = await self.store.get_record(INPUT_RECORD, response_id)
         if found is None:
             return None
         if charge is not None:
-            charge(len(found))
+            charge(found)
         fields = orjson.loads(found)
         return StoredInput(fields["previous"], fields["items"], fields.get("outputs", []))
 
@@ -296,12 +333,12 @@ class ResponseStore:
         self,
         stored: StoredResponse,
         found: Sequence[bytes | None] = (),
-        charge: Callable[[int], None] | None = None,
+        charge: Callable[[bytes], None] | None = None,
     ) -> StoredResponse | None:
         """`stored` with its output items, which a response record written beside its outputs
         record holds as `null` (None when that record is gone: the response is, in part);
-        `found`, the outputs record when it was read already; `charge` is told its bytes before
-        it is parsed (and may raise to refuse it)."""
+        `found`, the outputs record when it was read already; `charge` is given it before it is
+        parsed (and may raise to refuse it)."""
         if stored.response.get("output") is not None:
             return stored
         response_id = stored.response["id"]
@@ -309,7 +346,7 @@ class ResponseStore:
         if record is None:
             return None
         if charge is not None:
-            charge(len(record))
+            charge(record)
         stored.response["output"] = orjson.loads(record)["output"]
         return stored
 

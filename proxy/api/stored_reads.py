@@ -23,9 +23,9 @@ from proxy.api.record_owner import owned_by
 from proxy.api.response_store import (
     AHEAD_BYTES,
     OUTPUTS_RECORD,
-    READ_BYTES_PER_BODY,
     RESPONSE_RECORD,
     ConversationTooLarge,
+    ReadBudget,
     ResponseStore,
     StoredOutputs,
     StoredResponse,
@@ -84,8 +84,7 @@ class StoredReads:
         self._inputs: set[str] = set()  # the responses whose input items are in `_outputs`
         self._ahead: dict[str, None] = {}  # the responses the request names, not read yet
         self._fetched: dict[str, bytes | None] = {}  # outputs records read, not yet parsed
-        self._budget = READ_BYTES_PER_BODY * bounds.max_body_bytes
-        self._spent = 0
+        self._budget = ReadBudget.of(bounds)
         self._yielded = 0
         self._key = caller.name if caller is not None else None
 
@@ -129,7 +128,7 @@ class StoredReads:
         item = self._outputs[owner].get(item_id) if owner is not None else None
         if item is None and owner in self._readable and owner not in self._inputs:
             self._inputs.add(owner)
-            found = await self.store.input(owner, lambda size: self._charge(size, param))
+            found = await self.store.input(owner, lambda record: self._charge(record, param))
             for given in listed(found.items, owner) if found is not None else ():
                 self._outputs[owner].setdefault(given["id"], given)
             item = self._outputs[owner].get(item_id)
@@ -219,9 +218,9 @@ class StoredReads:
         """Charges a record the key made (another key's has no size for it), and gives the loop
         to others every YIELD_EVERY_BYTES."""
         if found is not None and (self.caller is None or owned_by(found, self.caller.name)):
-            self._charge(len(found), param)
-        if self._spent - self._yielded >= YIELD_EVERY_BYTES:
-            self._yielded = self._spent
+            self._charge(found, param)
+        if self._budget.read_bytes - self._yielded >= YIELD_EVERY_BYTES:
+            self._yielded = self._budget.read_bytes
             await asyncio.sleep(0)  # other requests' turn
 
     def _keep_outputs(self, response_id: str, output: list[Any]) -> None:
@@ -235,7 +234,7 @@ class StoredReads:
         if response_id not in self._fetched:
             self._ahead.pop(response_id, None)
             chunk = [response_id, *itertools.islice(self._ahead, RECORDS_AT_ONCE - 1)]
-            left = max(0, self._budget - self._spent)
+            left = self._budget.bytes_left
             wanted = [(OUTPUTS_RECORD, named) for named in chunk]
             found = await self.store.store.get_records(wanted, max_bytes=left)
             older = [named for named, record in zip(chunk, found, strict=False) if record is None]
@@ -254,13 +253,12 @@ class StoredReads:
                 self._ahead.pop(named, None)
         return self._fetched.pop(response_id)
 
-    def _charge(self, size: int, param: str) -> None:
-        """Counts `size` bytes of records read against the budget, before they are parsed."""
-        self._spent += size
-        if self._spent > self._budget:
+    def _charge(self, record: bytes, param: str) -> None:
+        """Counts a record read against the budget, before it is parsed."""
+        over = self._budget.charge(record)
+        if over is not None:
             raise BodyTooLarge(
-                f"the stored responses this request reads hold more than {self._budget} bytes "
-                f"({READ_BYTES_PER_BODY} x server.max_body_bytes); continue the conversation "
-                "with previous_response_id instead of naming so many of its items",
+                f"the stored responses this request reads hold more than {over}; continue the "
+                "conversation with previous_response_id instead of naming so many of its items",
                 param=param,
             )

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from proxy.api.input_items import _segments
-from proxy.api.response_store import ResponseStore, StoredInput
+from proxy.api.response_store import ReadBudget, ResponseStore, StoredInput
 from proxy.errors import InvalidRequest
 from proxy.state.memory import MemoryStore
 from proxy.state.store import StateStore
@@ -255,11 +255,14 @@ async def _stored_chain(length: int, item_bytes: int) -> ResponseStore:
     return store
 
 
-async def test_the_walk_is_bounded_in_responses_and_bytes() -> None:
+async def test_the_walk_is_bounded_in_responses_bytes_and_values() -> None:
     store = await _stored_chain(6, 100)
-    walked = [s async for s in _segments(store, "resp_5", budget=10_000, max_chain=6)]
+    ample = ReadBudget(10_000, 10_000)
+    walked = [s async for s in _segments(store, "resp_5", ample, max_chain=6)]
     assert [s[0]["id"] for s in walked[::2]] == [f"in_{i}_0" for i in range(5, -1, -1)]
     with pytest.raises(InvalidRequest, match="more than 5 responses"):
-        _ = [s async for s in _segments(store, "resp_5", budget=10_000, max_chain=5)]
+        _ = [s async for s in _segments(store, "resp_5", ReadBudget(10_000, 10_000), 5)]
     with pytest.raises(InvalidRequest, match="more than 500 bytes"):
-        _ = [s async for s in _segments(store, "resp_5", budget=500, max_chain=6)]
+        _ = [s async for s in _segments(store, "resp_5", ReadBudget(500, 10_000), 6)]
+    with pytest.raises(InvalidRequest, match="more than 30 values"):
+        _ = [s async for s in _segments(store, "resp_5", ReadBudget(10_000, 30), 6)]

@@ -292,6 +292,28 @@ async def test_the_records_a_request_reads_are_bounded_in_bytes(proxy_for: Proxy
     assert "hold more than 262144 bytes (4 x server.max_body_bytes)" in error["message"]
 
 
+async def test_the_records_a_request_reads_are_bounded_in_values(proxy_for: ProxyFactory) -> None:
+    """Input items may carry fields the proxy keeps but never reads: 40 small bodies of them
+    stored, then one request naming them all (a 2 KB body) read 40 records of 900 values each
+    (with the default bounds: 220 such records, 21 M values, 0.7-0.9 s of the event loop)."""
+    bounds = {"server": {"max_body_values": 1_000}}
+    padded = {"role": "user", "content": "hi", "x": [0] * 900}
+    async with proxy_for(bounds) as proxy:
+        proxy.upstream.script(keep(say("Ok.")))
+        made = [(await respond(proxy, model="scripted", input=[padded])).json() for _ in range(5)]
+        references = [{"type": "item_reference", "id": f"in_{m['id'][5:]}_0"} for m in made]
+        within = await respond(proxy, model="scripted", input=references[:4])
+        over = await respond(proxy, model="scripted", input=references)
+    assert within.status_code == 200, within.text
+    error = over.json()["error"]
+    assert (over.status_code, error["code"], error["param"]) == (
+        413,
+        "request_too_large",
+        "input[4].id",
+    )
+    assert "hold more than 4000 values (4 x server.max_body_values)" in error["message"]
+
+
 async def test_an_item_reference_reads_the_outputs_not_what_the_response_echoes(
     proxy_for: ProxyFactory,
 ) -> None:
