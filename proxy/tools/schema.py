@@ -1,14 +1,95 @@
-"""Argument validation against a tool's JSON schema."""
+"""Argument validation against a tool's JSON schema.
+
+The arguments are the model's and the schema is a config's or an MCP server's: its patterns
+(`pattern`, `patternProperties`) are matched with `regex`, within PATTERNS_S for one validation
+(Python's `re` backtracks without bound, on the event loop: `^([a-zA-Z]+ ?)+$` took 3 s over 25
+characters). Arguments whose patterns take longer to match are refused, as arguments that do
+not match are.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+import time
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from typing import Any
 
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError
+import regex
+from jsonschema import Draft202012Validator, validators
+from jsonschema.exceptions import SchemaError, ValidationError
 
 from proxy.tools.base import BadArguments
+
+PATTERNS_S = 0.05  # the longest the patterns of one validation may take together
+
+_deadline: ContextVar[float] = ContextVar("patterns_deadline", default=math.inf)
+
+
+class _TooSlow(Exception):
+    """The schema's patterns took longer than PATTERNS_S over the arguments."""
+
+
+def _search(pattern: str, text: str) -> bool:
+    left = _deadline.get() - time.monotonic()
+    if left <= 0:
+        raise _TooSlow
+    try:
+        return regex.search(pattern, text, timeout=min(left, PATTERNS_S)) is not None
+    except TimeoutError:
+        raise _TooSlow from None
+
+
+def _pattern(
+    validator: Any, pattern: str, instance: Any, schema: dict[str, Any]
+) -> Iterator[ValidationError]:
+    if validator.is_type(instance, "string") and not _search(pattern, instance):
+        yield ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
+def _pattern_properties(
+    validator: Any, patterns: dict[str, Any], instance: Any, schema: dict[str, Any]
+) -> Iterator[ValidationError]:
+    if not validator.is_type(instance, "object"):
+        return
+    for pattern, subschema in patterns.items():
+        for key, value in instance.items():
+            if _search(pattern, key):
+                yield from validator.descend(value, subschema, path=key, schema_path=pattern)
+
+
+def _additional_properties(
+    validator: Any, additional: Any, instance: Any, schema: dict[str, Any]
+) -> Iterator[ValidationError]:
+    if not validator.is_type(instance, "object"):
+        return
+    properties = schema.get("properties", {})
+    patterns = schema.get("patternProperties", {})
+    extras = sorted(
+        key
+        for key in instance
+        if key not in properties and not any(_search(p, key) for p in patterns)
+    )
+    if validator.is_type(additional, "object"):
+        for extra in extras:
+            yield from validator.descend(instance[extra], additional, path=extra)
+    elif not additional and extras:
+        listed = ", ".join(repr(extra) for extra in extras)
+        if patterns:
+            regexes = ", ".join(repr(p) for p in sorted(patterns))
+            yield ValidationError(f"{listed} do not match any of the regexes: {regexes}")
+        else:
+            yield ValidationError(f"Additional properties are not allowed ({listed} unexpected)")
+
+
+_Validator = validators.extend(  # type: ignore[no-untyped-call]
+    Draft202012Validator,
+    {
+        "pattern": _pattern,
+        "patternProperties": _pattern_properties,
+        "additionalProperties": _additional_properties,
+    },
+)
 
 
 def check_schema(schema: dict[str, Any]) -> None:
@@ -20,10 +101,19 @@ def check_schema(schema: dict[str, Any]) -> None:
 
 
 def schema_validator(schema: dict[str, Any]) -> Callable[[dict[str, Any]], dict[str, Any]]:
-    validator = Draft202012Validator(schema)
+    validator = _Validator(schema)
 
     def validate(arguments: dict[str, Any]) -> dict[str, Any]:
-        error = next(iter(validator.iter_errors(arguments)), None)
+        started = _deadline.set(time.monotonic() + PATTERNS_S)
+        try:
+            error = next(iter(validator.iter_errors(arguments)), None)
+        except _TooSlow:
+            raise BadArguments(
+                f"invalid arguments: the schema's patterns took more than {PATTERNS_S:g} s to "
+                "match them"
+            ) from None
+        finally:
+            _deadline.reset(started)
         if error is not None:
             where = "/".join(str(p) for p in error.absolute_path) or "arguments"
             raise BadArguments(f"invalid arguments at {where}: {error.message}")

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 import pytest
@@ -12,10 +14,12 @@ import pytest
 from proxy.callables import CallThreads
 from proxy.config.tools import ToolConfig
 from proxy.engine.values import ToolCall, ToolContext
-from proxy.tools.base import Tool
+from proxy.tools.base import BadArguments, Tool
 from proxy.tools.registry import ToolRegistry, build_tool
+from proxy.tools.schema import PATTERNS_S, schema_validator
 
 CTX = ToolContext("run_1", None, 1, "call_1")
+PATTERNED = {"type": "string", "pattern": "^([a-zA-Z]+ ?)+$"}
 THREADS = CallThreads(4)
 
 
@@ -183,3 +187,49 @@ async def test_an_http_tool_body_is_read_only_up_to_its_cap() -> None:
     assert endless.sent == 0  # a declared length over the cap is refused before reading
     failing = await reg.execute(ToolCall("c", "failing", "{}"), CTX)
     assert failing.output == "tool server answered HTTP 500: " + "e" * 500
+
+
+def test_a_schema_pattern_is_matched_without_backtracking_on_the_event_loop() -> None:
+    """Python's `re` takes ~0.6 s for this over 24 characters (doubling with each one more)."""
+    validate = schema_validator({"type": "object", "properties": {"city": PATTERNED}})
+    started = time.perf_counter()
+    with pytest.raises(BadArguments, match="does not match"):
+        validate({"city": "a" * 23 + "!"})
+    assert time.perf_counter() - started < 0.1
+    assert validate({"city": "Rio de Janeiro"}) == {"city": "Rio de Janeiro"}
+
+
+def test_patterns_that_take_longer_than_their_bound_refuse_the_arguments() -> None:
+    slow = {"type": "string", "pattern": "^(a|aa)+$"}  # slow for either engine
+    validate = schema_validator({"type": "object", "additionalProperties": slow})
+    started = time.perf_counter()
+    with pytest.raises(BadArguments, match=f"took more than {PATTERNS_S:g} s"):
+        validate({f"k{i}": "a" * 40 + "!" for i in range(20)})  # one bound for them all
+    assert time.perf_counter() - started < PATTERNS_S + 0.1
+
+
+@pytest.mark.parametrize(
+    ("arguments", "error"),
+    [
+        ({"x_a": 1, "name": "n"}, None),
+        ({"x_a": "one"}, "invalid arguments at x_a: 'one' is not of type 'integer'"),
+        ({"y": 1}, "'y' do not match any of the regexes: '^x_'"),
+    ],
+)
+def test_pattern_properties_keep_their_meaning(
+    arguments: dict[str, Any], error: str | None
+) -> None:
+    validate = schema_validator(
+        {
+            "type": "object",
+            "properties": {"name": {"type": "string"}},
+            "patternProperties": {"^x_": {"type": "integer"}},
+            "additionalProperties": False,
+        }
+    )
+    if error is None:
+        assert validate(arguments) == arguments
+    else:
+        with pytest.raises(BadArguments) as raised:
+            validate(arguments)
+        assert error in str(raised.value)
