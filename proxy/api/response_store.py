@@ -64,13 +64,13 @@ ITEM_PREFIXES = ("msg_", "fc_", "mcp_", INPUT_ITEM_PREFIX)
 # `server.max_body_bytes` and `server.max_body_values` times this: a chain whose conversation
 # still fits a request holds about one request body in its input items and as much in its
 # outputs.
-READ_BYTES_PER_BODY = 4
+READ_BODIES = 4
 
 
 @dataclass(slots=True)
 class ReadBudget:
     """What the records one request reads may hold together, charged before each is parsed:
-    READ_BYTES_PER_BODY request bodies, in bytes and in values. A record's values are its JSON
+    READ_BODIES request bodies, in bytes and in values. A record's values are its JSON
     delimiters, those inside strings too (never fewer than its values; one pass in C): items
     may carry fields the proxy keeps but never reads, so bytes alone do not bound the parse."""
 
@@ -82,18 +82,18 @@ class ReadBudget:
     @classmethod
     def of(cls, bounds: ServerConfig) -> ReadBudget:
         return cls(
-            READ_BYTES_PER_BODY * bounds.max_body_bytes,
-            READ_BYTES_PER_BODY * bounds.max_body_values,
+            READ_BODIES * bounds.max_body_bytes,
+            READ_BODIES * bounds.max_body_values,
         )
 
     def charge(self, record: bytes) -> str | None:
         """Counts `record`; what the records read now pass, if anything ("600 bytes (...)")."""
         self.read_bytes += len(record)
         if self.read_bytes > self.max_bytes:
-            return f"{self.max_bytes} bytes ({READ_BYTES_PER_BODY} x server.max_body_bytes)"
+            return f"{self.max_bytes} bytes ({READ_BODIES} x server.max_body_bytes)"
         self.read_values += delimiters(record)
         if self.read_values > self.max_values:
-            return f"{self.max_values} values ({READ_BYTES_PER_BODY} x server.max_body_values)"
+            return f"{self.max_values} values ({READ_BODIES} x server.max_body_values)"
         return None
 
     @property

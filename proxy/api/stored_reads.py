@@ -59,14 +59,14 @@ class Named:
 
 # Stored responses one request may read: its previous one and those its item references name
 # (the AI SDK names an item of every earlier response of a conversation), and the bytes of
-# their records it may parse (`READ_BYTES_PER_BODY`), giving the loop to others every so many.
+# their records it may parse (`READ_BODIES`), giving the loop to others every so many.
 MAX_STORED_READS = 1_000
 YIELD_EVERY_BYTES = 1024 * 1024
 
 
 class StoredReads:
     """The stored responses one request reads (its previous one, those its item references
-    name): each read once, at most MAX_STORED_READS of them and READ_BYTES_PER_BODY request
+    name): each read once, at most MAX_STORED_READS of them and READ_BODIES request
     bodies of their records (and of the input records its references read), charged before
     they are parsed. They are read together, in the order the request names them: the previous
     one with the conversation through it, the others RECORDS_AT_ONCE at a time and only as many

@@ -98,8 +98,9 @@ class ReplyCalls:
                 )
                 stop = block.stop
                 continue
-            alone = call.name in self.terminal or self.checkpoints.decides_next(call)
-            if self.parallel and not alone:
+            if self.parallel and not (
+                call.name in self.terminal or self.checkpoints.decides_next(call)
+            ):  # a terminal tool, or one whose output the next call's review reads, runs alone
                 batch.append(call)
                 continue
             await flush()
