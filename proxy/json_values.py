@@ -40,16 +40,21 @@ def delimiters(raw: bytes | bytearray) -> int:
 
 
 def values_over(raw: bytes | bytearray, limit: int) -> bool:
-    """Whether `raw` holds more than `limit` JSON values: its delimiters outside strings, the
-    strings skipped one match at a time, stopping at `limit + 1`. Slow (a string or a delimiter
-    a step, in Python): for a thread, and for a body whose `delimiters` are over `limit`."""
+    """Whether `raw` holds more than `limit` JSON values."""
+    return values_in(raw, limit) > limit
+
+
+def values_in(raw: bytes | bytearray, limit: int) -> int:
+    """The JSON values `raw` holds, counted up to `limit + 1`: its delimiters outside strings,
+    the strings skipped one match at a time. Slow (a string or a delimiter a step, in Python):
+    for a thread, and for a text whose `delimiters` are over `limit`."""
     count = 0
     for token in _TOKEN.finditer(raw):
         if token.lastindex:
             count += 1
             if count > limit:
-                return True
-    return False
+                break
+    return count
 
 
 # orjson reads 1,024 levels of nesting but writes only 254. The proxy puts what it reads into

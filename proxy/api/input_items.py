@@ -117,8 +117,8 @@ async def _segments(
     stops at a response deleted or expired since."""
     current = response_id
 
-    def charge(record: bytes) -> None:
-        over = budget.charge(record)
+    async def charge(record: bytes) -> None:
+        over = await budget.charge(record)
         if over is not None:
             raise InvalidRequest(
                 f"the input items of response {response_id[:64]!r} hold more than {over}: "

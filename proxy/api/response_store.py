@@ -3,8 +3,9 @@ state backend for `state.response_ttl_s`, readable only by the key that created 
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -40,7 +41,7 @@ from proxy.api.stored_conversation import (
 )
 from proxy.config.server import ServerConfig
 from proxy.errors import NotFound
-from proxy.json_values import delimiters, holds_over
+from proxy.json_values import delimiters, holds_over, values_in
 from proxy.state.store import RECORDS_AT_ONCE, Record, StateStore
 
 # A stored response is four records: the response (its body, thread and owner), read by `GET`,
@@ -70,9 +71,10 @@ READ_BODIES = 4
 @dataclass(slots=True)
 class ReadBudget:
     """What the records one request reads may hold together, charged before each is parsed:
-    READ_BODIES request bodies, in bytes and in values. A record's values are its JSON
-    delimiters, those inside strings too (never fewer than its values; one pass in C): items
-    may carry fields the proxy keeps but never reads, so bytes alone do not bound the parse."""
+    READ_BODIES request bodies, in bytes and in values. Items may carry fields the proxy keeps
+    but never reads: bytes alone do not bound the parse. A record's values are first its JSON
+    delimiters, those inside strings too (never fewer than its values; one pass in C), and
+    counted exactly, off the event loop, when those would pass the budget."""
 
     max_bytes: int
     max_values: int
@@ -81,17 +83,18 @@ class ReadBudget:
 
     @classmethod
     def of(cls, bounds: ServerConfig) -> ReadBudget:
-        return cls(
-            READ_BODIES * bounds.max_body_bytes,
-            READ_BODIES * bounds.max_body_values,
-        )
+        return cls(READ_BODIES * bounds.max_body_bytes, READ_BODIES * bounds.max_body_values)
 
-    def charge(self, record: bytes) -> str | None:
+    async def charge(self, record: bytes) -> str | None:
         """Counts `record`; what the records read now pass, if anything ("600 bytes (...)")."""
         self.read_bytes += len(record)
         if self.read_bytes > self.max_bytes:
             return f"{self.max_bytes} bytes ({READ_BODIES} x server.max_body_bytes)"
-        self.read_values += delimiters(record)
+        values = delimiters(record)
+        left = self.max_values - self.read_values
+        if values > left:  # its strings' commas and colons too: count them out
+            values = await asyncio.to_thread(values_in, record, left)
+        self.read_values += values
         if self.read_values > self.max_values:
             return f"{self.max_values} values ({READ_BODIES} x server.max_body_values)"
         return None
@@ -308,7 +311,7 @@ class ResponseStore:
         await self.store.put_records(records, self.ttl_s)
 
     async def input(
-        self, response_id: str, charge: Callable[[bytes], None] | None = None
+        self, response_id: str, charge: Callable[[bytes], Awaitable[None]] | None = None
     ) -> StoredInput | None:
         """The input record of a response `readable` found (None when it has none: it is gone
         since, or was stored without one); `charge` is given it before it is parsed (and may
@@ -317,7 +320,7 @@ class ResponseStore:
         if found is None:
             return None
         if charge is not None:
-            charge(found)
+            await charge(found)
         fields = orjson.loads(found)
         return StoredInput(fields["previous"], fields["items"], fields.get("outputs", []))
 
@@ -333,7 +336,7 @@ class ResponseStore:
         self,
         stored: StoredResponse,
         found: Sequence[bytes | None] = (),
-        charge: Callable[[bytes], None] | None = None,
+        charge: Callable[[bytes], Awaitable[None]] | None = None,
     ) -> StoredResponse | None:
         """`stored` with its output items, which a response record written beside its outputs
         record holds as `null` (None when that record is gone: the response is, in part);
@@ -346,7 +349,7 @@ class ResponseStore:
         if record is None:
             return None
         if charge is not None:
-            charge(record)
+            await charge(record)
         stored.response["output"] = orjson.loads(record)["output"]
         return stored
 

@@ -128,7 +128,8 @@ class StoredReads:
         item = self._outputs[owner].get(item_id) if owner is not None else None
         if item is None and owner in self._readable and owner not in self._inputs:
             self._inputs.add(owner)
-            found = await self.store.input(owner, lambda record: self._charge(record, param))
+            charge = functools.partial(self._charge, param=param)
+            found = await self.store.input(owner, charge)
             for given in listed(found.items, owner) if found is not None else ():
                 self._outputs[owner].setdefault(given["id"], given)
             item = self._outputs[owner].get(item_id)
@@ -218,7 +219,7 @@ class StoredReads:
         """Charges a record the key made (another key's has no size for it), and gives the loop
         to others every YIELD_EVERY_BYTES."""
         if found is not None and (self.caller is None or owned_by(found, self.caller.name)):
-            self._charge(found, param)
+            await self._charge(found, param)
         if self._budget.read_bytes - self._yielded >= YIELD_EVERY_BYTES:
             self._yielded = self._budget.read_bytes
             await asyncio.sleep(0)  # other requests' turn
@@ -253,9 +254,9 @@ class StoredReads:
                 self._ahead.pop(named, None)
         return self._fetched.pop(response_id)
 
-    def _charge(self, record: bytes, param: str) -> None:
+    async def _charge(self, record: bytes, param: str) -> None:
         """Counts a record read against the budget, before it is parsed."""
-        over = self._budget.charge(record)
+        over = await self._budget.charge(record)
         if over is not None:
             raise BodyTooLarge(
                 f"the stored responses this request reads hold more than {over}; continue the "

@@ -314,6 +314,21 @@ async def test_the_records_a_request_reads_are_bounded_in_values(proxy_for: Prox
     assert "hold more than 4000 values (4 x server.max_body_values)" in error["message"]
 
 
+async def test_commas_and_colons_in_a_stored_text_are_no_values(proxy_for: ProxyFactory) -> None:
+    """The values' first count takes every delimiter, those inside strings too: a record over
+    the budget by that count is counted exactly before it is refused."""
+    bounds = {"server": {"max_body_values": 1_000}}
+    async with proxy_for(bounds) as proxy:
+        proxy.upstream.script(say("a:b," * 3_000), say("Ok."), say("Ok."))  # 6,000 in its text
+        made = (await respond(proxy, model="scripted")).json()
+        message = next(item for item in made["output"] if item["type"] == "message")
+        by_id = await respond(proxy, model="scripted", previous_response_id=made["id"])
+        reference = [{"type": "item_reference", "id": message["id"]}]
+        by_reference = await respond(proxy, model="scripted", input=reference)
+    assert by_id.status_code == 200, by_id.text
+    assert by_reference.status_code == 200, by_reference.text
+
+
 async def test_an_item_reference_reads_the_outputs_not_what_the_response_echoes(
     proxy_for: ProxyFactory,
 ) -> None:
