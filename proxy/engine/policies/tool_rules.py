@@ -8,7 +8,7 @@ rules of different types intersect.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -234,8 +234,9 @@ def forced_choice(allowed: list[str]) -> Any:
 class ToolRules(Policy):
     """Narrows each step's tools, blocks calls the rules forbid, nudges unmet requirements."""
 
-    def __init__(self, book: RuleBook) -> None:
+    def __init__(self, book: RuleBook, server: Collection[str] = ()) -> None:
         self.book = book
+        self.server = frozenset(server)  # the run's server tools: run by the proxy, not by a client
         self.run_first = book.run_first
         self.children = book.children_of("constrain_child_tools")
         self.guarded = book.children_of("parent_last_tool")
@@ -247,7 +248,7 @@ class ToolRules(Policy):
         self.counts: Counter[str] = Counter()
         self.last_output: str | None = None
         self.offered: list[str] = []
-        self.answered: frozenset[str] = frozenset()  # in the turn, before this run
+        self.answered: frozenset[str] = frozenset()  # client tools, in the turn, before this run
 
     def allowed(self, names: Iterable[str]) -> tuple[list[str], bool]:
         """Of `names`, those the rules allow next, and whether a call is forced."""
@@ -285,7 +286,7 @@ class ToolRules(Policy):
 
     def before_step(self, run: RunState, plan: StepPlan) -> Stop | None:
         if self.required and run.step_count == 0:
-            self.answered = answered_in_turn(run.messages)
+            self.answered = answered_in_turn(run.messages) - self.server  # a client says so
         names = [t["function"]["name"] for t in plan.tools]
         allowed, forced = self.allowed(names)
         self.offered = allowed
