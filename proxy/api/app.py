@@ -229,7 +229,7 @@ def create_app(
 
     async def not_found(request: Request, exc: Exception) -> Response:
         if isinstance(exc, HTTPException) and exc.status_code == 405:
-            message = f"{request.method} is not allowed on {request.url.path}"
+            message = f"{request.method} is not allowed on {request.url.path[:300]}"
             return error_response(MethodNotAllowed(message))
         return error_response(NotFound(f"no route {request.method} {request.url.path[:300]}"))
 

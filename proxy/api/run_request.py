@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 from dataclasses import dataclass, field
 from typing import Annotated, Any
@@ -67,6 +68,8 @@ def header_thread(value: str | None) -> str | None:
     """The thread the `x-loopwarden-thread-id` header names, checked as `loop.thread_id` is."""
     if not value:  # none, or empty: none
         return None
+    with contextlib.suppress(UnicodeError):  # its bytes were read as latin-1: UTF-8 as meant
+        value = value.encode("latin-1").decode()
     if len(value) > MAX_NAME_CHARS or not _THREAD_NAME.match(value):
         raise InvalidRequest(
             f"{THREAD_HEADER} must be at most {MAX_NAME_CHARS} characters, none of them a "

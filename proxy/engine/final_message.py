@@ -93,10 +93,13 @@ async def final_message(
     # again (a `finish_reason_is: tool_calls` condition holds after them).
     message = without_tool_calls(last_reply.message) if last_reply else {"role": "assistant"}
     message["content"] = run.text or message.get("content")
-    if message["content"] is None and stop.reason is StopReason.FINISH_REASON:
-        stated = stated_stop(stop)  # as a limit stop's: never an empty reply
-        await say(stated)
-        run.generated.append({"role": "assistant", "content": stated})
-        message["content"] = stated
     finish = FINISH_REASONS.get(stop.reason) or (last_reply.finish_reason if last_reply else None)
+    if stop.reason is StopReason.FINISH_REASON:
+        if not message["content"]:
+            stated = stated_stop(stop)  # as a limit stop's: never an empty reply
+            await say(stated)
+            run.generated.append({"role": "assistant", "content": stated})
+            message["content"] = stated
+        if finish == "tool_calls":  # the calls ran: a client would look for them
+            finish = "stop"
     return Ending(stop, message, finish)

@@ -178,7 +178,8 @@ def tighten(agent: LoopPolicy, request: LoopPolicy) -> LoopPolicy:
         base = agent.terminating
         terminating = replace(
             request.terminating,
-            tool_ids=tuple(dict.fromkeys(base.tool_ids + request.terminating.tool_ids)),
+            # The request's first: what is checked of them is named by their places.
+            tool_ids=tuple(dict.fromkeys(request.terminating.tool_ids + base.tool_ids)),
             consecutive_nudges=min(request.terminating.consecutive_nudges, base.consecutive_nudges),
             max_invocations=min(request.terminating.max_invocations, base.max_invocations),
         )

@@ -413,3 +413,13 @@ async def test_a_long_id_is_not_echoed_whole_in_a_404(proxy_for: ProxyFactory, p
     assert r.status_code == 404
     assert r.json()["error"]["message"].count("r") < 400
     assert len(r.content) < 1_000
+
+
+@pytest.mark.parametrize(("method", "path"), [("PUT", "/responses/{}"), ("POST", "/models/{}")])
+async def test_a_long_path_is_not_echoed_whole_in_a_405(
+    proxy_for: ProxyFactory, method: str, path: str
+) -> None:
+    async with proxy_for() as proxy:
+        r = await proxy.client.request(method, path.format("r" * 60_000))
+    assert r.status_code == 405
+    assert len(r.content) < 1_000

@@ -397,3 +397,30 @@ async def test_a_thread_header_is_checked_as_loop_thread_id_is(
     assert sent.json()["error"]["param"] == "x-loopwarden-thread-id"
     assert in_loop.json()["error"]["param"] == "loop.thread_id"
     assert proxy.upstream.requests == []
+
+
+async def test_a_thread_header_in_utf_8_names_the_thread_loop_thread_id_names(
+    proxy_for: ProxyFactory,
+) -> None:
+    """Header bytes are read as latin-1: UTF-8 sent there (bytes 0x80-0x9f among them) is the
+    name it spells, not control characters."""
+    limits = {
+        "agents": {
+            "capped": {
+                "model": "scripted",
+                "tools": ["get_weather"],
+                "tool_call_limits": [{"tool_name": "get_weather", "thread_limit": 1}],
+            }
+        }
+    }
+    async with proxy_for(limits) as proxy:
+        proxy.upstream.script(call("get_weather", city="Lima"), say("Done."), keep(say("No.")))
+        by_loop = await proxy.chat(model="capped", loop={"thread_id": "日本-1"})
+        by_header = await proxy.client.post(
+            "/v1/chat/completions",
+            json={"model": "capped", "messages": user("Lima?")},
+            headers={"x-loopwarden-thread-id": "日本-1".encode()},
+        )
+    assert by_header.status_code == 200, by_header.text
+    assert by_loop.json()["loop"]["tool_calls"] == 1
+    assert by_header.json()["loop"]["tool_calls"] == 0  # the same thread: its one call is used

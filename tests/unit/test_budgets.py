@@ -102,6 +102,16 @@ async def test_a_reply_cut_short_of_the_budget_s_cap_is_no_budget_stop() -> None
     assert (result.stop.reason, result.finish_reason) == (StopReason.COMPLETED, "length")
 
 
+async def test_a_reply_cut_short_with_no_usage_reported_is_taken_as_cut_at_the_cap() -> None:
+    h = Harness(
+        [reply("cut", prompt=0, completion=0, finish="length")],
+        TOOLS,
+        stop_when=[{"max_tokens_used": 1000}],
+    )
+    result = await h.run()
+    assert result.stop.reason is StopReason.TOKEN_BUDGET
+
+
 async def test_budget_inside_all_is_not_a_hard_cap() -> None:
     cond = {"all": [{"max_tokens_used": 10}, {"step_count_is": 2}]}
     h = Harness([reply(calls=[("search", "{}")])] * 3, TOOLS, stop_when=[cond])

@@ -128,3 +128,14 @@ def test_the_expressions_of_one_policy_are_bounded_together() -> None:
             "the expressions of one policy may hold 8000 characters in all",
         )
     ]
+
+
+def test_a_request_s_terminating_tools_come_first_where_their_places_name_them() -> None:
+    agent = policy({"terminating_config": {"tool_ids": ["submit"]}}, ["submit", "search"])
+    request = policy({"terminating_config": {"tool_ids": ["fetch"]}}, [], "loop.")
+    merged = tighten(agent, request)
+    assert merged.terminating is not None
+    assert merged.terminating.tool_ids == ("fetch", "submit")  # fetch: not a tool of the run
+    with pytest.raises(PolicyInvalid) as err:
+        check_references(merged, [], "m", lambda: True)
+    assert [path for path, _ in err.value.problems] == ["loop.terminating_config.tool_ids[0]"]

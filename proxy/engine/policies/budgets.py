@@ -75,8 +75,8 @@ class Budgets(Policy):
         cond = self._cap_by
         if cond is None or reply.finish_reason != "length":
             return None
-        if reply.usage.completion_tokens < (plan.max_completion_tokens or 0):
-            return None
+        if 0 < reply.usage.completion_tokens < (plan.max_completion_tokens or 0):
+            return None  # (a reply with no usage reported is taken as cut at the cap)
         if cond.kind == "max_tokens_used":
             observed: float = run.usage.total_tokens
         else:
