@@ -111,7 +111,7 @@ class Expression:
     patterns: int = 0  # what compiling its `matches()` patterns costs, once each
     walks: int = 0  # operations that may touch every value given (`==` on lists, `in`, ...)
     depth: int = 0  # how deep its comprehensions nest
-    concats: int = 0  # string concatenations: each may make a longer string to work on
+    concats: int = 0  # concatenations: each may make a larger value to work on
     # The snapshot's variables it uses: only these are sized and handed to the library, whose
     # conversion of its input is most of an evaluation's cost (1-2 µs a value).
     variables: frozenset[str] = frozenset(VARIABLES)
@@ -131,10 +131,11 @@ class Expression:
         if self.projection is not None:
             snapshot = self.projection.of(snapshot)
         widest, longest, values = extent(snapshot)
-        each = self.terms + self.patterns + self.walks * values  # one pass over the expression
-        # A string made by concatenations is at most as long as all the strings they join.
-        reach = longest * (self.concats + 1)
-        work = each * widest**self.depth * (1 + reach // 1024)
+        # What concatenations make is at most as large as all they join: a walk over a list, or
+        # a pass over a string, they made costs that many times more.
+        grown = self.concats + 1
+        each = self.terms + self.patterns + self.walks * values * grown  # one pass over it
+        work = each * widest**self.depth * (1 + longest * grown // 1024)
         cost = work + values * CONVERSION_COST
         if cost > MAX_EVALUATION_COST or (budget is not None and cost > budget.left):
             limit = (

@@ -85,8 +85,8 @@ class Checker:
         # Operations that walk a whole list, map or object (`==`, `!=`, `in`, a list's `+`):
         # each may touch every value it is given.
         self.walks = 0
-        # String (or bytes) concatenations: n of them may make a string n + 1 times the longest
-        # given, and every operation on it costs that much more.
+        # Concatenations (of strings, bytes or lists): n of them may make a value n + 1 times
+        # the largest given, and every operation on it costs that much more.
         self.concats = 0
 
     def fail(self, pos: int, problem: str) -> ValueError:
@@ -306,7 +306,7 @@ class Checker:
         kinds = {a.kind, b.kind}
         if (op in ("==", "!=", "+") and kinds & _WHOLE) or (op == "in" and b.kind in _WHOLE):
             self.walks += 1
-        if op == "+" and kinds & {"string", "bytes", "dyn"}:
+        if op == "+" and kinds & {"string", "bytes", "list", "dyn"}:
             self.concats += 1
         if op in ("&&", "||"):
             if not kinds <= {"bool", "dyn"}:
