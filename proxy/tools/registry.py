@@ -25,7 +25,7 @@ from proxy.tools.http_tool import http_invoke
 from proxy.tools.mcp_source import McpSource
 from proxy.tools.mcp_tool import CallHook, exposed_tool, unavailable_tool
 from proxy.tools.python_tool import python_tool
-from proxy.tools.schema import check_schema, schema_validator
+from proxy.tools.schema import SchemaCheck, check_schema, schema_validator
 
 log = logging.getLogger(__name__)
 
@@ -182,7 +182,11 @@ class ToolRegistry:
         if nests_too_deep(call.arguments, arguments):  # no message or record could hold them
             return ToolResult(f"arguments nest deeper than {MAX_DEPTH} levels", "error")
         try:
-            arguments = tool.validate(arguments)
+            validate = tool.validate
+            if isinstance(validate, SchemaCheck) and validate.off_loop:  # patterns to match
+                arguments = await asyncio.to_thread(validate, arguments)
+            else:
+                arguments = validate(arguments)
             output = await within(tool.invoke(arguments, ctx), tool.timeout_s)
         except TimeoutError:
             return ToolResult(f"tool timed out after {tool.timeout_s:g}s", "timeout")
@@ -216,7 +220,7 @@ def build_tool(
             raise ValueError(f"no builtin tool {which!r}; builtins: {', '.join(BUILTINS)}")
         parameters = cfg.parameters or builtin.parameters
         invoke = builtin_invoke(builtin)
-        validate = schema_validator(parameters)
+        validate: Callable[[dict[str, Any]], dict[str, Any]] = schema_validator(parameters)
         description = description or builtin.description
         terminal = terminal or builtin.terminal
     elif cfg.kind == "python":

@@ -1,17 +1,19 @@
 """Argument validation against a tool's JSON schema.
 
 The arguments are the model's and the schema is a config's or an MCP server's: its patterns
-(`pattern`, `patternProperties`) are matched with `regex`, within PATTERNS_S for one validation
-(Python's `re` backtracks without bound, on the event loop: `^([a-zA-Z]+ ?)+$` took 3 s over 25
-characters). Arguments whose patterns take longer to match are refused, as arguments that do
-not match are.
+(`pattern`, `patternProperties`) are matched with `regex`, within PATTERNS_S for one validation,
+letting go of the interpreter while they match (Python's `re` backtracks without bound and
+holds it: `^([a-zA-Z]+ ?)+$` took 3 s over 25 characters). A schema with patterns is checked
+in a thread (`SchemaCheck.off_loop`), so that a reply of many calls does not hold the event
+loop for their sum. Arguments whose patterns take longer to match are refused, as arguments
+that do not match are.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextvars import ContextVar
 from typing import Any
 
@@ -35,7 +37,8 @@ def _search(pattern: str, text: str) -> bool:
     if left <= 0:
         raise _TooSlow
     try:
-        return regex.search(pattern, text, timeout=min(left, PATTERNS_S)) is not None
+        found = regex.search(pattern, text, timeout=min(left, PATTERNS_S), concurrent=True)
+        return found is not None
     except TimeoutError:
         raise _TooSlow from None
 
@@ -76,8 +79,9 @@ def _additional_properties(
     elif not additional and extras:
         listed = ", ".join(repr(extra) for extra in extras)
         if patterns:
+            verb = "does" if len(extras) == 1 else "do"
             regexes = ", ".join(repr(p) for p in sorted(patterns))
-            yield ValidationError(f"{listed} do not match any of the regexes: {regexes}")
+            yield ValidationError(f"{listed} {verb} not match any of the regexes: {regexes}")
         else:
             yield ValidationError(f"Additional properties are not allowed ({listed} unexpected)")
 
@@ -100,13 +104,21 @@ def check_schema(schema: dict[str, Any]) -> None:
         raise ValueError(f"not a valid JSON schema: {exc.message}") from None
 
 
-def schema_validator(schema: dict[str, Any]) -> Callable[[dict[str, Any]], dict[str, Any]]:
-    validator = _Validator(schema)
+class SchemaCheck:
+    """Validates parsed arguments against a schema, returning them; raises BadArguments.
+    `off_loop`: the schema has patterns, whose matching may take up to PATTERNS_S: call it in
+    a thread."""
 
-    def validate(arguments: dict[str, Any]) -> dict[str, Any]:
+    __slots__ = ("_validator", "off_loop")
+
+    def __init__(self, schema: dict[str, Any]) -> None:
+        self._validator = _Validator(schema)
+        self.off_loop = _has_patterns(schema)
+
+    def __call__(self, arguments: dict[str, Any]) -> dict[str, Any]:
         started = _deadline.set(time.monotonic() + PATTERNS_S)
         try:
-            error = next(iter(validator.iter_errors(arguments)), None)
+            error = next(iter(self._validator.iter_errors(arguments)), None)
         except _TooSlow:
             raise BadArguments(
                 f"invalid arguments: the schema's patterns took more than {PATTERNS_S:g} s to "
@@ -119,4 +131,20 @@ def schema_validator(schema: dict[str, Any]) -> Callable[[dict[str, Any]], dict[
             raise BadArguments(f"invalid arguments at {where}: {error.message}")
         return arguments
 
-    return validate
+
+def schema_validator(schema: dict[str, Any]) -> SchemaCheck:
+    return SchemaCheck(schema)
+
+
+def _has_patterns(schema: Any) -> bool:
+    """Whether a `pattern` or `patternProperties` keyword is anywhere in `schema`."""
+    pending = [schema]
+    while pending:
+        value = pending.pop()
+        if isinstance(value, dict):
+            if "pattern" in value or "patternProperties" in value:
+                return True
+            pending.extend(value.values())
+        elif isinstance(value, list):
+            pending.extend(value)
+    return False

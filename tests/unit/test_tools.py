@@ -213,7 +213,7 @@ def test_patterns_that_take_longer_than_their_bound_refuse_the_arguments() -> No
     [
         ({"x_a": 1, "name": "n"}, None),
         ({"x_a": "one"}, "invalid arguments at x_a: 'one' is not of type 'integer'"),
-        ({"y": 1}, "'y' do not match any of the regexes: '^x_'"),
+        ({"y": 1}, "'y' does not match any of the regexes: '^x_'"),
     ],
 )
 def test_pattern_properties_keep_their_meaning(
@@ -233,3 +233,35 @@ def test_pattern_properties_keep_their_meaning(
         with pytest.raises(BadArguments) as raised:
             validate(arguments)
         assert error in str(raised.value)
+
+
+async def test_a_reply_of_many_calls_to_a_patterned_tool_leaves_the_event_loop_free() -> None:
+    """A schema with patterns is checked in a thread, its patterns matched without holding the
+    interpreter: twenty calls that each take their whole bound (they held the loop a second)."""
+    slow = {"type": "object", "properties": {"city": {"type": "string", "pattern": "^(a|aa)+$"}}}
+    reg = registry(slow=ToolConfig(kind="http", url="http://t/x", parameters=slow))
+    gaps: list[float] = []
+
+    async def tick() -> None:
+        last = time.perf_counter()
+        while True:
+            await asyncio.sleep(0.001)
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+
+    ticker = asyncio.create_task(tick())
+    arguments = json.dumps({"city": "a" * 40 + "!"})
+    calls = [ToolCall(f"c{i}", "slow", arguments) for i in range(20)]
+    results = await asyncio.gather(*(reg.execute(call, CTX) for call in calls))
+    ticker.cancel()
+    assert all(f"took more than {PATTERNS_S:g} s" in r.output for r in results)
+    assert gaps  # (none: the loop never ran while they were checked)
+    assert max(gaps) < 0.04
+
+
+async def test_arguments_nested_deeper_than_the_proxy_writes_are_a_tool_error() -> None:
+    reg = registry(echo=ToolConfig(kind="python", callable="tests.unit.test_tools:slow_echo"))
+    deep = '{"text": ' + "[" * 300 + "]" * 300 + "}"
+    result = await reg.execute(ToolCall("c", "echo", deep), CTX)
+    assert (result.outcome, result.output) == ("error", "arguments nest deeper than 246 levels")
