@@ -156,6 +156,18 @@ async def test_conditional_picks_the_next_tool_by_the_output(
     assert h.model.requests[1].tool_choice == named(expected[0])
 
 
+async def test_a_conditional_tool_s_output_nested_too_deep_to_write_is_matched_as_text() -> None:
+    """orjson reads 1,024 levels and writes 254: such an output failed the run after its tools
+    ran (a 500)."""
+    deep = "[" * 300 + "]" * 300
+    tools = dict(TOOLS, plan=lambda _: deep)
+    rule = {"type": "conditional", "tool_name": "plan", "child_output_mapping": {deep: "fetch"}}
+    h = Harness([reply(calls=[("plan", "{}")]), reply("done")], tools, tool_rules=[rule])
+    result = await h.run()
+    assert result.stop.reason is StopReason.COMPLETED
+    assert offered(h.model.requests[1]) == ["fetch"]
+
+
 @pytest.mark.parametrize("parallel", [False, True])
 async def test_a_call_after_a_conditional_tool_in_one_reply_waits_for_its_output(
     parallel: bool,

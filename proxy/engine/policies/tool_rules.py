@@ -202,7 +202,12 @@ def output_value(output: str) -> str:
         return "true" if value else "false"
     if isinstance(value, str):
         return value.strip()
-    return orjson.dumps(value).decode() if isinstance(value, dict | list) else str(value)
+    if not isinstance(value, dict | list):
+        return str(value)
+    try:
+        return orjson.dumps(value).decode()
+    except TypeError:  # nested deeper than JSON is written: matched as the text it came as
+        return output.strip()
 
 
 def answered_in_turn(messages: list[dict[str, Any]]) -> frozenset[str]:
