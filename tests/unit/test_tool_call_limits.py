@@ -10,6 +10,7 @@ import pytest
 
 from proxy.engine import events as ev
 from proxy.engine.stop import StopReason
+from proxy.errors import StateUnavailable
 from proxy.state.memory import MemoryStore
 from tests.fakes import reply
 from tests.unit.harness import Harness, problem
@@ -128,6 +129,28 @@ async def test_a_run_limit_s_message_gives_the_thread_s_count() -> None:
     result = await h.run()
     assert errors(result.generated) == [
         "Tool call limit exceeded (thread: 3/5, run: 1/1). Do not call 'search' again."
+    ]
+
+
+class CountsUnreadable(MemoryStore):
+    async def thread_counts(self, thread_id: str) -> dict[str, int]:
+        raise StateUnavailable("the state backend is unreachable")
+
+
+async def test_a_run_limit_s_message_without_the_thread_s_count_when_it_cannot_be_read() -> None:
+    """The call is blocked all the same, and the run goes on: only its message says less."""
+    limits = [{"tool_name": "search", "thread_limit": 5, "run_limit": 1}]
+    h = Harness(
+        [*searches(2), reply("a")],
+        TOOLS,
+        tool_call_limits=limits,
+        threads=CountsUnreadable(),
+        thread_id="t1",
+    )
+    result = await h.run()
+    assert result.stop.reason is StopReason.COMPLETED
+    assert errors(result.generated) == [
+        "Tool call limit exceeded (run: 1/1). Do not call 'search' again."
     ]
 
 

@@ -12,7 +12,7 @@ from proxy.engine.ports import ThreadCounters
 from proxy.engine.state import RunState
 from proxy.engine.stop import Stop, StopReason
 from proxy.engine.values import ToolCall
-from proxy.errors import SpecError
+from proxy.errors import SpecError, StateUnavailable
 
 ALL_TOOLS = "*"  # the counter key of a limit on every tool
 _SEVERITY = {"continue": 0, "end": 1, "error": 2}
@@ -123,12 +123,15 @@ class ToolCallLimits(Policy):
         message = limit_message(hit.limit, call.name, hit.run_count, thread_count)
         return Block(message, "blocked_limit", self._stop(hit, call, run, message))
 
-    async def _thread_count(self, run: RunState, limit: ToolCallLimit) -> int:
+    async def _thread_count(self, run: RunState, limit: ToolCallLimit) -> int | None:
         """The thread's count of `limit`'s calls, for its message: the run's, when the run is
-        the thread."""
+        the thread; None when the state backend cannot say."""
         if run.thread_id is None or self.threads is None:
             return self.run_counts[limit.key]
-        return (await self.threads.thread_counts(run.thread_id)).get(limit.key, 0)
+        try:
+            return (await self.threads.thread_counts(run.thread_id)).get(limit.key, 0)
+        except StateUnavailable:  # the call is blocked all the same; its message says less
+            return None
 
     @staticmethod
     def _stop(hit: _Hit, call: ToolCall, run: RunState, message: str) -> Stop | None:
@@ -151,7 +154,7 @@ class ToolCallLimits(Policy):
 
 def limit_message(limit: ToolCallLimit, tool: str, run_count: int, thread_count: int | None) -> str:
     parts = []
-    if limit.thread_limit is not None:
+    if limit.thread_limit is not None and thread_count is not None:
         parts.append(f"thread: {thread_count}/{limit.thread_limit}")
     if limit.run_limit is not None:
         parts.append(f"run: {run_count}/{limit.run_limit}")
