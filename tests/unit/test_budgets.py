@@ -7,6 +7,8 @@ import time
 from dataclasses import replace
 from typing import Any
 
+import pytest
+
 from proxy.engine.policies.budgets import estimate_prompt_tokens
 from proxy.engine.stop import StopReason
 from proxy.engine.values import DeltaSink, ModelReply, ModelRequest, Prices
@@ -110,6 +112,29 @@ async def test_a_reply_cut_short_with_no_usage_reported_is_taken_as_cut_at_the_c
     )
     result = await h.run()
     assert result.stop.reason is StopReason.TOKEN_BUDGET
+
+
+@pytest.mark.parametrize(
+    ("condition", "prices"),
+    [({"max_tokens_used": 600}, None), ({"max_cost": 0.0006}, Prices(input=1e-6, output=1e-6))],
+)
+async def test_a_budget_holds_against_an_upstream_that_reports_no_usage(
+    condition: dict[str, Any], prices: Prices | None
+) -> None:
+    """Each step's tokens are estimated (the prompt as sized, the reply at 4 bytes a token):
+    the run stops at its third step, where it went on until the next prompt alone passed the
+    budget (its sixth), the steps before counted as nothing."""
+    h = Harness(
+        [reply("x" * 200, calls=[("search", "{}")], prompt=0, completion=0)] * 30,
+        TOOLS,
+        stop_when=[condition],
+        prices=prices,
+    )
+    result = await h.run()
+    assert result.stop.reason in (StopReason.TOKEN_BUDGET, StopReason.COST_BUDGET)
+    assert result.stop.details["before_step"] is True
+    assert result.stop.details["observed"] > 0  # what the steps before spent, estimated
+    assert result.steps == 3
 
 
 async def test_budget_inside_all_is_not_a_hard_cap() -> None:
