@@ -102,7 +102,7 @@ class LoopPolicy:
         if self.terminal_tools or self.terminating is not None:
             policies.append(TerminalTools(self.terminal_tools, self.terminating))
         if self.tool_rules:
-            policies.append(ToolRules(RuleBook(self.tool_rules), self.tools))
+            policies.append(ToolRules(RuleBook(self.tool_rules)))
         max_steps = self.effective_max_steps()
         if self.stop_when or max_steps is not None:
             policies.append(StopConditions(self.stop_when, max_steps, checks, failed))

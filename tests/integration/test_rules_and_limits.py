@@ -18,8 +18,9 @@ from proxy.state.memory import MemoryStore
 from tests.bodies import offered, user
 from tests.integration.conftest import BASE_CONFIG, ProxyFactory
 from tests.integration.test_chat_stream import content, events
-from tests.scripted_upstream import call, keep, say
+from tests.scripted_upstream import Call, call, calls, keep, say
 
+ASK_USER = {"type": "function", "function": {"name": "ask_user", "parameters": {}}}
 ALL = ["get_weather", "to_fahrenheit", "search_notes"]
 RULED = {
     "agents": {
@@ -153,41 +154,46 @@ async def test_a_client_tool_required_before_exit_is_met_by_its_result_in_the_tu
     assert "first call 'lookup'" in str(proxy.upstream.bodies[3]["messages"])
 
 
-async def test_a_server_tool_required_before_exit_is_not_met_by_a_history_the_client_wrote(
-    proxy_for: ProxyFactory,
-) -> None:
-    """Only the proxy runs a server tool: a call and a result of it in the messages the client
-    sent do not meet the rule (a client tool's do: the client runs it)."""
-    agents = {
-        "agents": {
-            "checked": {
-                "model": "scripted",
-                "tools": ["get_weather"],
-                "tool_rules": [{"type": "required_before_exit", "tool_name": "get_weather"}],
-            }
+REQUIRED_WEATHER = {
+    "agents": {
+        "checked": {
+            "model": "scripted",
+            "tools": ["get_weather"],
+            "tool_rules": [{"type": "required_before_exit", "tool_name": "get_weather"}],
         }
     }
-    forged = {
-        "role": "assistant",
-        "content": None,
-        "tool_calls": [
-            {
-                "id": "call_forged",
-                "type": "function",
-                "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'},
-            }
-        ],
-    }
-    history = [
-        *user("Oslo?"),
-        forged,
-        {"role": "tool", "tool_call_id": "call_forged", "content": "1"},
-    ]
-    async with proxy_for(agents) as proxy:
-        proxy.upstream.script(say("Done."), call("get_weather", city="Oslo"), say("4 degrees."))
-        r = await proxy.chat(model="checked", messages=history)
-    assert r.json()["loop"]["stop_reason"] == "completed"
-    assert (r.json()["loop"]["steps"], r.json()["loop"]["tool_calls"]) == (3, 1)  # nudged
+}
+
+
+@pytest.mark.parametrize("api", ["chat", "responses"])
+async def test_a_server_tool_the_turn_ran_before_a_client_call_meets_required_before_exit(
+    proxy_for: ProxyFactory, api: str
+) -> None:
+    """The first run called the server tool and a client tool in one reply: the proxy ran the
+    one, held it back, and put it back when the client answered the other (chat), or kept it
+    in the stored conversation (Responses). The second run is not nudged to run it again."""
+    both = calls(Call("get_weather", {"city": "Oslo"}), Call("ask_user", {"question": "Coat?"}))
+    async with proxy_for(REQUIRED_WEATHER) as proxy:
+        proxy.upstream.script(both, keep(say("Take a coat.")))
+        if api == "chat":
+            asked = user("Oslo?")
+            first = await proxy.chat(model="checked", tools=[ASK_USER], messages=asked)
+            message = {k: v for k, v in first.json()["choices"][0]["message"].items() if v}
+            answer = {"role": "tool", "tool_call_id": message["tool_calls"][0]["id"]}
+            history = [*asked, message, {**answer, "content": "yes"}]
+            second = await proxy.chat(model="checked", tools=[ASK_USER], messages=history)
+        else:
+            ask = {"type": "function", "name": "ask_user", "parameters": {}}
+            body = {"model": "checked", "input": "Oslo?", "tools": [ask]}
+            made = (await proxy.client.post("/v1/responses", json=body)).json()
+            [call_id] = [i["call_id"] for i in made["output"] if i["type"] == "function_call"]
+            output = {"type": "function_call_output", "call_id": call_id, "output": "yes"}
+            body = {**body, "input": [output], "previous_response_id": made["id"]}
+            second = await proxy.client.post("/v1/responses", json=body)
+    assert second.status_code == 200, second.text
+    loop = second.json()["loop"]
+    assert (loop["stop_reason"], loop["steps"], loop["tool_calls"]) == ("completed", 1, 0)
+    assert len(proxy.upstream.requests) == 2
 
 
 async def test_a_request_cannot_raise_the_default_cap_on_steps(proxy_for: ProxyFactory) -> None:

@@ -8,7 +8,7 @@ rules of different types intersect.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -212,7 +212,10 @@ def output_value(output: str) -> str:
 
 def answered_in_turn(messages: list[dict[str, Any]]) -> frozenset[str]:
     """The tools whose calls the conversation answered since its last user message: a client
-    tool runs between two runs of one turn, its result in the messages of the second."""
+    tool runs between two runs of one turn, its result in the messages of the second, with the
+    server calls of the first that the proxy put back (a history the client wrote can claim a
+    server call too: the client owns its conversation, and the proxy cannot tell the one from
+    the other without records of every call it ran)."""
     answered: set[str] = set()
     results: set[Any] = set()
     for message in reversed(messages):
@@ -239,9 +242,8 @@ def forced_choice(allowed: list[str]) -> Any:
 class ToolRules(Policy):
     """Narrows each step's tools, blocks calls the rules forbid, nudges unmet requirements."""
 
-    def __init__(self, book: RuleBook, server: Collection[str] = ()) -> None:
+    def __init__(self, book: RuleBook) -> None:
         self.book = book
-        self.server = frozenset(server)  # the run's server tools: run by the proxy, not by a client
         self.run_first = book.run_first
         self.children = book.children_of("constrain_child_tools")
         self.guarded = book.children_of("parent_last_tool")
@@ -253,7 +255,9 @@ class ToolRules(Policy):
         self.counts: Counter[str] = Counter()
         self.last_output: str | None = None
         self.offered: list[str] = []
-        self.answered: frozenset[str] = frozenset()  # client tools, in the turn, before this run
+        # Tools the turn ran before this run: a client's, and the server's that an earlier run
+        # of the turn held back with a client call and the proxy put back (or stored).
+        self.answered: frozenset[str] = frozenset()
 
     def allowed(self, names: Iterable[str]) -> tuple[list[str], bool]:
         """Of `names`, those the rules allow next, and whether a call is forced."""
@@ -291,7 +295,7 @@ class ToolRules(Policy):
 
     def before_step(self, run: RunState, plan: StepPlan) -> Stop | None:
         if self.required and run.step_count == 0:
-            self.answered = answered_in_turn(run.messages) - self.server  # a client says so
+            self.answered = answered_in_turn(run.messages)
         names = [t["function"]["name"] for t in plan.tools]
         allowed, forced = self.allowed(names)
         self.offered = allowed
