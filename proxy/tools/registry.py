@@ -184,7 +184,7 @@ class ToolRegistry:
         try:
             validate = tool.validate
             if isinstance(validate, SchemaCheck) and validate.off_loop:  # patterns to match
-                arguments = await asyncio.to_thread(validate, arguments)
+                arguments = await validate.in_thread(arguments)
             else:
                 arguments = validate(arguments)
             output = await within(tool.invoke(arguments, ctx), tool.timeout_s)

@@ -1,19 +1,20 @@
 """Argument validation against a tool's JSON schema.
 
 The arguments are the model's and the schema is a config's or an MCP server's: its patterns
-(`pattern`, `patternProperties`) are matched with `regex`, within PATTERNS_S for one validation,
-letting go of the interpreter while they match (Python's `re` backtracks without bound and
-holds it: `^([a-zA-Z]+ ?)+$` took 3 s over 25 characters). A schema with patterns is checked
-in a thread (`SchemaCheck.off_loop`), so that a reply of many calls does not hold the event
-loop for their sum. Arguments whose patterns take longer to match are refused, as arguments
-that do not match are.
+(`pattern`, `patternProperties`) are matched with `regex`, within PATTERNS_S of matching for
+one validation, letting go of the interpreter while they match (Python's `re` backtracks
+without bound and holds it: `^([a-zA-Z]+ ?)+$` took 3 s over 25 characters). A schema with
+patterns is checked in a thread of the validations' own (`SchemaCheck.off_loop`), so that a
+reply of many calls does not hold the event loop for their sum. Arguments whose patterns take
+longer to match are refused, as arguments that do not match are.
 """
 
 from __future__ import annotations
 
-import math
+import asyncio
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextvars import ContextVar
 from typing import Any
 
@@ -25,7 +26,9 @@ from proxy.tools.base import BadArguments
 
 PATTERNS_S = 0.05  # the longest the patterns of one validation may take together
 
-_deadline: ContextVar[float] = ContextVar("patterns_deadline", default=math.inf)
+# What is left of the patterns' bound for the validation under way in this context: seconds of
+# the matching thread's own time (waits for the interpreter between matches are not theirs).
+_left: ContextVar[list[float]] = ContextVar("patterns_left")
 
 
 class _TooSlow(Exception):
@@ -33,14 +36,17 @@ class _TooSlow(Exception):
 
 
 def _search(pattern: str, text: str) -> bool:
-    left = _deadline.get() - time.monotonic()
-    if left <= 0:
+    left = _left.get()
+    if left[0] <= 0:
         raise _TooSlow
-    try:
-        found = regex.search(pattern, text, timeout=min(left, PATTERNS_S), concurrent=True)
-        return found is not None
+    started = time.thread_time()
+    try:  # letting go of the interpreter while it matches
+        found = regex.search(pattern, text, timeout=PATTERNS_S, concurrent=True)
     except TimeoutError:
         raise _TooSlow from None
+    finally:
+        left[0] -= time.thread_time() - started
+    return found is not None
 
 
 def _pattern(
@@ -107,7 +113,7 @@ def check_schema(schema: dict[str, Any]) -> None:
 class SchemaCheck:
     """Validates parsed arguments against a schema, returning them; raises BadArguments.
     `off_loop`: the schema has patterns, whose matching may take up to PATTERNS_S: call it in
-    a thread."""
+    a thread of VALIDATION_THREADS (`in_thread`)."""
 
     __slots__ = ("_validator", "off_loop")
 
@@ -116,7 +122,7 @@ class SchemaCheck:
         self.off_loop = _has_patterns(schema)
 
     def __call__(self, arguments: dict[str, Any]) -> dict[str, Any]:
-        started = _deadline.set(time.monotonic() + PATTERNS_S)
+        started = _left.set([PATTERNS_S])
         try:
             error = next(iter(self._validator.iter_errors(arguments)), None)
         except _TooSlow:
@@ -125,11 +131,23 @@ class SchemaCheck:
                 "match them"
             ) from None
         finally:
-            _deadline.reset(started)
+            _left.reset(started)
         if error is not None:
             where = "/".join(str(p) for p in error.absolute_path) or "arguments"
             raise BadArguments(f"invalid arguments at {where}: {error.message}")
         return arguments
+
+    async def in_thread(self, arguments: dict[str, Any]) -> dict[str, Any]:
+        """Validates in a thread of the validations' own (asyncio's default one resolves the
+        upstreams' names: neither waits behind the other)."""
+        global _threads
+        if _threads is None:
+            _threads = ThreadPoolExecutor(VALIDATION_THREADS, "loopwarden-schema")
+        return await asyncio.get_running_loop().run_in_executor(_threads, self, arguments)
+
+
+VALIDATION_THREADS = 4
+_threads: ThreadPoolExecutor | None = None
 
 
 def schema_validator(schema: dict[str, Any]) -> SchemaCheck:

@@ -16,7 +16,7 @@ from proxy.config.tools import ToolConfig
 from proxy.engine.values import ToolCall, ToolContext
 from proxy.tools.base import BadArguments, Tool
 from proxy.tools.registry import ToolRegistry, build_tool
-from proxy.tools.schema import PATTERNS_S, schema_validator
+from proxy.tools.schema import PATTERNS_S, SchemaCheck, schema_validator
 
 CTX = ToolContext("run_1", None, 1, "call_1")
 PATTERNED = {"type": "string", "pattern": "^([a-zA-Z]+ ?)+$"}
@@ -265,3 +265,28 @@ async def test_arguments_nested_deeper_than_the_proxy_writes_are_a_tool_error() 
     deep = '{"text": ' + "[" * 300 + "]" * 300 + "}"
     result = await reg.execute(ToolCall("c", "echo", deep), CTX)
     assert (result.outcome, result.output) == ("error", "arguments nest deeper than 246 levels")
+
+
+async def test_many_valid_arguments_checked_at_once_are_not_refused_as_slow() -> None:
+    """The bound is of matching, in each thread's own time: thirty calls of 400 items each in
+    one reply (~10 ms of checking each, alone) shared the interpreter and some were refused."""
+    tags = {"type": "array", "items": {"type": "string", "pattern": "^[a-z]+$"}}
+    schema = {"type": "object", "properties": {"tags": tags}}
+    reg = registry(tagged=ToolConfig(kind="http", url="http://t/x", parameters=schema))
+    arguments = json.dumps({"tags": ["abc"] * 400, "extra": "x" * 10})
+    checks = [SchemaCheck(schema).in_thread(json.loads(arguments)) for _ in range(30)]
+    assert all(len(checked["tags"]) == 400 for checked in await asyncio.gather(*checks))
+    assert reg.spec("tagged").name == "tagged"
+
+
+async def test_patterned_arguments_are_checked_beside_a_busy_default_executor() -> None:
+    """asyncio's default threads resolve upstream names (a slow resolver holds them): the
+    validations have threads of their own."""
+    loop = asyncio.get_running_loop()
+    busy = [loop.run_in_executor(None, time.sleep, 0.5) for _ in range(40)]
+    started = time.perf_counter()
+    await SchemaCheck({"type": "object", "properties": {"city": PATTERNED}}).in_thread(
+        {"city": "Rio"}
+    )
+    assert time.perf_counter() - started < 0.25
+    await asyncio.gather(*busy)
