@@ -178,8 +178,10 @@ def tighten(agent: LoopPolicy, request: LoopPolicy) -> LoopPolicy:
         base = agent.terminating
         terminating = replace(
             request.terminating,
-            # The request's first: what is checked of them is named by their places.
-            tool_ids=tuple(dict.fromkeys(request.terminating.tool_ids + base.tool_ids)),
+            # The request's first, as it gave them: what is checked of them is named by their
+            # places.
+            tool_ids=request.terminating.tool_ids
+            + tuple(t for t in base.tool_ids if t not in request.terminating.tool_ids),
             consecutive_nudges=min(request.terminating.consecutive_nudges, base.consecutive_nudges),
             max_invocations=min(request.terminating.max_invocations, base.max_invocations),
         )

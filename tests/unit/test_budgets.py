@@ -115,17 +115,21 @@ async def test_a_reply_cut_short_with_no_usage_reported_is_taken_as_cut_at_the_c
 
 
 @pytest.mark.parametrize(
-    ("condition", "prices"),
-    [({"max_tokens_used": 600}, None), ({"max_cost": 0.0006}, Prices(input=1e-6, output=1e-6))],
+    ("condition", "prices", "cost"),
+    [
+        ({"max_tokens_used": 600}, None, None),
+        ({"max_cost": 0.0006}, Prices(input=1e-6, output=1e-6), None),
+        ({"max_tokens_used": 600}, None, 0.0001),  # a cost reported, no tokens
+    ],
 )
 async def test_a_budget_holds_against_an_upstream_that_reports_no_usage(
-    condition: dict[str, Any], prices: Prices | None
+    condition: dict[str, Any], prices: Prices | None, cost: float | None
 ) -> None:
     """Each step's tokens are estimated (the prompt as sized, the reply at 4 bytes a token):
     the run stops at its third step, where it went on until the next prompt alone passed the
     budget (its sixth), the steps before counted as nothing."""
     h = Harness(
-        [reply("x" * 200, calls=[("search", "{}")], prompt=0, completion=0)] * 30,
+        [reply("x" * 200, calls=[("search", "{}")], prompt=0, completion=0, cost=cost)] * 30,
         TOOLS,
         stop_when=[condition],
         prices=prices,

@@ -3,6 +3,7 @@ names is checked against what the run has."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -132,10 +133,11 @@ def test_the_expressions_of_one_policy_are_bounded_together() -> None:
 
 def test_a_request_s_terminating_tools_come_first_where_their_places_name_them() -> None:
     agent = policy({"terminating_config": {"tool_ids": ["submit"]}}, ["submit", "search"])
-    request = policy({"terminating_config": {"tool_ids": ["fetch"]}}, [], "loop.")
+    request = policy({"terminating_config": {"tool_ids": ["search", "search", "fetch"]}}, [])
+    request = replace(request, terminating=replace(request.terminating, path="loop.t"))
     merged = tighten(agent, request)
     assert merged.terminating is not None
-    assert merged.terminating.tool_ids == ("fetch", "submit")  # fetch: not a tool of the run
-    with pytest.raises(PolicyInvalid) as err:
+    assert merged.terminating.tool_ids == ("search", "search", "fetch", "submit")
+    with pytest.raises(PolicyInvalid) as err:  # fetch: not a tool of the run
         check_references(merged, [], "m", lambda: True)
-    assert [path for path, _ in err.value.problems] == ["loop.terminating_config.tool_ids[0]"]
+    assert [path for path, _ in err.value.problems] == ["loop.t.tool_ids[2]"]

@@ -82,10 +82,10 @@ class Budgets(Policy):
     def after_reply(self, run: RunState, plan: StepPlan, reply: ModelReply) -> Stop | None:
         """A reply cut short at the cap a budget imposed ends the run with that budget: one cut
         shorter (the client's own `max_tokens`, the model's own limit) is no budget's doing."""
-        if not reply.usage.total_tokens and reply.reported_cost_usd is None:  # none reported
+        if not reply.usage.total_tokens:  # none reported
             completion = math.ceil(len(orjson.dumps(reply.message)) / 4)
             self._unreported_tokens += self._prompt + completion
-            if self.prices is not None:
+            if self.prices is not None and reply.reported_cost_usd is None:
                 cost = self._prompt * self.prices.input + completion * self.prices.output
                 self._unreported_cost += cost
         cond = self._cap_by
