@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from proxy.errors import StateUnavailable
+from proxy.state import sqlite_contexts as contexts
 from proxy.state import sqlite_records as records_sql
 from proxy.state import sqlite_threads as threads
 from proxy.state.lease import renewed
@@ -45,22 +46,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 SWEEP_EVERY_S = 60.0  # the most often expired records are deleted
 
-SWEEP_CONTEXTS = "DELETE FROM contexts WHERE updated <= ?"
 _TABLES = [
-    """CREATE TABLE IF NOT EXISTS contexts (
-        id TEXT PRIMARY KEY,
-        body BLOB NOT NULL,
-        updated REAL,
-        version INTEGER NOT NULL DEFAULT 1
-    )""",
-    # Contexts that end (state.context_ttl_s) are swept by when they were last saved.
-    "CREATE INDEX IF NOT EXISTS contexts_by_update ON contexts (updated)",
-    # Who holds each context (a random token) and until when (wall-clock, shared).
-    """CREATE TABLE IF NOT EXISTS context_locks (
-        id TEXT PRIMARY KEY,
-        token TEXT NOT NULL,
-        expires_at REAL NOT NULL
-    )""",
     # Written by the readiness check.
     "CREATE TABLE IF NOT EXISTS probe (id INTEGER PRIMARY KEY, at REAL NOT NULL)",
 ]
@@ -184,12 +170,12 @@ class SqliteStore:
 
     async def load_context(self, context_id: str) -> StoredContext | None:
         ended = self._ended()
-        return await self._call(lambda db: _context(db, context_id, ended))
+        return await self._call(lambda db: contexts.read(db, context_id, ended))
 
     async def save_context(self, context: StoredContext) -> None:
         version = context.version + 1
         body, ended = context.dumps(version), self._ended()
-        if not await self._call(lambda db: _save_row(db, context, body, version, ended, False)):
+        if not await self._call(lambda db: contexts.save(db, context, body, version, ended, False)):
             raise conflict(context.id)
         context.version = version
 
@@ -210,14 +196,13 @@ class SqliteStore:
 
         def work(db: sqlite3.Connection) -> bool:
             with _immediate(db):
-                holder = db.execute(
-                    "SELECT token FROM context_locks WHERE id = ?", (hold.context_id,)
-                ).fetchone()
-                mine = holder is None or holder[0] == hold.token
-                saved = save is None or (mine and _save_row(db, save, body, version, ended, True))
+                mine = contexts.holds(db, hold.context_id, hold.token)
+                saved = save is None or (
+                    mine and contexts.save(db, save, body, version, ended, True)
+                )
                 if saved and write is not None:
                     records_sql.write([write], db)
-                _let_go(db, hold.context_id, hold.token)
+                contexts.let_go(db, hold.context_id, hold.token)
                 return saved
 
         saved = await self._call(work)
@@ -229,13 +214,7 @@ class SqliteStore:
 
     async def delete_context(self, context_id: str) -> bool:
         ended = self._ended()
-
-        def work(db: sqlite3.Connection) -> bool:
-            found = _context(db, context_id, ended) is not None
-            db.execute("DELETE FROM contexts WHERE id = ?", (context_id,))
-            return found
-
-        return await self._call(work)
+        return await self._call(lambda db: contexts.delete(db, context_id, ended))
 
     async def put_record(self, kind: str, key: str, value: bytes, ttl_s: float) -> None:
         await self.put_records((Record(kind, key, value),), ttl_s)
@@ -277,7 +256,7 @@ class SqliteStore:
                 for sweep in threads.SWEEP:
                     self._on_thread(_statement(sweep, (now,)))
                 if self._context_ttl is not None:
-                    self._on_thread(_statement(SWEEP_CONTEXTS, (self._ended(),)))
+                    self._on_thread(_statement(contexts.SWEEP, (self._ended(),)))
         rows = records_sql.ROWS_PER_WRITE
         for chunk in batches(puts, lambda put: len(put[0].records), rows):
             error: BaseException | None = None
@@ -319,14 +298,9 @@ class SqliteStore:
             token = secrets.token_hex(16)
 
             async def renew() -> bool:
-                def work(db: sqlite3.Connection) -> bool:
-                    renewed_row = db.execute(
-                        "UPDATE context_locks SET expires_at = ? WHERE id = ? AND token = ?",
-                        (time.time() + self._lease, context_id, token),
-                    )
-                    return renewed_row.rowcount == 1
-
-                return await self._call(work)
+                return await self._call(
+                    lambda db: contexts.renew(db, context_id, token, self._lease)
+                )
 
             hold = _Hold(self, context_id, token)
             try:
@@ -336,7 +310,7 @@ class SqliteStore:
             finally:  # also when the wait was cancelled, as its last attempt took the row
                 if not hold.let_go:
                     try:
-                        await self._call(lambda db: _let_go(db, context_id, token))
+                        await self._call(lambda db: contexts.let_go(db, context_id, token))
                     except StateUnavailable as exc:  # the lease expires on its own
                         log.warning("releasing the lock on context %r failed: %s", context_id, exc)
 
@@ -345,16 +319,9 @@ class SqliteStore:
         the context as stored then."""
 
         def work(db: sqlite3.Connection) -> tuple[bool, StoredContext | None]:
-            now = time.time()
-            taken = db.execute(
-                "INSERT INTO context_locks (id, token, expires_at) VALUES (?, ?, ?) "
-                "ON CONFLICT (id) DO UPDATE SET token = excluded.token, "
-                "expires_at = excluded.expires_at WHERE context_locks.expires_at <= ?",
-                (context_id, token, now + self._lease, now),
-            )
-            if taken.rowcount != 1:
+            if not contexts.take(db, context_id, token, self._lease):
                 return False, None
-            return True, _context(db, context_id, self._ended())
+            return True, contexts.read(db, context_id, self._ended())
 
         wait, longest = LOCK_POLL_S
         while not (taken := await self._call(work))[0]:
@@ -411,45 +378,6 @@ class _Hold:
         await self.store._end(self, save, records, ttl_s)
 
 
-def _save_row(
-    db: sqlite3.Connection,
-    context: StoredContext,
-    body: bytes,
-    version: int,
-    ended: float,
-    held: bool,
-) -> bool:
-    """Stores `context` as `version` (its stored form `body`) when the stored copy is still the
-    one it was read from: none, or one last saved before `ended`, for a new one. A `held`
-    context that ended and was swept meanwhile is that one: no one else could change it."""
-    if context.version == 0:
-        saved = db.execute(
-            "INSERT INTO contexts (id, body, updated, version) VALUES (?, ?, ?, ?) "
-            "ON CONFLICT (id) DO UPDATE SET body = excluded.body, "
-            "updated = excluded.updated, version = excluded.version "
-            "WHERE contexts.updated <= ?",
-            (context.id, body, time.time(), version, ended),
-        )
-    elif held:
-        saved = db.execute(
-            "INSERT INTO contexts (id, body, updated, version) VALUES (?, ?, ?, ?) "
-            "ON CONFLICT (id) DO UPDATE SET body = excluded.body, "
-            "updated = excluded.updated, version = excluded.version "
-            "WHERE contexts.version = ?",
-            (context.id, body, time.time(), version, context.version),
-        )
-    else:
-        saved = db.execute(
-            "UPDATE contexts SET body = ?, updated = ?, version = ? WHERE id = ? AND version = ?",
-            (body, time.time(), version, context.id, context.version),
-        )
-    return saved.rowcount == 1
-
-
-def _let_go(db: sqlite3.Connection, context_id: str, token: str) -> None:
-    db.execute("DELETE FROM context_locks WHERE id = ? AND token = ?", (context_id, token))
-
-
 def _statement(sql: str, parameters: Sequence[object]) -> Callable[[sqlite3.Connection], object]:
     return lambda db: db.execute(sql, parameters)
 
@@ -466,26 +394,11 @@ def _create_schema(db: sqlite3.Connection) -> None:
     """Creates the tables, and adds what older files lack, in one transaction (processes that
     open one file at once do not race)."""
     with _immediate(db):
-        for statement in [*threads.TABLES, *records_sql.TABLES, *_TABLES]:
+        for statement in [*threads.TABLES, *records_sql.TABLES, *contexts.TABLES, *_TABLES]:
             db.execute(statement)
-        columns = {row[1] for row in db.execute("PRAGMA table_info(contexts)")}
-        if "version" not in columns:  # a file from before contexts had versions
-            db.execute("ALTER TABLE contexts ADD COLUMN version INTEGER NOT NULL DEFAULT 1")
+        contexts.add_versions(db)
 
 
 def _identity(path: str) -> tuple[int, int]:
     found = os.stat(path)
     return found.st_dev, found.st_ino
-
-
-def _context(db: sqlite3.Connection, context_id: str, ended: float) -> StoredContext | None:
-    """The context, unless it was last saved before `ended`."""
-    row = db.execute(
-        "SELECT body, version FROM contexts WHERE id = ? AND (updated IS NULL OR updated > ?)",
-        (context_id, ended),
-    ).fetchone()
-    if row is None:
-        return None
-    context = StoredContext.loads(row[0])
-    context.version = row[1]
-    return context
