@@ -18,6 +18,16 @@ from proxy.telemetry.metrics import OTHER, Metrics
 UNTRACED = frozenset({"/metrics", "/healthz", "/readyz"})  # probes and scrapes: no spans
 # The app returned without starting a response: the client went away first (nginx's code).
 CLIENT_CLOSED = 499
+# The methods a label or span names as they are; any other (a client may send any token) is
+# `_OTHER`, as OpenTelemetry's HTTP conventions have it, so label values stay bounded.
+METHODS = frozenset(
+    {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "CONNECT", "TRACE"}
+)
+_OTHER_METHOD = "_OTHER"
+
+
+def _method(sent: str) -> str:
+    return sent if sent in METHODS else _OTHER_METHOD
 
 
 class HttpTelemetry:
@@ -46,7 +56,7 @@ class HttpTelemetry:
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
-        route, method = self.route_of(scope["path"]), scope["method"]
+        route, method = self.route_of(scope["path"]), _method(scope["method"])
         status = 0
 
         async def recording_send(message: Message) -> None:

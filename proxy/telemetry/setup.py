@@ -115,7 +115,8 @@ def build_telemetry(
     for name, upstream in config.upstreams.items():
         parts = urlsplit(upstream.base_url)
         provider = provider_name(upstream.base_url, upstream.provider)
-        endpoints[name] = (provider, parts.hostname or "", parts.port)
+        port = parts.port or (443 if parts.scheme == "https" else 80)  # as the URL implies
+        endpoints[name] = (provider, parts.hostname or "", port)
 
     def endpoint(model: str) -> tuple[str, str, int | None]:
         return endpoints[aliases.get(model, config.default_upstream)]

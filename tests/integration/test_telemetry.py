@@ -72,6 +72,7 @@ async def test_a_run_is_one_span_tree_under_the_incoming_trace(proxy: Proxy) -> 
     assert chat["gen_ai.request.model"] == "scripted"
     assert chat["gen_ai.response.finish_reasons"] == ("tool_calls",)
     assert chat["server.address"] == "upstream.test"
+    assert chat["server.port"] == 80  # as the base URL (http, no port) implies
     assert chat["loopwarden.step"] == 1
     assert chat["loopwarden.cost_usd"] > 0
     assert chat["gen_ai.usage.output_tokens"] > 0
@@ -332,7 +333,16 @@ async def test_http_metrics_label_routes_by_their_template_and_fold_the_rest(
 ) -> None:
     await proxy.client.get("/v1/contexts/ctx-1")
     await proxy.client.get("/no/such/path")
+    for method in ("FROBNICATE", "BREW"):  # any token is a method a client may send
+        await proxy.client.request(method, "/no/such/path")
     context = {"route": "/v1/contexts/{context_id}", "method": "GET", "code": "404"}
     assert proxy.metric("loopwarden_http_requests_total", **context) == 1
     other = {"route": "other", "method": "GET", "code": "404"}
     assert proxy.metric("loopwarden_http_requests_total", **other) == 1
+    methods = {
+        sample.labels["method"]
+        for family in proxy.registry.collect()
+        if family.name == "loopwarden_http_requests"
+        for sample in family.samples
+    }
+    assert methods == {"GET", "_OTHER"}  # so label values stay bounded
