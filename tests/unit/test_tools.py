@@ -195,7 +195,7 @@ def test_a_schema_pattern_is_matched_without_backtracking_on_the_event_loop() ->
     started = time.perf_counter()
     with pytest.raises(BadArguments, match="does not match"):
         validate({"city": "a" * 23 + "!"})
-    assert time.perf_counter() - started < 0.1
+    assert time.perf_counter() - started < 0.3  # re: 0.7 s, doubling with each character
     assert validate({"city": "Rio de Janeiro"}) == {"city": "Rio de Janeiro"}
 
 
@@ -205,7 +205,7 @@ def test_patterns_that_take_longer_than_their_bound_refuse_the_arguments() -> No
     started = time.perf_counter()
     with pytest.raises(BadArguments, match=f"took more than {PATTERNS_S:g} s"):
         validate({f"k{i}": "a" * 40 + "!" for i in range(20)})  # one bound for them all
-    assert time.perf_counter() - started < PATTERNS_S + 0.1
+    assert time.perf_counter() - started < 10 * PATTERNS_S  # (20 x 50 ms, with one each)
 
 
 @pytest.mark.parametrize(
@@ -256,8 +256,10 @@ async def test_a_reply_of_many_calls_to_a_patterned_tool_leaves_the_event_loop_f
     results = await asyncio.gather(*(reg.execute(call, CTX) for call in calls))
     ticker.cancel()
     assert all(f"took more than {PATTERNS_S:g} s" in r.output for r in results)
-    assert gaps  # (none: the loop never ran while they were checked)
-    assert max(gaps) < 0.04
+    # Checked on the loop, they held it from the first to the last: it never ticked. (How long
+    # a tick may wait is the host's: a generous bound, well under the one check's 50 ms x 20.)
+    assert len(gaps) >= 20
+    assert max(gaps) < 0.25
 
 
 async def test_arguments_nested_deeper_than_the_proxy_writes_are_a_tool_error() -> None:
@@ -288,5 +290,5 @@ async def test_patterned_arguments_are_checked_beside_a_busy_default_executor() 
     await SchemaCheck({"type": "object", "properties": {"city": PATTERNED}}).in_thread(
         {"city": "Rio"}
     )
-    assert time.perf_counter() - started < 0.25
+    assert time.perf_counter() - started < 0.4  # behind the sleepers: 0.5 s
     await asyncio.gather(*busy)
