@@ -331,11 +331,16 @@ class SqliteStore:
 
     async def ping(self) -> None:
         """Fails unless the file is still the one opened and takes writes: one row written,
-        and the write-ahead log checkpointed into the file."""
+        the write-ahead log checkpointed into the file, and the file writable as the kernel
+        says (a passive checkpoint writes nothing to it while another connection's copy is
+        under way). Asked, not opened: closing a second descriptor of the file would drop
+        this process's sqlite locks on it."""
 
         def work(db: sqlite3.Connection) -> None:
             db.execute("INSERT OR REPLACE INTO probe (id, at) VALUES (1, ?)", (time.time(),))
             db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+            if self._identity is not None and not os.access(self._path, os.W_OK):
+                raise OSError(f"{self._path} cannot be written (read-only or immutable)")
 
         await self._call(work)
 
