@@ -48,6 +48,11 @@ class Deadline:
         self._loop = asyncio.get_running_loop()
         self._timer: asyncio.TimerHandle | None = self._loop.call_at(when, self._fire)
 
+    @property
+    def expired(self) -> bool:
+        """The deadline came (and cancelled the task), a hold held too long included."""
+        return self._expired
+
     def hold(self) -> None:
         """From now until `release`, time does not count toward the deadline."""
         self._held_at = self._loop.time()

@@ -126,10 +126,10 @@ class Upstream:
         own = now + self.step_timeout_s
         theirs = deadline is not None and deadline < own
         end = deadline if theirs and deadline is not None else own
-        call = _Call(end)
         # A client slow to take the text holds the deadline (see `_client_time_excluded`), for
         # as long as the upstream may take a step: then it has gone, to all intents.
         timer = Deadline(asyncio.get_running_loop().time() + (end - now), self.step_timeout_s)
+        call = _Call(end, timer)
         if on_delta is not None and not theirs:
             on_delta = _client_time_excluded(on_delta, timer)
         try:
@@ -212,6 +212,8 @@ class Upstream:
             raise UpstreamUnavailable(
                 f"upstream {self.name} unreachable: {_cause_name(exc)}"
             ) from None
+        if 200 <= answer.status < 300:
+            return _Counted(answer, self._count)  # counted by how its body ends
         self._count(status_class(answer.status))
         return answer
 
@@ -225,6 +227,8 @@ class Upstream:
                 raise Retry(exc) from None  # no answer came: worth another attempt
             raise
         call.waiting = False
+        if isinstance(response, _Counted):
+            response.deadline = call.timer
         if not 200 <= response.status < 300:
             error = await self.status_error(response)
             if response.status in RETRY_STATUSES:
@@ -291,6 +295,8 @@ class Upstream:
             failure = self.transport.failure(exc)
             if failure is None:
                 raise
+            if isinstance(response, _Counted):
+                response.cut_by = "timeout" if failure is Failure.TIMEOUT else "connect_error"
             if failure is Failure.TIMEOUT:
                 raise UpstreamTimeout(f"upstream {self.name} timed out") from None
             if failure is Failure.NOT_HTTP:
@@ -334,10 +340,53 @@ class Upstream:
 
 @dataclass(slots=True)
 class _Call:
-    """One step's call: when it must end, and whether an attempt is waiting for its answer."""
+    """One step's call: when it must end (`end`, and `timer`, which cancels it then), and whether
+    an attempt is waiting for its answer."""
 
     end: float
+    timer: Deadline
     waiting: bool = False
+
+
+class _Counted:
+    """A 2xx answer, counted as an attempt when it is closed: as `2xx`, or as what cut its
+    body short (`cut_by`: `timeout`, `connect_error`, also when its step's `deadline` ran out
+    while it was read, but not when a client slow to take the text held it out), which its
+    status alone would hide."""
+
+    __slots__ = ("_answer", "_count", "cut_by", "deadline")
+
+    def __init__(self, answer: Answer, count: Callable[[str], None]) -> None:
+        self._answer = answer
+        self._count: Callable[[str], None] | None = count
+        self.cut_by: str | None = None
+        self.deadline: Deadline | None = None
+
+    @property
+    def status(self) -> int:
+        return self._answer.status
+
+    def header(self, name: str) -> str | None:
+        return self._answer.header(name)
+
+    def raw_headers(self) -> list[tuple[bytes, bytes]]:
+        return self._answer.raw_headers()
+
+    def chunks(self) -> AsyncIterator[bytes]:
+        return self._answer.chunks()
+
+    def keep_alive(self) -> None:
+        self._answer.keep_alive()
+
+    async def aclose(self) -> None:
+        count, self._count = self._count, None
+        if count is not None:
+            deadline = self.deadline
+            if self.cut_by is None and deadline is not None and deadline.expired:
+                # The step's time ran out mid-answer (not the client's slowness, which held it).
+                self.cut_by = None if deadline.held_out else "timeout"
+            count(self.cut_by or status_class(self._answer.status))
+        await self._answer.aclose()
 
 
 def _client_time_excluded(sink: DeltaSink, timer: Deadline) -> DeltaSink:

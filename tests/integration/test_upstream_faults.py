@@ -149,7 +149,15 @@ async def test_the_time_a_slow_client_takes_to_read_is_not_the_upstream_s(
     """A client whose socket is full holds each delta up: the step deadline waits as long."""
     words = [delta(f"w{i} ") for i in range(6)]
     upstream.script(stream(*words, delta(finish_reason="stop"), DONE, every_s=0.01))
-    main = Upstream("main", upstream.url, Http1Transport(), step_timeout_s=0.3, max_retries=0)
+    attempts: list[str] = []
+    main = Upstream(
+        "main",
+        upstream.url,
+        Http1Transport(),
+        step_timeout_s=0.3,
+        max_retries=0,
+        on_attempt=lambda name, outcome: attempts.append(outcome),
+    )
     request = ModelRequest("scripted", USER, [], stream=True)
 
     async def slow_client(text: str) -> None:
@@ -165,6 +173,7 @@ async def test_the_time_a_slow_client_takes_to_read_is_not_the_upstream_s(
     upstream.script(stream(*words, delta(finish_reason="stop"), DONE, every_s=0.01))
     with pytest.raises(ClientDisconnected, match=r"the client took no text for 0\.3 s"):
         await main.complete(request, gone_client)  # as long as a step may take, then gone
+    assert attempts == ["2xx", "2xx"]  # the client's slowness is no failure of the upstream's
 
 
 async def test_a_json_body_that_drips_is_cut_at_the_step_deadline(
@@ -324,6 +333,10 @@ async def test_a_reset_mid_stream_is_a_connection_error(
         duration = "gen_ai_client_operation_duration_seconds_count"
         assert proxy.metric(duration, **labels, error_type="upstream_unavailable") == 1
         assert proxy.metric(duration, **labels, error_type="upstream_timeout") == 0
+        # The attempt's 200 came, but its answer did not: the error ratio counts it.
+        attempts = "loopwarden_upstream_requests_total"
+        assert proxy.metric(attempts, upstream="main", status_class="connect_error") == 1
+        assert proxy.metric(attempts, upstream="main", status_class="2xx") == 0
 
 
 # Item 10: upstream error bodies, OpenAI-shaped and scrubbed

@@ -8,6 +8,7 @@ import time
 from collections.abc import AsyncIterator
 
 import httpx
+import orjson
 import pytest
 
 from proxy.engine.values import ModelRequest
@@ -84,6 +85,26 @@ async def test_an_attempt_that_never_got_an_answer_is_counted_as_a_timeout() -> 
         with pytest.raises(UpstreamTimeout):
             await up.complete(request(), None)
     assert attempts == [("up", "timeout")]
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_an_answer_cut_by_the_step_timeout_is_counted_as_a_timeout(stream: bool) -> None:
+    attempts = Attempts()
+    up = upstream(dripping, step_timeout_s=0.3, timeout_s=5.0, on_attempt=attempts)
+    async with asyncio.timeout(HANG_S):
+        with pytest.raises(UpstreamTimeout):
+            await up.complete(request(stream), None)
+    assert attempts == [("up", "timeout")]
+
+
+async def test_a_whole_answer_is_counted_as_its_status() -> None:
+    message = {"role": "assistant", "content": "hi"}
+    body = orjson.dumps({"choices": [{"message": message, "finish_reason": "stop"}]})
+    attempts = Attempts()
+    up = upstream(lambda request: httpx.Response(200, content=body), on_attempt=attempts)
+    reply = await up.complete(request(False), None)
+    assert reply.text == "hi"
+    assert attempts == [("up", "2xx")]
 
 
 async def test_no_retry_waits_past_the_deadline() -> None:

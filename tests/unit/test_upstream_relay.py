@@ -389,17 +389,34 @@ async def test_no_response_is_an_upstream_failure_counted_once_without_retry(
 
 
 @pytest.mark.parametrize(
-    ("error", "raised"),
-    [(httpx.ReadError("reset"), UpstreamUnavailable), (httpx.ReadTimeout("slow"), UpstreamTimeout)],
+    ("error", "raised", "outcome"),
+    [
+        (httpx.ReadError("reset"), UpstreamUnavailable, "connect_error"),
+        (httpx.ReadTimeout("slow"), UpstreamTimeout, "timeout"),
+    ],
 )
-async def test_a_failure_midway_through_the_response_body(
-    error: Exception, raised: type[Exception]
+async def test_a_failure_midway_through_the_response_body_is_counted_as_that_failure(
+    error: Exception, raised: type[Exception], outcome: str
 ) -> None:
-    up = upstream(httpx.MockTransport(lambda request: httpx.Response(200, stream=Failing(error))))
+    attempts = Attempts()
+    answer_of = httpx.Response(200, stream=Failing(error))
+    up = upstream(httpx.MockTransport(lambda request: answer_of), attempts)
     async with relay(up, "GET", "/v1/files/f-1/content") as answer:
         assert await anext(answer.body) == b"part"
         with pytest.raises(raised):
             await anext(answer.body)
+    assert attempts == [("up", outcome)]
+
+
+async def test_a_success_is_counted_once_whether_its_body_was_read_or_not() -> None:
+    attempts = Attempts()
+    answer_of = httpx.Response(200, stream=Chunks(b"a", b"b"))
+    up = upstream(httpx.MockTransport(lambda request: answer_of), attempts)
+    async with relay(up, "GET", "/v1/files/f-1/content") as answer:
+        assert b"".join(await read_all(answer.body)) == b"ab"
+    async with relay(up, "GET", "/v1/files/f-1/content"):
+        pass
+    assert attempts == [("up", "2xx"), ("up", "2xx")]
 
 
 async def test_a_client_body_that_fails_is_raised_as_itself_and_not_counted() -> None:
