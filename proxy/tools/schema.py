@@ -1,12 +1,13 @@
 """Argument validation against a tool's JSON schema.
 
 The arguments are the model's and the schema is a config's or an MCP server's: its patterns
-(`pattern`, `patternProperties`) are matched with `regex`, within PATTERNS_S of matching for
-one validation, letting go of the interpreter while they match (Python's `re` backtracks
-without bound and holds it: `^([a-zA-Z]+ ?)+$` took 3 s over 25 characters). A schema with
-patterns is checked in a thread of the validations' own (`SchemaCheck.off_loop`), so that a
-reply of many calls does not hold the event loop for their sum. Arguments whose patterns take
-longer to match are refused, as arguments that do not match are.
+(`pattern`, `patternProperties`, also where `unevaluatedProperties` reads them) are matched
+with `regex`, within PATTERNS_S of matching for one validation, letting go of the interpreter
+while they match (Python's `re` backtracks without bound and holds it: `^([a-zA-Z]+ ?)+$`
+took 3 s over 25 characters). A schema with patterns is checked in a thread of the
+validations' own (`SchemaCheck.off_loop`), so that a reply of many calls does not hold the
+event loop for their sum. Arguments whose patterns take longer to match are refused, as
+arguments that do not match are.
 """
 
 from __future__ import annotations
@@ -92,12 +93,79 @@ def _additional_properties(
             yield ValidationError(f"Additional properties are not allowed ({listed} unexpected)")
 
 
+def _unevaluated_properties(
+    validator: Any, unevaluated: Any, instance: Any, schema: dict[str, Any]
+) -> Iterator[ValidationError]:
+    if not validator.is_type(instance, "object"):
+        return
+    evaluated = _evaluated_keys(validator, instance, schema)
+    extras = [
+        key
+        for key, value in instance.items()
+        if key not in evaluated and not _valid(validator.descend(value, unevaluated, path=key))
+    ]
+    if not extras:
+        return
+    listed = ", ".join(repr(extra) for extra in sorted(extras))
+    if unevaluated is False:
+        yield ValidationError(f"Unevaluated properties are not allowed ({listed} unexpected)")
+    else:
+        yield ValidationError(
+            f"Unevaluated properties are not valid under the given schema ({listed})"
+        )
+
+
+def _evaluated_keys(validator: Any, instance: dict[str, Any], schema: Any) -> set[str]:
+    """The keys of `instance` that `schema` evaluates, as `unevaluatedProperties` reads them:
+    those its `properties`, `patternProperties` (matched as every pattern here is),
+    `additionalProperties` and `unevaluatedProperties` take, and those of the subschemas
+    that apply in place (`$ref`, `$dynamicRef`, `allOf`, and `anyOf`, `oneOf`,
+    `dependentSchemas`, `if`/`then`/`else` where they hold)."""
+    if not isinstance(schema, dict):
+        return set()
+    keys: set[str] = set()
+    for keyword in ("$ref", "$dynamicRef"):
+        if (reference := schema.get(keyword)) is not None:
+            resolved = validator._resolver.lookup(reference)
+            at = validator.evolve(schema=resolved.contents, _resolver=resolved.resolver)
+            keys |= _evaluated_keys(at, instance, resolved.contents)
+    properties = schema.get("properties")
+    if isinstance(properties, dict):
+        keys.update(key for key in instance if key in properties)
+    patterns = schema.get("patternProperties")
+    if isinstance(patterns, dict):
+        keys.update(key for key in instance if any(_search(p, key) for p in patterns))
+    for keyword in ("additionalProperties", "unevaluatedProperties"):
+        if (taking := schema.get(keyword)) is not None:
+            keys.update(k for k, v in instance.items() if _valid(validator.descend(v, taking)))
+    for key, subschema in (schema.get("dependentSchemas") or {}).items():
+        if key in instance:
+            keys |= _evaluated_keys(validator, instance, subschema)
+    for keyword in ("allOf", "anyOf", "oneOf"):
+        for subschema in schema.get(keyword) or ():
+            if _valid(validator.descend(instance, subschema)):
+                keys |= _evaluated_keys(validator, instance, subschema)
+    if "if" in schema:
+        if _valid(validator.descend(instance, schema["if"])):
+            keys |= _evaluated_keys(validator, instance, schema["if"])
+            keys |= _evaluated_keys(validator, instance, schema.get("then"))
+        else:
+            keys |= _evaluated_keys(validator, instance, schema.get("else"))
+    return keys
+
+
+def _valid(errors: Iterator[ValidationError]) -> bool:
+    return next(errors, None) is None
+
+
 _Validator = validators.extend(  # type: ignore[no-untyped-call]
     Draft202012Validator,
     {
         "pattern": _pattern,
         "patternProperties": _pattern_properties,
         "additionalProperties": _additional_properties,
+        # jsonschema's own matches `patternProperties` with `re` to find the evaluated keys.
+        "unevaluatedProperties": _unevaluated_properties,
     },
 )
 
