@@ -27,7 +27,15 @@ from proxy.upstream.error_body import ERROR_BODY_LIMIT, status_failure
 from proxy.upstream.reply import ReplyLimits
 from proxy.upstream.retry import RETRY_STATUSES, Retry
 from proxy.upstream.stream import ReplyReader
-from proxy.upstream.transport import Answer, Body, Failure, Headers, Timeouts, Transport
+from proxy.upstream.transport import (
+    Answer,
+    AnswerOver,
+    Body,
+    Failure,
+    Headers,
+    Timeouts,
+    Transport,
+)
 
 # `GET /models` is asked while a client waits for its model list: 5 s per read, 10 s in all.
 MODELS_TIMEOUT = Timeouts(5.0, 5.0)
@@ -348,35 +356,19 @@ class _Call:
     waiting: bool = False
 
 
-class _Counted:
+class _Counted(AnswerOver):
     """A 2xx answer, counted as an attempt when it is closed: as `2xx`, or as what cut its
     body short (`cut_by`: `timeout`, `connect_error`, also when its step's `deadline` ran out
     while it was read, but not when a client slow to take the text held it out), which its
     status alone would hide."""
 
-    __slots__ = ("_answer", "_count", "cut_by", "deadline")
+    __slots__ = ("_count", "cut_by", "deadline")
 
     def __init__(self, answer: Answer, count: Callable[[str], None]) -> None:
-        self._answer = answer
+        super().__init__(answer)
         self._count: Callable[[str], None] | None = count
         self.cut_by: str | None = None
         self.deadline: Deadline | None = None
-
-    @property
-    def status(self) -> int:
-        return self._answer.status
-
-    def header(self, name: str) -> str | None:
-        return self._answer.header(name)
-
-    def raw_headers(self) -> list[tuple[bytes, bytes]]:
-        return self._answer.raw_headers()
-
-    def chunks(self) -> AsyncIterator[bytes]:
-        return self._answer.chunks()
-
-    def keep_alive(self) -> None:
-        self._answer.keep_alive()
 
     async def aclose(self) -> None:
         count, self._count = self._count, None

@@ -11,36 +11,27 @@ transport's own limit only, for at most a moment.)
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 from proxy.errors import UpstreamPoolExhausted
-from proxy.upstream.transport import Answer, Body, Failure, Headers, Timeouts, Transport
+from proxy.upstream.transport import (
+    Answer,
+    AnswerOver,
+    Body,
+    Failure,
+    Headers,
+    Timeouts,
+    Transport,
+)
 
 
-class _Held:
+class _Held(AnswerOver):
     """An answer that gives its pool slot back when it is closed (once)."""
 
-    __slots__ = ("_answer", "_slot")
+    __slots__ = ("_slot",)
 
     def __init__(self, answer: Answer, slot: asyncio.Semaphore) -> None:
-        self._answer = answer
+        super().__init__(answer)
         self._slot: asyncio.Semaphore | None = slot
-
-    @property
-    def status(self) -> int:
-        return self._answer.status
-
-    def header(self, name: str) -> str | None:
-        return self._answer.header(name)
-
-    def raw_headers(self) -> list[tuple[bytes, bytes]]:
-        return self._answer.raw_headers()
-
-    def chunks(self) -> AsyncIterator[bytes]:
-        return self._answer.chunks()  # the inner iterator itself: no layer per chunk
-
-    def keep_alive(self) -> None:
-        self._answer.keep_alive()
 
     async def aclose(self) -> None:
         try:

@@ -59,6 +59,34 @@ class Answer(Protocol):
     async def aclose(self) -> None: ...
 
 
+class AnswerOver:
+    """Another answer as it is, for a wrapper that does more as it is closed (`aclose`)."""
+
+    __slots__ = ("_answer",)
+
+    def __init__(self, answer: Answer) -> None:
+        self._answer = answer
+
+    @property
+    def status(self) -> int:
+        return self._answer.status
+
+    def header(self, name: str) -> str | None:
+        return self._answer.header(name)
+
+    def raw_headers(self) -> list[tuple[bytes, bytes]]:
+        return self._answer.raw_headers()
+
+    def chunks(self) -> AsyncIterator[bytes]:
+        return self._answer.chunks()  # the inner iterator itself: no layer per chunk
+
+    def keep_alive(self) -> None:
+        self._answer.keep_alive()
+
+    async def aclose(self) -> None:
+        await self._answer.aclose()
+
+
 class Transport(Protocol):
     async def send(
         self, method: str, url: str, headers: Headers, body: Body, timeouts: Timeouts
