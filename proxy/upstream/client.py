@@ -377,7 +377,7 @@ class _Counted(AnswerOver):
             if self.cut_by is None and deadline is not None and deadline.expired:
                 # The step's time ran out mid-answer (not the client's slowness, which held it).
                 self.cut_by = None if deadline.held_out else "timeout"
-            count(self.cut_by or status_class(self._answer.status))
+            count(self.cut_by or status_class(self.status))
         await self._answer.aclose()
 
 

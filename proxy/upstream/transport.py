@@ -62,14 +62,11 @@ class Answer(Protocol):
 class AnswerOver:
     """Another answer as it is, for a wrapper that does more as it is closed (`aclose`)."""
 
-    __slots__ = ("_answer",)
+    __slots__ = ("_answer", "status")
 
     def __init__(self, answer: Answer) -> None:
         self._answer = answer
-
-    @property
-    def status(self) -> int:
-        return self._answer.status
+        self.status = answer.status
 
     def header(self, name: str) -> str | None:
         return self._answer.header(name)
