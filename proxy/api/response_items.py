@@ -13,6 +13,7 @@ from typing import Any
 
 import orjson
 
+from proxy.api.response_body import cut_short
 from proxy.engine import events as ev
 from proxy.engine.run_spec import RunResult
 from proxy.engine.tool_calls import error_content
@@ -336,11 +337,14 @@ def output_items(
     prefix: str,
     names: ToolNames,
     server_calls: list[dict[str, Any]],
+    max_output_tokens: int | None,
 ) -> list[dict[str, Any]]:
     """The `output` of a run that did not fail, in order: its server calls, its client calls,
-    and its final message when it has text (SPEC §12.2)."""
+    and its final message when it has text (SPEC §12.2), `incomplete` when cut at the client's
+    `max_output_tokens`."""
     items = [*server_calls, *client_items(result, prefix, names)]
     text = result.message.get("content")
     if isinstance(text, str) and text:
-        items.append(message_item(f"msg_{prefix}", text))
+        status = "incomplete" if cut_short(result, max_output_tokens) else "completed"
+        items.append(message_item(f"msg_{prefix}", text, status))
     return items

@@ -21,6 +21,7 @@ from proxy.api.json_body import read_json
 from proxy.api.planning import Plan
 from proxy.api.resent import first_lineage, last_stored, resumed
 from proxy.api.response_body import (
+    cut_short,
     finished_response,
     item_prefix,
     response_id,
@@ -122,7 +123,9 @@ class Responses:
             return
         if calls is not None:
             calls.unfinished()
-        output = output_items(result, prefix, req.names, calls.items if calls else [])
+        output = output_items(
+            result, prefix, req.names, calls.items if calls else [], req.max_output_tokens
+        )
         body = context.response(result, spec.model, output, report)
         await context.keep(result, body, report)
         await send_json(send, 200, body, headers)
@@ -148,7 +151,9 @@ class Responses:
                 return
             text = result.message.get("content")
             data = writer.closing(
-                text if isinstance(text, str) else None, context.client_items(result)
+                text if isinstance(text, str) else None,
+                context.client_items(result),
+                cut_short(result, context.req.max_output_tokens),
             )
             body = context.response(result, writer.base["model"], writer.output, report)
             await context.keep(result, body, report)

@@ -118,14 +118,15 @@ class ResponsesStream(EventStream):
         )  # fmt: skip
         return data
 
-    def _close_message(self) -> bytes:
+    def _close_message(self, status: str = "completed") -> bytes:
+        """The message open ended: `completed`, or `incomplete` when its text was cut short."""
         index = self._message_index
         if index is None:
             return b""
         text = "".join(self._text)
         where = {"item_id": self._message_id, "output_index": index, "content_index": 0}
         part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-        item = message_item(self._message_id, text)
+        item = message_item(self._message_id, text, status)
         self.output[index] = item
         self._message_index, self._text = None, []
         return (
@@ -161,9 +162,12 @@ class ResponsesStream(EventStream):
 
     # -- the end ------------------------------------------------------------------------------
 
-    def closing(self, text: str | None, client_items: list[dict[str, Any]]) -> bytes:
+    def closing(
+        self, text: str | None, client_items: list[dict[str, Any]], cut: bool = False
+    ) -> bytes:
         """The events that end the output: the message closed (with `text` sent first when
-        none was streamed) and the client calls. `output` is then whole."""
+        none was streamed; `incomplete` when `cut` short) and the client calls. `output` is
+        then whole."""
         data = self._opening() + self._end_unfinished()
         if not self._streamed and text:
             data += self._open_message()
@@ -173,7 +177,7 @@ class ResponsesStream(EventStream):
                 "response.output_text.delta",
                 {**where, "content_index": 0, "delta": text, "logprobs": []},
             )
-        data += self._close_message()
+        data += self._close_message("incomplete" if cut else "completed")
         for item in client_items:
             data += self._client_call(item)
         return data
@@ -217,7 +221,7 @@ class ResponsesStream(EventStream):
         """A failure after the first byte: the items open ended (the text so far, calls cut
         short), then `response.failed` with the error, the `loop` report and every item at the
         index it was streamed at, in `response` (SPEC §12.3)."""
-        data = self._opening() + self._close_message() + self._end_unfinished()
+        data = self._opening() + self._close_message("incomplete") + self._end_unfinished()
         response["output"] = self.output
         data += self._event("response.failed", {"response": response})
         await self._write(data, last=True)

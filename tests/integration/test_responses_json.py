@@ -345,6 +345,8 @@ async def test_cut_at_the_clients_max_output_tokens_is_incomplete(proxy: Proxy) 
     body = (await respond(proxy, model="scripted", max_output_tokens=2)).json()
     assert body["status"] == "incomplete"
     assert body["incomplete_details"] == {"reason": "max_output_tokens"}
+    (message,) = body["output"]
+    assert message["status"] == "incomplete"  # as OpenAI marks the item cut short
 
 
 async def test_stored_responses_are_read_and_deleted(proxy: Proxy) -> None:

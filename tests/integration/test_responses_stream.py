@@ -95,6 +95,19 @@ async def test_keep_alives_while_tools_run(proxy_for: ProxyFactory) -> None:
         assert checked(parse_events(r.text))["status"] == "completed"
 
 
+async def test_a_message_cut_at_the_clients_max_output_tokens_is_incomplete(
+    proxy: Proxy,
+) -> None:
+    proxy.upstream.script(say("A long answer that goes on and on and on."))
+    events = parse_events((await stream(proxy, model="scripted", max_output_tokens=2)).text)
+    final = checked(events)
+    assert (events[-1]["type"], final["status"]) == ("response.incomplete", "incomplete")
+    (message,) = final["output"]
+    assert message["status"] == "incomplete"
+    done = [e["item"] for e in events if e["type"] == "response.output_item.done"]
+    assert done == [message]
+
+
 async def test_an_upstream_failure_after_a_tool_ran_is_response_failed(proxy: Proxy) -> None:
     proxy.upstream.script(call("get_weather", city="Paris"), fail(500, "down"))
     r = await stream(proxy, model="weather")

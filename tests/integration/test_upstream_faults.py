@@ -34,6 +34,7 @@ from tests.faulty_upstream import (
     stream,
 )
 from tests.integration.test_chat_stream import events
+from tests.response_events import checked, parse_events
 
 UPSTREAM_KEY = "sk-upstream-secret-0123456789abcdef"
 USER = [{"role": "user", "content": "hi"}]
@@ -337,6 +338,20 @@ async def test_a_reset_mid_stream_is_a_connection_error(
         attempts = "loopwarden_upstream_requests_total"
         assert proxy.metric(attempts, upstream="main", status_class="connect_error") == 1
         assert proxy.metric(attempts, upstream="main", status_class="2xx") == 0
+
+
+async def test_a_responses_message_cut_by_a_reset_mid_stream_is_incomplete(
+    proxy_to: ProxyTo, upstream: FaultyUpstream
+) -> None:
+    upstream.script(stream(delta("Half an ans"), then="reset"))
+    async with proxy_to() as proxy:
+        body = {"model": "scripted", "input": "hi", "stream": True}
+        r = await proxy.client.post("/v1/responses", json=body)
+    events = parse_events(r.text)
+    final = checked(events)
+    assert final["status"] == "failed"
+    (message,) = final["output"]
+    assert (message["status"], message["content"][0]["text"]) == ("incomplete", "Half an ans")
 
 
 # Item 10: upstream error bodies, OpenAI-shaped and scrubbed

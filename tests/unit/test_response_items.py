@@ -255,10 +255,10 @@ def test_output_items_are_server_calls_then_client_calls_then_the_message() -> N
     result = RunResult("run_abc", Stop(StopReason.CLIENT_TOOL_CALL), message, "tool_calls",
                        Usage(), None, 1, 0, [], False)  # fmt: skip
     server = [{"id": "mcp_abc_0", "type": "mcp_call"}]
-    items = output_items(result, "abc", {}, server)
+    items = output_items(result, "abc", {}, server, None)
     assert [i["type"] for i in items] == ["mcp_call", "function_call", "message"]
     assert items[1]["id"] == "fc_abc_0"
     assert items[2]["id"] == "msg_abc"
     assert items[2]["content"][0]["text"] == "Checking."
     result.message = {"role": "assistant", "content": ""}
-    assert output_items(result, "abc", {}, []) == []
+    assert output_items(result, "abc", {}, [], None) == []
