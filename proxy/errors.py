@@ -134,7 +134,8 @@ class UpstreamBadReply(UpstreamFailure):
 
 class UpstreamStatusError(UpstreamFailure):
     """The upstream answered with an error status (400-599): relayed with that status and the
-    upstream's own error, OpenAI-shaped and scrubbed of secrets (`proxy.upstream.refusal`)."""
+    upstream's own error, OpenAI-shaped and scrubbed of secrets (`proxy.upstream.error_body`),
+    and the headers a client's retry reads (`retry_headers`: `retry-after`, `x-ratelimit-…`)."""
 
     def __init__(
         self,
@@ -144,11 +145,13 @@ class UpstreamStatusError(UpstreamFailure):
         error_type: str | None = None,
         param: str | None = None,
         code: str | None = "upstream_error",
+        retry_headers: dict[str, str] | None = None,
     ) -> None:
         """`error_type` None: the client's error for a 4xx, the server's for a 5xx."""
         super().__init__(message, param=param, code=code)
         self.status = status
         self.type = error_type or ("invalid_request_error" if status < 500 else "server_error")
+        self.retry_headers = retry_headers or {}
 
     def __str__(self) -> str:
         return f"upstream returned HTTP {self.status}: {self.message}"

@@ -41,7 +41,11 @@ def failure_error(result: RunResult) -> ProxyError:
 async def send_failure(
     send: Send, result: RunResult, report: dict[str, Any], headers: dict[str, str]
 ) -> None:
-    """A failed run's response: its error (`failure_error`) with the `loop` report."""
+    """A failed run's response: its error (`failure_error`) with the `loop` report, and the
+    upstream's retry headers when its error answer is relayed."""
     if result.tools_ran:
         headers["x-should-retry"] = "false"
-    await send_error(send, failure_error(result), headers, {"loop": report})
+    error = failure_error(result)
+    if isinstance(error, UpstreamStatusError) and error.retry_headers:
+        headers = {**error.retry_headers, **headers}
+    await send_error(send, error, headers, {"loop": report})

@@ -262,6 +262,7 @@ class Upstream:
             body,
             response.header("content-type"),
             [self.api_key],
+            response.raw_headers(),
         )
 
     async def models(self) -> list[dict[str, Any]]:

@@ -51,14 +51,18 @@ def status_failure(
     body: bytes,
     content_type: str | None,
     secrets: Iterable[str | None] = (),
+    headers: Iterable[tuple[bytes, bytes]] = (),
 ) -> UpstreamFailure:
     """The error an upstream's answer with a non-success `status` is relayed as: an
-    UpstreamStatusError for a status in RELAYED_STATUSES, else an UpstreamBadReply (502)."""
+    UpstreamStatusError for a status in RELAYED_STATUSES, with those of its `headers` a
+    client's retry reads (`retry_headers`), else an UpstreamBadReply (502)."""
     if status not in RELAYED_STATUSES:
         return UpstreamBadReply(f"upstream {upstream} answered HTTP {status}, which is not a reply")
     error = _openai_error(body)
+    kept = retry_headers(headers)
     if error is None:
-        return UpstreamStatusError(status, _generic(upstream, status, body, content_type))
+        generic = _generic(upstream, status, body, content_type)
+        return UpstreamStatusError(status, generic, retry_headers=kept)
     secrets = tuple(secrets)
     message = error.get("message")
     return UpstreamStatusError(
@@ -67,7 +71,33 @@ def status_failure(
         error_type=_field(error.get("type"), secrets),
         param=_field(error.get("param"), secrets),
         code=_field(error.get("code"), secrets, numbered=True),
+        retry_headers=kept,
     )
+
+
+# The headers of an error answer that tell a client when to try again (the OpenAI SDKs read
+# `retry-after-ms` and `retry-after`; `x-ratelimit-*` give the limits and what is left).
+RETRY_HEADERS = (b"retry-after", b"retry-after-ms")
+RATE_LIMIT_PREFIX = b"x-ratelimit-"
+MAX_RETRY_HEADERS = 16
+RETRY_HEADER_LIMIT = 256  # bytes of a value; a longer one is no time or count
+
+
+def retry_headers(headers: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
+    """Those of an error answer's `headers` that a client's retry reads, the first of each
+    name, at most MAX_RETRY_HEADERS of them, values of printable ASCII within
+    RETRY_HEADER_LIMIT bytes."""
+    kept: dict[str, str] = {}
+    for raw_name, value in headers:
+        name = raw_name.lower()
+        if not (name in RETRY_HEADERS or name.startswith(RATE_LIMIT_PREFIX)):
+            continue
+        if len(kept) >= MAX_RETRY_HEADERS or len(value) > RETRY_HEADER_LIMIT:
+            continue
+        if not (value.isascii() and value.decode().isprintable()):
+            continue
+        kept.setdefault(name.decode(), value.decode())
+    return kept
 
 
 def _without(text: str, secret: str) -> str:

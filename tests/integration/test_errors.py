@@ -297,6 +297,51 @@ async def test_upstream_errors_are_relayed_after_retries(proxy_for: ProxyFactory
     assert len(proxy.upstream.requests) == 3
 
 
+RATE_LIMITED = {
+    "retry-after": "7",
+    "retry-after-ms": "6500",
+    "x-ratelimit-remaining-requests": "0",
+    "x-ratelimit-reset-requests": "6.5s",
+}
+NOT_RETRIED = {"upstreams": {"main": {"base_url": "http://upstream.test/v1", "max_retries": 0}}}
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/chat/completions", {"messages": USER}),
+        ("/v1/chat/completions", {"messages": USER, "stream": True}),
+        ("/v1/responses", {"input": "hi"}),
+        ("/v1/responses", {"input": "hi", "stream": True}),
+    ],
+)
+async def test_an_upstream_refusal_keeps_the_headers_a_clients_retry_reads(
+    proxy_for: ProxyFactory, path: str, body: dict[str, Any]
+) -> None:
+    """The OpenAI SDKs wait as `retry-after-ms`/`retry-after` say before they try again."""
+    headers = {**RATE_LIMITED, "set-cookie": "upstream=1", "x-request-id": "req_up"}
+    async with proxy_for(NOT_RETRIED) as proxy:
+        proxy.upstream.script(fail(429, "slow down", error_type="rate_limit", headers=headers))
+        r = await proxy.client.post(path, json={"model": "scripted", **body})
+    assert r.status_code == 429
+    assert {name: r.headers.get(name) for name in RATE_LIMITED} == RATE_LIMITED
+    assert "set-cookie" not in r.headers
+    assert r.headers["x-loopwarden-stop-reason"] == "upstream_error"
+
+
+async def test_a_refusal_after_a_tool_ran_says_not_to_retry_and_when_to_nothing(
+    proxy_for: ProxyFactory,
+) -> None:
+    async with proxy_for(NOT_RETRIED) as proxy:
+        proxy.upstream.script(
+            call("get_weather", city="Paris"),
+            fail(429, "slow down", error_type="rate_limit", headers=RATE_LIMITED),
+        )
+        r = await proxy.chat(model="weather")
+    assert (r.status_code, r.headers["x-should-retry"]) == (502, "false")
+    assert not RATE_LIMITED.keys() & r.headers.keys()
+
+
 async def test_a_client_error_is_not_retried(proxy_for: ProxyFactory) -> None:
     async with proxy_for(RETRIED) as proxy:
         proxy.upstream.script(slow_down(400), say("A retry would have got this."))

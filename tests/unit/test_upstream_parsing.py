@@ -16,7 +16,13 @@ from hypothesis import strategies as st
 from proxy.engine.values import ModelRequest, ToolCall
 from proxy.errors import UpstreamBadReply, UpstreamStatusError
 from proxy.upstream.client import Upstream
-from proxy.upstream.error_body import MESSAGE_LIMIT, scrub, status_failure
+from proxy.upstream.error_body import (
+    MAX_RETRY_HEADERS,
+    MESSAGE_LIMIT,
+    RETRY_HEADER_LIMIT,
+    scrub,
+    status_failure,
+)
 from proxy.upstream.httpx_transport import HttpxTransport
 from proxy.upstream.reply import (
     ChunkAccumulator,
@@ -430,6 +436,26 @@ def test_an_error_answer_with_a_status_no_client_can_be_given_is_a_bad_reply() -
     assert isinstance(error, UpstreamBadReply)
     assert (error.status, error.code) == (502, "upstream_error")
     assert error.message == "upstream u answered HTTP 999, which is not a reply"
+
+
+def test_an_error_answer_keeps_the_headers_a_retry_reads_within_bounds() -> None:
+    headers = [
+        (b"Retry-After", b"7"),
+        (b"retry-after", b"9"),  # the first of a name holds
+        (b"x-ratelimit-limit-tokens", b"30000"),
+        (b"x-ratelimit-reset-tokens", b"x" * (RETRY_HEADER_LIMIT + 1)),
+        (b"x-ratelimit-bad", b"a\x01b"),
+        (b"x-ratelimit-latin", "é".encode("latin-1")),
+        (b"set-cookie", b"a=b"),
+        *((b"x-ratelimit-n%d" % i, b"1") for i in range(2 * MAX_RETRY_HEADERS)),
+    ]
+    body = b'{"error": {"message": "slow down"}}'
+    error = status_failure("u", 429, body, "application/json", (), headers)
+    assert isinstance(error, UpstreamStatusError)
+    kept = error.retry_headers
+    assert list(kept)[:2] == ["retry-after", "x-ratelimit-limit-tokens"]
+    assert (kept["retry-after"], len(kept)) == ("7", MAX_RETRY_HEADERS)
+    assert all(name.startswith("x-ratelimit-n") for name in list(kept)[2:])
 
 
 @pytest.mark.parametrize("reports_cost", [True, False])
