@@ -93,6 +93,9 @@ class ChatCompletions:
                     return
                 await writer.fail(failure_error(result).body(), report)
                 return
+            text = result.message.get("content")
+            if run.spec.one_document and isinstance(text, str) and text:
+                await writer.content(text)  # held back until now: one JSON document
             if result.stop.reason is StopReason.CLIENT_TOOL_CALL:
                 await writer.tool_calls(result.message.get("tool_calls") or [])
             usage = result.usage.to_openai() if req.include_usage else None

@@ -75,6 +75,12 @@ class LoopPolicy:
         object.__setattr__(self, "time_budget", min(durations, key=_threshold, default=None))
 
     @property
+    def may_take_steps(self) -> bool:
+        """Whether a run may take more than one step: one with server tools, rules, limits or
+        a terminating config (a call they block, or a nudge, is answered by a step more)."""
+        return bool(self.tools or self.tool_rules or self.tool_call_limits or self.terminating)
+
+    @property
     def has_cost_condition(self) -> bool:
         return any(c.kind == "max_cost" for c in walk(self.stop_when))
 

@@ -39,6 +39,19 @@ class RunSpec:
     params: dict[str, Any] = field(default_factory=dict)
     thread_id: str | None = None
 
+    @property
+    def one_document(self) -> bool:
+        """The client asked for a JSON reply (`response_format` of type `json_schema` or
+        `json_object`) of a run that may take more than one step: its reply's text is the last
+        step's alone (one JSON document, what a client parses), and a stream sends it whole as
+        the run ends (SPEC §5.3)."""
+        form = self.params.get("response_format")
+        return (
+            isinstance(form, dict)
+            and form.get("type") in ("json_schema", "json_object")
+            and self.policy.may_take_steps
+        )
+
 
 @dataclass(slots=True)
 class Deps:

@@ -54,6 +54,7 @@ class RunState:
     # request (SPEC §5.1.6).
     held: dict[str, Any] | None = None
     last_reply: ModelReply | None = None  # the model's latest reply, for the run's answer
+    one_document: bool = False  # the reply is one JSON document (`RunSpec.one_document`)
 
     @property
     def step_count(self) -> int:
@@ -65,7 +66,10 @@ class RunState:
 
     @property
     def text(self) -> str:
-        """The text of every step, in order, separated by a blank line (SPEC §5.3)."""
+        """The text of every step, in order, separated by a blank line (SPEC §5.3); with
+        `one_document`, the last step's that has text."""
+        if self.one_document:
+            return next((step.text for step in reversed(self.steps) if step.text), "")
         return "\n\n".join(step.text for step in self.steps if step.text)
 
     def called_tools(self) -> set[str]:

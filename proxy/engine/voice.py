@@ -16,9 +16,14 @@ class Voice:
     """Tells observers every event (an observer that raises is logged: telemetry never breaks a
     run) and the stream, when there is one, the progress and the text the client sees."""
 
-    def __init__(self, observers: Sequence[RunObserver], stream: RunStream | None) -> None:
+    def __init__(
+        self, observers: Sequence[RunObserver], stream: RunStream | None, quiet: bool = False
+    ) -> None:
+        """`quiet`: no text reaches the stream (a reply that is one JSON document is sent
+        whole at the end, by the stream's owner); the upstream's answer still starts it."""
         self.observers = observers
         self.stream = stream
+        self.quiet = quiet
         self._streamed = False  # whether any text reached the stream yet
 
     def notify(self, event: ev.RunEvent) -> None:
@@ -36,7 +41,7 @@ class Voice:
     async def say(self, text: str) -> None:
         """Streams text that starts a new part of the reply: parts are separated by a blank
         line (SPEC §4.3)."""
-        if self.stream is None or not text:
+        if self.stream is None or not text or self.quiet:
             return
         if self._streamed:
             text = "\n\n" + text
@@ -48,6 +53,8 @@ class Voice:
         stream = self.stream
         if stream is None:
             return None
+        if self.quiet:
+            return _beginning(stream)
         first = True
 
         async def sink(text: str) -> None:
@@ -61,3 +68,12 @@ class Voice:
                 await stream.content(text)
 
         return sink
+
+
+def _beginning(stream: RunStream) -> DeltaSink:
+    """A step's sink that only starts the stream: its text is not sent."""
+
+    async def sink(text: str) -> None:
+        await stream.begin()
+
+    return sink

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import openai
 import pytest
 from openai import AsyncOpenAI, OpenAI
+from pydantic import BaseModel
 
 from tests.bodies import loop_of
 from tests.e2e.conftest import ToolServer
@@ -199,3 +201,27 @@ def test_models_retrieve(client: OpenAI) -> None:
     with pytest.raises(openai.NotFoundError) as err:
         client.models.retrieve("no-such-model")
     assert err.value.code == "model_not_found"
+
+
+class Stock(BaseModel):
+    item: str
+    count: int
+
+
+def test_structured_output_parses_when_a_tool_step_said_something_first(
+    client: OpenAI, upstream: ScriptedUpstream
+) -> None:
+    """A step's text beside its server calls is not the answer: with a JSON format, the reply
+    is the last step's JSON alone, whole and streamed."""
+    looked = replace(call("check_inventory", item="bolts"), content="Let me look.")
+    answer = say('{"item": "bolts", "count": 7}')
+    upstream.script(looked, answer, looked, answer)
+    messages: Any = [{"role": "user", "content": "Bolts?"}]
+    reply = client.chat.completions.parse(model="stock", messages=messages, response_format=Stock)
+    assert reply.choices[0].message.parsed == Stock(item="bolts", count=7)
+    with client.chat.completions.stream(
+        model="stock", messages=messages, response_format=Stock
+    ) as stream:
+        final = stream.get_final_completion()
+    assert final.choices[0].message.parsed == Stock(item="bolts", count=7)
+    assert final.choices[0].message.content == reply.choices[0].message.content

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import openai
 import pytest
 from openai import AsyncOpenAI, OpenAI
+from pydantic import BaseModel
 
 from tests.bodies import loop_of
 from tests.e2e.conftest import ToolServer
@@ -173,3 +175,23 @@ def test_a_failure_in_a_stream_raises(client: OpenAI, upstream: ScriptedUpstream
     with client.responses.stream(model="scripted", input="hi", extra_body={"loop": loop}) as stream:
         kinds = [e.type for e in stream]
     assert kinds[-1] == "response.failed"
+
+
+class Stock(BaseModel):
+    item: str
+    count: int
+
+
+def test_structured_output_parses_when_a_tool_step_said_something_first(
+    client: OpenAI, upstream: ScriptedUpstream
+) -> None:
+    looked = replace(call("check_inventory", item="bolts"), content="Let me look.")
+    answer = say('{"item": "bolts", "count": 7}')
+    upstream.script(looked, answer, looked, answer)
+    response = client.responses.parse(model="stock", input="Bolts?", text_format=Stock)
+    assert response.output_parsed == Stock(item="bolts", count=7)
+    assert types(response) == ["mcp_call", "message"]
+    with client.responses.stream(model="stock", input="Bolts?", text_format=Stock) as stream:
+        final = stream.get_final_response()
+    assert final.output_parsed == Stock(item="bolts", count=7)
+    assert types(final) == ["mcp_call", "message"]

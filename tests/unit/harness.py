@@ -112,7 +112,12 @@ class Harness:
         self.max_completion_tokens = max_completion_tokens
         self.system_prompt = system_prompt
 
-    async def run(self, stream: RunStream | None = None, user: str = "hi") -> RunResult:
+    async def run(
+        self,
+        stream: RunStream | None = None,
+        user: str = "hi",
+        params: dict[str, Any] | None = None,
+    ) -> RunResult:
         spec = RunSpec(
             run_id="run_test",
             model="m",
@@ -123,5 +128,6 @@ class Harness:
             max_completion_tokens=self.max_completion_tokens,
             system_prompt=self.system_prompt,
             thread_id=self.thread_id,
+            params=params or {},
         )
         return await Run(spec, self.deps, stream).execute()

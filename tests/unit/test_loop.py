@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import gc
 import json
+from typing import Any
+
+import pytest
 
 from proxy.engine import events as ev
 from proxy.engine.stop import StopReason
@@ -136,21 +139,22 @@ async def test_an_observer_that_raises_does_not_break_the_run() -> None:
     assert len(h.observer.of(ev.RunFinished)) == 1
 
 
+class Sink:
+    def __init__(self) -> None:
+        self.items: list[object] = []
+
+    async def begin(self) -> None:
+        self.items.append("begin")
+
+    async def content(self, text: str) -> None:
+        self.items.append(text)
+
+    async def progress(self, event: ev.RunEvent) -> None:
+        if isinstance(event, ev.StepStarted | ev.ToolStarted | ev.ToolExecuted):
+            self.items.append(type(event).__name__)
+
+
 async def test_streaming_sends_content_and_loop_events() -> None:
-    class Sink:
-        def __init__(self) -> None:
-            self.items: list[object] = []
-
-        async def begin(self) -> None:
-            pass
-
-        async def content(self, text: str) -> None:
-            self.items.append(text)
-
-        async def progress(self, event: ev.RunEvent) -> None:
-            if isinstance(event, ev.StepStarted | ev.ToolStarted | ev.ToolExecuted):
-                self.items.append(type(event).__name__)
-
     h = Harness([reply("thinking", calls=[("t", "{}")]), reply("answer")], {"t": lambda _: "x"})
     sink = Sink()
     await h.run(stream=sink)
@@ -162,6 +166,49 @@ async def test_streaming_sends_content_and_loop_events() -> None:
         "StepStarted",
         "\n\nanswer",  # the texts of two steps are separated by a blank line
     ]
+
+
+JSON_FORMAT = {"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}
+ANSWER = '{"city": "Paris"}'
+
+
+async def test_a_json_reply_of_a_tool_loop_is_the_last_steps_text_streamed_at_the_end() -> None:
+    """The texts of steps joined are no JSON document: a client asking for one parses the last
+    step's (what its server calls led to); the stream's owner sends it whole at the end."""
+    h = Harness(
+        [
+            reply("Looking.", calls=[("t", "{}")]),
+            reply("Nudged text."),
+            reply(calls=[("u", "{}")]),
+            reply(ANSWER),
+        ],
+        {"t": lambda _: "x", "u": lambda _: "y"},
+        tool_rules=[{"type": "required_before_exit", "tool_name": "u"}],
+    )
+    sink = Sink()
+    result = await h.run(stream=sink, params=JSON_FORMAT)
+    assert result.message["content"] == ANSWER
+    assert "Looking." not in sink.items
+    assert sink.items[:3] == ["StepStarted", "begin", "ToolStarted"]
+    assert not [item for item in sink.items if "." in str(item) or "{" in str(item)]
+
+
+@pytest.mark.parametrize("params", [{}, {"response_format": {"type": "text"}}])
+async def test_a_reply_in_text_is_every_steps_text(params: dict[str, Any]) -> None:
+    h = Harness([reply("Looking.", calls=[("t", "{}")]), reply(ANSWER)], {"t": lambda _: "x"})
+    sink = Sink()
+    result = await h.run(stream=sink, params=params)
+    assert result.message["content"] == f"Looking.\n\n{ANSWER}"
+    assert "Looking." in sink.items
+
+
+async def test_a_json_reply_of_one_step_streams_as_it_comes() -> None:
+    """A run without server tools, rules or limits takes one step: its text is the reply."""
+    h = Harness([reply(ANSWER)])
+    sink = Sink()
+    result = await h.run(stream=sink, params=JSON_FORMAT)
+    assert result.message["content"] == ANSWER
+    assert ANSWER in sink.items
 
 
 async def test_content_filter_stops_the_run() -> None:
