@@ -1,173 +1,57 @@
 """Argument validation against a tool's JSON schema.
 
-The arguments are the model's and the schema is a config's or an MCP server's: its patterns
-(`pattern`, `patternProperties`, also where `unevaluatedProperties` reads them) are matched
-with `regex`, within PATTERNS_S of matching for one validation, letting go of the interpreter
-while they match (Python's `re` backtracks without bound and holds it: `^([a-zA-Z]+ ?)+$`
-took 3 s over 25 characters). A schema with patterns is checked in a thread of the
-validations' own (`SchemaCheck.off_loop`), so that a reply of many calls does not hold the
-event loop for their sum. Arguments whose patterns take longer to match are refused, as
-arguments that do not match are.
+The arguments are the model's and the schema is a config's or an MCP server's. Its patterns are
+matched with `regex` (`schema_keywords`); a validation takes at most WORK_S (`schema_budget`),
+however the schema's references multiply the work; a `$ref` resolves only within the schema
+(jsonschema would fetch any other URL, on the event loop, with no timeout). A schema with
+patterns or references is checked in a thread of the validations' own (`SchemaCheck.off_loop`),
+so that a reply of many calls does not hold the event loop for their sum. Arguments whose check
+takes longer are refused, as arguments that do not match are.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextvars import ContextVar
 from typing import Any
 
-import regex
 from jsonschema import Draft202012Validator, validators
-from jsonschema.exceptions import SchemaError, ValidationError
+from jsonschema.exceptions import SchemaError
+from referencing import Registry
+from referencing.exceptions import Unresolvable
 
 from proxy.tools.base import BadArguments
+from proxy.tools.schema_budget import (
+    PATTERNS_S,
+    WORK_S,
+    PatternTooSlow,
+    TooMuchWork,
+    budgeted,
+    charge,
+)
+from proxy.tools.schema_keywords import KEYWORDS
 
-PATTERNS_S = 0.05  # the longest the patterns of one validation may take together
-
-# What is left of the patterns' bound for the validation under way in this context: seconds of
-# the matching thread's own time (waits for the interpreter between matches are not theirs).
-_left: ContextVar[list[float]] = ContextVar("patterns_left")
-
-
-class _TooSlow(Exception):
-    """The schema's patterns took longer than PATTERNS_S over the arguments."""
-
-
-def _search(pattern: str, text: str) -> bool:
-    left = _left.get()
-    if left[0] <= 0:
-        raise _TooSlow
-    started = time.thread_time()
-    try:  # letting go of the interpreter while it matches
-        found = regex.search(pattern, text, timeout=PATTERNS_S, concurrent=True)
-    except TimeoutError:
-        raise _TooSlow from None
-    finally:
-        left[0] -= time.thread_time() - started
-    return found is not None
+Keyword = Callable[[Any, Any, Any, dict[str, Any]], Any]
 
 
-def _pattern(
-    validator: Any, pattern: str, instance: Any, schema: dict[str, Any]
-) -> Iterator[ValidationError]:
-    if validator.is_type(instance, "string") and not _search(pattern, instance):
-        yield ValidationError(f"{instance!r} does not match {pattern!r}")
+def _charged(check: Keyword) -> Keyword:
+    def charged(validator: Any, value: Any, instance: Any, schema: dict[str, Any]) -> Any:
+        charge()
+        return check(validator, value, instance, schema)
 
-
-def _pattern_properties(
-    validator: Any, patterns: dict[str, Any], instance: Any, schema: dict[str, Any]
-) -> Iterator[ValidationError]:
-    if not validator.is_type(instance, "object"):
-        return
-    for pattern, subschema in patterns.items():
-        for key, value in instance.items():
-            if _search(pattern, key):
-                yield from validator.descend(value, subschema, path=key, schema_path=pattern)
-
-
-def _additional_properties(
-    validator: Any, additional: Any, instance: Any, schema: dict[str, Any]
-) -> Iterator[ValidationError]:
-    if not validator.is_type(instance, "object"):
-        return
-    properties = schema.get("properties", {})
-    patterns = schema.get("patternProperties", {})
-    extras = sorted(
-        key
-        for key in instance
-        if key not in properties and not any(_search(p, key) for p in patterns)
-    )
-    if validator.is_type(additional, "object"):
-        for extra in extras:
-            yield from validator.descend(instance[extra], additional, path=extra)
-    elif not additional and extras:
-        listed = ", ".join(repr(extra) for extra in extras)
-        if patterns:
-            verb = "does" if len(extras) == 1 else "do"
-            regexes = ", ".join(repr(p) for p in sorted(patterns))
-            yield ValidationError(f"{listed} {verb} not match any of the regexes: {regexes}")
-        else:
-            yield ValidationError(f"Additional properties are not allowed ({listed} unexpected)")
-
-
-def _unevaluated_properties(
-    validator: Any, unevaluated: Any, instance: Any, schema: dict[str, Any]
-) -> Iterator[ValidationError]:
-    if not validator.is_type(instance, "object"):
-        return
-    evaluated = _evaluated_keys(validator, instance, schema)
-    extras = [
-        key
-        for key, value in instance.items()
-        if key not in evaluated and not _valid(validator.descend(value, unevaluated, path=key))
-    ]
-    if not extras:
-        return
-    listed = ", ".join(repr(extra) for extra in sorted(extras))
-    if unevaluated is False:
-        yield ValidationError(f"Unevaluated properties are not allowed ({listed} unexpected)")
-    else:
-        yield ValidationError(
-            f"Unevaluated properties are not valid under the given schema ({listed})"
-        )
-
-
-def _evaluated_keys(validator: Any, instance: dict[str, Any], schema: Any) -> set[str]:
-    """The keys of `instance` that `schema` evaluates, as `unevaluatedProperties` reads them:
-    those its `properties`, `patternProperties` (matched as every pattern here is),
-    `additionalProperties` and `unevaluatedProperties` take, and those of the subschemas
-    that apply in place (`$ref`, `$dynamicRef`, `allOf`, and `anyOf`, `oneOf`,
-    `dependentSchemas`, `if`/`then`/`else` where they hold)."""
-    if not isinstance(schema, dict):
-        return set()
-    keys: set[str] = set()
-    for keyword in ("$ref", "$dynamicRef"):
-        if (reference := schema.get(keyword)) is not None:
-            resolved = validator._resolver.lookup(reference)
-            at = validator.evolve(schema=resolved.contents, _resolver=resolved.resolver)
-            keys |= _evaluated_keys(at, instance, resolved.contents)
-    properties = schema.get("properties")
-    if isinstance(properties, dict):
-        keys.update(key for key in instance if key in properties)
-    patterns = schema.get("patternProperties")
-    if isinstance(patterns, dict):
-        keys.update(key for key in instance if any(_search(p, key) for p in patterns))
-    for keyword in ("additionalProperties", "unevaluatedProperties"):
-        if (taking := schema.get(keyword)) is not None:
-            keys.update(k for k, v in instance.items() if _valid(validator.descend(v, taking)))
-    for key, subschema in (schema.get("dependentSchemas") or {}).items():
-        if key in instance:
-            keys |= _evaluated_keys(validator, instance, subschema)
-    for keyword in ("allOf", "anyOf", "oneOf"):
-        for subschema in schema.get(keyword) or ():
-            if _valid(validator.descend(instance, subschema)):
-                keys |= _evaluated_keys(validator, instance, subschema)
-    if "if" in schema:
-        if _valid(validator.descend(instance, schema["if"])):
-            keys |= _evaluated_keys(validator, instance, schema["if"])
-            keys |= _evaluated_keys(validator, instance, schema.get("then"))
-        else:
-            keys |= _evaluated_keys(validator, instance, schema.get("else"))
-    return keys
-
-
-def _valid(errors: Iterator[ValidationError]) -> bool:
-    return next(errors, None) is None
+    return charged
 
 
 _Validator = validators.extend(  # type: ignore[no-untyped-call]
     Draft202012Validator,
     {
-        "pattern": _pattern,
-        "patternProperties": _pattern_properties,
-        "additionalProperties": _additional_properties,
-        # jsonschema's own matches `patternProperties` with `re` to find the evaluated keys.
-        "unevaluatedProperties": _unevaluated_properties,
+        name: _charged(check)
+        for name, check in {**Draft202012Validator.VALIDATORS, **KEYWORDS}.items()
     },
 )
+# No retrieval: a reference is to a part of the schema (or to a subschema's `$id` in it).
+_NOWHERE: Registry[Any] = Registry()
 
 
 def check_schema(schema: dict[str, Any]) -> None:
@@ -180,26 +64,34 @@ def check_schema(schema: dict[str, Any]) -> None:
 
 class SchemaCheck:
     """Validates parsed arguments against a schema, returning them; raises BadArguments.
-    `off_loop`: the schema has patterns, whose matching may take up to PATTERNS_S: call it in
-    a thread of VALIDATION_THREADS (`in_thread`)."""
+    `off_loop`: the schema has patterns or references, whose work may take up to WORK_S: call
+    it in a thread of VALIDATION_THREADS (`in_thread`)."""
 
     __slots__ = ("_validator", "off_loop")
 
     def __init__(self, schema: dict[str, Any]) -> None:
-        self._validator = _Validator(schema)
-        self.off_loop = _has_patterns(schema)
+        self._validator = _Validator(schema, registry=_NOWHERE)
+        self.off_loop = _has_any(schema, _THREADED)
 
     def __call__(self, arguments: dict[str, Any]) -> dict[str, Any]:
-        started = _left.set([PATTERNS_S])
         try:
-            error = next(iter(self._validator.iter_errors(arguments)), None)
-        except _TooSlow:
+            with budgeted():
+                error = next(iter(self._validator.iter_errors(arguments)), None)
+        except PatternTooSlow:
             raise BadArguments(
-                f"invalid arguments: the schema's patterns took more than {PATTERNS_S:g} s to "
-                "match them"
+                f"invalid arguments: a pattern of the schema took more than {PATTERNS_S:g} s "
+                "to match them"
             ) from None
-        finally:
-            _left.reset(started)
+        except TooMuchWork:
+            raise BadArguments(
+                f"invalid arguments: checking them against the schema took more than {WORK_S:g} s"
+            ) from None
+        except Unresolvable as exc:
+            raise BadArguments(
+                f"the tool's schema refers to {exc.ref!r}, which is not within it"
+            ) from None
+        except RecursionError:
+            raise BadArguments("the tool's schema refers to itself without end") from None
         if error is not None:
             where = "/".join(str(p) for p in error.absolute_path) or "arguments"
             raise BadArguments(f"invalid arguments at {where}: {error.message}")
@@ -222,13 +114,17 @@ def schema_validator(schema: dict[str, Any]) -> SchemaCheck:
     return SchemaCheck(schema)
 
 
-def _has_patterns(schema: Any) -> bool:
-    """Whether a `pattern` or `patternProperties` keyword is anywhere in `schema`."""
+# The keywords whose work may be long: patterns, and references (shared subschemas).
+_THREADED = frozenset({"pattern", "patternProperties", "$ref", "$dynamicRef"})
+
+
+def _has_any(schema: Any, keywords: frozenset[str]) -> bool:
+    """Whether one of `keywords` is anywhere in `schema`."""
     pending = [schema]
     while pending:
         value = pending.pop()
         if isinstance(value, dict):
-            if "pattern" in value or "patternProperties" in value:
+            if not keywords.isdisjoint(value):
                 return True
             pending.extend(value.values())
         elif isinstance(value, list):

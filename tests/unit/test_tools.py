@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -17,7 +18,8 @@ from proxy.config.tools import ToolConfig
 from proxy.engine.values import ToolCall, ToolContext
 from proxy.tools.base import BadArguments, Tool
 from proxy.tools.registry import ToolRegistry, build_tool
-from proxy.tools.schema import PATTERNS_S, SchemaCheck, schema_validator
+from proxy.tools.schema import SchemaCheck, schema_validator
+from proxy.tools.schema_budget import PATTERNS_S, WORK_S
 
 CTX = ToolContext("run_1", None, 1, "call_1")
 PATTERNED = {"type": "string", "pattern": "^([a-zA-Z]+ ?)+$"}
@@ -205,8 +207,8 @@ def test_patterns_that_take_longer_than_their_bound_refuse_the_arguments() -> No
     validate = schema_validator({"type": "object", "additionalProperties": slow})
     started = time.perf_counter()
     with pytest.raises(BadArguments, match=f"took more than {PATTERNS_S:g} s"):
-        validate({f"k{i}": "a" * 40 + "!" for i in range(20)})  # one bound for them all
-    assert time.perf_counter() - started < 10 * PATTERNS_S  # (20 x 50 ms, with one each)
+        validate({f"k{i}": "a" * 40 + "!" for i in range(20)})  # the first match refuses
+    assert time.perf_counter() - started < 10 * PATTERNS_S  # (20 x 50 ms, were they each let)
 
 
 @pytest.mark.parametrize(
@@ -247,6 +249,47 @@ def test_unevaluated_properties_match_pattern_properties_without_backtracking() 
         validate({"a" * 23 + "!": 1})
     assert time.perf_counter() - started < 0.3
     assert validate({"Rio de Janeiro": 1}) == {"Rio de Janeiro": 1}
+
+
+def shared_references(levels: int) -> dict[str, Any]:
+    """A schema of about 100 bytes a level whose checks double with each level."""
+    defs: dict[str, Any] = {"l0": {"type": "string"}}
+    for i in range(1, levels + 1):
+        below = {"$ref": f"#/$defs/l{i - 1}"}
+        defs[f"l{i}"] = {"anyOf": [below, below]}
+    return {"$defs": defs, "properties": {"x": {"$ref": f"#/$defs/l{levels}"}}}
+
+
+def test_a_schema_whose_references_multiply_the_work_is_checked_within_its_bound() -> None:
+    """Twenty levels: jsonschema alone takes 90 s for arguments that do not match."""
+    validate = schema_validator(shared_references(20))
+    assert validate.off_loop  # and in a thread of its own
+    started = time.perf_counter()
+    with pytest.raises(BadArguments, match=f"took more than {WORK_S:g} s"):
+        validate({"x": 5})
+    assert time.perf_counter() - started < 20 * WORK_S
+    assert validate({"x": "fine"}) == {"x": "fine"}
+
+
+def test_a_reference_outside_the_schema_is_never_fetched() -> None:
+    with socket.socket() as closed:  # bound, not listening: a fetch would be refused
+        closed.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{closed.getsockname()[1]}/schema.json"
+        validate = schema_validator({"properties": {"x": {"$ref": url}}})
+        with pytest.raises(BadArguments, match="which is not within it"):
+            validate({"x": 1})
+    embedded = {
+        "$defs": {"a": {"$id": "urn:a", "type": "string"}},
+        "properties": {"x": {"$ref": "urn:a"}},
+    }
+    assert schema_validator(embedded)({"x": "s"}) == {"x": "s"}
+
+
+def test_a_schema_that_refers_to_itself_without_end_refuses_the_arguments() -> None:
+    with pytest.raises(BadArguments, match="refers to itself without end"):
+        schema_validator({"$ref": "#"})({})
+    tree = {"properties": {"child": {"$ref": "#"}}}  # recursion the arguments end
+    assert schema_validator(tree)({"child": {"child": {}}}) == {"child": {"child": {}}}
 
 
 EVALUATING = {
