@@ -26,7 +26,7 @@ from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.mcpserver.utilities.types import Image
 from mcp.shared.exceptions import MCPError
-from mcp_types import METHOD_NOT_FOUND
+from mcp_types import INVALID_REQUEST, METHOD_NOT_FOUND
 from starlette.middleware.gzip import GZipMiddleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -87,6 +87,11 @@ def build(wordy: bool = False) -> MCPServer:
     def die() -> str:
         """The server exits in the middle of the call."""
         os._exit(3)
+
+    @server.tool(structured_output=False)
+    def refuse() -> str:
+        """Answers the call with a JSON-RPC error of its own (not a tool error)."""
+        raise MCPError(code=INVALID_REQUEST, message="quota exceeded for this tool")
 
     @server.tool(structured_output=False)
     def picture() -> Image:

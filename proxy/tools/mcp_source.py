@@ -37,8 +37,18 @@ FIRST_RETRY_S = 0.5  # the first wait before a reconnect; it doubles up to recon
 MAX_LIST_PAGES = 64  # of one tools/list walk
 CLOSE_TIMEOUT_S = 10.0  # for a session to end on shutdown (a stdio child gets 4 s to exit)
 # Errors after which the session is taken for dropped: the SDK's own for a closed connection,
-# and a streamable HTTP server's 404 for a session it no longer knows (a restarted server).
-DROPPED_CODES = frozenset({mcp_types.CONNECTION_CLOSED, mcp_types.INVALID_REQUEST})
+# and what a streamable HTTP server's 404 for a session it no longer knows (a restarted server)
+# becomes: -32600 "Session terminated" (the SDK's), or the server's own error, "Session not
+# found" (-32600 from Python servers, -32001 from TypeScript ones). Another -32600 is a server's
+# answer to one call (a quota, say): that call fails, the session stays.
+SESSION_GONE_CODES = frozenset({mcp_types.INVALID_REQUEST, -32001})
+
+
+def _session_gone(error: mcp_types.ErrorData) -> bool:
+    if error.code == mcp_types.CONNECTION_CLOSED:
+        return True
+    return error.code in SESSION_GONE_CODES and "session" in error.message.lower()
+
 DROPPED_ERRORS = (
     anyio.ClosedResourceError,
     anyio.BrokenResourceError,
@@ -126,7 +136,7 @@ class McpSource:
         try:
             return await client.call_tool(tool, arguments)
         except MCPError as exc:
-            if exc.error.code in DROPPED_CODES:
+            if _session_gone(exc.error):
                 cause = self.error if self._dropped.is_set() else None  # why, if known
                 self._drop(f"the session dropped during the call: {exc.error.message}")
                 message = f"{self.describe()} dropped the call: {cause or exc.error.message}"

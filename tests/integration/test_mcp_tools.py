@@ -116,6 +116,32 @@ async def test_a_stdio_child_that_dies_mid_call_is_a_tool_error_and_is_restarted
     assert old_pid != new_pid
 
 
+async def test_a_call_refused_with_an_invalid_request_error_leaves_the_session_up(
+    proxy_for: ProxyFactory,
+) -> None:
+    """-32600 is also what the SDK makes of a session the server no longer knows, but a server
+    may answer one call with it: only that call fails."""
+    async with proxy_for(config()) as proxy:
+        proxy.upstream.script(
+            call("t_pid"),
+            say_tool_result(),
+            call("t_refuse"),
+            say("refused"),
+            call("t_pid"),
+            say_tool_result(),
+        )
+        first = await proxy.chat(model="mcp", messages=user("pid"))
+        refused = await proxy.chat(model="mcp", messages=user("refuse"))
+        after = await proxy.chat(model="mcp", messages=user("pid again"))
+    assert refused.status_code == 200
+    error = orjson.loads(tool_messages(proxy, 3)[0])["error"]
+    assert "refused the call: quota exceeded for this tool" in error
+    assert first.json()["choices"][0]["message"]["content"].isdigit()
+    assert after.json()["choices"][0]["message"]["content"] == (
+        first.json()["choices"][0]["message"]["content"]
+    )  # the same child: its session was not taken for dropped
+
+
 async def test_a_stdio_message_over_the_bound_ends_its_session_and_fails_the_call(
     proxy_for: ProxyFactory,
 ) -> None:
