@@ -15,17 +15,18 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from proxy.config import Config, ConfigError, load_config
-from proxy.config.environment import unset_problems, unset_variables
+from proxy.config.environment import environment_problems, unset_variables
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp
 
 
 def needs_environment(config: Config) -> None:
-    """Raises ConfigError naming every variable the config needs that is not set."""
-    unset = unset_variables(config)
-    if unset:
-        raise ConfigError(unset_problems(unset))
+    """Raises ConfigError naming every variable the config needs that is not set, and every
+    one it sends in a header that cannot be sent."""
+    problems = environment_problems(config)
+    if problems:
+        raise ConfigError(problems)
 
 
 @contextlib.contextmanager
@@ -59,7 +60,8 @@ def _check(path: str | None) -> int:
     from proxy.upstream.http1_transport import Http1Transport
 
     unset = unset_variables(config)
-    _report(ConfigError(unset_problems(unset)))
+    problems = environment_problems(config)
+    _report(ConfigError(problems))
     try:
         # Wires everything but the state backend, which `serve` opens (and `/readyz` checks);
         # as if the variables were set: every problem is told in one go.
@@ -71,7 +73,7 @@ def _check(path: str | None) -> int:
     except ValueError as exc:
         print(str(exc), file=sys.stderr)
         return 1
-    if unset:
+    if problems:
         return 1
     print("config OK")
     return 0

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -13,6 +12,7 @@ import orjson
 
 from proxy.callables import CallThreads, call, load_callable
 from proxy.config.agents import ConditionConfig
+from proxy.config.environment import setting
 from proxy.http_body import read_up_to
 
 log = logging.getLogger(__name__)
@@ -56,7 +56,7 @@ class ConfiguredChecks:
 
     async def _webhook(self, cfg: ConditionConfig, snapshot: Mapping[str, Any]) -> bool:
         assert cfg.url is not None
-        headers = {h: os.environ.get(env, "") for h, env in cfg.headers_env.items()}
+        headers = {h: setting(env) or "" for h, env in cfg.headers_env.items()}
         headers["content-type"] = "application/json"
         content = orjson.dumps(dict(snapshot))
         request = self.client.build_request(

@@ -4,11 +4,11 @@ the server tools it may add with `loop.tools`, its own threads, and a protected 
 from __future__ import annotations
 
 import hashlib
-import os
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from proxy.config.auth import AuthConfig, AuthKey
+from proxy.config.environment import setting
 from proxy.errors import AuthenticationFailed, PermissionDenied
 
 ALL = "*"
@@ -70,7 +70,7 @@ class KeyRing:
                 digest = bytes.fromhex(key.key_sha256)
             else:
                 assert key.key_env is not None
-                secret = os.environ.get(key.key_env)
+                secret = setting(key.key_env)
                 if not secret:
                     raise ValueError(
                         f"auth.keys.{key.name}: environment variable {key.key_env} is not set"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +16,7 @@ from proxy.api.planning import Planner
 from proxy.callables import CallThreads
 from proxy.conditions import ConfiguredChecks
 from proxy.config import Config, ConfigError
+from proxy.config.environment import setting
 from proxy.engine.ports import RunObserver
 from proxy.engine.run import Run
 from proxy.engine.run_spec import Deps, RunResult
@@ -173,7 +173,7 @@ def build_services(
             name=name,
             base_url=cfg.base_url,
             transport=bounded,
-            api_key=os.environ.get(cfg.api_key_env) if cfg.api_key_env else None,
+            api_key=setting(cfg.api_key_env) if cfg.api_key_env else None,
             timeout_s=cfg.timeout_s,
             connect_timeout_s=cfg.connect_timeout_s,
             step_timeout_s=cfg.step_timeout_s,

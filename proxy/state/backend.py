@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import os
-
+from proxy.config.environment import setting
 from proxy.config.state import StateConfig
 from proxy.state.store import StateStore
 
@@ -29,7 +28,7 @@ def open_store(config: StateConfig) -> StateStore:
             raise ValueError(f"state.path: cannot open {config.path!r}: {exc}") from None
     from proxy.state.redis import RedisStore
 
-    url = os.environ.get(config.url_env)
+    url = setting(config.url_env)
     if not url:
         raise ValueError(f"state.url_env: environment variable {config.url_env} is not set")
     return RedisStore(

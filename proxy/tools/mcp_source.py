@@ -49,6 +49,7 @@ def _session_gone(error: mcp_types.ErrorData) -> bool:
         return True
     return error.code in SESSION_GONE_CODES and "session" in error.message.lower()
 
+
 DROPPED_ERRORS = (
     anyio.ClosedResourceError,
     anyio.BrokenResourceError,

@@ -15,6 +15,7 @@ import orjson
 from proxy.callables import CallThreads, NoWorkerFree, load_callable
 from proxy.config import Config
 from proxy.config.agents import AgentConfig
+from proxy.config.environment import setting
 from proxy.config.tools import ToolConfig
 from proxy.deadline import within
 from proxy.engine.values import ToolCall, ToolContext, ToolResult, ToolSpec
@@ -233,7 +234,7 @@ def build_tool(
         assert cfg.url is not None
         headers = {}
         for header, env in cfg.headers_env.items():
-            value = os.environ.get(env)
+            value = setting(env)
             if value is None:
                 raise ValueError(f"environment variable {env} (header {header}) is not set")
             headers[header] = value

@@ -125,6 +125,53 @@ def test_check_and_serve_name_every_variable_the_config_needs_and_lacks(
     assert capsys.readouterr().err.splitlines() == said
 
 
+def test_a_redis_url_without_its_scheme_is_named_by_check_and_serve(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LW_REDIS", "localhost:6379")
+    path = tmp_path / "loopwarden.yaml"
+    path.write_text("state: {backend: redis, url_env: LW_REDIS}\n")
+    said = [
+        "state.url_env: environment variable LW_REDIS holds no redis URL (one begins "
+        "redis://, rediss://, unix://)"
+    ]
+    assert main(["check", "--config", str(path)]) == 1
+    assert capsys.readouterr().err.splitlines() == said
+    assert main(["serve", "--config", str(path), "--port", str(free_port())]) == 1
+    assert capsys.readouterr().err.splitlines() == said
+
+
+def test_a_variable_sent_in_a_header_that_cannot_be_is_named_by_check_and_serve(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The line break a secret's file ends with is dropped (see the next test); one inside a
+    value, a control character or a character outside ASCII cannot go in a header."""
+    monkeypatch.setenv("LW_KEY", "team\nsecret")
+    monkeypatch.setenv("LW_UP", "sk-é")
+    monkeypatch.setenv("LW_H", "tok\x01en")
+    path = tmp_path / "loopwarden.yaml"
+    path.write_text(
+        "upstreams: {up: {base_url: 'http://127.0.0.1:9/v1', api_key_env: LW_UP}}\n"
+        "default_upstream: up\n"
+        "auth: {keys: [{name: a, key_env: LW_KEY}]}\n"
+        "tools:\n  t: {kind: http, url: 'http://127.0.0.1:9/t', headers_env: {X-Key: LW_H}}\n"
+    )
+    cannot = "holds what an HTTP header cannot carry"
+    said = [
+        f"auth.keys[0].key_env: environment variable LW_KEY {cannot}",
+        f"tools.t.headers_env.X-Key: environment variable LW_H {cannot}",
+        f"upstreams.up.api_key_env: environment variable LW_UP {cannot}",
+    ]
+    assert main(["check", "--config", str(path)]) == 1
+    assert [
+        line[: line.index(cannot) + len(cannot)] for line in capsys.readouterr().err.splitlines()
+    ] == said
+    assert main(["serve", "--config", str(path), "--port", str(free_port())]) == 1
+    assert [
+        line[: line.index(cannot) + len(cannot)] for line in capsys.readouterr().err.splitlines()
+    ] == said
+
+
 @pytest.mark.parametrize(
     ("entry", "path"),
     [

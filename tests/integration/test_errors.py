@@ -261,6 +261,25 @@ async def test_proxy_keys(proxy_for: ProxyFactory, monkeypatch: pytest.MonkeyPat
     assert proxy.upstream.authorizations == [None]  # the proxy key never goes upstream
 
 
+async def test_keys_from_a_secrets_file_work_without_its_last_line_break(
+    proxy_for: ProxyFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Kubernetes secret made from a file keeps the file's line break: no key has one."""
+    monkeypatch.setenv("TEAM_KEY", "sk-team\n")
+    monkeypatch.setenv("UP_KEY", " sk-upstream\r\n")
+    auth = {"keys": [{"name": "team", "key_env": "TEAM_KEY"}]}
+    upstreams = {"main": {"base_url": "http://upstream.test/v1", "api_key_env": "UP_KEY"}}
+    async with proxy_for({"auth": auth, "upstreams": upstreams}) as proxy:
+        proxy.upstream.script(say("Hi."))
+        r = await proxy.client.post(
+            "/v1/chat/completions",
+            json={"model": "scripted", "messages": USER},
+            headers={"authorization": "Bearer sk-team"},
+        )
+    assert r.status_code == 200
+    assert proxy.upstream.authorizations == ["Bearer sk-upstream"]
+
+
 async def test_upstream_key_comes_from_the_config(
     proxy_for: ProxyFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -137,8 +137,9 @@ async def test_a_call_refused_with_an_invalid_request_error_leaves_the_session_u
     error = orjson.loads(tool_messages(proxy, 3)[0])["error"]
     assert "refused the call: quota exceeded for this tool" in error
     assert first.json()["choices"][0]["message"]["content"].isdigit()
-    assert after.json()["choices"][0]["message"]["content"] == (
-        first.json()["choices"][0]["message"]["content"]
+    assert (
+        after.json()["choices"][0]["message"]["content"]
+        == (first.json()["choices"][0]["message"]["content"])
     )  # the same child: its session was not taken for dropped
 
 
