@@ -18,7 +18,7 @@ class ConditionConfig(ConfigModel):
     kind: Literal["webhook", "python"]
     url: str | None = None
     callable: str | None = None
-    timeout_s: float = Field(10.0, gt=0)
+    timeout_s: float = Field(10.0, gt=0, allow_inf_nan=False)
     headers_env: dict[HeaderName, EnvName] = {}
 
     @model_validator(mode="after")

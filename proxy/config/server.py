@@ -35,7 +35,7 @@ class ServerConfig(ConfigModel):
     # JSON values a request body (or an MCP server's message) may hold, keys counted: parsing
     # is bounded before it starts.
     max_body_values: int = Field(100_000, ge=1000)
-    keepalive_interval_s: float = Field(15.0, gt=0)
+    keepalive_interval_s: float = Field(15.0, gt=0, allow_inf_nan=False)
     # Client connections held at once; more are closed as they arrive. Unset: half of the
     # descriptors left after FD_HEADROOM, since a client connection may hold an upstream one.
     max_connections: int | None = Field(None, ge=1)

@@ -15,7 +15,7 @@ class ToolConfig(ConfigModel):
     kind: Literal["http", "python", "builtin", "mcp"]
     description: str | None = None
     parameters: dict[str, Any] | None = None
-    timeout_s: float = Field(30.0, gt=0)
+    timeout_s: float = Field(30.0, gt=0, allow_inf_nan=False)
     # The most output the model gets from this tool; more is a tool error. Unset:
     # `server.max_tool_output_bytes`.
     max_output_bytes: int | None = Field(None, ge=1)

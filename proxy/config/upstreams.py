@@ -46,5 +46,5 @@ class ModelAlias(ConfigModel):
 
 
 class Price(ConfigModel):
-    input: float = Field(ge=0)
-    output: float = Field(ge=0)
+    input: float = Field(ge=0, allow_inf_nan=False)
+    output: float = Field(ge=0, allow_inf_nan=False)

@@ -193,6 +193,29 @@ def test_names_of_variables_and_headers_that_cannot_be_are_config_errors(
     assert "must match" in err
 
 
+@pytest.mark.parametrize(
+    ("entry", "path"),
+    [
+        ("tools: {t: {kind: http, url: 'http://h/t', timeout_s: .inf}}", "tools.t.timeout_s"),
+        (
+            "conditions: {w: {kind: webhook, url: 'http://h/w', timeout_s: .inf}}",
+            "conditions.w.timeout_s",
+        ),
+        ("pricing: {m: {input: .inf, output: 1}}", "pricing.m.input"),
+        ("pricing: {m: {input: 1, output: .nan}}", "pricing.m.output"),
+        ("server: {keepalive_interval_s: .inf}", "server.keepalive_interval_s"),
+    ],
+)
+def test_an_infinite_duration_or_price_is_a_config_error(
+    check_config: CheckConfig, entry: str, path: str
+) -> None:
+    """An endless tool timeout failed every call; an infinite price made the cost metric NaN."""
+    status, _, err = check_config(entry + "\n")
+    assert status == 1
+    assert err.startswith(path)
+    assert "finite number" in err
+
+
 def test_a_mapping_merged_deeper_than_its_anchor_is_no_repeated_key(tmp_path: Path) -> None:
     """PyYAML flattens a merged mapping in place: one built through a merge before its own
     turn comes holds the inherited key and its own override side by side."""
