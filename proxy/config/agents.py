@@ -7,8 +7,8 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from proxy.config.environment import EnvName, HeaderName
-from proxy.config.model import ConfigModel, check_callable
+from proxy.config.environment import EnvName, SentHeader
+from proxy.config.model import ConfigModel, HttpUrl, check_callable
 from proxy.engine.options import PolicyOptions
 
 
@@ -16,10 +16,10 @@ class ConditionConfig(ConfigModel):
     """A named custom stop condition for `{"webhook": name}` or `{"python": name}`."""
 
     kind: Literal["webhook", "python"]
-    url: str | None = None
+    url: HttpUrl | None = None
     callable: str | None = None
     timeout_s: float = Field(10.0, gt=0, allow_inf_nan=False)
-    headers_env: dict[HeaderName, EnvName] = {}
+    headers_env: dict[SentHeader, EnvName] = {}
 
     @model_validator(mode="after")
     def _fields_for_kind(self) -> ConditionConfig:

@@ -7,7 +7,7 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Annotated
 
-from pydantic import Field
+from pydantic import AfterValidator, Field
 
 if TYPE_CHECKING:
     from proxy.config import Config
@@ -16,6 +16,23 @@ if TYPE_CHECKING:
 EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=256)]
 # An HTTP field name (RFC 9110's token): a header the proxy sends.
 HeaderName = Annotated[str, Field(pattern=r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$", max_length=256)]
+# The headers of a request the client sets itself: its framing, its connection, its host.
+CLIENTS_OWN = frozenset(
+    {
+        "connection", "content-length", "expect", "host", "keep-alive", "proxy-connection",
+        "te", "trailer", "transfer-encoding", "upgrade",
+    }
+)  # fmt: skip
+
+
+def _not_clients_own(name: str) -> str:
+    if name.lower() in CLIENTS_OWN:
+        raise ValueError(f"{name} is set by the HTTP client itself, for each request")
+    return name
+
+
+# A header the config has the proxy send with a value from the environment.
+SentHeader = Annotated[HeaderName, AfterValidator(_not_clients_own)]
 
 
 def setting(variable: str, env: Mapping[str, str] = os.environ) -> str | None:

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from proxy.config.environment import EnvName, HeaderName
-from proxy.config.model import ConfigModel, check_callable
+from proxy.config.environment import EnvName, SentHeader
+from proxy.config.model import ConfigModel, HttpUrl, check_callable
 
 
 class ToolConfig(ConfigModel):
@@ -23,8 +22,8 @@ class ToolConfig(ConfigModel):
     # do, by the server's name or the exposed one.
     terminal: bool | list[str] = False
     id: str | None = None
-    url: str | None = None
-    headers_env: dict[HeaderName, EnvName] = {}
+    url: HttpUrl | None = None
+    headers_env: dict[SentHeader, EnvName] = {}
     callable: str | None = None
     builtin: str | None = None  # which builtin; defaults to the tool's name
     # mcp (SPEC §13): `url` (streamable HTTP) or `command` (stdio, a child of the proxy).
@@ -66,8 +65,6 @@ class ToolConfig(ConfigModel):
             raise ValueError("an mcp entry needs url (streamable HTTP) or command (stdio): one")
         if self.command is not None and (not self.command or not self.command[0]):
             raise ValueError("command must name a program: [program, arg, ...]")
-        if self.url is not None and not re.match(r"^https?://[^/\s]+", self.url):
-            raise ValueError("url must be an http:// or https:// URL")
         if self.headers_env and self.url is None:
             raise ValueError("headers_env is for a url entry; a command entry takes env_env")
         if self.env_env and self.command is None:

@@ -3,12 +3,10 @@ price."""
 
 from __future__ import annotations
 
-import re
-
 from pydantic import Field, field_validator
 
 from proxy.config.environment import EnvName
-from proxy.config.model import ConfigModel
+from proxy.config.model import ConfigModel, http_url
 
 
 class UpstreamConfig(ConfigModel):
@@ -35,9 +33,7 @@ class UpstreamConfig(ConfigModel):
     @field_validator("base_url")
     @classmethod
     def _http_url(cls, value: str) -> str:
-        if not re.match(r"^https?://[^/\s]+", value):
-            raise ValueError("must be an http:// or https:// URL")
-        return value.rstrip("/")
+        return http_url(value).rstrip("/")
 
 
 class ModelAlias(ConfigModel):

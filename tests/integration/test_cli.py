@@ -216,6 +216,30 @@ def test_an_infinite_duration_or_price_is_a_config_error(
     assert "finite number" in err
 
 
+@pytest.mark.parametrize(
+    ("entry", "path"),
+    [
+        ("upstreams: {u: {base_url: 'http://127.0.0.1:notaport/v1'}}", "upstreams.u.base_url"),
+        ("upstreams: {u: {base_url: 'http://127.0.0.1:99999/v1'}}", "upstreams.u.base_url"),
+        ("upstreams: {u: {base_url: 'http://[::1/v1'}}", "upstreams.u.base_url"),
+        ("upstreams: {u: {base_url: 'http://a b/v1'}}", "upstreams.u.base_url"),
+        ("tools: {t: {kind: http, url: 'docs-svc:9000/search'}}", "tools.t.url"),
+        ("tools: {t: {kind: mcp, url: 'http://:80/mcp'}}", "tools.t.url"),
+        ("conditions: {w: {kind: webhook, url: 'ftp://h/w'}}", "conditions.w.url"),
+        (
+            "tools: {t: {kind: http, url: 'http://h/t', headers_env: {Content-Length: V}}}",
+            "tools.t.headers_env.Content-Length",
+        ),
+    ],
+)
+def test_a_url_no_request_can_go_to_or_a_header_the_client_sets_is_a_config_error(
+    check_config: CheckConfig, entry: str, path: str
+) -> None:
+    status, _, err = check_config(entry + "\n")
+    assert status == 1
+    assert err.startswith(path)
+
+
 def test_a_mapping_merged_deeper_than_its_anchor_is_no_repeated_key(tmp_path: Path) -> None:
     """PyYAML flattens a merged mapping in place: one built through a merge before its own
     turn comes holds the inherited key and its own override side by side."""

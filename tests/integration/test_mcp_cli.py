@@ -33,7 +33,7 @@ def problems(config: dict[str, Any]) -> list[str]:
     [
         ({"kind": "mcp"}, "needs url (streamable HTTP) or command (stdio)"),
         ({"kind": "mcp", "url": "http://a/mcp", "command": ["x"]}, "needs url"),
-        ({"kind": "mcp", "url": "ftp://a"}, "url must be an http:// or https:// URL"),
+        ({"kind": "mcp", "url": "ftp://a"}, "url: must be an http:// or https:// URL"),
         ({"kind": "mcp", "command": []}, "command must name a program"),
         ({"kind": "mcp", "command": ["x"], "headers_env": {"A": "B"}}, "headers_env is for a url"),
         ({"kind": "mcp", "url": "http://a/mcp", "env_env": {"A": "B"}}, "env_env is for a command"),
