@@ -9,7 +9,7 @@ import logging
 import os
 import socket
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -55,28 +55,53 @@ def _check(path: str | None) -> int:
     except ConfigError as exc:
         _report(exc)
         return 1
+    problems = environment_problems(config)
+    _report(ConfigError(problems))
+    wrong = _wiring_problems(config, unset_variables(config))
+    for line in wrong:
+        print(line, file=sys.stderr)
+    if problems or wrong:
+        return 1
+    print("config OK")
+    return 0
+
+
+def _wiring_problems(config: Config, unset: Sequence[tuple[str, str]] = ()) -> list[str]:
+    """What wiring the config's services finds wrong (a rule that names no tool, a python tool
+    that cannot be imported, a schema that is none), as lines; as if the `unset` variables
+    were set, so that every problem is told in one go. The state backend is not opened:
+    `serve` does (and `/readyz` checks it)."""
     from proxy.api.services import build_services
     from proxy.state.memory import MemoryStore
     from proxy.upstream.http1_transport import Http1Transport
 
-    unset = unset_variables(config)
-    problems = environment_problems(config)
-    _report(ConfigError(problems))
     try:
-        # Wires everything but the state backend, which `serve` opens (and `/readyz` checks);
-        # as if the variables were set: every problem is told in one go.
         with _set_for_now({variable: f"unset {variable}" for _, variable in unset}):
             build_services(config, httpx.AsyncClient(), Http1Transport(), MemoryStore())
     except ConfigError as exc:
-        _report(exc)
-        return 1
+        return [f"{where}: {message}" for where, message in exc.problems]
     except ValueError as exc:
-        print(str(exc), file=sys.stderr)
-        return 1
-    if problems:
-        return 1
-    print("config OK")
-    return 0
+        return [str(exc)]
+    return []
+
+
+def _serving_problems(config: Config) -> list[str]:
+    """What would stop the proxy as it starts: the wiring's problems, a sqlite file that
+    cannot be opened, tracing settings that cannot be; told before it serves, once (not in a
+    traceback of each worker)."""
+    from proxy.state.backend import check_state
+    from proxy.telemetry.setup import exporter_kind
+
+    problems = _wiring_problems(config)
+    try:
+        check_state(config.state)
+    except ValueError as exc:
+        problems.append(str(exc))
+    try:
+        exporter_kind(os.environ)
+    except ValueError as exc:
+        problems.append(str(exc))
+    return problems
 
 
 def _tools(path: str | None) -> int:
@@ -136,6 +161,11 @@ def _serve(path: str | None, overrides: dict[str, Any]) -> int:
     except ConfigError as exc:
         _report(exc)
         return 1
+    problems = _serving_problems(config)
+    if problems:
+        for line in problems:
+            print(line, file=sys.stderr)
+        return 1
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per upstream call is noise
     server = config.server
@@ -150,7 +180,12 @@ def _serve(path: str | None, overrides: dict[str, Any]) -> int:
             from proxy.api.workers import supervise
 
             def work(sock: socket.socket) -> bool:
-                return serve(_app(config), server, sock, probes)
+                try:
+                    app = _app(config)
+                except ValueError as exc:  # did not start: no worker is started again
+                    print(str(exc), file=sys.stderr)
+                    return False
+                return serve(app, server, sock, probes)
 
             return supervise(server.workers, listening, work)
         try:

@@ -2,9 +2,29 @@
 
 from __future__ import annotations
 
+import sqlite3
+from pathlib import Path
+
 from proxy.config.environment import setting
 from proxy.config.state import StateConfig
 from proxy.state.store import StateStore
+
+
+def check_state(config: StateConfig) -> None:
+    """Raises ValueError, as `open_store` would, when a sqlite file cannot be opened (a
+    directory, a file of something else, a folder that cannot be written): found before the
+    proxy starts serving. Nothing stays open."""
+    if config.backend != "sqlite" or config.path == ":memory:":
+        return
+    try:
+        Path(config.path).parent.mkdir(parents=True, exist_ok=True)
+        db = sqlite3.connect(config.path, timeout=config.timeout_s)
+        try:
+            db.execute("PRAGMA schema_version").fetchone()
+        finally:
+            db.close()
+    except (sqlite3.Error, OSError) as exc:
+        raise ValueError(f"state.path: cannot open {config.path!r}: {exc}") from None
 
 
 def open_store(config: StateConfig) -> StateStore:

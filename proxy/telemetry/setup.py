@@ -45,32 +45,42 @@ def provider_name(base_url: str, configured: str | None) -> str:
     return _PROVIDERS.get(host, "openai")  # an OpenAI-compatible server
 
 
-def exporter_from_env(env: Mapping[str, str]) -> SpanExporter | None:
-    """`OTEL_TRACES_EXPORTER` (otlp | console | none); with it unset, OTLP when an endpoint is
-    set, else none, so a proxy without a collector does not log export failures."""
+def exporter_kind(env: Mapping[str, str]) -> str | None:
+    """Which exporter the environment asks for (`OTEL_TRACES_EXPORTER`: otlp | console | none;
+    with it unset, OTLP when an endpoint is set, else none, so a proxy without a collector
+    does not log export failures): `console`, `grpc`, `http/protobuf` or None. Raises
+    ValueError, naming the variable, for a value it cannot be."""
     kind = env.get("OTEL_TRACES_EXPORTER", "").strip().lower()
     if not kind:
         endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get(
             "OTEL_EXPORTER_OTLP_ENDPOINT"
         )
         kind = "otlp" if endpoint else "none"
-    if kind == "none":
-        return None
-    if kind == "console":
-        return ConsoleSpanExporter()
+    if kind in ("none", "console"):
+        return None if kind == "none" else kind
     if kind != "otlp":
         raise ValueError(f"OTEL_TRACES_EXPORTER: {kind!r} is not one of otlp, console, none")
     protocol = env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or env.get(
         "OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"
     )
-    if protocol == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-
-        return OTLPSpanExporter()
-    if protocol != "http/protobuf":
+    if protocol not in ("grpc", "http/protobuf"):
         raise ValueError(
             f"OTEL_EXPORTER_OTLP_PROTOCOL: {protocol!r} is not one of http/protobuf, grpc"
         )
+    return protocol
+
+
+def exporter_from_env(env: Mapping[str, str]) -> SpanExporter | None:
+    """The exporter `exporter_kind` names."""
+    kind = exporter_kind(env)
+    if kind is None:
+        return None
+    if kind == "console":
+        return ConsoleSpanExporter()
+    if kind == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+        return OTLPSpanExporter()
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as Http
 
     return Http()

@@ -310,6 +310,31 @@ def test_the_probe_port_must_be_a_port_of_its_own(
     assert "server: probe_port must differ from port" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_serve_names_what_would_stop_it_starting_before_it_serves(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    workers: str,
+) -> None:
+    """Said once, each in a line, exit 1: not a traceback of each worker (exit 3), nor workers
+    started again for ever."""
+    (tmp_path / "a-folder").mkdir()
+    config = tmp_path / "loopwarden.yaml"
+    config.write_text(
+        f"state: {{backend: sqlite, path: '{tmp_path / 'a-folder'}'}}\n"
+        "tools: {t: {kind: python, callable: 'no_such_module_here:f'}}\n"
+    )
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "bogus")
+    serve = ["serve", "--config", str(config), "--port", str(free_port()), "--workers", workers]
+    assert main(serve) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        "tools.t: cannot import 'no_such_module_here': No module named 'no_such_module_here'",
+        f"state.path: cannot open '{tmp_path / 'a-folder'}': unable to open database file",
+        "OTEL_TRACES_EXPORTER: 'bogus' is not one of otlp, console, none",
+    ]
+
+
 def test_serve_says_which_port_it_cannot_listen_on(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
