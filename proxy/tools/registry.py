@@ -67,7 +67,11 @@ class ToolRegistry:
         self.tools: dict[str, Tool] = dict(tools)
         self.groups: dict[str, tuple[str, ...]] = {}
         self.stand_ins: frozenset[str] = frozenset()
-        self.problems: list[str] = []  # what the last lists did not fit (clashes, bad schemas)
+        # What the last lists did not fit: tools left out (over `max_tools`, a schema that is
+        # none, a name listed twice), logged; and `clashes`, names two sources (or a source and
+        # the config) expose, which fail start-up (SPEC §13).
+        self.problems: list[str] = []
+        self.clashes: list[str] = []
         for source in self.sources.values():
             source.listeners.append(self._changed)
         self.refresh()
@@ -83,6 +87,7 @@ class ToolRegistry:
         tools = dict(self.static)
         groups: dict[str, list[str]] = {}
         problems: list[str] = []
+        clashes: list[str] = []
         for source in self.sources.values():
             names = groups.setdefault(source.name, [])
             for listed in source.tools:
@@ -98,15 +103,25 @@ class ToolRegistry:
                 clash = tools.get(exposed)
                 if clash is not None:
                     source_name = clash.spec.source
+                    if source_name == source.name:
+                        problems.append(
+                            f"tools.{source.name}: {exposed!r} is listed twice; the second is"
+                            " left out"
+                        )
+                        continue
                     owner = f"MCP server {source_name!r}" if source_name else "the config"
-                    problems.append(f"tools.{source.name}: {exposed!r} is also a tool of {owner}")
+                    clash_of = f"tools.{source.name}: {exposed!r} is also a tool of {owner}"
+                    problems.append(clash_of)
+                    clashes.append(clash_of)
                     continue
                 try:
                     tools[exposed] = exposed_tool(
                         source, listed, exposed, self.default_max_output_bytes, self.on_call
                     )
                 except ValueError as exc:
-                    problems.append(f"tools.{source.name}: tool {listed.name!r}: {exc}")
+                    problems.append(
+                        f"tools.{source.name}: tool {listed.name!r}: {exc}; it is left out"
+                    )
                     continue
                 names.append(exposed)
         stand_ins = set()
@@ -124,6 +139,7 @@ class ToolRegistry:
         self.groups = {name: tuple(names) for name, names in groups.items()}
         self.stand_ins = frozenset(stand_ins)
         self.problems = problems
+        self.clashes = clashes
 
     def _claimant(self, name: str) -> McpSource | None:
         for source in self.sources.values():
@@ -151,8 +167,8 @@ class ToolRegistry:
     def check_started(self) -> None:
         """Raises SourcesUnavailable, naming each problem, when a required source is not
         connected, the sources' tools clash, or a name the config uses is not exposed by the
-        connected source it belongs to."""
-        problems = list(self.problems)
+        connected source it belongs to. (A source's tools left out are logged: it starts.)"""
+        problems = list(self.clashes)
         for source in self.missing():
             if source.cfg.required:
                 problems.append(

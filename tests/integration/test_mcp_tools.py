@@ -306,6 +306,22 @@ async def test_a_name_the_server_does_not_expose_stops_start_up(proxy_for: Proxy
             pass
 
 
+@pytest.mark.parametrize("required", [False, True])
+async def test_a_source_listing_more_tools_than_its_bound_starts_without_the_rest(
+    proxy_for: ProxyFactory, caplog: pytest.LogCaptureFixture, required: bool
+) -> None:
+    """What a server lists is its own: tools left out are logged, never a reason not to start
+    (a list arriving later was only logged, so a pod restarted with it stayed down)."""
+    async with proxy_for(
+        config(include=["echo", "pid", "nap"], max_tools=2, required=required)
+    ) as proxy:
+        assert proxy_registry(proxy).groups["srv"] == ("t_echo", "t_nap")  # as listed
+        proxy.upstream.script(call("t_echo", text="hi"), say_tool_result())
+        r = await proxy.chat(model="mcp", messages=user("echo"))
+    assert r.json()["choices"][0]["message"]["content"] == "echo: hi"
+    assert "more than max_tools (2) tools; 't_pid' and later ones are left out" in caplog.text
+
+
 async def test_two_sources_exposing_one_name_stop_start_up(proxy_for: ProxyFactory) -> None:
     tools = {"one": stdio_entry(include=["echo"]), "two": stdio_entry(include=["echo"])}
     with pytest.raises(SourcesUnavailable, match="'t_echo' is also a tool of MCP server 'one'"):
