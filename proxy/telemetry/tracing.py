@@ -206,10 +206,12 @@ class TracingObserver:
         if self.capture_content:
             span.set_attribute("gen_ai.tool.call.result", event.result.output)
         if event.result.is_error:
-            span.set_status(Status(StatusCode.ERROR, event.result.output[:200]))
-            span.set_attribute(
-                "error.type", "timeout" if event.result.outcome == "timeout" else "tool_error"
-            )
+            kind = "timeout" if event.result.outcome == "timeout" else "tool_error"
+            # The output is the tool's (an MCP server's `isError` text): content, on a span
+            # only when `capture_content` says so.
+            said = event.result.output[:200] if self.capture_content else kind
+            span.set_status(Status(StatusCode.ERROR, said))
+            span.set_attribute("error.type", kind)
         span.end(end_time=end)
 
     def _finished(self, spans: _RunSpans, event: ev.RunFinished) -> None:

@@ -139,6 +139,23 @@ async def test_content_is_on_spans_only_when_opted_in(proxy_for: ProxyFactory) -
     assert "celsius" in str(tool["gen_ai.tool.call.result"])
 
 
+@pytest.mark.parametrize("captured", [False, True])
+async def test_a_tool_errors_output_is_on_its_span_only_when_content_is_captured(
+    proxy_for: ProxyFactory, captured: bool
+) -> None:
+    """An error's output is the tool's (an MCP server's `isError` text may hold anything)."""
+    async with proxy_for({"telemetry": {"capture_content": captured}}) as proxy:
+        proxy.upstream.script(call("get_weather", town="Paris"), say("Sorry."))
+        await proxy.chat(model="weather", messages=user(WEATHER))
+        (tool,) = by_name(proxy.spans(), "execute_tool")
+    assert tool.status.status_code is StatusCode.ERROR
+    assert (tool.attributes or {})["error.type"] == "tool_error"
+    if captured:
+        assert tool.status.description == "invalid arguments at city: Field required"
+    else:
+        assert tool.status.description == "tool_error"
+
+
 async def test_a_budget_stop_is_not_an_error_and_its_condition_is_an_event(
     proxy: Proxy,
 ) -> None:
