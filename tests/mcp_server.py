@@ -60,6 +60,11 @@ def build(wordy: bool = False) -> MCPServer:
         """`count` zeros (structured content: a JSON value each)."""
         return {"values": [0] * count}
 
+    @server.tool()
+    def huge() -> Numbers:
+        """A number past 64 bits, which JSON holds and orjson does not write."""
+        return {"values": [2**70]}
+
     @server.tool(structured_output=False)
     def large(kib: int) -> str:
         """A text of `kib` KiB, in one message."""

@@ -3,6 +3,7 @@ flag from the entry's config, its call a `tools/call` on the source's session.""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -25,7 +26,10 @@ def result_text(result: mcp_types.CallToolResult) -> str:
     """What the model reads of a result: `structuredContent` as compact JSON when the server
     gave it, else the text parts joined, other parts as a short note of their type."""
     if result.structured_content is not None:
-        return orjson.dumps(result.structured_content).decode()
+        try:
+            return orjson.dumps(result.structured_content).decode()
+        except TypeError:  # an integer past 64 bits, which JSON holds
+            return json.dumps(result.structured_content, separators=(",", ":"), ensure_ascii=False)
     parts = []
     for block in result.content:
         if isinstance(block, mcp_types.TextContent):

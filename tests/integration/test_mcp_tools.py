@@ -39,20 +39,24 @@ def tool_messages(proxy: Proxy, request: int) -> list[str]:
 async def test_an_agent_naming_the_entry_runs_its_tools(proxy_for: ProxyFactory) -> None:
     async with proxy_for(config(exclude=["die"])) as proxy:
         proxy.upstream.script(
-            calls(call("t_echo", text="hi"), call("t_forecast", city="Oslo")),
+            calls(call("t_echo", text="hi"), call("t_forecast", city="Oslo"), call("t_huge")),
             say_tool_result("done: {}"),
         )
         response = await proxy.chat(model="mcp", messages=user("go"))
         metric = proxy.metric("loopwarden_tool_calls_total", tool="t_echo", outcome="ok")
     assert response.status_code == 200, response.text
-    assert response.json()["loop"]["tool_calls"] == 2
+    assert response.json()["loop"]["tool_calls"] == 3
     offers = offered(proxy.upstream.bodies[0])
     assert {"t_echo", "t_grow"} <= set(offers)
     assert "t_die" not in offers  # excluded
     echo = next(t for t in proxy.upstream.bodies[0]["tools"] if t["function"]["name"] == "t_echo")
     assert echo["function"]["parameters"]["required"] == ["text"]  # the server's inputSchema
     # Text parts as they are; structured content as compact JSON.
-    assert tool_messages(proxy, 1) == ["echo: hi", '{"city":"Oslo","celsius":21.5}']
+    assert tool_messages(proxy, 1) == [
+        "echo: hi",
+        '{"city":"Oslo","celsius":21.5}',
+        '{"values":[1180591620717411303424]}',  # past 64 bits, as JSON has it
+    ]
     assert metric == 1.0  # labelled by the exposed name
 
 
