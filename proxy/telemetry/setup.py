@@ -98,16 +98,30 @@ def tracer_provider_from_env(config: Config, env: Mapping[str, str]) -> AnyTrace
     return provider
 
 
+# The most names MCP sources' lists add to the `tool` label in a process's life.
+MAX_LISTED_TOOL_LABELS = 512
+
+
 @dataclass(slots=True)
 class Telemetry:
     metrics: Metrics
     metrics_observer: MetricsObserver
     tracing: TracingObserver
     tracer_provider: AnyTracerProvider
+    listed_labels: int = 0  # names the sources' lists added to the `tool` label so far
 
     def label_tools(self, names: Iterable[str]) -> None:
-        """Tools whose metrics carry their own name (the exposed tools of MCP sources)."""
-        self.metrics_observer.labels.tools.update(names)
+        """Tools whose metrics carry their own name (the exposed tools of MCP sources), up to
+        MAX_LISTED_TOOL_LABELS names beyond the config's: a server that names its tools anew
+        at each list does not grow the label's values without end (the rest are `other`)."""
+        tools = self.metrics_observer.labels.tools
+        for name in names:
+            if name in tools:
+                continue
+            if self.listed_labels >= MAX_LISTED_TOOL_LABELS:
+                return
+            tools.add(name)
+            self.listed_labels += 1
 
 
 def build_telemetry(

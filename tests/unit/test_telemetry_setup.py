@@ -10,9 +10,17 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 from opentelemetry.sdk.trace.sampling import ParentBased
+from prometheus_client import CollectorRegistry
 
 from proxy.config import Config
-from proxy.telemetry.setup import exporter_from_env, provider_name, tracer_provider_from_env
+from proxy.pricing import PriceTable
+from proxy.telemetry.setup import (
+    MAX_LISTED_TOOL_LABELS,
+    build_telemetry,
+    exporter_from_env,
+    provider_name,
+    tracer_provider_from_env,
+)
 
 
 @pytest.mark.parametrize(
@@ -77,3 +85,22 @@ def test_the_sampler_follows_the_environment(monkeypatch: pytest.MonkeyPatch) ->
     assert not quiet.get_tracer("t").start_span("s").is_recording()
     provider.shutdown()
     quiet.shutdown()
+
+
+def test_the_tool_label_takes_a_bounded_number_of_listed_names() -> None:
+    """A server that renames its tools at each list would add a label value (and a series per
+    outcome and bucket) each time."""
+    config = Config.model_validate(
+        {"tools": {"mine": {"kind": "builtin", "builtin": "final_answer"}}}
+    )
+    telemetry = build_telemetry(config, PriceTable({}), CollectorRegistry(), TracerProvider(), {})
+    labels = telemetry.metrics_observer.labels
+    telemetry.label_tools(["mine", "listed"])
+    for i in range(2 * MAX_LISTED_TOOL_LABELS):
+        telemetry.label_tools(["mine", "listed", f"renamed_{i}"])
+    assert (labels.tool("mine"), labels.tool("listed")) == ("mine", "listed")
+    assert labels.tool("renamed_0") == "renamed_0"
+    last = f"renamed_{MAX_LISTED_TOOL_LABELS - 2}"  # "listed" took one place
+    assert labels.tool(last) == last
+    assert labels.tool(f"renamed_{MAX_LISTED_TOOL_LABELS - 1}") == "other"
+    assert len(labels.tools) == 1 + MAX_LISTED_TOOL_LABELS
