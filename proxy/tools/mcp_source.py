@@ -33,6 +33,7 @@ from proxy.tools.mcp_transport import (
 
 log = logging.getLogger(__name__)
 
+RELIST_INTERVAL_S = 1.0  # the least time between two reads of a changing tool list
 FIRST_RETRY_S = 0.5  # the first wait before a reconnect; it doubles up to reconnect_max_s
 MAX_LIST_PAGES = 64  # of one tools/list walk
 CLOSE_TIMEOUT_S = 10.0  # for a session to end on shutdown (a stdio child gets 4 s to exit)
@@ -94,6 +95,7 @@ class McpSource:
         self._ended: str | None = None  # why the transport ended this attempt, if it knows
         self._dropped = asyncio.Event()
         self._relist = asyncio.Event()
+        self._relisted = -math.inf  # when the tools were last listed (`_now`)
         self._closing = asyncio.Event()
         self._attempted = asyncio.Event()  # the first connect attempt has ended
         self._task: asyncio.Task[None] | None = None
@@ -215,10 +217,16 @@ class McpSource:
         return False
 
     async def _serve(self, client: Client) -> None:
-        """Waits for the session's end, re-listing the tools whenever they change."""
+        """Waits for the session's end, re-listing the tools whenever they change: at most once
+        every RELIST_INTERVAL_S, the changes announced meanwhile read in one list (a server
+        announcing changes every 50 ms made the proxy read its 12 MB list 4 times a second)."""
         while True:
             waits = [self._dropped.wait(), self._closing.wait(), self._relist.wait()]
             await _first(waits)
+            if self._dropped.is_set() or self._closing.is_set():
+                return
+            ended = [self._dropped.wait(), self._closing.wait()]
+            await _first([*ended, asyncio.sleep(self._relisted + RELIST_INTERVAL_S - _now())])
             if self._dropped.is_set() or self._closing.is_set():
                 return
             self._relist.clear()
@@ -242,6 +250,7 @@ class McpSource:
                 break
         self.tools = tuple(tools)
         self.listed = True
+        self._relisted = _now()
 
     async def _listen(self, client: Client) -> None:
         """A 2026-era server sends its change events on a `subscriptions/listen` stream; the
@@ -284,6 +293,10 @@ def _announces_changes(client: Client) -> bool:
         return False
     tools = client.server_capabilities.tools
     return bool(tools and tools.list_changed)
+
+
+def _now() -> float:
+    return asyncio.get_running_loop().time()
 
 
 async def _first(waits: Sequence[Awaitable[Any]]) -> None:

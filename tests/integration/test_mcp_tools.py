@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -270,6 +272,21 @@ async def test_a_changed_tool_list_is_read_again_without_a_restart(
         response = await proxy.chat(model="mcp", messages=user("use the new one"))
     assert "t_extra" in offered(proxy.upstream.bodies[2])
     assert response.json()["choices"][0]["message"]["content"] == "extra: new"
+
+
+async def test_tool_lists_changed_in_a_burst_are_read_at_most_once_a_second(
+    proxy_for: ProxyFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="proxy.tools.mcp_source")
+    async with proxy_for(config()) as proxy:
+        proxy.upstream.script(calls(*[call("t_grow") for _ in range(8)]), say("grown"))
+        started = time.monotonic()
+        await proxy.chat(model="mcp", messages=user("grow, eight times"))
+        source = proxy_source(proxy)
+        await wait_for(lambda: any(t.name == "extra" for t in source.tools))
+        await asyncio.sleep(max(0.0, started + 1.5 - time.monotonic()))
+    lists = caplog.text.count("changed its tools")
+    assert 1 <= lists <= 2  # eight changes announced: one read, and one for those after it
 
 
 async def test_loop_tools_may_name_the_entry(proxy_for: ProxyFactory) -> None:
