@@ -93,6 +93,15 @@ def build(wordy: bool = False) -> MCPServer:
         """The server exits in the middle of the call."""
         os._exit(3)
 
+    @server.tool()
+    def deep(levels: int) -> dict[str, Any]:
+        """Structured content nested `levels` deep: past what the client's parser reads at 250
+        (the server writes it all the same)."""
+        value: dict[str, Any] = {}
+        for _ in range(levels):
+            value = {"in": value}
+        return value
+
     @server.tool(structured_output=False)
     def refuse() -> str:
         """Answers the call with a JSON-RPC error of its own (not a tool error)."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
@@ -76,12 +77,34 @@ async def lines(stream: ByteReceiveStream, limit: int) -> AsyncIterator[bytes]:
 
 
 def message(line: bytes) -> SessionMessage | Exception:
-    """A line as the session takes it: a message, or the error that it is not one."""
+    """A line as the session takes it: a message, or the error that it is not one. An answer
+    the SDK cannot read (nested deeper than it parses, a lone surrogate in a string) whose
+    `id` can be read is that request's error, so that its call fails now, not at its timeout."""
     try:
         return SessionMessage(mcp_types.jsonrpc_message_adapter.validate_json(line, by_name=False))
     except ValueError as exc:
         log.warning("an MCP server sent a line that is not a JSON-RPC message: %s", exc)
-        return exc
+        request = _answered(line)
+        if request is None:
+            return exc
+        error = mcp_types.ErrorData(
+            code=mcp_types.INTERNAL_ERROR, message="the server's answer could not be read"
+        )
+        return SessionMessage(mcp_types.JSONRPCError(jsonrpc="2.0", id=request, error=error))
+
+
+def _answered(line: bytes) -> int | str | None:
+    """The id of the request `line` answers, if it is a JSON object with one and a `result`
+    or an `error` (read leniently: by Python's parser, within the line's bounds already
+    checked)."""
+    try:
+        value = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(value, dict) or not ("result" in value or "error" in value):
+        return None
+    request = value.get("id")
+    return request if isinstance(request, int | str) and not isinstance(request, bool) else None
 
 
 @contextlib.asynccontextmanager

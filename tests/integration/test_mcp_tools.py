@@ -149,6 +149,27 @@ async def test_a_call_refused_with_an_invalid_request_error_leaves_the_session_u
     )  # the same child: its session was not taken for dropped
 
 
+async def test_an_answer_the_client_cannot_read_fails_its_call_at_once(
+    proxy_for: ProxyFactory,
+) -> None:
+    """Over stdio a line the SDK cannot parse was dropped: its call waited for its timeout."""
+    async with proxy_for(config(timeout_s=30)) as proxy:
+        proxy.upstream.script(
+            call("t_deep", levels=250), say("unread"), call("t_pid"), say_tool_result()
+        )
+        started = time.monotonic()
+        unread = await proxy.chat(model="mcp", messages=user("deep"))
+        waited = time.monotonic() - started
+        after = await proxy.chat(model="mcp", messages=user("pid"))
+        errors = proxy.metric("loopwarden_tool_calls_total", tool="t_deep", outcome="error")
+    assert unread.status_code == 200
+    assert waited < 15  # not the call's 30 s
+    error = orjson.loads(tool_messages(proxy, 1)[0])["error"]
+    assert "the server's answer could not be read" in error
+    assert errors == 1
+    assert after.json()["choices"][0]["message"]["content"].isdigit()  # the session goes on
+
+
 async def test_a_stdio_message_over_the_bound_ends_its_session_and_fails_the_call(
     proxy_for: ProxyFactory,
 ) -> None:
