@@ -17,7 +17,7 @@ from proxy.config.references import reference_problems
 from proxy.config.server import ServerConfig
 from proxy.config.state import StateConfig
 from proxy.config.telemetry import TelemetryConfig
-from proxy.config.tools import ToolConfig
+from proxy.config.tools import ToolConfig, check_tool_names
 from proxy.config.upstreams import ModelAlias, Price, UpstreamConfig
 from proxy.engine.options import problems
 
@@ -36,6 +36,12 @@ class Config(ConfigModel):
     agents: dict[str, AgentConfig] = {}
     state: StateConfig = StateConfig()
     telemetry: TelemetryConfig = TelemetryConfig()
+
+    @field_validator("tools")
+    @classmethod
+    def _offered_names(cls, tools: dict[str, ToolConfig]) -> dict[str, ToolConfig]:
+        check_tool_names(tools)
+        return tools
 
     @field_validator("state")
     @classmethod

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import re
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
@@ -80,17 +82,46 @@ class ToolConfig(ConfigModel):
 
     def exposed_name(self, tool: str) -> str | None:
         """The name a server tool `tool` is exposed under, or None when include/exclude leave
-        it out (mcp)."""
+        it out (mcp): the prefix and its name, as a function name (`function_name`)."""
         if self.include is not None and tool not in self.include:
             return None
         if tool in self.exclude:
             return None
-        return f"{self.prefix or ''}{tool}"
+        return function_name(f"{self.prefix or ''}{tool}")
 
     def is_terminal(self, tool: str, exposed: str) -> bool:
         if isinstance(self.terminal, bool):
             return self.terminal
         return tool in self.terminal or exposed in self.terminal
+
+
+# What OpenAI-compatible APIs take as a function's name (OpenAI refuses any other with a 400).
+FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_NOT_IN_A_NAME = re.compile(r"[^A-Za-z0-9_-]")
+
+
+def function_name(name: str) -> str:
+    """`name` as a function name: `.`, `/`, spaces and any other character a name cannot hold
+    become `_` (an MCP server's `github.get_issue`: `github_get_issue`), and a name past 64
+    characters keeps its first 55 and 8 hex digits of its digest."""
+    if FUNCTION_NAME.match(name):
+        return name
+    name = _NOT_IN_A_NAME.sub("_", name) or "_"
+    if len(name) > 64:
+        digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+        name = f"{name[:55]}_{digest}"
+    return name
+
+
+def check_tool_names(tools: dict[str, ToolConfig]) -> None:
+    """The config's own tools are offered under their names: each must be a function name
+    (an mcp entry's name is not offered, its tools' are)."""
+    for name, tool in tools.items():
+        if tool.kind != "mcp" and not FUNCTION_NAME.match(name):
+            raise ValueError(
+                f"{name!r} is no function name a model API takes: letters, digits, _ and -, "
+                "at most 64"
+            )
 
 
 _MCP_ONLY = ("command", "env_env", "prefix", "include", "exclude", "required", "max_message_bytes")
@@ -102,10 +133,17 @@ def could_expose(entry: Any, name: str) -> bool:
     if not isinstance(entry, dict) or entry.get("kind") != "mcp":
         return False
     prefix = entry.get("prefix") or ""
-    if not isinstance(prefix, str) or not name.startswith(prefix):
+    if not isinstance(prefix, str):
         return False
-    tool = name[len(prefix) :]
     include, exclude = entry.get("include"), entry.get("exclude")
-    if isinstance(include, list) and tool not in include:
-        return False
-    return not (isinstance(exclude, list) and tool in exclude)
+    excluded = set(exclude) if isinstance(exclude, list) else set()
+    named = [t for t in include if t not in excluded] if isinstance(include, list) else excluded
+    exposed = {function_name(prefix + t) for t in named if isinstance(t, str)}
+    if isinstance(include, list):
+        return name in exposed
+    return name not in exposed and name.startswith(offered_prefix(prefix))
+
+
+def offered_prefix(prefix: str | None) -> str:
+    """How the names an entry exposes begin: its prefix as a name holds it."""
+    return function_name(prefix) if prefix else ""

@@ -16,7 +16,7 @@ from proxy.callables import CallThreads, NoWorkerFree, load_callable
 from proxy.config import Config
 from proxy.config.agents import AgentConfig
 from proxy.config.environment import setting
-from proxy.config.tools import ToolConfig
+from proxy.config.tools import ToolConfig, offered_prefix
 from proxy.deadline import within
 from proxy.engine.values import ToolCall, ToolContext, ToolResult, ToolSpec
 from proxy.json_values import MAX_DEPTH, nests_too_deep
@@ -143,7 +143,7 @@ class ToolRegistry:
 
     def _claimant(self, name: str) -> McpSource | None:
         for source in self.sources.values():
-            prefix = source.cfg.prefix or ""
+            prefix = offered_prefix(source.cfg.prefix)
             if name.startswith(prefix) and source.cfg.exposed_name(name[len(prefix) :]) == name:
                 return source
         return None

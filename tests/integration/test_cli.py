@@ -219,6 +219,9 @@ def test_an_infinite_duration_or_price_is_a_config_error(
 @pytest.mark.parametrize(
     ("entry", "path"),
     [
+        ("tools: {'get weather': {kind: builtin, builtin: final_answer}}", "tools"),
+        ("tools: {'x.y': {kind: builtin, builtin: final_answer}}", "tools"),
+        (f"tools: {{{'n' * 65}: {{kind: builtin, builtin: final_answer}}}}", "tools"),
         ("upstreams: {u: {base_url: 'http://127.0.0.1:notaport/v1'}}", "upstreams.u.base_url"),
         ("upstreams: {u: {base_url: 'http://127.0.0.1:99999/v1'}}", "upstreams.u.base_url"),
         ("upstreams: {u: {base_url: 'http://[::1/v1'}}", "upstreams.u.base_url"),

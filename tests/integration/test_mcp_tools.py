@@ -310,6 +310,18 @@ async def test_tool_lists_changed_in_a_burst_are_read_at_most_once_a_second(
     assert 1 <= lists <= 2  # eight changes announced: one read, and one for those after it
 
 
+async def test_a_name_no_model_api_takes_is_exposed_as_a_function_name(
+    proxy_for: ProxyFactory,
+) -> None:
+    """MCP names may hold dots and slashes (`github.get_issue`); OpenAI refuses such function
+    names with a 400, failing every run of the agent."""
+    async with proxy_for(config(prefix="t.", include=["echo", "pid"])) as proxy:
+        proxy.upstream.script(call("t_echo", text="hi"), say_tool_result())
+        r = await proxy.chat(model="mcp", messages=user("echo"))
+    assert offered(proxy.upstream.bodies[0]) == ["t_echo", "t_pid"]
+    assert r.json()["choices"][0]["message"]["content"] == "echo: hi"
+
+
 async def test_loop_tools_may_name_the_entry(proxy_for: ProxyFactory) -> None:
     async with proxy_for(config()) as proxy:
         proxy.upstream.script(call("t_echo", text="x"), say_tool_result())

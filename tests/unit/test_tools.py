@@ -14,7 +14,7 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from proxy.callables import CallThreads
-from proxy.config.tools import ToolConfig
+from proxy.config.tools import ToolConfig, function_name
 from proxy.engine.values import ToolCall, ToolContext
 from proxy.tools.base import BadArguments, Tool
 from proxy.tools.registry import ToolRegistry, build_tool
@@ -392,3 +392,23 @@ async def test_patterned_arguments_are_checked_beside_a_busy_default_executor() 
     )
     assert time.perf_counter() - started < 0.4  # behind the sleepers: 0.5 s
     await asyncio.gather(*busy)
+
+
+@pytest.mark.parametrize(
+    ("name", "offered"),
+    [
+        ("get_issue", "get_issue"),
+        ("github.get_issue", "github_get_issue"),
+        ("a/b c", "a_b_c"),
+        ("é", "_"),
+    ],
+)
+def test_a_name_is_offered_as_a_function_name(name: str, offered: str) -> None:
+    assert function_name(name) == offered
+
+
+def test_a_long_name_keeps_its_start_and_a_digest_of_the_rest() -> None:
+    first, second = function_name("t" * 70 + "a"), function_name("t" * 70 + "b")
+    assert len(first) == len(second) == 64
+    assert first[:55] == "t" * 55
+    assert first != second
