@@ -16,6 +16,7 @@ from starlette.types import Receive, Scope, Send
 
 from proxy.api.asgi import bearer_token, run_or_cancel, send_error, send_json
 from proxy.api.auth import Caller
+from proxy.api.chat_request import name
 from proxy.api.completion import loop_report
 from proxy.api.failures import failed, send_failure
 from proxy.api.json_body import json_object, read_json
@@ -65,10 +66,19 @@ def _body(raw: bytes, path: str, max_id_chars: int) -> dict[str, Any]:
     check_context_id(body["context_id"], max_id_chars)
     if path == "/chat":
         _text(body.get("message"), "message")
-    for key in ("agent", "model", "prompt"):
+    for key in ("agent", "model"):
         if body.get(key) is not None:
-            _text(body[key], key)
+            name(body[key], key)
+    if body.get("agent") is not None and body.get("model") is not None:
+        raise InvalidRequest("give `agent` or `model`, not both", param="model")
+    if body.get("prompt") is not None:
+        _text(body["prompt"], "prompt")
     return body
+
+
+def _made_with(context: StoredContext) -> str:
+    """The field a context's agent or model was given by."""
+    return "agent" if context.agent is not None else "model"
 
 
 def _text(value: Any, param: str) -> None:
@@ -123,6 +133,10 @@ def _request(body: dict[str, Any], context: StoredContext, messages: list[Any]) 
         raise InvalidRequest("a context's agent is set by `agent`", param="loop.agent")
     if loop.thread_id is not None:
         raise InvalidRequest("a context is its own thread", param="loop.thread_id")
+    if loop.include_messages:
+        raise InvalidRequest(
+            "a context's answer has its generated_messages", param="loop.include_messages"
+        )
     if body.get("terminating_config") is not None:
         if loop.terminating_config is not None:
             raise InvalidRequest(
@@ -254,6 +268,14 @@ class ContextRuns:
         if agent is not None and agent not in sv.config.agents:
             raise InvalidRequest(f"no agent named {agent!r}", param="agent")
         context = _open(body, holding.context, caller)
+        if context.agent is not None and context.agent not in sv.config.agents:
+            raise InvalidRequest(
+                f"context {context.id!r} was made with agent {context.agent!r}, which the "
+                "config no longer has",
+                param="context_id",
+                code="agent_not_found",
+            )
+        sv.keys.check(caller, context.agent or context.model or "", _made_with(context))
         messages = list(context.messages)
         if body.get("message") is not None:
             messages.append({"role": "user", "content": body["message"]})

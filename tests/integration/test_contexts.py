@@ -253,20 +253,20 @@ async def test_a_context_s_run_on_sqlite_is_two_transactions(
     go in one transaction (were four: the lock, the save, the run, the release): what the
     file's write-ahead log holds is what the store committed."""
     store = SqliteStore(tmp_path / "state.sqlite")
-    log = tmp_path / "state.sqlite-wal"
     try:
         async with proxy_for(REPORTER, store=store) as proxy:
             proxy.upstream.script(say("Noted: first"), say("Noted: second"))
             await post(proxy, "/chat", context_id="c", model="scripted", message="first")
-            before = commits(log.read_bytes())
+            statements: list[str] = []  # what the store's connection runs, from here on
+            store._db.set_trace_callback(statements.append)
             second = await post(proxy, "/chat", context_id="c", message="second")
-            after = commits(log.read_bytes())
+            store._db.set_trace_callback(None)
             run = await proxy.client.get(f"/v1/runs/{second.headers['x-loopwarden-run-id']}")
             stored = (await proxy.client.get("/v1/contexts/c")).json()
     finally:
         await store.close()
     assert second.status_code == 200, second.text
-    assert after - before == 2
+    assert transactions(statements) == 2
     assert run.json()["stop_reason"] == "completed"
     assert [m["content"] for m in stored["messages"]] == [
         "first",
@@ -276,14 +276,19 @@ async def test_a_context_s_run_on_sqlite_is_two_transactions(
     ]
 
 
-def commits(wal: bytes) -> int:
-    """The transactions a sqlite write-ahead log holds: its frames of the log's current salt
-    that end a commit (a frame header's second word is the file's size in pages after it)."""
-    page_size = int.from_bytes(wal[8:12], "big")
-    salt = wal[16:24]
-    count = 0
-    for at in range(32, len(wal) - 24 + 1, 24 + page_size):
-        if wal[at + 8 : at + 16] == salt and int.from_bytes(wal[at + 4 : at + 8], "big"):
+def transactions(statements: list[str]) -> int:
+    """The write transactions `statements` made: each `BEGIN` … `COMMIT`, and each write made
+    alone (the store's connection commits every statement outside a `BEGIN`). (Not counted
+    from the write-ahead log: the store's checkpoints let it begin again at any write.)"""
+    count, within = 0, False
+    for statement in statements:
+        word = statement.lstrip().split(None, 1)[0].upper() if statement.strip() else ""
+        if word == "BEGIN":
+            within = True
+        elif word in ("COMMIT", "END", "ROLLBACK"):
+            count += word != "ROLLBACK"
+            within = False
+        elif word in ("INSERT", "UPDATE", "DELETE", "REPLACE") and not within:
             count += 1
     return count
 
@@ -354,6 +359,24 @@ async def test_delete_drops_the_context(proxy_for: ProxyFactory) -> None:
             "agent",
             "no agent named 'nobody'",
         ),
+        ("/chat", {"context_id": "x", "message": "hi", "model": "m" * 300}, "model", "longer"),
+        (
+            "/chat",
+            {"context_id": "x", "message": "hi", "agent": "reporter", "model": "scripted"},
+            "model",
+            "not both",
+        ),
+        (
+            "/chat",
+            {
+                "context_id": "x",
+                "message": "hi",
+                "agent": "reporter",
+                "loop": {"include_messages": True},
+            },
+            "loop.include_messages",
+            "generated_messages",
+        ),
     ],
 )
 async def test_bad_context_requests_are_a_400_naming_the_field(
@@ -373,6 +396,37 @@ async def test_a_context_keeps_its_agent(proxy_for: ProxyFactory) -> None:
         await post(proxy, "/chat", context_id="c10", agent="reporter", message="hi")
         r = await post(proxy, "/chat", context_id="c10", agent="capped", message="hi")
     assert r.status_code == 400
+    assert r.json()["error"]["param"] == "agent"
+
+
+async def test_a_context_whose_agent_the_config_no_longer_has_runs_nothing(
+    proxy_for: ProxyFactory,
+) -> None:
+    """Its agent's name is no model: the run went upstream as a pass-through for model `bot`,
+    without the agent's prompt, tools or limits."""
+    store = MemoryStore()
+    async with proxy_for(REPORTER, store=store) as proxy:
+        proxy.upstream.script(say("Hi."))
+        await post(proxy, "/chat", context_id="kept", agent="reporter", message="hi")
+    renamed = {**REPORTER, "agents": {"reporter_v2": REPORTER["agents"]["reporter"]}}
+    async with proxy_for(renamed, store=store) as proxy:
+        r = await post(proxy, "/chat", context_id="kept", message="again")
+        assert len(proxy.upstream.requests) == 1  # the first proxy's run's
+    assert r.status_code == 400
+    assert r.json()["error"]["param"] == "context_id"
+    assert r.json()["error"]["code"] == "agent_not_found"
+    assert "agent 'reporter', which the config no longer has" in r.json()["error"]["message"]
+
+
+async def test_a_key_not_allowed_a_contexts_agent_is_told_so_of_agent(
+    proxy_for: ProxyFactory, capped_keys: dict[str, Any]
+) -> None:
+    async with proxy_for({**REPORTER, "auth": capped_keys}) as proxy:
+        body = {"context_id": "theirs", "agent": "reporter", "message": "hi"}
+        r = await proxy.client.post(
+            "/chat", json=body, headers={"authorization": "Bearer sk-alice"}
+        )
+    assert r.status_code == 403
     assert r.json()["error"]["param"] == "agent"
 
 
