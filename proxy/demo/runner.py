@@ -104,16 +104,15 @@ def main() -> int:
         ):
             print(f"Loopwarden demo: proxy at {proxy}, scripted model at {upstream}\n")
             before = samples(client.get("/metrics").text)
-            run_ids = []
-            for scene in SCENES:
-                data = run_scene(client, scene)
-                run_ids.append(data.get("loop", {}).get("run_id"))
-                print(describe(scene, data))
-                print()
+            ran = [(scene, run_scene(client, scene)) for scene in SCENES]
             after = samples(client.get("/metrics").text)
-        print(f"── The span tree of the first run ({run_ids[0]}) " + "─" * 20)
-        print("\n".join(span_tree(exporter.get_finished_spans(), run_ids[0])))
-        print()
+        spans = exporter.get_finished_spans()  # every run's, ended with the servers
+        for scene, data in ran:
+            print(describe(scene, data))
+            print("  spans       :")
+            tree = span_tree(spans, data.get("loop", {}).get("run_id"))
+            print("\n".join(f"    {line}" for line in tree))
+            print()
         print("── The metrics that changed (GET /metrics) " + "─" * 20)
         print("\n".join(changed(before, after)))
     return 0

@@ -274,11 +274,15 @@ def test_demo_shows_each_stop_reason(capsys: pytest.CaptureFixture[str]) -> None
     for reason in (*reasons, "tool_call_limit"):
         assert f"stop_reason : {reason}" in out
     assert "blocked     : " in out
-    tree = out.split("── The span tree", 1)[1]
-    assert "POST /v1/chat/completions" in tree
-    assert "   invoke_agent weather" in tree
-    assert tree.count("      chat scripted") == 3
-    assert "      execute_tool get_weather" in tree
+    scenes = out.split("\n── ")[1:-1]  # each run's, and the metrics last
+    assert len(scenes) == out.count("stop_reason : ") >= 9
+    for scene in scenes:  # each with its span tree
+        tree = scene.split("  spans       :\n", 1)[1]
+        assert tree.startswith("    POST /v1/")
+        assert "       invoke_agent " in tree
+    first = scenes[0].split("  spans       :\n", 1)[1]
+    assert first.count("          chat scripted") == 3
+    assert "          execute_tool get_weather" in first
     assert (
         'loopwarden_runs_total{agent="researcher",model="scripted",stop_reason="cost_budget"} 1'
         in out
