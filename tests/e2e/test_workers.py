@@ -183,3 +183,21 @@ def test_workers_that_cannot_start_stop_the_server(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 1, done.stderr
     assert "could not start" in done.stderr
+
+
+def test_serve_says_the_address_it_serves_on(tmp_path: Path) -> None:
+    """`--port 0` takes a port the system picks: the log names it."""
+    path = tmp_path / "loopwarden.yaml"
+    path.write_text(yaml.safe_dump(config("http://127.0.0.1:9/v1", {"backend": "memory"})))
+    args = [sys.executable, "-m", "proxy", "serve", "--config", str(path), "--port", "0"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    with subprocess.Popen(args, env=env, stderr=subprocess.PIPE, text=True) as process:
+        try:
+            assert process.stderr is not None
+            line = process.stderr.readline()
+            assert " serving on 127.0.0.1:" in line, line
+            port = int(line.rsplit(":", 1)[1])
+            assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=10).status_code == 200
+        finally:
+            process.terminate()
+            process.wait(timeout=30)
