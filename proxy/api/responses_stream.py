@@ -46,6 +46,11 @@ class ResponsesStream(EventStream):
         self._streamed = False  # text went out
         self._indexes: dict[str, int] = {}  # item id -> output_index
         self._delta_head = b""
+        # Server calls run side by side (`parallel_tool_calls`) are shown one after another:
+        # the call shown and not yet done, those started after it, and those of them done.
+        self._shown: str | None = None
+        self._waiting: list[dict[str, Any]] = []
+        self._done: dict[str, dict[str, Any]] = {}
 
     def _event(self, kind: str, fields: dict[str, Any]) -> bytes:
         number = self._sequence
@@ -144,21 +149,47 @@ class ResponsesStream(EventStream):
         if isinstance(event, ev.ToolStarted):
             item = calls.started(event)
             data = self._opening() + self._close_message()
-            index, added = self._add(item)
-            where = {"output_index": index, "item_id": item["id"]}
-            await self._write(data + added + self._event("response.mcp_call.in_progress", where))
+            if self._shown is not None:  # another call runs beside it: shown after it
+                self._waiting.append(item)
+                return
+            await self._write(data + self._show(item))
         elif isinstance(event, ev.ToolExecuted):
             done = calls.executed(event)
             if done is None:
                 return
-            index = self._indexes[done["id"]]
-            self.output[index] = done
-            where = {"output_index": index, "item_id": done["id"]}
-            kind = "response.mcp_call.failed" if done["error"] else "response.mcp_call.completed"
-            await self._write(
-                self._event(kind, where)
-                + self._event("response.output_item.done", {"output_index": index, "item": done})
-            )
+            if done["id"] != self._shown:  # waiting to be shown
+                self._done[done["id"]] = done
+                return
+            await self._write(self._finish_call(done) + self._show_waiting())
+
+    def _show(self, item: dict[str, Any]) -> bytes:
+        """A server call's item added, in progress."""
+        index, added = self._add(item)
+        self._shown = item["id"]
+        where = {"output_index": index, "item_id": item["id"]}
+        return added + self._event("response.mcp_call.in_progress", where)
+
+    def _finish_call(self, done: dict[str, Any]) -> bytes:
+        index = self._indexes[done["id"]]
+        self.output[index] = done
+        self._shown = None
+        where = {"output_index": index, "item_id": done["id"]}
+        kind = "response.mcp_call.failed" if done["error"] else "response.mcp_call.completed"
+        return self._event(kind, where) + self._event(
+            "response.output_item.done", {"output_index": index, "item": done}
+        )
+
+    def _show_waiting(self) -> bytes:
+        """The calls that waited to be shown, each done as soon as it is shown if it was, up
+        to one still running (left shown)."""
+        data = b""
+        while self._waiting and self._shown is None:
+            item = self._waiting.pop(0)
+            data += self._show(item)
+            done = self._done.pop(item["id"], None)
+            if done is not None:
+                data += self._finish_call(done)
+        return data
 
     # -- the end ------------------------------------------------------------------------------
 
@@ -183,11 +214,20 @@ class ResponsesStream(EventStream):
         return data
 
     def _end_unfinished(self) -> bytes:
-        """The server calls that started and never finished (the run stopped), ended."""
+        """The server calls that started and never finished (the run stopped), ended, one
+        after another: the one shown, then those waiting to be shown (done or not)."""
+        if self.calls is None:
+            return b""
+        ended = {item["id"]: item for item in self.calls.unfinished()}
         data = b""
-        for item in self.calls.unfinished() if self.calls is not None else ():
+        while self._shown is not None or self._waiting:
+            if self._shown is None:
+                data += self._show_waiting()
+                continue
+            item = ended.pop(self._shown)  # shown, not done: it never finished
             index = self._indexes[item["id"]]
             self.output[index] = item
+            self._shown = None
             data += self._event("response.output_item.done", {"output_index": index, "item": item})
         return data
 

@@ -108,6 +108,42 @@ async def test_a_message_cut_at_the_clients_max_output_tokens_is_incomplete(
     assert done == [message]
 
 
+@pytest.mark.parametrize("stopped", [False, True])
+async def test_server_calls_run_side_by_side_are_shown_one_after_another(
+    proxy_for: ProxyFactory, stopped: bool
+) -> None:
+    """With `parallel_tool_calls` the calls run at once; their items are open one at a time,
+    in the order the calls started, however their ends come (a time budget ending two)."""
+    loop: dict[str, Any] = {"tools": ["sleep", "get_weather"], "parallel_tool_calls": True}
+    if stopped:
+        loop["stop_when"] = [{"max_duration_s": 0.3}]
+    async with proxy_for() as proxy:
+        proxy.upstream.script(
+            calls(
+                call("sleep", seconds=0.2 if not stopped else 5),
+                call("get_weather", city="Oslo"),
+                call("sleep", seconds=0.1 if not stopped else 5),
+            ),
+            say("All three."),
+        )
+        r = await stream(proxy, model="scripted", loop=loop)
+    final = checked(parse_events(r.text))  # one item open at a time
+    names = [(i["name"], i["status"]) for i in final["output"] if i["type"] == "mcp_call"]
+    if stopped:
+        assert final["loop"]["stop_reason"] == "time_budget"
+        assert names == [
+            ("sleep", "incomplete"),
+            ("get_weather", "completed"),
+            ("sleep", "incomplete"),
+        ]
+    else:
+        assert names == [
+            ("sleep", "completed"),
+            ("get_weather", "completed"),
+            ("sleep", "completed"),
+        ]
+
+
 async def test_an_upstream_failure_after_a_tool_ran_is_response_failed(proxy: Proxy) -> None:
     proxy.upstream.script(call("get_weather", city="Paris"), fail(500, "down"))
     r = await stream(proxy, model="weather")
