@@ -65,6 +65,7 @@ class KeyRing:
         # step whatever the number of keys. What the lookup's timing could tell of the stored
         # digests is no help in finding a key: that takes a preimage of SHA-256.
         self.keys: dict[bytes, Caller] = {}
+        problems: list[str] = []  # every one, in one report
         for key in config.keys:
             if key.key_sha256 is not None:
                 digest = bytes.fromhex(key.key_sha256)
@@ -72,15 +73,18 @@ class KeyRing:
                 assert key.key_env is not None
                 secret = setting(key.key_env)
                 if not secret:
-                    raise ValueError(
+                    problems.append(
                         f"auth.keys.{key.name}: environment variable {key.key_env} is not set"
                     )
+                    continue
                 digest = hashlib.sha256(secret.encode()).digest()
             caller = self.keys.setdefault(
                 digest, Caller(key.name, frozenset(key.agents), key.metrics)
             )
             if caller.name != key.name:  # a token names one caller, never the first of two
-                raise ValueError(f"auth.keys.{key.name}: the same key as auth.keys.{caller.name}")
+                problems.append(f"auth.keys.{key.name}: the same key as auth.keys.{caller.name}")
+        if problems:
+            raise ValueError("\n".join(problems))
 
     @property
     def enabled(self) -> bool:

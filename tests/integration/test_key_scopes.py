@@ -276,16 +276,20 @@ def test_check_names_two_keys_whose_environment_holds_one_secret(
 ) -> None:
     monkeypatch.setenv("ALPHA_KEY", "sk-shared")
     monkeypatch.setenv("BETA_KEY", "sk-shared")
+    monkeypatch.setenv("GAMMA_KEY", "sk-shared")
     config = (
         "auth:\n  keys:\n"
         "    - {name: alpha, key_env: ALPHA_KEY, agents: [a]}\n"
         "    - {name: beta, key_env: BETA_KEY}\n"
+        "    - {name: gamma, key_env: GAMMA_KEY}\n"
     )
     shared = check_config(config)
     monkeypatch.setenv("BETA_KEY", "sk-other")
+    monkeypatch.setenv("GAMMA_KEY", "sk-third")
     assert check_config(config).status == 0
     assert shared.status == 1
     assert "auth.keys.beta: the same key as auth.keys.alpha" in shared.err
+    assert "auth.keys.gamma: the same key as auth.keys.alpha" in shared.err  # every one
 
 
 def test_protected_metrics_need_a_key_that_may_read_them() -> None:
