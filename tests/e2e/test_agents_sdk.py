@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 from agents import Agent, OpenAIChatCompletionsModel, Runner, function_tool, set_tracing_disabled
 from openai import AsyncOpenAI
-from pydantic import BaseModel
 
-from tests.scripted_upstream import ScriptedUpstream, call, say, say_tool_result
+from tests.e2e.structured import BOLTS, Stock, looked_then_answered
+from tests.scripted_upstream import ScriptedUpstream, call, say_tool_result
 
 pytestmark = pytest.mark.e2e
 
@@ -53,20 +51,12 @@ async def test_agent_streamed_run(proxy_url: str, upstream: ScriptedUpstream) ->
     assert result.final_output == "4 °C and clear in Oslo."
 
 
-class Stock(BaseModel):
-    item: str
-    count: int
-
-
 @pytest.mark.parametrize("streamed", [False, True])
 async def test_an_agent_with_an_output_type_gets_the_answer_after_its_server_tools(
     proxy_url: str, upstream: ScriptedUpstream, streamed: bool
 ) -> None:
     set_tracing_disabled(True)
-    upstream.script(
-        replace(call("check_inventory", item="bolts"), content="Let me look."),
-        say('{"item": "bolts", "count": 7}'),
-    )
+    upstream.script(*looked_then_answered())
     async with AsyncOpenAI(base_url=proxy_url, api_key="x") as client:
         model = OpenAIChatCompletionsModel(model="stock", openai_client=client)
         agent = Agent(name="clerk", model=model, output_type=Stock)
@@ -76,4 +66,4 @@ async def test_an_agent_with_an_output_type_gets_the_answer_after_its_server_too
                 pass
         else:
             result = await Runner.run(agent, "Bolts?")
-    assert result.final_output == Stock(item="bolts", count=7)
+    assert result.final_output == BOLTS

@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import replace
 from typing import Any
 
 import openai
 import pytest
 from openai import AsyncOpenAI, OpenAI
-from pydantic import BaseModel
 
 from tests.bodies import loop_of
 from tests.e2e.conftest import ToolServer
+from tests.e2e.structured import BOLTS, Stock, looked_then_answered
 from tests.scripted_upstream import ScriptedUpstream, call, keep, say, say_tool_result
 
 pytestmark = pytest.mark.e2e
@@ -203,25 +202,18 @@ def test_models_retrieve(client: OpenAI) -> None:
     assert err.value.code == "model_not_found"
 
 
-class Stock(BaseModel):
-    item: str
-    count: int
-
-
 def test_structured_output_parses_when_a_tool_step_said_something_first(
     client: OpenAI, upstream: ScriptedUpstream
 ) -> None:
     """A step's text beside its server calls is not the answer: with a JSON format, the reply
     is the last step's JSON alone, whole and streamed."""
-    looked = replace(call("check_inventory", item="bolts"), content="Let me look.")
-    answer = say('{"item": "bolts", "count": 7}')
-    upstream.script(looked, answer, looked, answer)
+    upstream.script(*looked_then_answered(), *looked_then_answered())
     messages: Any = [{"role": "user", "content": "Bolts?"}]
     reply = client.chat.completions.parse(model="stock", messages=messages, response_format=Stock)
-    assert reply.choices[0].message.parsed == Stock(item="bolts", count=7)
+    assert reply.choices[0].message.parsed == BOLTS
     with client.chat.completions.stream(
         model="stock", messages=messages, response_format=Stock
     ) as stream:
         final = stream.get_final_completion()
-    assert final.choices[0].message.parsed == Stock(item="bolts", count=7)
+    assert final.choices[0].message.parsed == BOLTS
     assert final.choices[0].message.content == reply.choices[0].message.content

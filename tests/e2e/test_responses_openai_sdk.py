@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import replace
 from typing import Any
 
 import openai
 import pytest
 from openai import AsyncOpenAI, OpenAI
-from pydantic import BaseModel
 
 from tests.bodies import loop_of
 from tests.e2e.conftest import ToolServer
+from tests.e2e.structured import BOLTS, Stock, looked_then_answered
 from tests.scripted_upstream import ScriptedUpstream, call, say, say_tool_result
 
 pytestmark = pytest.mark.e2e
@@ -177,21 +176,14 @@ def test_a_failure_in_a_stream_raises(client: OpenAI, upstream: ScriptedUpstream
     assert kinds[-1] == "response.failed"
 
 
-class Stock(BaseModel):
-    item: str
-    count: int
-
-
 def test_structured_output_parses_when_a_tool_step_said_something_first(
     client: OpenAI, upstream: ScriptedUpstream
 ) -> None:
-    looked = replace(call("check_inventory", item="bolts"), content="Let me look.")
-    answer = say('{"item": "bolts", "count": 7}')
-    upstream.script(looked, answer, looked, answer)
+    upstream.script(*looked_then_answered(), *looked_then_answered())
     response = client.responses.parse(model="stock", input="Bolts?", text_format=Stock)
-    assert response.output_parsed == Stock(item="bolts", count=7)
+    assert response.output_parsed == BOLTS
     assert types(response) == ["mcp_call", "message"]
     with client.responses.stream(model="stock", input="Bolts?", text_format=Stock) as stream:
         final = stream.get_final_response()
-    assert final.output_parsed == Stock(item="bolts", count=7)
+    assert final.output_parsed == BOLTS
     assert types(final) == ["mcp_call", "message"]
