@@ -200,8 +200,12 @@ class ToolRegistry:
             return ToolResult(f"arguments nest deeper than {MAX_DEPTH} levels", "error")
         try:
             validate = tool.validate
-            if isinstance(validate, SchemaCheck) and validate.off_loop:  # patterns to match
-                arguments = await validate.in_thread(arguments)
+            size = len(call.arguments)
+            if isinstance(validate, SchemaCheck):
+                if validate.needs_thread(size):  # patterns, references, or long arguments
+                    arguments = await validate.in_thread(arguments, size)
+                else:
+                    arguments = validate(arguments, size)
             else:
                 arguments = validate(arguments)
             output = await within(tool.invoke(arguments, ctx), tool.timeout_s)

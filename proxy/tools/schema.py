@@ -1,11 +1,12 @@
 """Argument validation against a tool's JSON schema.
 
 The arguments are the model's and the schema is a config's or an MCP server's. Its patterns are
-matched with `regex` (`schema_keywords`); a validation takes at most WORK_S (`schema_budget`),
-however the schema's references multiply the work; a `$ref` resolves only within the schema
-(jsonschema would fetch any other URL, on the event loop, with no timeout). A schema with
-patterns or references is checked in a thread of the validations' own (`SchemaCheck.off_loop`),
-so that a reply of many calls does not hold the event loop for their sum. Arguments whose check
+matched with `regex` (`schema_keywords`); a validation takes at most `work_limit_s`
+(`schema_budget`: more for longer arguments), however the schema's references multiply the
+work; a `$ref` resolves only within the schema (jsonschema would fetch any other URL, on the
+event loop, with no timeout). A schema with patterns or references, and arguments over
+ON_LOOP_BYTES, are checked in a thread of the validations' own (`SchemaCheck.needs_thread`), so
+that a reply of many calls does not hold the event loop for their sum. Arguments whose check
 takes longer are refused, as arguments that do not match are.
 """
 
@@ -24,11 +25,11 @@ from referencing.exceptions import Unresolvable
 from proxy.tools.base import BadArguments
 from proxy.tools.schema_budget import (
     PATTERNS_S,
-    WORK_S,
     PatternTooSlow,
     TooMuchWork,
     budgeted,
     charge,
+    work_limit_s,
 )
 from proxy.tools.schema_keywords import KEYWORDS
 
@@ -64,7 +65,7 @@ def check_schema(schema: dict[str, Any]) -> None:
 
 class SchemaCheck:
     """Validates parsed arguments against a schema, returning them; raises BadArguments.
-    `off_loop`: the schema has patterns or references, whose work may take up to WORK_S: call
+    `off_loop`: the schema has patterns or references, whose work may take long: call
     it in a thread of VALIDATION_THREADS (`in_thread`)."""
 
     __slots__ = ("_validator", "off_loop")
@@ -73,9 +74,11 @@ class SchemaCheck:
         self._validator = _Validator(schema, registry=_NOWHERE)
         self.off_loop = _has_any(schema, _THREADED)
 
-    def __call__(self, arguments: dict[str, Any]) -> dict[str, Any]:
+    def __call__(self, arguments: dict[str, Any], size: int = 0) -> dict[str, Any]:
+        """`size`: the arguments' bytes, whose checks may take longer (`work_limit_s`)."""
+        limit_s = work_limit_s(size)
         try:
-            with budgeted():
+            with budgeted(limit_s):
                 error = next(iter(self._validator.iter_errors(arguments)), None)
         except PatternTooSlow:
             raise BadArguments(
@@ -84,7 +87,8 @@ class SchemaCheck:
             ) from None
         except TooMuchWork:
             raise BadArguments(
-                f"invalid arguments: checking them against the schema took more than {WORK_S:g} s"
+                "invalid arguments: checking them against the schema took more than "
+                f"{limit_s:.3g} s"
             ) from None
         except Unresolvable as exc:
             raise BadArguments(
@@ -97,16 +101,22 @@ class SchemaCheck:
             raise BadArguments(f"invalid arguments at {where}: {error.message}")
         return arguments
 
-    async def in_thread(self, arguments: dict[str, Any]) -> dict[str, Any]:
+    async def in_thread(self, arguments: dict[str, Any], size: int = 0) -> dict[str, Any]:
         """Validates in a thread of the validations' own (asyncio's default one resolves the
         upstreams' names: neither waits behind the other)."""
         global _threads
         if _threads is None:
             _threads = ThreadPoolExecutor(VALIDATION_THREADS, "loopwarden-schema")
-        return await asyncio.get_running_loop().run_in_executor(_threads, self, arguments)
+        return await asyncio.get_running_loop().run_in_executor(_threads, self, arguments, size)
+
+    def needs_thread(self, size: int) -> bool:
+        """Whether arguments of `size` bytes are checked in a thread: those of a schema with
+        patterns or references, and long ones (their check is long too)."""
+        return self.off_loop or size > ON_LOOP_BYTES
 
 
 VALIDATION_THREADS = 4
+ON_LOOP_BYTES = 16 * 1024  # arguments checked on the event loop are no longer (~20 ms)
 _threads: ThreadPoolExecutor | None = None
 
 

@@ -19,7 +19,7 @@ from proxy.engine.values import ToolCall, ToolContext
 from proxy.tools.base import BadArguments, Tool
 from proxy.tools.registry import ToolRegistry, build_tool
 from proxy.tools.schema import SchemaCheck, schema_validator
-from proxy.tools.schema_budget import PATTERNS_S, WORK_S
+from proxy.tools.schema_budget import PATTERNS_S, WORK_S, work_limit_s
 
 CTX = ToolContext("run_1", None, 1, "call_1")
 PATTERNED = {"type": "string", "pattern": "^([a-zA-Z]+ ?)+$"}
@@ -412,3 +412,18 @@ def test_a_long_name_keeps_its_start_and_a_digest_of_the_rest() -> None:
     assert len(first) == len(second) == 64
     assert first[:55] == "t" * 55
     assert first != second
+
+
+async def test_long_valid_arguments_are_checked_in_a_thread_with_time_for_their_size() -> None:
+    """Their check grows with them (10,000 rows: 0.4-0.8 s), which the bound on references
+    multiplying the work must not refuse, nor the event loop wait for."""
+    row = {"$defs": {"row": {"type": "object", "properties": {"id": {"type": "integer"}}}}}
+    schema = {**row, "properties": {"rows": {"type": "array", "items": {"$ref": "#/$defs/row"}}}}
+    arguments = {"rows": [{"id": i, "name": f"row {i}"} for i in range(10_000)]}
+    size = len(json.dumps(arguments))
+    check = SchemaCheck(schema)
+    assert check.needs_thread(size)
+    assert SchemaCheck({"type": "object"}).needs_thread(size)  # no references, but long
+    assert not SchemaCheck({"type": "object"}).needs_thread(100)
+    assert await check.in_thread(arguments, size) == arguments
+    assert work_limit_s(size) > 2 * work_limit_s(0)
