@@ -136,9 +136,12 @@ def could_expose(entry: Any, name: str) -> bool:
     if not isinstance(prefix, str):
         return False
     include, exclude = entry.get("include"), entry.get("exclude")
-    excluded = set(exclude) if isinstance(exclude, list) else set()
-    named = [t for t in include if t not in excluded] if isinstance(include, list) else excluded
-    exposed = {function_name(prefix + t) for t in named if isinstance(t, str)}
+    excluded = {t for t in exclude if isinstance(t, str)} if isinstance(exclude, list) else set()
+    if isinstance(include, list):
+        named = {t for t in include if isinstance(t, str)} - excluded
+    else:
+        named = excluded  # (the entries' own types are checked with the rest of the config)
+    exposed = {function_name(prefix + t) for t in named}
     if isinstance(include, list):
         return name in exposed
     return name not in exposed and name.startswith(offered_prefix(prefix))

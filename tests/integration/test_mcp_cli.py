@@ -49,6 +49,15 @@ def test_mcp_entries_are_checked(entry: dict[str, Any], expected: str) -> None:
     assert any(p.startswith("tools.gh") and expected in p for p in found), found
 
 
+@pytest.mark.parametrize("field", ["include", "exclude"])
+def test_an_entry_that_is_no_name_in_include_or_exclude_is_named(field: str) -> None:
+    """An agent naming the entry's tools has them looked up before the entry's own fields."""
+    entry = {"kind": "mcp", "url": "http://gh/mcp", field: [[1]]}
+    agents = {"a": {"model": "m", "tools": ["search"]}}
+    found = problems({"tools": {"gh": entry}, "agents": agents})
+    assert f"tools.gh.{field}[0]: must be a string" in found
+
+
 def test_agents_may_name_the_entry_or_names_it_could_expose() -> None:
     entry = {"kind": "mcp", "url": "http://gh/mcp", "prefix": "gh_", "exclude": ["delete_repo"]}
     agents = {
