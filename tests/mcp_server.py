@@ -1,6 +1,6 @@
 """An MCP server for the tests, written with the `mcp` package's server API.
 
-    python tests/mcp_server.py stdio [wordy]       # over stdio (a child of the proxy)
+    python tests/mcp_server.py stdio [wordy] [dotted]  # over stdio (a child of the proxy)
     python tests/mcp_server.py http PORT [legacy] [gzip | gzip-always]
                                                    # streamable HTTP on 127.0.0.1:PORT/mcp
 
@@ -8,8 +8,8 @@
 era: sessions with an `mcp-session-id` and `notifications/tools/list_changed` on the session.
 Its tools succeed, fail, sleep, return structured content, die mid-call, and change the tool
 list. `wordy` adds a tool whose description is 100 KiB long (its tool list is one long
-message). `gzip` compresses answers of 500 bytes and more for clients that accept it (Starlette's
-middleware), `gzip-always` for every client.
+message); `dotted` adds `x.y` and `x_y`. `gzip` compresses answers of 500 bytes and more for
+clients that accept it (Starlette's middleware), `gzip-always` for every client.
 """
 
 from __future__ import annotations
@@ -40,10 +40,13 @@ class Numbers(TypedDict):
     values: list[int]
 
 
-def build(wordy: bool = False) -> MCPServer:
+def build(wordy: bool = False, dotted: bool = False) -> MCPServer:
     server = MCPServer("loopwarden-tests", log_level="WARNING")
     if wordy:
         server.add_tool(lambda: "", name="wordy", description="x" * 100 * 1024)
+    if dotted:  # names no model API takes, one of them made into the other's
+        server.add_tool(lambda: "dotted", name="x.y", description="x.y", structured_output=False)
+        server.add_tool(lambda: "plain", name="x_y", description="x_y", structured_output=False)
 
     @server.tool(structured_output=False)
     def echo(text: str) -> str:
@@ -155,7 +158,7 @@ async def refuse_discover(
 
 
 def main(argv: list[str]) -> None:
-    server = build(wordy="wordy" in argv[1:])
+    server = build(wordy="wordy" in argv[1:], dotted="dotted" in argv[1:])
     if argv[0] == "stdio":
         server.run("stdio")
         return

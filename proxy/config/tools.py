@@ -106,11 +106,15 @@ def function_name(name: str) -> str:
     characters keeps its first 55 and 8 hex digits of its digest."""
     if FUNCTION_NAME.match(name):
         return name
-    name = _NOT_IN_A_NAME.sub("_", name) or "_"
-    if len(name) > 64:
-        digest = hashlib.sha256(name.encode()).hexdigest()[:8]
-        name = f"{name[:55]}_{digest}"
-    return name
+    made = _NOT_IN_A_NAME.sub("_", name) or "_"
+    return made if len(made) <= 64 else digest_name(name)
+
+
+def digest_name(name: str) -> str:
+    """`name` as a function name that no other name is: its first 55 characters (others as
+    `_`) and 8 hex digits of its digest (for a name that another takes as `function_name`)."""
+    digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+    return f"{(_NOT_IN_A_NAME.sub('_', name) or '_')[:55]}_{digest}"
 
 
 def check_tool_names(tools: dict[str, ToolConfig]) -> None:

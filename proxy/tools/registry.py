@@ -16,7 +16,7 @@ from proxy.callables import CallThreads, NoWorkerFree, load_callable
 from proxy.config import Config
 from proxy.config.agents import AgentConfig
 from proxy.config.environment import setting
-from proxy.config.tools import ToolConfig, offered_prefix
+from proxy.config.tools import ToolConfig, digest_name, offered_prefix
 from proxy.deadline import within
 from proxy.engine.values import ToolCall, ToolContext, ToolResult, ToolSpec
 from proxy.json_values import MAX_DEPTH, nests_too_deep
@@ -90,10 +90,16 @@ class ToolRegistry:
         clashes: list[str] = []
         for source in self.sources.values():
             names = groups.setdefault(source.name, [])
-            for listed in source.tools:
-                exposed = source.cfg.exposed_name(listed.name)
+            offered = [(listed, source.cfg.exposed_name(listed.name)) for listed in source.tools]
+            prefix = source.cfg.prefix or ""
+            # Names a server's tools are offered under as they are: a name made of another
+            # (`a.b` as `a_b`) never takes one of them, nor one another made name took.
+            own = {name for listed, name in offered if name == prefix + listed.name}
+            for listed, exposed in offered:
                 if exposed is None:
                     continue
+                if exposed != prefix + listed.name and (exposed in own or exposed in names):
+                    exposed = digest_name(prefix + listed.name)
                 if len(names) >= source.cfg.max_tools:
                     problems.append(
                         f"tools.{source.name}: more than max_tools ({source.cfg.max_tools}) tools;"

@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 import pytest
 
+from proxy.config.tools import digest_name
 from proxy.demo.runner import free_port
 from proxy.tools.registry import SourcesUnavailable
 from tests.bodies import offered, user
@@ -320,6 +321,25 @@ async def test_a_name_no_model_api_takes_is_exposed_as_a_function_name(
         r = await proxy.chat(model="mcp", messages=user("echo"))
     assert offered(proxy.upstream.bodies[0]) == ["t_echo", "t_pid"]
     assert r.json()["choices"][0]["message"]["content"] == "echo: hi"
+
+
+async def test_a_name_made_of_another_never_takes_a_name_a_tool_has(
+    proxy_for: ProxyFactory,
+) -> None:
+    """`x.y` would be offered as `x_y`, which the server's own `x_y` is: it is offered under a
+    name with its digest, whichever the server lists first."""
+    entry = stdio_entry(include=["x.y", "x_y"], prefix="")
+    entry["command"] = [*entry["command"], "dotted"]
+    agents = {"mcp": {"model": "scripted", "tools": ["srv"]}}
+    async with proxy_for({"tools": {"srv": entry}, "agents": agents}) as proxy:
+        made = digest_name("x.y")
+        proxy.upstream.script(calls(call("x_y"), call(made)), say_tool_result())
+        r = await proxy.chat(model="mcp", messages=user("both"))
+    assert r.status_code == 200, r.text
+    assert sorted(offered(proxy.upstream.bodies[0])) == sorted(["x_y", made])
+    assert made.startswith("x_y_")
+    assert len(made) == len("x_y_") + 8
+    assert tool_messages(proxy, 1) == ["plain", "dotted"]
 
 
 async def test_loop_tools_may_name_the_entry(proxy_for: ProxyFactory) -> None:
