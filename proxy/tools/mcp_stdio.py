@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
@@ -95,16 +96,54 @@ def message(line: bytes) -> SessionMessage | Exception:
 
 def _answered(line: bytes) -> int | str | None:
     """The id of the request `line` answers, if it is a JSON object with one and a `result`
-    or an `error` (read leniently: by Python's parser, within the line's bounds already
-    checked)."""
+    or an `error`: its top-level members read by a scan (a parse recurses as deep as the line
+    nests: past 1,000 levels Python's gives up), strings skipped whole."""
+    text = line.decode("utf-8", "replace").strip()
+    if not text.startswith("{"):
+        return None
+    depth, at, key, last = 0, 0, None, None  # `last`: the string just read at depth 1
+    found: dict[str, str] = {}  # top-level member -> the start of its value
+    while (mark := _MARKS.search(text, at)) is not None:
+        char, at = mark.group(), mark.end()
+        if char == '"':
+            end = _STRING_END.match(text, at)
+            if end is None:
+                return None
+            if depth == 1:
+                last = text[at - 1 : end.end()]
+            at = end.end()
+        elif char == ":":
+            if depth == 1 and last is not None:
+                key, last = last, None
+                found[key] = text[at:].lstrip()[:200]
+        elif char in "{[":
+            depth += 1
+        else:  # "}" or "]"
+            depth -= 1
+            if depth == 0:
+                break
+    if not ('"result"' in found or '"error"' in found) or '"id"' not in found:
+        return None
+    return _id(found['"id"'])
+
+
+_MARKS = re.compile(r'["{}\[\]:]')
+_STRING_END = re.compile(r'(?:[^"\\]|\\.)*"', re.DOTALL)
+
+
+def _id(value: str) -> int | str | None:
+    """A JSON-RPC id at the start of `value`: a string or an integer."""
+    number = re.match(r"-?\d+(?=\s*[,}])", value)
+    if number is not None:
+        return int(number.group())
+    string = _STRING_END.match(value, 1) if value.startswith('"') else None
+    if string is None:
+        return None
     try:
-        value = json.loads(line)
-    except (ValueError, RecursionError):
+        request = json.loads(value[: string.end()])
+    except ValueError:
         return None
-    if not isinstance(value, dict) or not ("result" in value or "error" in value):
-        return None
-    request = value.get("id")
-    return request if isinstance(request, int | str) and not isinstance(request, bool) else None
+    return request if isinstance(request, str) else None
 
 
 @contextlib.asynccontextmanager

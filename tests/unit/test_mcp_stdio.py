@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import anyio
+import mcp_types
 import pytest
 from anyio.abc import ByteReceiveStream
 
@@ -58,3 +59,43 @@ def test_a_line_that_is_no_message_is_the_error_the_session_is_given() -> None:
     assert not isinstance(parsed, Exception)
     assert parsed.message.id == 7
     assert isinstance(message(b"not json"), ValueError)
+
+
+DEEP = b'{"a":' * 3000 + b"1" + b"}" * 3000  # past what any parser here recurses into
+
+
+@pytest.mark.parametrize(
+    ("line", "answered"),
+    [
+        (b'{"jsonrpc":"2.0","id":7,"result":{"structuredContent":' + DEEP + b"}}", 7),
+        (b'{"jsonrpc":"2.0","id":8,"result":{"content":"half \\ud800 a pair"}}', 8),
+        (
+            b'{"jsonrpc":"2.0","result":{"x":"said \\"id\\": 9","id":5,"y":'
+            + DEEP
+            + b'},"id":"c"}',
+            "c",
+        ),
+        (b'{"id": "a\\"b", "error": [1, {"id": 2}]}', 'a"b'),
+    ],
+)
+def test_an_answer_the_sdk_cannot_read_is_its_requests_error(line: bytes, answered: object) -> None:
+    """Its call fails at once: dropped, the call waited for its timeout."""
+    answer = message(line)
+    assert not isinstance(answer, Exception)
+    assert isinstance(answer.message, mcp_types.JSONRPCError)
+    assert answer.message.id == answered
+    assert answer.message.error.message == "the server's answer could not be read"
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        b"a line of a server's log",
+        b'{"jsonrpc":"2.0","method":"x","params":{"id":5,"result":1},"extra":' + DEEP + b"}",
+        b'{"result": {"id": 4}, "x": ' + DEEP + b"}",
+        b'{"id": true, "result": ' + DEEP + b"}",
+        b'{"id": 1.5, "result": ' + DEEP + b"}",
+    ],
+)
+def test_a_line_that_answers_no_request_is_only_an_error(line: bytes) -> None:
+    assert isinstance(message(line), ValueError)
