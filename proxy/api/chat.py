@@ -94,7 +94,7 @@ class ChatCompletions:
                 await writer.fail(failure_error(result).body(), report)
                 return
             text = result.message.get("content")
-            if run.spec.one_document and isinstance(text, str) and text:
+            if run.one_document and isinstance(text, str) and text:
                 await writer.content(text)  # held back until now: one JSON document
             if result.stop.reason is StopReason.CLIENT_TOOL_CALL:
                 await writer.tool_calls(result.message.get("tool_calls") or [])

@@ -31,7 +31,8 @@ class Run:
         self.spec = spec
         self.deps = deps
         self.stream = stream
-        self.voice = Voice(deps.observers, stream, quiet=spec.one_document)
+        self.one_document = spec.one_document  # its text sent whole at the end (a stream's)
+        self.voice = Voice(deps.observers, stream, quiet=self.one_document)
         self.result: RunResult | None = None  # once it ended, however (a cancelled run too)
         policy = spec.policy
         # Every tool the model may see: the server's, then the client's.
@@ -62,7 +63,7 @@ class Run:
         run = RunState(
             spec.run_id, spec.model, started, self._first_messages(), spec.thread_id, started
         )
-        run.one_document = spec.one_document
+        run.one_document = self.one_document
         self.voice.notify(
             ev.RunStarted(spec.run_id, spec.agent, spec.model, spec.thread_id, started)
         )
