@@ -127,8 +127,6 @@ class ReplyCalls:
             return Outcome(stop)
         if client:
             message = dict(reply.message)
-            if server:
-                message["content"] = None
             if self.server:  # ids of the proxy's own, whether or not this run held calls back
                 client = [replace(c, id=private_call_id(c.id)) for c in client]
             if server or earlier:

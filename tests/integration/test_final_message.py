@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -11,6 +12,7 @@ import pytest
 
 from tests.integration.conftest import Proxy, ProxyFactory
 from tests.integration.counted_store import CountedStore
+from tests.integration.test_chat_stream import content, events
 from tests.scripted_upstream import Call, Reply, call, calls, keep, say
 
 
@@ -143,6 +145,42 @@ async def test_server_calls_of_a_reply_with_client_calls_are_put_back_in_the_his
     assert names == ["get_weather", "ask_user"]  # the reply as the model gave it
     assert "Oslo" in sent[2]["content"]  # the server call's result, where it ran
     assert sent[3]["content"] == "yes"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_the_text_of_a_reply_with_server_and_client_calls_is_the_clients_too(
+    proxy: Proxy, stream: bool
+) -> None:
+    """SPEC §5.3: the assistant message with the client calls only, its text as the stream
+    sends it (the JSON reply had none); sent back, the history holds the text once."""
+    both = calls(call("get_weather", city="Oslo"), call("ask_user", question="Coat?"))
+    proxy.upstream.script(replace(both, content="Checking both."), say("Take a coat."))
+    ask_user = {"type": "function", "function": {"name": "ask_user", "parameters": {}}}
+    r = await proxy.chat(model="weather", tools=[ask_user], stream=stream)
+    if stream:
+        chunks = events(r.text)
+        text = content(chunks)
+        called = [
+            c["choices"][0]["delta"].get("tool_calls") for c in chunks[:-1] if c.get("choices")
+        ]
+        tool_calls = next(c for c in called if c)
+        message = {"role": "assistant", "content": text, "tool_calls": tool_calls}
+        for call_ in tool_calls:
+            call_.pop("index")
+    else:
+        message = r.json()["choices"][0]["message"]
+    assert message["content"] == "Checking both."
+    assert [c["function"]["name"] for c in message["tool_calls"]] == ["ask_user"]
+    history = [
+        {"role": "user", "content": "hi"},
+        message,
+        {"role": "tool", "tool_call_id": message["tool_calls"][0]["id"], "content": "yes"},
+    ]
+    await proxy.chat(model="weather", tools=[ask_user], messages=history)
+    sent = [m for m in proxy.upstream.bodies[1]["messages"] if m["role"] != "system"]
+    assert [m["role"] for m in sent] == ["user", "assistant", "tool", "tool"]
+    assert sent[1]["content"] == "Checking both."  # once, with both calls
+    assert [c["function"]["name"] for c in sent[1]["tool_calls"]] == ["get_weather", "ask_user"]
 
 
 async def test_earlier_server_steps_of_a_run_that_ends_with_client_calls_are_put_back(
