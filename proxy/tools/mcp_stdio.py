@@ -96,13 +96,26 @@ def message(line: bytes) -> SessionMessage | Exception:
 
 def _answered(line: bytes) -> int | str | None:
     """The id of the request `line` answers, if it is a JSON object with one and a `result`
-    or an `error`: its top-level members read by a scan (a parse recurses as deep as the line
-    nests: past 1,000 levels Python's gives up), strings skipped whole."""
-    text = line.decode("utf-8", "replace").strip()
-    if not text.startswith("{"):
+    or an `error`: read by Python's parser, or, for a line nested deeper than it recurses
+    (past 1,000 levels), by a scan of its top-level members that skips strings whole."""
+    try:
+        value = json.loads(line)
+    except RecursionError:
+        return _scanned(line.decode("utf-8", "replace"))
+    except ValueError:
         return None
-    depth, at, key, last = 0, 0, None, None  # `last`: the string just read at depth 1
-    found: dict[str, str] = {}  # top-level member -> the start of its value
+    if not isinstance(value, dict) or not ("result" in value or "error" in value):
+        return None
+    return _request_id(value.get("id"))
+
+
+def _scanned(text: str) -> int | str | None:
+    """`_answered` of a line that nests too deep to parse: linear in its length."""
+    start = _BLANK.match(text).end()  # type: ignore[union-attr]
+    if not text.startswith("{", start):
+        return None
+    depth, at, last = 0, start, None  # `last`: the string just read at depth 1
+    found: dict[str, int] = {}  # top-level member -> where its value begins
     while (mark := _MARKS.search(text, at)) is not None:
         char, at = mark.group(), mark.end()
         if char == '"':
@@ -114,36 +127,34 @@ def _answered(line: bytes) -> int | str | None:
             at = end.end()
         elif char == ":":
             if depth == 1 and last is not None:
-                key, last = last, None
-                found[key] = text[at:].lstrip()[:200]
+                if "\\" not in last:
+                    found[last[1:-1]] = at
+                else:  # a name written with escapes
+                    with contextlib.suppress(ValueError):
+                        found[json.loads(last)] = at
+                last = None
         elif char in "{[":
             depth += 1
         else:  # "}" or "]"
             depth -= 1
             if depth == 0:
                 break
-    if not ('"result"' in found or '"error"' in found) or '"id"' not in found:
+    if not ("result" in found or "error" in found) or "id" not in found:
         return None
-    return _id(found['"id"'])
+    value = _ID.match(text, found["id"])
+    if value is None:
+        return None
+    return _request_id(json.loads(value.group(1)))
 
 
+def _request_id(value: object) -> int | str | None:
+    return value if isinstance(value, int | str) and not isinstance(value, bool) else None
+
+
+_BLANK = re.compile(r"\s*")
 _MARKS = re.compile(r'["{}\[\]:]')
-_STRING_END = re.compile(r'(?:[^"\\]|\\.)*"', re.DOTALL)
-
-
-def _id(value: str) -> int | str | None:
-    """A JSON-RPC id at the start of `value`: a string or an integer."""
-    number = re.match(r"-?\d+(?=\s*[,}])", value)
-    if number is not None:
-        return int(number.group())
-    string = _STRING_END.match(value, 1) if value.startswith('"') else None
-    if string is None:
-        return None
-    try:
-        request = json.loads(value[: string.end()])
-    except ValueError:
-        return None
-    return request if isinstance(request, str) else None
+_STRING_END = re.compile(r'[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)  # runs, not a char at a time
+_ID = re.compile(r'\s*(-?\d+(?=\s*[,}])|"[^"\\]*(?:\\.[^"\\]*)*")', re.DOTALL)
 
 
 @contextlib.asynccontextmanager

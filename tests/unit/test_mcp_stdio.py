@@ -76,6 +76,8 @@ DEEP = b'{"a":' * 3000 + b"1" + b"}" * 3000  # past what any parser here recurse
             "c",
         ),
         (b'{"id": "a\\"b", "error": [1, {"id": 2}]}', 'a"b'),
+        (b'{"i\\u0064": 5, "\\u0072esult": ' + DEEP + b"}", 5),  # names written with escapes
+        (b'{"id": "' + b"x" * 300 + b'", "result": ' + DEEP + b"}", "x" * 300),
     ],
 )
 def test_an_answer_the_sdk_cannot_read_is_its_requests_error(line: bytes, answered: object) -> None:
