@@ -206,12 +206,8 @@ class ToolRegistry:
             return ToolResult(f"arguments nest deeper than {MAX_DEPTH} levels", "error")
         try:
             validate = tool.validate
-            size = len(call.arguments)
-            if isinstance(validate, SchemaCheck):
-                if validate.needs_thread(size):  # patterns, references, or long arguments
-                    arguments = await validate.in_thread(arguments, size)
-                else:
-                    arguments = validate(arguments, size)
+            if isinstance(validate, SchemaCheck) and validate.needs_thread(len(call.arguments)):
+                arguments = await validate.in_thread(arguments)  # patterns, references, long
             else:
                 arguments = validate(arguments)
             output = await within(tool.invoke(arguments, ctx), tool.timeout_s)

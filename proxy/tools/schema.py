@@ -2,7 +2,7 @@
 
 The arguments are the model's and the schema is a config's or an MCP server's. Its patterns are
 matched with `regex` (`schema_keywords`); a validation takes at most `work_limit_s`
-(`schema_budget`: more for longer arguments), however the schema's references multiply the
+(`schema_budget`: more for arguments of more values), however the schema's references multiply the
 work; a `$ref` resolves only within the schema (jsonschema would fetch any other URL, on the
 event loop, with no timeout). A schema with patterns or references, and arguments over
 ON_LOOP_BYTES, are checked in a thread of the validations' own (`SchemaCheck.needs_thread`), so
@@ -74,9 +74,9 @@ class SchemaCheck:
         self._validator = _Validator(schema, registry=_NOWHERE)
         self.off_loop = _has_any(schema, _THREADED)
 
-    def __call__(self, arguments: dict[str, Any], size: int = 0) -> dict[str, Any]:
-        """`size`: the arguments' bytes, whose checks may take longer (`work_limit_s`)."""
-        limit_s = work_limit_s(size)
+    def __call__(self, arguments: dict[str, Any]) -> dict[str, Any]:
+        """Within `work_limit_s` of the arguments (longer for more of them)."""
+        limit_s = work_limit_s(arguments)
         try:
             with budgeted(limit_s):
                 error = next(iter(self._validator.iter_errors(arguments)), None)
@@ -101,13 +101,13 @@ class SchemaCheck:
             raise BadArguments(f"invalid arguments at {where}: {error.message}")
         return arguments
 
-    async def in_thread(self, arguments: dict[str, Any], size: int = 0) -> dict[str, Any]:
+    async def in_thread(self, arguments: dict[str, Any]) -> dict[str, Any]:
         """Validates in a thread of the validations' own (asyncio's default one resolves the
         upstreams' names: neither waits behind the other)."""
         global _threads
         if _threads is None:
             _threads = ThreadPoolExecutor(VALIDATION_THREADS, "loopwarden-schema")
-        return await asyncio.get_running_loop().run_in_executor(_threads, self, arguments, size)
+        return await asyncio.get_running_loop().run_in_executor(_threads, self, arguments)
 
     def needs_thread(self, size: int) -> bool:
         """Whether arguments of `size` bytes are checked in a thread: those of a schema with

@@ -425,5 +425,17 @@ async def test_long_valid_arguments_are_checked_in_a_thread_with_time_for_their_
     assert check.needs_thread(size)
     assert SchemaCheck({"type": "object"}).needs_thread(size)  # no references, but long
     assert not SchemaCheck({"type": "object"}).needs_thread(100)
-    assert await check.in_thread(arguments, size) == arguments
-    assert work_limit_s(size) > 2 * work_limit_s(0)
+    assert await check.in_thread(arguments) == arguments
+    assert work_limit_s(arguments) > 2 * work_limit_s({})
+
+
+def test_bytes_that_cost_nothing_to_check_add_nothing_to_the_bound() -> None:
+    """A long string is one value: the bound of a schema whose references multiply the work
+    grew with it, to 17 s of a thread's time for 4 MiB of padding."""
+    validate = schema_validator(shared_references(20))
+    padded = {"x": 5, "pad": "p" * (4 << 20)}
+    assert work_limit_s(padded) == work_limit_s({"x": 5, "pad": ""})
+    started = time.thread_time()
+    with pytest.raises(BadArguments, match=f"took more than {work_limit_s(padded):.3g} s"):
+        validate(padded)
+    assert time.thread_time() - started < 10 * work_limit_s(padded)
