@@ -140,15 +140,24 @@ def could_expose(entry: Any, name: str) -> bool:
     if not isinstance(prefix, str):
         return False
     include, exclude = entry.get("include"), entry.get("exclude")
-    excluded = {t for t in exclude if isinstance(t, str)} if isinstance(exclude, list) else set()
-    if isinstance(include, list):
-        named = {t for t in include if isinstance(t, str)} - excluded
-    else:
-        named = excluded  # (the entries' own types are checked with the rest of the config)
-    exposed = {function_name(prefix + t) for t in named}
-    if isinstance(include, list):
-        return name in exposed
-    return name not in exposed and name.startswith(offered_prefix(prefix))
+    # (The entries' own types are checked with the rest of the config.)
+    listed = [t for t in include if isinstance(t, str)] if isinstance(include, list) else None
+    excluded = [t for t in exclude if isinstance(t, str)] if isinstance(exclude, list) else []
+    return might_expose(prefix, listed, excluded, name)
+
+
+def might_expose(prefix: str, include: list[str] | None, exclude: list[str], name: str) -> bool:
+    """Whether an mcp entry of this prefix and include/exclude lists could offer a tool as
+    `name`: a tool included, under its name as made or its digest name (when another tool has
+    the made one); without `include`, any name that begins as the prefix does but one an
+    excluded tool is offered under as it is (a made name may be another tool's too)."""
+    if include is not None:
+        names = set(include) - set(exclude)
+        made = {function_name(prefix + t) for t in names}
+        return name in made or name in {digest_name(prefix + t) for t in names}
+    start = offered_prefix(prefix)
+    excluded = {start + t for t in exclude if FUNCTION_NAME.match(t)}
+    return name.startswith(start) and name not in excluded
 
 
 def offered_prefix(prefix: str | None) -> str:

@@ -16,7 +16,13 @@ from proxy.callables import CallThreads, NoWorkerFree, load_callable
 from proxy.config import Config
 from proxy.config.agents import AgentConfig
 from proxy.config.environment import setting
-from proxy.config.tools import ToolConfig, digest_name, offered_prefix
+from proxy.config.tools import (
+    FUNCTION_NAME,
+    ToolConfig,
+    digest_name,
+    might_expose,
+    offered_prefix,
+)
 from proxy.deadline import within
 from proxy.engine.values import ToolCall, ToolContext, ToolResult, ToolSpec
 from proxy.json_values import MAX_DEPTH, nests_too_deep
@@ -92,13 +98,17 @@ class ToolRegistry:
             names = groups.setdefault(source.name, [])
             offered = [(listed, source.cfg.exposed_name(listed.name)) for listed in source.tools]
             prefix = source.cfg.prefix or ""
-            # Names a server's tools are offered under as they are: a name made of another
-            # (`a.b` as `a_b`) never takes one of them, nor one another made name took.
-            own = {name for listed, name in offered if name == prefix + listed.name}
+            start = offered_prefix(source.cfg.prefix)
+            # Names a server's tools are offered under as they are (after the prefix): a name
+            # made of another (`a.b` as `a_b`) never takes one of them, nor one another made
+            # name took.
+            own = {
+                name for listed, name in offered if name is not None and _as_is(start, listed, name)
+            }
             for listed, exposed in offered:
                 if exposed is None:
                     continue
-                if exposed != prefix + listed.name and (exposed in own or exposed in names):
+                if not _as_is(start, listed, exposed) and (exposed in own or exposed in names):
                     exposed = digest_name(prefix + listed.name)
                 if len(names) >= source.cfg.max_tools:
                     problems.append(
@@ -149,8 +159,8 @@ class ToolRegistry:
 
     def _claimant(self, name: str) -> McpSource | None:
         for source in self.sources.values():
-            prefix = offered_prefix(source.cfg.prefix)
-            if name.startswith(prefix) and source.cfg.exposed_name(name[len(prefix) :]) == name:
+            cfg = source.cfg
+            if might_expose(cfg.prefix or "", cfg.include, list(cfg.exclude), name):
                 return source
         return None
 
@@ -337,3 +347,8 @@ def _rules_and_conditions(agent: AgentConfig) -> set[str]:
         if inner is not None:
             conditions.append(inner)
     return names
+
+
+def _as_is(start: str, listed: Any, name: str) -> bool:
+    """Whether a server's tool is offered as `name` under its own name, after the prefix."""
+    return bool(FUNCTION_NAME.match(listed.name)) and name == start + listed.name

@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.config.tools import digest_name
+from proxy.config.tools import digest_name, function_name
 from proxy.demo.runner import free_port
 from proxy.tools.registry import SourcesUnavailable
 from tests.bodies import offered, user
@@ -323,22 +323,23 @@ async def test_a_name_no_model_api_takes_is_exposed_as_a_function_name(
     assert r.json()["choices"][0]["message"]["content"] == "echo: hi"
 
 
+@pytest.mark.parametrize("prefix", ["", "gh_", "gh."])
 async def test_a_name_made_of_another_never_takes_a_name_a_tool_has(
-    proxy_for: ProxyFactory,
+    proxy_for: ProxyFactory, prefix: str
 ) -> None:
     """`x.y` would be offered as `x_y`, which the server's own `x_y` is: it is offered under a
-    name with its digest, whichever the server lists first."""
-    entry = stdio_entry(include=["x.y", "x_y"], prefix="")
+    name with its digest, whichever the server lists first, however the prefix is written; a
+    config may name either, by the name offered."""
+    entry = stdio_entry(include=["x.y", "x_y"], prefix=prefix)
     entry["command"] = [*entry["command"], "dotted"]
-    agents = {"mcp": {"model": "scripted", "tools": ["srv"]}}
+    own, made = function_name(f"{prefix}x_y"), digest_name(f"{prefix}x.y")
+    agents = {"mcp": {"model": "scripted", "tools": [own, made]}}
     async with proxy_for({"tools": {"srv": entry}, "agents": agents}) as proxy:
-        made = digest_name("x.y")
-        proxy.upstream.script(calls(call("x_y"), call(made)), say_tool_result())
+        proxy.upstream.script(calls(call(own), call(made)), say_tool_result())
         r = await proxy.chat(model="mcp", messages=user("both"))
     assert r.status_code == 200, r.text
-    assert sorted(offered(proxy.upstream.bodies[0])) == sorted(["x_y", made])
-    assert made.startswith("x_y_")
-    assert len(made) == len("x_y_") + 8
+    assert sorted(offered(proxy.upstream.bodies[0])) == sorted([own, made])
+    assert made.startswith(f"{own}_")
     assert tool_messages(proxy, 1) == ["plain", "dotted"]
 
 

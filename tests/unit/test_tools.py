@@ -14,7 +14,7 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from proxy.callables import CallThreads
-from proxy.config.tools import ToolConfig, function_name
+from proxy.config.tools import ToolConfig, digest_name, function_name, might_expose
 from proxy.engine.values import ToolCall, ToolContext
 from proxy.tools.base import BadArguments, Tool
 from proxy.tools.registry import ToolRegistry, build_tool
@@ -439,3 +439,21 @@ def test_bytes_that_cost_nothing_to_check_add_nothing_to_the_bound() -> None:
     with pytest.raises(BadArguments, match=f"took more than {work_limit_s(padded):.3g} s"):
         validate(padded)
     assert time.thread_time() - started < 10 * work_limit_s(padded)
+
+
+@pytest.mark.parametrize(
+    ("prefix", "include", "exclude", "name", "could"),
+    [
+        ("", ["x.y", "x_y"], [], digest_name("x.y"), True),  # offered so beside the own x_y
+        ("", ["x.y"], [], "x_y", True),  # x.y as made
+        ("", ["x.y"], [], "x.y", False),
+        ("", None, ["x.y"], "x_y", True),  # the server's own x_y is not excluded
+        ("", None, ["x_y"], "x_y", False),
+        ("gh.", None, [], "gh_anything", True),
+        ("gh.", None, [], "anything", False),
+    ],
+)
+def test_what_an_entry_might_expose(
+    prefix: str, include: list[str] | None, exclude: list[str], name: str, could: bool
+) -> None:
+    assert might_expose(prefix, include, exclude, name) is could
