@@ -62,8 +62,8 @@ class ScriptedModel:
             raise AssertionError("the model was called more often than scripted")
         entry = self.script.pop(0)
         result = entry(request) if callable(entry) else entry
-        if on_delta is not None and result.text:
-            await on_delta(result.text)
+        if on_delta is not None:  # as an upstream's stream begins, whether or not it has text
+            await on_delta.begin({}, result.text)
         return result
 
 

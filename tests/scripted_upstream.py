@@ -186,6 +186,9 @@ class ScriptedUpstream:
         self.exhausted: list[int] = []  # the numbers of the requests that found no turn left
         self.errors: list[str] = []  # turns (functions of the request) that raised
         self.url: str | None = None  # the base URL (with /v1) while `serve()` runs
+        # Fields every answer and chunk carries, as a provider names what served it (a dated
+        # `model`, `system_fingerprint`, `service_tier`); by default the model asked for.
+        self.served: dict[str, str] = {}
         self.app = Starlette(
             routes=[
                 Route("/v1/chat/completions", self._chat_completions, methods=["POST"]),
@@ -212,6 +215,7 @@ class ScriptedUpstream:
             self.requests.clear()
             self.exhausted.clear()
             self.errors.clear()
+            self.served = {}
 
     def check(self) -> None:
         """Fails when a turn raised, or a request found the script exhausted (unless allowed)."""
@@ -342,6 +346,7 @@ class ScriptedUpstream:
                 "total_tokens": total,
                 **given,
             },
+            **self.served,
         }
 
 

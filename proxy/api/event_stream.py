@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 from starlette.types import Send
 
@@ -40,6 +40,9 @@ class EventStream:
         except OSError as exc:
             raise ClientDisconnected(str(exc)) from None
         self.last_write = time.monotonic()
+
+    def heard(self, head: Mapping[str, str]) -> None:
+        """What an upstream's answer carries beside its text: a stream may show it."""
 
     async def begin(self) -> None:
         """Starts the response, if nothing has yet: an upstream's answer has begun."""

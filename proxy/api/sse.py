@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -28,16 +29,28 @@ class SSEWriter(EventStream):
         super().__init__(send, headers)
         self.include_loop_events = include_loop_events
         self.role_sent = False
-        self._prefix = (
+        self._opening = (
             b'{"id":'
             + orjson.dumps(completion_id)
             + b',"object":"chat.completion.chunk","created":'
             + str(int(time.time())).encode()
-            + b',"model":'
-            + orjson.dumps(model)
         )
+        self._prefix = self._opening + b',"model":' + orjson.dumps(model)
+        self._fixed = False  # a chunk was made: its prefix is every chunk's
+
+    def heard(self, head: Mapping[str, str]) -> None:
+        """Every chunk carries the upstream's `model`, `system_fingerprint` and `service_tier`
+        as its first answer's chunks did, unless a chunk went out before it began."""
+        if self._fixed or not head:
+            return
+        fields = orjson.dumps(head)
+        if "model" in head:
+            self._prefix = self._opening + b"," + fields[1:-1]
+        else:
+            self._prefix += b"," + fields[1:-1]
 
     def _chunk(self, rest: dict[str, Any]) -> bytes:
+        self._fixed = True
         return b"data: " + self._prefix + b"," + orjson.dumps(rest)[1:] + b"\n\n"
 
     def _delta(self, delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:

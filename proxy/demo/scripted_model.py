@@ -135,10 +135,13 @@ def complete(body: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+HEAD = ("id", "created", "model", "system_fingerprint", "service_tier")  # a chunk's, of its body
+
+
 async def sse_chunks(completion: dict[str, Any], include_usage: bool) -> AsyncIterator[bytes]:
     """A completion as SSE: a role chunk, the content in pieces of 8 characters, each tool call
     as a head delta then an arguments delta, the finish chunk, a usage chunk when asked, [DONE]."""
-    head = {k: completion[k] for k in ("id", "created", "model")}
+    head = {k: completion[k] for k in HEAD if k in completion}
     head["object"] = "chat.completion.chunk"
     choice = completion["choices"][0]
     message = choice["message"]

@@ -70,6 +70,11 @@ class RunObserver(Protocol):
 class RunStream(Protocol):
     """Where a streaming run sends what the client sees while it runs."""
 
+    def heard(self, head: Mapping[str, str]) -> None:
+        """A step's streamed answer has begun with `head`, the fields the upstream's chunks
+        carry beside their deltas (DeltaSink.begin); told before `begin` or its text."""
+        ...
+
     async def begin(self) -> None:
         """A streamed answer has begun to arrive: the client's response may start now."""
         ...

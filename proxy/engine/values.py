@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from proxy.engine.usage import Usage
 
@@ -56,8 +56,19 @@ class ModelReply:
         return content if isinstance(content, str) else ""
 
 
-# Where a streamed answer's text goes as it comes; told "" once, when its first bytes arrive.
-DeltaSink = Callable[[str], Awaitable[None]]
+class DeltaSink(Protocol):
+    """Where a streamed answer goes as it is read."""
+
+    async def begin(self, head: Mapping[str, str], text: str) -> None:
+        """Its first sound read: `head`, the fields the upstream's chunks carry beside their
+        deltas (`model`, `system_fingerprint`, `service_tier`, those it sent as short
+        strings), and that read's text ("" when it held none)."""
+        ...
+
+    async def __call__(self, text: str) -> None:
+        """A later read's text."""
+        ...
+
 
 Outcome = Literal["ok", "error", "timeout"]
 

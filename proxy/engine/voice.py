@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from proxy.engine import events as ev
 from proxy.engine.ports import RunObserver, RunStream
@@ -49,31 +49,32 @@ class Voice:
         await self.stream.content(text)
 
     def step_sink(self) -> DeltaSink | None:
-        """Where one step's text deltas go: the first starts a part, the rest continue it."""
-        stream = self.stream
-        if stream is None:
+        """Where one step's answer goes: its first text starts a part, the rest continue it."""
+        if self.stream is None:
             return None
-        if self.quiet:
-            return _beginning(stream)
-        first = True
-
-        async def sink(text: str) -> None:
-            nonlocal first
-            if not text:
-                await stream.begin()
-            elif first:
-                first = False
-                await self.say(text)
-            else:
-                await stream.content(text)
-
-        return sink
+        return _StepSink(self, self.stream)
 
 
-def _beginning(stream: RunStream) -> DeltaSink:
-    """A step's sink that only starts the stream: its text is not sent."""
+class _StepSink:
+    __slots__ = ("first", "stream", "voice")
 
-    async def sink(text: str) -> None:
-        await stream.begin()
+    def __init__(self, voice: Voice, stream: RunStream) -> None:
+        self.voice = voice
+        self.stream = stream
+        self.first = True
 
-    return sink
+    async def begin(self, head: Mapping[str, str], text: str) -> None:
+        self.stream.heard(head)
+        if text and not self.voice.quiet:
+            await self(text)
+        else:  # the answer has begun, but has nothing to say yet (or says it at the end)
+            await self.stream.begin()
+
+    async def __call__(self, text: str) -> None:
+        if self.voice.quiet:
+            return
+        if self.first:
+            self.first = False
+            await self.voice.say(text)
+        else:
+            await self.stream.content(text)

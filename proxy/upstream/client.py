@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -24,7 +24,7 @@ from proxy.errors import (
     UpstreamUnavailable,
 )
 from proxy.upstream.error_body import ERROR_BODY_LIMIT, status_failure
-from proxy.upstream.reply import ReplyLimits
+from proxy.upstream.reply import ReplyLimits, stream_head
 from proxy.upstream.retry import RETRY_STATUSES, Retry
 from proxy.upstream.stream import ReplyReader
 from proxy.upstream.transport import (
@@ -139,7 +139,7 @@ class Upstream:
         timer = Deadline(asyncio.get_running_loop().time() + (end - now), self.step_timeout_s)
         call = _Call(end, timer)
         if on_delta is not None and not theirs:
-            on_delta = _client_time_excluded(on_delta, timer)
+            on_delta = _ClientTimeExcluded(on_delta, timer)
         try:
             return await self._attempts(request, on_delta, call)
         except asyncio.CancelledError:
@@ -328,9 +328,10 @@ class Upstream:
         response = await self._send(content, call)
         if "json" in (response.header("content-type") or ""):
             # An upstream that ignores `stream` answers with one body: relay it as one delta.
-            reply = self._reader.reply(await self._read_object(response))
-            if reply.text and on_delta is not None:
-                await on_delta(reply.text)
+            body = await self._read_object(response)
+            reply = self._reader.reply(body)
+            if on_delta is not None:
+                await on_delta.begin(stream_head(body), reply.text)
             reply.raw = None
             return reply
         async with self.reading(response):
@@ -382,20 +383,31 @@ class _Counted(AnswerOver):
         await self._answer.aclose()
 
 
-def _client_time_excluded(sink: DeltaSink, timer: Deadline) -> DeltaSink:
-    """`sink`, the time it takes (a client slow to read, whose socket is full) not counted
+class _ClientTimeExcluded:
+    """A sink, the time it takes (a client slow to read, whose socket is full) not counted
     toward the call's own deadline: `step_timeout_s` is the upstream's time, and a client's
     slowness is no upstream's failure. (A deadline of the caller's, the run's time budget, is
     not held.)"""
 
-    async def send(text: str) -> None:
-        timer.hold()
-        try:
-            await sink(text)
-        finally:
-            timer.release()
+    __slots__ = ("sink", "timer")
 
-    return send
+    def __init__(self, sink: DeltaSink, timer: Deadline) -> None:
+        self.sink = sink
+        self.timer = timer
+
+    async def begin(self, head: Mapping[str, str], text: str) -> None:
+        self.timer.hold()
+        try:
+            await self.sink.begin(head, text)
+        finally:
+            self.timer.release()
+
+    async def __call__(self, text: str) -> None:
+        self.timer.hold()
+        try:
+            await self.sink(text)
+        finally:
+            self.timer.release()
 
 
 def _cause_name(exc: BaseException) -> str:

@@ -93,12 +93,12 @@ class ReplyReader:
                 except (MalformedReply, UpstreamBadReply) as exc:
                     failure = exc
                 if on_delta is not None:
-                    if not begun and sound:  # its first event was read, and is sound
+                    if begun:
+                        if deltas:
+                            await on_delta("".join(deltas))
+                    elif sound:  # its first event was read, and is sound
                         begun = True
-                        if not deltas:  # else the text itself begins the answer
-                            await on_delta("")
-                    if deltas:
-                        await on_delta("".join(deltas))
+                        await on_delta.begin(acc.head or {}, "".join(deltas))
                 failure = failure or decoder.failure
                 if failure is not None:
                     raise failure

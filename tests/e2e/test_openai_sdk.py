@@ -148,6 +148,43 @@ def test_budget_stop_through_the_sdk(client: OpenAI, upstream: ScriptedUpstream)
     assert reply.choices[0].finish_reason == "length"
 
 
+SERVED = {"model": "scripted-2026-01-01", "system_fingerprint": "fp_3f2a", "service_tier": "flex"}
+
+
+@pytest.mark.parametrize("model", ["scripted", "stock"])  # a pass-through; a run of server tools
+def test_a_stream_names_what_served_it_as_the_json_reply_does(
+    client: OpenAI, upstream: ScriptedUpstream, model: str
+) -> None:
+    upstream.served = dict(SERVED)
+    if model == "scripted":
+        upstream.script(say("Hello there, how are you?"), say("Hello."))
+    else:
+        turns = (call("check_inventory", item="nuts"), say_tool_result("In stock: {}"))
+        upstream.script(*turns, *turns)
+    messages: Any = [{"role": "user", "content": "Hi."}]
+    stream = client.chat.completions.create(
+        model=model, messages=messages, stream=True, stream_options={"include_usage": True}
+    )
+    chunks = list(stream)
+    assert len(chunks) > 3
+    for chunk in chunks:
+        assert (chunk.model, chunk.system_fingerprint, chunk.service_tier) == tuple(SERVED.values())
+    reply = client.chat.completions.create(model=model, messages=messages)
+    assert (reply.model, reply.system_fingerprint, reply.service_tier) == tuple(SERVED.values())
+
+
+def test_a_stream_leaves_out_what_an_upstream_names_at_length(
+    client: OpenAI, upstream: ScriptedUpstream
+) -> None:
+    upstream.served = {"model": "m" * 257, "service_tier": "default"}
+    upstream.script(say("Hello there."))
+    messages: Any = [{"role": "user", "content": "Hi."}]
+    chunks = list(client.chat.completions.create(model="scripted", messages=messages, stream=True))
+    assert {(c.model, c.system_fingerprint, c.service_tier) for c in chunks} == {
+        ("scripted", None, "default")
+    }
+
+
 def test_sdk_sees_openai_errors(client: OpenAI, upstream: ScriptedUpstream) -> None:
     upstream.script(say("Hi."))
     with pytest.raises(openai.BadRequestError) as err:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -144,6 +144,19 @@ async def test_a_stream_that_trickles_content_ends_with_a_timeout_event(
     assert "Once upon" in r.text
 
 
+class SlowClient:
+    """A stream's client whose socket is full: each of its reads takes `delay_s`."""
+
+    def __init__(self, delay_s: float) -> None:
+        self.delay_s = delay_s
+
+    async def begin(self, head: Mapping[str, str], text: str) -> None:
+        await asyncio.sleep(self.delay_s)
+
+    async def __call__(self, text: str) -> None:
+        await asyncio.sleep(self.delay_s)
+
+
 async def test_the_time_a_slow_client_takes_to_read_is_not_the_upstream_s(
     upstream: FaultyUpstream,
 ) -> None:
@@ -161,19 +174,14 @@ async def test_the_time_a_slow_client_takes_to_read_is_not_the_upstream_s(
     )
     request = ModelRequest("scripted", USER, [], stream=True)
 
-    async def slow_client(text: str) -> None:
-        await asyncio.sleep(0.2)  # twice or more: longer than the step's whole deadline
-
-    reply = await main.complete(request, slow_client)
+    reply = await main.complete(request, SlowClient(0.2))  # longer than the step's deadline
     assert reply.text == "w0 w1 w2 w3 w4 w5 "
     assert reply.finish_reason == "stop"
 
-    async def gone_client(text: str) -> None:
-        await asyncio.sleep(60)  # never takes it, never leaves
-
     upstream.script(stream(*words, delta(finish_reason="stop"), DONE, every_s=0.01))
     with pytest.raises(ClientDisconnected, match=r"the client took no text for 0\.3 s"):
-        await main.complete(request, gone_client)  # as long as a step may take, then gone
+        # never takes it, never leaves: as long as a step may take, then gone
+        await main.complete(request, SlowClient(60))
     assert attempts == ["2xx", "2xx"]  # the client's slowness is no failure of the upstream's
 
 

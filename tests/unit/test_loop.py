@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import json
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -142,6 +143,9 @@ async def test_an_observer_that_raises_does_not_break_the_run() -> None:
 class Sink:
     def __init__(self) -> None:
         self.items: list[object] = []
+
+    def heard(self, head: Mapping[str, str]) -> None:
+        pass
 
     async def begin(self) -> None:
         self.items.append("begin")
