@@ -12,6 +12,9 @@ from contextlib import AbstractAsyncContextManager
 from typing import NamedTuple
 
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as ConnectionLost
 
 from proxy.errors import StateUnavailable
 from proxy.state.redis_calls import ms, reached
@@ -88,6 +91,29 @@ CALL_BYTES = 4 * 1024 * 1024
 RECORD_WEIGHT = CALL_BYTES // 1000
 
 
+# A process's connections to redis. A call past them waits for one, up to the store's
+# `timeout_s` (redis-py's own pool refuses at once: past 100 calls at a time, 503s).
+MAX_CONNECTIONS = 100
+
+
+def connected(url: str, timeout_s: float) -> aioredis.Redis:
+    """A client of the server at `url`. A command that finds its connection closed is sent
+    once more on a new one: after the server restarts (or fails over) every pooled connection
+    is closed, and each would fail a request though the server got none of them. (Were a reply
+    lost after the server ran the command, a reservation would count twice or a save meet a
+    conflict: a strict answer, never a lost write.)"""
+    pool = aioredis.BlockingConnectionPool.from_url(
+        url,
+        max_connections=MAX_CONNECTIONS,
+        timeout=timeout_s,
+        socket_timeout=timeout_s,
+        socket_connect_timeout=timeout_s,
+        retry=Retry(NoBackoff(), 1, supported_errors=(ConnectionLost,)),
+        retry_on_error=[ConnectionLost],
+    )
+    return aioredis.Redis.from_pool(pool)
+
+
 class RedisStore:
     def __init__(
         self,
@@ -98,9 +124,7 @@ class RedisStore:
         timeout_s: float = 5.0,
         lock_lease_s: float = 30.0,
     ) -> None:
-        self._redis = aioredis.Redis.from_url(
-            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
-        )
+        self._redis = connected(url, timeout_s)
         self._prefix = prefix
         self._ttl = context_ttl_s
         self._reserve = self._redis.register_script(_RESERVE)

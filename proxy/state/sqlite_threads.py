@@ -53,8 +53,8 @@ def reserve(
         f"WITH wanted (key, cap) AS (VALUES {wanted}) "
         "INSERT INTO thread_calls (thread_id, key, count) "
         "SELECT ?, key, 1 FROM wanted WHERE NOT EXISTS ("
-        "SELECT 1 FROM thread_calls t JOIN wanted w ON t.key = w.key "
-        "WHERE t.thread_id = ? AND t.count >= w.cap) "
+        "SELECT 1 FROM wanted w LEFT JOIN thread_calls t ON t.thread_id = ? AND t.key = w.key "
+        "WHERE COALESCE(t.count, 0) >= w.cap) "
         "ON CONFLICT (thread_id, key) DO UPDATE SET count = count + 1",
         [*(v for key in keys for v in (key, limits[key])), thread_id, thread_id],
     )

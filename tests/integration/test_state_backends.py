@@ -29,7 +29,7 @@ from proxy.state.memory import SWEEP_AFTER, MemoryStore
 from proxy.state.redis import RedisStore
 from proxy.state.sqlite import SqliteStore
 from proxy.state.store import RECORDS_AT_ONCE, Record, StateStore, StoredContext
-from tests.servers import redis_server
+from tests.servers import free_port, redis_server
 
 
 @pytest.fixture(params=["memory", "sqlite", "redis"])
@@ -64,8 +64,16 @@ async def test_reserve_adds_one_to_every_counter_or_to_none(store: StateStore) -
     assert await store.thread_counts("other") == {}
 
 
+async def test_a_limit_of_zero_refuses_the_first_call(store: StateStore) -> None:
+    assert await store.reserve("t", {"*": 0}) == (False, {"*": 0})
+    assert await store.reserve("t", {"search": 0, "*": 5}) == (False, {"search": 0, "*": 0})
+    assert await store.reserve("t", {"search": 1, "*": 0}) == (False, {"search": 0, "*": 0})
+    assert await store.thread_counts("t") == {}
+
+
 async def test_concurrent_reservations_are_exact(store: StateStore) -> None:
-    results = await asyncio.gather(*(store.reserve("busy", {"x": 25}) for _ in range(80)))
+    """More at once than a process has connections to redis: the calls past them wait."""
+    results = await asyncio.gather(*(store.reserve("busy", {"x": 25}) for _ in range(250)))
     assert sum(ok for ok, _ in results) == 25
     assert await store.thread_counts("busy") == {"x": 25}
 
@@ -313,6 +321,18 @@ async def test_redis_ping_succeeds_until_the_server_stops(tmp_path: Path) -> Non
     with pytest.raises(StateUnavailable, match=r"redis\) is unavailable: ConnectionError"):
         await store.ping()
     await store.close()
+
+
+async def test_redis_calls_after_a_restart_find_the_server_again(tmp_path: Path) -> None:
+    """Every pooled connection was closed by the restart: none fails a call."""
+    port = free_port()
+    with redis_server(tmp_path, port) as url:
+        store = RedisStore(url, prefix=f"restart-{secrets.token_hex(4)}:")
+        await asyncio.gather(*(store.reserve(f"t{i}", {"x": 9}) for i in range(20)))
+    with redis_server(tmp_path, port):
+        results = await asyncio.gather(*(store.reserve(f"t{i}", {"x": 9}) for i in range(20)))
+        assert results == [(True, {"x": 1})] * 20  # a server with no state
+        await store.close()
 
 
 def test_open_store_names_a_missing_redis_url() -> None:
