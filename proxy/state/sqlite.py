@@ -45,6 +45,7 @@ from proxy.state.store import (
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 SWEEP_EVERY_S = 60.0  # the most often expired records are deleted
+LOCK_WAIT_SLACK_MS = 50  # how far a call's lock wait may pass its deadline
 
 _TABLES = [
     # Written by the readiness check.
@@ -81,6 +82,8 @@ class SqliteStore:
         `context_ttl_s`: a context ends this long after it was last saved (None: never)."""
         self._path = str(path)
         self._lease = lock_lease_s
+        self._timeout_s = timeout_s
+        self._busy_ms = round(timeout_s * 1000)  # the connection's busy timeout now
         self._context_ttl = context_ttl_s
         in_memory = self._path == ":memory:"
         if not in_memory:
@@ -121,6 +124,7 @@ class SqliteStore:
         # Writes put and not yet taken by the thread, each with the future its put awaits.
         self._puts: list[tuple[records_sql.Write, asyncio.Future[int]]] = []
         self._puts_lock = threading.Lock()  # the loop adds to the list, the thread takes it
+        self._puts_deadline = math.inf  # when the first of them was put, plus timeout_s
         self._locks = KeyedLocks()
 
     def _check_file(self) -> None:
@@ -138,11 +142,15 @@ class SqliteStore:
 
     async def _call(self, work: Callable[[sqlite3.Connection], T]) -> T:
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._thread, self._on_thread, work)
+        deadline = time.monotonic() + self._timeout_s
+        return await loop.run_in_executor(self._thread, self._on_thread, work, deadline)
 
-    def _on_thread(self, work: Callable[[sqlite3.Connection], T]) -> T:
+    def _on_thread(self, work: Callable[[sqlite3.Connection], T], deadline: float) -> T:
+        """Runs `work` on the store's thread, within `timeout_s` of when it was asked for: the
+        calls queued before it (each waiting for a lock another process holds) count."""
         self._check_file()
         db = self._db
+        self._wait_until(db, deadline)
         try:
             changes = db.total_changes
             result = work(db)
@@ -154,6 +162,21 @@ class SqliteStore:
             _abandon(self._db)
             reason = f"the state backend (sqlite) is unavailable: {exc}"
             raise StateUnavailable(reason) from None
+
+    def _wait_until(self, db: sqlite3.Connection, deadline: float) -> None:
+        """Sets how long a statement may wait for another process's lock: until `deadline`.
+        (Set again only when that moved by more than LOCK_WAIT_SLACK_MS: most calls wait for
+        nothing before they run.)"""
+        left_ms = round((deadline - time.monotonic()) * 1000)
+        if left_ms <= 0:
+            log.warning("a sqlite state call waited its timeout_s behind others")
+            raise StateUnavailable(
+                f"the state backend (sqlite) is unavailable: the call waited its timeout_s "
+                f"({self._timeout_s:g} s) for calls before it"
+            )
+        if abs(left_ms - self._busy_ms) > LOCK_WAIT_SLACK_MS:
+            db.execute(f"PRAGMA busy_timeout={left_ms}")
+            self._busy_ms = left_ms
 
     async def reserve(
         self, thread_id: str, limits: Mapping[str, int], ttl_s: float | None = None
@@ -234,6 +257,8 @@ class SqliteStore:
         with self._puts_lock:
             puts, first = self._puts, not self._puts
             puts.append((write, done))
+            if first:
+                self._puts_deadline = time.monotonic() + self._timeout_s
         if first:  # the thread takes this batch, and any record put before it gets to it
             self._thread.submit(self._write_puts, loop)
         return await done
@@ -247,23 +272,24 @@ class SqliteStore:
         statements of their own: what is kept when the records then fail only lasts longer.)"""
         with self._puts_lock:
             puts, self._puts = self._puts, []
+            deadline = self._puts_deadline
         now = time.time()
         clock = time.monotonic()
         if clock - self._swept >= SWEEP_EVERY_S:  # expired rows do not pile up
             self._swept = clock
             with contextlib.suppress(StateUnavailable):  # the writes below say so too
-                self._on_thread(_statement(records_sql.SWEEP, (now,)))
+                self._on_thread(_statement(records_sql.SWEEP, (now,)), deadline)
                 for sweep in threads.SWEEP:
-                    self._on_thread(_statement(sweep, (now,)))
+                    self._on_thread(_statement(sweep, (now,)), deadline)
                 if self._context_ttl is not None:
-                    self._on_thread(_statement(contexts.SWEEP, (self._ended(),)))
+                    self._on_thread(_statement(contexts.SWEEP, (self._ended(),)), deadline)
         rows = records_sql.ROWS_PER_WRITE
         for chunk in batches(puts, lambda put: len(put[0].records), rows):
             error: BaseException | None = None
             kept: list[int] = []
             try:
                 writes = [write for write, _ in chunk]
-                kept = self._on_thread(functools.partial(records_sql.write, writes))
+                kept = self._on_thread(functools.partial(records_sql.write, writes), deadline)
             except BaseException as exc:  # every put of the statement fails with it
                 error = exc
             loop.call_soon_threadsafe(settle, [done for _, done in chunk], error, kept)

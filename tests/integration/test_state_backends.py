@@ -598,6 +598,29 @@ async def test_sqlite_records_survive_a_restart(tmp_path: Path) -> None:
     await second.close()
 
 
+async def test_sqlite_calls_queued_behind_a_lock_fail_within_their_timeout(
+    tmp_path: Path,
+) -> None:
+    """Another process holds the write lock: each call fails `timeout_s` after it was made,
+    not after the calls before it each waited theirs (the eighth waited 8 times `timeout_s`)."""
+    path = tmp_path / "state.db"
+    store = SqliteStore(path, timeout_s=0.5)
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    results = await asyncio.gather(
+        *(store.reserve(f"t{i}", {"x": 5}) for i in range(8)), return_exceptions=True
+    )
+    took = loop.time() - started
+    assert all(isinstance(r, StateUnavailable) for r in results)
+    assert took < 2.5  # 8 times 0.5 s before
+    holder.execute("ROLLBACK")
+    assert await store.reserve("t0", {"x": 5}) == (True, {"x": 1})  # the lock was let go
+    holder.close()
+    await store.close()
+
+
 async def test_sqlite_calls_take_turns_on_one_thread_of_the_store(tmp_path: Path) -> None:
     """Calls in flight together do not each take a thread to wait for the connection in."""
     store = SqliteStore(tmp_path / "state.db")
