@@ -211,8 +211,9 @@ class _Context:
     async def keep(self, result: RunResult, body: dict[str, Any], report: dict[str, Any]) -> None:
         """Stores the response when asked (`store`, the default): its body, the conversation
         through it for `previous_response_id` and its input items (SPEC §12.4). That record also
-        answers `GET /v1/runs/{id}`, so the run's own is written only without it, or for the
-        server calls it held back (`Services.remember`). A backend that fails is logged: the
+        answers `GET /v1/runs/{id}`, so the run's own is written only without it, for the
+        server calls it held back (`Services.remember`), or when responses are kept for less
+        than `run_ttl_s`. A backend that fails is logged: the
         answer does not depend on it."""
         if self.req.store:
             generated = [m for m in result.generated if m.get("role") != "system"]
@@ -235,7 +236,8 @@ class _Context:
             except StateUnavailable as exc:
                 log.warning("response %s was not stored: %s", body["id"], exc.message)
             else:
-                if result.held is None:
+                state = self.sv.config.state
+                if result.held is None and state.response_ttl_s >= state.run_ttl_s:
                     return
         await self.sv.remember(result, report, self.owner, self.caller)
 

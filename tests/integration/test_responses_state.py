@@ -58,6 +58,24 @@ async def test_stored_responses_on_every_backend(
         assert await backend.get_record("conversation", second["id"]) is not None
 
 
+async def test_a_run_is_found_for_run_ttl_s_when_its_response_is_kept_less(
+    proxy_for: ProxyFactory,
+) -> None:
+    """`GET /v1/runs/{id}` answers for `run_ttl_s` (SPEC §4.2), also when the stored response
+    that holds its report ends before: the run then keeps a record of its own."""
+    config = {"state": {"backend": "memory", "response_ttl_s": 0.3, "run_ttl_s": 3600}}
+    async with proxy_for(config) as proxy:
+        proxy.upstream.script(keep(say("One.")))
+        made = (await respond(proxy, model="scripted")).json()
+        run_id = made["loop"]["run_id"]
+        await asyncio.sleep(0.5)
+        assert (await proxy.client.get(f"/v1/responses/{made['id']}")).status_code == 404
+        found = await proxy.client.get(f"/v1/runs/{run_id}")
+        assert found.status_code == 200
+        assert found.json()["run_id"] == run_id
+        assert (await proxy.client.get(f"/v1/runs/{made['id']}")).json() == found.json()
+
+
 async def test_deleting_a_response_drops_its_records_in_one_call(
     proxy_for: ProxyFactory,
 ) -> None:
