@@ -100,7 +100,7 @@ def main() -> int:
         app = create_app(config, registry=registry, tracer_provider=tracing)
         with (
             serve_in_thread(app, free_port()) as proxy,
-            httpx.Client(base_url=proxy, timeout=30) as client,
+            httpx.Client(base_url=proxy, timeout=30, trust_env=False) as client,
         ):
             print(f"Loopwarden demo: proxy at {proxy}, scripted model at {upstream}\n")
             before = samples(client.get("/metrics").text)

@@ -267,7 +267,12 @@ def test_a_merge_key_may_bring_keys_the_mapping_also_names(check_config: CheckCo
     assert (checked.status, checked.out) == (0, "config OK\n")
 
 
-def test_demo_shows_each_stop_reason(capsys: pytest.CaptureFixture[str]) -> None:
+def test_demo_shows_each_stop_reason(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A machine's web proxy (here one that is not there) is not for the demo's own calls.
+    for name in ("http_proxy", "HTTP_PROXY", "all_proxy"):
+        monkeypatch.setenv(name, "http://127.0.0.1:9")
     assert main(["demo"]) == 0
     out = capsys.readouterr().out
     reasons = ("completed", "terminal_tool", "cost_budget", "max_steps", "nudges_exhausted")
