@@ -139,6 +139,13 @@ def test_several_pods_need_the_redis_backend(values: dict[str, Any]) -> None:
         render(values)
 
 
+def test_several_workers_need_a_backend_they_share() -> None:
+    memory = {"config": {"state": {"backend": "memory"}}}
+    with pytest.raises(helm.HelmRenderError, match=r"memory is per process: with workers above"):
+        render({"workers": 2, **memory})
+    assert one(render({"workers": 1, **memory}), "Deployment")
+
+
 def test_the_probe_port_must_differ_from_the_service_port() -> None:
     with pytest.raises(helm.HelmRenderError, match=r"service\.probePort: must differ"):
         render({"service": {"port": 8080, "probePort": 8080}})
@@ -194,6 +201,27 @@ def test_pods_are_annotated_for_scraping_unless_turned_off() -> None:
     assert annotations["prometheus.io/path"] == "/metrics"
     quiet = one(render({"metrics": {"podAnnotations": False}}), "Deployment")["spec"]["template"]
     assert "prometheus.io/scrape" not in quiet["metadata"]["annotations"]
+    # A ServiceMonitor scrapes them: annotations too would have every series scraped twice.
+    monitored = render({"metrics": {"serviceMonitor": {"enabled": True}}})
+    annotated = one(monitored, "Deployment")["spec"]["template"]["metadata"]["annotations"]
+    assert "prometheus.io/scrape" not in annotated
+
+
+def test_a_metrics_key_is_scraped_with_a_key() -> None:
+    """With `auth.metrics_key`, a scrape without a key is a 401: `up` 0 and LoopwardenDown."""
+    keyed = {"auth": {"metrics_key": True}}
+    with pytest.raises(helm.HelmRenderError, match=r"metrics\.podAnnotations: .* cannot carry"):
+        render({"config": keyed})
+    monitor: dict[str, Any] = {"podAnnotations": False, "serviceMonitor": {"enabled": True}}
+    with pytest.raises(helm.HelmRenderError, match=r"metrics\.serviceMonitor\.authorization: "):
+        render({"config": keyed, "metrics": monitor})
+    secret = {"credentials": {"name": "loopwarden-scrape", "key": "token"}}
+    monitor["serviceMonitor"]["authorization"] = secret
+    [endpoint] = one(render({"config": keyed, "metrics": monitor}), "ServiceMonitor")["spec"][
+        "endpoints"
+    ]
+    assert endpoint["authorization"] == secret
+    assert "authorization" not in one(render(EVERYTHING), "ServiceMonitor")["spec"]["endpoints"][0]
 
 
 def test_the_readme_values_example_renders_a_valid_config(tmp_path: Path) -> None:

@@ -33,6 +33,21 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- if and (include "loopwarden.manyPods" .) (ne $backend "redis") -}}
 {{- fail (printf "config.state.backend: must be redis when more than one pod serves (replicaCount or autoscaling), so that thread counts and stored contexts are shared; it is %s" $backend) -}}
 {{- end -}}
+{{- if and (gt (int .Values.workers) 1) (eq $backend "memory") -}}
+{{- fail "config.state.backend: memory is per process: with workers above 1, use sqlite or redis" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* A /metrics that needs a key is scraped with one. */}}
+{{- define "loopwarden.checkScrape" -}}
+{{- if dig "auth" "metrics_key" false .Values.config -}}
+{{- if and .Values.metrics.serviceMonitor.enabled (not .Values.metrics.serviceMonitor.authorization) -}}
+{{- fail "metrics.serviceMonitor.authorization: config.auth.metrics_key is true: the ServiceMonitor needs a key that may read /metrics (a Secret's, under credentials)" -}}
+{{- end -}}
+{{- if and .Values.metrics.podAnnotations (not .Values.metrics.serviceMonitor.enabled) -}}
+{{- fail "metrics.podAnnotations: config.auth.metrics_key is true, and annotations cannot carry a key: turn them off, and scrape with the ServiceMonitor and its authorization" -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 
 {{/* The probes' listener is a port of its own. */}}
