@@ -5,6 +5,7 @@ a ConfigError naming the file; nothing of it is a traceback."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -101,7 +102,9 @@ def _check_expansion(document: Any) -> None:
 
 
 class _UniqueKeys(_Loader):  # type: ignore[misc, valid-type]
-    """A safe loader that refuses a key given twice in one mapping (YAML keeps the last)."""
+    """A safe loader that refuses a key given twice in one mapping (YAML keeps the last), and
+    reads numbers in exponent form without a dot (`5e-3`, as YAML 1.2 and JSON do, and Helm's
+    `toYaml` writes small numbers) as numbers, not strings."""
 
     def get_single_data(self) -> Any:
         node = self.get_single_node()
@@ -139,3 +142,10 @@ def _refuse_repeated_keys(root: yaml.Node) -> None:
                 keys.add(key)
         elif isinstance(node, yaml.SequenceNode):
             pending.extend(node.value)
+
+
+_UniqueKeys.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)

@@ -243,6 +243,19 @@ def test_a_url_no_request_can_go_to_or_a_header_the_client_sets_is_a_config_erro
     assert err.startswith(path)
 
 
+def test_numbers_in_exponent_form_are_numbers(check_config: CheckConfig) -> None:
+    """As YAML 1.2 and JSON read them, and as Helm's `toYaml` writes small ones: `5e-3` was
+    the string "5e-3" to YAML 1.1 ("must be a number")."""
+    prices = "pricing: {m: {input: 1e-07, output: 2E+1}}\n"
+    checked = check_config(
+        prices + "agents: {a: {model: m, stop_when: [{max_cost: 5e-3}, {max_tokens_used: 1000}]}}\n"
+    )
+    assert (checked.status, checked.err) == (0, "")
+    checked = check_config(prices + "agents: {a: {model: m, stop_when: [{max_cost: 5e-x}]}}\n")
+    assert checked.status == 1
+    assert "agents.a.stop_when[0].max_cost: must be a number" in checked.err
+
+
 def test_a_mapping_merged_deeper_than_its_anchor_is_no_repeated_key(tmp_path: Path) -> None:
     """PyYAML flattens a merged mapping in place: one built through a merge before its own
     turn comes holds the inherited key and its own override side by side."""
