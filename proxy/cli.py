@@ -221,6 +221,15 @@ def _app(config: Config) -> ASGIApp:
     return create_app(config)
 
 
+def importable_here() -> None:
+    """Python tools (`callable: mytools.text:word_count`) are imported from the working
+    directory first, as `python -m proxy` imports them: a script's own directory is on the
+    path, not the one it runs in."""
+    here = os.getcwd()
+    if here not in sys.path and "" not in sys.path:
+        sys.path.insert(0, here)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="loopwarden")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -236,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     tools.add_argument("--config")
     sub.add_parser("demo", help="run sample runs against a scripted model, offline")
     args = parser.parse_args(argv)
+    importable_here()
     if args.command == "serve":
         server = {"host": args.host, "port": args.port, "workers": args.workers}
         return _serve(args.config, {**server, "probe_port": args.probe_port})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import sys
 from pathlib import Path
 
 import pytest
@@ -241,6 +242,22 @@ def test_a_url_no_request_can_go_to_or_a_header_the_client_sets_is_a_config_erro
     status, _, err = check_config(entry + "\n")
     assert status == 1
     assert err.startswith(path)
+
+
+def test_python_tools_are_imported_from_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As `python -m proxy` imports them: `loopwarden` is a script, whose own directory (not
+    the one it runs in) is on the path."""
+    (tmp_path / "here_tools").mkdir()
+    code = "def word_count(text: str) -> int:\n    return 1\n"
+    (tmp_path / "here_tools" / "text.py").write_text(code)
+    (tmp_path / "loopwarden.yaml").write_text(
+        "tools: {words: {kind: python, callable: 'here_tools.text:word_count'}}\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    assert main(["check", "--config", "loopwarden.yaml"]) == 0, capsys.readouterr().err
 
 
 def test_numbers_in_exponent_form_are_numbers(check_config: CheckConfig) -> None:
