@@ -3,8 +3,8 @@ answers parsed by httptools, kept-alive connections reused, most recently freed 
 
 A request costs a head written in one piece and a parse in C: against aiohttp's client, whose
 request and response objects cost several times our whole request, this is what a relay needs
-and no more (no cookies, redirects, proxies from the environment, or decompression: the proxy
-asks for `identity` and relays what comes).
+and no more (no cookies, redirects or decompression: the proxy asks for `identity` and relays
+what comes). A web proxy the environment names is used (`egress`).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from collections.abc import AsyncIterable, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from proxy.upstream.egress import Egress, tunnel
 from proxy.upstream.http1_connection import (
     Answer,
     Broken,
@@ -49,8 +50,11 @@ class Http1Transport:
     """At most `connections` connections open (idle ones count; the oldest idle one is closed
     to open another); idle ones are kept `keepalive_s`."""
 
-    def __init__(self, connections: int = 1000, keepalive_s: float = 60.0) -> None:
+    def __init__(
+        self, connections: int = 1000, keepalive_s: float = 60.0, egress: Egress | None = None
+    ) -> None:
         self.connections = connections
+        self.egress = egress or Egress()
         self.keepalive_s = keepalive_s
         self._open: set[Connection] = set()
         self._connecting = 0
@@ -144,15 +148,24 @@ class Http1Transport:
         loop = asyncio.get_running_loop()
         self._connecting += 1
         try:
-            _, connection = await asyncio.wait_for(
-                loop.create_connection(
+            if scheme == "https" and (proxy := self.egress.proxy_for(scheme, host)) is not None:
+                started = time.monotonic()
+                sock = await tunnel(proxy, host, port, connect_s)
+                connect_s -= time.monotonic() - started
+                made = loop.create_connection(
+                    lambda: Connection(origin, self._free, self._lost),
+                    sock=sock,
+                    ssl=self._tls_context(),
+                    server_hostname=host,
+                )
+            else:
+                made = loop.create_connection(
                     lambda: Connection(origin, self._free, self._lost),
                     host,
                     port,
                     ssl=self._tls_context() if scheme == "https" else None,
-                ),
-                connect_s,
-            )
+                )
+            _, connection = await asyncio.wait_for(made, connect_s)
         except TimeoutError:
             raise ConnectTimeout(f"no connection to {host}:{port} within {connect_s:g} s") from None
         except OSError as exc:
@@ -224,12 +237,13 @@ class Http1Transport:
         if target is None:
             if len(self._targets) >= URL_CACHE:
                 self._targets.clear()
-            target = self._targets[url] = _parse(url)
+            target = self._targets[url] = _parse(url, self.egress)
         return target
 
 
-def _parse(url: str) -> _Target:
-    """The URL as given (a percent-encoded `/` in a relayed id stays encoded)."""
+def _parse(url: str, egress: Egress) -> _Target:
+    """The URL as given (a percent-encoded `/` in a relayed id stays encoded); an http URL
+    whole in the request line, to the proxy that `egress` names for it."""
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
     if scheme not in ("http", "https") or not parts.hostname:
@@ -239,7 +253,13 @@ def _parse(url: str) -> _Target:
     authority = parts.netloc.rpartition("@")[2]
     if _unsafe(path) or _unsafe(authority):
         raise ValueError(f"the URL has a space or control character: {url!r}")
-    return _Target((scheme, parts.hostname, port), f" {path} HTTP/1.1\r\nhost: {authority}\r\n")
+    proxy = egress.proxy_for(scheme, parts.hostname) if scheme == "http" else None
+    if proxy is None:
+        return _Target((scheme, parts.hostname, port), f" {path} HTTP/1.1\r\nhost: {authority}\r\n")
+    start = f" http://{authority}{path} HTTP/1.1\r\nhost: {authority}\r\n"
+    if proxy.authorization is not None:
+        start += f"proxy-authorization: {proxy.authorization}\r\n"
+    return _Target(("http", proxy.host, proxy.port), start)
 
 
 def _unsafe(text: str) -> bool:

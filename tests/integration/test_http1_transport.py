@@ -22,6 +22,7 @@ from proxy.upstream.http1_connection import (
 from proxy.upstream.http1_transport import Http1Transport
 from proxy.upstream.transport import Answer, Failure, Timeouts
 from tests.faulty_upstream import Handle, Received, listening, read_request
+from tests.web_proxy import forward_proxy
 
 TIMEOUTS = Timeouts(connect_s=5.0, read_s=5.0)
 
@@ -433,3 +434,75 @@ async def test_a_url_or_header_that_would_split_the_request_is_refused_before_se
     with pytest.raises(ValueError, match=r"URL|header"):
         await transport.send("GET", url, headers, None, TIMEOUTS)
     await transport.aclose()
+
+
+@pytest.fixture
+def no_web_proxy(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """An environment that names no web proxy but those a test sets."""
+    for name in ("http_proxy", "https_proxy", "all_proxy", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.upper(), raising=False)
+    return monkeypatch
+
+
+async def test_https_upstreams_are_reached_through_the_environment_s_proxy(
+    no_web_proxy: pytest.MonkeyPatch,
+) -> None:
+    """A company's egress proxy: a `CONNECT` tunnel (with the URL's user and password), TLS to
+    the upstream through it, and the tunnel kept for the next request."""
+    authority = trustme.CA()
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    authority.issue_cert("localhost").configure_cert(tls)
+    async with serving(tls=tls) as server, forward_proxy() as web:
+        server.handler = keep_answering([ok(b"one"), ok(b"two")])(server)
+        no_web_proxy.setenv("HTTPS_PROXY", web.url.replace("http://", "http://me:s%40cret@"))
+        with authority.cert_pem.tempfile() as ca_file:
+            no_web_proxy.setenv("SSL_CERT_FILE", ca_file)
+            transport = Http1Transport()
+            assert await get(transport, f"{server.url}/v1/models") == b"one"
+            assert await get(transport, f"{server.url}/v1/models") == b"two"
+        await transport.aclose()
+    port = server.url.rsplit(":", 1)[1]
+    assert web.lines == [f"CONNECT localhost:{port} HTTP/1.1"]
+    assert web.authorizations == ["Basic bWU6c0BjcmV0"]  # me:s@cret
+    assert [r.path for r in server.requests] == ["/v1/models", "/v1/models"]
+
+
+async def test_http_upstreams_go_to_the_proxy_with_their_whole_url(
+    no_web_proxy: pytest.MonkeyPatch,
+) -> None:
+    async with serving() as server, forward_proxy() as web:
+        server.handler = keep_answering([ok(b"plain")])(server)
+        no_web_proxy.setenv("http_proxy", web.url)
+        transport = Http1Transport()
+        assert await get(transport, f"{server.url}/v1/models?limit=2") == b"plain"
+        await transport.aclose()
+    assert web.lines == [f"GET {server.url}/v1/models?limit=2 HTTP/1.1"]
+    assert web.authorizations == [None]
+
+
+async def test_hosts_no_proxy_names_are_reached_directly(no_web_proxy: pytest.MonkeyPatch) -> None:
+    async with serving() as server, forward_proxy() as web:
+        server.handler = keep_answering([ok(b"direct")])(server)
+        no_web_proxy.setenv("HTTP_PROXY", web.url)
+        no_web_proxy.setenv("NO_PROXY", "example.com,127.0.0.1")
+        transport = Http1Transport()
+        assert await get(transport, server.url) == b"direct"
+        await transport.aclose()
+    assert web.lines == []
+
+
+async def test_a_tunnel_the_proxy_refuses_is_an_unreachable_upstream_named_with_its_answer(
+    no_web_proxy: pytest.MonkeyPatch,
+) -> None:
+    refusal = b"HTTP/1.1 407 Proxy Authentication Required\r\ncontent-length: 0\r\n\r\n"
+    async with forward_proxy(refusal) as web:
+        no_web_proxy.setenv("HTTPS_PROXY", web.url)
+        transport = Http1Transport()
+        with pytest.raises(Unreachable) as refused:
+            await transport.send("GET", "https://api.example.com/v1", {}, None, TIMEOUTS)
+        await transport.aclose()
+    assert transport.failure(refused.value) is Failure.UNREACHABLE
+    assert "refused the tunnel to api.example.com:443: 'HTTP/1.1 407 Proxy Auth" in str(
+        refused.value
+    )
