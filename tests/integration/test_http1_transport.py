@@ -506,3 +506,15 @@ async def test_a_tunnel_the_proxy_refuses_is_an_unreachable_upstream_named_with_
     assert "refused the tunnel to api.example.com:443: 'HTTP/1.1 407 Proxy Auth" in str(
         refused.value
     )
+
+
+async def test_a_proxy_not_spoken_over_http_is_logged_and_not_used(
+    no_web_proxy: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with serving() as server:
+        server.handler = keep_answering([ok(b"direct")])(server)
+        no_web_proxy.setenv("ALL_PROXY", "socks5://127.0.0.1:1080")
+        transport = Http1Transport()
+        assert await get(transport, server.url) == b"direct"
+        await transport.aclose()
+    assert "the http proxy 'socks5://127.0.0.1' is not an http:// proxy URL" in caplog.text
