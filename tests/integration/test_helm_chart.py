@@ -146,6 +146,19 @@ def test_several_workers_need_a_backend_they_share() -> None:
     assert one(render({"workers": 1, **memory}), "Deployment")
 
 
+def test_the_service_may_listen_on_a_port_the_container_cannot() -> None:
+    """A Service on 80: the container, without root or capabilities, listens above 1023."""
+    manifests = render({"service": {"port": 80, "containerPort": 8080}})
+    assert one(manifests, "Service")["spec"]["ports"][0] == {
+        "name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"
+    }  # fmt: skip
+    container = one(manifests, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert container["args"][container["args"].index("--port") + 1] == "8080"
+    assert container["ports"][0]["containerPort"] == 8080
+    with pytest.raises(helm.HelmValuesError, match="/service/containerPort"):
+        render({"service": {"port": 80, "containerPort": 80}})
+
+
 def test_the_probe_port_must_differ_from_the_service_port() -> None:
     with pytest.raises(helm.HelmRenderError, match=r"service\.probePort: must differ"):
         render({"service": {"port": 8080, "probePort": 8080}})

@@ -50,9 +50,14 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}
 {{- end -}}
 
+{{/* The port the container listens on. */}}
+{{- define "loopwarden.containerPort" -}}
+{{- .Values.service.containerPort | default .Values.service.port -}}
+{{- end -}}
+
 {{/* The probes' listener is a port of its own. */}}
 {{- define "loopwarden.checkPorts" -}}
-{{- if eq (int .Values.service.port) (int .Values.service.probePort) -}}
-{{- fail (printf "service.probePort: must differ from service.port (%d): the probes and scrapes have a listener of their own" (int .Values.service.port)) -}}
+{{- if eq (int (include "loopwarden.containerPort" .)) (int .Values.service.probePort) -}}
+{{- fail (printf "service.probePort: must differ from the port the container listens on (%d): the probes and scrapes have a listener of their own" (int (include "loopwarden.containerPort" .))) -}}
 {{- end -}}
 {{- end -}}
