@@ -166,7 +166,7 @@ def test_a_stream_names_what_served_it_as_the_json_reply_does(
         model=model, messages=messages, stream=True, stream_options={"include_usage": True}
     )
     chunks = list(stream)
-    assert len(chunks) > 3
+    assert len(chunks) >= 3  # the text (in as many as its reads), the finish, the usage
     for chunk in chunks:
         assert (chunk.model, chunk.system_fingerprint, chunk.service_tier) == tuple(SERVED.values())
     reply = client.chat.completions.create(model=model, messages=messages)
