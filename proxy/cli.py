@@ -222,12 +222,14 @@ def _app(config: Config) -> ASGIApp:
 
 
 def importable_here() -> None:
-    """Python tools (`callable: mytools.text:word_count`) are imported from the working
-    directory first, as `python -m proxy` imports them: a script's own directory is on the
-    path, not the one it runs in."""
+    """Python tools (`callable: mytools.text:word_count`) may be imported from the working
+    directory, as `python -m proxy` imports them (a script has its own directory on the path,
+    not the one it runs in). After every other place: a folder of the working directory never
+    stands in for an installed package (an `mcp/` of one's own, or what another user left in
+    /tmp). Not with `PYTHONSAFEPATH`."""
     here = os.getcwd()
-    if here not in sys.path and "" not in sys.path:
-        sys.path.insert(0, here)
+    if not sys.flags.safe_path and here not in sys.path and "" not in sys.path:
+        sys.path.append(here)
 
 
 def main(argv: list[str] | None = None) -> int:

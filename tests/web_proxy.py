@@ -1,6 +1,8 @@
 """A forward web proxy on 127.0.0.1, as a company's egress proxy: `CONNECT` tunnels, and
-requests whose line holds a whole http URL relayed to it. It keeps each connection's first
-line and `proxy-authorization`, and may refuse every one with an answer of its own."""
+requests whose line holds a whole http URL relayed to it. It resolves `UPSTREAM_HOST` (a name
+only it knows, as an egress proxy knows the outside world's) to 127.0.0.1. It keeps each
+connection's first line and `proxy-authorization`, and may refuse every one with an answer of
+its own."""
 
 from __future__ import annotations
 
@@ -10,6 +12,12 @@ from collections.abc import AsyncIterator
 from urllib.parse import urlsplit
 
 from tests.faulty_upstream import listening
+
+UPSTREAM_HOST = "upstream.test"  # reserved for testing (RFC 2606): never a real host
+
+
+def resolved(host: str) -> str:
+    return "127.0.0.1" if host == UPSTREAM_HOST else host
 
 
 class ForwardProxy:
@@ -35,11 +43,14 @@ class ForwardProxy:
             method, target, _ = line.split(" ", 2)
             if method == "CONNECT":
                 host, _, port = target.rpartition(":")
-                up_reader, up_writer = await asyncio.open_connection(host.strip("[]"), int(port))
+                up_reader, up_writer = await asyncio.open_connection(
+                    resolved(host.strip("[]")), int(port)
+                )
                 writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
             else:
                 parts = urlsplit(target)
-                up_reader, up_writer = await asyncio.open_connection(parts.hostname, parts.port)
+                address = resolved(parts.hostname or "")
+                up_reader, up_writer = await asyncio.open_connection(address, parts.port)
                 up_writer.write(head)  # as it came: the upstream reads the path from the URL
             await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
         except (ConnectionError, asyncio.IncompleteReadError):

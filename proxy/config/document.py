@@ -103,8 +103,9 @@ def _check_expansion(document: Any) -> None:
 
 class _UniqueKeys(_Loader):  # type: ignore[misc, valid-type]
     """A safe loader that refuses a key given twice in one mapping (YAML keeps the last), and
-    reads numbers in exponent form without a dot (`5e-3`, as YAML 1.2 and JSON do, and Helm's
-    `toYaml` writes small numbers) as numbers, not strings."""
+    reads numbers in exponent form as YAML 1.2 and JSON do (`5e-3`, `1.5e3`: YAML 1.1 has them
+    strings unless they have a dot and a signed exponent; Helm's `toYaml` writes small numbers
+    so) as numbers."""
 
     def get_single_data(self) -> Any:
         node = self.get_single_node()
@@ -146,6 +147,6 @@ def _refuse_repeated_keys(root: yaml.Node) -> None:
 
 _UniqueKeys.add_implicit_resolver(
     "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+$"),
-    list("-+0123456789"),
+    re.compile(r"^[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+$"),
+    list("-+.0123456789"),
 )

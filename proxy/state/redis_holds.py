@@ -51,8 +51,10 @@ COMPARE_AND_SET = _SAME_VERSION + _SET_CONTEXT
 # holder's token, ARGV[2] the lease in ms, ARGV[3] the store's id, ARGV[4] the mark's TTL in ms.
 # Returns {1, the context (false: none)} when taken, else {0}, having marked the context as
 # waited for by this store (so that the store holding it lets another store have it next).
+# Taken too when the token holds it already: the try sent again after its answer was lost.
 _HOLD = """
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+if redis.call('GET', KEYS[1]) == ARGV[1]
+    or redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   if redis.call('GET', KEYS[3]) == ARGV[3] then redis.call('DEL', KEYS[3]) end
   return {1, redis.call('GET', KEYS[2])}
 end

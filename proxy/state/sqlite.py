@@ -45,7 +45,6 @@ from proxy.state.store import (
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 SWEEP_EVERY_S = 60.0  # the most often expired records are deleted
-LOCK_WAIT_SLACK_MS = 50  # how far a call's lock wait may pass its deadline
 
 _TABLES = [
     # Written by the readiness check.
@@ -83,7 +82,6 @@ class SqliteStore:
         self._path = str(path)
         self._lease = lock_lease_s
         self._timeout_s = timeout_s
-        self._busy_ms = round(timeout_s * 1000)  # the connection's busy timeout now
         self._context_ttl = context_ttl_s
         in_memory = self._path == ":memory:"
         if not in_memory:
@@ -150,8 +148,8 @@ class SqliteStore:
         calls queued before it (each waiting for a lock another process holds) count."""
         self._check_file()
         db = self._db
-        self._wait_until(db, deadline)
         try:
+            self._wait_until(db, deadline)
             changes = db.total_changes
             result = work(db)
             if db.total_changes != changes and self._checkpoints is not None:
@@ -164,9 +162,8 @@ class SqliteStore:
             raise StateUnavailable(reason) from None
 
     def _wait_until(self, db: sqlite3.Connection, deadline: float) -> None:
-        """Sets how long a statement may wait for another process's lock: until `deadline`.
-        (Set again only when that moved by more than LOCK_WAIT_SLACK_MS: most calls wait for
-        nothing before they run.)"""
+        """Sets how long a statement may wait for another process's lock: until `deadline`
+        (for every call: the checkpointer sets its own)."""
         left_ms = round((deadline - time.monotonic()) * 1000)
         if left_ms <= 0:
             log.warning("a sqlite state call waited its timeout_s behind others")
@@ -174,9 +171,7 @@ class SqliteStore:
                 f"the state backend (sqlite) is unavailable: the call waited its timeout_s "
                 f"({self._timeout_s:g} s) for calls before it"
             )
-        if abs(left_ms - self._busy_ms) > LOCK_WAIT_SLACK_MS:
-            db.execute(f"PRAGMA busy_timeout={left_ms}")
-            self._busy_ms = left_ms
+        db.execute(f"PRAGMA busy_timeout={left_ms}")
 
     async def reserve(
         self, thread_id: str, limits: Mapping[str, int], ttl_s: float | None = None

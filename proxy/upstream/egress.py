@@ -1,12 +1,13 @@
 """The web proxy an upstream is reached through, as the environment names it (`HTTPS_PROXY`,
 `HTTP_PROXY`, `ALL_PROXY`, `NO_PROXY`, any case): https upstreams through a `CONNECT` tunnel,
 http ones with their absolute URL in the request line. Only `http://` proxies are spoken to; a
-proxy named otherwise is logged once and the upstream reached directly."""
+proxy named otherwise is logged once and its upstreams reached directly."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import ipaddress
 import logging
 import socket
 import urllib.request
@@ -32,44 +33,91 @@ class WebProxy:
 
 
 class Egress:
-    """The proxies the environment names, read once (as urllib reads them)."""
+    """The proxies the environment names, read once (as urllib reads them). A loopback host
+    (`localhost`, 127.0.0.0/8, ::1) is always reached directly, as Go's and curl's clients do."""
 
     def __init__(self) -> None:
-        self._proxies = urllib.request.getproxies_environment()
+        found = urllib.request.getproxies_environment()
+        self._proxies = {
+            scheme: _web_proxy(scheme, found.get(scheme) or found.get("all"))
+            for scheme in ("http", "https")
+        }
+        self._direct = DirectHosts(found.get("no", ""))
         self._chosen: dict[tuple[str, str], WebProxy | None] = {}
 
     def proxy_for(self, scheme: str, host: str) -> WebProxy | None:
         """The proxy that `scheme` URLs of `host` go through, or None: direct."""
+        proxy = self._proxies.get(scheme)
+        if proxy is None:
+            return None
         key = (scheme, host)
         if key not in self._chosen:
             if len(self._chosen) >= 1024:
                 self._chosen.clear()
-            self._chosen[key] = self._choose(scheme, host)
+            self._chosen[key] = None if self._direct.holds(host) else proxy
         return self._chosen[key]
 
-    def _choose(self, scheme: str, host: str) -> WebProxy | None:
-        url = self._proxies.get(scheme) or self._proxies.get("all")
-        bypass = urllib.request.proxy_bypass_environment  # type: ignore[attr-defined]
-        if not url or bypass(host, self._proxies):
-            return None
-        parts = urlsplit(url if "://" in url else f"http://{url}")
+
+def _web_proxy(scheme: str, url: str | None) -> WebProxy | None:
+    if not url:
+        return None
+    parts = urlsplit(url if "://" in url else f"http://{url}")
+    try:
+        port = parts.port or 80
+    except ValueError:
+        port = None
+    if parts.scheme != "http" or not parts.hostname or port is None:
+        log.warning(
+            "the %s proxy %r is not an http:// proxy URL: %s upstreams are reached directly",
+            scheme,
+            f"{parts.scheme}://{parts.hostname}",
+            scheme,
+        )
+        return None
+    authorization = None
+    if parts.username is not None:
+        secret = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
+        authorization = "Basic " + base64.b64encode(secret.encode()).decode()
+    return WebProxy(parts.hostname, port, authorization)
+
+
+class DirectHosts:
+    """The hosts `NO_PROXY` names, in the forms clusters write it: `*`, a domain and its
+    subdomains (`example.com`, `.example.com`, `*.example.com`), an address or a network in CIDR
+    (`10.0.0.0/8`, `[::1]`), each with or without a port; and every loopback host."""
+
+    def __init__(self, no_proxy: str) -> None:
+        self.everything = False
+        self.domains: list[str] = []
+        self.networks: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = []
+        for raw in no_proxy.split(","):
+            entry = raw.strip().lower()
+            if entry == "*":
+                self.everything = True
+            elif entry:
+                self._add(entry)
+
+    def _add(self, entry: str) -> None:
+        if entry.startswith("["):  # [v6] or [v6]:port
+            entry = entry[1 : entry.find("]")] if "]" in entry else entry[1:]
+        elif entry.count(":") == 1:  # host:port
+            entry = entry.split(":", 1)[0]
         try:
-            port = parts.port or 80
+            self.networks.append(ipaddress.ip_network(entry, strict=False))
         except ValueError:
-            port = None
-        if parts.scheme != "http" or not parts.hostname or port is None:
-            log.warning(
-                "the %s proxy %r is not an http:// proxy URL: %s upstreams are reached directly",
-                scheme,
-                f"{parts.scheme}://{parts.hostname}",
-                scheme,
-            )
-            return None
-        authorization = None
-        if parts.username is not None:
-            secret = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
-            authorization = "Basic " + base64.b64encode(secret.encode()).decode()
-        return WebProxy(parts.hostname, port, authorization)
+            domain = entry.removeprefix("*").strip(".")
+            if domain:
+                self.domains.append(domain)
+
+    def holds(self, host: str) -> bool:
+        host = host.lower().strip("[]").rstrip(".")
+        if self.everything or host == "localhost" or host.endswith(".localhost"):
+            return True
+        try:
+            address = ipaddress.ip_address(host)
+        except ValueError:
+            return any(host == d or host.endswith("." + d) for d in self.domains)
+        return address.is_loopback or any(address in network for network in self.networks)
 
 
 async def tunnel(proxy: WebProxy, host: str, port: int, connect_s: float) -> socket.socket:
@@ -79,7 +127,7 @@ async def tunnel(proxy: WebProxy, host: str, port: int, connect_s: float) -> soc
         return await asyncio.wait_for(_tunnel(proxy, host, port), connect_s)
     except TimeoutError:
         raise ConnectTimeout(
-            f"no tunnel to {host}:{port} through the proxy {proxy.name} within {connect_s:g} s"
+            f"no tunnel to {host}:{port} through the proxy {proxy.name} in time"
         ) from None
 
 

@@ -82,14 +82,14 @@ class ChunkAccumulator:
         self.usage: Any = None
         self.id: str | None = None
         self.model: str | None = None
-        self.head: dict[str, str] | None = None  # the first chunk's `stream_head`
+        self.head: dict[str, str] | None = None  # the first chunk's with a model
 
     def add(self, chunk: dict[str, Any]) -> str | None:
         """Takes a chunk; returns its content delta, if any. Raises MalformedReply.
 
         Called for every event of every stream: the checks of the fields that nearly every
         chunk has are written out here rather than called."""
-        if self.head is None:
+        if self.head is None and chunk.get("model"):  # not Azure's prompt-filter chunk
             self.head = stream_head(chunk)
         if not self.id:
             self.id = _text(chunk.get("id"))
@@ -196,11 +196,11 @@ MAX_HEAD_CHARS = 256
 
 def stream_head(body: dict[str, Any]) -> dict[str, str]:
     """The fields of an upstream's answer that its client's chunks carry too (each a string of
-    at most MAX_HEAD_CHARS characters; another value is left out)."""
+    1 to MAX_HEAD_CHARS characters; another value is left out)."""
     head: dict[str, str] = {}
     for name in HEAD_FIELDS:
         value = body.get(name)
-        if isinstance(value, str) and len(value) <= MAX_HEAD_CHARS:
+        if isinstance(value, str) and 0 < len(value) <= MAX_HEAD_CHARS:
             head[name] = value
     return head
 

@@ -11,7 +11,7 @@ from openai import AsyncOpenAI
 
 from tests.e2e.conftest import config_file, proxy_process
 from tests.scripted_upstream import ScriptedUpstream, say
-from tests.web_proxy import forward_proxy
+from tests.web_proxy import UPSTREAM_HOST, forward_proxy
 
 pytestmark = pytest.mark.e2e
 
@@ -20,8 +20,9 @@ async def test_upstream_calls_go_through_the_environment_s_web_proxy(
     upstream: ScriptedUpstream, upstream_url: str, tmp_path: Path
 ) -> None:
     upstream.script(say("Through the proxy."), say("Again."))
+    outside = upstream_url.replace("127.0.0.1", UPSTREAM_HOST)  # a name only the proxy knows
     config = {
-        "upstreams": {"main": {"base_url": upstream_url, "max_retries": 0}},
+        "upstreams": {"main": {"base_url": outside, "max_retries": 0}},
         "default_upstream": "main",
         "state": {"backend": "memory"},
     }
@@ -39,4 +40,4 @@ async def test_upstream_calls_go_through_the_environment_s_web_proxy(
                 )
     assert reply.choices[0].message.content == "Through the proxy."
     assert text == "Again."
-    assert web.lines == [f"POST {upstream_url}/chat/completions HTTP/1.1"]  # one kept connection
+    assert web.lines == [f"POST {outside}/chat/completions HTTP/1.1"]  # one kept connection

@@ -255,9 +255,13 @@ def test_python_tools_are_imported_from_the_working_directory(
     (tmp_path / "loopwarden.yaml").write_text(
         "tools: {words: {kind: python, callable: 'here_tools.text:word_count'}}\n"
     )
+    (tmp_path / "yaml").mkdir()  # a folder named as an installed package stands for nothing
+    (tmp_path / "yaml" / "__init__.py").write_text("raise SystemExit('the wrong yaml')\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    monkeypatch.delitem(sys.modules, "yaml")
     assert main(["check", "--config", "loopwarden.yaml"]) == 0, capsys.readouterr().err
+    assert sys.path[-1] == str(tmp_path)
 
 
 def test_numbers_in_exponent_form_are_numbers(check_config: CheckConfig) -> None:
@@ -265,7 +269,7 @@ def test_numbers_in_exponent_form_are_numbers(check_config: CheckConfig) -> None
     the string "5e-3" to YAML 1.1 ("must be a number")."""
     prices = "pricing: {m: {input: 1e-07, output: 2E+1}}\n"
     checked = check_config(
-        prices + "agents: {a: {model: m, stop_when: [{max_cost: 5e-3}, {max_tokens_used: 1000}]}}\n"
+        prices + "agents: {a: {model: m, stop_when: [{max_cost: 5e-3}, {max_duration_s: 1.5e2}]}}\n"
     )
     assert (checked.status, checked.err) == (0, "")
     checked = check_config(prices + "agents: {a: {model: m, stop_when: [{max_cost: 5e-x}]}}\n")

@@ -148,6 +148,11 @@ def test_several_workers_need_a_backend_they_share() -> None:
 
 def test_the_service_may_listen_on_a_port_the_container_cannot() -> None:
     """A Service on 80: the container, without root or capabilities, listens above 1023."""
+    for service in ({"port": 80}, {"port": 80, "containerPort": 9090}):
+        container = one(render({"service": service}), "Deployment")["spec"]["template"]["spec"][
+            "containers"
+        ][0]
+        assert container["ports"][0]["containerPort"] == service.get("containerPort", 8080)
     manifests = render({"service": {"port": 80, "containerPort": 8080}})
     assert one(manifests, "Service")["spec"]["ports"][0] == {
         "name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"

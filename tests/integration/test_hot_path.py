@@ -19,10 +19,13 @@ from proxy.config import parse_config
 from tests.direct_asgi import body_then_stay, post_scope
 from tests.faulty_upstream import (
     CRLF,
+    DONE,
     FaultyUpstream,
     completion,
     delta,
+    event,
     respond,
+    stream,
 )
 
 
@@ -117,3 +120,34 @@ async def test_a_pass_through_completion_carries_the_upstream_fields_unchanged()
     assert got["id"].startswith("chatcmpl-")
     assert got["id"] != upstream_body["id"]
     assert got["loop"]["stop_reason"] == "completed"
+
+
+async def test_a_stream_names_the_model_of_the_first_chunk_that_names_one() -> None:
+    """Azure OpenAI opens a stream with its prompt filter's results: a chunk of no choices and
+    `"model": ""`. The client's chunks name the model of the chunks that follow it."""
+    filtered = event(
+        orjson.dumps(
+            {"id": "", "object": "", "created": 0, "model": "", "choices": [],
+             "prompt_filter_results": [{"prompt_index": 0, "content_filter_results": {}}]}
+        )
+    )  # fmt: skip
+    served = {"model": "gpt-4o-2024-08-06", "system_fingerprint": "fp_abc"}
+    first = event(orjson.dumps({**orjson.loads(delta("Hi")[6:]), **served}))
+    last = event(orjson.dumps({**orjson.loads(delta(finish_reason="stop")[6:]), **served}))
+    async with FaultyUpstream() as upstream, proxy(upstream) as app:
+        upstream.script(stream(filtered + first, last, DONE))
+        transport = httpx.ASGITransport(app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://proxy") as client:
+            r = await client.post(
+                "/v1/chat/completions",
+                json={
+                    "model": "gpt-4o",
+                    "stream": True,
+                    "messages": [{"role": "user", "content": "hi"}],
+                },
+            )
+    chunks = [orjson.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+    assert len(chunks) >= 2
+    assert {(c["model"], c.get("system_fingerprint")) for c in chunks} == {
+        ("gpt-4o-2024-08-06", "fp_abc")
+    }

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 import trustme
 
+from proxy.upstream.egress import Egress, WebProxy
 from proxy.upstream.http1_connection import (
     END_BYTES,
     HIGH_WATER,
@@ -22,7 +23,7 @@ from proxy.upstream.http1_connection import (
 from proxy.upstream.http1_transport import Http1Transport
 from proxy.upstream.transport import Answer, Failure, Timeouts
 from tests.faulty_upstream import Handle, Received, listening, read_request
-from tests.web_proxy import forward_proxy
+from tests.web_proxy import UPSTREAM_HOST, forward_proxy
 
 TIMEOUTS = Timeouts(connect_s=5.0, read_s=5.0)
 
@@ -448,22 +449,24 @@ def no_web_proxy(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
 async def test_https_upstreams_are_reached_through_the_environment_s_proxy(
     no_web_proxy: pytest.MonkeyPatch,
 ) -> None:
-    """A company's egress proxy: a `CONNECT` tunnel (with the URL's user and password), TLS to
-    the upstream through it, and the tunnel kept for the next request."""
+    """A company's egress proxy: a `CONNECT` tunnel (with the URL's user and password) to a
+    host only the proxy can resolve, TLS to the upstream through it, and the tunnel kept for
+    the next request."""
     authority = trustme.CA()
     tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    authority.issue_cert("localhost").configure_cert(tls)
+    authority.issue_cert(UPSTREAM_HOST).configure_cert(tls)
     async with serving(tls=tls) as server, forward_proxy() as web:
         server.handler = keep_answering([ok(b"one"), ok(b"two")])(server)
+        port = server.url.rsplit(":", 1)[1]
         no_web_proxy.setenv("HTTPS_PROXY", web.url.replace("http://", "http://me:s%40cret@"))
         with authority.cert_pem.tempfile() as ca_file:
             no_web_proxy.setenv("SSL_CERT_FILE", ca_file)
             transport = Http1Transport()
-            assert await get(transport, f"{server.url}/v1/models") == b"one"
-            assert await get(transport, f"{server.url}/v1/models") == b"two"
+            url = f"https://{UPSTREAM_HOST}:{port}/v1/models"
+            assert await get(transport, url) == b"one"
+            assert await get(transport, url) == b"two"
         await transport.aclose()
-    port = server.url.rsplit(":", 1)[1]
-    assert web.lines == [f"CONNECT localhost:{port} HTTP/1.1"]
+    assert web.lines == [f"CONNECT {UPSTREAM_HOST}:{port} HTTP/1.1"]
     assert web.authorizations == ["Basic bWU6c0BjcmV0"]  # me:s@cret
     assert [r.path for r in server.requests] == ["/v1/models", "/v1/models"]
 
@@ -475,21 +478,55 @@ async def test_http_upstreams_go_to_the_proxy_with_their_whole_url(
         server.handler = keep_answering([ok(b"plain")])(server)
         no_web_proxy.setenv("http_proxy", web.url)
         transport = Http1Transport()
-        assert await get(transport, f"{server.url}/v1/models?limit=2") == b"plain"
+        url = server.url.replace("127.0.0.1", UPSTREAM_HOST) + "/v1/models?limit=2"
+        assert await get(transport, url) == b"plain"
         await transport.aclose()
-    assert web.lines == [f"GET {server.url}/v1/models?limit=2 HTTP/1.1"]
+    assert web.lines == [f"GET {url} HTTP/1.1"]
     assert web.authorizations == [None]
+    assert server.requests[0].headers["host"] == url.split("/")[2]
 
 
-async def test_hosts_no_proxy_names_are_reached_directly(no_web_proxy: pytest.MonkeyPatch) -> None:
+async def test_loopback_upstreams_are_reached_directly(no_web_proxy: pytest.MonkeyPatch) -> None:
+    """As Go's and curl's clients do: a proxy cannot reach the proxy's own machine."""
     async with serving() as server, forward_proxy() as web:
         server.handler = keep_answering([ok(b"direct")])(server)
         no_web_proxy.setenv("HTTP_PROXY", web.url)
-        no_web_proxy.setenv("NO_PROXY", "example.com,127.0.0.1")
         transport = Http1Transport()
         assert await get(transport, server.url) == b"direct"
         await transport.aclose()
     assert web.lines == []
+
+
+@pytest.mark.parametrize(
+    ("no_proxy", "host", "direct"),
+    [
+        ("", "api.example.com", False),
+        ("*", "api.example.com", True),
+        ("example.com", "api.example.com", True),
+        ("example.com", "example.com", True),
+        ("example.com", "notexample.com", False),
+        (".svc.cluster.local", "llm.ns.svc.cluster.local", True),
+        ("*.svc.cluster.local", "llm.ns.svc.cluster.local", True),
+        ("foo, *.svc.cluster.local ,bar", "svc.cluster.local", True),
+        ("10.128.0.0/14,172.30.0.0/16", "10.129.4.2", True),
+        ("10.128.0.0/14,172.30.0.0/16", "10.132.0.1", False),
+        ("10.0.0.7", "10.0.0.7", True),
+        ("internal.corp:8080", "internal.corp", True),
+        ("[fd00::1]", "fd00::1", True),
+        ("fd00::/8", "[fd12::5]", True),
+        ("EXAMPLE.com", "Api.Example.COM", True),
+        ("", "localhost", True),
+        ("", "127.0.0.2", True),
+        ("", "::1", True),
+    ],
+)
+def test_no_proxy_names_hosts_in_the_forms_clusters_write(
+    no_web_proxy: pytest.MonkeyPatch, no_proxy: str, host: str, direct: bool
+) -> None:
+    no_web_proxy.setenv("HTTPS_PROXY", "http://egress.corp:3128")
+    no_web_proxy.setenv("NO_PROXY", no_proxy)
+    chosen = Egress().proxy_for("https", host)
+    assert chosen is None if direct else chosen == WebProxy("egress.corp", 3128, None)
 
 
 async def test_a_tunnel_the_proxy_refuses_is_an_unreachable_upstream_named_with_its_answer(

@@ -50,9 +50,13 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}
 {{- end -}}
 
-{{/* The port the container listens on. */}}
+{{/* The port the container listens on: the Service's, or 8080 for a Service below 1024 (the
+container has no root and no capabilities to bind one). */}}
 {{- define "loopwarden.containerPort" -}}
-{{- .Values.service.containerPort | default .Values.service.port -}}
+{{- if .Values.service.containerPort -}}{{ .Values.service.containerPort }}
+{{- else if lt (int .Values.service.port) 1024 -}}8080
+{{- else -}}{{ .Values.service.port }}
+{{- end -}}
 {{- end -}}
 
 {{/* The probes' listener is a port of its own. */}}
