@@ -21,7 +21,7 @@ def panels() -> list[tuple[str, dict[str, Any]]]:
 def concrete(expr: str, rate_interval: str = "1m", range_: str = "1h") -> str:
     """The expression as Grafana sends it, with every variable set to "all"."""
     expr = expr.replace("$__rate_interval", rate_interval).replace("$__range", range_)
-    return re.sub(r"\$\{?(job|instance|agent|model)\}?", ".*", expr)
+    return re.sub(r"\$\{?(namespace|job|instance|agent|model)\}?", ".*", expr)
 
 
 def metric_names(expr: str) -> set[str]:

@@ -25,7 +25,7 @@ def test_the_three_dashboards_are_there_with_their_variables() -> None:
     assert {name: d["title"] for name, d in found.items()} == TITLES
     for dashboard in found.values():
         variables = {v["name"]: v for v in dashboard["templating"]["list"]}
-        assert set(variables) == {"datasource", "job", "instance", "agent", "model"}
+        assert set(variables) == {"datasource", "namespace", "job", "instance", "agent", "model"}
         assert variables["datasource"]["type"] == "datasource"
         assert variables["datasource"]["query"] == "prometheus"
         assert len({d["uid"] for d in found.values()}) == 3
@@ -42,7 +42,7 @@ def test_every_panel_has_a_unit_a_description_and_rate_intervals(name: str, pane
         expr = target["expr"]
         for window in re.findall(r"\b(?:rate|increase)\([^\[]*\[([^\]]+)\]", expr):
             assert window in ("$__rate_interval", "$__range"), expr
-        assert 'job=~"$job"' in expr
+        assert 'namespace=~"$namespace", job=~"$job"' in expr
 
 
 def test_runs_dashboard_has_the_panels_operators_ask_for() -> None:
