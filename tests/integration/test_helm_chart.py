@@ -202,6 +202,22 @@ def test_the_prometheus_rule_is_the_tested_alerts_file(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_runbook_links_may_point_where_the_readme_is_served() -> None:
+    served = "https://git.example.com/loopwarden/README.md"
+    values = {"metrics": {"prometheusRule": {"enabled": True, "runbookUrl": served}}}
+    rule = one(render(values), "PrometheusRule")
+    links = [
+        r["annotations"]["runbook_url"]
+        for group in rule["spec"]["groups"]
+        for r in group["rules"]
+        if "alert" in r
+    ]
+    assert len(links) >= 9
+    assert all(link.startswith(served + "#runbook-") for link in links), links
+    with pytest.raises(helm.HelmValuesError, match="runbookUrl"):
+        render({"metrics": {"prometheusRule": {"runbookUrl": "README.md"}}})
+
+
 def test_the_dashboards_config_map_carries_every_dashboard_for_the_sidecar() -> None:
     config_map = next(
         m for m in render(EVERYTHING) if m["metadata"]["name"].endswith("-dashboards")
