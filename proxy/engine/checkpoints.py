@@ -34,6 +34,10 @@ class Checkpoints:
                 return stop
         return None
 
+    def allows_final(self, run: RunState, plan: StepPlan) -> bool:
+        """Whether every policy allows the final-answer call (each sizes it as it goes)."""
+        return all(policy.allows_final(run, plan) for policy in self.policies)
+
     def after_reply(self, run: RunState, plan: StepPlan, reply: ModelReply) -> Stop | None:
         stops = [policy.after_reply(run, plan, reply) for policy in self.policies]
         return next((stop for stop in stops if stop is not None), None)

@@ -55,14 +55,15 @@ async def final_message(
     decided: dict[str, Any] | None,
     last_reply: ModelReply | None,
     *,
-    final_answer: Callable[[], Awaitable[ModelReply]] | None,
+    final_answer: Callable[[], Awaitable[ModelReply | None]] | None,
     say: Callable[[str], Awaitable[None]],
 ) -> Ending:
     """The run's last message for `stop`.
 
     `decided` is the message a step already chose (client calls, a terminal tool's output);
-    `final_answer`, when the policy asks for one, makes the last tool-free call; `say` streams
-    text the client has not seen yet."""
+    `final_answer`, when the policy asks for one, makes the last tool-free call (None: none
+    could be made, and the text so far answers); `say` streams text the client has not seen
+    yet."""
     if stop.is_failure:
         return Ending(stop, {"role": "assistant", "content": None}, None)
     if stop.reason is StopReason.CLIENT_TOOL_CALL and decided is not None:
@@ -73,15 +74,16 @@ async def final_message(
         return Ending(stop, decided, FINISH_REASONS[stop.reason])
     if stop.reason in LIMIT_STOPS:
         if final_answer is not None:
-            run.append({"role": "system", "content": FINAL_ANSWER_DIRECTIVE})
             reply = await final_answer()
-            message = without_tool_calls(reply.message)
-            if not message.get("content"):  # it called a tool anyway, or said nothing
-                message = {"role": "assistant", "content": stated_stop(stop)}
-                await say(message["content"])
-            run.append(message)
-            stop = replace(stop, details={**stop.details, "final_answer": True})
-            return Ending(stop, message, FINISH_REASONS[stop.reason])
+            if reply is not None:
+                message = without_tool_calls(reply.message)
+                if not message.get("content"):  # it called a tool anyway, or said nothing
+                    message = {"role": "assistant", "content": stated_stop(stop)}
+                    await say(message["content"])
+                run.append(message)
+                stop = replace(stop, details={**stop.details, "final_answer": True})
+                return Ending(stop, message, FINISH_REASONS[stop.reason])
+            stop = replace(stop, details={**stop.details, "final_answer": False})
         text = run.text
         if stop.reason is StopReason.TOOL_CALL_LIMIT or not text:  # a 200 reply is never empty
             stated = stated_stop(stop)  # after the text so far, as the stream says it

@@ -11,7 +11,12 @@ from proxy.deadline import Deadline
 from proxy.engine import events as ev
 from proxy.engine.checkpoints import Checkpoints
 from proxy.engine.failures import ending_for
-from proxy.engine.final_message import Ending, final_message, without_tool_calls
+from proxy.engine.final_message import (
+    FINAL_ANSWER_DIRECTIVE,
+    Ending,
+    final_message,
+    without_tool_calls,
+)
 from proxy.engine.model_call import call_model
 from proxy.engine.policies.base import Nudge, StepPlan
 from proxy.engine.policies.terminal import terminal_hint
@@ -149,16 +154,42 @@ class Run:
             messages.insert(0, {"role": "system", "content": "\n\n".join(parts)})
         return messages
 
+    async def _final_answer(self, run: RunState, plan: StepPlan) -> ModelReply | None:
+        """The final-answer call (SPEC §6.3), within what the run's budgets, invocations and
+        time have left, or None: none is left, or the call failed (the run keeps its stop, and
+        its text so far is the answer)."""
+        run.now = self.deps.clock()
+        left_s = _time_left(self.spec, run)
+        if (left_s is not None and left_s <= 0) or not self.checkpoints.allows_final(run, plan):
+            return None
+        for extra in plan.extra_messages:
+            run.append(extra)
+        loop = asyncio.get_running_loop()
+        deadline = None if left_s is None else Deadline(loop.time() + left_s)
+        try:
+            return await call_model(self.spec, self.deps, self.voice, run, plan, final=True)
+        except asyncio.CancelledError:
+            if deadline is None or not deadline.disarm():
+                raise
+            log.warning("run %s: the final answer took longer than its time budget", run.run_id)
+        except Exception as exc:  # the stop stands: a limit's answer is no upstream failure
+            log.warning("run %s: the final answer failed: %s", run.run_id, exc)
+        finally:
+            if deadline is not None:
+                deadline.disarm()
+        return None
+
     async def _end(
         self, run: RunState, stop: Stop, decided: dict[str, Any] | None = None
     ) -> Ending:
         if "condition" in stop.details and stop.reason is not StopReason.CONDITION_ERROR:
             self.voice.notify(ev.ConditionHeld(run.run_id, run.step_count, stop.details))
 
-        async def final_answer() -> ModelReply:
+        async def final_answer() -> ModelReply | None:
             choice = "none" if self.offered else None
             plan = StepPlan(list(self.offered), choice, self.spec.max_completion_tokens)
-            return await call_model(self.spec, self.deps, self.voice, run, plan, final=True)
+            plan.extra_messages.append({"role": "system", "content": FINAL_ANSWER_DIRECTIVE})
+            return await self._final_answer(run, plan)
 
         wants_answer = self.spec.policy.final_answer
         return await final_message(
@@ -169,6 +200,11 @@ class Run:
             final_answer=final_answer if wants_answer else None,
             say=self.voice.say,
         )
+
+
+def _time_left(spec: RunSpec, run: RunState) -> float | None:
+    budget = spec.policy.time_budget
+    return None if budget is None else budget.value - run.elapsed_s
 
 
 def _condition_failed(voice: Voice, run: RunState, path: str, reason: str) -> None:

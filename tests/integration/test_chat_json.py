@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 
 import httpx
 import pytest
@@ -13,7 +15,7 @@ from proxy.engine import events as ev
 from tests.bodies import user
 from tests.integration.conftest import Proxy, ProxyFactory
 from tests.integration.test_chat_stream import content, events
-from tests.scripted_upstream import call, keep, say, say_tool_result
+from tests.scripted_upstream import call, fail, keep, say, say_tool_result
 
 WEATHER = "What is the weather in Paris in Fahrenheit?"
 
@@ -201,6 +203,122 @@ async def test_a_final_answer_that_calls_a_tool_anyway_states_the_stop(
         assert (message["content"], message.get("tool_calls")) == (sentence, None)
         loop = r.json()["loop"]
     assert (loop["stop_reason"], loop["tool_calls"]) == ("max_steps", 2)
+
+
+async def test_a_final_answer_is_capped_by_what_the_budget_has_left(proxy: Proxy) -> None:
+    """SPEC §6.2: the totals never pass `max_tokens_used`, the final answer's included."""
+    proxy.upstream.script(
+        call("search_notes", query="Lima").replace(
+            usage={"prompt_tokens": 40, "completion_tokens": 10}
+        ),
+        say("A long final answer " * 50),
+    )
+    r = await proxy.chat(
+        model="scripted",
+        messages=user("Research Lima."),
+        loop={
+            "tools": ["search_notes"], "max_steps": 1, "final_answer": True,
+            "stop_when": [{"max_tokens_used": 400}],
+        },
+    )  # fmt: skip
+    body = r.json()
+    assert body["loop"]["stop_details"]["final_answer"] is True
+    cap = proxy.upstream.bodies[-1]["max_completion_tokens"]
+    assert 0 < cap < 400 - 50
+    # (the scripted upstream rounds its messages' and tools' tokens up apart: one more at most)
+    assert body["usage"]["total_tokens"] <= 401
+
+
+async def test_no_final_answer_past_a_budget_the_run_has_spent(proxy_for: ProxyFactory) -> None:
+    """An agent's budget holds whatever the request asks: `loop.final_answer` cannot buy the
+    call the budget stopped."""
+    agents = {"capped": {"model": "scripted", "tools": ["search_notes"], "stop_when": [
+        {"max_tokens_used": 120}]}}  # fmt: skip
+    async with proxy_for({"agents": agents}) as proxy:
+        proxy.upstream.script(
+            call("search_notes", query="Lima").replace(
+                content="Looking.", usage={"prompt_tokens": 90, "completion_tokens": 20}
+            )
+        )
+        r = await proxy.chat(model="capped", loop={"final_answer": True})
+    body = r.json()
+    assert body["loop"]["stop_reason"] == "token_budget"
+    assert body["loop"]["stop_details"]["final_answer"] is False
+    assert body["choices"][0]["message"]["content"] == "Looking."
+    assert len(proxy.upstream.requests) == 1
+
+
+async def test_no_final_answer_past_max_invocations(proxy: Proxy) -> None:
+    """SPEC §7.2: no more than `max_invocations` upstream calls, the final answer's included."""
+    proxy.upstream.script(call("search_notes", query="Lima"), say("Hmm."))
+    r = await proxy.chat(
+        model="scripted",
+        messages=user("Research Lima."),
+        loop={
+            "tools": ["search_notes", "final_answer"], "max_steps": 2, "final_answer": True,
+            "terminating_config": {
+                "tool_ids": ["final_answer"], "max_invocations": 2, "consecutive_nudges": 5},
+        },
+    )  # fmt: skip
+    assert r.json()["loop"]["stop_details"]["final_answer"] is False
+    assert len(proxy.upstream.requests) == 2
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_final_answer_that_fails_leaves_the_limit_stop_and_its_text(
+    proxy: Proxy, stream: bool
+) -> None:
+    """The run's stop is the limit's: an upstream failing the call for the answer leaves the
+    text so far as the answer, not a 502."""
+    proxy.upstream.script(
+        call("search_notes", query="Lima").replace(content="Lima has 3 notes."),
+        fail(500, "the answer's call failed"),
+    )
+    r = await proxy.chat(
+        model="scripted",
+        messages=user("Research Lima."),
+        loop={"tools": ["search_notes"], "max_steps": 1, "final_answer": True},
+        stream=stream,
+    )
+    assert r.status_code == 200
+    if stream:
+        chunks = events(r.text)
+        text, loop = content(chunks), chunks[-2]["loop"]
+    else:
+        text, loop = r.json()["choices"][0]["message"]["content"], r.json()["loop"]
+    assert text == "Lima has 3 notes."
+    assert loop["stop_reason"] == "max_steps"
+    assert loop["stop_details"]["final_answer"] is False
+
+
+async def slow_to_answer(request: httpx.Request) -> httpx.Response:
+    """An upstream that calls `sleep` for a second, then takes 30 s over a tool-free answer."""
+    body = json.loads(request.content)
+    message: dict[str, object] = {"role": "assistant", "content": "Late."}
+    if body.get("tool_choice") == "none":
+        await asyncio.sleep(30)
+    else:
+        arguments = json.dumps({"seconds": 1.0})
+        function = {"name": "sleep", "arguments": arguments}
+        called = [{"id": "c1", "type": "function", "function": function}]
+        message = {"role": "assistant", "content": None, "tool_calls": called}
+    usage = {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
+    choice = {"index": 0, "message": message, "finish_reason": "stop"}
+    reply = {"id": "x", "object": "chat.completion", "created": 1, "model": "scripted",
+             "choices": [choice], "usage": usage}  # fmt: skip
+    return httpx.Response(200, json=reply)
+
+
+async def test_a_final_answer_ends_within_the_time_budget(proxy_for: ProxyFactory) -> None:
+    agents = {"s": {"model": "scripted", "tools": ["sleep"]}}
+    async with proxy_for({"agents": agents}, handler=slow_to_answer) as proxy:
+        started = time.monotonic()
+        r = await proxy.chat(model="s", loop={"stop_when": [{"max_duration_s": 0.3}],
+                                              "final_answer": True})  # fmt: skip
+        took = time.monotonic() - started
+    assert r.json()["loop"]["stop_reason"] == "time_budget"
+    assert r.json()["loop"]["stop_details"]["final_answer"] is False
+    assert took < 10  # the answer's call waits 30 s
 
 
 async def test_client_tools_come_back_to_the_client(proxy: Proxy) -> None:

@@ -45,6 +45,11 @@ class Policy:
         """The plan is final: cap what the step may spend, or stop before it."""
         return None
 
+    def allows_final(self, run: RunState, plan: StepPlan) -> bool:
+        """Whether the run, stopped by a limit, may make the one tool-free call for its answer
+        (`final_answer: true`); what that call may spend is capped as a step's is."""
+        return self.size_step(run, plan) is None
+
     def after_reply(self, run: RunState, plan: StepPlan, reply: ModelReply) -> Stop | None:
         return None
 

@@ -58,6 +58,9 @@ class TerminalTools(Policy):
             return Stop(StopReason.MAX_INVOCATIONS, details, "max_invocations_exceeded")
         return None
 
+    def allows_final(self, run: RunState, plan: StepPlan) -> bool:
+        return self.config is None or run.invocations < self.config.max_invocations
+
     def after_reply(self, run: RunState, plan: StepPlan, reply: ModelReply) -> Stop | None:
         if reply.tool_calls:  # any tool call resets the nudge counter, even to an unknown tool
             self.nudges = 0
