@@ -107,8 +107,7 @@ class LoopPolicy:
         policies: list[Policy] = []
         if self.terminal_tools or self.terminating is not None:
             policies.append(TerminalTools(self.terminal_tools, self.terminating))
-        if self.tool_rules:
-            policies.append(ToolRules(RuleBook(self.tool_rules)))
+        policies.extend(ToolRules(book) for book in rule_books(self.tool_rules))
         max_steps = self.effective_max_steps()
         if self.stop_when or max_steps is not None:
             policies.append(StopConditions(self.stop_when, max_steps, checks, failed))
@@ -117,6 +116,16 @@ class LoopPolicy:
         if self.stop_when:
             policies.append(Budgets(self.stop_when, prices))
         return policies
+
+
+def rule_books(rules: Sequence[ToolRule]) -> list[RuleBook]:
+    """The rules of each source (an agent's, a request's `loop`), a book each: rules of one
+    source join as Letta joins them, and the books intersect, so a request's rules only
+    tighten its agent's (SPEC §4.1)."""
+    sources: dict[str, list[ToolRule]] = {}
+    for rule in rules:
+        sources.setdefault(rule.path.rpartition("tool_rules[")[0], []).append(rule)
+    return [RuleBook(tuple(group)) for group in sources.values()]
 
 
 def _threshold(condition: Condition) -> float:

@@ -98,6 +98,61 @@ async def test_request_rules_are_added_to_the_agent_s(proxy_for: ProxyFactory) -
     assert json.loads(body["choices"][0]["message"]["content"])["city"] == "Oslo"
 
 
+@pytest.mark.parametrize(
+    ("rule", "script", "offered_at"),
+    [
+        # Another tool first: the agent's run_first and the request's leave none to offer.
+        ({"type": "run_first", "tool_name": "search_notes"}, [say("No tools.")], []),
+        # Another child of get_weather: only the child both allow.
+        (
+            {"type": "constrain_child_tools", "tool_name": "get_weather",
+             "children": ["to_fahrenheit", "search_notes"]},
+            [call("get_weather", city="Lima"), call("search_notes", query="Lima"), say("Done.")],
+            ["get_weather"],
+        ),
+    ],
+)  # fmt: skip
+async def test_a_request_s_rules_only_tighten_the_agent_s(
+    proxy_for: ProxyFactory, rule: dict[str, Any], script: list[Any], offered_at: list[str]
+) -> None:
+    """SPEC §4.1: rules of one source join as Letta joins them; the agent's and the request's
+    intersect, so a request's rule cannot open what the agent's close."""
+    async with proxy_for(RULED) as proxy:
+        proxy.upstream.script(*script)
+        r = await proxy.chat(model="ruled", messages=user("Lima?"), loop={"tool_rules": [rule]})
+        sent = proxy.upstream.bodies
+    assert r.status_code == 200
+    assert offered(sent[0]) == offered_at
+    if len(sent) > 1:
+        assert offered(sent[1]) == ["to_fahrenheit"]  # not search_notes, which only one allows
+        blocked = [m["content"] for m in sent[2]["messages"] if m["role"] == "tool"][-1]
+        assert "Tool 'search_notes' is not allowed now" in blocked
+
+
+async def test_a_request_s_conditional_rule_does_not_replace_the_agent_s(
+    proxy_for: ProxyFactory,
+) -> None:
+    agent = {
+        "model": "scripted",
+        "tools": ALL,
+        "tool_rules": [
+            {
+                "type": "conditional",
+                "tool_name": "search_notes",
+                "child_output_mapping": {"nothing": "get_weather"},
+                "require_output_mapping": True,
+            }
+        ],
+    }
+    async with proxy_for({"agents": {"cond": agent}}) as proxy:
+        proxy.upstream.script(call("search_notes", query="x"), say("Done."))
+        await proxy.chat(model="cond", messages=user("x?"), loop={"tool_rules": [
+            {"type": "conditional", "tool_name": "search_notes",
+             "child_output_mapping": {"nothing": "to_fahrenheit"}}]})  # fmt: skip
+        sent = proxy.upstream.bodies
+    assert offered(sent[1]) == ["get_weather"]  # the agent's mapping holds
+
+
 async def test_a_run_a_rule_can_nudge_is_capped_though_it_has_no_server_tools(
     proxy_for: ProxyFactory,
 ) -> None:
