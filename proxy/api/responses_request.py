@@ -10,7 +10,7 @@ from typing import Any
 
 from proxy.api.chat_request import name
 from proxy.api.json_body import json_object
-from proxy.api.response_input import checked_input, json_object_param, string_param
+from proxy.api.response_input import bool_param, checked_input, json_object_param, string_param
 from proxy.api.response_items import CUSTOM_PARAMETERS, ClientTool, upstream_name
 from proxy.api.run_request import NO_LOOP, LoopOptions, RunRequest, header_thread, parse_loop
 from proxy.engine.options import ToolCallLimitOptions
@@ -79,7 +79,7 @@ def parse_responses_request(raw: bytes, thread_header: str | None = None) -> Res
     )
     echo = {
         "instructions": instructions,
-        "tools": body.get("tools") or [],
+        "tools": _echoed_tools(body.get("tools") or []),
         "tool_choice": body.get("tool_choice") or "auto",
         "parallel_tool_calls": body.get("parallel_tool_calls", True),
         "metadata": body.get("metadata") or {},
@@ -181,9 +181,26 @@ def _params(body: dict[str, Any]) -> dict[str, Any]:
     return params
 
 
+# What a hosted tool carries that is a secret: OpenAI keeps none of it (a client sends it again
+# with every request), so a response neither echoes nor stores it.
+HOSTED_SECRETS = ("authorization", "headers")
+
+
+def _echoed_tools(tools: Any) -> Any:
+    """The request's tools as its response echoes them, hosted tools' secrets left out."""
+    if not isinstance(tools, list):
+        return tools
+    return [
+        {k: v for k, v in tool.items() if k not in HOSTED_SECRETS}
+        if isinstance(tool, dict) and tool.get("type") == "mcp"
+        else tool
+        for tool in tools
+    ]
+
+
 def _format(fmt: dict[str, Any]) -> dict[str, Any] | None:
     kind = fmt.get("type")
-    if kind not in FORMAT_TYPES:
+    if not isinstance(kind, str) or kind not in FORMAT_TYPES:
         raise InvalidRequest(
             f"type must be one of {', '.join(sorted(FORMAT_TYPES))}", param="text.format.type"
         )
@@ -194,9 +211,10 @@ def _format(fmt: dict[str, Any]) -> dict[str, Any] | None:
     schema: dict[str, Any] = {"name": name(fmt.get("name"), "text.format.name")}
     if fmt.get("schema") is not None:
         schema["schema"] = json_object_param(fmt["schema"], "text.format.schema")
-    for key in ("strict", "description"):
-        if fmt.get(key) is not None:
-            schema[key] = fmt[key]
+    if fmt.get("strict") is not None:
+        schema["strict"] = bool_param(fmt["strict"], "text.format.strict")
+    if fmt.get("description") is not None:
+        schema["description"] = string_param(fmt["description"], "text.format.description")
     return {"type": "json_schema", "json_schema": schema}
 
 
@@ -285,7 +303,7 @@ def _add(
             else {"type": "object", "properties": {}}
         )
         if tool.get("strict") is not None:
-            function["strict"] = tool["strict"]
+            function["strict"] = bool_param(tool["strict"], f"{path}.strict")
         if namespace:
             names[flat] = ClientTool("function", own, namespace)
     functions.append({"type": "function", "function": function})
@@ -313,6 +331,6 @@ def _tool_choice(value: Any, names: dict[str, ClientTool]) -> Any:
         flat = upstream_name(own, namespace)
         return {"type": "function", "function": {"name": flat}}
     if kind == "allowed_tools":
-        mode = choice.get("mode", "auto")
+        mode = string_param(choice.get("mode", "auto"), "tool_choice.mode")
         return mode if mode in TOOL_CHOICES else "auto"
     return "auto"  # a hosted tool's choice: hosted tools are not offered

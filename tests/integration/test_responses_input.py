@@ -77,6 +77,34 @@ BAD: list[tuple[dict[str, Any], str]] = [
     ({"model": "scripted", "input": "x", "temperature": "hot"}, "temperature"),
     ({"model": "scripted", "input": "x", "metadata": {"a": 1}}, "metadata.a"),
     ({"model": "scripted", "input": "x", "text": {"format": {"type": "xml"}}}, "text.format.type"),
+    (
+        {"model": "scripted", "input": "x", "text": {"format": {"type": ["text"]}}},
+        "text.format.type",
+    ),
+    (
+        {
+            "model": "scripted",
+            "input": "x",
+            "text": {"format": {"type": "json_schema", "name": "x", "schema": {}, "strict": "yes"}},
+        },
+        "text.format.strict",
+    ),
+    (
+        {
+            "model": "scripted",
+            "input": "x",
+            "tool_choice": {"type": "allowed_tools", "mode": ["required"], "tools": []},
+        },
+        "tool_choice.mode",
+    ),
+    (
+        {
+            "model": "scripted",
+            "input": "x",
+            "tools": [{"type": "function", "name": "f", "strict": "yes"}],
+        },
+        "tools[0].strict",
+    ),
     ({"model": "scripted", "input": "x", "reasoning": {"effort": 2}}, "reasoning.effort"),
     ({"model": "scripted", "input": "x", "previous_response_id": 7}, "previous_response_id"),
     (

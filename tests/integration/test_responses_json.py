@@ -268,6 +268,18 @@ async def test_hosted_tools_are_not_sent_upstream_and_are_reported(proxy: Proxy)
     assert body["tools"] == tools
 
 
+async def test_a_hosted_tool_s_secrets_are_neither_echoed_nor_stored(proxy: Proxy) -> None:
+    """As OpenAI keeps none of them: a client sends them again with every request."""
+    proxy.upstream.script(say("ok"))
+    hosted = {"type": "mcp", "server_label": "gh", "server_url": "https://mcp.example/mcp"}
+    mcp = {**hosted, "authorization": "ghp_SECRET", "headers": {"Authorization": "Bearer S"}}
+    made = await respond(proxy, model="scripted", tools=[mcp, FUNCTION])
+    again = await proxy.client.get(f"/v1/responses/{made.json()['id']}")
+    for body in (made.json(), again.json()):
+        assert body["tools"] == [hosted, FUNCTION]
+    assert "SECRET" not in made.text + again.text
+
+
 async def test_field_mapping_to_chat_completions(proxy: Proxy) -> None:
     proxy.upstream.script(say("{}"))
     schema = {"type": "object", "properties": {}}
