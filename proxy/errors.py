@@ -27,12 +27,22 @@ class ProxyError(Exception):
     def body(self) -> dict[str, Any]:
         return {
             "error": {
-                "message": self.message,
+                "message": _cut(self.message, MAX_MESSAGE_CHARS),
                 "type": self.type,
-                "param": self.param,
+                "param": None if self.param is None else _cut(self.param, MAX_PARAM_CHARS),
                 "code": self.code,
             }
         }
+
+
+# What of an error's text a client gets back: a name or key it sent (4 MB of one) is not echoed
+# whole.
+MAX_MESSAGE_CHARS = 2048
+MAX_PARAM_CHARS = 256
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 class InvalidRequest(ProxyError):

@@ -23,6 +23,8 @@ OWN_FIELDS = frozenset(
         "max_completion_tokens",
     }
 )
+# The most client tools a request may offer (OpenAI takes 128 functions).
+MAX_CLIENT_TOOLS = 512
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 
 
@@ -161,6 +163,8 @@ def _tools(value: Any) -> list[dict[str, Any]]:
         return []
     if not isinstance(value, list):
         raise InvalidRequest("tools must be a list", param="tools")
+    if len(value) > MAX_CLIENT_TOOLS:
+        raise InvalidRequest(f"more than {MAX_CLIENT_TOOLS} tools", param="tools")
     names: set[str] = set()
     for i, tool in enumerate(value):
         if not isinstance(tool, dict) or tool.get("type", "function") != "function":

@@ -128,7 +128,7 @@ def _plan(sv: Services, body: dict[str, Any], req: RunRequest, caller: Caller | 
 
 
 def _request(body: dict[str, Any], context: StoredContext, messages: list[Any]) -> RunRequest:
-    loop = parse_loop(body.get("loop") or {})
+    loop = parse_loop(body["loop"] if body.get("loop") is not None else {})
     if loop.agent is not None:
         raise InvalidRequest("a context's agent is set by `agent`", param="loop.agent")
     if loop.thread_id is not None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.api.chat_request import name
+from proxy.api.chat_request import MAX_CLIENT_TOOLS, name
 from proxy.api.json_body import json_object
 from proxy.api.response_input import bool_param, checked_input, json_object_param, string_param
 from proxy.api.response_items import CUSTOM_PARAMETERS, ClientTool, upstream_name
@@ -151,8 +151,19 @@ def _params(body: dict[str, Any]) -> dict[str, Any]:
     if body.get("service_tier") is not None:
         params["service_tier"] = string_param(body["service_tier"], "service_tier")
     if body.get("metadata") is not None:
-        for key, value in json_object_param(body["metadata"], "metadata").items():
+        metadata = json_object_param(body["metadata"], "metadata")
+        if len(metadata) > MAX_METADATA_PAIRS:
+            raise InvalidRequest(f"has more than {MAX_METADATA_PAIRS} pairs", param="metadata")
+        for key, value in metadata.items():
+            if len(key) > MAX_METADATA_KEY_CHARS:
+                raise InvalidRequest(
+                    f"a key is longer than {MAX_METADATA_KEY_CHARS} characters", param="metadata"
+                )
             string_param(value, f"metadata.{key}")
+            if len(value) > MAX_METADATA_VALUE_CHARS:
+                raise InvalidRequest(
+                    f"longer than {MAX_METADATA_VALUE_CHARS} characters", param=f"metadata.{key}"
+                )
     for key in ("include",):
         if body.get(key) is not None and not isinstance(body[key], list):
             raise InvalidRequest("must be a list", param=key)
@@ -180,6 +191,11 @@ def _params(body: dict[str, Any]) -> dict[str, Any]:
             string_param(reasoning["summary"], "reasoning.summary")
     return params
 
+
+# OpenAI's bounds of `metadata`, kept with every stored response.
+MAX_METADATA_PAIRS = 16
+MAX_METADATA_KEY_CHARS = 64
+MAX_METADATA_VALUE_CHARS = 512
 
 # What a hosted tool carries that is a secret: OpenAI keeps none of it (a client sends it again
 # with every request), so a response neither echoes nor stores it.
@@ -236,6 +252,8 @@ def _tools(
         return [], {}, [], []
     if not isinstance(value, list):
         raise InvalidRequest("tools must be a list", param="tools")
+    if len(value) > MAX_CLIENT_TOOLS:
+        raise InvalidRequest(f"more than {MAX_CLIENT_TOOLS} tools", param="tools")
     functions: list[dict[str, Any]] = []
     names: dict[str, ClientTool] = {}
     ignored: list[str] = []
@@ -252,6 +270,8 @@ def _tools(
             inner = tool.get("tools")
             if not isinstance(inner, list):
                 raise InvalidRequest("tools must be a list", param=f"{path}.tools")
+            if len(functions) + len(inner) > MAX_CLIENT_TOOLS:
+                raise InvalidRequest(f"more than {MAX_CLIENT_TOOLS} tools", param="tools")
             for j, member in enumerate(inner):
                 where = f"{path}.tools[{j}]"
                 member = json_object_param(member, where)

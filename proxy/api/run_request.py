@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 from pydantic import Field, StrictBool, ValidationError
 
-from proxy.engine.options import MAX_NAME_CHARS, Name, PolicyOptions, problems
+from proxy.engine.options import MAX_ENTRIES, MAX_NAME_CHARS, Name, PolicyOptions, problems
 from proxy.errors import InvalidRequest, PolicyInvalid
 
 # The most server tools a request's `loop.tools` may name (an MCP source may expose 4,096).
@@ -33,14 +33,42 @@ class LoopOptions(PolicyOptions):
 NO_LOOP = LoopOptions()
 
 
+# The most JSON values a request's `loop` holds: room for every list at its MAX_ENTRIES, far
+# more than any loop needs, and a bound on what a validation that fails reports (every bad
+# value is an error pydantic builds: 49,000 of them held the event loop 200 ms).
+MAX_LOOP_VALUES = 16_384
+
+
 def parse_loop(value: Any, path: str = "loop") -> LoopOptions:
     """Raises InvalidRequest naming the first bad field (`loop.stop_when[0].max_cost`)."""
     if not isinstance(value, dict):
         raise InvalidRequest("must be an object", param=path)
+    _check_size(value, path)
     try:
         return LoopOptions.model_validate(value)
     except ValidationError as exc:
         raise PolicyInvalid(problems(exc, path)) from None
+
+
+def _check_size(loop: dict[str, Any], path: str) -> None:
+    """Refuses a `loop` past MAX_LOOP_VALUES values, an object in it past MAX_ENTRIES
+    members or a list past MAX_LOOP_TOOLS items (the longest a loop has), before it is
+    validated."""
+    pending: list[tuple[Any, str]] = [(loop, path)]
+    seen = 0
+    while pending:
+        value, where = pending.pop()
+        seen += 1
+        if seen > MAX_LOOP_VALUES:
+            raise InvalidRequest(f"holds more than {MAX_LOOP_VALUES} values", param=path)
+        if isinstance(value, dict):
+            if len(value) > MAX_ENTRIES:
+                raise InvalidRequest(f"has more than {MAX_ENTRIES} members", param=where)
+            pending.extend((member, f"{where}.{key}") for key, member in value.items())
+        elif isinstance(value, list):
+            if len(value) > MAX_LOOP_TOOLS:
+                raise InvalidRequest(f"has more than {MAX_LOOP_TOOLS} items", param=where)
+            pending.extend((item, f"{where}[{i}]") for i, item in enumerate(value))
 
 
 @dataclass(slots=True)

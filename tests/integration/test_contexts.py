@@ -377,8 +377,12 @@ async def test_delete_drops_the_context(proxy_for: ProxyFactory) -> None:
             "loop.include_messages",
             "generated_messages",
         ),
+        ("/chat", {"context_id": "x", "message": "hi", "agent": "reporter", "loop": []},
+         "loop", "must be an object"),
+        ("/chat", {"context_id": "x", "message": "hi", "agent": "reporter", "loop": ""},
+         "loop", "must be an object"),
     ],
-)
+)  # fmt: skip
 async def test_bad_context_requests_are_a_400_naming_the_field(
     proxy_for: ProxyFactory, path: str, body: dict[str, Any], param: str, message: str
 ) -> None:

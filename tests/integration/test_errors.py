@@ -46,6 +46,44 @@ def comprehensions(depth: int) -> str:
         ({"model": "scripted", "messages": USER, "stream": "yes"}, "stream"),
         ({"model": "scripted", "messages": USER, "tool_choice": 5}, "tool_choice"),
         ({"model": "scripted", "messages": USER, "stream": True, "n": 2}, "n"),
+        (
+            {
+                "model": "scripted",
+                "messages": USER,
+                "tools": [{"type": "function", "function": {"name": f"f{i}"}} for i in range(513)],
+            },
+            "tools",
+        ),
+        # Bounded before it is validated: 49,000 bad values held the event loop 200 ms.
+        ({"model": "scripted", "messages": USER, "loop": {f"k{i}": 1 for i in range(300)}}, "loop"),
+        (
+            {
+                "model": "scripted",
+                "messages": USER,
+                "loop": {
+                    "tool_rules": [
+                        {
+                            "type": "conditional",
+                            "tool_name": "t",
+                            "child_output_mapping": {f"k{i}": 1 for i in range(257)},
+                        }
+                    ]
+                },
+            },
+            "loop.tool_rules[0].child_output_mapping",
+        ),
+        (
+            {
+                "model": "scripted",
+                "messages": USER,
+                "loop": {
+                    "stop_when": [
+                        {"any": [{"max_steps": i} for i in range(100)]} for _ in range(200)
+                    ]
+                },
+            },
+            "loop",
+        ),
         ({"model": "scripted", "messages": USER, "tool_choice": ""}, "tool_choice"),
         ({"model": "weather", "messages": USER, "tool_choice": {"name": "f"}}, "tool_choice"),
         (
@@ -183,6 +221,20 @@ async def test_bad_input_is_a_400_naming_the_field_and_calls_no_upstream(
     assert error["param"] == param
     assert error["message"]
     assert proxy.upstream.requests == []
+
+
+async def test_an_error_echoes_at_most_a_bounded_part_of_what_the_client_sent(
+    proxy: Proxy,
+) -> None:
+    key = "k" * 4_000_000
+    r = await proxy.client.post(
+        "/v1/chat/completions", json={"model": "scripted", "messages": USER, "loop": {key: 1}}
+    )
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert error["param"].startswith("loop.kkk")
+    assert len(error["param"]) == 256
+    assert len(r.content) < 3_000
 
 
 async def test_malformed_json_is_a_400(proxy: Proxy) -> None:

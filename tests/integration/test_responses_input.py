@@ -76,6 +76,34 @@ BAD: list[tuple[dict[str, Any], str]] = [
     ({"model": "scripted", "input": "x", "max_tool_calls": "3"}, "max_tool_calls"),
     ({"model": "scripted", "input": "x", "temperature": "hot"}, "temperature"),
     ({"model": "scripted", "input": "x", "metadata": {"a": 1}}, "metadata.a"),
+    (
+        {"model": "scripted", "input": "x", "metadata": {f"k{i}": "v" for i in range(17)}},
+        "metadata",
+    ),
+    ({"model": "scripted", "input": "x", "metadata": {"k" * 65: "v"}}, "metadata"),
+    ({"model": "scripted", "input": "x", "metadata": {"k": "v" * 513}}, "metadata.k"),
+    (
+        {
+            "model": "scripted",
+            "input": "x",
+            "tools": [{"type": "function", "name": f"f{i}"} for i in range(513)],
+        },
+        "tools",
+    ),
+    (
+        {
+            "model": "scripted",
+            "input": "x",
+            "tools": [
+                {
+                    "type": "namespace",
+                    "name": "n",
+                    "tools": [{"type": "function", "name": f"f{i}"} for i in range(513)],
+                }
+            ],
+        },
+        "tools",
+    ),
     ({"model": "scripted", "input": "x", "text": {"format": {"type": "xml"}}}, "text.format.type"),
     (
         {"model": "scripted", "input": "x", "text": {"format": {"type": ["text"]}}},
