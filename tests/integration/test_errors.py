@@ -46,6 +46,16 @@ def comprehensions(depth: int) -> str:
         ({"model": "scripted", "messages": USER, "stream": "yes"}, "stream"),
         ({"model": "scripted", "messages": USER, "tool_choice": 5}, "tool_choice"),
         ({"model": "scripted", "messages": USER, "stream": True, "n": 2}, "n"),
+        ({"model": "scripted", "messages": USER, "n": 3, "loop": {"max_steps": 3}}, "n"),
+        (
+            {
+                "model": "scripted",
+                "messages": USER,
+                "n": 3,
+                "loop": {"stop_when": [{"max_tokens_used": 60}]},
+            },
+            "n",
+        ),
         (
             {
                 "model": "scripted",
