@@ -41,7 +41,7 @@ class ConfiguredChecks:
                 except ValueError as exc:
                     raise ValueError(f"conditions.{name}: {exc}") from None
 
-    async def check(self, kind: str, name: str, snapshot: Mapping[str, Any]) -> bool:
+    async def check(self, kind: str, name: str, snapshot: Mapping[str, Any]) -> bool | None:
         cfg = self.conditions[name]
         try:
             if kind == "python":
@@ -49,7 +49,7 @@ class ConfiguredChecks:
             return await self._webhook(cfg, snapshot)
         except Exception as exc:
             log.warning("stop condition %s %r failed: %s", kind, name, exc)
-            return False
+            return None
 
     async def _python(self, name: str, snapshot: Mapping[str, Any]) -> bool:
         return bool(await call(self.functions[name], self.threads, dict(snapshot)))

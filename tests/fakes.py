@@ -112,10 +112,10 @@ class RecordingObserver:
 
 @dataclass
 class FakeChecks:
-    answers: Mapping[str, bool]
+    answers: Mapping[str, bool | None]  # None: the check fails
     seen: list[Mapping[str, Any]] = field(default_factory=list)
 
-    async def check(self, kind: str, name: str, snapshot: Mapping[str, Any]) -> bool:
+    async def check(self, kind: str, name: str, snapshot: Mapping[str, Any]) -> bool | None:
         self.seen.append(snapshot)
         return self.answers[name]
 

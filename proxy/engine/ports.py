@@ -43,7 +43,9 @@ class PriceBook(Protocol):
 class ConditionChecks(Protocol):
     """Custom stop conditions that live outside the engine (`webhook`, `python`)."""
 
-    async def check(self, kind: str, name: str, snapshot: Mapping[str, Any]) -> bool: ...
+    async def check(self, kind: str, name: str, snapshot: Mapping[str, Any]) -> bool | None:
+        """Whether the condition holds; None: it could not be evaluated (it failed)."""
+        ...
 
 
 class ThreadCounters(Protocol):

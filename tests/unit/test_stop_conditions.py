@@ -134,6 +134,27 @@ async def test_not_holds_when_its_entry_does_not() -> None:
     assert (result.stop.reason, result.steps) == (StopReason.CUSTOM_CONDITION, 1)
 
 
+@pytest.mark.parametrize(
+    "failing",
+    [
+        {"expr": "steps[1].index == 2"},  # no second step after the first: an index error
+        {"webhook": "broken"},
+        {"any": [{"step_count_is": 9}, {"python": "broken"}]},
+        {"all": [{"step_count_is": 1}, {"python": "broken"}]},
+    ],
+)
+async def test_a_condition_that_cannot_be_evaluated_holds_not_even_under_not(
+    failing: dict[str, Any],
+) -> None:
+    """A failed check does not hold (README): `not` of it is no stop either (three-valued, as
+    `any` and `all` of it are), and the failure is on the trace."""
+    checks = FakeChecks({"broken": None})
+    h = Harness(looping(3), TOOLS, stop_when=[{"not": failing}], checks=checks, max_steps=2)
+    result = await h.run()
+    assert (result.stop.reason, result.steps) == (StopReason.MAX_STEPS, 2)
+    assert h.observer.of(ev.ConditionFailed)
+
+
 async def test_cel_expression_over_steps() -> None:
     expr = "size(steps) >= 2 && steps.exists(s, s.tool_calls.exists(c, c.name == 'fetch'))"
     script = [reply(calls=[("fetch", "{}")]), *looping()]

@@ -81,6 +81,18 @@ class Condition:
         """Whether the condition holds; one that cannot be evaluated does not hold, and is
         reported to `failed` with its path. Raises Unevaluable for an expression too costly to
         evaluate over the run's data, alone or within the step's `budget`."""
+        found = await self._evaluate(run, checks, failed, budget)
+        return None if isinstance(found, Unknown) else found
+
+    async def _evaluate(
+        self,
+        run: RunState,
+        checks: ConditionChecks | None,
+        failed: FailureSink,
+        budget: Budget | None,
+    ) -> Held | Unknown | None:
+        """Held, None (does not hold) or UNKNOWN (could not be evaluated): `any`, `all` and
+        `not` carry UNKNOWN as three-valued logic does, so `not` of a failed check is no stop."""
         kind, value = self.kind, self.value
         if kind == "step_count_is":
             return (
@@ -102,20 +114,27 @@ class Condition:
             elapsed = run.elapsed_s
             return self.held(_REASONS[kind], round(elapsed, 3), run) if elapsed >= value else None
         if kind == "any":
+            unknown = False
             for child in value:
-                held: Held | None = await child.evaluate(run, checks, failed, budget)
-                if held is not None:
-                    return held
-            return None
+                found = await child._evaluate(run, checks, failed, budget)
+                if isinstance(found, Held):
+                    return found
+                unknown = unknown or found is UNKNOWN
+            return UNKNOWN if unknown else None
         if kind == "all":
+            unknown = False
             for child in value:
-                if await child.evaluate(run, checks, failed, budget) is None:
+                found = await child._evaluate(run, checks, failed, budget)
+                if found is None:
                     return None
-            return self.held(StopReason.CUSTOM_CONDITION, True, run)
+                unknown = unknown or found is UNKNOWN
+            return UNKNOWN if unknown else self.held(StopReason.CUSTOM_CONDITION, True, run)
         if kind == "not":
-            if await value.evaluate(run, checks, failed, budget) is None:
-                return self.held(StopReason.CUSTOM_CONDITION, True, run)
-            return None
+            inner: Condition = value
+            found = await inner._evaluate(run, checks, failed, budget)
+            if found is UNKNOWN:
+                return UNKNOWN
+            return self.held(StopReason.CUSTOM_CONDITION, True, run) if found is None else None
         if kind == "expr" and self.program is not None:
             try:
                 result = self.program.evaluate(run.snapshot(self.program.variables), budget)
@@ -123,19 +142,30 @@ class Condition:
                 failed(run, self.path, exc.reason)
                 if isinstance(exc, ExpressionTooCostly):
                     raise Unevaluable(self.path, exc.reason) from None
-                return None
+                return UNKNOWN
             return self.held(StopReason.CUSTOM_CONDITION, True, run) if result else None
         if checks is None:  # pragma: no cover - a run with custom conditions always has checks
             return None
-        if await checks.check(kind, value, run.snapshot()):
-            return self.held(StopReason.CUSTOM_CONDITION, True, run)
-        return None
+        answer = await checks.check(kind, value, run.snapshot())
+        if answer is None:
+            failed(run, self.path, f"the {kind} check {value!r} failed")
+            return UNKNOWN
+        return self.held(StopReason.CUSTOM_CONDITION, True, run) if answer else None
 
     def walk_any(self) -> list[Condition]:
         """This condition and, through `any`, the entries that hold on their own."""
         if self.kind == "any":
             return [leaf for child in self.value for leaf in child.walk_any()]
         return [self]
+
+
+class Unknown:
+    """What a condition is that could not be evaluated."""
+
+    __slots__ = ()
+
+
+UNKNOWN = Unknown()
 
 
 def compile_conditions(
