@@ -73,7 +73,8 @@ class RunState:
         return "\n\n".join(step.text for step in self.steps if step.text)
 
     def called_tools(self) -> set[str]:
-        return {call.name for step in self.steps for call in step.tool_calls}
+        """The tools whose calls ran (SPEC §9: a blocked call did not)."""
+        return {result["name"] for step in self.steps for result in step.tool_results}
 
     def add_cost(self, cost: float | None) -> None:
         if cost is not None:

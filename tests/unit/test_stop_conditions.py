@@ -58,6 +58,18 @@ async def test_has_tool_call_accepts_a_name_or_a_list() -> None:
     assert result.finish_reason == "stop"
 
 
+async def test_has_tool_call_holds_for_a_call_that_ran_not_for_one_blocked() -> None:
+    h = Harness(
+        [reply(calls=[("fetch", "{}")]), reply(calls=[("search", "{}")]), *looping()],
+        TOOLS,
+        stop_when=[{"has_tool_call": "fetch"}, {"has_tool_call": "search"}],
+        tool_rules=[{"type": "run_first", "tool_name": "search"}],
+    )
+    result = await h.run()
+    assert (result.stop.reason, result.steps) == (StopReason.TOOL_CALLED, 2)
+    assert result.stop.details["observed"] == ["search"]  # fetch was blocked: it did not run
+
+
 async def test_max_tokens_used() -> None:
     h = Harness(looping(prompt=1000, completion=500), TOOLS, stop_when=[{"max_tokens_used": 2000}])
     result = await h.run()
