@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from functools import lru_cache
 
 import genai_prices
@@ -26,20 +27,36 @@ class Rates:
 
 @lru_cache(maxsize=512)
 def bundled_rates(model: str) -> Rates | None:
-    """Per-token rates from the bundled price data (looked up once per model), or None."""
+    """Per-token rates from the bundled price data at a million tokens (a tiered model's
+    highest: what budgets size a step with), looked up once per model, or None."""
+    return _rates_at(model, PER_MILLION)
+
+
+@lru_cache(maxsize=512)
+def tiered(model: str) -> bool:
+    """Whether the bundled data prices the model by tiers of prompt size (Gemini 2.5 Pro:
+    more a token past 200,000): its steps are priced for their own usage, not at a rate."""
+    small, large = _rates_at(model, 1_000), bundled_rates(model)
+    if small is None or large is None:
+        return False
+    pairs = zip(astuple(small), astuple(large), strict=True)
+    return not all(math.isclose(a, b, rel_tol=1e-9) for a, b in pairs)
+
+
+def _rates_at(model: str, tokens: int) -> Rates | None:
     try:
         full = genai_prices.calc_price(
-            genai_prices.Usage(input_tokens=PER_MILLION, output_tokens=PER_MILLION), model
+            genai_prices.Usage(input_tokens=tokens, output_tokens=tokens), model
         )
         cached = genai_prices.calc_price(
-            genai_prices.Usage(input_tokens=PER_MILLION, cache_read_tokens=PER_MILLION), model
+            genai_prices.Usage(input_tokens=tokens, cache_read_tokens=tokens), model
         )
     except LookupError:
         return None
     return Rates(
-        float(full.input_price) / PER_MILLION,
-        float(cached.input_price) / PER_MILLION,
-        float(full.output_price) / PER_MILLION,
+        float(full.input_price) / tokens,
+        float(cached.input_price) / tokens,
+        float(full.output_price) / tokens,
     )
 
 
@@ -64,6 +81,13 @@ class PriceTable:
         if rates is None:
             return None
         cached = min(_cached(usage), usage.prompt_tokens)
+        if model not in self.overrides and tiered(model):  # (a call of ~60 µs: tiered only)
+            spent = genai_prices.Usage(
+                input_tokens=usage.prompt_tokens,
+                cache_read_tokens=cached,
+                output_tokens=usage.completion_tokens,
+            )
+            return float(genai_prices.calc_price(spent, model).total_price)
         return (
             (usage.prompt_tokens - cached) * rates.input
             + cached * rates.cached_input

@@ -38,3 +38,21 @@ def test_cached_prompt_tokens_cost_the_cached_rate() -> None:
         "gpt-4o-mini",
     ).total_price
     assert PriceTable({}).cost("gpt-4o-mini", usage) == pytest.approx(float(expected))
+
+
+@pytest.mark.parametrize("prompt", [10_000, 250_000])
+def test_a_model_priced_by_tiers_is_charged_the_tier_of_its_step(prompt: int) -> None:
+    """Gemini 2.5 Pro costs more a token past 200,000 prompt tokens: a step below that was
+    charged the higher tier (1.8 times its price). Budgets still size a step at the highest."""
+    import genai_prices
+
+    usage = Usage(prompt, 1000, prompt + 1000, {"prompt_tokens_details": {"cached_tokens": 100}})
+    expected = genai_prices.calc_price(
+        genai_prices.Usage(input_tokens=prompt, cache_read_tokens=100, output_tokens=1000),
+        "gemini-2.5-pro",
+    ).total_price
+    table = PriceTable({})
+    assert table.cost("gemini-2.5-pro", usage) == pytest.approx(float(expected))
+    highest = table.prices("gemini-2.5-pro")
+    assert highest is not None
+    assert highest.input * prompt >= float(expected) - 1000 * highest.output
