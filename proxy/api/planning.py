@@ -154,9 +154,9 @@ class Planner:
                     f"tool {client!r} clashes with a server tool",
                     param=req.tool_params[i] if req.tool_params else f"tools[{i}].function.name",
                 )
-        one_choice = policy.tools or req.has_loop or policy.stop_when or policy.may_take_steps
-        if one_choice and req.params.get("n", 1) != 1:
-            # A run's reply is one message, and budgets size one completion a step.
+        if req.params.get("n", 1) != 1 and (
+            req.has_loop or policy.stop_when or policy.may_take_steps
+        ):  # a run's reply is one message, and budgets size one completion a step
             raise InvalidRequest("n must be 1 when the proxy runs a loop", param="n")
         spec = RunSpec(
             run_id=new_run_id(),

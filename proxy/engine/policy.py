@@ -107,7 +107,8 @@ class LoopPolicy:
         policies: list[Policy] = []
         if self.terminal_tools or self.terminating is not None:
             policies.append(TerminalTools(self.terminal_tools, self.terminating))
-        policies.extend(ToolRules(book) for book in rule_books(self.tool_rules))
+        if self.tool_rules:
+            policies.extend(ToolRules(book) for book in rule_books(self.tool_rules))
         max_steps = self.effective_max_steps()
         if self.stop_when or max_steps is not None:
             policies.append(StopConditions(self.stop_when, max_steps, checks, failed))
