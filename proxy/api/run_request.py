@@ -33,9 +33,9 @@ class LoopOptions(PolicyOptions):
 NO_LOOP = LoopOptions()
 
 
-# The most JSON values a request's `loop` holds: room for every list at its MAX_ENTRIES, far
-# more than any loop needs, and a bound on what a validation that fails reports (every bad
-# value is an error pydantic builds: 49,000 of them held the event loop 200 ms).
+# The most JSON values a request's `loop` holds: far more than a loop needs (though less than
+# every list of it at its own bound), and a bound on what a validation that fails reports
+# (every bad value is an error pydantic builds: 49,000 of them held the event loop 200 ms).
 MAX_LOOP_VALUES = 16_384
 
 

@@ -129,6 +129,20 @@ def rule_books(rules: Sequence[ToolRule]) -> list[RuleBook]:
     return [RuleBook(tuple(group)) for group in sources.values()]
 
 
+def _first_tools_in_common(books: Sequence[RuleBook], enabled: set[str]) -> list[tuple[str, str]]:
+    """An agent's `run_first` rules and a request's intersect: none in common would leave the
+    first step no tool to call."""
+    first = set(enabled)
+    for book in books:
+        if book.run_first:
+            first &= book.run_first
+    if first or len(books) < 2:
+        return []
+    rule = books[-1].of("run_first")[0]
+    message = "no tool may be called first: the agent's run_first rules and these name none alike"
+    return [(f"{rule.path}.tool_name", message)]
+
+
 def _threshold(condition: Condition) -> float:
     return float(condition.value)
 
@@ -250,6 +264,7 @@ def check_references(
         RuleBook(policy.tool_rules).validate(enabled)
     except SpecError as exc:
         problems.append((exc.param or "", exc.message))
+    problems.extend(_first_tools_in_common(rule_books(policy.tool_rules), enabled))
     try:
         check_limits(policy.tool_call_limits, server)
     except SpecError as exc:

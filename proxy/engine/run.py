@@ -27,6 +27,7 @@ from proxy.engine.stop import Stop, StopReason
 from proxy.engine.tool_calls import Outcome, ReplyCalls
 from proxy.engine.values import ModelReply
 from proxy.engine.voice import Voice
+from proxy.errors import ClientDisconnected
 
 log = logging.getLogger(__name__)
 
@@ -166,17 +167,25 @@ class Run:
             run.append(extra)
         loop = asyncio.get_running_loop()
         deadline = None if left_s is None else Deadline(loop.time() + left_s)
+        parts = self.voice.parts
         try:
             return await call_model(self.spec, self.deps, self.voice, run, plan, final=True)
         except asyncio.CancelledError:
             if deadline is None or not deadline.disarm():
                 raise
             log.warning("run %s: the final answer took longer than its time budget", run.run_id)
-        except Exception as exc:  # the stop stands: a limit's answer is no upstream failure
+        except ClientDisconnected:
+            raise
+        except Exception as exc:
+            if self.voice.parts != parts:  # the client saw part of it: the run failed there
+                raise
+            # Else the stop stands: a limit's answer is no upstream failure.
             log.warning("run %s: the final answer failed: %s", run.run_id, exc)
         finally:
             if deadline is not None:
                 deadline.disarm()
+        del run.messages[-len(plan.extra_messages) :]  # no answer came after them
+        del run.generated[-len(plan.extra_messages) :]
         return None
 
     async def _end(

@@ -25,6 +25,7 @@ class Voice:
         self.stream = stream
         self.quiet = quiet
         self._streamed = False  # whether any text reached the stream yet
+        self.parts = 0  # the parts of the reply (a step's text each) streamed so far
 
     def notify(self, event: ev.RunEvent) -> None:
         for observer in self.observers:
@@ -46,6 +47,7 @@ class Voice:
         if self._streamed:
             text = "\n\n" + text
         self._streamed = True
+        self.parts += 1
         await self.stream.content(text)
 
     def step_sink(self) -> DeltaSink | None:

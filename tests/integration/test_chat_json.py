@@ -5,14 +5,17 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import httpx
 import pytest
 import respx
+from starlette.types import Message
 
 from proxy.conditions import WEBHOOK_ANSWER_BYTES
 from proxy.engine import events as ev
 from tests.bodies import user
+from tests.direct_asgi import body_then_stay, post_scope
 from tests.integration.conftest import Proxy, ProxyFactory
 from tests.integration.test_chat_stream import content, events
 from tests.scripted_upstream import call, fail, keep, say, say_tool_result
@@ -319,6 +322,106 @@ async def test_a_final_answer_ends_within_the_time_budget(proxy_for: ProxyFactor
     assert r.json()["loop"]["stop_reason"] == "time_budget"
     assert r.json()["loop"]["stop_details"]["final_answer"] is False
     assert took < 10  # the answer's call waits 30 s
+
+
+def sse_answer(*parts: bytes, cut: bool = False) -> httpx.Response:
+    """A streamed answer of `parts`; `cut`: the connection is reset after them."""
+
+    async def body() -> AsyncIterator[bytes]:
+        for part in parts:
+            yield part
+        if cut:
+            raise httpx.ReadError("connection reset mid-stream")
+
+    return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=body())
+
+
+def chunk(delta: dict[str, object], finish: str | None = None) -> bytes:
+    data = {"id": "x", "object": "chat.completion.chunk", "created": 1, "model": "scripted",
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}  # fmt: skip
+    return b"data: " + json.dumps(data).encode() + b"\n\n"
+
+
+def cut_final_answer() -> Callable[[httpx.Request], Awaitable[httpx.Response]]:
+    """An upstream that calls get_weather with some text, then cuts its final answer short:
+    in a stream after some text, else with a 500."""
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        if body.get("tool_choice") != "none":
+            function = {"name": "get_weather", "arguments": '{"city": "Oslo"}'}
+            call = {"index": 0, "id": "call_1", "type": "function", "function": function}
+            if not body.get("stream"):
+                message = {"role": "assistant", "content": "Checking.", "tool_calls": [call]}
+                choice = {"index": 0, "message": message, "finish_reason": "tool_calls"}
+                return httpx.Response(200, json={"choices": [choice], "model": "scripted"})
+            return sse_answer(
+                chunk({"role": "assistant", "content": "Checking."}),
+                chunk({"tool_calls": [call]}),
+                chunk({}, "tool_calls"),
+                b"data: [DONE]\n\n",
+            )
+        if not body.get("stream"):
+            return httpx.Response(500, json={"error": {"message": "boom", "type": "server_error"}})
+        return sse_answer(chunk({"role": "assistant", "content": "PARTIAL ANSW"}), cut=True)
+
+    return handler
+
+
+async def test_a_final_answer_cut_after_some_of_it_was_streamed_fails_the_stream(
+    proxy_for: ProxyFactory,
+) -> None:
+    """The client saw part of the answer: the run failed there, as any step cut mid-stream."""
+    async with proxy_for(handler=cut_final_answer()) as proxy:
+        r = await proxy.chat(
+            model="weather", stream=True, loop={"max_steps": 1, "final_answer": True}
+        )
+    chunks = events(r.text)
+    assert content(chunks) == "Checking.\n\nPARTIAL ANSW"
+    assert chunks[-2]["loop"]["stop_reason"] == "upstream_error"  # before [DONE]
+    assert "error" in chunks[-2]
+
+
+async def test_a_final_answer_that_failed_leaves_no_directive_in_the_messages(
+    proxy_for: ProxyFactory,
+) -> None:
+    async with proxy_for(handler=cut_final_answer()) as proxy:
+        r = await proxy.chat(
+            model="weather",
+            loop={"max_steps": 1, "final_answer": True, "include_messages": True},
+        )
+    loop = r.json()["loop"]
+    assert (loop["stop_reason"], loop["stop_details"]["final_answer"]) == ("max_steps", False)
+    assert [m["role"] for m in loop["messages"]] == ["assistant", "tool"]
+
+
+async def test_a_client_that_leaves_during_the_final_answer_cancels_the_run(
+    proxy_for: ProxyFactory,
+) -> None:
+    """Its stream's writes fail: the run was cancelled, not a limit stop answered."""
+    parts = [chunk({"role": "assistant", "content": f"Part {i}. "}) for i in range(20)]
+    final = sse_answer(*parts, chunk({}, "stop"), b"data: [DONE]\n\n")
+    first = cut_final_answer()
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        return (
+            final
+            if json.loads(request.content).get("tool_choice") == "none"
+            else (await first(request))
+        )
+
+    async def send(message: Message) -> None:
+        if b"Part 1." in message.get("body", b""):
+            raise OSError("broken pipe")
+
+    body = {"model": "weather", "stream": True, "messages": [{"role": "user", "content": "x"}],
+            "loop": {"max_steps": 1, "final_answer": True}}  # fmt: skip
+    async with proxy_for(handler=handler) as proxy:
+        app = proxy.client._transport.app  # type: ignore[attr-defined]
+        scope = post_scope("/v1/chat/completions")
+        await asyncio.wait_for(app(scope, body_then_stay(json.dumps(body).encode()), send), 10)
+        [finished] = proxy.observer.of(ev.RunFinished)
+    assert finished.stop.reason.value == "cancelled"
 
 
 async def test_client_tools_come_back_to_the_client(proxy: Proxy) -> None:

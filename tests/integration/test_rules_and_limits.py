@@ -101,8 +101,6 @@ async def test_request_rules_are_added_to_the_agent_s(proxy_for: ProxyFactory) -
 @pytest.mark.parametrize(
     ("rule", "script", "offered_at"),
     [
-        # Another tool first: the agent's run_first and the request's leave none to offer.
-        ({"type": "run_first", "tool_name": "search_notes"}, [say("No tools.")], []),
         # Another child of get_weather: only the child both allow.
         (
             {"type": "constrain_child_tools", "tool_name": "get_weather",
@@ -127,6 +125,19 @@ async def test_a_request_s_rules_only_tighten_the_agent_s(
         assert offered(sent[1]) == ["to_fahrenheit"]  # not search_notes, which only one allows
         blocked = [m["content"] for m in sent[2]["messages"] if m["role"] == "tool"][-1]
         assert "Tool 'search_notes' is not allowed now" in blocked
+
+
+async def test_a_request_s_run_first_with_none_in_common_with_the_agent_s_is_a_400(
+    proxy_for: ProxyFactory,
+) -> None:
+    """The two would leave the first step no tool to call (SPEC §8: rules that cannot be met
+    are a 400)."""
+    async with proxy_for(RULED) as proxy:
+        rule = {"type": "run_first", "tool_name": "search_notes"}
+        r = await proxy.chat(model="ruled", messages=user("Lima?"), loop={"tool_rules": [rule]})
+        assert proxy.upstream.requests == []
+    assert r.status_code == 400
+    assert r.json()["error"]["param"] == "loop.tool_rules[0].tool_name"
 
 
 async def test_a_request_s_conditional_rule_does_not_replace_the_agent_s(
