@@ -140,6 +140,28 @@ async def test_a_request_s_run_first_with_none_in_common_with_the_agent_s_is_a_4
     assert r.json()["error"]["param"] == "loop.tool_rules[0].tool_name"
 
 
+async def test_a_blocked_call_is_told_the_tools_both_sources_allow(
+    proxy_for: ProxyFactory,
+) -> None:
+    agent = {"model": "scripted", "tools": ALL, "tool_rules": [
+        {"type": "run_first", "tool_name": "get_weather"},
+        {"type": "run_first", "tool_name": "search_notes"}]}  # fmt: skip
+    rules = [
+        {"type": "run_first", "tool_name": "search_notes"},
+        {"type": "run_first", "tool_name": "to_fahrenheit"},
+    ]
+    async with proxy_for({"agents": {"two": agent}}) as proxy:
+        proxy.upstream.script(call("to_fahrenheit", celsius=3), say("ok"))
+        r = await proxy.chat(
+            model="two",
+            messages=user("hi"),
+            loop={"include_messages": True, "tool_rules": rules},
+        )
+        assert offered(proxy.upstream.bodies[0]) == ["search_notes"]
+    told = json.loads(r.json()["loop"]["messages"][1]["content"])["error"]
+    assert told.endswith("Allowed tools: search_notes.")
+
+
 async def test_a_request_s_conditional_rule_does_not_replace_the_agent_s(
     proxy_for: ProxyFactory,
 ) -> None:

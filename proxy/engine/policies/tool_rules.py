@@ -309,6 +309,12 @@ class ToolRules(Policy):
             plan.tool_choice = forced_choice(allowed)
         return None
 
+    def size_step(self, run: RunState, plan: StepPlan) -> Stop | None:
+        # The step's tools as every policy left them (another source's rules too): those a
+        # blocked call's message names.
+        self.offered = [t["function"]["name"] for t in plan.tools]
+        return None
+
     async def review_call(self, run: RunState, call: ToolCall) -> Block | None:
         allowed, _ = self.allowed([call.name])
         if allowed:
