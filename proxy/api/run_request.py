@@ -54,21 +54,32 @@ def _check_size(loop: dict[str, Any], path: str) -> None:
     """Refuses a `loop` past MAX_LOOP_VALUES values, an object in it past MAX_ENTRIES
     members or a list past MAX_LOOP_TOOLS items (the longest a loop has), before it is
     validated."""
-    pending: list[tuple[Any, str]] = [(loop, path)]
+    # (value, the path of its container, its key there): a path is written for containers
+    # only, and only when they are looked at.
+    pending: list[tuple[Any, str, str | int | None]] = [(loop, path, None)]
     seen = 0
     while pending:
-        value, where = pending.pop()
+        value, parent, key = pending.pop()
         seen += 1
         if seen > MAX_LOOP_VALUES:
             raise InvalidRequest(f"holds more than {MAX_LOOP_VALUES} values", param=path)
+        if not isinstance(value, dict | list):
+            continue
+        where = _member_path(parent, key)
         if isinstance(value, dict):
             if len(value) > MAX_ENTRIES:
                 raise InvalidRequest(f"has more than {MAX_ENTRIES} members", param=where)
-            pending.extend((member, f"{where}.{key}") for key, member in value.items())
-        elif isinstance(value, list):
+            pending.extend((member, where, name) for name, member in value.items())
+        else:
             if len(value) > MAX_LOOP_TOOLS:
                 raise InvalidRequest(f"has more than {MAX_LOOP_TOOLS} items", param=where)
-            pending.extend((item, f"{where}[{i}]") for i, item in enumerate(value))
+            pending.extend((item, where, i) for i, item in enumerate(value))
+
+
+def _member_path(parent: str, key: str | int | None) -> str:
+    if key is None:
+        return parent
+    return f"{parent}[{key}]" if isinstance(key, int) else f"{parent}.{key}"
 
 
 @dataclass(slots=True)
