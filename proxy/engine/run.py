@@ -11,12 +11,8 @@ from proxy.deadline import Deadline
 from proxy.engine import events as ev
 from proxy.engine.checkpoints import Checkpoints
 from proxy.engine.failures import ending_for
-from proxy.engine.final_message import (
-    FINAL_ANSWER_DIRECTIVE,
-    Ending,
-    final_message,
-    without_tool_calls,
-)
+from proxy.engine.final_answer import final_answer
+from proxy.engine.final_message import Ending, final_message, without_tool_calls
 from proxy.engine.model_call import call_model
 from proxy.engine.policies.base import Nudge, StepPlan
 from proxy.engine.policies.terminal import terminal_hint
@@ -27,7 +23,6 @@ from proxy.engine.stop import Stop, StopReason
 from proxy.engine.tool_calls import Outcome, ReplyCalls
 from proxy.engine.values import ModelReply
 from proxy.engine.voice import Voice
-from proxy.errors import ClientDisconnected
 
 log = logging.getLogger(__name__)
 
@@ -155,65 +150,25 @@ class Run:
             messages.insert(0, {"role": "system", "content": "\n\n".join(parts)})
         return messages
 
-    async def _final_answer(self, run: RunState, plan: StepPlan) -> ModelReply | None:
-        """The final-answer call (SPEC §6.3), within what the run's budgets, invocations and
-        time have left, or None: none is left, or the call failed (the run keeps its stop, and
-        its text so far is the answer)."""
-        run.now = self.deps.clock()
-        left_s = _time_left(self.spec, run)
-        if (left_s is not None and left_s <= 0) or not self.checkpoints.allows_final(run, plan):
-            return None
-        for extra in plan.extra_messages:
-            run.append(extra)
-        loop = asyncio.get_running_loop()
-        deadline = None if left_s is None else Deadline(loop.time() + left_s)
-        parts = self.voice.parts
-        try:
-            return await call_model(self.spec, self.deps, self.voice, run, plan, final=True)
-        except asyncio.CancelledError:
-            if deadline is None or not deadline.disarm():
-                raise
-            log.warning("run %s: the final answer took longer than its time budget", run.run_id)
-        except ClientDisconnected:
-            raise
-        except Exception as exc:
-            if self.voice.parts != parts:  # the client saw part of it: the run failed there
-                raise
-            # Else the stop stands: a limit's answer is no upstream failure.
-            log.warning("run %s: the final answer failed: %s", run.run_id, exc)
-        finally:
-            if deadline is not None:
-                deadline.disarm()
-        del run.messages[-len(plan.extra_messages) :]  # no answer came after them
-        del run.generated[-len(plan.extra_messages) :]
-        return None
-
     async def _end(
         self, run: RunState, stop: Stop, decided: dict[str, Any] | None = None
     ) -> Ending:
         if "condition" in stop.details and stop.reason is not StopReason.CONDITION_ERROR:
             self.voice.notify(ev.ConditionHeld(run.run_id, run.step_count, stop.details))
 
-        async def final_answer() -> ModelReply | None:
-            choice = "none" if self.offered else None
-            plan = StepPlan(list(self.offered), choice, self.spec.max_completion_tokens)
-            plan.extra_messages.append({"role": "system", "content": FINAL_ANSWER_DIRECTIVE})
-            return await self._final_answer(run, plan)
+        async def answer() -> ModelReply | None:
+            return await final_answer(
+                self.spec, self.deps, self.voice, self.checkpoints, run, self.offered
+            )
 
-        wants_answer = self.spec.policy.final_answer
         return await final_message(
             run,
             stop,
             decided,
             run.last_reply,
-            final_answer=final_answer if wants_answer else None,
+            final_answer=answer if self.spec.policy.final_answer else None,
             say=self.voice.say,
         )
-
-
-def _time_left(spec: RunSpec, run: RunState) -> float | None:
-    budget = spec.policy.time_budget
-    return None if budget is None else budget.value - run.elapsed_s
 
 
 def _condition_failed(voice: Voice, run: RunState, path: str, reason: str) -> None:
