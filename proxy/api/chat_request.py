@@ -39,15 +39,13 @@ def parse_chat_request(raw: bytes, thread_header: str | None = None) -> ChatRequ
     body = json_object(raw)
     model = name(body.get("model"), "model")
     messages = _messages(body.get("messages"))
-    stream = _boolean(body.get("stream", False), "stream")
+    stream = boolean(body.get("stream", False), "stream")
     options = body.get("stream_options")
     include_usage = False
     if options is not None:
         if not isinstance(options, dict):
             raise InvalidRequest("must be an object", param="stream_options")
-        include_usage = _boolean(
-            options.get("include_usage", False), "stream_options.include_usage"
-        )
+        include_usage = boolean(options.get("include_usage", False), "stream_options.include_usage")
     tools = _tools(body.get("tools"))
     cap = _positive(body.get("max_completion_tokens"), "max_completion_tokens")
     _positive(body.get("max_tokens"), "max_tokens")
@@ -80,7 +78,7 @@ def name(value: Any, param: str) -> str:
     return value
 
 
-def _boolean(value: Any, param: str) -> bool:
+def boolean(value: Any, param: str) -> bool:
     if not isinstance(value, bool):
         raise InvalidRequest("must be a boolean", param=param)
     return value

@@ -56,12 +56,6 @@ def string_param(value: Any, param: str) -> str:
     return value
 
 
-def bool_param(value: Any, param: str) -> bool:
-    if not isinstance(value, bool):
-        raise InvalidRequest("must be a boolean", param=param)
-    return value
-
-
 def json_object_param(value: Any, param: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise InvalidRequest("must be an object", param=param)

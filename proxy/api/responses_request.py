@@ -8,9 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.api.chat_request import MAX_CLIENT_TOOLS, name
+from proxy.api.chat_request import MAX_CLIENT_TOOLS, boolean, name
 from proxy.api.json_body import json_object
-from proxy.api.response_input import bool_param, checked_input, json_object_param, string_param
+from proxy.api.response_input import checked_input, json_object_param, string_param
 from proxy.api.response_items import CUSTOM_PARAMETERS, ClientTool, upstream_name
 from proxy.api.run_request import NO_LOOP, LoopOptions, RunRequest, header_thread, parse_loop
 from proxy.engine.options import ToolCallLimitOptions
@@ -228,7 +228,7 @@ def _format(fmt: dict[str, Any]) -> dict[str, Any] | None:
     if fmt.get("schema") is not None:
         schema["schema"] = json_object_param(fmt["schema"], "text.format.schema")
     if fmt.get("strict") is not None:
-        schema["strict"] = bool_param(fmt["strict"], "text.format.strict")
+        schema["strict"] = boolean(fmt["strict"], "text.format.strict")
     if fmt.get("description") is not None:
         schema["description"] = string_param(fmt["description"], "text.format.description")
     return {"type": "json_schema", "json_schema": schema}
@@ -323,7 +323,7 @@ def _add(
             else {"type": "object", "properties": {}}
         )
         if tool.get("strict") is not None:
-            function["strict"] = bool_param(tool["strict"], f"{path}.strict")
+            function["strict"] = boolean(tool["strict"], f"{path}.strict")
         if namespace:
             names[flat] = ClientTool("function", own, namespace)
     functions.append({"type": "function", "function": function})

@@ -43,19 +43,14 @@ class Egress:
             for scheme in ("http", "https")
         }
         self._direct = DirectHosts(found.get("no", ""))
-        self._chosen: dict[tuple[str, str], WebProxy | None] = {}
 
     def proxy_for(self, scheme: str, host: str) -> WebProxy | None:
-        """The proxy that `scheme` URLs of `host` go through, or None: direct."""
+        """The proxy that `scheme` URLs of `host` go through, or None: direct. (Asked once a
+        URL and once a connection: the transport keeps what it parsed.)"""
         proxy = self._proxies.get(scheme)
-        if proxy is None:
+        if proxy is None or self._direct.holds(host):
             return None
-        key = (scheme, host)
-        if key not in self._chosen:
-            if len(self._chosen) >= 1024:
-                self._chosen.clear()
-            self._chosen[key] = None if self._direct.holds(host) else proxy
-        return self._chosen[key]
+        return proxy
 
 
 def _web_proxy(scheme: str, url: str | None) -> WebProxy | None:

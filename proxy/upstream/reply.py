@@ -82,19 +82,19 @@ class ChunkAccumulator:
         self.usage: Any = None
         self.id: str | None = None
         self.model: str | None = None
-        self.head: dict[str, str] | None = None  # the first chunk's with a model
+        self.head: dict[str, str] | None = None  # that of the first chunk with a model
 
     def add(self, chunk: dict[str, Any]) -> str | None:
         """Takes a chunk; returns its content delta, if any. Raises MalformedReply.
 
         Called for every event of every stream: the checks of the fields that nearly every
         chunk has are written out here rather than called."""
-        if self.head is None and chunk.get("model"):  # not Azure's prompt-filter chunk
-            self.head = stream_head(chunk)
         if not self.id:
             self.id = _text(chunk.get("id"))
-        if not self.model:
+        if not self.model:  # (Azure's prompt-filter chunk comes first, with a model of "")
             self.model = _text(chunk.get("model"))
+            if self.model:
+                self.head = stream_head(chunk)
         usage = chunk.get("usage")
         if usage:  # the one object of a chunk that goes on as it came
             self.usage = _object(usage, "usage")

@@ -16,6 +16,7 @@ from proxy.conditions import WEBHOOK_ANSWER_BYTES
 from proxy.engine import events as ev
 from tests.bodies import user
 from tests.direct_asgi import body_then_stay, post_scope
+from tests.faulty_upstream import delta
 from tests.integration.conftest import Proxy, ProxyFactory
 from tests.integration.test_chat_stream import content, events
 from tests.scripted_upstream import call, fail, keep, say, say_tool_result
@@ -336,12 +337,6 @@ def sse_answer(*parts: bytes, cut: bool = False) -> httpx.Response:
     return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=body())
 
 
-def chunk(delta: dict[str, object], finish: str | None = None) -> bytes:
-    data = {"id": "x", "object": "chat.completion.chunk", "created": 1, "model": "scripted",
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}  # fmt: skip
-    return b"data: " + json.dumps(data).encode() + b"\n\n"
-
-
 def cut_final_answer() -> Callable[[httpx.Request], Awaitable[httpx.Response]]:
     """An upstream that calls get_weather with some text, then cuts its final answer short:
     in a stream after some text, else with a 500."""
@@ -356,14 +351,14 @@ def cut_final_answer() -> Callable[[httpx.Request], Awaitable[httpx.Response]]:
                 choice = {"index": 0, "message": message, "finish_reason": "tool_calls"}
                 return httpx.Response(200, json={"choices": [choice], "model": "scripted"})
             return sse_answer(
-                chunk({"role": "assistant", "content": "Checking."}),
-                chunk({"tool_calls": [call]}),
-                chunk({}, "tool_calls"),
+                delta("Checking."),
+                delta(tool_calls=[call]),
+                delta(finish_reason="tool_calls"),
                 b"data: [DONE]\n\n",
             )
         if not body.get("stream"):
             return httpx.Response(500, json={"error": {"message": "boom", "type": "server_error"}})
-        return sse_answer(chunk({"role": "assistant", "content": "PARTIAL ANSW"}), cut=True)
+        return sse_answer(delta("PARTIAL ANSW"), cut=True)
 
     return handler
 
@@ -399,8 +394,8 @@ async def test_a_client_that_leaves_during_the_final_answer_cancels_the_run(
     proxy_for: ProxyFactory,
 ) -> None:
     """Its stream's writes fail: the run was cancelled, not a limit stop answered."""
-    parts = [chunk({"role": "assistant", "content": f"Part {i}. "}) for i in range(20)]
-    final = sse_answer(*parts, chunk({}, "stop"), b"data: [DONE]\n\n")
+    parts = [delta(f"Part {i}. ") for i in range(20)]
+    final = sse_answer(*parts, delta(finish_reason="stop"), b"data: [DONE]\n\n")
     first = cut_final_answer()
 
     async def handler(request: httpx.Request) -> httpx.Response:
