@@ -1,7 +1,7 @@
 """An MCP server for the tests, written with the `mcp` package's server API.
 
     python tests/mcp_server.py stdio [wordy] [dotted]  # over stdio (a child of the proxy)
-    python tests/mcp_server.py http PORT [legacy] [gzip | gzip-always]
+    python tests/mcp_server.py http PORT [legacy] [gzip | gzip-always] [outside]
                                                    # streamable HTTP on 127.0.0.1:PORT/mcp
 
 `legacy` refuses the 2026 `server/discover` probe, so that clients fall back to the handshake
@@ -9,7 +9,9 @@ era: sessions with an `mcp-session-id` and `notifications/tools/list_changed` on
 Its tools succeed, fail, sleep, return structured content, die mid-call, and change the tool
 list. `wordy` adds a tool whose description is 100 KiB long (its tool list is one long
 message); `dotted` adds `x.y` and `x_y`. `gzip` compresses answers of 500 bytes and more for
-clients that accept it (Starlette's middleware), `gzip-always` for every client.
+clients that accept it (Starlette's middleware), `gzip-always` for every client. `outside`
+answers requests for `upstream.test` too (a name an egress proxy resolves to it, tests/web_proxy.py)
+where the SDK's guard against DNS rebinding answers only those for loopback names.
 """
 
 from __future__ import annotations
@@ -25,10 +27,13 @@ from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.mcpserver.utilities.types import Image
+from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_REQUEST, METHOD_NOT_FOUND
 from starlette.middleware.gzip import GZipMiddleware
 from starlette.types import ASGIApp, Receive, Scope, Send
+
+OUTSIDE_HOST = "upstream.test"  # tests/web_proxy.py's UPSTREAM_HOST (run as a script: no package)
 
 
 class Forecast(TypedDict):
@@ -164,7 +169,11 @@ def main(argv: list[str]) -> None:
         return
     if "legacy" in argv[2:]:
         server.middleware.append(refuse_discover)
-    app: ASGIApp = server.streamable_http_app()
+    guard = None
+    if "outside" in argv[2:]:
+        hosts = ["127.0.0.1:*", "localhost:*", f"{OUTSIDE_HOST}:*"]
+        guard = TransportSecuritySettings(allowed_hosts=hosts, allowed_origins=[])
+    app: ASGIApp = server.streamable_http_app(transport_security=guard)
     if "gzip" in argv[2:]:
         app = GZipMiddleware(app)
     if "gzip-always" in argv[2:]:

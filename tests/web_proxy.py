@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import threading
+from collections.abc import AsyncIterator, Iterator
 from urllib.parse import urlsplit
 
 from tests.faulty_upstream import listening
@@ -76,3 +77,20 @@ async def forward_proxy(refusal: bytes | None = None) -> AsyncIterator[ForwardPr
     async with listening(proxy.handle) as port:
         proxy.url = f"http://127.0.0.1:{port}"
         yield proxy
+
+
+@contextlib.contextmanager
+def forward_proxy_thread() -> Iterator[ForwardProxy]:
+    """`forward_proxy` on an event loop of its own thread: for a test that blocks its own (a
+    process started and waited for) while the proxy must answer."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    serving = forward_proxy()
+    try:
+        yield asyncio.run_coroutine_threadsafe(serving.__aenter__(), loop).result(10)
+    finally:
+        asyncio.run_coroutine_threadsafe(serving.__aexit__(None, None, None), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()

@@ -43,6 +43,7 @@ from proxy.telemetry.run_metrics import OverheadObserver
 from proxy.telemetry.setup import build_telemetry, tracer_provider_from_env
 from proxy.telemetry.tracing import annotate_tool_span, inject_trace_headers
 from proxy.tools.base import TOOL_KEEPALIVE_S
+from proxy.tools.egress_routes import EgressRoutes
 from proxy.tools.registry import SourcesUnavailable
 from proxy.upstream.http1_transport import Http1Transport
 from proxy.upstream.httpx_transport import HttpxTransport
@@ -94,7 +95,8 @@ class ProxyApp(Starlette):
 
 
 def tools_transport(connections: int) -> httpx.AsyncBaseTransport:
-    """The http tools' and webhooks' pool: the httpx API over aiohttp's connections."""
+    """The http tools' and webhooks' pools: the httpx API over aiohttp's connections, direct
+    or through the environment's web proxy."""
     from httpx_aiohttp import AiohttpTransport
 
     limits = httpx.Limits(
@@ -102,7 +104,7 @@ def tools_transport(connections: int) -> httpx.AsyncBaseTransport:
         max_keepalive_connections=min(200, connections),
         keepalive_expiry=TOOL_KEEPALIVE_S,
     )
-    return AiohttpTransport(limits=limits)
+    return EgressRoutes(lambda proxy: AiohttpTransport(limits=limits, proxy=proxy))
 
 
 def create_app(

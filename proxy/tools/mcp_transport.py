@@ -19,6 +19,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.message import SessionMessage
 
 from proxy.config.tools import ToolConfig
+from proxy.egress import Egress
 from proxy.json_values import holds_over
 from proxy.tools.base import TOOL_KEEPALIVE_S
 from proxy.tools.mcp_stdio import stdio_client, too_large, too_many_values
@@ -119,7 +120,8 @@ async def open_transport(
     max_values: int,
 ) -> AsyncIterator[tuple[Any, Any]]:
     """The transport for `cfg`: a stdio child with `secrets` as its extra environment, or
-    streamable HTTP with `secrets` as headers. `on_session` gets the HTTP session id the server
+    streamable HTTP with `secrets` as headers (through the environment's web proxy, if it names
+    one for the URL's host). `on_session` gets the HTTP session id the server
     assigns; `on_end` is told why the connection ended, when it does. A message the server
     sends holds at most `max_values` JSON values, and `cfg.max_message_bytes`."""
     if cfg.command is not None:
@@ -136,11 +138,15 @@ async def open_transport(
 
     timeout = httpx2.Timeout(cfg.connect_timeout_s, read=max(READ_TIMEOUT_S, cfg.timeout_s))
     limit = cfg.max_message_bytes
+    where = urlsplit(cfg.url)
+    web = Egress().proxy_for(where.scheme, where.hostname or "")
+    proxy = None if web is None else httpx2.Proxy(web.url, auth=web.auth)
+    pool = httpx2.AsyncHTTPTransport(limits=_LIMITS, proxy=proxy)
     http = httpx2.AsyncClient(
         headers={**secrets, "accept-encoding": "identity"},  # the bounds count what is read
         timeout=timeout,
         event_hooks={"response": [seen]},
-        transport=BoundedBodies(httpx2.AsyncHTTPTransport(limits=_LIMITS), limit, max_values),
+        transport=BoundedBodies(pool, limit, max_values),
     )
     session = streamable_http_client(cfg.url, http_client=http, max_sse_event_size=limit)
     async with http, session as (read, write):

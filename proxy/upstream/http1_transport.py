@@ -18,7 +18,7 @@ from collections.abc import AsyncIterable, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from proxy.upstream.egress import Egress, tunnel
+from proxy.egress import Egress
 from proxy.upstream.http1_connection import (
     Answer,
     Broken,
@@ -29,6 +29,7 @@ from proxy.upstream.http1_connection import (
     Unreachable,
 )
 from proxy.upstream.transport import Body, Failure, Headers, Timeouts
+from proxy.upstream.tunnel import tunnel
 
 URL_CACHE = 1024  # parsed URLs kept: a run's upstream URL is parsed once, not per call
 SENDS_A_BODY = frozenset({"POST", "PUT", "PATCH"})  # a length of 0 is said when it has none

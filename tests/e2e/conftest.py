@@ -22,6 +22,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from proxy.demo.runner import free_port, serve_in_thread
+from tests.mcp_config import http_server_args
 from tests.scripted_upstream import ScriptedUpstream
 from tests.tools import TOOLS
 
@@ -170,3 +171,37 @@ def proxy_url(
     config["state"] = {"backend": "sqlite", "path": str(folder / "loopwarden.db")}
     with proxy_process(config_file(folder, config), health="/healthz") as base:
         yield f"{base}/v1"
+
+
+class McpHttpServer:
+    """The tests' MCP server on 127.0.0.1:port/mcp, in the handshake era (session ids), as a
+    process that a test may stop and start again on the same port."""
+
+    def __init__(self, *options: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/mcp"
+        self.options = options  # more of tests/mcp_server.py's
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        args = http_server_args(self.port, True, *self.options)
+        self.proc = subprocess.Popen([sys.executable, *args])
+        wait_healthy(self.url, self.proc)  # any HTTP answer (a 4xx without a session) will do
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(timeout=15)
+            self.proc = None
+
+
+def wait_ready(base: str, timeout_s: float = 30) -> dict[str, object]:
+    """/readyz once every MCP source is connected."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        body = httpx.get(f"{base}/readyz", timeout=5).json()
+        if body["status"] == "ready" and "mcp_missing" not in body:
+            return dict(body)
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not ready: {body}")
+        time.sleep(0.1)

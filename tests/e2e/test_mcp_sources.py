@@ -4,45 +4,21 @@ over streamable HTTP on 127.0.0.1 (a process of its own, restarted by a test) an
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import orjson
 import pytest
 from openai import OpenAI
 
-from proxy.demo.runner import free_port
 from tests.bodies import loop_of
-from tests.e2e.conftest import config_file, proxy_process, wait_healthy
-from tests.mcp_config import http_entry, http_server_args, stdio_entry
+from tests.e2e.conftest import McpHttpServer, config_file, proxy_process, wait_ready
+from tests.mcp_config import http_entry, stdio_entry
 from tests.scripted_upstream import ScriptedUpstream, call, each_run, keep, say, say_tool_result
 
 pytestmark = pytest.mark.e2e
-
-
-class McpHttpServer:
-    """The tests' MCP server on 127.0.0.1:port/mcp, in the handshake era (session ids), as a
-    process that a test may stop and start again on the same port."""
-
-    def __init__(self) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}/mcp"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, *http_server_args(self.port)])
-        wait_healthy(self.url, self.proc)  # any HTTP answer (a 4xx without a session) will do
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.terminate()
-            self.proc.wait(timeout=15)
-            self.proc = None
 
 
 @pytest.fixture(scope="module")
@@ -86,18 +62,6 @@ def mcp_proxy(
 def client(mcp_proxy: str) -> Iterator[OpenAI]:
     with OpenAI(base_url=f"{mcp_proxy}/v1", api_key="x", max_retries=0, timeout=30) as c:
         yield c
-
-
-def wait_ready(base: str, timeout_s: float = 30) -> dict[str, object]:
-    """/readyz once every MCP source is connected."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        body = httpx.get(f"{base}/readyz", timeout=5).json()
-        if body["status"] == "ready" and "mcp_missing" not in body:
-            return dict(body)
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not ready: {body}")
-        time.sleep(0.1)
 
 
 def ask(client: OpenAI, model: str, text: str, stream: bool = False) -> tuple[str, dict[str, Any]]:

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 import trustme
 
-from proxy.upstream.egress import Egress, WebProxy
+from proxy.egress import Egress, WebProxy
 from proxy.upstream.http1_connection import (
     END_BYTES,
     HIGH_WATER,
