@@ -81,6 +81,7 @@ class Failure:
     error_type: str = "server_error"
     code: str | None = None
     headers: Mapping[str, str] = field(default_factory=dict)
+    param: str | None = None
 
 
 Answer = Reply | Failure
@@ -118,8 +119,9 @@ def fail(
     error_type: str = "server_error",
     code: str | None = None,
     headers: Mapping[str, str] | None = None,
+    param: str | None = None,
 ) -> Failure:
-    return Failure(status, message, error_type, code, dict(headers or {}))
+    return Failure(status, message, error_type, code, dict(headers or {}), param)
 
 
 def keep(turn: Turn) -> Keep:
@@ -279,7 +281,7 @@ class ScriptedUpstream:
             error = {
                 "message": answer.message,
                 "type": answer.error_type,
-                "param": None,
+                "param": answer.param,
                 "code": answer.code,
             }
             return Response(

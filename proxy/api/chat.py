@@ -16,6 +16,7 @@ from proxy.api.json_body import read_json
 from proxy.api.run_request import THREAD_HEADER
 from proxy.api.services import Services
 from proxy.api.sse import SSEWriter
+from proxy.api.upstream_param import ClientTerms
 from proxy.engine.run import Run
 from proxy.engine.stop import StopReason
 from proxy.errors import ClientDisconnected
@@ -60,7 +61,7 @@ class ChatCompletions:
         report = loop_report(result, include)
         await sv.remember(result, report, owner, caller)
         if failed(result):
-            await send_failure(send, result, report, headers)
+            await send_failure(send, result, report, headers, _terms(req))
             return
         passthrough = not spec.policy.tools and not req.run.has_loop
         await send_json(
@@ -89,9 +90,9 @@ class ChatCompletions:
         try:
             if failed(result):
                 if not writer.started:
-                    await send_failure(writer.send, result, report, writer.headers)
+                    await send_failure(writer.send, result, report, writer.headers, _terms(req))
                     return
-                await writer.fail(failure_error(result).body(), report)
+                await writer.fail(failure_error(result, _terms(req)).body(), report)
                 return
             text = result.message.get("content")
             if run.one_document and isinstance(text, str) and text:
@@ -102,3 +103,7 @@ class ChatCompletions:
             await writer.finish(result.finish_reason, report, usage)
         except ClientDisconnected:
             return
+
+
+def _terms(req: ChatRequest) -> ClientTerms:
+    return ClientTerms(req.run.messages, req.run.client_tools)

@@ -9,6 +9,7 @@ from typing import Any
 from starlette.types import Send
 
 from proxy.api.asgi import send_error
+from proxy.api.upstream_param import ClientTerms, client_param
 from proxy.engine.run_spec import RunResult
 from proxy.engine.stop import ERROR_STOPS
 from proxy.errors import (
@@ -26,26 +27,49 @@ def failed(result: RunResult) -> bool:
     return result.stop.is_failure or result.stop.reason in ERROR_STOPS
 
 
-def failure_error(result: RunResult) -> ProxyError:
-    """The error a failed run answers with."""
+def failure_error(result: RunResult, terms: ClientTerms | None = None) -> ProxyError:
+    """The error a failed run answers with; an upstream's relayed with its `param` in the
+    client's `terms` (`upstream_param`)."""
     stop, error = result.stop, result.error
     if stop.is_failure:
         return LoopFailed(f"the run stopped: {stop.reason.value}", code=stop.error_code)
     if isinstance(error, UpstreamStatusError) and result.tools_ran:
         return UpstreamUnavailable(f"{error} after tools ran", code="upstream_error")
+    if isinstance(error, UpstreamStatusError) and error.param is not None:
+        return _in_client_terms(error, client_param(error.param, result.last_request, terms))
     if isinstance(error, UpstreamFailure | StateUnavailable):
         return error
     return InternalError()
 
 
+def _in_client_terms(error: UpstreamStatusError, param: str | None) -> UpstreamStatusError:
+    if param == error.param:
+        return error
+    message = error.message
+    if param is not None and error.param is not None:  # "Invalid 'messages[2].content': …"
+        message = message.replace(error.param, param)
+    return UpstreamStatusError(
+        error.status,
+        message,
+        error_type=error.type,
+        param=param,
+        code=error.code,
+        retry_headers=error.retry_headers,
+    )
+
+
 async def send_failure(
-    send: Send, result: RunResult, report: dict[str, Any], headers: dict[str, str]
+    send: Send,
+    result: RunResult,
+    report: dict[str, Any],
+    headers: dict[str, str],
+    terms: ClientTerms | None = None,
 ) -> None:
     """A failed run's response: its error (`failure_error`) with the `loop` report, and the
     upstream's retry headers when its error answer is relayed."""
     if result.tools_ran:
         headers["x-should-retry"] = "false"
-    error = failure_error(result)
+    error = failure_error(result, terms)
     if isinstance(error, UpstreamStatusError) and error.retry_headers:
         headers = {**error.retry_headers, **headers}
     await send_error(send, error, headers, {"loop": report})

@@ -51,6 +51,7 @@ from proxy.api.run_request import THREAD_HEADER
 from proxy.api.services import Services
 from proxy.api.stored_conversation import Conversation
 from proxy.api.stored_reads import StoredReads
+from proxy.api.upstream_param import ClientTerms
 from proxy.engine.run import Run
 from proxy.engine.run_spec import RunResult
 from proxy.errors import (
@@ -119,7 +120,7 @@ class Responses:
         report = context.report(result)
         if failed(result):
             await sv.remember(result, report, owner, caller)
-            await send_failure(send, result, report, headers)
+            await send_failure(send, result, report, headers, context.terms)
             return
         if calls is not None:
             calls.unfinished()
@@ -145,7 +146,7 @@ class Responses:
             if failed(result):
                 await sv.remember(result, report, context.owner, context.caller)
                 if not writer.started:
-                    await send_failure(writer.send, result, report, writer.headers)
+                    await send_failure(writer.send, result, report, writer.headers, context.terms)
                     return
                 await writer.fail(context.failed_response(result, writer.base, report))
                 return
@@ -178,6 +179,12 @@ class _Context:
     prefix: str
     calls: ServerCalls | None  # the server calls shown as items
 
+    @property
+    def terms(self) -> ClientTerms:
+        """A Responses request names no `messages`, and its tools its own way."""
+        run = self.req.run
+        return ClientTerms(None, run.client_tools, run.tool_params)
+
     def report(self, result: RunResult) -> dict[str, Any]:
         report = loop_report(result, self.req.run.loop.include_messages)
         if self.req.ignored_tools:
@@ -202,7 +209,7 @@ class _Context:
     def failed_response(
         self, result: RunResult, base: dict[str, Any], report: dict[str, Any]
     ) -> dict[str, Any]:
-        error = failure_error(result)
+        error = failure_error(result, self.terms)
         body = {**base, "status": "failed", "usage": response_usage(result.usage)}
         body["error"] = {"code": error.code or error.type, "message": error.message}
         body["loop"] = report

@@ -31,6 +31,7 @@ async def call_model(
     started = clock()
     await voice.emit(ev.StepStarted(run.run_id, index, request, started))
     run.invocations += 1
+    run.last_request = request
     try:
         reply = await deps.model.complete(request, voice.step_sink())
     except BaseException as exc:

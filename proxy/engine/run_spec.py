@@ -20,7 +20,7 @@ from proxy.engine.ports import (
 from proxy.engine.state import RunState
 from proxy.engine.stop import Stop
 from proxy.engine.usage import Usage
-from proxy.engine.values import ModelReply
+from proxy.engine.values import ModelReply, ModelRequest
 
 
 @dataclass(slots=True)
@@ -79,6 +79,7 @@ class RunResult:
     last_reply: ModelReply | None = None
     error: BaseException | None = None
     held: dict[str, Any] | None = None  # see `RunState.held`
+    last_request: ModelRequest | None = None  # see `RunState.last_request`
 
     @classmethod
     def of(cls, run: RunState, ending: Ending, error: BaseException | None) -> RunResult:
@@ -96,4 +97,5 @@ class RunResult:
             run.last_reply,
             error,
             run.held,
+            run.last_request,
         )

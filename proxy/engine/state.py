@@ -8,7 +8,7 @@ from typing import Any
 
 from proxy.engine.expressions.vocabulary import VARIABLES
 from proxy.engine.usage import Usage
-from proxy.engine.values import ModelReply, ToolCall
+from proxy.engine.values import ModelReply, ModelRequest, ToolCall
 
 
 @dataclass(slots=True)
@@ -54,6 +54,7 @@ class RunState:
     # request (SPEC §5.1.6).
     held: dict[str, Any] | None = None
     last_reply: ModelReply | None = None  # the model's latest reply, for the run's answer
+    last_request: ModelRequest | None = None  # the latest call's, for its error's `param`
     one_document: bool = False  # the reply is one JSON document (`RunSpec.one_document`)
 
     @property

@@ -7,6 +7,7 @@ from typing import Any
 import httpx
 import orjson
 import pytest
+from openai import AsyncOpenAI, BadRequestError
 
 from proxy.json_values import MAX_DEPTH as MAX_JSON_DEPTH
 from tests.integration.conftest import Proxy, ProxyFactory
@@ -549,3 +550,84 @@ async def test_a_long_path_is_not_echoed_whole_in_a_405(
         r = await proxy.client.request(method, path.format("r" * 60_000))
     assert r.status_code == 405
     assert len(r.content) < 1_000
+
+
+def refuse(param: str) -> Failure:
+    """An upstream's 400 about a part of the request it was sent, as OpenAI words it."""
+    return fail(
+        400, f"Invalid '{param}': bad value.", error_type="invalid_request_error", param=param
+    )
+
+
+CLIENT_TOOL = {"type": "function", "function": {"name": "lookup", "parameters": {}}}
+PROMPTED = {
+    "upstreams": NOT_RETRIED["upstreams"],
+    "agents": {
+        "clerk": {"model": "scripted", "tools": ["get_weather"], "system_prompt": "Be brief."}
+    },
+}
+
+
+@pytest.mark.parametrize(
+    ("sent", "named"),
+    [
+        ("messages[2].content[0].image_url", "messages[1].content[0].image_url"),
+        ("messages.[1]", "messages.[0]"),  # another upstream's way of writing it
+        ("messages[0].content", None),  # the agent's system prompt: not the client's
+        ("messages[9]", None),  # no such message was sent
+        ("tools[1].function.parameters", "tools[0].function.parameters"),
+        ("tools[0].function.name", None),  # the server's own tool
+        ("temperature", "temperature"),  # a field sent as the client sent it
+    ],
+)
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_upstream_s_refusal_names_the_part_of_the_client_s_own_request(
+    proxy_for: ProxyFactory, sent: str, named: str | None, stream: bool
+) -> None:
+    """The agent's system prompt comes first upstream, and its server tools before the
+    client's: the index the upstream names is the client's, or none."""
+    async with proxy_for(PROMPTED) as proxy:
+        proxy.upstream.script(refuse(sent))
+        client = AsyncOpenAI(
+            base_url="http://proxy.test/v1", api_key="sk", http_client=proxy.client, max_retries=0
+        )
+        messages: Any = [
+            {"role": "user", "content": "Look."},
+            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]},
+        ]
+        with pytest.raises(BadRequestError) as refused:
+            await client.chat.completions.create(
+                model="clerk",
+                messages=messages,
+                tools=[CLIENT_TOOL],
+                temperature=0.5,
+                stream=stream,
+            )
+    assert refused.value.param == named
+    sent_request = proxy.upstream.bodies[0]
+    assert sent_request["messages"][1:] == messages  # the system prompt came first
+    assert [t["function"]["name"] for t in sent_request["tools"]] == ["get_weather", "lookup"]
+    if named is not None:  # the message names it so too
+        assert refused.value.message == f"Error code: 400 - Invalid '{named}': bad value."
+
+
+async def test_a_responses_refusal_names_no_message_and_the_client_s_tool_as_it_named_it(
+    proxy_for: ProxyFactory,
+) -> None:
+    """A Responses request sent no `messages`; its tools are named in its own layout."""
+    async with proxy_for(PROMPTED) as proxy:
+        proxy.upstream.script(refuse("tools[2].function.parameters"), refuse("messages[1].content"))
+        client = AsyncOpenAI(
+            base_url="http://proxy.test/v1", api_key="sk", http_client=proxy.client, max_retries=0
+        )
+        tools: Any = [
+            {"type": "web_search"},  # a hosted tool, left out
+            {"type": "function", "name": "lookup", "parameters": {}},
+            {"type": "function", "name": "note", "parameters": {}},
+        ]
+        params = []
+        for _ in range(2):
+            with pytest.raises(BadRequestError) as refused:
+                await client.responses.create(model="clerk", input="Look.", tools=tools)
+            params.append(refused.value.param)
+    assert params == ["tools[2].parameters", None]
