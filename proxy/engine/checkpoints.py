@@ -44,16 +44,24 @@ class Checkpoints:
 
     async def review(self, run: RunState, call: ToolCall) -> Block | None:
         """None: the call is admitted and will be executed."""
-        for policy in self.policies:
-            block = await policy.review_call(run, call)
-            if block is not None:
-                return block
+        block = await self.review_client_call(run, call)
+        if block is not None:
+            return block
         for policy in self.policies:
             block = await policy.reserve(run, call)
             if block is not None:
                 return block
         for policy in self.policies:
             policy.admit(run, call)
+        return None
+
+    async def review_client_call(self, run: RunState, call: ToolCall) -> Block | None:
+        """The reviews alone (`review_call`: the tool rules'), for a call the client will run:
+        nothing is reserved or counted for it (SPEC §9 counts the calls the proxy executes)."""
+        for policy in self.policies:
+            block = await policy.review_call(run, call)
+            if block is not None:
+                return block
         return None
 
     def decides_next(self, call: ToolCall) -> bool:

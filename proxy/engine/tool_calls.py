@@ -65,9 +65,19 @@ class ReplyCalls:
         return call.name in self.client or not self.server
 
     async def execute(self, run: RunState, reply: ModelReply) -> Outcome | None:
-        """Runs the server calls of `reply`; None when the loop goes on."""
-        server = [c for c in reply.tool_calls if not self.is_client_call(c)]
-        client = [c for c in reply.tool_calls if self.is_client_call(c)]
+        """Runs the server calls of `reply`; None when the loop goes on. A client call the
+        tool rules do not allow now is answered as a blocked server call is (SPEC §8)."""
+        server: list[ToolCall] = []
+        client: list[ToolCall] = []
+        refused: dict[int, Block] = {}  # by the call's place in `server`
+        for call in reply.tool_calls:
+            if not self.is_client_call(call):
+                server.append(call)
+            elif (block := await self.checkpoints.review_client_call(run, call)) is not None:
+                refused[len(server)] = block
+                server.append(call)
+            else:
+                client.append(call)
         outputs: dict[str, str] = {}
         batch: list[ToolCall] = []
         stop: Stop | None = None
@@ -90,7 +100,7 @@ class ReplyCalls:
             if stop is not None:  # an earlier call of this reply ended the run
                 outputs[call.id] = error_content(NOT_EXECUTED)
                 continue
-            block = await self._review(run, call)
+            block = refused.get(index) or await self._review(run, call)
             if block is not None:
                 outputs[call.id] = error_content(block.message)
                 await self.emit(

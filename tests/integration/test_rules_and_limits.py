@@ -59,6 +59,34 @@ async def test_an_agent_offers_each_step_only_the_allowed_tools(proxy_for: Proxy
     assert called == ["get_weather", "to_fahrenheit"]
 
 
+async def test_a_client_call_the_rules_do_not_allow_now_is_blocked_and_the_run_goes_on(
+    proxy_for: ProxyFactory,
+) -> None:
+    """A model that ignores `tool_choice` and calls a client tool first: not handed to the
+    client, answered with the rules' error; once the rules allow it, it is the client's."""
+    async with proxy_for(RULED) as proxy:
+        proxy.upstream.script(
+            calls(call("ask_user"), call("get_weather", city="Lima")),  # before the first tool
+            call("ask_user"),  # after get_weather: its child only
+            call("to_fahrenheit", celsius=23.0),
+            call("ask_user"),  # allowed
+        )
+        r = await proxy.chat(model="ruled", tools=[ASK_USER], messages=user("Lima?"))
+        sent = proxy.upstream.bodies
+    body = r.json()
+    assert body["loop"]["stop_reason"] == "client_tool_call"
+    calls_given = body["choices"][0]["message"]["tool_calls"]
+    assert [c["function"]["name"] for c in calls_given] == ["ask_user"]
+    results = [m["content"] for m in sent[1]["messages"] if m["role"] == "tool"]
+    assert (
+        "Tool 'ask_user' is not allowed now by the tool rules. Allowed tools: get_weather"
+        in (results[0])
+    )
+    assert "Lima" in results[1]  # the reply's server call ran
+    blocked_again = [m["content"] for m in sent[2]["messages"] if m["role"] == "tool"][-1]
+    assert "Allowed tools: to_fahrenheit" in blocked_again
+
+
 async def test_a_disallowed_call_is_blocked_and_the_model_reads_why(
     proxy_for: ProxyFactory,
 ) -> None:
