@@ -147,8 +147,17 @@ class ChunkAccumulator:
             self.refusal.append(refusal)
 
     def _add_call(self, call: dict[str, Any], i: int) -> None:
+        """A delta of a call: of the call at its `index`, or, from an upstream that sends none,
+        of the last call unless it brings another call's id or name. A name sent again whole
+        with each delta (as some upstreams do, with the id) is the same name."""
         path = f"choices[0].delta.tool_calls[{i}]"
-        index = call.get("index", len(self.calls))
+        call_id = _optional_text(call.get("id"), f"{path}.id")
+        function = call.get("function")
+        function = {} if function is None else _object(function, f"{path}.function")
+        name = _optional_text(function.get("name"), f"{path}.function.name") or ""
+        index = call.get("index")
+        if index is None:
+            index = self._unindexed(call_id, name)
         if isinstance(index, bool) or not isinstance(index, int):
             raise MalformedReply(f"{path}.index is not an integer")
         slot = self.calls.get(index)
@@ -156,14 +165,19 @@ class ChunkAccumulator:
             if len(self.calls) >= self.limits.max_tool_calls:
                 raise _too_many(self.limits)
             slot = self.calls[index] = {"id": None, "name": "", "arguments": []}
-        slot["id"] = slot["id"] or _optional_text(call.get("id"), f"{path}.id")
-        function = call.get("function")
-        if function is None:
-            return
-        function = _object(function, f"{path}.function")
-        slot["name"] += _optional_text(function.get("name"), f"{path}.function.name") or ""
+        slot["id"] = slot["id"] or call_id
+        if name != slot["name"]:
+            slot["name"] += name
         arguments = _optional_text(function.get("arguments"), f"{path}.function.arguments")
         slot["arguments"].append(arguments or "")
+
+    def _unindexed(self, call_id: str | None, name: str) -> int:
+        """The index of a call delta without one: the last call's, or the next."""
+        last = max(self.calls, default=-1)
+        held = self.calls.get(last)
+        if held is None or (call_id and call_id != held["id"]):
+            return last + 1
+        return last + 1 if name and held["name"] not in ("", name) else last
 
     def reply(self) -> ModelReply:
         calls = unique_ids(

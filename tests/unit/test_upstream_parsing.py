@@ -108,6 +108,44 @@ def test_a_delta_with_text_and_more_keeps_all_of_it() -> None:
         acc.add({"choices": [{"delta": {"content": "x", "refusal": 5}}]})
 
 
+def _calls_of(*deltas: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
+    acc = ChunkAccumulator()
+    for calls in deltas:
+        acc.add({"choices": [{"delta": {"tool_calls": calls}}]})
+    acc.add({"choices": [{"delta": {}, "finish_reason": "tool_calls"}]})
+    return [(c.id, c.name, c.arguments) for c in acc.reply().tool_calls]
+
+
+def _part(arguments: str, **fields: Any) -> dict[str, Any]:
+    name = fields.pop("name", None)
+    function = {"arguments": arguments} | ({"name": name} if name else {})
+    return {**fields, "function": function}
+
+
+def test_calls_streamed_as_other_upstreams_stream_them() -> None:
+    """Deltas that repeat the id and the whole name (as some OpenAI-compatible servers send
+    them), and deltas without an `index`: one call each, as OpenAI's own deltas would be."""
+    repeated = [
+        [_part('{"city":', index=0, id="a", name="look")],
+        [_part(' "Oslo"}', index=0, id="a", name="look")],
+        [_part("{}", index=1, id="b", name="note")],
+        [_part("", index=1, id="b", name="note")],
+    ]
+    assert _calls_of(*repeated) == [("a", "look", '{"city": "Oslo"}'), ("b", "note", "{}")]
+    unindexed = [
+        [_part('{"city":', id="a", name="look")],
+        [_part(' "Oslo"}')],
+        [_part("{}", id="b", name="note")],
+        [_part("{}", name="ask")],  # no id: another name is another call
+        [_part("", name="ask")],  # the same name again: the same call
+    ]
+    assert _calls_of(*unindexed) == [
+        ("a", "look", '{"city": "Oslo"}'),
+        ("b", "note", "{}"),
+        ("call_2", "ask", "{}"),
+    ]
+
+
 def test_upstream_body_caps_tokens_and_drops_tool_fields_without_tools() -> None:
     up = Upstream("u", "http://u/v1", HttpxTransport(httpx.AsyncHTTPTransport()))
     request = ModelRequest(
