@@ -154,6 +154,13 @@ class Planner:
                     f"tool {client!r} clashes with a server tool",
                     param=req.tool_params[i] if req.tool_params else f"tools[{i}].function.name",
                 )
+        legacy = next((f for f in ("functions", "function_call") if f in req.params), None)
+        if legacy is not None and (req.has_loop or policy.tools):
+            raise InvalidRequest(
+                f"{legacy} (the functions API before tools) cannot be used when the proxy runs "
+                "a loop: send client tools as tools",
+                param=legacy,
+            )
         if req.params.get("n", 1) != 1 and (
             req.has_loop or policy.stop_when or policy.may_take_steps
         ):  # a run's reply is one message, and budgets size one completion a step

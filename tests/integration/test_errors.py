@@ -167,6 +167,11 @@ def comprehensions(depth: int) -> str:
             "tools[0].function.name",
         ),
         ({"model": "weather", "messages": USER, "n": 2}, "n"),
+        ({"model": "weather", "messages": USER, "functions": [{"name": "f"}]}, "functions"),
+        (
+            {"model": "scripted", "messages": USER, "loop": {}, "function_call": "auto"},
+            "function_call",
+        ),
         (
             {"model": "scripted", "messages": USER, "loop": {"tool_rules": [{"type": "x"}]}},
             "loop.tool_rules[0].type",
@@ -631,3 +636,12 @@ async def test_a_responses_refusal_names_no_message_and_the_client_s_tool_as_it_
                 await client.responses.create(model="clerk", input="Look.", tools=tools)
             params.append(refused.value.param)
     assert params == ["tools[2].parameters", None]
+
+
+async def test_the_functions_api_is_relayed_when_no_loop_runs(proxy: Proxy) -> None:
+    """`functions` is refused only where the proxy would run the calls' loop."""
+    proxy.upstream.script(say("Relayed."))
+    functions = [{"name": "lookup", "parameters": {"type": "object"}}]
+    r = await proxy.chat(model="scripted", functions=functions, function_call="auto")
+    assert r.status_code == 200
+    assert proxy.upstream.bodies[0]["functions"] == functions
