@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -85,10 +86,13 @@ class MetricsObserver:
         self.labels = labels
         self._series: dict[tuple[str, str], RunSeries] = {}  # (agent label, model) -> series
         self._runs: dict[str, RunSeries] = {}  # run id -> its series
+        # The server calls running, by run id: call id -> (tool label, when it started).
+        self._running: dict[str, dict[str, tuple[str, float]]] = {}
         self._handlers: dict[type, Callable[[Any], None]] = {
             ev.RunStarted: self._started,
             ev.ModelReplied: self._replied,
             ev.ModelFailed: self._failed,
+            ev.ToolStarted: self._tool_started,
             ev.ToolExecuted: self._executed,
             ev.CallBlocked: self._blocked,
             ev.Nudged: self._nudged,
@@ -123,10 +127,28 @@ class MetricsObserver:
     def _failed(self, event: ev.ModelFailed) -> None:
         self._run(event.run_id).failed(event.duration_s, error_type(event.error))
 
+    def _tool_started(self, event: ev.ToolStarted) -> None:
+        running = self._running.setdefault(event.run_id, {})
+        running[event.call.id] = (self.labels.tool(event.call.name), time.monotonic())
+
     def _executed(self, event: ev.ToolExecuted) -> None:
-        m, tool = self.metrics, self.labels.tool(event.call.name)
-        m.child(m.tool_calls, tool, event.result.outcome).inc()
-        m.child(m.tool_duration, tool).observe(event.duration_s)
+        running = self._running.get(event.run_id)
+        if running is not None:
+            running.pop(event.call.id, None)
+        self._tool_ended(self.labels.tool(event.call.name), event.result.outcome, event.duration_s)
+
+    def _tool_ended(self, tool: str, outcome: str, duration_s: float) -> None:
+        m = self.metrics
+        m.child(m.tool_calls, tool, outcome).inc()
+        m.child(m.tool_duration, tool).observe(duration_s)
+
+    def _cut_short(self, event: ev.RunFinished) -> None:
+        """The server calls the run's end cut short (its time budget: `timeout`; the client
+        gone, or a failure: `error`), counted as the calls that finished are."""
+        outcome = "timeout" if event.stop.reason is StopReason.TIME_BUDGET else "error"
+        now = time.monotonic()
+        for tool, started in self._running.pop(event.run_id, {}).values():
+            self._tool_ended(tool, outcome, now - started)
 
     def _blocked(self, event: ev.CallBlocked) -> None:
         m = self.metrics
@@ -140,6 +162,8 @@ class MetricsObserver:
         series = self._runs.pop(event.run_id, None) or self.series(event.agent, event.model)
         self.metrics.in_flight.dec()
         series.finished(event)
+        if event.run_id in self._running:
+            self._cut_short(event)
 
 
 class OverheadObserver:

@@ -79,9 +79,11 @@ async def test_a_client_that_goes_away_cancels_the_run(proxy_for: ProxyFactory) 
         sent = await proxy.leaving(body, after_s=0.1)
         finished = proxy.observer.of(ev.RunFinished)
         report = (await proxy.client.get(f"/v1/runs/{finished[0].run_id}")).json()
+        cut = proxy.metric("loopwarden_tool_calls_total", tool="sleep", outcome="error")
     assert [f.stop.reason for f in finished] == [StopReason.CANCELLED]
     assert sent == []
     assert (report["stop_reason"], report["tool_calls"]) == ("cancelled", 1)  # it had started
+    assert cut == 1  # and is counted as a call that failed
 
 
 async def test_the_time_budget_holds_while_a_tool_runs(proxy: Proxy) -> None:
@@ -99,3 +101,6 @@ async def test_the_time_budget_holds_while_a_tool_runs(proxy: Proxy) -> None:
     assert loop["tool_calls"] == 1  # cut short, it ran
     assert 0.3 <= loop["stop_details"]["observed"] < 20
     assert r.json()["choices"][0]["finish_reason"] == "length"
+    cut = proxy.metric("loopwarden_tool_calls_total", tool="sleep", outcome="timeout")
+    assert cut == 1
+    assert proxy.metric("loopwarden_tool_duration_seconds_count", tool="sleep") == 1
