@@ -4,8 +4,9 @@ sync ones run in.
 A sync callable cannot be interrupted: one that hangs past its timeout keeps its thread until it
 returns. In a pool the rest of the process shares (asyncio's default executor, the state
 backend's thread), a few stuck tools would stall everything. `CallThreads` gives them a
-bounded set of threads of their own, and a call that finds none free fails at once instead of
-queueing behind the stuck ones. The threads are daemons: a callable that never returns does not
+bounded set of threads of their own: a call waits for one while others run calls that are
+awaited, and fails at once when every thread is held by a call given up on, instead of queueing
+behind the stuck ones. The threads are daemons: a callable that never returns does not
 keep the process from exiting.
 """
 
@@ -18,8 +19,10 @@ import importlib
 import inspect
 import queue
 import threading
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 def load_callable(ref: str) -> Callable[..., Any]:
@@ -39,7 +42,41 @@ def load_callable(ref: str) -> Callable[..., Any]:
 
 
 class NoWorkerFree(Exception):
-    """Every thread is busy with a call that has not returned: slow or stuck callables."""
+    """Every thread is busy with a call its caller gave up on: stuck callables."""
+
+
+class CallRaised(Exception):
+    """What a callable raised that may not reach the event loop as it is (`SystemExit`,
+    `KeyboardInterrupt`, a `CancelledError` of its own, `StopIteration`, which a future cannot
+    hold), carried as an ordinary failure that names it."""
+
+    def __init__(self, raised: BaseException) -> None:
+        said = str(raised)
+        super().__init__(f"{type(raised).__name__}: {said}" if said else type(raised).__name__)
+
+
+def ordinary(exc: BaseException) -> Exception:
+    """`exc` when a callable's caller may be failed with it, else a CallRaised naming it."""
+    if isinstance(exc, Exception) and not isinstance(exc, StopIteration):
+        return exc
+    return CallRaised(exc)
+
+
+async def awaited(work: Awaitable[T]) -> T:
+    """`await work` (an async callable's call): what it raises that would end more than the
+    call (`SystemExit`, a cancellation of its own) is a CallRaised; a cancellation of the
+    awaiting task stays one."""
+    try:
+        return await work
+    except Exception:
+        raise
+    except asyncio.CancelledError as exc:
+        task = asyncio.current_task()
+        if task is None or task.cancelling():  # the caller is cancelled: not the callable's
+            raise
+        raise CallRaised(exc) from None
+    except BaseException as exc:
+        raise CallRaised(exc) from None
 
 
 # Threads kept waiting for the next call once theirs returned: starting a thread per call cost
@@ -47,9 +84,20 @@ class NoWorkerFree(Exception):
 KEEP_IDLE = 8
 
 
+class _Call:
+    __slots__ = ("delivered", "given_up")
+
+    def __init__(self) -> None:
+        self.delivered = False  # its outcome came back to the event loop
+        self.given_up = False  # its caller stopped waiting before that (a timeout, a cancel)
+
+
 class CallThreads:
     """At most `limit` sync calls at once, each in a daemon thread; a thread whose call
-    returned waits for the next (up to KEEP_IDLE of them wait)."""
+    returned waits for the next (up to KEEP_IDLE of them wait). A call waits for a thread
+    while any runs a call that its caller waits for; when every one holds a call given up on
+    (stuck past its timeout), it fails at once (NoWorkerFree): stuck callables never make the
+    others wait out their timeouts. Used from one event loop at a time."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
@@ -57,6 +105,11 @@ class CallThreads:
         self._idle = 0  # threads waiting for a call
         self._lock = threading.Lock()
         self._calls: queue.SimpleQueue[Callable[[], Callable[[], None]]] = queue.SimpleQueue()
+        # Of the event loop's: calls started and not yet back, those given up on, and the
+        # callers waiting for one of them to end.
+        self._running = 0
+        self._given_up = 0
+        self._waiters: list[asyncio.Future[None]] = []
 
     @property
     def busy(self) -> int:
@@ -69,23 +122,20 @@ class CallThreads:
         return self._idle
 
     async def run(self, func: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
-        """`func(*args, **kwargs)` in a thread, in the caller's context; raises NoWorkerFree
-        when `limit` calls are still running."""
-        with self._lock:
-            if self._busy >= self.limit:
-                raise NoWorkerFree(
-                    f"no tool worker free: all {self.limit} tool threads are busy with calls "
-                    "that have not returned (server.tool_threads)"
-                )
-            self._busy += 1
-            start = self._idle == 0
-            if not start:
-                self._idle -= 1  # that one takes this call
+        """`func(*args, **kwargs)` in a thread, in the caller's context, once a thread is
+        free; raises NoWorkerFree when every thread is stuck. What the callable raises that
+        may not reach the event loop is a CallRaised (`ordinary`)."""
+        await self._turn()
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         context = contextvars.copy_context()
+        call = _Call()
 
         def settle(ok: bool, value: Any) -> None:
+            call.delivered = True
+            self._running -= 1
+            self._given_up -= call.given_up
+            self._wake()
             if future.done():  # the caller gave up on it (a timeout, a cancelled run)
                 return
             if ok:
@@ -98,7 +148,7 @@ class CallThreads:
             try:
                 outcome = (True, context.run(func, *args, **kwargs))
             except BaseException as exc:
-                outcome = (False, exc)
+                outcome = (False, ordinary(exc))
 
             def deliver() -> None:
                 # A closed loop raises RuntimeError: nobody waits for the result any more.
@@ -107,6 +157,50 @@ class CallThreads:
 
             return deliver
 
+        try:
+            self._start(work)
+        except BaseException:
+            self._running -= 1
+            self._wake()
+            raise
+        try:
+            return await future
+        except asyncio.CancelledError:
+            if not call.delivered:
+                call.given_up = True
+                self._given_up += 1
+                self._wake()  # every thread may be stuck now: the waiters fail at once
+            raise
+
+    async def _turn(self) -> None:
+        """Returns once this call may take a thread."""
+        while self._running >= self.limit:
+            if self._given_up >= self._running:
+                raise NoWorkerFree(
+                    f"no tool worker free: all {self.limit} tool threads are busy with calls "
+                    "that have not returned (server.tool_threads)"
+                )
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            finally:
+                if waiter in self._waiters:
+                    self._waiters.remove(waiter)
+        self._running += 1
+
+    def _wake(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def _start(self, work: Callable[[], Callable[[], None]]) -> None:
+        with self._lock:
+            self._busy += 1
+            start = self._idle == 0
+            if not start:
+                self._idle -= 1  # that one takes this call
         if start:
             try:
                 threading.Thread(target=self._serve, name="loopwarden-call", daemon=True).start()
@@ -115,7 +209,6 @@ class CallThreads:
                     self._busy -= 1
                 raise
         self._calls.put(work)
-        return await future
 
     def _serve(self) -> None:
         while True:
@@ -132,5 +225,5 @@ class CallThreads:
 async def call(func: Callable[..., Any], threads: CallThreads, /, *args: Any, **kwargs: Any) -> Any:
     """Awaits an async callable; runs a sync one in one of `threads`, off the event loop."""
     if inspect.iscoroutinefunction(func):
-        return await func(*args, **kwargs)
+        return await awaited(func(*args, **kwargs))
     return await threads.run(func, *args, **kwargs)

@@ -43,10 +43,10 @@ class ConfiguredChecks:
 
     async def check(self, kind: str, name: str, snapshot: Mapping[str, Any]) -> bool | None:
         cfg = self.conditions[name]
-        try:
+        try:  # within `timeout_s` as a whole (a webhook that trickles its answer included)
             if kind == "python":
                 return await asyncio.wait_for(self._python(name, snapshot), cfg.timeout_s)
-            return await self._webhook(cfg, snapshot)
+            return await asyncio.wait_for(self._webhook(cfg, snapshot), cfg.timeout_s)
         except Exception as exc:
             log.warning("stop condition %s %r failed: %s", kind, name, exc)
             return None

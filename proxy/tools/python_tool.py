@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import ConfigDict, ValidationError, create_model
 
-from proxy.callables import CallThreads
+from proxy.callables import CallThreads, awaited
 from proxy.engine.values import ToolContext
 from proxy.tools.base import BadArguments, Invoke
 
@@ -49,7 +49,7 @@ def python_tool(
     if inspect.iscoroutinefunction(func):
 
         async def invoke(arguments: dict[str, Any], ctx: ToolContext) -> Any:
-            return await func(**arguments)
+            return await awaited(func(**arguments))
 
     else:
 

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import orjson
 
-from proxy.callables import CallThreads, NoWorkerFree, load_callable
+from proxy.callables import CallRaised, CallThreads, NoWorkerFree, load_callable
 from proxy.config import Config
 from proxy.config.agents import AgentConfig
 from proxy.config.environment import setting
@@ -223,7 +223,7 @@ class ToolRegistry:
             output = await within(tool.invoke(arguments, ctx), tool.timeout_s)
         except TimeoutError:
             return ToolResult(f"tool timed out after {tool.timeout_s:g}s", "timeout")
-        except (ToolFailed, NoWorkerFree) as exc:
+        except (ToolFailed, NoWorkerFree, CallRaised) as exc:
             return ToolResult(str(exc), "error")
         except Exception as exc:
             return ToolResult(f"{type(exc).__name__}: {exc}", "error")

@@ -530,6 +530,36 @@ async def test_a_webhook_answer_over_64_kib_is_a_check_that_fails(
     assert f"its answer is larger than {WEBHOOK_ANSWER_BYTES} bytes" in caplog.text
 
 
+async def test_a_webhook_that_trickles_its_answer_is_cut_at_its_timeout(
+    proxy_for: ProxyFactory, router: respx.MockRouter
+) -> None:
+    """`timeout_s` bounds the whole check, not each read: a byte every 0.1 s is no answer."""
+
+    async def trickle() -> AsyncIterator[bytes]:
+        for _ in range(100):
+            await asyncio.sleep(0.1)
+            yield b" "
+
+    router.post("http://checks.test/stop").mock(
+        side_effect=[
+            httpx.Response(200, content=trickle()),
+            httpx.Response(200, json={"stop": True}),
+        ]
+    )
+    conditions = {"enough": {"kind": "webhook", "url": "http://checks.test/stop", "timeout_s": 0.5}}
+    async with proxy_for({"conditions": conditions}) as proxy:
+        proxy.upstream.script(keep(call("search_notes", query="Lima")))
+        started = time.monotonic()
+        r = await proxy.chat(
+            model="scripted",
+            messages=user("Research Lima."),
+            loop={"tools": ["search_notes"], "stop_when": [{"webhook": "enough"}]},
+        )
+        took = time.monotonic() - started
+    assert (r.json()["loop"]["stop_reason"], r.json()["loop"]["steps"]) == ("custom_condition", 2)
+    assert took < 5  # the trickle alone takes 10 s
+
+
 async def test_models_lists_agents_aliases_and_upstream_models(proxy_for: ProxyFactory) -> None:
     async with proxy_for({"models": {"fast": {"model": "scripted"}}}) as proxy:
         r = await proxy.client.get("/v1/models")
