@@ -43,6 +43,7 @@ class Tool:
     # Validates parsed arguments, returning them (possibly coerced); raises BadArguments.
     validate: Callable[[dict[str, Any]], dict[str, Any]]
     max_output_bytes: int = 1024 * 1024  # of the text the model reads; more is a tool error
+    grace_s: float = 0.0  # past `timeout_s`, for a transport's own timeout to come first
 
     @property
     def name(self) -> str:

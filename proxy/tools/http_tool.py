@@ -47,8 +47,10 @@ def http_invoke(
                 body, more = await read_up_to(response, cap)
             finally:
                 await response.aclose()
-        except httpx.TimeoutException:
-            raise TimeoutError from None
+        except httpx.TimeoutException as exc:
+            if _timed_out(exc):
+                raise TimeoutError from None
+            raise ToolFailed(f"tool server unreachable: {type(exc.__cause__).__name__}") from None
         except httpx.HTTPError as exc:
             raise ToolFailed(f"tool server unreachable: {type(exc).__name__}") from None
         if not ok:
@@ -64,3 +66,10 @@ def http_invoke(
         return body.decode("utf-8", "replace")
 
     return invoke
+
+
+def _timed_out(exc: httpx.TimeoutException) -> bool:
+    """Whether the transport's timeout is a timeout: the httpx API over aiohttp reports a
+    connection refused or reset as a `ConnectTimeout` too, its cause telling them apart."""
+    cause = exc.__cause__
+    return cause is None or isinstance(cause, TimeoutError)

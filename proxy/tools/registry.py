@@ -220,18 +220,38 @@ class ToolRegistry:
                 arguments = await validate.in_thread(arguments)  # patterns, references, long
             else:
                 arguments = validate(arguments)
-            output = await within(tool.invoke(arguments, ctx), tool.timeout_s)
+            output = await within(tool.invoke(arguments, ctx), tool.timeout_s + tool.grace_s)
         except TimeoutError:
             return ToolResult(f"tool timed out after {tool.timeout_s:g}s", "timeout")
         except (ToolFailed, NoWorkerFree, CallRaised) as exc:
-            return ToolResult(str(exc), "error")
+            return _failed(str(exc), tool.max_output_bytes)
         except Exception as exc:
-            return ToolResult(f"{type(exc).__name__}: {exc}", "error")
+            return _failed(f"{type(exc).__name__}: {exc}", tool.max_output_bytes)
         text = as_text(output)
+        if not text.isascii():
+            text = _encodable(text)
         # Characters are at most 4 bytes: only a long text needs encoding to be measured.
         if len(text) * 4 > tool.max_output_bytes and len(text.encode()) > tool.max_output_bytes:
             return ToolResult(str(output_too_large(tool.max_output_bytes)), "error")
         return ToolResult(text)
+
+
+def _failed(message: str, cap: int) -> ToolResult:
+    """An error result: its text (an exception's, an MCP server's) cut to `cap` bytes."""
+    message = _encodable(message)
+    if len(message) * 4 > cap and len(encoded := message.encode()) > cap:
+        message = encoded[: cap - 3].decode("utf-8", "ignore") + "…"
+    return ToolResult(message, "error")
+
+
+def _encodable(text: str) -> str:
+    """`text` with the lone surrogates (a file name `os.listdir` could not decode) that no
+    UTF-8 message can carry replaced."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace").decode()
+    return text
 
 
 def build_tool(
@@ -276,8 +296,8 @@ def build_tool(
     check_schema(parameters)
     spec = ToolSpec(name, definition(name, description, parameters), terminal, cfg.id)
     # The registry's own timeout backs up the transport's, a little later.
-    timeout_s = cfg.timeout_s + (1.0 if cfg.kind == "http" else 0.0)
-    return Tool(spec, invoke, timeout_s, validate, max_output)
+    grace_s = 1.0 if cfg.kind == "http" else 0.0
+    return Tool(spec, invoke, cfg.timeout_s, validate, max_output, grace_s)
 
 
 def build_registry(

@@ -3,11 +3,14 @@ is a tool error the model reads (SPEC §5.4), never an HTTP error."""
 
 from __future__ import annotations
 
+import os
+from typing import Any
+
 import orjson
 
 from tests.bodies import user
 from tests.integration.conftest import ProxyFactory
-from tests.scripted_upstream import call, say_tool_result
+from tests.scripted_upstream import call, last_tool_result, say_tool_result
 from tests.tools import TOOLS
 
 CAPPED = {
@@ -41,3 +44,43 @@ async def test_an_output_over_the_cap_is_a_tool_error_for_the_model(
         assert response.json()["loop"]["stop_reason"] == "completed"
     tool_message = proxy.upstream.bodies[3]["messages"][-1]
     assert "error" in orjson.loads(tool_message["content"])
+
+
+def loud_failure(size: int) -> str:
+    raise ValueError("x" * size)
+
+
+def undecodable_name() -> str:
+    return os.fsdecode(b"caf\xe9.txt")  # a Latin-1 file name: a lone surrogate in the text
+
+
+def _own(name: str) -> dict[str, Any]:
+    return {"kind": "python", "callable": f"tests.integration.test_tool_output:{name}"}
+
+
+OWN = {
+    "tools": {
+        "loud_failure": {**_own("loud_failure"), "max_output_bytes": 10_000},
+        "undecodable_name": _own("undecodable_name"),
+    },
+    "agents": {"a": {"model": "scripted", "tools": ["loud_failure", "undecodable_name"]}},
+}
+
+
+async def test_a_tool_s_error_text_is_capped_as_its_output_is(proxy_for: ProxyFactory) -> None:
+    async with proxy_for(OWN) as proxy:
+        proxy.upstream.script(call("loud_failure", size=5_000_000), say_tool_result())
+        r = await proxy.chat(model="a", messages=user("go"))
+    error = orjson.loads(last_tool_result(proxy.upstream.bodies[1]))["error"]
+    assert r.status_code == 200
+    assert error.startswith("ValueError: xxx")
+    assert error.endswith("…")
+    assert len(error.encode()) <= 10_000
+
+
+async def test_a_lone_surrogate_in_a_tool_s_output_is_replaced(proxy_for: ProxyFactory) -> None:
+    async with proxy_for(OWN) as proxy:
+        proxy.upstream.script(call("undecodable_name"), say_tool_result("Found {}."))
+        r = await proxy.chat(model="a", messages=user("go"))
+    assert r.status_code == 200
+    assert r.json()["choices"][0]["message"]["content"] == "Found caf?.txt."

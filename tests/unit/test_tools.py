@@ -13,8 +13,10 @@ import httpx
 import pytest
 from jsonschema import Draft202012Validator
 
+from proxy.api.app import tools_transport
 from proxy.callables import CallThreads
 from proxy.config.tools import ToolConfig, digest_name, function_name, might_expose
+from proxy.demo.runner import free_port
 from proxy.engine.values import ToolCall, ToolContext
 from proxy.tools.base import BadArguments, Tool
 from proxy.tools.registry import ToolRegistry, build_tool
@@ -129,6 +131,30 @@ async def test_http_tool_posts_and_maps_failures() -> None:
     down = await reg.execute(ToolCall("c", "down", "{}"), CTX)
     assert down.outcome == "error"
     assert "unreachable" in down.output
+
+
+async def test_an_http_tool_refused_is_an_error_and_a_silent_one_times_out_as_configured() -> None:
+    """Over the tools' own pool (the httpx API over aiohttp, which reports a refused
+    connection as a `ConnectTimeout`)."""
+    silent = socket.create_server(("127.0.0.1", 0))  # accepts, never answers
+    port = silent.getsockname()[1]
+    async with httpx.AsyncClient(transport=tools_transport(4)) as client:
+        tools = {
+            "refused": ToolConfig(kind="http", url=f"http://127.0.0.1:{free_port()}/", timeout_s=5),
+            "silent": ToolConfig(kind="http", url=f"http://127.0.0.1:{port}/", timeout_s=0.3),
+        }
+        reg = ToolRegistry({n: build_tool(n, cfg, client, THREADS) for n, cfg in tools.items()})
+        started = time.monotonic()
+        refused = await reg.execute(ToolCall("c", "refused", "{}"), CTX)
+        took = time.monotonic() - started
+        slow = await reg.execute(ToolCall("c", "silent", "{}"), CTX)
+    silent.close()
+    assert (refused.outcome, refused.output) == (
+        "error",
+        "tool server unreachable: ClientConnectorError",
+    )
+    assert took < 5
+    assert (slow.outcome, slow.output) == ("timeout", "tool timed out after 0.3s")
 
 
 def big_answer(size: int) -> str:
