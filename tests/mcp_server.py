@@ -1,7 +1,7 @@
 """An MCP server for the tests, written with the `mcp` package's server API.
 
     python tests/mcp_server.py stdio [wordy] [dotted]  # over stdio (a child of the proxy)
-    python tests/mcp_server.py http PORT [legacy] [gzip | gzip-always] [outside]
+    python tests/mcp_server.py http PORT [legacy] [gzip | gzip-always] [outside] [cutting]
                                                    # streamable HTTP on 127.0.0.1:PORT/mcp
 
 `legacy` refuses the 2026 `server/discover` probe, so that clients fall back to the handshake
@@ -11,7 +11,9 @@ list. `wordy` adds a tool whose description is 100 KiB long (its tool list is on
 message); `dotted` adds `x.y` and `x_y`. `gzip` compresses answers of 500 bytes and more for
 clients that accept it (Starlette's middleware), `gzip-always` for every client. `outside`
 answers requests for `upstream.test` too (a name an egress proxy resolves to it, tests/web_proxy.py)
-where the SDK's guard against DNS rebinding answers only those for loopback names.
+where the SDK's guard against DNS rebinding answers only those for loopback names. `cutting`
+adds a tool `cut` whose call's answer (an event stream) is cut off after its first bytes, as a
+balancer ending a long call would.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_REQUEST, METHOD_NOT_FOUND
 from starlette.middleware.gzip import GZipMiddleware
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 OUTSIDE_HOST = "upstream.test"  # tests/web_proxy.py's UPSTREAM_HOST (run as a script: no package)
 
@@ -174,11 +176,44 @@ def main(argv: list[str]) -> None:
         hosts = ["127.0.0.1:*", "localhost:*", f"{OUTSIDE_HOST}:*"]
         guard = TransportSecuritySettings(allowed_hosts=hosts, allowed_origins=[])
     app: ASGIApp = server.streamable_http_app(transport_security=guard)
+    if "cutting" in argv[2:]:
+        server.add_tool(lambda: "never", name="cut", description="Its answer is cut off.")
+        app = cutting_calls(app)
     if "gzip" in argv[2:]:
         app = GZipMiddleware(app)
     if "gzip-always" in argv[2:]:
         app = accepting_gzip(GZipMiddleware(app))
     uvicorn.run(app, host="127.0.0.1", port=int(argv[1]), log_level="warning")
+
+
+def cutting_calls(app: ASGIApp) -> ASGIApp:
+    """`app`, but a `tools/call` of `cut` starts an event stream and drops the connection."""
+
+    async def wrapped(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await app(scope, receive, send)
+            return
+        body, more = b"", True
+        while more:
+            message = await receive()
+            body, more = body + message.get("body", b""), message.get("more_body", False)
+        if b'"name":"cut"' in body.replace(b" ", b""):
+            headers = [(b"content-type", b"text/event-stream")]
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            await send({"type": "http.response.body", "body": b": begun\n\n", "more_body": True})
+            raise ConnectionResetError("the connection dropped mid-answer")
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await app(scope, replay, send)
+
+    return wrapped
 
 
 def accepting_gzip(app: ASGIApp) -> ASGIApp:

@@ -25,6 +25,7 @@ from proxy.config.tools import ToolConfig
 from proxy.tools.base import ToolFailed
 from proxy.tools.mcp_transport import (
     CONNECTION_ENDED,
+    MAX_HTTP_CALLS,
     Endpoint,
     endpoint,
     open_transport,
@@ -43,11 +44,13 @@ CLOSE_TIMEOUT_S = 10.0  # for a session to end on shutdown (a stdio child gets 4
 # found" (-32600 from Python servers, -32001 from TypeScript ones). Another -32600 is a server's
 # answer to one call (a quota, say): that call fails, the session stays.
 SESSION_GONE_CODES = frozenset({mcp_types.INVALID_REQUEST, -32001})
+# Over streamable HTTP, the SDK's closed connection is one call's answer cut short (a balancer
+# ending a long call): that call fails; an ended transport is seen where it ends (`on_end`).
 
 
-def _session_gone(error: mcp_types.ErrorData) -> bool:
+def _session_gone(error: mcp_types.ErrorData, over_http: bool) -> bool:
     if error.code == mcp_types.CONNECTION_CLOSED:
-        return True
+        return not over_http
     return error.code in SESSION_GONE_CODES and "session" in error.message.lower()
 
 
@@ -98,6 +101,12 @@ class McpSource:
         self._relisted = -math.inf  # when the tools were last listed (`_now`)
         self._closing = asyncio.Event()
         self._attempted = asyncio.Event()  # the first connect attempt has ended
+        # Calls at once: over HTTP each holds a connection of the session's pool, and one that
+        # waits past the pool's timeout fails every call of the session (the SDK's transport
+        # ends): the rest wait here, within their own timeout_s.
+        self._calls: contextlib.AbstractAsyncContextManager[Any] = (
+            contextlib.nullcontext() if cfg.url is None else asyncio.Semaphore(MAX_HTTP_CALLS)
+        )
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -137,9 +146,10 @@ class McpSource:
             reason = f": {self.error}" if self.error else ""
             raise ToolFailed(f"{self.describe()} is not connected{reason}; retry later")
         try:
-            return await client.call_tool(tool, arguments)
+            async with self._calls:
+                return await client.call_tool(tool, arguments)
         except MCPError as exc:
-            if _session_gone(exc.error):
+            if _session_gone(exc.error, self.cfg.url is not None):
                 cause = self.error if self._dropped.is_set() else None  # why, if known
                 self._drop(f"the session dropped during the call: {exc.error.message}")
                 message = f"{self.describe()} dropped the call: {cause or exc.error.message}"

@@ -32,6 +32,8 @@ READ_TIMEOUT_S = 300.0
 _LIMITS = httpx2.Limits(
     max_connections=100, max_keepalive_connections=20, keepalive_expiry=TOOL_KEEPALIVE_S
 )
+# Calls at once on one HTTP session: its pool less the event stream and a listing or two.
+MAX_HTTP_CALLS = 96
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,15 @@ from openai import OpenAI
 from tests.bodies import loop_of
 from tests.e2e.conftest import McpHttpServer, config_file, proxy_process, wait_ready
 from tests.mcp_config import http_entry, stdio_entry
-from tests.scripted_upstream import ScriptedUpstream, call, each_run, keep, say, say_tool_result
+from tests.scripted_upstream import (
+    ScriptedUpstream,
+    call,
+    calls,
+    each_run,
+    keep,
+    say,
+    say_tool_result,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -134,3 +142,45 @@ def test_the_http_server_restarted_is_reconnected(
     assert after.isdigit()
     assert after != before  # the new server's session
     wait_ready(mcp_proxy)
+
+
+def test_one_call_cut_short_fails_alone_and_calls_past_the_pool_wait_their_turn(
+    upstream: ScriptedUpstream, upstream_url: str, tmp_path: Path
+) -> None:
+    """Over streamable HTTP: a balancer cutting one call's answer fails that call, not the
+    three beside it nor the session; and more calls at once than the session's pool holds
+    (100 connections) each get an answer."""
+    server = McpHttpServer("cutting")
+    server.start()
+    config = {
+        "upstreams": {"scripted": {"base_url": upstream_url, "max_retries": 0}},
+        "default_upstream": "scripted",
+        "state": {"backend": "memory"},
+        # A call waiting for a connection past the pool's timeout (connect_timeout_s) fails.
+        "tools": {"web": http_entry(server.url, prefix="w_", timeout_s=30, connect_timeout_s=1)},
+        "agents": {"free": {"model": "scripted", "tools": ["web"]}},
+    }
+    naps = [call("w_nap", seconds=1) for _ in range(3)]
+    many = [call("w_nap", seconds=1.5) for _ in range(110)]
+    upstream.script(calls(*naps, call("w_cut")), say("one cut"), calls(*many), say("all in"))
+    parallel: Any = {"loop": {"parallel_tool_calls": True}}
+    try:
+        with proxy_process(config_file(tmp_path, config), health="/healthz") as base:
+            wait_ready(base)
+            with OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=60) as c:
+                messages: Any = [{"role": "user", "content": "go"}]
+                c.chat.completions.create(model="free", messages=messages, extra_body=parallel)
+                cut = tool_results(upstream.bodies[1])
+                ready = wait_ready(base, timeout_s=1)  # the session stayed up
+                c.chat.completions.create(model="free", messages=messages, extra_body=parallel)
+                answered = tool_results(upstream.bodies[3])
+    finally:
+        server.stop()
+    assert cut[:3] == ["slept 1s"] * 3
+    assert "SSE stream" in orjson.loads(cut[3])["error"]
+    assert ready["status"] == "ready"
+    assert answered == ["slept 1.5s"] * 110
+
+
+def tool_results(body: dict[str, Any]) -> list[str]:
+    return [m["content"] for m in body["messages"] if m["role"] == "tool"]
