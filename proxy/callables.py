@@ -222,8 +222,14 @@ class CallThreads:
                 return
 
 
+def is_async(func: Callable[..., Any]) -> bool:
+    """An `async def` function, a `functools.partial` of one, or an object whose `__call__` is
+    one."""
+    return inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(type(func).__call__)
+
+
 async def call(func: Callable[..., Any], threads: CallThreads, /, *args: Any, **kwargs: Any) -> Any:
     """Awaits an async callable; runs a sync one in one of `threads`, off the event loop."""
-    if inspect.iscoroutinefunction(func):
+    if is_async(func):
         return await awaited(func(*args, **kwargs))
     return await threads.run(func, *args, **kwargs)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
+from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from proxy.engine.values import ToolContext, ToolSpec
 
@@ -58,9 +60,26 @@ def definition(name: str, description: str | None, parameters: dict[str, Any]) -
 
 
 def as_text(value: Any) -> str:
-    """A tool's output as the text the model reads: strings as they are, anything else as JSON."""
+    """A tool's output as the text the model reads: strings as they are, anything else as JSON
+    (pydantic models, dataclasses and dates as pydantic writes them, keys that are no strings
+    as text, integers of any size). ToolFailed when it is no JSON (a value that contains
+    itself)."""
     if isinstance(value, str):
         return value
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace")
-    return orjson.dumps(value, default=str).decode()
+    try:
+        return orjson.dumps(value, default=_jsonable, option=orjson.OPT_NON_STR_KEYS).decode()
+    except TypeError:  # an integer past 64 bits, nesting past orjson's 254 levels, a cycle
+        pass
+    try:
+        return json.dumps(value, default=_jsonable, separators=(",", ":"), ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise ToolFailed(f"the tool's result is no JSON value: {exc}") from None
+
+
+def _jsonable(value: Any) -> Any:
+    try:
+        return to_jsonable_python(value)
+    except PydanticSerializationError:
+        return str(value)

@@ -221,13 +221,13 @@ class ToolRegistry:
             else:
                 arguments = validate(arguments)
             output = await within(tool.invoke(arguments, ctx), tool.timeout_s + tool.grace_s)
+            text = as_text(output)
         except TimeoutError:
             return ToolResult(f"tool timed out after {tool.timeout_s:g}s", "timeout")
         except (ToolFailed, NoWorkerFree, CallRaised) as exc:
             return _failed(str(exc), tool.max_output_bytes)
         except Exception as exc:
             return _failed(f"{type(exc).__name__}: {exc}", tool.max_output_bytes)
-        text = as_text(output)
         if not text.isascii():
             text = _encodable(text)
         # Characters are at most 4 bytes: only a long text needs encoding to be measured.

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import datetime
+import functools
 import json
 import socket
 import time
@@ -10,8 +12,10 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 from jsonschema import Draft202012Validator
+from pydantic import BaseModel
 
 from proxy.api.app import tools_transport
 from proxy.callables import CallThreads
@@ -93,6 +97,103 @@ def test_unknown_builtin_and_bad_callable_fail_at_build() -> None:
         build_tool("nope", ToolConfig(kind="builtin"), client, THREADS)
     with pytest.raises(ValueError, match="cannot import"):
         build_tool("x", ToolConfig(kind="python", callable="no_such_module:f"), client, THREADS)
+
+
+def scaled(factor: int, value: int) -> int:
+    return factor * value
+
+
+class Greeter:
+    def __call__(self, name: str) -> str:
+        return f"hello {name}"
+
+
+class AsyncGreeter:
+    async def __call__(self, name: str) -> str:
+        return f"hi {name}"
+
+
+def tagged(label: str, **extra: int) -> dict[str, int]:
+    return {label: sum(extra.values())}
+
+
+def positional(x: int, /) -> int:
+    return x
+
+
+def opened(where: socket.socket) -> str:
+    return str(where)
+
+
+class Person(BaseModel):
+    name: str
+    born: datetime.date
+
+
+def returns(kind: str) -> Any:
+    circular: list[Any] = []
+    circular.append(circular)
+    values: dict[str, Any] = {
+        "int_keys": {1: "one"},
+        "huge": 2**70,
+        "model": Person(name="Ada", born=datetime.date(1815, 12, 10)),
+        "circular": circular,
+    }
+    return values[kind]
+
+
+partial_of_scaled = functools.partial(scaled, 3)
+greeter = Greeter()
+async_greeter = AsyncGreeter()
+SHAPES = ("partial_of_scaled", "greeter", "async_greeter", "tagged")
+
+
+async def test_callables_of_every_shape_are_tools() -> None:
+    """A `functools.partial`, an object with `__call__` (sync or async), `**kwargs`."""
+    here = "tests.unit.test_tools"
+    reg = registry(**{n: ToolConfig(kind="python", callable=f"{here}:{n}") for n in SHAPES})
+    asked = {
+        "partial_of_scaled": '{"value": 5}',
+        "greeter": '{"name": "Ada"}',
+        "async_greeter": '{"name": "Ada"}',
+        "tagged": '{"label": "sum", "a": 1, "b": 2}',
+    }
+    results = {n: (await reg.execute(ToolCall("c", n, a), CTX)).output for n, a in asked.items()}
+    assert results == {
+        "partial_of_scaled": "15",
+        "greeter": "hello Ada",
+        "async_greeter": "hi Ada",
+        "tagged": '{"sum":3}',
+    }
+    schema = reg.spec("partial_of_scaled").definition["function"]["parameters"]
+    assert list(schema["properties"]) == ["value"]
+
+
+@pytest.mark.parametrize(
+    ("kind", "output", "outcome"),
+    [
+        ("int_keys", '{"1":"one"}', "ok"),
+        ("huge", str(2**70), "ok"),
+        ("model", '{"name":"Ada","born":"1815-12-10"}', "ok"),
+        ("circular", "the tool's result is no JSON value: Circular reference detected", "error"),
+    ],
+)
+async def test_a_python_tool_s_result_is_written_as_json(
+    kind: str, output: str, outcome: str
+) -> None:
+    reg = registry(r=ToolConfig(kind="python", callable="tests.unit.test_tools:returns"))
+    result = await reg.execute(ToolCall("c", "r", orjson.dumps({"kind": kind}).decode()), CTX)
+    assert (result.output, result.outcome) == (output, outcome)
+
+
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [("positional", "is positional-only"), ("opened", "have no JSON schema")],
+)
+def test_a_callable_that_cannot_be_a_tool_fails_at_build_saying_why(name: str, why: str) -> None:
+    cfg = ToolConfig(kind="python", callable=f"tests.unit.test_tools:{name}")
+    with pytest.raises(ValueError, match=why):
+        build_tool(name, cfg, httpx.AsyncClient(), THREADS)
 
 
 def test_http_tool_parameters_must_be_a_valid_schema() -> None:
