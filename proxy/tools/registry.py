@@ -26,6 +26,7 @@ from proxy.config.tools import (
 from proxy.deadline import within
 from proxy.engine.values import ToolCall, ToolContext, ToolResult, ToolSpec
 from proxy.json_values import MAX_DEPTH, nests_too_deep
+from proxy.redaction import redacted
 from proxy.tools.base import Tool, ToolFailed, as_text, definition, output_too_large
 from proxy.tools.builtin import BUILTINS, builtin_invoke
 from proxy.tools.http_tool import http_invoke
@@ -237,8 +238,9 @@ class ToolRegistry:
 
 
 def _failed(message: str, cap: int) -> ToolResult:
-    """An error result: its text (an exception's, an MCP server's) cut to `cap` bytes."""
-    message = _encodable(message)
+    """An error result: its text (an exception's, an MCP server's) without what looks like a
+    credential (a database URL's password), cut to `cap` bytes."""
+    message = _encodable(redacted(message[: cap + 1]))  # a character past it: cut, and said so
     if len(message) * 4 > cap and len(encoded := message.encode()) > cap:
         message = encoded[: cap - 3].decode("utf-8", "ignore") + "…"
     return ToolResult(message, "error")

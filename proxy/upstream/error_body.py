@@ -12,36 +12,18 @@ from typing import Any
 import orjson
 
 from proxy.errors import UpstreamBadReply, UpstreamFailure, UpstreamStatusError
+from proxy.redaction import redacted
 
 # Statuses relayed as the upstream's error; any other is no status a client can be given.
 RELAYED_STATUSES = range(400, 600)
 ERROR_BODY_LIMIT = 64 * 1024  # of an error body, no more is read
 MESSAGE_LIMIT = 1000
 FIELD_LIMIT = 200
-REDACTED = "[redacted]"
-# What looks like a credential, whatever key the upstream was sent: a bearer token, an
-# `sk-`-style API key, a `key=value` pair that names a key, token or secret.
-_SECRET = re.compile(
-    r"""(?ix)
-    \bbearer\s+[^\s"',;]+
-    | \b(?:sk|rk|pk)-[a-z0-9_\-]{8,}
-    | \b(?:api[_-]?key|access[_-]?token|token|secret|password)\b["']?\s*[:=]\s*["']?[^\s"',;&]+
-    """
-)
-
-
-# The shortest start of a secret redacted where it is echoed alone ("bad key Zq9plainSecr...").
-SECRET_PREFIX = 8
 
 
 def scrub(text: str, secrets: Iterable[str | None] = (), limit: int = MESSAGE_LIMIT) -> str:
-    """`text` with every occurrence of `secrets`, of the first SECRET_PREFIX or more characters
-    of one, and of everything that looks like a credential replaced by `[redacted]`, cut to
-    `limit` characters."""
-    for secret in secrets:
-        if secret:
-            text = _without(text, secret)
-    text = _SECRET.sub(REDACTED, text)
+    """`text` without secrets (`redaction.redacted`), cut to `limit` characters."""
+    text = redacted(text, secrets)
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
@@ -98,19 +80,6 @@ def retry_headers(headers: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
             continue
         kept.setdefault(name.decode(), value.decode())
     return kept
-
-
-def _without(text: str, secret: str) -> str:
-    text = text.replace(secret, REDACTED)
-    if len(secret) < 2 * SECRET_PREFIX:  # a start of it could be a common word
-        return text
-    start = secret[:SECRET_PREFIX]
-    while (at := text.find(start)) >= 0:
-        end = at + SECRET_PREFIX
-        while end < len(text) and end - at < len(secret) and text[end] == secret[end - at]:
-            end += 1
-        text = text[:at] + REDACTED + text[end:]
-    return text
 
 
 def mid_stream_message(error: Any, secrets: Iterable[str | None] = ()) -> str:

@@ -50,6 +50,10 @@ def loud_failure(size: int) -> str:
     raise ValueError("x" * size)
 
 
+def leaky() -> str:
+    raise RuntimeError("db connect failed: postgres://admin:hunter2@db:5432/app, token=abc123")
+
+
 def undecodable_name() -> str:
     return os.fsdecode(b"caf\xe9.txt")  # a Latin-1 file name: a lone surrogate in the text
 
@@ -62,8 +66,9 @@ OWN = {
     "tools": {
         "loud_failure": {**_own("loud_failure"), "max_output_bytes": 10_000},
         "undecodable_name": _own("undecodable_name"),
+        "leaky": _own("leaky"),
     },
-    "agents": {"a": {"model": "scripted", "tools": ["loud_failure", "undecodable_name"]}},
+    "agents": {"a": {"model": "scripted", "tools": ["loud_failure", "undecodable_name", "leaky"]}},
 }
 
 
@@ -84,3 +89,15 @@ async def test_a_lone_surrogate_in_a_tool_s_output_is_replaced(proxy_for: ProxyF
         r = await proxy.chat(model="a", messages=user("go"))
     assert r.status_code == 200
     assert r.json()["choices"][0]["message"]["content"] == "Found caf?.txt."
+
+
+async def test_a_tool_s_error_text_leaves_out_what_looks_like_a_credential(
+    proxy_for: ProxyFactory,
+) -> None:
+    async with proxy_for(OWN) as proxy:
+        proxy.upstream.script(call("leaky"), say_tool_result())
+        await proxy.chat(model="a", messages=user("go"))
+    error = orjson.loads(last_tool_result(proxy.upstream.bodies[1]))["error"]
+    assert error == (
+        "RuntimeError: db connect failed: postgres://[redacted]@db:5432/app, [redacted]"
+    )

@@ -1,0 +1,44 @@
+"""Secrets taken out of a text a client or a model reads (an upstream's error, a tool's
+exception): the values it is told of, and whatever looks like a credential."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+REDACTED = "[redacted]"
+# What looks like a credential, whatever key was sent: a bearer token, an `sk-`-style API key,
+# a `key=value` pair that names a key, token or secret, a URL's user and password.
+_SECRET = re.compile(
+    r"""(?ix)
+    \bbearer\s+[^\s"',;]+
+    | \b(?:sk|rk|pk)-[a-z0-9_\-]{8,}
+    | \b(?:api[_-]?key|access[_-]?token|token|secret|password)\b["']?\s*[:=]\s*["']?[^\s"',;&]+
+    | (?<=://)[^\s/@:]+:[^\s/@]+(?=@)
+    """
+)
+
+# The shortest start of a secret redacted where it is echoed alone ("bad key Zq9plainSecr...").
+SECRET_PREFIX = 8
+
+
+def redacted(text: str, secrets: Iterable[str | None] = ()) -> str:
+    """`text` with every occurrence of `secrets`, of the first SECRET_PREFIX or more characters
+    of one, and of everything that looks like a credential replaced by `[redacted]`."""
+    for secret in secrets:
+        if secret:
+            text = _without(text, secret)
+    return _SECRET.sub(REDACTED, text)
+
+
+def _without(text: str, secret: str) -> str:
+    text = text.replace(secret, REDACTED)
+    if len(secret) < 2 * SECRET_PREFIX:  # a start of it could be a common word
+        return text
+    start = secret[:SECRET_PREFIX]
+    while (at := text.find(start)) >= 0:
+        end = at + SECRET_PREFIX
+        while end < len(text) and end - at < len(secret) and text[end] == secret[end - at]:
+            end += 1
+        text = text[:at] + REDACTED + text[end:]
+    return text
