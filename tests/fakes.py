@@ -74,6 +74,9 @@ class FakeTools:
     functions: Mapping[str, Callable[[dict[str, Any]], str]]
     calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
 
+    async def check(self, call: ToolCall) -> str | None:
+        return None if call.name in self.functions else f"unknown tool {call.name!r}"
+
     async def execute(self, call: ToolCall, ctx: ToolContext) -> ToolResult:
         import json
 

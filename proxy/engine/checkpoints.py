@@ -4,9 +4,10 @@
 - Where policies answer, the first answer wins, in the order of `LoopPolicy.build`.
 - Planning has two phases: policies shape the step (`before_step`), then, with the plan final,
   they size it (`size_step`: budgets cap the tokens of what will actually be sent).
-- Reviewing a call has two phases: every policy may block it (`review_call`); only when none
-  did, a policy may reserve shared counters (`reserve`), so no reservation is taken for a call
-  that another policy then blocks. At most one policy reserves.
+- Reviewing a call has two phases: every policy may block it (`refusal`: `review_call`); only
+  when none did (and its tool takes its arguments), a policy may reserve shared counters
+  (`admit`: `reserve`), so no reservation is taken for a call that is blocked or fails at
+  once. At most one policy reserves.
 """
 
 from __future__ import annotations
@@ -42,26 +43,24 @@ class Checkpoints:
         stops = [policy.after_reply(run, plan, reply) for policy in self.policies]
         return next((stop for stop in stops if stop is not None), None)
 
-    async def review(self, run: RunState, call: ToolCall) -> Block | None:
-        """None: the call is admitted and will be executed."""
-        block = await self.review_client_call(run, call)
-        if block is not None:
-            return block
+    async def refusal(self, run: RunState, call: ToolCall) -> Block | None:
+        """The reviews (`review_call`: the tool rules'), which take nothing: None when every
+        policy lets the call through."""
+        for policy in self.policies:
+            block = await policy.review_call(run, call)
+            if block is not None:
+                return block
+        return None
+
+    async def admit(self, run: RunState, call: ToolCall) -> Block | None:
+        """A call that passed the reviews, to be executed: a policy may take shared counters
+        for it (`reserve`) or block it; None: admitted, and every policy is told."""
         for policy in self.policies:
             block = await policy.reserve(run, call)
             if block is not None:
                 return block
         for policy in self.policies:
             policy.admit(run, call)
-        return None
-
-    async def review_client_call(self, run: RunState, call: ToolCall) -> Block | None:
-        """The reviews alone (`review_call`: the tool rules'), for a call the client will run:
-        nothing is reserved or counted for it (SPEC §9 counts the calls the proxy executes)."""
-        for policy in self.policies:
-            block = await policy.review_call(run, call)
-            if block is not None:
-                return block
         return None
 
     def decides_next(self, call: ToolCall) -> bool:

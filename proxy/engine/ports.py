@@ -29,6 +29,11 @@ class ChatModel(Protocol):
 
 
 class ToolExecutor(Protocol):
+    async def check(self, call: ToolCall) -> str | None:
+        """Why `call` would fail at once (its arguments), or None: asked before a limit counts
+        it."""
+        ...
+
     async def execute(self, call: ToolCall, ctx: ToolContext) -> ToolResult:
         """Run a server tool; never raises for tool failures (they are `ToolResult`s)."""
         ...

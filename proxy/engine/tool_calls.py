@@ -73,7 +73,7 @@ class ReplyCalls:
         for call in reply.tool_calls:
             if not self.is_client_call(call):
                 server.append(call)
-            elif (block := await self.checkpoints.review_client_call(run, call)) is not None:
+            elif (block := await self.checkpoints.refusal(run, call)) is not None:
                 refused[len(server)] = block
                 server.append(call)
             else:
@@ -152,10 +152,16 @@ class ReplyCalls:
         return None
 
     async def _review(self, run: RunState, call: ToolCall) -> Block | None:
+        """The rules' review, then the limits'. A call whose arguments its tool refuses is
+        let through to fail at once as a tool error, with no limit counting it (SPEC §9: only
+        executed calls count)."""
         if call.name not in self.server:
             allowed = ", ".join(sorted(self.server))
             return Block(f"Unknown tool '{call.name}'. Tools: {allowed}.", outcome="error")
-        return await self.checkpoints.review(run, call)
+        block = await self.checkpoints.refusal(run, call)
+        if block is not None or await self.tools.check(call) is not None:
+            return block
+        return await self.checkpoints.admit(run, call)
 
     async def _run(self, run: RunState, call: ToolCall) -> ToolResult:
         await self.emit(ev.ToolStarted(run.run_id, run.step_count, call))

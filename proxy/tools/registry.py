@@ -203,25 +203,25 @@ class ToolRegistry:
         if problems:
             raise SourcesUnavailable("\n".join(problems))
 
-    async def execute(self, call: ToolCall, ctx: ToolContext) -> ToolResult:
+    async def _arguments(self, call: ToolCall) -> dict[str, Any] | str:
         tool = self.tools.get(call.name)
         if tool is None:
-            return ToolResult(f"unknown tool {call.name!r}", "error")
+            return f"unknown tool {call.name!r}"
+        return await _checked_arguments(tool, call)
+
+    async def check(self, call: ToolCall) -> str | None:
+        """Why `call` cannot run as asked (a tool it does not have, arguments that are no JSON
+        object or do not match the tool's schema), or None."""
+        checked = await self._arguments(call)
+        return checked if isinstance(checked, str) else None
+
+    async def execute(self, call: ToolCall, ctx: ToolContext) -> ToolResult:
+        checked = await self._arguments(call)
+        if isinstance(checked, str):
+            return ToolResult(checked, "error")
+        tool = self.tools[call.name]
         try:
-            arguments = orjson.loads(call.arguments or "{}")
-        except orjson.JSONDecodeError as exc:
-            return ToolResult(f"arguments are not valid JSON: {exc}", "error")
-        if not isinstance(arguments, dict):
-            return ToolResult("arguments must be a JSON object", "error")
-        if nests_too_deep(call.arguments, arguments):  # no message or record could hold them
-            return ToolResult(f"arguments nest deeper than {MAX_DEPTH} levels", "error")
-        try:
-            validate = tool.validate
-            if isinstance(validate, SchemaCheck) and validate.needs_thread(len(call.arguments)):
-                arguments = await validate.in_thread(arguments)  # patterns, references, long
-            else:
-                arguments = validate(arguments)
-            output = await within(tool.invoke(arguments, ctx), tool.timeout_s + tool.grace_s)
+            output = await within(tool.invoke(checked, ctx), tool.timeout_s + tool.grace_s)
             text = as_text(output)
         except TimeoutError:
             return ToolResult(f"tool timed out after {tool.timeout_s:g}s", "timeout")
@@ -235,6 +235,27 @@ class ToolRegistry:
         if len(text) * 4 > tool.max_output_bytes and len(text.encode()) > tool.max_output_bytes:
             return ToolResult(str(output_too_large(tool.max_output_bytes)), "error")
         return ToolResult(text)
+
+
+async def _checked_arguments(tool: Tool, call: ToolCall) -> dict[str, Any] | str:
+    """The arguments of `call` checked against `tool`'s schema, or why they are refused."""
+    try:
+        arguments = orjson.loads(call.arguments or "{}")
+    except orjson.JSONDecodeError as exc:
+        return f"arguments are not valid JSON: {exc}"
+    if not isinstance(arguments, dict):
+        return "arguments must be a JSON object"
+    if nests_too_deep(call.arguments, arguments):  # no message or record could hold them
+        return f"arguments nest deeper than {MAX_DEPTH} levels"
+    try:
+        validate = tool.validate
+        if isinstance(validate, SchemaCheck) and validate.needs_thread(len(call.arguments)):
+            return await validate.in_thread(arguments)  # patterns, references, long
+        return validate(arguments)
+    except ToolFailed as exc:
+        return str(exc)
+    except Exception as exc:  # a check's own failure refuses the call: it never runs unchecked
+        return f"the arguments could not be checked: {type(exc).__name__}"
 
 
 def _failed(message: str, cap: int) -> ToolResult:

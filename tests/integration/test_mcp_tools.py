@@ -542,19 +542,20 @@ async def test_a_json_answer_over_the_body_values_bound_fails_its_call(
 
 
 async def test_an_event_over_the_body_values_bound_fails_its_call(proxy_for: ProxyFactory) -> None:
-    """A handshake-era server's event is counted before the SDK parses it; the SDK ends the
-    session whose stream failed, and the source starts a new one."""
+    """A handshake-era server's event is counted before the SDK parses it: that call fails,
+    the session goes on."""
     with serving_mcp(legacy=True) as url:
         entry = http_entry(url, prefix="t_")
         overrides = {"tools": {"srv": entry}, "agents": AGENTS, "server": {"max_body_values": 1000}}
         async with proxy_for(overrides) as proxy:
             proxy.upstream.script(call("t_numbers", count=1200), say("over"))
             response = await proxy.chat(model="mcp", messages=user("1,200 numbers"))
-            await wait_for(lambda: proxy_source(proxy).connected)
+            session = proxy_source(proxy).session_id
             proxy.upstream.script(call("t_numbers", count=900), say("under"))
             again = await proxy.chat(model="mcp", messages=user("900 numbers"))
+            assert proxy_source(proxy).session_id == session
     assert (response.status_code, again.status_code) == (200, 200)
     error = orjson.loads(tool_messages(proxy, 1)[0])["error"]
-    assert "dropped the call: SSE stream failed: the server sent a message holding more " in error
+    assert "refused the call: SSE stream failed: the server sent a message holding more " in error
     assert error.endswith("than 1000 JSON values (server.max_body_values)")
     assert orjson.loads(tool_messages(proxy, 3)[0])["values"] == [0] * 900

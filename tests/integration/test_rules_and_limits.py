@@ -546,3 +546,25 @@ async def test_a_thread_header_in_utf_8_names_the_thread_loop_thread_id_names(
     assert by_header.status_code == 200, by_header.text
     assert by_loop.json()["loop"]["tool_calls"] == 1
     assert by_header.json()["loop"]["tool_calls"] == 0  # the same thread: its one call is used
+
+
+async def test_a_call_its_tool_refuses_the_arguments_of_is_not_counted_by_a_limit(
+    proxy_for: ProxyFactory,
+) -> None:
+    """SPEC §9 counts executed calls: a call with bad arguments fails at once, and the call
+    made again with good ones is within `run_limit: 1` and the thread's limit."""
+    limit = {"tool_name": "get_weather", "run_limit": 1, "thread_limit": 1}
+    async with proxy_for() as proxy:
+        proxy.upstream.script(
+            call("get_weather", town="Lima"),  # no `city`: refused by its schema
+            call("get_weather", city="Lima"),
+            say("Done."),
+        )
+        r = await proxy.chat(
+            model="weather",
+            messages=user("Lima?"),
+            loop={"tool_call_limits": [limit], "thread_id": "t-refused", "include_messages": True},
+        )
+    results = [m["content"] for m in r.json()["loop"]["messages"] if m["role"] == "tool"]
+    assert "invalid arguments at city" in results[0]
+    assert '"city":"Lima"' in results[1].replace(" ", "")  # it ran: the limit held it free

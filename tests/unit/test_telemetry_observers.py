@@ -233,6 +233,9 @@ def test_content_is_captured_only_when_asked() -> None:
 class StuckTools:
     """Tools whose calls never return: the run's time budget cuts them short."""
 
+    async def check(self, call: ToolCall) -> str | None:
+        return None
+
     async def execute(self, call: ToolCall, ctx: object) -> ToolResult:
         await asyncio.sleep(3600)
         raise AssertionError("unreachable")
