@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
-import orjson
 
+from proxy import exact_json
 from proxy.engine.values import ToolContext
 from proxy.http_body import declared_length, read_up_to
 from proxy.tools.base import Invoke, ToolFailed, output_too_large
@@ -33,7 +33,7 @@ def http_invoke(
         request = client.build_request(
             "POST",
             url,
-            content=orjson.dumps(payload),
+            content=exact_json.dumps(payload),
             headers={"content-type": "application/json", **headers},
             timeout=timeout_s,
         )
@@ -59,9 +59,9 @@ def http_invoke(
         if more:
             raise output_too_large(max_output_bytes)
         if "json" in response.headers.get("content-type", ""):
-            try:
-                return orjson.dumps(orjson.loads(body)).decode()
-            except orjson.JSONDecodeError:
+            try:  # compact, its numbers exact
+                return exact_json.dumps(exact_json.loads(body)).decode()
+            except (ValueError, RecursionError):  # no JSON, or too deep to rewrite: as it came
                 pass
         return body.decode("utf-8", "replace")
 

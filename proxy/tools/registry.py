@@ -10,8 +10,8 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import httpx
-import orjson
 
+from proxy import exact_json
 from proxy.callables import CallRaised, CallThreads, NoWorkerFree, load_callable
 from proxy.config import Config
 from proxy.config.agents import AgentConfig
@@ -240,8 +240,8 @@ class ToolRegistry:
 async def _checked_arguments(tool: Tool, call: ToolCall) -> dict[str, Any] | str:
     """The arguments of `call` checked against `tool`'s schema, or why they are refused."""
     try:
-        arguments = orjson.loads(call.arguments or "{}")
-    except orjson.JSONDecodeError as exc:
+        arguments = exact_json.loads(call.arguments or "{}")
+    except (ValueError, RecursionError) as exc:
         return f"arguments are not valid JSON: {exc}"
     if not isinstance(arguments, dict):
         return "arguments must be a JSON object"

@@ -258,6 +258,32 @@ async def test_an_http_tool_refused_is_an_error_and_a_silent_one_times_out_as_co
     assert (slow.outcome, slow.output) == ("timeout", "tool timed out after 0.3s")
 
 
+async def test_an_http_tool_s_numbers_stay_exact_past_64_bits() -> None:
+    """orjson reads 2**64 as a float: such arguments and answers keep their digits, and an
+    answer nested past orjson's depth is passed on as it came."""
+    deep = b"[" * 300 + b"1" + b"]" * 300
+    answers = {"/big": b'{"id": 123456789012345678901234567890, "ok": true}', "/deep": deep}
+    seen: list[bytes] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request.content)
+        body = answers[request.url.path]
+        return httpx.Response(200, content=body, headers={"content-type": "application/json"})
+
+    client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+    reg = ToolRegistry(
+        {
+            n: build_tool(n, ToolConfig(kind="http", url=f"http://t/{n}"), client, THREADS)
+            for n in ("big", "deep")
+        }
+    )
+    big = await reg.execute(ToolCall("c", "big", '{"n": 18446744073709551616}'), CTX)
+    deep_result = await reg.execute(ToolCall("c", "deep", "{}"), CTX)
+    assert big.output == '{"id":123456789012345678901234567890,"ok":true}'
+    assert b'"arguments":{"n":18446744073709551616}' in seen[0]
+    assert deep_result.output == deep.decode()
+
+
 def big_answer(size: int) -> str:
     return "x" * size
 

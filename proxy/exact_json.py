@@ -1,0 +1,30 @@
+"""JSON whose integers stay exact past 64 bits, where a tool's arguments and results pass
+through the proxy: orjson reads such an integer as a float (2**64 as 1.8446744073709552e+19)
+and cannot write one, so a text with 19 digits in a row is read, and a value orjson cannot
+write is written, by the standard library (slower, and seldom needed)."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import orjson
+
+_LONG_NUMBER = re.compile(r"\d{19}")
+_LONG_NUMBER_BYTES = re.compile(rb"\d{19}")
+
+
+def loads(raw: str | bytes) -> Any:
+    """The value of a JSON text; ValueError (or RecursionError, past ~1,000 levels of a text
+    read by the standard library) when it is none."""
+    found = _LONG_NUMBER.search(raw) if isinstance(raw, str) else _LONG_NUMBER_BYTES.search(raw)
+    return orjson.loads(raw) if found is None else json.loads(raw)
+
+
+def dumps(value: Any) -> bytes:
+    """`value` as compact JSON; TypeError (or ValueError) when it is no JSON value."""
+    try:
+        return orjson.dumps(value)
+    except TypeError:  # an integer past 64 bits
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
