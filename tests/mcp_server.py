@@ -2,6 +2,7 @@
 
     python tests/mcp_server.py stdio [wordy] [dotted]  # over stdio (a child of the proxy)
     python tests/mcp_server.py http PORT [legacy] [gzip | gzip-always] [outside] [cutting]
+                                                   [patterned]
                                                    # streamable HTTP on 127.0.0.1:PORT/mcp
 
 `legacy` refuses the 2026 `server/discover` probe, so that clients fall back to the handshake
@@ -13,7 +14,9 @@ clients that accept it (Starlette's middleware), `gzip-always` for every client.
 answers requests for `upstream.test` too (a name an egress proxy resolves to it, tests/web_proxy.py)
 where the SDK's guard against DNS rebinding answers only those for loopback names. `cutting`
 adds a tool `cut` whose call's answer (an event stream) is cut off after its first bytes, as a
-balancer ending a long call would.
+balancer ending a long call would. `patterned` adds a tool `word` whose output schema has a
+pattern that a backtracking matcher takes exponential time to search its result with (the
+server's own check, Rust's `regex`, is linear).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from mcp.server.mcpserver.utilities.types import Image
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_REQUEST, METHOD_NOT_FOUND
+from pydantic import BaseModel, Field
 from starlette.middleware.gzip import GZipMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -45,6 +49,10 @@ class Forecast(TypedDict):
 
 class Numbers(TypedDict):
     values: list[int]
+
+
+class Word(BaseModel):
+    word: str = Field(pattern=r"(a+)+c|b")  # 'aaa…ab': found at its end, after 2^n tries
 
 
 def build(wordy: bool = False, dotted: bool = False) -> MCPServer:
@@ -176,6 +184,13 @@ def main(argv: list[str]) -> None:
         hosts = ["127.0.0.1:*", "localhost:*", f"{OUTSIDE_HOST}:*"]
         guard = TransportSecuritySettings(allowed_hosts=hosts, allowed_origins=[])
     app: ASGIApp = server.streamable_http_app(transport_security=guard)
+    if "patterned" in argv[2:]:
+
+        def word(length: int) -> Word:
+            """A word of `length` a's and a b."""
+            return Word(word="a" * length + "b")
+
+        server.add_tool(word, structured_output=True)
     if "cutting" in argv[2:]:
         server.add_tool(lambda: "never", name="cut", description="Its answer is cut off.")
         app = cutting_calls(app)

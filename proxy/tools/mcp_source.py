@@ -261,6 +261,11 @@ class McpSource:
         self.tools = tuple(tools)
         self.listed = True
         self._relisted = _now()
+        # The tools' output schemas are checked by their tools (`mcp_tool`), off the event
+        # loop and bounded: the SDK, which would check them on it, is given none.
+        schemas = getattr(client.session, "_tool_output_schemas", None)
+        if isinstance(schemas, dict):
+            schemas.update(dict.fromkeys((tool.name for tool in tools), None))
 
     async def _listen(self, client: Client) -> None:
         """A 2026-era server sends its change events on a `subscriptions/listen` stream; the

@@ -13,7 +13,7 @@ import orjson
 from proxy.engine.values import ToolContext, ToolSpec
 from proxy.tools.base import Invoke, Tool, ToolFailed, definition
 from proxy.tools.mcp_source import McpSource
-from proxy.tools.schema import check_schema, schema_validator
+from proxy.tools.schema import SchemaCheck, check_schema, schema_validator
 
 # Called as a call starts, with the span attributes of SPEC §13 (the current span is the call's
 # `execute_tool` span).
@@ -53,7 +53,13 @@ def span_attributes(source: McpSource) -> dict[str, Any]:
     return attributes
 
 
-def mcp_invoke(source: McpSource, tool: str, on_call: CallHook | None) -> Invoke:
+def mcp_invoke(
+    source: McpSource, tool: str, on_call: CallHook | None, output: SchemaCheck | None = None
+) -> Invoke:
+    """A call of `tool`; a result that is no error is checked against the tool's `output`
+    schema, in a thread and within the schema checks' bounds (the SDK would check it on the
+    event loop, unbounded: `McpSource` hands it none)."""
+
     async def invoke(arguments: dict[str, Any], ctx: ToolContext) -> str:
         if on_call is not None:
             on_call(span_attributes(source))
@@ -61,9 +67,25 @@ def mcp_invoke(source: McpSource, tool: str, on_call: CallHook | None) -> Invoke
         text = result_text(result)
         if result.is_error:
             raise ToolFailed(text or f"the MCP tool {tool!r} failed")
+        if output is not None:
+            if not isinstance(result.structured_content, dict):
+                raise ToolFailed(f"the MCP tool {tool!r} gave no structured content")
+            await output.in_thread(result.structured_content)
         return text
 
     return invoke
+
+
+def output_check(listed: mcp_types.Tool) -> SchemaCheck | None:
+    """The check of a tool's structured content, if it has an output schema that is one."""
+    if not listed.output_schema:
+        return None
+    schema = dict(listed.output_schema)
+    try:
+        check_schema(schema)
+    except ValueError:
+        return None  # nothing to check against: its results go to the model as they are
+    return SchemaCheck(schema, "structured content")
 
 
 def exposed_tool(
@@ -85,7 +107,7 @@ def exposed_tool(
         cfg.is_terminal(listed.name, exposed),
         source=source.name,
     )
-    invoke = mcp_invoke(source, listed.name, on_call)
+    invoke = mcp_invoke(source, listed.name, on_call, output_check(listed))
     max_output = cfg.max_output_bytes or default_max_output_bytes
     return Tool(spec, invoke, cfg.timeout_s, schema_validator(parameters), max_output)
 

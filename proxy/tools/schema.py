@@ -64,15 +64,17 @@ def check_schema(schema: dict[str, Any]) -> None:
 
 
 class SchemaCheck:
-    """Validates parsed arguments against a schema, returning them; raises BadArguments.
-    `off_loop`: the schema has patterns or references, whose work may take long: call
-    it in a thread of VALIDATION_THREADS (`in_thread`)."""
+    """Validates parsed arguments (or what else `what` names: an MCP tool's structured
+    content) against a schema, returning them; raises BadArguments. `off_loop`: the schema
+    has patterns or references, whose work may take long: call it in a thread of
+    VALIDATION_THREADS (`in_thread`)."""
 
-    __slots__ = ("_validator", "off_loop")
+    __slots__ = ("_validator", "off_loop", "what")
 
-    def __init__(self, schema: dict[str, Any]) -> None:
+    def __init__(self, schema: dict[str, Any], what: str = "arguments") -> None:
         self._validator = _Validator(schema, registry=_NOWHERE)
         self.off_loop = _has_any(schema, _THREADED)
+        self.what = what
 
     def __call__(self, arguments: dict[str, Any]) -> dict[str, Any]:
         """Within `work_limit_s` of the arguments (longer for more of them)."""
@@ -82,12 +84,12 @@ class SchemaCheck:
                 error = next(iter(self._validator.iter_errors(arguments)), None)
         except PatternTooSlow:
             raise BadArguments(
-                f"invalid arguments: a pattern of the schema took more than {PATTERNS_S:g} s "
+                f"invalid {self.what}: a pattern of the schema took more than {PATTERNS_S:g} s "
                 "to match them"
             ) from None
         except TooMuchWork:
             raise BadArguments(
-                "invalid arguments: checking them against the schema took more than "
+                f"invalid {self.what}: checking them against the schema took more than "
                 f"{limit_s:.3g} s"
             ) from None
         except Unresolvable as exc:
@@ -97,8 +99,8 @@ class SchemaCheck:
         except RecursionError:
             raise BadArguments("the tool's schema refers to itself without end") from None
         if error is not None:
-            where = "/".join(str(p) for p in error.absolute_path) or "arguments"
-            raise BadArguments(f"invalid arguments at {where}: {error.message}")
+            where = "/".join(str(p) for p in error.absolute_path) or self.what
+            raise BadArguments(f"invalid {self.what} at {where}: {error.message}")
         return arguments
 
     async def in_thread(self, arguments: dict[str, Any]) -> dict[str, Any]:

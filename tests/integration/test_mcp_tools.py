@@ -559,3 +559,24 @@ async def test_an_event_over_the_body_values_bound_fails_its_call(proxy_for: Pro
     assert "refused the call: SSE stream failed: the server sent a message holding more " in error
     assert error.endswith("than 1000 JSON values (server.max_body_values)")
     assert orjson.loads(tool_messages(proxy, 3)[0])["values"] == [0] * 900
+
+
+async def test_structured_content_is_checked_off_the_event_loop_within_bounds(
+    proxy_for: ProxyFactory,
+) -> None:
+    """A result's check against an output schema pattern that the SDK's `re` takes 2^28 tries
+    for, on the event loop, runs in a thread within the schema checks' bounds (with `regex`,
+    which finds it at once): `/healthz` is answered meanwhile."""
+    with serving_mcp(True, "patterned") as url:
+        overrides = {"tools": {"srv": http_entry(url, prefix="t_")}, "agents": AGENTS}
+        async with proxy_for(overrides) as proxy:
+            proxy.upstream.script(call("t_word", length=28), say("checked"))
+            started = time.monotonic()
+            run = asyncio.ensure_future(proxy.chat(model="mcp", messages=user("a word")))
+            await asyncio.sleep(0.05)
+            health = await asyncio.wait_for(proxy.client.get("/healthz"), 1)
+            response = await asyncio.wait_for(run, 10)
+            took = time.monotonic() - started
+    assert (health.status_code, response.status_code) == (200, 200)
+    assert tool_messages(proxy, 1) == ['{"word":"' + "a" * 28 + 'b"}']
+    assert took < 5
