@@ -17,7 +17,14 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from jsonschema import Draft202012Validator, validators
+from jsonschema import (
+    Draft4Validator,
+    Draft6Validator,
+    Draft7Validator,
+    Draft201909Validator,
+    Draft202012Validator,
+    validators,
+)
 from jsonschema.exceptions import SchemaError
 from referencing import Registry
 from referencing.exceptions import Unresolvable
@@ -44,13 +51,30 @@ def _charged(check: Keyword) -> Keyword:
     return charged
 
 
-_Validator = validators.extend(  # type: ignore[no-untyped-call]
+def _bounded(draft: Any) -> Any:
+    """`draft`'s validator with every keyword charged to the budget, and its pattern keywords
+    matched with `regex`."""
+    checks = {**draft.VALIDATORS, **{k: v for k, v in KEYWORDS.items() if k in draft.VALIDATORS}}
+    return validators.extend(draft, {name: _charged(check) for name, check in checks.items()})  # type: ignore[no-untyped-call]
+
+
+# Each draft a schema may name in `$schema` (TypeScript servers' zod schemas say draft-07, whose
+# `items` may be a list), 2020-12 for one that names none or another.
+_DRAFTS = (
     Draft202012Validator,
-    {
-        name: _charged(check)
-        for name, check in {**Draft202012Validator.VALIDATORS, **KEYWORDS}.items()
-    },
+    Draft201909Validator,
+    Draft7Validator,
+    Draft6Validator,
+    Draft4Validator,
 )
+_BOUNDED = {draft: _bounded(draft) for draft in _DRAFTS}
+
+
+def _draft(schema: dict[str, Any]) -> Any:
+    found = validators.validator_for(schema, default=Draft202012Validator)
+    return found if found in _BOUNDED else Draft202012Validator
+
+
 # No retrieval: a reference is to a part of the schema (or to a subschema's `$id` in it).
 _NOWHERE: Registry[Any] = Registry()
 
@@ -58,7 +82,7 @@ _NOWHERE: Registry[Any] = Registry()
 def check_schema(schema: dict[str, Any]) -> None:
     """Raises ValueError for a schema that is not valid JSON Schema."""
     try:
-        Draft202012Validator.check_schema(schema)
+        _draft(schema).check_schema(schema)
     except SchemaError as exc:
         raise ValueError(f"not a valid JSON schema: {exc.message}") from None
 
@@ -72,7 +96,7 @@ class SchemaCheck:
     __slots__ = ("_validator", "off_loop", "what")
 
     def __init__(self, schema: dict[str, Any], what: str = "arguments") -> None:
-        self._validator = _Validator(schema, registry=_NOWHERE)
+        self._validator = _BOUNDED[_draft(schema)](schema, registry=_NOWHERE)
         self.off_loop = _has_any(schema, _THREADED)
         self.what = what
 

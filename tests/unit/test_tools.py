@@ -24,7 +24,7 @@ from proxy.demo.runner import free_port
 from proxy.engine.values import ToolCall, ToolContext
 from proxy.tools.base import BadArguments, Tool
 from proxy.tools.registry import ToolRegistry, build_tool
-from proxy.tools.schema import SchemaCheck, schema_validator
+from proxy.tools.schema import SchemaCheck, check_schema, schema_validator
 from proxy.tools.schema_budget import PATTERNS_S, WORK_S, work_limit_s
 
 CTX = ToolContext("run_1", None, 1, "call_1")
@@ -282,6 +282,42 @@ async def test_an_http_tool_s_numbers_stay_exact_past_64_bits() -> None:
     assert big.output == '{"id":123456789012345678901234567890,"ok":true}'
     assert b'"arguments":{"n":18446744073709551616}' in seen[0]
     assert deep_result.output == deep.decode()
+
+
+DRAFT_07 = {
+    "$schema": "http://json-schema.org/draft-07/schema#",
+    "type": "object",
+    "properties": {  # a tuple, as zod's `z.tuple` writes it
+        "pair": {
+            "type": "array",
+            "items": [{"type": "string", "pattern": "^[a-z]+$"}, {"type": "integer"}],
+        }
+    },
+}
+DRAFT_04 = {
+    "$schema": "http://json-schema.org/draft-04/schema#",
+    "type": "object",
+    "properties": {"n": {"type": "number", "minimum": 0, "exclusiveMinimum": True}},
+}
+
+
+@pytest.mark.parametrize(
+    ("schema", "good", "bad", "why"),
+    [
+        (DRAFT_07, {"pair": ["ab", 1]}, {"pair": ["ab", "c"]}, "at pair/1: 'c' is not of type"),
+        (DRAFT_07, {"pair": ["ab", 1]}, {"pair": ["AB", 1]}, "at pair/0: 'AB' does not match"),
+        (DRAFT_04, {"n": 0.5}, {"n": 0}, "at n: 0 is less than or equal to the minimum of 0"),
+    ],
+)
+def test_a_schema_is_read_as_the_draft_it_names(
+    schema: dict[str, Any], good: dict[str, Any], bad: dict[str, Any], why: str
+) -> None:
+    """TypeScript MCP servers' schemas (zod's) say draft-07: its list `items` is a tuple."""
+    check_schema(schema)
+    check = schema_validator(schema)
+    assert check(good) == good
+    with pytest.raises(BadArguments, match=why):
+        check(bad)
 
 
 def big_answer(size: int) -> str:
