@@ -209,3 +209,20 @@ class PolicyInvalid(SpecError):
 
 class ClientDisconnected(Exception):
     """The client went away while its run was going (stop reason `cancelled`)."""
+
+
+def without_frames(error: BaseException) -> None:
+    """Lets go of the frames that `error`, and the errors it was raised from or during, hold
+    in their tracebacks. A failed run's error outlives the run (its result, the answer's
+    `param`), and its traceback's frames hold the run, its request and its reply, in a cycle
+    that only a full collection frees: rare in a process that makes them rare (`gc.freeze`),
+    while a failure's few objects may hold megabytes."""
+    pending: list[BaseException | None] = [error]
+    seen: set[int] = set()
+    while pending:
+        found = pending.pop()
+        if found is None or id(found) in seen:
+            continue
+        seen.add(id(found))
+        found.__traceback__ = None
+        pending += (found.__cause__, found.__context__)

@@ -23,6 +23,7 @@ from proxy.engine.stop import Stop, StopReason
 from proxy.engine.tool_calls import Outcome, ReplyCalls
 from proxy.engine.values import ModelReply
 from proxy.engine.voice import Voice
+from proxy.errors import without_frames
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +82,8 @@ class Run:
             run.now = clock()
             self.voice.notify(ev.RunFinished.of(run, spec.agent, ending.stop, error))
             self.result = RunResult.of(run, ending, error)
+            if error is not None:  # told and logged: its frames would hold this run
+                without_frames(error)
         return self.result
 
     async def _loop(self, run: RunState) -> Ending:

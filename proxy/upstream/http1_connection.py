@@ -60,7 +60,7 @@ class Connection(asyncio.Protocol):
         on_lost: Callable[[Connection], None],
     ) -> None:
         self.origin = origin  # scheme, host, port
-        self.parser = httptools.HttpResponseParser(self)
+        self.parser: httptools.HttpResponseParser | None = httptools.HttpResponseParser(self)
         self.on_free = on_free
         self.on_lost = on_lost
         self.transport: asyncio.Transport | None = None
@@ -77,13 +77,13 @@ class Connection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
-        answer = self.answer
-        if answer is None:  # bytes while no request is out: not an HTTP peer to keep
+        answer, parser = self.answer, self.parser
+        if answer is None or parser is None:  # bytes while no request is out: no HTTP peer
             self.close()
             return
         self.heard = True
         try:
-            self.parser.feed_data(data)
+            parser.feed_data(data)
         except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
             answer.fail(NotHttp(answer.refused or str(exc)))
             self.close()
@@ -101,6 +101,10 @@ class Connection(asyncio.Protocol):
         if self._drained is not None and not self._drained.done():
             self._drained.set_result(None)
         self.on_lost(self)
+        # Its parser's callbacks and its answer refer back to it: cycles that would keep what
+        # they hold (an answer's buffered body) until a full collection, rare in this process.
+        self.parser = None
+        self.answer = None
 
     def pause_writing(self) -> None:
         self._drained = asyncio.get_running_loop().create_future()
@@ -124,9 +128,9 @@ class Connection(asyncio.Protocol):
             answer.add_header(name, value)
 
     def on_headers_complete(self) -> None:
-        answer = self.answer
-        if answer is not None:
-            answer.started(self.parser.get_status_code())
+        answer, parser = self.answer, self.parser
+        if answer is not None and parser is not None:
+            answer.started(parser.get_status_code())
 
     def on_body(self, body: bytes) -> None:
         answer = self.answer
@@ -134,9 +138,9 @@ class Connection(asyncio.Protocol):
             answer.feed(body)
 
     def on_message_complete(self) -> None:
-        answer = self.answer
-        if answer is not None:
-            answer.complete(self.parser.should_keep_alive())
+        answer, parser = self.answer, self.parser
+        if answer is not None and parser is not None:
+            answer.complete(parser.should_keep_alive())
 
     # -- ours
 

@@ -6,6 +6,7 @@ upstream error, or as a repaired reading that is logged; never a hang or a silen
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
@@ -442,3 +443,35 @@ async def test_a_stream_over_the_cap_is_cut(proxy_to: ProxyTo, upstream: FaultyU
     assert "more than 100000 bytes" in error_of(total)["message"]
     assert one_event.status_code == 502
     assert "an event of more than 50000 bytes" in error_of(one_event)["message"]
+
+
+# What a failed run leaves behind: no cycle that holds it (its request, its reply) until the
+# full collection that this process makes rare (`gc.freeze`, high thresholds).
+OURS = {"Run", "RunState", "RunSpec", "Connection", "Answer", "frame"}
+
+
+async def test_failed_runs_leave_nothing_for_the_cycle_collector(
+    proxy_to: ProxyTo, upstream: FaultyUpstream
+) -> None:
+    """A relayed 400, a reply over `max_response_bytes`, a reset mid-stream, a read timeout:
+    each run's error and connection let go of the run when it ends."""
+    garbage: list[str] = []
+    async with proxy_to(max_response_bytes=64 * 1024, timeout_s=0.3) as proxy:
+        await proxy.chat()  # at rest: the pool, the app's own objects
+        upstream.script(
+            respond(400, {"error": {"message": "too long", "type": "invalid_request_error"}}),
+            stream(event(delta("x" * 1024)) * 100),
+            stream(event(delta("so far")), then="reset"),
+            stream(event(delta("then nothing")), then="hang"),
+        )
+        gc.collect()
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        try:
+            failures = [error_of(await proxy.chat(stream=True))["stop_reason"] for _ in range(4)]
+            gc.collect()
+            garbage = sorted({type(o).__name__ for o in gc.garbage} & OURS)
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+    assert failures == ["upstream_error"] * 4
+    assert garbage == []
