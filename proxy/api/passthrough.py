@@ -3,6 +3,8 @@ upstream of its `model`, else the default upstream, with both bodies streamed (S
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import re
 from collections.abc import AsyncIterator, Callable, Collection
 
@@ -11,16 +13,20 @@ from starlette.types import Receive, Scope, Send
 from proxy.api.asgi import bearer_token
 from proxy.api.auth import Caller
 from proxy.api.services import Services
+from proxy.deadline import Deadline
 from proxy.errors import (
     ClientDisconnected,
     InvalidRequest,
     MethodNotAllowed,
     NotFound,
     PermissionDenied,
+    UpstreamTimeout,
 )
 from proxy.upstream.client import Upstream
 from proxy.upstream.form_model import AmbiguousModel
 from proxy.upstream.relay import FORM_MODEL_WITHIN, relay, sniff_model
+
+log = logging.getLogger(__name__)
 
 METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
 
@@ -112,20 +118,46 @@ class Passthrough:
         body: AsyncIterator[bytes],
         send: Send,
     ) -> None:
-        async with relay(
-            upstream,
-            scope["method"],
-            path,
-            query=scope.get("query_string", b"").decode("latin-1"),
-            headers=scope["headers"],
-            body=body,
-        ) as answer:
-            await send(
-                {"type": "http.response.start", "status": answer.status, "headers": answer.headers}
-            )
-            async for chunk in answer.body:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        """Within the upstream's `step_timeout_s` in all, as a run's step is: a 504 before the
+        answer started, else the answer left unfinished (its connection closed). The time the
+        client takes to read is not counted, but a client that takes nothing for as long has
+        gone: its connection is let go (an upstream connection is never held for one that
+        does not read)."""
+        limit = upstream.step_timeout_s
+        timer = Deadline(asyncio.get_running_loop().time() + limit, limit)
+        started = False
+        try:
+            async with relay(
+                upstream,
+                scope["method"],
+                path,
+                query=scope.get("query_string", b"").decode("latin-1"),
+                headers=scope["headers"],
+                body=body,
+            ) as answer:
+                timer.hold()
+                start = {"type": "http.response.start", "status": answer.status}
+                await send({**start, "headers": answer.headers})
+                timer.release()
+                started = True
+                async for chunk in answer.body:
+                    timer.hold()
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                    timer.release()
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except asyncio.CancelledError:
+            if not timer.disarm():
+                raise
+            if timer.held_out:
+                raise ClientDisconnected(f"the client took nothing for {limit:g} s") from None
+            if not started:
+                raise UpstreamTimeout(
+                    f"upstream {upstream.name} did not finish within {limit:g} s"
+                ) from None
+            # Begun: the answer is left unfinished, and the server closes the connection.
+            log.warning("upstream %s did not finish within %g s: cut", upstream.name, limit)
+        finally:
+            timer.disarm()
 
 
 def _template(path: str) -> re.Pattern[str]:

@@ -13,8 +13,10 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 from prometheus_client import CollectorRegistry
+from starlette.types import ASGIApp, Message
 
 from proxy.api.app import create_app
 from proxy.config import parse_config
@@ -22,6 +24,7 @@ from proxy.engine.values import ModelRequest
 from proxy.errors import ClientDisconnected
 from proxy.upstream.client import Upstream
 from proxy.upstream.http1_transport import Http1Transport
+from tests.direct_asgi import body_then_stay, post_scope
 from tests.faulty_upstream import (
     DONE,
     FaultyUpstream,
@@ -44,9 +47,12 @@ HANG_S = 20
 
 
 class FaultProxy:
-    def __init__(self, client: httpx.AsyncClient, registry: CollectorRegistry) -> None:
+    def __init__(
+        self, client: httpx.AsyncClient, registry: CollectorRegistry, app: ASGIApp
+    ) -> None:
         self.client = client
         self.registry = registry
+        self.app = app
 
     def metric(self, name: str, **labels: str) -> float:
         return self.registry.get_sample_value(name, labels) or 0.0
@@ -95,7 +101,7 @@ def proxy_to(upstream: FaultyUpstream, monkeypatch: pytest.MonkeyPatch) -> Proxy
                 transport=httpx.ASGITransport(app), base_url="http://proxy.test"
             ) as client,
         ):
-            yield FaultProxy(client, registry)
+            yield FaultProxy(client, registry, app)
 
     return make
 
@@ -475,3 +481,46 @@ async def test_failed_runs_leave_nothing_for_the_cycle_collector(
             gc.garbage.clear()
     assert failures == ["upstream_error"] * 4
     assert garbage == []
+
+
+async def test_a_relayed_answer_that_trickles_is_cut_at_the_step_timeout(
+    proxy_to: ProxyTo, upstream: FaultyUpstream
+) -> None:
+    """A relayed route is one step's call too: its upstream does not hold a connection of the
+    shared pool for longer than `step_timeout_s`, however it trickles; the answer begun is
+    left unfinished (the server closes its connection), never ended as if whole."""
+    async with proxy_to(step_timeout_s=0.5) as proxy:
+        upstream.script(drip(b'{"data": []}', every_s=0.05))
+        sent: list[Message] = []
+
+        async def reading(message: Message) -> None:
+            sent.append(message)
+
+        body = orjson.dumps({"model": "e", "input": "x"})
+        started = asyncio.get_running_loop().time()
+        async with asyncio.timeout(HANG_S):
+            await proxy.app(post_scope("/v1/embeddings"), body_then_stay(body), reading)
+        took = asyncio.get_running_loop().time() - started
+    assert sent[0]["status"] == 200
+    assert all(m.get("more_body", True) for m in sent)  # no end: the client sees it cut
+    assert 0.5 <= took < 5
+
+
+async def test_a_relay_to_a_client_that_does_not_read_lets_go_at_the_step_timeout(
+    proxy_to: ProxyTo, upstream: FaultyUpstream
+) -> None:
+    """A client whose socket is full (it reads nothing) holds no upstream connection for
+    longer than `step_timeout_s`."""
+    async with proxy_to(step_timeout_s=0.3) as proxy:
+        upstream.script(drip(b"x" * 4096, every_s=0.001))
+        sent: list[Message] = []
+
+        async def full_socket(message: Message) -> None:
+            sent.append(message)
+            if message["type"] == "http.response.body":
+                await asyncio.Event().wait()  # never drained
+
+        body = orjson.dumps({"model": "e", "input": "x"})
+        async with asyncio.timeout(HANG_S):
+            await proxy.app(post_scope("/v1/embeddings"), body_then_stay(body), full_socket)
+    assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"]
