@@ -110,7 +110,8 @@ NO_UPGRADE = answering(
 )
 
 # The most requests one connection may have waiting behind the one being answered (HTTP/1.1
-# pipelining; the SDKs never do): past it the connection is closed, since each is held whole.
+# pipelining; the SDKs never do), each held whole: those are answered, then the connection is
+# closed, and the requests past them are dropped unanswered (a client sees the close).
 MAX_PIPELINED = 16
 
 # What a request the HTTP parser cannot read gets (framing, a header without a colon, ...):
@@ -212,6 +213,9 @@ def guarded_protocol(
         _quiet_bytes = 0
         _delivered = False  # the read being parsed brought some of the body
         _idle_since = 0.0  # when the connection was made, or last answered a request
+        # More than MAX_PIPELINED requests came behind the one being answered: those queued
+        # are answered, the connection closes after them, and the rest is read and dropped.
+        _overflowed = False
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -283,14 +287,14 @@ def guarded_protocol(
         def on_body(self, body: bytes) -> None:
             self._delivered = True
             self._quiet_bytes = 0
-            if not self.transport.is_closing():
+            if not (self.transport.is_closing() or self._overflowed):
                 HttpToolsProtocol.on_body(self, body)
 
         def on_message_complete(self) -> None:
             self._in_message = False
             del self.headers[self._fields :]  # its trailers, if any: no headers of it
             self._disarm_header_timer()
-            if not self.transport.is_closing():
+            if not (self.transport.is_closing() or self._overflowed):
                 HttpToolsProtocol.on_message_complete(self)
 
         def on_response_complete(self) -> None:
@@ -308,10 +312,12 @@ def guarded_protocol(
             self._head_bytes = None
             self._fields = len(self.headers)
             self._disarm_header_timer()
-            if self.transport.is_closing():  # refused: nothing more is served
+            if self.transport.is_closing() or self._overflowed:  # nothing more is served
                 return
             if len(self.pipeline) >= MAX_PIPELINED:
-                self.transport.close()
+                self._overflowed = True
+                last, _ = self.pipeline[0]  # the newest queued: its answer is the last one
+                last.keep_alive = False
                 return
             refusal = None
             if read > MAX_HEAD_BYTES and self._parsed_head() > MAX_HEAD_BYTES:
