@@ -65,19 +65,11 @@ class ReplyCalls:
         return call.name in self.client or not self.server
 
     async def execute(self, run: RunState, reply: ModelReply) -> Outcome | None:
-        """Runs the server calls of `reply`; None when the loop goes on. A client call the
-        tool rules do not allow now is answered as a blocked server call is (SPEC §8)."""
-        server: list[ToolCall] = []
+        """Runs the server calls of `reply` in order; None when the loop goes on. A client
+        call the tool rules do not allow at its place in the reply is answered as a blocked
+        server call is (SPEC §8); the others go back to the client."""
+        answered: list[ToolCall] = []  # the calls the proxy answers, in the reply's order
         client: list[ToolCall] = []
-        refused: dict[int, Block] = {}  # by the call's place in `server`
-        for call in reply.tool_calls:
-            if not self.is_client_call(call):
-                server.append(call)
-            elif (block := await self.checkpoints.refusal(run, call)) is not None:
-                refused[len(server)] = block
-                server.append(call)
-            else:
-                client.append(call)
         outputs: dict[str, str] = {}
         batch: list[ToolCall] = []
         stop: Stop | None = None
@@ -96,11 +88,20 @@ class ReplyCalls:
                 stop = stop or held
             batch.clear()
 
-        for index, call in enumerate(server):
+        for call in reply.tool_calls:
+            block: Block | None = None
+            if self.is_client_call(call):
+                if stop is not None:  # the run has stopped: it goes nowhere
+                    continue
+                block = await self.checkpoints.refusal(run, call)
+                if block is None:
+                    client.append(call)
+                    continue
+            answered.append(call)
             if stop is not None:  # an earlier call of this reply ended the run
                 outputs[call.id] = error_content(NOT_EXECUTED)
                 continue
-            block = refused.get(index) or await self._review(run, call)
+            block = block or await self._review(run, call)
             if block is not None:
                 outputs[call.id] = error_content(block.message)
                 await self.emit(
@@ -119,37 +120,53 @@ class ReplyCalls:
             held = self.checkpoints.after_tool(run, call, result)
             stop = stop or held
             if stop is not None and stop.reason is StopReason.TERMINAL_TOOL:
-                server = server[: index + 1]
                 client = []  # the later calls of this reply are dropped, client ones too
                 break
         await flush()
 
         earlier = [m for m in run.generated if m.get("role") in ("assistant", "tool")]
-        if server:
+        if answered:
             message = dict(reply.message)
-            message["tool_calls"] = [c.to_openai() for c in server]
+            message["tool_calls"] = [c.to_openai() for c in answered]
             run.append(message)
-            for call in server:
+            for call in answered:
                 run.append({"role": "tool", "tool_call_id": call.id, "content": outputs[call.id]})
         if stop is not None and stop.reason is StopReason.TERMINAL_TOOL:
             return Outcome(stop, {"role": "assistant", "content": run.messages[-1]["content"]})
         if stop is not None:
             return Outcome(stop)
         if client:
-            message = dict(reply.message)
-            if self.server:  # ids of the proxy's own, whether or not this run held calls back
-                client = [replace(c, id=private_call_id(c.id)) for c in client]
-            if server or earlier:
-                given = iter(client)
-                ids = [next(given).id if self.is_client_call(c) else c.id for c in reply.tool_calls]
-                run.held = held_calls(earlier, reply, ids, server, outputs)
-            message["tool_calls"] = [c.to_openai() for c in client]
-            if run.held is not None and server:  # the history keeps the reply as it came: its
-                run.generated[-1 - len(server)] = run.held["message"]  # calls in one message
-            else:
-                run.generated.append(message)
-            return Outcome(Stop(StopReason.CLIENT_TOOL_CALL), message)
+            return Outcome(
+                Stop(StopReason.CLIENT_TOOL_CALL),
+                self._hand_over(run, reply, client, answered, outputs, earlier),
+            )
         return None
+
+    def _hand_over(
+        self,
+        run: RunState,
+        reply: ModelReply,
+        client: list[ToolCall],
+        answered: list[ToolCall],
+        outputs: Mapping[str, str],
+        earlier: list[dict[str, Any]],
+    ) -> dict[str, Any]:
+        """The message that gives the client its calls; what it is not shown is held
+        (SPEC §5.1.6)."""
+        message = dict(reply.message)
+        given = client
+        if self.server:  # ids of the proxy's own, whether or not this run held calls back
+            given = [replace(c, id=private_call_id(c.id)) for c in client]
+        if answered or earlier:
+            renamed = {id(c): new.id for c, new in zip(client, given, strict=True)}
+            ids = [renamed.get(id(c), c.id) for c in reply.tool_calls]
+            run.held = held_calls(earlier, reply, ids, answered, outputs)
+        message["tool_calls"] = [c.to_openai() for c in given]
+        if run.held is not None and answered:  # the history keeps the reply as it came: its
+            run.generated[-1 - len(answered)] = run.held["message"]  # calls in one message
+        else:
+            run.generated.append(message)
+        return message
 
     async def _review(self, run: RunState, call: ToolCall) -> Block | None:
         """The rules' review, then the limits'. A call whose arguments its tool refuses is

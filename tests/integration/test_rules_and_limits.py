@@ -568,3 +568,58 @@ async def test_a_call_its_tool_refuses_the_arguments_of_is_not_counted_by_a_limi
     results = [m["content"] for m in r.json()["loop"]["messages"] if m["role"] == "tool"]
     assert "invalid arguments at city" in results[0]
     assert '"city":"Lima"' in results[1].replace(" ", "")  # it ran: the limit held it free
+
+
+ASK_OTHER = {"type": "function", "function": {"name": "ask_other", "parameters": {}}}
+CHILD_ASK_USER = {
+    "tool_rules": [
+        {"type": "constrain_child_tools", "tool_name": "get_weather", "children": ["ask_user"]}
+    ]
+}
+
+
+async def test_of_two_client_calls_the_one_the_rules_block_is_answered_the_other_handed_over(
+    proxy_for: ProxyFactory,
+) -> None:
+    async with proxy_for() as proxy:
+        proxy.upstream.script(
+            call("get_weather", city="Lima"),
+            calls(call("ask_other"), call("ask_user")),  # only ask_user follows get_weather
+            say("Asked."),
+        )
+        tools = [ASK_USER, ASK_OTHER]
+        first = await proxy.chat(
+            model="weather", tools=tools, messages=user("Lima?"), loop=CHILD_ASK_USER
+        )
+        handed = first.json()["choices"][0]["message"]
+        answer = {"role": "tool", "tool_call_id": handed["tool_calls"][0]["id"], "content": "yes"}
+        history = [*user("Lima?"), handed, answer]
+        second = await proxy.chat(model="weather", tools=tools, messages=history)
+        sent = proxy.upstream.bodies[2]["messages"]
+    assert first.json()["loop"]["stop_reason"] == "client_tool_call"
+    assert [c["function"]["name"] for c in handed["tool_calls"]] == ["ask_user"]
+    assert second.json()["choices"][0]["message"]["content"] == "Asked."
+    replied = [m for m in sent if m.get("tool_calls")][-1]  # the reply as it came, put back
+    assert [c["function"]["name"] for c in replied["tool_calls"]] == ["ask_other", "ask_user"]
+    results = [m["content"] for m in sent if m["role"] == "tool"][-2:]
+    assert "Tool 'ask_other' is not allowed now by the tool rules" in results[0]
+    assert results[1] == "yes"
+
+
+async def test_a_client_call_after_the_server_call_the_rules_ask_for_first_is_handed_over(
+    proxy_for: ProxyFactory,
+) -> None:
+    """Each call is reviewed at its place in the reply: after `run_first`'s tool, in the same
+    reply, a client call is allowed."""
+    async with proxy_for() as proxy:
+        proxy.upstream.script(calls(call("get_weather", city="Lima"), call("ask_user")))
+        r = await proxy.chat(
+            model="weather",
+            tools=[ASK_USER],
+            messages=user("Lima?"),
+            loop={"tool_rules": [{"type": "run_first", "tool_name": "get_weather"}]},
+        )
+    assert r.json()["loop"]["stop_reason"] == "client_tool_call"
+    assert [c["function"]["name"] for c in r.json()["choices"][0]["message"]["tool_calls"]] == [
+        "ask_user"
+    ]
