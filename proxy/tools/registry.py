@@ -258,10 +258,16 @@ async def _checked_arguments(tool: Tool, call: ToolCall) -> dict[str, Any] | str
         return f"the arguments could not be checked: {type(exc).__name__}"
 
 
+REDACTED_CHARS = 64 * 1024  # of an error's text, the most read for secrets and given
+
+
 def _failed(message: str, cap: int) -> ToolResult:
     """An error result: its text (an exception's, an MCP server's) without what looks like a
-    credential (a database URL's password), cut to `cap` bytes."""
-    message = _encodable(redacted(message[: cap + 1]))  # a character past it: cut, and said so
+    credential (a database URL's password), cut to `cap` bytes (REDACTED_CHARS at most)."""
+    # Redacted before it is cut (a cut between a password and its `@` would show the password),
+    # and no more of it than the cap and a little: the patterns run on the event loop.
+    cap = min(cap, REDACTED_CHARS)
+    message = _encodable(redacted(message[: cap + 512]))
     if len(message) * 4 > cap and len(encoded := message.encode()) > cap:
         message = encoded[: cap - 3].decode("utf-8", "ignore") + "…"
     return ToolResult(message, "error")

@@ -71,6 +71,8 @@ _BOUNDED = {draft: _bounded(draft) for draft in _DRAFTS}
 
 
 def _draft(schema: dict[str, Any]) -> Any:
+    if not isinstance(schema.get("$schema", ""), str):  # no draft's name: 2020-12 refuses it
+        return Draft202012Validator
     found = validators.validator_for(schema, default=Draft202012Validator)
     return found if found in _BOUNDED else Draft202012Validator
 

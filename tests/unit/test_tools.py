@@ -320,6 +320,12 @@ def test_a_schema_is_read_as_the_draft_it_names(
         check(bad)
 
 
+@pytest.mark.parametrize("named", [5, {}, ["x"]])
+def test_a_schema_naming_no_draft_by_a_string_is_no_valid_schema(named: Any) -> None:
+    with pytest.raises(ValueError, match="not a valid JSON schema"):
+        check_schema({"$schema": named, "type": "object"})
+
+
 def big_answer(size: int) -> str:
     return "x" * size
 
