@@ -74,13 +74,19 @@ class FakeTools:
     functions: Mapping[str, Callable[[dict[str, Any]], str]]
     calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
 
-    async def check(self, call: ToolCall) -> str | None:
-        return None if call.name in self.functions else f"unknown tool {call.name!r}"
-
-    async def execute(self, call: ToolCall, ctx: ToolContext) -> ToolResult:
+    async def check(self, call: ToolCall) -> dict[str, Any] | str:
         import json
 
-        args = json.loads(call.arguments or "{}")
+        if call.name not in self.functions:
+            return f"unknown tool {call.name!r}"
+        return dict(json.loads(call.arguments or "{}"))
+
+    async def execute(
+        self, call: ToolCall, ctx: ToolContext, arguments: dict[str, Any] | None = None
+    ) -> ToolResult:
+        import json
+
+        args = arguments if arguments is not None else json.loads(call.arguments or "{}")
         self.calls.append((call.name, args))
         try:
             return ToolResult(self.functions[call.name](args))

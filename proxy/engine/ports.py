@@ -29,13 +29,16 @@ class ChatModel(Protocol):
 
 
 class ToolExecutor(Protocol):
-    async def check(self, call: ToolCall) -> str | None:
-        """Why `call` would fail at once (its arguments), or None: asked before a limit counts
-        it."""
+    async def check(self, call: ToolCall) -> dict[str, Any] | str:
+        """The arguments of `call` as its tool takes them, or why it would fail at once:
+        asked before a limit counts it."""
         ...
 
-    async def execute(self, call: ToolCall, ctx: ToolContext) -> ToolResult:
-        """Run a server tool; never raises for tool failures (they are `ToolResult`s)."""
+    async def execute(
+        self, call: ToolCall, ctx: ToolContext, arguments: dict[str, Any] | None = None
+    ) -> ToolResult:
+        """Run a server tool; never raises for tool failures (they are `ToolResult`s).
+        `arguments`: what `check` gave for the call, not checked again."""
         ...
 
 

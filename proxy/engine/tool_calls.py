@@ -71,15 +71,17 @@ class ReplyCalls:
         answered: list[ToolCall] = []  # the calls the proxy answers, in the reply's order
         client: list[ToolCall] = []
         outputs: dict[str, str] = {}
+        checked: dict[int, dict[str, Any]] = {}  # each admitted call's arguments, as checked
         batch: list[ToolCall] = []
         stop: Stop | None = None
 
         async def flush() -> None:
             nonlocal stop
             if len(batch) == 1:  # a lone call runs in this task: a task of its own costs more
-                results = [await self._run(run, batch[0])]
+                results = [await self._run(run, batch[0], checked.get(id(batch[0])))]
             elif batch:
-                results = await asyncio.gather(*(self._run(run, c) for c in batch))
+                runs = (self._run(run, c, checked.get(id(c))) for c in batch)
+                results = await asyncio.gather(*runs)
             else:
                 return
             for call, result in zip(batch, results, strict=True):
@@ -101,7 +103,7 @@ class ReplyCalls:
             if stop is not None:  # an earlier call of this reply ended the run
                 outputs[call.id] = error_content(NOT_EXECUTED)
                 continue
-            block = block or await self._review(run, call)
+            block = block or await self._review(run, call, checked)
             if block is not None:
                 outputs[call.id] = error_content(block.message)
                 await self.emit(
@@ -115,7 +117,7 @@ class ReplyCalls:
                 batch.append(call)
                 continue
             await flush()
-            result = await self._run(run, call)
+            result = await self._run(run, call, checked.get(id(call)))
             outputs[call.id] = tool_content(result)
             held = self.checkpoints.after_tool(run, call, result)
             stop = stop or held
@@ -168,27 +170,34 @@ class ReplyCalls:
             run.generated.append(message)
         return message
 
-    async def _review(self, run: RunState, call: ToolCall) -> Block | None:
+    async def _review(
+        self, run: RunState, call: ToolCall, checked: dict[int, dict[str, Any]]
+    ) -> Block | None:
         """The rules' review, then the limits'. A call whose arguments its tool refuses is
         let through to fail at once as a tool error, with no limit counting it (SPEC §9: only
-        executed calls count)."""
+        executed calls count); the arguments of one it takes are kept in `checked`."""
         if call.name not in self.server:
             allowed = ", ".join(sorted(self.server))
             return Block(f"Unknown tool '{call.name}'. Tools: {allowed}.", outcome="error")
         block = await self.checkpoints.refusal(run, call)
-        if block is not None or await self.tools.check(call) is not None:
+        if block is not None:
             return block
+        arguments = await self.tools.check(call)
+        if isinstance(arguments, str):
+            return None
+        checked[id(call)] = arguments
         return await self.checkpoints.admit(run, call)
 
-    async def _run(self, run: RunState, call: ToolCall) -> ToolResult:
+    async def _run(
+        self, run: RunState, call: ToolCall, arguments: dict[str, Any] | None
+    ) -> ToolResult:
         await self.emit(ev.ToolStarted(run.run_id, run.step_count, call))
         run.tool_calls += 1  # as it starts: a call cut short (the run cancelled or out of time) ran
         run.tools_ran = True
         started = self.clock()
         try:
-            result = await self.tools.execute(
-                call, ToolContext(run.run_id, run.thread_id, run.step_count, call.id)
-            )
+            context = ToolContext(run.run_id, run.thread_id, run.step_count, call.id)
+            result = await self.tools.execute(call, context, arguments)
         except Exception as exc:  # an executor bug is still only a tool error for the model
             log.exception("tool %s raised", call.name)
             result = ToolResult(f"tool failed: {type(exc).__name__}", "error")

@@ -17,9 +17,9 @@ def _arguments_model(func: Callable[..., Any]) -> Any:
     """The model of a callable's keyword arguments (a function, a `functools.partial`, an
     object with `__call__`); ValueError when the model cannot be called by keyword or its
     parameters have no JSON schema."""
-    try:
-        parameters = inspect.signature(func).parameters
-    except (TypeError, ValueError) as exc:
+    try:  # annotations written as strings (`from __future__ import annotations`) resolved
+        parameters = inspect.signature(func, eval_str=True).parameters
+    except (TypeError, ValueError, NameError, AttributeError, SyntaxError) as exc:
         raise ValueError(f"its parameters cannot be read: {exc}") from None
     fields: dict[str, Any] = {}
     extra: Literal["allow", "forbid"] = "forbid"

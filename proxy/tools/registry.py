@@ -203,22 +203,22 @@ class ToolRegistry:
         if problems:
             raise SourcesUnavailable("\n".join(problems))
 
-    async def _arguments(self, call: ToolCall) -> dict[str, Any] | str:
+    async def check(self, call: ToolCall) -> dict[str, Any] | str:
+        """The arguments of `call` checked against its tool's schema, or why it cannot run as
+        asked (a tool it does not have, arguments that are no JSON object or do not match)."""
         tool = self.tools.get(call.name)
         if tool is None:
             return f"unknown tool {call.name!r}"
         return await _checked_arguments(tool, call)
 
-    async def check(self, call: ToolCall) -> str | None:
-        """Why `call` cannot run as asked (a tool it does not have, arguments that are no JSON
-        object or do not match the tool's schema), or None."""
-        checked = await self._arguments(call)
-        return checked if isinstance(checked, str) else None
-
-    async def execute(self, call: ToolCall, ctx: ToolContext) -> ToolResult:
-        checked = await self._arguments(call)
+    async def execute(
+        self, call: ToolCall, ctx: ToolContext, arguments: dict[str, Any] | None = None
+    ) -> ToolResult:
+        checked = arguments if arguments is not None else await self.check(call)
         if isinstance(checked, str):
             return ToolResult(checked, "error")
+        if call.name not in self.tools:  # gone since it was checked (a source's new list)
+            return ToolResult(f"unknown tool {call.name!r}", "error")
         tool = self.tools[call.name]
         try:
             output = await within(tool.invoke(checked, ctx), tool.timeout_s + tool.grace_s)

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
-from typing import Any
+from typing import Annotated, Any
 
 import httpx
 import pytest
+from pydantic import AfterValidator
 
 from proxy.api.services import build_services
 from proxy.config import ConfigError, parse_config
@@ -623,3 +624,32 @@ async def test_a_client_call_after_the_server_call_the_rules_ask_for_first_is_ha
     assert [c["function"]["name"] for c in r.json()["choices"][0]["message"]["tool_calls"]] == [
         "ask_user"
     ]
+
+
+CHECKS: list[str] = []
+
+
+def _counted(value: str) -> str:
+    CHECKS.append(value)
+    return value
+
+
+def counted_lookup(query: Annotated[str, AfterValidator(_counted)]) -> str:
+    return f"found {query}"
+
+
+async def test_a_call_s_arguments_are_checked_once(proxy_for: ProxyFactory) -> None:
+    """Checked before the limits reserve anything, and not again as the call runs."""
+    CHECKS.clear()
+    here = "tests.integration.test_rules_and_limits:counted_lookup"
+    config = {
+        "tools": {"lookup": {"kind": "python", "callable": here}},
+        "agents": {"a": {"model": "scripted", "tools": ["lookup"]}},
+    }
+    async with proxy_for(config) as proxy:
+        proxy.upstream.script(
+            calls(call("lookup", query="x"), call("lookup", query="y")), say("ok")
+        )
+        limits = {"tool_call_limits": [{"tool_name": "lookup", "run_limit": 5}]}
+        await proxy.chat(model="a", messages=user("go"), loop=limits)
+    assert CHECKS == ["x", "y"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import replace
+from typing import Any
 
 import pytest
 from opentelemetry import trace
@@ -233,10 +234,12 @@ def test_content_is_captured_only_when_asked() -> None:
 class StuckTools:
     """Tools whose calls never return: the run's time budget cuts them short."""
 
-    async def check(self, call: ToolCall) -> str | None:
-        return None
+    async def check(self, call: ToolCall) -> dict[str, Any] | str:
+        return {}
 
-    async def execute(self, call: ToolCall, ctx: object) -> ToolResult:
+    async def execute(
+        self, call: ToolCall, ctx: object, arguments: dict[str, Any] | None = None
+    ) -> ToolResult:
         await asyncio.sleep(3600)
         raise AssertionError("unreachable")
 
