@@ -19,7 +19,12 @@ def loads(raw: str | bytes) -> Any:
     """The value of a JSON text; ValueError (or RecursionError, past ~1,000 levels of a text
     read by the standard library) when it is none."""
     found = _LONG_NUMBER.search(raw) if isinstance(raw, str) else _LONG_NUMBER_BYTES.search(raw)
-    return orjson.loads(raw) if found is None else json.loads(raw)
+    return orjson.loads(raw) if found is None else json.loads(raw, parse_constant=_no_constant)
+
+
+def _no_constant(name: str) -> Any:
+    """`NaN`, `Infinity`: no JSON, which orjson refuses and the standard library reads."""
+    raise ValueError(f"{name} is not a JSON value")
 
 
 def dumps(value: Any) -> bytes:

@@ -154,7 +154,7 @@ class Planner:
                     f"tool {client!r} clashes with a server tool",
                     param=req.tool_params[i] if req.tool_params else f"tools[{i}].function.name",
                 )
-        legacy = next((f for f in ("functions", "function_call") if f in req.params), None)
+        legacy = next((f for f in LEGACY_FIELDS if req.params.get(f) is not None), None)
         if legacy is not None and (req.has_loop or policy.tools):
             raise InvalidRequest(
                 f"{legacy} (the functions API before tools) cannot be used when the proxy runs "
@@ -196,6 +196,10 @@ class Planner:
                     param=f"loop.tools[{i}]",
                     code="tool_not_allowed",
                 )
+
+
+# The functions API before tools: its calls would come back to the proxy as unknown tools.
+LEGACY_FIELDS = ("functions", "function_call")
 
 
 def _param(path: str) -> str:

@@ -141,12 +141,12 @@ class McpSource:
     async def call(self, tool: str, arguments: dict[str, Any]) -> mcp_types.CallToolResult:
         """`tools/call`; ToolFailed when the server cannot be asked or fails to answer. The SDK
         puts the current span's context in `params._meta.traceparent`."""
-        client = self._client
-        if client is None or not self.connected:
-            reason = f": {self.error}" if self.error else ""
-            raise ToolFailed(f"{self.describe()} is not connected{reason}; retry later")
         try:
             async with self._calls:
+                client = self._client  # the session's now: a call may have waited its turn
+                if client is None or not self.connected:
+                    reason = f": {self.error}" if self.error else ""
+                    raise ToolFailed(f"{self.describe()} is not connected{reason}; retry later")
                 return await client.call_tool(tool, arguments)
         except MCPError as exc:
             if _session_gone(exc.error, self.cfg.url is not None):
@@ -266,6 +266,8 @@ class McpSource:
         schemas = getattr(client.session, "_tool_output_schemas", None)
         if isinstance(schemas, dict):
             schemas.update(dict.fromkeys((tool.name for tool in tools), None))
+        else:  # an `mcp` whose session keeps them otherwise: it checks them too, on the loop
+            log.warning("the mcp SDK's output schemas were not found: it checks results too")
 
     async def _listen(self, client: Client) -> None:
         """A 2026-era server sends its change events on a `subscriptions/listen` stream; the

@@ -638,6 +638,12 @@ async def test_a_responses_refusal_names_no_message_and_the_client_s_tool_as_it_
     assert params == ["tools[2].parameters", None]
 
 
+async def test_a_null_functions_field_is_no_use_of_the_functions_api(proxy: Proxy) -> None:
+    proxy.upstream.script(call("get_weather", city="Oslo"), say("Mild."))
+    r = await proxy.chat(model="weather", functions=None, function_call=None)
+    assert r.status_code == 200
+
+
 async def test_the_functions_api_is_relayed_when_no_loop_runs(proxy: Proxy) -> None:
     """`functions` is refused only where the proxy would run the calls' loop."""
     proxy.upstream.script(say("Relayed."))
