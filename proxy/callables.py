@@ -85,31 +85,29 @@ KEEP_IDLE = 8
 
 
 class _Call:
-    __slots__ = ("delivered", "given_up")
+    __slots__ = ("done", "given_up")
 
     def __init__(self) -> None:
-        self.delivered = False  # its outcome came back to the event loop
+        self.done = False  # its callable returned (set in its thread)
         self.given_up = False  # its caller stopped waiting before that (a timeout, a cancel)
 
 
 class CallThreads:
     """At most `limit` sync calls at once, each in a daemon thread; a thread whose call
-    returned waits for the next (up to KEEP_IDLE of them wait). A call waits for a thread
-    while any runs a call that its caller waits for; when every one holds a call given up on
-    (stuck past its timeout), it fails at once (NoWorkerFree): stuck callables never make the
-    others wait out their timeouts. Used from one event loop at a time."""
+    returned waits for the next (up to KEEP_IDLE of them wait). A call waits for a thread, in
+    turn, while any runs a call that its caller waits for; when every one holds a call given
+    up on (stuck past its timeout), it fails at once (NoWorkerFree): stuck callables never
+    make the others wait out their timeouts. What the threads hold is counted in them, so a
+    call that outlives its event loop leaves no count behind."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        self._busy = 0
+        self._busy = 0  # threads running a call
+        self._given_up = 0  # ... whose caller stopped waiting
         self._idle = 0  # threads waiting for a call
         self._lock = threading.Lock()
         self._calls: queue.SimpleQueue[Callable[[], Callable[[], None]]] = queue.SimpleQueue()
-        # Of the event loop's: calls started and not yet back, those given up on, and the
-        # callers waiting for one of them to end.
-        self._running = 0
-        self._given_up = 0
-        self._waiters: list[asyncio.Future[None]] = []
+        self._waiters: list[asyncio.Event] = []  # callers waiting for a thread, in turn
 
     @property
     def busy(self) -> int:
@@ -132,10 +130,7 @@ class CallThreads:
         call = _Call()
 
         def settle(ok: bool, value: Any) -> None:
-            call.delivered = True
-            self._running -= 1
-            self._given_up -= call.given_up
-            self._wake()
+            self._next()
             if future.done():  # the caller gave up on it (a timeout, a cancelled run)
                 return
             if ok:
@@ -149,6 +144,9 @@ class CallThreads:
                 outcome = (True, context.run(func, *args, **kwargs))
             except BaseException as exc:
                 outcome = (False, ordinary(exc))
+            with self._lock:
+                call.done = True
+                self._given_up -= call.given_up
 
             def deliver() -> None:
                 # A closed loop raises RuntimeError: nobody waits for the result any more.
@@ -160,40 +158,44 @@ class CallThreads:
         try:
             self._start(work)
         except BaseException:
-            self._running -= 1
-            self._wake()
+            self._next()
             raise
         try:
             return await future
         except asyncio.CancelledError:
-            if not call.delivered:
-                call.given_up = True
-                self._given_up += 1
-                self._wake()  # every thread may be stuck now: the waiters fail at once
+            with self._lock:
+                given_up = call.given_up = not call.done
+                self._given_up += given_up
+            if given_up:  # every thread may be stuck now: the waiters fail at once
+                for turn in self._waiters:
+                    turn.set()
             raise
 
     async def _turn(self) -> None:
-        """Returns once this call may take a thread."""
-        while self._running >= self.limit:
-            if self._given_up >= self._running:
-                raise NoWorkerFree(
-                    f"no tool worker free: all {self.limit} tool threads are busy with calls "
-                    "that have not returned (server.tool_threads)"
-                )
-            waiter = asyncio.get_running_loop().create_future()
-            self._waiters.append(waiter)
-            try:
-                await waiter
-            finally:
-                if waiter in self._waiters:
-                    self._waiters.remove(waiter)
-        self._running += 1
+        """Returns once this call may take a thread: one is free and no caller waits ahead."""
+        if self._busy < self.limit and not self._waiters:
+            return
+        turn = asyncio.Event()
+        self._waiters.append(turn)
+        try:
+            while not (self._waiters[0] is turn and self._busy < self.limit):
+                with self._lock:
+                    stuck = self._busy >= self.limit and self._given_up >= self._busy
+                if stuck:
+                    raise NoWorkerFree(
+                        f"no tool worker free: all {self.limit} tool threads are busy with "
+                        "calls that have not returned (server.tool_threads)"
+                    )
+                turn.clear()
+                await turn.wait()
+        finally:
+            self._waiters.remove(turn)
+            self._next()
 
-    def _wake(self) -> None:
-        waiters, self._waiters = self._waiters, []
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_result(None)
+    def _next(self) -> None:
+        """A thread may have come free: the first caller in turn looks again."""
+        if self._waiters:
+            self._waiters[0].set()
 
     def _start(self, work: Callable[[], Callable[[], None]]) -> None:
         with self._lock:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import threading
+import time
 from collections.abc import Callable
 
 import pytest
@@ -112,3 +113,43 @@ async def test_an_async_call_s_own_cancellation_or_exit_is_a_failure_its_caller_
     waiting.cancel()
     with pytest.raises(asyncio.CancelledError):
         await waiting
+
+
+async def test_callers_waiting_for_a_thread_get_one_in_turn() -> None:
+    threads = CallThreads(1)
+    release = threading.Event()
+    first = asyncio.ensure_future(threads.run(release.wait, 10))
+    order: list[str] = []
+
+    def record(name: str) -> None:
+        order.append(name)
+
+    waiting = []
+    for name in "abc":
+        waiting.append(asyncio.ensure_future(threads.run(record, name)))
+        await asyncio.sleep(0.01)
+    release.set()
+    await asyncio.gather(first, *waiting)
+    assert order == ["a", "b", "c"]
+
+
+def test_a_call_given_up_on_that_outlives_its_event_loop_leaves_no_count_behind() -> None:
+    """Its thread's return is counted in the thread: the next loop finds the thread free."""
+    threads = CallThreads(1)
+    release = threading.Event()
+
+    async def give_up() -> None:
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(threads.run(release.wait, 10), 0.05)
+
+    asyncio.run(give_up())
+    release.set()
+    for _ in range(100):
+        if threads.busy == 0:
+            break
+        time.sleep(0.01)
+
+    async def again() -> int:
+        return await asyncio.wait_for(threads.run(threading.get_ident), 5)
+
+    assert isinstance(asyncio.run(again()), int)
