@@ -9,7 +9,7 @@ from typing import Any
 from starlette.types import Send
 
 from proxy.api.asgi import send_error
-from proxy.api.upstream_param import ClientTerms, client_param
+from proxy.api.upstream_param import ClientTerms, client_message, client_param
 from proxy.engine.run_spec import RunResult
 from proxy.engine.stop import ERROR_STOPS
 from proxy.errors import (
@@ -46,8 +46,8 @@ def _in_client_terms(error: UpstreamStatusError, param: str | None) -> UpstreamS
     if param == error.param:
         return error
     message = error.message
-    if param is not None and error.param is not None:  # "Invalid 'messages[2].content': …"
-        message = message.replace(error.param, param)
+    if error.param is not None:  # "Invalid 'messages[2].content': …"
+        message = client_message(message, error.param, param)
     return UpstreamStatusError(
         error.status,
         message,

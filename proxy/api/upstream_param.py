@@ -52,3 +52,22 @@ def client_param(
     if field == "tools" and terms.tool_params:  # `tools[i].name`, its fields beside the name
         return terms.tool_params[at].removesuffix(".name") + rest.removeprefix(".function")
     return f"{field}{opening}{at}]{rest}"
+
+
+def client_message(message: str, sent_param: str, param: str | None) -> str:
+    """An upstream's error `message` that names the part `sent_param` indexes, as the client
+    knows it: by the index of its own part (`param`), or, for a part the proxy made, as one of
+    the request sent upstream."""
+    found = _INDEXED.fullmatch(sent_param)
+    if found is None or sent_param == param:
+        return message
+    field, opening, index, _ = found.groups()
+    sent_part = f"{field}{opening}{index}]"
+    if param is None:
+        named = sent_param if sent_param in message else sent_part
+        return message.replace(named, f"{named} (of the request sent upstream)", 1)
+    renamed = _INDEXED.fullmatch(param)
+    if renamed is None:  # a Responses tool, named by its own path
+        return message.replace(sent_param, param)
+    field, opening, index, _ = renamed.groups()
+    return message.replace(sent_part, f"{field}{opening}{index}]")

@@ -612,8 +612,9 @@ async def test_an_upstream_s_refusal_names_the_part_of_the_client_s_own_request(
     sent_request = proxy.upstream.bodies[0]
     assert sent_request["messages"][1:] == messages  # the system prompt came first
     assert [t["function"]["name"] for t in sent_request["tools"]] == ["get_weather", "lookup"]
-    if named is not None:  # the message names it so too
-        assert refused.value.message == f"Error code: 400 - Invalid '{named}': bad value."
+    said = f"{sent} (of the request sent upstream)" if named is None else named
+    if named != sent:  # the message names it so too
+        assert refused.value.message == f"Error code: 400 - Invalid '{said}': bad value."
 
 
 async def test_a_responses_refusal_names_no_message_and_the_client_s_tool_as_it_named_it(
