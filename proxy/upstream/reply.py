@@ -149,13 +149,15 @@ class ChunkAccumulator:
     def _add_call(self, call: dict[str, Any], i: int) -> None:
         """A delta of a call: of the call at its `index`, or, from an upstream that sends none,
         of the last call unless it brings another call's id or name. A name sent again whole
-        with each delta (as some upstreams do, with the id) is the same name."""
+        (with the id, or without an index, as some upstreams send each delta) is the same name;
+        OpenAI's deltas may cut a name in parts, which follow its first without an id."""
         path = f"choices[0].delta.tool_calls[{i}]"
         call_id = _optional_text(call.get("id"), f"{path}.id")
         function = call.get("function")
         function = {} if function is None else _object(function, f"{path}.function")
         name = _optional_text(function.get("name"), f"{path}.function.name") or ""
         index = call.get("index")
+        whole = bool(call_id) or index is None  # its name, if any, comes whole
         if index is None:
             index = self._unindexed(call_id, name)
         if isinstance(index, bool) or not isinstance(index, int):
@@ -166,7 +168,7 @@ class ChunkAccumulator:
                 raise _too_many(self.limits)
             slot = self.calls[index] = {"id": None, "name": "", "arguments": []}
         slot["id"] = slot["id"] or call_id
-        if name != slot["name"]:
+        if not (whole and name == slot["name"]):  # a name sent again whole is the same name
             slot["name"] += name
         arguments = _optional_text(function.get("arguments"), f"{path}.function.arguments")
         slot["arguments"].append(arguments or "")

@@ -139,6 +139,8 @@ def test_calls_streamed_as_other_upstreams_stream_them() -> None:
         [_part("{}", name="ask")],  # no id: another name is another call
         [_part("", name="ask")],  # the same name again: the same call
     ]
+    fragments = [[_part("", index=0, id="c", name="get")], [_part("{}", index=0, name="get")]]
+    assert _calls_of(*fragments) == [("c", "getget", "{}")]  # a name in two like parts
     assert _calls_of(*unindexed) == [
         ("a", "look", '{"city": "Oslo"}'),
         ("b", "note", "{}"),
