@@ -154,8 +154,7 @@ class Planner:
                     f"tool {client!r} clashes with a server tool",
                     param=req.tool_params[i] if req.tool_params else f"tools[{i}].function.name",
                 )
-        legacy = next((f for f in LEGACY_FIELDS if req.params.get(f) is not None), None)
-        if legacy is not None and (req.has_loop or policy.tools):
+        if (req.has_loop or policy.tools) and (legacy := _legacy_field(req.params)):
             raise InvalidRequest(
                 f"{legacy} (the functions API before tools) cannot be used when the proxy runs "
                 "a loop: send client tools as tools",
@@ -198,8 +197,13 @@ class Planner:
                 )
 
 
-# The functions API before tools: its calls would come back to the proxy as unknown tools.
-LEGACY_FIELDS = ("functions", "function_call")
+def _legacy_field(params: Mapping[str, object]) -> str | None:
+    """A field of the functions API before tools, whose calls would come back to the proxy as
+    unknown tools."""
+    for name in ("functions", "function_call"):
+        if params.get(name) is not None:
+            return name
+    return None
 
 
 def _param(path: str) -> str:
