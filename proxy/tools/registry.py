@@ -25,7 +25,7 @@ from proxy.config.tools import (
 )
 from proxy.deadline import within
 from proxy.engine.values import ToolCall, ToolContext, ToolResult, ToolSpec
-from proxy.json_values import MAX_DEPTH, nests_too_deep
+from proxy.json_values import MAX_DEPTH, holds_over, nests_too_deep
 from proxy.redaction import redacted
 from proxy.tools.base import Tool, ToolFailed, as_text, definition, output_too_large
 from proxy.tools.builtin import BUILTINS, builtin_invoke
@@ -63,13 +63,17 @@ class ToolRegistry:
         server_references: Iterable[str] = (),
         default_max_output_bytes: int = 1024 * 1024,
         on_call: CallHook | None = None,
+        max_argument_values: int = 100_000,
     ) -> None:
+        """`max_argument_values`: the most JSON values a call's arguments may hold, counted
+        before they are parsed on the event loop (`server.max_body_values`)."""
         self.static = dict(tools)
         self.sources = {source.name: source for source in sources}
         self.references = sorted(set(references) - set(self.static))
         self.server_references = frozenset(server_references)
         self.default_max_output_bytes = default_max_output_bytes
         self.on_call = on_call
+        self.max_argument_values = max_argument_values
         self.listeners: list[Callable[[], None]] = []
         self.tools: dict[str, Tool] = dict(tools)
         self.groups: dict[str, tuple[str, ...]] = {}
@@ -209,7 +213,7 @@ class ToolRegistry:
         tool = self.tools.get(call.name)
         if tool is None:
             return f"unknown tool {call.name!r}"
-        return await _checked_arguments(tool, call)
+        return await _checked_arguments(tool, call, self.max_argument_values)
 
     async def execute(
         self, call: ToolCall, ctx: ToolContext, arguments: dict[str, Any] | None = None
@@ -237,8 +241,11 @@ class ToolRegistry:
         return ToolResult(text)
 
 
-async def _checked_arguments(tool: Tool, call: ToolCall) -> dict[str, Any] | str:
+async def _checked_arguments(tool: Tool, call: ToolCall, max_values: int) -> dict[str, Any] | str:
     """The arguments of `call` checked against `tool`'s schema, or why they are refused."""
+    raw = call.arguments
+    if len(raw) > max_values and await holds_over(raw.encode(), max_values):
+        return f"arguments hold more than {max_values} JSON values (server.max_body_values)"
     try:
         arguments = exact_json.loads(call.arguments or "{}")
     except (ValueError, RecursionError) as exc:
@@ -353,7 +360,9 @@ def build_registry(
     if problems:
         raise ValueError("\n".join(problems))
     server, named = referenced_tools(config)
-    return ToolRegistry(tools, sources, named, server, default_max_output, on_call)
+    return ToolRegistry(
+        tools, sources, named, server, default_max_output, on_call, config.server.max_body_values
+    )
 
 
 def referenced_tools(config: Config) -> tuple[set[str], set[str]]:
