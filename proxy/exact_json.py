@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -27,9 +28,12 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON value")
 
 
-def dumps(value: Any) -> bytes:
-    """`value` as compact JSON; TypeError (or ValueError) when it is no JSON value."""
+def dumps(value: Any, default: Callable[[Any], Any] | None = None) -> bytes:
+    """`value` as compact JSON, keys that are no strings as text, what else is no JSON type
+    as `default` makes it; TypeError, ValueError (a value that holds itself) or RecursionError
+    when it is no JSON value."""
     try:
-        return orjson.dumps(value)
-    except TypeError:  # an integer past 64 bits
-        return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+        return orjson.dumps(value, default=default, option=orjson.OPT_NON_STR_KEYS)
+    except TypeError:  # an integer past 64 bits, nesting past orjson's 254 levels, a cycle
+        text = json.dumps(value, default=default, separators=(",", ":"), ensure_ascii=False)
+        return text.encode()

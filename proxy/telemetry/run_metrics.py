@@ -132,10 +132,9 @@ class MetricsObserver:
         running[event.call.id] = (self.labels.tool(event.call.name), time.monotonic())
 
     def _executed(self, event: ev.ToolExecuted) -> None:
-        running = self._running.get(event.run_id)
-        if running is not None:
-            running.pop(event.call.id, None)
-        self._tool_ended(self.labels.tool(event.call.name), event.result.outcome, event.duration_s)
+        started = self._running.get(event.run_id, {}).pop(event.call.id, None)
+        tool = started[0] if started is not None else self.labels.tool(event.call.name)
+        self._tool_ended(tool, event.result.outcome, event.duration_s)
 
     def _tool_ended(self, tool: str, outcome: str, duration_s: float) -> None:
         m = self.metrics

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
+from proxy import exact_json
 from proxy.engine.values import ToolContext, ToolSpec
 
 Invoke = Callable[[dict[str, Any], ToolContext], Awaitable[Any]]
@@ -69,11 +68,7 @@ def as_text(value: Any) -> str:
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace")
     try:
-        return orjson.dumps(value, default=_jsonable, option=orjson.OPT_NON_STR_KEYS).decode()
-    except TypeError:  # an integer past 64 bits, nesting past orjson's 254 levels, a cycle
-        pass
-    try:
-        return json.dumps(value, default=_jsonable, separators=(",", ":"), ensure_ascii=False)
+        return exact_json.dumps(value, _jsonable).decode()
     except (TypeError, ValueError, RecursionError) as exc:
         raise ToolFailed(f"the tool's result is no JSON value: {exc}") from None
 

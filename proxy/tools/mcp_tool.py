@@ -3,13 +3,12 @@ flag from the entry's config, its call a `tools/call` on the source's session.""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import mcp_types
-import orjson
 
+from proxy import exact_json
 from proxy.engine.values import ToolContext, ToolSpec
 from proxy.tools.base import Invoke, Tool, ToolFailed, definition
 from proxy.tools.mcp_source import McpSource
@@ -25,11 +24,8 @@ OPEN_SCHEMA: dict[str, Any] = {"type": "object", "properties": {}}
 def result_text(result: mcp_types.CallToolResult) -> str:
     """What the model reads of a result: `structuredContent` as compact JSON when the server
     gave it, else the text parts joined, other parts as a short note of their type."""
-    if result.structured_content is not None:
-        try:
-            return orjson.dumps(result.structured_content).decode()
-        except TypeError:  # an integer past 64 bits, which JSON holds
-            return json.dumps(result.structured_content, separators=(",", ":"), ensure_ascii=False)
+    if result.structured_content is not None:  # its integers exact past 64 bits
+        return exact_json.dumps(result.structured_content).decode()
     parts = []
     for block in result.content:
         if isinstance(block, mcp_types.TextContent):

@@ -13,10 +13,10 @@ from proxy.engine.values import ToolContext
 from proxy.tools.base import BadArguments, Invoke
 
 
-def _arguments_model(func: Callable[..., Any]) -> Any:
+def _arguments_model(func: Callable[..., Any]) -> tuple[Any, dict[str, Any]]:
     """The model of a callable's keyword arguments (a function, a `functools.partial`, an
-    object with `__call__`); ValueError when the model cannot be called by keyword or its
-    parameters have no JSON schema."""
+    object with `__call__`) and its JSON schema; ValueError when the model cannot be called
+    by keyword or its parameters have no JSON schema."""
     try:  # annotations written as strings (`from __future__ import annotations`) resolved
         parameters = inspect.signature(func, eval_str=True).parameters
     except (TypeError, ValueError, NameError, AttributeError, SyntaxError) as exc:
@@ -36,11 +36,11 @@ def _arguments_model(func: Callable[..., Any]) -> Any:
     called = getattr(func, "__name__", None) or type(func).__name__
     try:
         model = create_model(f"{called}_arguments", __config__=ConfigDict(extra=extra), **fields)
-        model.model_json_schema()
+        schema = model.model_json_schema()
     except Exception as exc:  # pydantic's errors for a type it has no schema of
         said = str(exc).strip().splitlines()[0]
         raise ValueError(f"its parameters have no JSON schema: {said}") from None
-    return model
+    return model, schema
 
 
 def python_tool(
@@ -48,8 +48,7 @@ def python_tool(
 ) -> tuple[Invoke, dict[str, Any], Callable[[dict[str, Any]], dict[str, Any]]]:
     """The invoke, the parameters schema and the argument validator of a callable; a sync
     callable runs in one of `threads`. ValueError when it cannot be a tool."""
-    model = _arguments_model(func)
-    schema = model.model_json_schema()
+    model, schema = _arguments_model(func)
     schema.pop("title", None)
     for prop in schema.get("properties", {}).values():
         prop.pop("title", None)

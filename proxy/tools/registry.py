@@ -221,9 +221,9 @@ class ToolRegistry:
         checked = arguments if arguments is not None else await self.check(call)
         if isinstance(checked, str):
             return ToolResult(checked, "error")
-        if call.name not in self.tools:  # gone since it was checked (a source's new list)
+        tool = self.tools.get(call.name)
+        if tool is None:  # gone since it was checked (a source's new list)
             return ToolResult(f"unknown tool {call.name!r}", "error")
-        tool = self.tools[call.name]
         try:
             output = await within(tool.invoke(checked, ctx), tool.timeout_s + tool.grace_s)
             text = as_text(output)
