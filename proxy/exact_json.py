@@ -14,13 +14,37 @@ import orjson
 
 _LONG_NUMBER = re.compile(r"\d{19}")
 _LONG_NUMBER_BYTES = re.compile(rb"\d{19}")
+_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]")  # half of a pair, or both halves
+_SURROGATE_BYTES = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 def loads(raw: str | bytes) -> Any:
     """The value of a JSON text; ValueError (or RecursionError, past ~1,000 levels of a text
     read by the standard library) when it is none."""
-    found = _LONG_NUMBER.search(raw) if isinstance(raw, str) else _LONG_NUMBER_BYTES.search(raw)
-    return orjson.loads(raw) if found is None else json.loads(raw, parse_constant=_no_constant)
+    text = isinstance(raw, str)
+    if (_LONG_NUMBER if text else _LONG_NUMBER_BYTES).search(raw) is None:  # type: ignore[arg-type]
+        return orjson.loads(raw)
+    value = json.loads(raw, parse_constant=_no_constant)
+    if (_SURROGATE if text else _SURROGATE_BYTES).search(raw):  # type: ignore[arg-type]
+        _no_lone_surrogate(value)  # as orjson refuses: no UTF-8 could carry it on
+    return value
+
+
+def _no_lone_surrogate(value: Any) -> None:
+    """ValueError when a string of `value` (a key too) holds half of a surrogate pair."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode()
+            except UnicodeEncodeError:
+                raise ValueError("a string holds a lone surrogate escape") from None
+        elif isinstance(item, dict):
+            stack.extend(item)
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
 
 
 def _no_constant(name: str) -> Any:

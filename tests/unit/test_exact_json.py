@@ -20,3 +20,23 @@ def test_integers_past_64_bits_are_read_and_written_exactly() -> None:
 def test_what_is_no_json_is_refused_on_either_path(text: str) -> None:
     with pytest.raises(ValueError, match="is not a JSON value"):
         exact_json.loads(text)
+
+
+@pytest.mark.parametrize(
+    "raw", ['{"n": 1234567890123456789, "s": "\\ud800"}', b'[{"\\uDC00": 1}, 12345678901234567890]']
+)
+def test_a_lone_surrogate_escape_is_refused_on_either_path(raw: str | bytes) -> None:
+    with pytest.raises(ValueError, match="surrogate"):
+        exact_json.loads(raw)
+    short = (
+        raw.replace("1234567890123456789", "1")
+        if isinstance(raw, str)
+        else raw.replace(b"12345678901234567890", b"1")
+    )
+    with pytest.raises(ValueError, match="surrogate"):
+        exact_json.loads(short)
+
+
+def test_a_surrogate_pair_is_one_character_on_either_path() -> None:
+    assert exact_json.loads('["\\ud83d\\ude00", 1234567890123456789]')[0] == "\U0001f600"
+    assert exact_json.loads('["\\ud83d\\ude00", 1]')[0] == "\U0001f600"
