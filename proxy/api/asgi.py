@@ -178,6 +178,8 @@ class ErrorBoundary:
         except ProxyError as exc:
             if not started:
                 await send_error(send, exc, exc.headers or None)
+            else:  # the server closes the connection: the client sees an answer cut short
+                log.warning("%s %s cut short: %s", scope.get("method"), scope.get("path"), exc)
         except Exception:
             log.exception("%s %s failed", scope.get("method"), scope.get("path"))
             if not started:

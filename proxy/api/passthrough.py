@@ -20,6 +20,7 @@ from proxy.errors import (
     MethodNotAllowed,
     NotFound,
     PermissionDenied,
+    ProxyError,
     UpstreamTimeout,
 )
 from proxy.upstream.client import Upstream
@@ -156,6 +157,10 @@ class Passthrough:
                 ) from None
             # Begun: the answer is left unfinished, and the server closes the connection.
             log.warning("upstream %s did not finish within %g s: cut", upstream.name, limit)
+        except ProxyError as exc:
+            if not started:
+                raise
+            log.warning("upstream %s: the relayed answer was cut: %s", upstream.name, exc)
         finally:
             timer.disarm()
 

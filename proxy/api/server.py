@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import socket
 import sys
 from typing import Any
@@ -375,6 +376,18 @@ def guarded_protocol(
     return GuardedProtocol
 
 
+class _UnfinishedOnPurpose(logging.Filter):
+    """Drops uvicorn's error for an answer the app left unfinished, which it does only on
+    purpose (an answer cut after it began: a relayed upstream's that failed or ran past its
+    step timeout), having logged why; the server then closes the connection, as it should."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.msg != "ASGI callable returned without completing response."
+
+
+UNFINISHED_ON_PURPOSE = _UnfinishedOnPurpose()
+
+
 def serve(
     app: ASGIApp,
     server: ServerConfig,
@@ -396,6 +409,8 @@ def serve(
         "http": guarded_protocol(server.connection_limit(), server.header_timeout_s),
         "ws": "none",
     }
-    served = _Server(uvicorn.Config(app, **options), probes, server.header_timeout_s)
+    config = uvicorn.Config(app, **options)  # (which sets up uvicorn's loggers)
+    logging.getLogger("uvicorn.error").addFilter(UNFINISHED_ON_PURPOSE)  # once: same object
+    served = _Server(config, probes, server.header_timeout_s)
     served.run(sockets=[sock] if sock else None)
     return served.started

@@ -1,0 +1,65 @@
+"""What `loopwarden serve` writes to its log when an answer is cut after it began: the cause,
+once, and not the ASGI server's error that the app left a response unfinished (which it does
+only on purpose: the connection is closed and the client sees the answer cut)."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from proxy.demo.runner import free_port
+from tests.e2e.conftest import ROOT, wait_healthy
+from tests.faulty_upstream import FaultyUpstream, drip, stream
+
+CUTS = {
+    "trickles past the step timeout": (
+        drip(b'{"data": []}', every_s=0.05),
+        "upstream main did not finish within 0.5 s: cut",
+    ),
+    "reset after its first bytes": (
+        stream(b'{"data": [', then="reset"),
+        "upstream main: the relayed answer was cut: upstream main failed mid-answer",
+    ),
+}
+
+
+@pytest.mark.parametrize("cut", CUTS)
+async def test_a_relayed_answer_cut_after_it_began_is_logged_once_with_its_cause(
+    tmp_path: Path, cut: str
+) -> None:
+    answer, cause = CUTS[cut]
+    async with FaultyUpstream() as upstream:
+        upstream.script(answer)
+        config = {
+            "upstreams": {"main": {"base_url": upstream.url, "step_timeout_s": 0.5}},
+            "default_upstream": "main",
+            "state": {"backend": "memory"},
+        }
+        (tmp_path / "loopwarden.yaml").write_text(yaml.safe_dump(config))
+        port, log = free_port(), tmp_path / "serve.log"
+        args = ["-m", "proxy", "serve", "--config", str(tmp_path / "loopwarden.yaml")]
+        with log.open("wb") as out:
+            proc = await asyncio.to_thread(
+                subprocess.Popen,
+                [sys.executable, *args, "--port", str(port)],
+                env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+                stderr=out,
+            )
+        try:
+            await asyncio.to_thread(wait_healthy, f"http://127.0.0.1:{port}/healthz", proc)
+            body = {"model": "e", "input": "x"}
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+                with pytest.raises(httpx.RemoteProtocolError):  # the answer ends cut short
+                    await client.post("/v1/embeddings", json=body, timeout=10)
+        finally:
+            proc.terminate()
+            await asyncio.to_thread(proc.wait, 15)
+    text = log.read_text()
+    assert text.count(cause) == 1, text
+    assert "ASGI callable" not in text, text
