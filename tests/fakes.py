@@ -16,6 +16,7 @@ from proxy.engine.values import (
     Prices,
     ToolCall,
     ToolContext,
+    ToolOutcome,
     ToolResult,
 )
 
@@ -91,7 +92,7 @@ class FakeTools:
         try:
             return ToolResult(self.functions[call.name](args))
         except Exception as exc:
-            return ToolResult(str(exc), "error")
+            return ToolResult(str(exc), ToolOutcome.ERROR)
 
 
 @dataclass

@@ -8,7 +8,7 @@ from typing import Any
 from proxy.engine.state import RunState
 from proxy.engine.stop import Stop
 from proxy.engine.usage import Usage
-from proxy.engine.values import ModelReply, ModelRequest, ToolCall, ToolResult
+from proxy.engine.values import ModelReply, ModelRequest, ToolCall, ToolOutcome, ToolResult
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +66,7 @@ class CallBlocked:
     run_id: str
     step: int
     call: ToolCall
-    outcome: str  # blocked_rule | blocked_limit
+    outcome: ToolOutcome  # BLOCKED_RULE or BLOCKED_LIMIT
     message: str
 
 

@@ -20,7 +20,7 @@ from proxy.engine.ports import RunStream
 from proxy.engine.run_spec import Deps, RunResult, RunSpec
 from proxy.engine.state import RunState
 from proxy.engine.stop import Stop, StopReason
-from proxy.engine.tool_calls import Outcome, ReplyCalls
+from proxy.engine.tool_calls import CallsEnded, ReplyCalls
 from proxy.engine.values import ModelReply
 from proxy.engine.voice import Voice
 from proxy.errors import without_frames
@@ -113,7 +113,7 @@ class Run:
                         raise
                     run.now = self.deps.clock()
                     held = budget.held(StopReason.TIME_BUDGET, round(run.elapsed_s, 3), run)
-                    outcome = Outcome(Stop(held.reason, held.details))
+                    outcome = CallsEnded(Stop(held.reason, held.details))
                 finally:
                     deadline.disarm()
             if outcome is not None:
@@ -123,22 +123,22 @@ class Run:
             if stop is not None:
                 return await self._end(run, stop)
 
-    async def _step(self, run: RunState, plan: StepPlan) -> Outcome | None:
+    async def _step(self, run: RunState, plan: StepPlan) -> CallsEnded | None:
         """One upstream call and its tool calls; how the run ends, if this step ends it."""
         checkpoints = self.checkpoints
         reply = await call_model(self.spec, self.deps, self.voice, run, plan, final=False)
         stop = checkpoints.after_reply(run, plan, reply)
         if stop is not None:
             run.append(without_tool_calls(reply.message))
-            return Outcome(stop)
+            return CallsEnded(stop)
         if reply.tool_calls:
             return await self.calls.execute(run, reply)
         run.append(reply.message)
         if reply.finish_reason == "content_filter":
-            return Outcome(Stop(StopReason.CONTENT_FILTER))
+            return CallsEnded(Stop(StopReason.CONTENT_FILTER))
         verdict = checkpoints.after_reply_without_tools(run, reply)
         if not isinstance(verdict, Nudge):
-            return Outcome(verdict or Stop(StopReason.COMPLETED))
+            return CallsEnded(verdict or Stop(StopReason.COMPLETED))
         run.append({"role": "system", "content": verdict.message})
         await self.voice.emit(ev.Nudged(run.run_id, run.step_count, verdict.message))
         return None

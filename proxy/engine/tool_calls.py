@@ -20,7 +20,14 @@ from proxy.engine.policies.base import Block
 from proxy.engine.ports import ToolExecutor
 from proxy.engine.state import RunState
 from proxy.engine.stop import Stop, StopReason
-from proxy.engine.values import ModelReply, ToolCall, ToolContext, ToolResult, ToolSpec
+from proxy.engine.values import (
+    ModelReply,
+    ToolCall,
+    ToolContext,
+    ToolOutcome,
+    ToolResult,
+    ToolSpec,
+)
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +35,7 @@ NOT_EXECUTED = "Not executed: the run has stopped."
 
 
 @dataclass(frozen=True, slots=True)
-class Outcome:
+class CallsEnded:
     """A reply's calls ended the run; `message` is the run's last message when they decided
     it (the client calls, or a terminal tool's output)."""
 
@@ -64,7 +71,7 @@ class ReplyCalls:
             return False
         return call.name in self.client or not self.server
 
-    async def execute(self, run: RunState, reply: ModelReply) -> Outcome | None:
+    async def execute(self, run: RunState, reply: ModelReply) -> CallsEnded | None:
         """Runs the server calls of `reply` in order; None when the loop goes on. A client
         call the tool rules do not allow at its place in the reply is answered as a blocked
         server call is (SPEC §8); the others go back to the client."""
@@ -134,11 +141,11 @@ class ReplyCalls:
             for call in answered:
                 run.append({"role": "tool", "tool_call_id": call.id, "content": outputs[call.id]})
         if stop is not None and stop.reason is StopReason.TERMINAL_TOOL:
-            return Outcome(stop, {"role": "assistant", "content": run.messages[-1]["content"]})
+            return CallsEnded(stop, {"role": "assistant", "content": run.messages[-1]["content"]})
         if stop is not None:
-            return Outcome(stop)
+            return CallsEnded(stop)
         if client:
-            return Outcome(
+            return CallsEnded(
                 Stop(StopReason.CLIENT_TOOL_CALL),
                 self._hand_over(run, reply, client, answered, outputs, earlier),
             )
@@ -178,7 +185,7 @@ class ReplyCalls:
         executed calls count); the arguments of one it takes are kept in `checked`."""
         if call.name not in self.server:
             allowed = ", ".join(sorted(self.server))
-            return Block(f"Unknown tool '{call.name}'. Tools: {allowed}.", outcome="error")
+            return Block(f"Unknown tool '{call.name}'. Tools: {allowed}.", ToolOutcome.ERROR)
         block = await self.checkpoints.refusal(run, call)
         if block is not None:
             return block
@@ -200,7 +207,7 @@ class ReplyCalls:
             result = await self.tools.execute(call, context, arguments)
         except Exception as exc:  # an executor bug is still only a tool error for the model
             log.exception("tool %s raised", call.name)
-            result = ToolResult(f"tool failed: {type(exc).__name__}", "error")
+            result = ToolResult(f"tool failed: {type(exc).__name__}", ToolOutcome.ERROR)
         elapsed = self.clock() - started
         run.tools_s += elapsed
         run.steps[-1].tool_results.append(

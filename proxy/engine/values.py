@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from enum import StrEnum
+from typing import Any, Protocol
 
 from proxy.engine.usage import Usage
 
@@ -70,17 +71,26 @@ class DeltaSink(Protocol):
         ...
 
 
-Outcome = Literal["ok", "error", "timeout"]
+class ToolOutcome(StrEnum):
+    """How a server tool's call ended (SPEC §11.2: the `outcome` of
+    `loopwarden_tool_calls_total`, the span's `loopwarden.tool.outcome`): it ran (`ok`, `error`,
+    `timeout`), or a rule or a limit kept it from running."""
+
+    OK = "ok"
+    ERROR = "error"
+    TIMEOUT = "timeout"
+    BLOCKED_RULE = "blocked_rule"
+    BLOCKED_LIMIT = "blocked_limit"
 
 
 @dataclass(frozen=True, slots=True)
 class ToolResult:
     output: str
-    outcome: Outcome = "ok"
+    outcome: ToolOutcome = ToolOutcome.OK
 
     @property
     def is_error(self) -> bool:
-        return self.outcome != "ok"
+        return self.outcome != ToolOutcome.OK
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,7 @@ from typing import Any
 
 from proxy.engine import events as ev
 from proxy.engine.stop import StopReason
-from proxy.engine.values import ModelReply
+from proxy.engine.values import ModelReply, ToolOutcome
 from proxy.telemetry.error_types import error_type
 from proxy.telemetry.metrics import OTHER, Labels, Metrics
 
@@ -136,7 +136,7 @@ class MetricsObserver:
         tool = started[0] if started is not None else self.labels.tool(event.call.name)
         self._tool_ended(tool, event.result.outcome, event.duration_s)
 
-    def _tool_ended(self, tool: str, outcome: str, duration_s: float) -> None:
+    def _tool_ended(self, tool: str, outcome: ToolOutcome, duration_s: float) -> None:
         m = self.metrics
         m.child(m.tool_calls, tool, outcome).inc()
         m.child(m.tool_duration, tool).observe(duration_s)
@@ -144,7 +144,8 @@ class MetricsObserver:
     def _cut_short(self, event: ev.RunFinished) -> None:
         """The server calls the run's end cut short (its time budget: `timeout`; the client
         gone, or a failure: `error`), counted as the calls that finished are."""
-        outcome = "timeout" if event.stop.reason is StopReason.TIME_BUDGET else "error"
+        timed_out = event.stop.reason is StopReason.TIME_BUDGET
+        outcome = ToolOutcome.TIMEOUT if timed_out else ToolOutcome.ERROR
         now = time.monotonic()
         for tool, started in self._running.pop(event.run_id, {}).values():
             self._tool_ended(tool, outcome, now - started)

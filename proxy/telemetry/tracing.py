@@ -16,6 +16,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
 
 from proxy.engine import events as ev
 from proxy.engine.stop import ERROR_STOPS
+from proxy.engine.values import ToolOutcome
 from proxy.telemetry.error_types import error_type
 
 
@@ -206,7 +207,7 @@ class TracingObserver:
         if self.capture_content:
             span.set_attribute("gen_ai.tool.call.result", event.result.output)
         if event.result.is_error:
-            kind = "timeout" if event.result.outcome == "timeout" else "tool_error"
+            kind = "timeout" if event.result.outcome == ToolOutcome.TIMEOUT else "tool_error"
             # The output is the tool's (an MCP server's `isError` text): content, on a span
             # only when `capture_content` says so.
             said = event.result.output[:200] if self.capture_content else kind

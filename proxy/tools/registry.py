@@ -24,7 +24,7 @@ from proxy.config.tools import (
     offered_prefix,
 )
 from proxy.deadline import within
-from proxy.engine.values import ToolCall, ToolContext, ToolResult, ToolSpec
+from proxy.engine.values import ToolCall, ToolContext, ToolOutcome, ToolResult, ToolSpec
 from proxy.json_values import MAX_DEPTH, holds_over, nests_too_deep
 from proxy.redaction import redacted
 from proxy.tools.base import Tool, ToolFailed, as_text, definition, output_too_large
@@ -220,15 +220,15 @@ class ToolRegistry:
     ) -> ToolResult:
         checked = arguments if arguments is not None else await self.check(call)
         if isinstance(checked, str):
-            return ToolResult(checked, "error")
+            return ToolResult(checked, ToolOutcome.ERROR)
         tool = self.tools.get(call.name)
         if tool is None:  # gone since it was checked (a source's new list)
-            return ToolResult(f"unknown tool {call.name!r}", "error")
+            return ToolResult(f"unknown tool {call.name!r}", ToolOutcome.ERROR)
         try:
             output = await within(tool.invoke(checked, ctx), tool.timeout_s + tool.grace_s)
             text = as_text(output)
         except TimeoutError:
-            return ToolResult(f"tool timed out after {tool.timeout_s:g}s", "timeout")
+            return ToolResult(f"tool timed out after {tool.timeout_s:g}s", ToolOutcome.TIMEOUT)
         except (ToolFailed, NoWorkerFree, CallRaised) as exc:
             return _failed(str(exc), tool.max_output_bytes)
         except Exception as exc:
@@ -237,7 +237,7 @@ class ToolRegistry:
             text = _encodable(text)
         # Characters are at most 4 bytes: only a long text needs encoding to be measured.
         if len(text) * 4 > tool.max_output_bytes and len(text.encode()) > tool.max_output_bytes:
-            return ToolResult(str(output_too_large(tool.max_output_bytes)), "error")
+            return ToolResult(str(output_too_large(tool.max_output_bytes)), ToolOutcome.ERROR)
         return ToolResult(text)
 
 
@@ -277,7 +277,7 @@ def _failed(message: str, cap: int) -> ToolResult:
     message = _encodable(redacted(message[: cap + 512]))
     if len(message) * 4 > cap and len(encoded := message.encode()) > cap:
         message = encoded[: cap - 3].decode("utf-8", "ignore") + "…"
-    return ToolResult(message, "error")
+    return ToolResult(message, ToolOutcome.ERROR)
 
 
 def _encodable(text: str) -> str:

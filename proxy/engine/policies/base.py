@@ -8,7 +8,7 @@ from typing import Any
 
 from proxy.engine.state import RunState
 from proxy.engine.stop import Stop
-from proxy.engine.values import ModelReply, ToolCall, ToolResult
+from proxy.engine.values import ModelReply, ToolCall, ToolOutcome, ToolResult
 
 
 @dataclass(slots=True)
@@ -26,7 +26,7 @@ class Block:
     """A call that is not executed; the model reads `message` as the tool's result."""
 
     message: str
-    outcome: str = "blocked_rule"
+    outcome: ToolOutcome = ToolOutcome.BLOCKED_RULE
     stop: Stop | None = None  # a block that also ends the run
 
 

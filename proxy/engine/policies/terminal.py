@@ -9,7 +9,7 @@ from proxy.engine.options import DEFAULT_NUDGE, TerminatingOptions
 from proxy.engine.policies.base import Block, Nudge, Policy, StepPlan
 from proxy.engine.state import RunState
 from proxy.engine.stop import Stop, StopReason
-from proxy.engine.values import ModelReply, ToolCall, ToolResult
+from proxy.engine.values import ModelReply, ToolCall, ToolOutcome, ToolResult
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +71,7 @@ class TerminalTools(Policy):
             return Block(
                 f"Not executed: a terminating tool already failed in this reply. "
                 f"Fix the error, then call '{call.name}' again.",
-                outcome="error",
+                outcome=ToolOutcome.ERROR,
             )
         return None
 

@@ -11,7 +11,7 @@ from proxy.engine.policies.base import Block, Policy
 from proxy.engine.ports import ThreadCounters
 from proxy.engine.state import RunState
 from proxy.engine.stop import Stop, StopReason
-from proxy.engine.values import ToolCall
+from proxy.engine.values import ToolCall, ToolOutcome
 from proxy.errors import SpecError, StateUnavailable
 
 ALL_TOOLS = "*"  # the counter key of a limit on every tool
@@ -121,7 +121,7 @@ class ToolCallLimits(Policy):
         if thread_count is None and hit.limit.thread_limit is not None:  # a run limit's hit
             thread_count = await self._thread_count(run, hit.limit)
         message = limit_message(hit.limit, call.name, hit.run_count, thread_count)
-        return Block(message, "blocked_limit", self._stop(hit, call, run, message))
+        return Block(message, ToolOutcome.BLOCKED_LIMIT, self._stop(hit, call, run, message))
 
     async def _thread_count(self, run: RunState, limit: ToolCallLimit) -> int | None:
         """The thread's count of `limit`'s calls, for its message: the run's, when the run is
