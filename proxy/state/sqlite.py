@@ -205,8 +205,10 @@ class SqliteStore:
         ttl_s: float,
     ) -> None:
         """`Holding.end` in one transaction: the save, refused while another token holds the
-        context (this one's lease was lost and another run took it), the records, and the
-        lock row let go; nothing written but the lock's release when the save is refused."""
+        context (this one's lease was lost and another run took it), and compared with the
+        version read when another took it and let go since (a run may have saved it, or a
+        `DELETE` dropped it); the records; and the lock row let go. Nothing written but the
+        lock's release when the save is refused."""
         write = records_sql.Write(records, check_put(records, ttl_s), None, ()) if records else None
         version = 0 if save is None else save.version + 1
         body = b"" if save is None else save.dumps(version)
@@ -214,9 +216,10 @@ class SqliteStore:
 
         def work(db: sqlite3.Connection) -> bool:
             with _immediate(db):
-                mine = contexts.holds(db, hold.context_id, hold.token)
+                holder = contexts.holder(db, hold.context_id)
+                held = holder == hold.token
                 saved = save is None or (
-                    mine and contexts.save(db, save, body, version, ended, True)
+                    (held or holder is None) and contexts.save(db, save, body, version, ended, held)
                 )
                 if saved and write is not None:
                     records_sql.write([write], db)

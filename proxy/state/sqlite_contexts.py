@@ -111,10 +111,11 @@ def renew(db: sqlite3.Connection, context_id: str, token: str, lease_s: float) -
     return renewed.rowcount == 1
 
 
-def holds(db: sqlite3.Connection, context_id: str, token: str) -> bool:
-    """Whether no other token holds the context's lock row."""
-    holder = db.execute("SELECT token FROM context_locks WHERE id = ?", (context_id,)).fetchone()
-    return holder is None or holder[0] == token
+def holder(db: sqlite3.Connection, context_id: str) -> str | None:
+    """The token of the context's lock row; None when there is none. A row goes only with its
+    holder's `let_go`: a token that finds none was taken over (its lease lost) and let go."""
+    row = db.execute("SELECT token FROM context_locks WHERE id = ?", (context_id,)).fetchone()
+    return None if row is None else str(row[0])
 
 
 def let_go(db: sqlite3.Connection, context_id: str, token: str) -> None:

@@ -141,6 +141,27 @@ async def test_a_hold_whose_lease_was_lost_saves_nothing_while_another_holds(
             pass
 
 
+@pytest.mark.parametrize("backend", ["sqlite", "redis"])
+async def test_a_hold_whose_lease_was_lost_does_not_bring_back_a_context_deleted_meanwhile(
+    tmp_path: Path, redis_url: str, backend: str
+) -> None:
+    """The next holder was a `DELETE` (answered 200): the late run's save is refused, and the
+    context stays deleted (sqlite wrote it back whole: the lock let go read as its own)."""
+    async with two_stores(backend, tmp_path, redis_url) as (first, second, expire):
+        await first.save_context(StoredContext("c", agent="a", messages=[{"role": "user"}]))
+        async with first.hold("c") as late:
+            assert late.context is not None
+            await expire()
+            async with second.hold("c") as deleting:
+                assert await second.delete_context("c")
+                await deleting.end(None, [], 60)
+            late.context.messages.append({"role": "assistant", "content": "late"})
+            with pytest.raises(StateUnavailable):
+                await late.end(late.context, [], 60)
+        assert await first.load_context("c") is None
+        assert await second.load_context("c") is None
+
+
 async def test_a_wait_for_a_context_cancelled_as_it_takes_the_lock_leaves_it_free(
     backend: StateStore,
 ) -> None:
