@@ -14,11 +14,13 @@ backend with more than one worker (thread limits and stored contexts would be pe
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import os
 import shutil
 import signal
 import socket
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -27,6 +29,7 @@ log = logging.getLogger(__name__)
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 NOT_STARTED = 3  # a worker's exit status when its app did not start
+PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
 
 
 def metrics_directory() -> Path:
@@ -62,6 +65,7 @@ def supervise(workers: int, sock: socket.socket, work: Callable[[socket.socket],
     """Forks `workers` processes that each run `work(sock)` (False: it did not start), replaces
     any that dies, and stops them all on SIGTERM or SIGINT. Returns the exit status."""
     folder = metrics_directory()
+    supervisor = os.getpid()
     children: dict[int, int] = {}  # pid -> worker number
     stopping = False
     failed = False
@@ -71,6 +75,7 @@ def supervise(workers: int, sock: socket.socket, work: Callable[[socket.socket],
         if pid == 0:  # the worker
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.SIG_DFL)
+            _stop_with(supervisor)
             _use_multiprocess_values()
             code = 1
             try:
@@ -119,6 +124,20 @@ def supervise(workers: int, sock: socket.socket, work: Callable[[socket.socket],
         if os.environ.get(MULTIPROC_ENV) == str(folder) and folder.name.startswith("loopwarden-"):
             shutil.rmtree(folder, ignore_errors=True)
     return 1 if failed else 0
+
+
+def _stop_with(supervisor: int) -> None:
+    """A worker is told to stop (SIGTERM) when its supervisor dies, however it dies (SIGKILL,
+    the OOM killer): else it would go on serving the port, with no one to replace it, and keep
+    a new `serve` from binding it. Linux only (prctl); elsewhere a supervisor killed outright
+    leaves its workers to be stopped by hand."""
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:  # pragma: no cover
+        log.warning("workers will outlive a supervisor killed outright: prctl failed")
+    if os.getppid() != supervisor:  # it died before the prctl: no signal will come
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _use_multiprocess_values() -> None:

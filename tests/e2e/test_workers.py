@@ -4,6 +4,7 @@ exact thread limits between them, a dead worker replaced, a clean stop."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -43,9 +44,13 @@ def config(upstream_url: str, state: dict[str, Any]) -> dict[str, Any]:
 
 
 @contextmanager
-def serving(path: Path, port: int, workers: int, *more: str) -> Iterator[subprocess.Popen[bytes]]:
+def serving(
+    path: Path, port: int, workers: int, *more: str, metrics_dir: Path | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    if metrics_dir is not None:
+        env["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
     args = ["-m", "proxy", "serve", "--config", str(path), "--port", str(port), *more]
     proc = subprocess.Popen([sys.executable, *args, "--workers", str(workers)], env=env)
     try:
@@ -142,6 +147,48 @@ def test_a_dead_worker_is_replaced_and_a_stop_ends_them_all(tmp_path: Path) -> N
         assert proc.wait(timeout=30) == 0
     for pid in survivors:
         until(lambda pid=pid: not Path(f"/proc/{pid}").exists() or _zombie(pid))
+
+
+def test_workers_stop_when_their_supervisor_is_killed_outright(tmp_path: Path) -> None:
+    """SIGKILL (the OOM killer) leaves no worker serving the port: a new `serve` binds it."""
+    port = free_port()
+    path = tmp_path / "loopwarden.yaml"
+    state = {"backend": "sqlite", "path": str(tmp_path / "state.db")}
+    path.write_text(yaml.safe_dump(config("http://127.0.0.1:9/v1", state)))
+    with serving(path, port, workers=2) as proc:
+        until(lambda: len(workers_of(proc.pid)) == 2)
+        orphans = workers_of(proc.pid)
+        proc.kill()
+        proc.wait(timeout=10)
+        try:
+            for pid in orphans:
+                until(lambda pid=pid: not Path(f"/proc/{pid}").exists() or _zombie(pid))
+        finally:  # none left behind when it fails
+            for pid in orphans:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+    with serving(path, port, workers=1):
+        assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200
+
+
+def test_one_process_in_multiprocess_mode_starts_without_what_a_killed_one_left(
+    tmp_path: Path,
+) -> None:
+    """With `PROMETHEUS_MULTIPROC_DIR` set and one worker, a crash's counts and live gauges are
+    not read back: the directory is emptied at start, as with several workers."""
+    port, folder = free_port(), tmp_path / "metrics"
+    path = tmp_path / "loopwarden.yaml"
+    path.write_text(yaml.safe_dump(config("http://127.0.0.1:9/v1", {"backend": "memory"})))
+    body = {"model": "scripted", "messages": [{"role": "user", "content": "hi"}]}
+    with serving(path, port, workers=1, metrics_dir=folder) as proc:
+        url = f"http://127.0.0.1:{port}"
+        assert httpx.post(f"{url}/v1/chat/completions", json=body, timeout=10).status_code == 502
+        assert sample(httpx.get(f"{url}/metrics").text, RUNS) == 1
+        proc.kill()
+        proc.wait(timeout=10)
+    assert list(folder.glob("*.db"))  # what it left
+    with serving(path, port, workers=1, metrics_dir=folder):
+        assert sample(httpx.get(f"http://127.0.0.1:{port}/metrics").text, RUNS) == 0
 
 
 def _zombie(pid: int) -> bool:
