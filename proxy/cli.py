@@ -20,6 +20,8 @@ from proxy.config.environment import environment_problems, unset_variables
 if TYPE_CHECKING:
     from starlette.types import ASGIApp
 
+    from proxy.state.sqlite_file import FileIdentity
+
 
 def needs_environment(config: Config) -> None:
     """Raises ConfigError naming every variable the config needs that is not set, and every
@@ -178,10 +180,13 @@ def _serve(path: str | None, overrides: dict[str, Any]) -> int:
         assert listening is not None  # a port is always configured
         if server.workers > 1:
             from proxy.api.workers import supervise
+            from proxy.state.backend import state_file
+
+            opened = state_file(config.state)  # each worker, a replacement too, opens this one
 
             def work(sock: socket.socket) -> bool:
                 try:
-                    app = _app(config)
+                    app = _app(config, opened)
                 except ValueError as exc:  # did not start: no worker is started again
                     print(str(exc), file=sys.stderr)
                     return False
@@ -219,10 +224,10 @@ def _bind(
         raise
 
 
-def _app(config: Config) -> ASGIApp:
+def _app(config: Config, state_file: FileIdentity | None = None) -> ASGIApp:
     from proxy.api.app import create_app
 
-    return create_app(config)
+    return create_app(config, state_file=state_file)
 
 
 def importable_here() -> None:

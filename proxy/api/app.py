@@ -36,6 +36,7 @@ from proxy.engine.ports import RunObserver
 from proxy.errors import InternalError, MethodNotAllowed, NotFound, ProxyError, StateUnavailable
 from proxy.pricing import PriceTable
 from proxy.state.backend import open_store
+from proxy.state.sqlite_file import FileIdentity
 from proxy.state.store import StateStore
 from proxy.telemetry.http import HttpTelemetry
 from proxy.telemetry.metrics import exposition_registry
@@ -115,9 +116,11 @@ def create_app(
     store: StateStore | None = None,
     registry: CollectorRegistry | None = None,
     tracer_provider: TracerProvider | None = None,
+    state_file: FileIdentity | None = None,
 ) -> Starlette:
     """The proxy as an ASGI app. `transport` replaces the network, `store` the configured
-    state backend, `registry` and `tracer_provider` the metrics and trace sinks (tests)."""
+    state backend, `registry` and `tracer_provider` the metrics and trace sinks (tests);
+    `state_file`: the sqlite file a server's workers open (one gone is not made anew)."""
     holder: dict[str, Services] = {}
     registry = registry if registry is not None else CollectorRegistry()
     own_tracing = tracer_provider is None
@@ -142,7 +145,7 @@ def create_app(
         )
         tools_network = transport or tools_transport(config.server.tool_connections)
         timeout = httpx.Timeout(120.0, connect=10.0)
-        state = store or open_store(config.state)
+        state = store or open_store(config.state, state_file)
         try:
             async with (
                 httpx.AsyncClient(transport=tools_network, timeout=timeout) as client,

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from proxy.config.environment import setting
 from proxy.config.state import StateConfig
+from proxy.state.sqlite_file import FileIdentity, file_identity
 from proxy.state.store import StateStore
 
 
@@ -27,8 +28,17 @@ def check_state(config: StateConfig) -> None:
         raise ValueError(f"state.path: cannot open {config.path!r}: {exc}") from None
 
 
-def open_store(config: StateConfig) -> StateStore:
-    """Raises ValueError when the backend cannot be set up from the config."""
+def state_file(config: StateConfig) -> FileIdentity | None:
+    """The identity of the sqlite file (made by `check_state`), for the workers of a server to
+    open that one file or none; None for another backend."""
+    if config.backend != "sqlite" or config.path == ":memory:":
+        return None
+    return file_identity(config.path)
+
+
+def open_store(config: StateConfig, opened: FileIdentity | None = None) -> StateStore:
+    """Raises ValueError when the backend cannot be set up from the config. `opened`: the
+    sqlite file the server started with (`state_file`): when it is gone, it is not made anew."""
     if config.backend == "memory":
         from proxy.state.memory import MemoryStore
 
@@ -43,6 +53,7 @@ def open_store(config: StateConfig) -> StateStore:
                 lock_lease_s=config.lock_lease_s,
                 journal=config.sqlite_journal,
                 context_ttl_s=config.context_ttl_s,
+                opened=opened,
             )
         except Exception as exc:  # sqlite3.Error or OSError: an unusable path
             raise ValueError(f"state.path: cannot open {config.path!r}: {exc}") from None

@@ -30,6 +30,7 @@ from proxy.state import sqlite_threads as threads
 from proxy.state.lease import renewed
 from proxy.state.locks import LOCK_POLL_S, KeyedLocks
 from proxy.state.sqlite_checkpoints import LOG_FILE_BYTES, Checkpointer
+from proxy.state.sqlite_file import FileIdentity, current, file_identity
 from proxy.state.store import (
     Holding,
     Record,
@@ -76,18 +77,28 @@ class SqliteStore:
         lock_lease_s: float = 30.0,
         journal: str = "wal",
         context_ttl_s: float | None = None,
+        opened: FileIdentity | None = None,
     ) -> None:
         """`journal`: `wal` or `rollback` (see `StateConfig.sqlite_journal`);
-        `context_ttl_s`: a context ends this long after it was last saved (None: never)."""
+        `context_ttl_s`: a context ends this long after it was last saved (None: never);
+        `opened`: the file the server started with (a worker that replaces another): when
+        the path names another file or none, no file is made and every call fails, as in
+        the workers that had it open."""
         self._path = str(path)
         self._lease = lock_lease_s
         self._timeout_s = timeout_s
         self._context_ttl = context_ttl_s
-        in_memory = self._path == ":memory:"
+        gone = opened is not None and current(self._path) != opened
+        if gone:
+            log.warning("the sqlite state file %s was deleted or replaced: not made anew", path)
+        in_memory = self._path == ":memory:" or gone
         if not in_memory:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(
-            path, timeout=timeout_s, isolation_level=None, check_same_thread=False
+            ":memory:" if gone else path,
+            timeout=timeout_s,
+            isolation_level=None,
+            check_same_thread=False,
         )
         # The database file is never memory-mapped: a file that changes under a mapping (made
         # immutable, truncated) would kill the process with SIGBUS instead of failing a call.
@@ -97,7 +108,7 @@ class SqliteStore:
         (mode,) = _while_locked(
             lambda: self._db.execute(f"PRAGMA journal_mode={wanted}").fetchone(), timeout_s
         )
-        if mode != wanted:
+        if mode != wanted and not gone:
             self._db.close()
             raise ValueError(
                 f"cannot use the {journal} journal: the file is in {mode} mode and open in "
@@ -106,7 +117,7 @@ class SqliteStore:
         self._db.execute("PRAGMA synchronous=NORMAL")
         _while_locked(lambda: _create_schema(self._db), timeout_s)
         # The file this connection has open: one deleted or replaced under it is noticed.
-        self._identity = None if in_memory else _identity(self._path)
+        self._identity = opened if gone else None if in_memory else file_identity(self._path)
         # The log is copied into the file by a checkpointer (see sqlite_checkpoints), not in
         # the commit that makes it long.
         self._checkpoints: Checkpointer | None = None
@@ -126,13 +137,7 @@ class SqliteStore:
         self._locks = KeyedLocks()
 
     def _check_file(self) -> None:
-        if self._identity is None:
-            return
-        try:
-            found = _identity(self._path)
-        except OSError:
-            found = None
-        if found != self._identity:
+        if self._identity is not None and current(self._path) != self._identity:
             raise StateUnavailable(
                 "the state backend (sqlite) is unavailable: its file was deleted or replaced "
                 "since the proxy opened it; restart the proxy once the file is back"
@@ -426,8 +431,3 @@ def _create_schema(db: sqlite3.Connection) -> None:
         for statement in [*threads.TABLES, *records_sql.TABLES, *contexts.TABLES, *_TABLES]:
             db.execute(statement)
         contexts.add_versions(db)
-
-
-def _identity(path: str) -> tuple[int, int]:
-    found = os.stat(path)
-    return found.st_dev, found.st_ino

@@ -149,6 +149,33 @@ def test_a_dead_worker_is_replaced_and_a_stop_ends_them_all(tmp_path: Path) -> N
         until(lambda pid=pid: not Path(f"/proc/{pid}").exists() or _zombie(pid))
 
 
+def test_a_worker_that_replaces_another_does_not_make_a_deleted_state_file_anew(
+    tmp_path: Path,
+) -> None:
+    """The file deleted under the server, a worker that dies is replaced by one that finds it
+    gone as the others do (`/readyz` 503), not by one serving a fresh file of its own (empty
+    contexts, thread counts at 0) beside them."""
+    port, db = free_port(), tmp_path / "state.db"
+    path = tmp_path / "loopwarden.yaml"
+    path.write_text(
+        yaml.safe_dump(config("http://127.0.0.1:9/v1", {"backend": "sqlite", "path": str(db)}))
+    )
+    with serving(path, port, workers=2) as proc:
+        until(lambda: len(workers_of(proc.pid)) == 2)
+        for part in tmp_path.glob("state.db*"):
+            part.unlink()
+        victim = min(workers_of(proc.pid))
+        os.kill(victim, signal.SIGKILL)
+        until(lambda: len(workers_of(proc.pid)) == 2 and victim not in workers_of(proc.pid))
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}") as client:
+            answers = {
+                client.get("/readyz", headers={"connection": "close"}).status_code
+                for _ in range(40)
+            }
+    assert answers == {503}
+    assert not db.exists()
+
+
 def test_workers_stop_when_their_supervisor_is_killed_outright(tmp_path: Path) -> None:
     """SIGKILL (the OOM killer) leaves no worker serving the port: a new `serve` binds it."""
     port = free_port()
