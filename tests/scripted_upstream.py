@@ -23,6 +23,7 @@ thread (`serve()`); the test sets the script in Python either way.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import math
@@ -67,6 +68,7 @@ class Reply:
     calls: tuple[Call, ...] = ()
     finish_reason: str | None = None
     usage: Mapping[str, Any] | None = None
+    after_s: float = 0.0  # how long the upstream takes before it answers
 
     def replace(self, **changes: Any) -> Reply:
         return replace(self, **changes)
@@ -290,6 +292,8 @@ class ScriptedUpstream:
                 headers=dict(answer.headers),
                 media_type="application/json",
             )
+        if answer.after_s:
+            await asyncio.sleep(answer.after_s)
         completion = self._completion(body, answer)
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from typing import Any
@@ -88,6 +89,8 @@ class MetricsObserver:
         self._runs: dict[str, RunSeries] = {}  # run id -> its series
         # The server calls running, by run id: call id -> (tool label, when it started).
         self._running: dict[str, dict[str, tuple[str, float]]] = {}
+        # The model calls the run's end cut short, by run id: how long each took.
+        self._cut_calls: dict[str, float] = {}
         self._handlers: dict[type, Callable[[Any], None]] = {
             ev.RunStarted: self._started,
             ev.ModelReplied: self._replied,
@@ -125,6 +128,9 @@ class MetricsObserver:
         self._run(event.run_id).replied(event.duration_s, event.reply)
 
     def _failed(self, event: ev.ModelFailed) -> None:
+        if isinstance(event.error, asyncio.CancelledError):  # cut short by the run's end:
+            self._cut_calls[event.run_id] = event.duration_s  # counted with its stop reason
+            return
         self._run(event.run_id).failed(event.duration_s, error_type(event.error))
 
     def _tool_started(self, event: ev.ToolStarted) -> None:
@@ -162,6 +168,9 @@ class MetricsObserver:
         series = self._runs.pop(event.run_id, None) or self.series(event.agent, event.model)
         self.metrics.in_flight.dec()
         series.finished(event)
+        cut = self._cut_calls.pop(event.run_id, None)
+        if cut is not None:
+            series.failed(cut, event.stop.reason.value)
         if event.run_id in self._running:
             self._cut_short(event)
 

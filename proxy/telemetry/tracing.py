@@ -58,7 +58,8 @@ class TracingObserver:
         elif isinstance(event, ev.ModelReplied):
             self._replied(spans, event)
         elif isinstance(event, ev.ModelFailed):
-            self._end_chat(spans, event.error)
+            if not isinstance(event.error, asyncio.CancelledError):  # else: cut by the run's
+                self._end_chat(spans, event.error)  # end, ended with it (its stop reason)
         elif isinstance(event, ev.ToolStarted):
             self._tool_started(spans, event)
         elif isinstance(event, ev.ToolExecuted):
@@ -155,7 +156,9 @@ class TracingObserver:
         span.set_attributes(attributes)
         self._end_chat(spans, None)
 
-    def _end_chat(self, spans: _RunSpans, error: BaseException | None) -> None:
+    def _end_chat(
+        self, spans: _RunSpans, error: BaseException | None, cut_by: str | None = None
+    ) -> None:
         if spans.token is not None:
             otel_context.detach(spans.token)  # type: ignore[arg-type]
             spans.token = None
@@ -165,6 +168,9 @@ class TracingObserver:
         if error is not None:
             span.set_status(Status(StatusCode.ERROR, str(error)[:200]))
             span.set_attribute("error.type", error_type(error))
+        elif cut_by is not None:
+            span.set_status(Status(StatusCode.ERROR, cut_by))
+            span.set_attribute("error.type", cut_by)
         span.end()
 
     def _tool_span(
@@ -216,7 +222,9 @@ class TracingObserver:
         span.end(end_time=end)
 
     def _finished(self, spans: _RunSpans, event: ev.RunFinished) -> None:
-        self._end_chat(spans, event.error)  # a chat span still open failed with the run
+        # A chat span still open failed with the run, or was cut short by its stop (the time
+        # budget, the client gone): an error of that stop reason, as a tool call's is.
+        self._end_chat(spans, event.error, event.stop.reason.value)
         task = _current_task()
         for span, token, attached_in in spans.tools.values():  # calls cut short with the run
             if task is not None and attached_in is task:  # it ran in the run's own task

@@ -91,7 +91,9 @@ CASES: dict[str, Case] = {
     "max_steps": Case(loop(max_steps=2), (keep(SEARCH),)),
     "token_budget": Case(loop(stop_when=[{"max_tokens_used": 900}]), (keep(SEARCH),)),
     "cost_budget": Case(loop(stop_when=[{"max_cost": 0.002}]), (keep(SEARCH),)),
-    "time_budget": Case(loop(stop_when=[{"max_duration_s": 0.001}]), (keep(SEARCH),)),
+    "time_budget": Case(  # the budget cuts the step's call short
+        loop(stop_when=[{"max_duration_s": 0.2}]), (say("Too late.").replace(after_s=30),)
+    ),
     "finish_reason": Case(loop(stop_when=[{"finish_reason_is": "tool_calls"}]), (SEARCH,)),
     "custom_condition": Case(loop(stop_when=[{"expr": "size(steps) >= 2"}]), (keep(SEARCH),)),
     "tool_call_limit": Case(
@@ -187,3 +189,12 @@ async def test_each_stop_reason_is_counted_and_on_its_run_span(
         code = server.attributes["http.response.status_code"]
         assert code == (499 if reason == "cancelled" else case.status)
         assert (server.status.status_code is StatusCode.ERROR) == (case.status >= 500)
+        # A call the run's end cut short says which stop cut it, never a Python class's name.
+        said = {dict(s.attributes or {}).get("error.type") for s in proxy.spans()}
+        said |= {
+            sample.labels["error_type"]
+            for family in proxy.registry.collect()
+            for sample in family.samples
+            if sample.name == "gen_ai_client_operation_duration_seconds_count"
+        }
+        assert "CancelledError" not in said

@@ -27,6 +27,11 @@ from tests.fakes import reply
 from tests.unit.harness import Harness
 
 CALL = ToolCall("call_1", "search", '{"q": "x"}')
+OPERATION = {  # the series of `gen_ai_client_operation_duration_seconds` of the runs below
+    "gen_ai_operation_name": "chat",
+    "gen_ai_provider_name": "openai",
+    "gen_ai_request_model": "gpt-x",
+}
 
 
 def run_events(stop: Stop, *, fail_step: bool = False) -> list[ev.RunEvent]:
@@ -264,3 +269,28 @@ async def test_a_tool_call_cut_short_leaves_no_span_current(calls: int) -> None:
     tools = [s for s in exporter.get_finished_spans() if s.name.startswith("execute_tool")]
     assert len(tools) == calls
     assert all(s.status.status_code is StatusCode.ERROR for s in tools)
+
+
+def test_a_model_call_cut_short_by_the_run_is_an_error_of_the_run_s_stop_reason() -> None:
+    """The time budget (or the client leaving) cancels the step's call: its span and its
+    `error_type` say why, as a tool call's do, not `CancelledError`."""
+    request = ModelRequest("gpt-x", [{"role": "user", "content": "hi"}], [], step=1)
+    stop = Stop(StopReason.TIME_BUDGET)
+    events: list[ev.RunEvent] = [
+        ev.RunStarted("run_1", "agent-a", "gpt-x", None, 0.0),
+        ev.StepStarted("run_1", 1, request, 0.0),
+        ev.ModelFailed("run_1", 1, asyncio.CancelledError(), 0.5),
+        ev.RunFinished("run_1", "agent-a", "gpt-x", stop, 1, 0, Usage(), None, 0.5, 0.5, 0.0, None),
+    ]
+    spans = {s.name: s for s in traced(events).get_finished_spans()}
+    chat, run = spans["chat gpt-x"], spans["invoke_agent agent-a"]
+    assert chat.status.status_code is StatusCode.ERROR
+    assert dict(chat.attributes or {})["error.type"] == "time_budget"
+    assert run.status.status_code is StatusCode.UNSET  # a limit stop is no error of the run
+    registry = CollectorRegistry()
+    observer = MetricsObserver(Metrics(registry), labels())
+    for event in events:
+        observer.on_event(event)
+    name = "gen_ai_client_operation_duration_seconds_count"
+    assert registry.get_sample_value(name, {**OPERATION, "error_type": "time_budget"}) == 1
+    assert registry.get_sample_value(name, {**OPERATION, "error_type": "CancelledError"}) is None
