@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from proxy.config import Config, ConfigError, load_config
-from proxy.config.environment import environment_problems, unset_variables
+from proxy.config.environment import environment_problems, unset_keys, unset_variables
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp
@@ -59,6 +59,8 @@ def _check(path: str | None) -> int:
         return 1
     problems = environment_problems(config)
     _report(ConfigError(problems))
+    for where, variable in unset_keys(config):  # told, not refused: a local server needs none
+        print(f"{where}: note: {variable} is not set: no key is sent", file=sys.stderr)
     wrong = _wiring_problems(config, unset_variables(config))
     for line in wrong:
         print(line, file=sys.stderr)

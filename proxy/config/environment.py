@@ -63,6 +63,16 @@ def unset_variables(config: Config, env: Mapping[str, str] = os.environ) -> list
     return [(path, variable) for path, variable in needed if not setting(variable, env)]
 
 
+def unset_keys(config: Config, env: Mapping[str, str] = os.environ) -> list[tuple[str, str]]:
+    """(path, variable) for every upstream key the config names that `env` lacks: optional
+    (a local model server needs none), but an upstream that does answers 401."""
+    return [
+        (f"upstreams.{name}.api_key_env", upstream.api_key_env)
+        for name, upstream in config.upstreams.items()
+        if upstream.api_key_env is not None and not setting(upstream.api_key_env, env)
+    ]
+
+
 def unsendable_variables(
     config: Config, env: Mapping[str, str] = os.environ
 ) -> list[tuple[str, str]]:

@@ -43,6 +43,25 @@ def test_check_accepts_a_good_config(check_config: CheckConfig) -> None:
     assert (checked.status, checked.out) == (0, "config OK\n")
 
 
+def test_check_notes_an_upstream_key_that_is_not_set(
+    check_config: CheckConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Optional (a local model server needs none), so not refused; but told, since an upstream
+    that needs one answers every request 401."""
+    monkeypatch.delenv("LOOPWARDEN_TEST_KEY", raising=False)
+    config = (
+        "upstreams:\n"
+        "  main: {base_url: 'http://127.0.0.1:9/v1', api_key_env: LOOPWARDEN_TEST_KEY}\n"
+        "default_upstream: main\n"
+    )
+    checked = check_config(config)
+    assert (checked.status, checked.out) == (0, "config OK\n")
+    note = "upstreams.main.api_key_env: note: LOOPWARDEN_TEST_KEY is not set: no key is sent\n"
+    assert checked.err == note
+    monkeypatch.setenv("LOOPWARDEN_TEST_KEY", "sk-test")
+    assert check_config(config).err == ""
+
+
 def alias_bomb(levels: int) -> str:
     """A YAML document of a few hundred bytes whose aliases expand to 10**levels values."""
     lines = ["x0: &l0 [a, a, a, a, a, a, a, a, a, a]"]
@@ -105,6 +124,7 @@ def test_check_and_serve_name_every_variable_the_config_needs_and_lacks(
 ) -> None:
     for variable in ("LW_UNSET_A", "LW_UNSET_B", "LW_UNSET_REDIS", "LW_UNSET_H"):
         monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")  # the default upstream's (else noted)
     monkeypatch.setenv("LW_EMPTY", "")
     path = tmp_path / "loopwarden.yaml"
     path.write_text(
@@ -130,6 +150,7 @@ def test_a_redis_url_without_its_scheme_is_named_by_check_and_serve(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("LW_REDIS", "localhost:6379")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")  # the default upstream's (else noted)
     path = tmp_path / "loopwarden.yaml"
     path.write_text("state: {backend: redis, url_env: LW_REDIS}\n")
     said = [
@@ -264,9 +285,12 @@ def test_python_tools_are_imported_from_the_working_directory(
     assert sys.path[-1] == str(tmp_path)
 
 
-def test_numbers_in_exponent_form_are_numbers(check_config: CheckConfig) -> None:
+def test_numbers_in_exponent_form_are_numbers(
+    check_config: CheckConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """As YAML 1.2 and JSON read them, and as Helm's `toYaml` writes small ones: `5e-3` was
     the string "5e-3" to YAML 1.1 ("must be a number")."""
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")  # the default upstream's (else noted)
     prices = "pricing: {m: {input: 1e-07, output: 2E+1}}\n"
     checked = check_config(
         prices + "agents: {a: {model: m, stop_when: [{max_cost: 5e-3}, {max_duration_s: 1.5e2}]}}\n"
