@@ -23,7 +23,11 @@ async def renewed(
             await asyncio.sleep(lease_s / 3)
             try:
                 if not await renew():
-                    log.warning("the lease on %s was lost; its holder's save will fail", name)
+                    log.warning(  # (a backend restarted without its keys: no one took it)
+                        "the lease on %s was lost: the holder's save is refused if another "
+                        "run changed or dropped it meanwhile",
+                        name,
+                    )
                     return
             except Exception as exc:  # the backend is down: the next tick tries again
                 log.warning("renewing the lease on %s failed: %s", name, type(exc).__name__)

@@ -333,7 +333,11 @@ class SqliteStore:
 
             hold = _Hold(self, context_id, token)
             try:
-                hold.context = await self._take(context_id, token)
+                try:
+                    hold.context = await self._take(context_id, token)
+                except StateUnavailable:  # nothing taken: no release to wait its timeout for
+                    hold.let_go = True
+                    raise
                 async with renewed(f"context {context_id!r}", self._lease, renew):
                     yield hold
             finally:  # also when the wait was cancelled, as its last attempt took the row
@@ -348,9 +352,10 @@ class SqliteStore:
         the context as stored then."""
 
         def work(db: sqlite3.Connection) -> tuple[bool, StoredContext | None]:
-            if not contexts.take(db, context_id, token, self._lease):
-                return False, None
-            return True, contexts.read(db, context_id, self._ended())
+            with _immediate(db):  # taken and read, or neither (a call that failed took none)
+                if not contexts.take(db, context_id, token, self._lease):
+                    return False, None
+                return True, contexts.read(db, context_id, self._ended())
 
         wait, longest = LOCK_POLL_S
         while not (taken := await self._call(work))[0]:

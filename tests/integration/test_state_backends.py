@@ -621,6 +621,28 @@ async def test_sqlite_calls_queued_behind_a_lock_fail_within_their_timeout(
     await store.close()
 
 
+async def test_a_sqlite_hold_behind_a_lock_fails_within_its_timeout_once(tmp_path: Path) -> None:
+    """The wait for a context fails `timeout_s` after it began: no release of a lock it never
+    took waits another `timeout_s` after it (a `/chat` answered its 503 after twice as long)."""
+    path = tmp_path / "state.db"
+    store = SqliteStore(path, timeout_s=1.0)
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with pytest.raises(StateUnavailable):
+        async with store.hold("c"):
+            pass
+    took = loop.time() - started
+    holder.execute("ROLLBACK")
+    holder.close()
+    assert 1.0 <= took < 1.8  # 2 s before
+    async with asyncio.timeout(1), store.hold("c") as held:  # nothing was left held
+        assert held.context is None
+        await held.end(None, [], 60)
+    await store.close()
+
+
 async def test_sqlite_calls_take_turns_on_one_thread_of_the_store(tmp_path: Path) -> None:
     """Calls in flight together do not each take a thread to wait for the connection in."""
     store = SqliteStore(tmp_path / "state.db")
