@@ -9,8 +9,8 @@ from typing import Any
 import orjson
 
 from proxy.api.auth import Caller
+from proxy.engine.held_calls import first_call_id, restore_held_calls
 from proxy.engine.run_spec import RunResult
-from proxy.engine.tool_calls import first_call_id, restore_held_calls
 from proxy.state.store import Record, StateStore
 
 HELD_RECORD = "held"

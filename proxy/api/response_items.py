@@ -16,8 +16,7 @@ import orjson
 from proxy.api.response_body import cut_short
 from proxy.engine import events as ev
 from proxy.engine.run_spec import RunResult
-from proxy.engine.tool_calls import error_content
-from proxy.engine.values import ToolSpec
+from proxy.engine.values import ToolSpec, error_content
 
 DEFAULT_SERVER_LABEL = "loopwarden"
 CLIENT_CALLS = frozenset({"function_call", "custom_tool_call"})

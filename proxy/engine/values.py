@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
 
+import orjson
+
 from proxy.engine.usage import Usage
 
 
@@ -119,3 +121,13 @@ class Prices:
 
     input: float
     output: float
+
+
+def error_content(message: str) -> str:
+    """A tool message's content for a call that failed or did not run: `{"error": message}`."""
+    return orjson.dumps({"error": message}).decode()
+
+
+def tool_content(result: ToolResult) -> str:
+    """The content of the tool message that gives the model `result`."""
+    return error_content(result.output) if result.is_error else result.output

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from proxy.engine.tool_calls import held_calls
+from proxy.engine.held_calls import held_calls
 from proxy.engine.values import ModelReply, ToolCall, Usage
 
 
