@@ -66,6 +66,31 @@ FINISH_REASONS: dict[StopReason, str] = {
 }
 
 
+_UNSET: Any = object()
+
+
+def limit_details(
+    condition: str,
+    kind: str,
+    step: int,
+    *,
+    threshold: Any = _UNSET,
+    observed: Any = _UNSET,
+    **more: Any,
+) -> dict[str, Any]:
+    """The `stop_details` of a stop that a condition or limit made: the condition (its path in
+    the policy), its kind, its threshold and what was observed (when it has them), the step,
+    then what else the stop tells (an `id`, a tool, a message; those None are left out)."""
+    details: dict[str, Any] = {"condition": condition, "kind": kind}
+    if threshold is not _UNSET:
+        details["threshold"] = threshold
+    if observed is not _UNSET:
+        details["observed"] = observed
+    details["step"] = step
+    details.update((name, value) for name, value in more.items() if value is not None)
+    return details
+
+
 @dataclass(frozen=True, slots=True)
 class Stop:
     """Ends a run. `error_code` marks a stop that fails the run (HTTP 422, SPEC §4.4)."""

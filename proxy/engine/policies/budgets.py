@@ -11,7 +11,7 @@ import orjson
 from proxy.engine.policies.base import Policy, StepPlan
 from proxy.engine.policies.stop_conditions import Condition
 from proxy.engine.state import RunState
-from proxy.engine.stop import Stop, StopReason
+from proxy.engine.stop import Stop, StopReason, limit_details
 from proxy.engine.values import ModelReply, Prices
 
 # The largest cap a budget puts on a step's completion: past it, no model's reply is cut short,
@@ -104,16 +104,14 @@ class Budgets(Policy):
         reason = (
             StopReason.TOKEN_BUDGET if cond.kind == "max_tokens_used" else StopReason.COST_BUDGET
         )
-        details: dict[str, Any] = {
-            "condition": cond.path,
-            "kind": cond.kind,
-            "threshold": cond.value,
-            "observed": observed,
-            "step": run.step_count,
-        }
-        if cond.id is not None:
-            details["id"] = cond.id
-        if prompt is not None:
-            details["before_step"] = True
-            details["estimated_prompt_tokens"] = prompt
+        before = {} if prompt is None else {"before_step": True, "estimated_prompt_tokens": prompt}
+        details = limit_details(
+            cond.path,
+            cond.kind,
+            run.step_count,
+            threshold=cond.value,
+            observed=observed,
+            id=cond.id,
+            **before,
+        )
         return Stop(reason, details)

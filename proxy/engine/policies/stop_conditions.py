@@ -19,7 +19,7 @@ from proxy.engine.options import ConditionOptions, kind_of
 from proxy.engine.policies.base import Policy
 from proxy.engine.ports import ConditionChecks
 from proxy.engine.state import RunState
-from proxy.engine.stop import Stop, StopReason
+from proxy.engine.stop import Stop, StopReason, limit_details
 
 _REASONS = {
     "step_count_is": StopReason.MAX_STEPS,
@@ -62,13 +62,10 @@ class Condition:
     program: Expression | None = None  # of an `expr`
 
     def held(self, reason: StopReason, observed: Any, run: RunState) -> Held:
-        details: dict[str, Any] = {"condition": self.path, "kind": self.kind}
-        if self.id is not None:
-            details["id"] = self.id
-        if self.kind not in _COMBINATORS:
-            details["threshold"] = self.value
-        details["observed"] = observed
-        details["step"] = run.step_count
+        limit = {} if self.kind in _COMBINATORS else {"threshold": self.value}
+        details = limit_details(
+            self.path, self.kind, run.step_count, **limit, observed=observed, id=self.id
+        )
         return Held(reason, details)
 
     async def evaluate(
@@ -261,18 +258,17 @@ class StopConditions(Policy):
             try:
                 held = await cond.evaluate(run, self.checks, self.failed, budget)
             except Unevaluable as exc:
-                details: dict[str, Any] = {"condition": exc.path, "kind": "expr"}
-                details.update(error=exc.reason, step=run.step_count)
+                details = limit_details(exc.path, "expr", run.step_count, error=exc.reason)
                 return Stop(StopReason.CONDITION_ERROR, details)
             if held is not None:
                 return Stop(held.reason, held.details)
         if self.max_steps is not None and run.step_count >= self.max_steps:
-            details = {
-                "condition": "max_steps",
-                "kind": "max_steps",
-                "threshold": self.max_steps,
-                "observed": run.step_count,
-                "step": run.step_count,
-            }
+            details = limit_details(
+                "max_steps",
+                "max_steps",
+                run.step_count,
+                threshold=self.max_steps,
+                observed=run.step_count,
+            )
             return Stop(StopReason.MAX_STEPS, details)
         return None

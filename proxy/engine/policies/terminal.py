@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from proxy.engine.options import DEFAULT_NUDGE, TerminatingOptions
 from proxy.engine.policies.base import Block, Nudge, Policy, StepPlan
 from proxy.engine.state import RunState
-from proxy.engine.stop import Stop, StopReason
+from proxy.engine.stop import Stop, StopReason, limit_details
 from proxy.engine.values import ModelReply, ToolCall, ToolOutcome, ToolResult
 
 
@@ -48,13 +48,13 @@ class TerminalTools(Policy):
 
     def before_step(self, run: RunState, plan: StepPlan) -> Stop | None:
         if self.config is not None and run.invocations >= self.config.max_invocations:
-            details = {
-                "condition": f"{self.config.path}.max_invocations",
-                "kind": "max_invocations",
-                "threshold": self.config.max_invocations,
-                "observed": run.invocations,
-                "step": run.step_count,
-            }
+            details = limit_details(
+                f"{self.config.path}.max_invocations",
+                "max_invocations",
+                run.step_count,
+                threshold=self.config.max_invocations,
+                observed=run.invocations,
+            )
             return Stop(StopReason.MAX_INVOCATIONS, details, "max_invocations_exceeded")
         return None
 
@@ -89,11 +89,11 @@ class TerminalTools(Policy):
         self.nudges += 1
         if self.nudges <= self.config.consecutive_nudges:
             return Nudge(self.config.nudge_message)
-        details = {
-            "condition": f"{self.config.path}.consecutive_nudges",
-            "kind": "consecutive_nudges",
-            "threshold": self.config.consecutive_nudges,
-            "observed": self.nudges,
-            "step": run.step_count,
-        }
+        details = limit_details(
+            f"{self.config.path}.consecutive_nudges",
+            "consecutive_nudges",
+            run.step_count,
+            threshold=self.config.consecutive_nudges,
+            observed=self.nudges,
+        )
         return Stop(StopReason.NUDGES_EXHAUSTED, details, "max_consecutive_nudges_exceeded")

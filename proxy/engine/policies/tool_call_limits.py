@@ -10,7 +10,7 @@ from proxy.engine.options import ToolCallLimitOptions
 from proxy.engine.policies.base import Block, Policy
 from proxy.engine.ports import ThreadCounters
 from proxy.engine.state import RunState
-from proxy.engine.stop import Stop, StopReason
+from proxy.engine.stop import Stop, StopReason, limit_details
 from proxy.engine.values import ToolCall, ToolOutcome
 from proxy.errors import SpecError, StateUnavailable
 
@@ -139,15 +139,15 @@ class ToolCallLimits(Policy):
         if behavior == "continue":
             return None
         threshold = hit.limit.run_limit if hit.scope == "run" else hit.limit.thread_limit
-        details = {
-            "condition": hit.limit.path,
-            "kind": f"{hit.scope}_limit",
-            "tool": call.name,
-            "threshold": threshold,
-            "observed": hit.run_count if hit.scope == "run" else hit.thread_count,
-            "step": run.step_count,
-            "message": message,
-        }
+        details = limit_details(
+            hit.limit.path,
+            f"{hit.scope}_limit",
+            run.step_count,
+            threshold=threshold,
+            observed=hit.run_count if hit.scope == "run" else hit.thread_count,
+            tool=call.name,
+            message=message,
+        )
         code = "tool_call_limit_exceeded" if behavior == "error" else None
         return Stop(StopReason.TOOL_CALL_LIMIT, details, code)
 
