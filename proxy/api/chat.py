@@ -12,8 +12,8 @@ from proxy.api.auth import Caller
 from proxy.api.chat_request import ChatRequest, parse_chat_request
 from proxy.api.completion import completion_body, completion_id, loop_report
 from proxy.api.failures import failed, failure_error, send_failure
+from proxy.api.headers import THREAD_HEADER, run_headers, stopped
 from proxy.api.json_body import read_json
-from proxy.api.run_request import THREAD_HEADER
 from proxy.api.services import Services
 from proxy.api.sse import SSEWriter
 from proxy.api.upstream_param import ClientTerms
@@ -41,7 +41,7 @@ class ChatCompletions:
             spec.messages = await sv.restore(spec.messages, caller)
         owner = plan.agent or req.run.model
         include = req.run.loop.include_messages
-        headers = {"x-loopwarden-run-id": spec.run_id}
+        headers = run_headers(spec.run_id)
         if req.stream:
             writer = SSEWriter(
                 send,
@@ -57,7 +57,7 @@ class ChatCompletions:
         result = await sv.unless_left(run, ended, lambda r: loop_report(r, include), owner, caller)
         if result is None:
             return
-        headers["x-loopwarden-stop-reason"] = result.stop.reason.value
+        stopped(headers, result)
         report = loop_report(result, include)
         await sv.remember(result, report, owner, caller)
         if failed(result):
@@ -84,7 +84,7 @@ class ChatCompletions:
         result = await sv.unless_left(run, ended, lambda r: loop_report(r, include), owner, caller)
         if result is None:
             return
-        writer.headers["x-loopwarden-stop-reason"] = result.stop.reason.value
+        stopped(writer.headers, result)
         report = loop_report(result, include)
         await sv.remember(result, report, owner, caller)
         try:

@@ -19,6 +19,7 @@ from proxy.api.auth import Caller
 from proxy.api.chat_request import name
 from proxy.api.completion import loop_report
 from proxy.api.failures import failed, send_failure
+from proxy.api.headers import not_replayed, run_headers, stopped
 from proxy.api.json_body import json_object, read_json
 from proxy.api.planning import Plan
 from proxy.api.run_request import RunRequest, parse_loop
@@ -319,16 +320,13 @@ class ContextRuns:
             else:
                 context.messages, context.updated, save = saved, int(time.time()), context
         result, report = await _end(sv, holding, save, result, owner, caller)
-        headers = {
-            "x-loopwarden-run-id": result.run_id,
-            "x-loopwarden-stop-reason": result.stop.reason.value,
-        }
+        headers = run_headers(result.run_id)
+        stopped(headers, result)
         if failed(result):
             await send_failure(send, result, report, headers)
             return
         if refused is not None:
-            if result.tools_ran:
-                headers["x-should-retry"] = "false"
+            not_replayed(headers, result)
             await send_error(send, refused, headers, {"loop": report})
             return
         human = messages[-1:] if body.get("message") is not None else []

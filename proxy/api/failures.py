@@ -9,6 +9,7 @@ from typing import Any
 from starlette.types import Send
 
 from proxy.api.asgi import send_error
+from proxy.api.headers import not_replayed
 from proxy.api.upstream_param import ClientTerms, client_message, client_param
 from proxy.engine.run_spec import RunResult
 from proxy.engine.stop import ERROR_STOPS
@@ -67,8 +68,7 @@ async def send_failure(
 ) -> None:
     """A failed run's response: its error (`failure_error`) with the `loop` report, and the
     upstream's retry headers when its error answer is relayed."""
-    if result.tools_ran:
-        headers["x-should-retry"] = "false"
+    not_replayed(headers, result)
     error = failure_error(result, terms)
     if isinstance(error, UpstreamStatusError) and error.retry_headers:
         headers = {**error.retry_headers, **headers}

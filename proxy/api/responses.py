@@ -17,6 +17,7 @@ from proxy.api.auth import Caller
 from proxy.api.completion import loop_report
 from proxy.api.failures import failed, failure_error, send_failure
 from proxy.api.fingerprint_records import Lineage
+from proxy.api.headers import THREAD_HEADER, run_headers, stopped
 from proxy.api.json_body import read_json
 from proxy.api.planning import Plan
 from proxy.api.resent import first_lineage, last_stored, resumed
@@ -47,7 +48,6 @@ from proxy.api.response_store import (
 )
 from proxy.api.responses_request import ResponsesRequest, parse_responses_request
 from proxy.api.responses_stream import ResponsesStream
-from proxy.api.run_request import THREAD_HEADER
 from proxy.api.services import Services
 from proxy.api.stored_conversation import Conversation
 from proxy.api.stored_reads import StoredReads
@@ -100,7 +100,7 @@ class Responses:
         calls = ServerCalls(prefix, spec.policy.tools) if shown and spec.policy.tools else None
         created = int(time.time())
         owner = plan.agent or run.model
-        headers = {"x-loopwarden-run-id": spec.run_id}
+        headers = run_headers(spec.run_id)
         context = _Context(
             sv, req, store, caller, history, thread, chain, owner, created, prefix, calls
         )
@@ -116,7 +116,7 @@ class Responses:
         result = await sv.unless_left(running, ended, context.report, owner, caller)
         if result is None:
             return
-        headers["x-loopwarden-stop-reason"] = result.stop.reason.value
+        stopped(headers, result)
         report = context.report(result)
         if failed(result):
             await sv.remember(result, report, owner, caller)
@@ -140,7 +140,7 @@ class Responses:
         result = await sv.unless_left(run, ended, context.report, context.owner, context.caller)
         if result is None:
             return
-        writer.headers["x-loopwarden-stop-reason"] = result.stop.reason.value
+        stopped(writer.headers, result)
         report = context.report(result)
         try:
             if failed(result):

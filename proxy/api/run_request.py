@@ -9,6 +9,7 @@ from typing import Annotated, Any
 
 from pydantic import Field, StrictBool, ValidationError
 
+from proxy.api.headers import THREAD_HEADER
 from proxy.engine.options import MAX_ENTRIES, MAX_NAME_CHARS, Name, PolicyOptions, problems
 from proxy.errors import InvalidRequest, PolicyInvalid
 
@@ -17,7 +18,6 @@ MAX_LOOP_TOOLS = 4096
 # A thread's name, as it is stored, logged and put on spans: no control characters.
 THREAD_NAME = r"^[^\x00-\x1f\x7f-\x9f]+$"
 ThreadName = Annotated[Name, Field(pattern=THREAD_NAME)]
-THREAD_HEADER = "x-loopwarden-thread-id"
 
 
 class LoopOptions(PolicyOptions):

@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry
 from starlette.types import ASGIApp, Message
 
 from proxy.api.app import create_app
-from proxy.api.run_request import THREAD_HEADER
+from proxy.api.headers import THREAD_HEADER
 from proxy.config import parse_config
 from tests.direct_asgi import body_then_stay, post_scope
 
