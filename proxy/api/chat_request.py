@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.api.json_body import json_object
+from proxy.api.json_body import json_object, positive_int
 from proxy.api.run_request import NO_LOOP, RunRequest, header_thread, parse_loop
 from proxy.engine.options import MAX_NAME_CHARS
 from proxy.errors import InvalidRequest
@@ -47,9 +47,9 @@ def parse_chat_request(raw: bytes, thread_header: str | None = None) -> ChatRequ
             raise InvalidRequest("must be an object", param="stream_options")
         include_usage = boolean(options.get("include_usage", False), "stream_options.include_usage")
     tools = _tools(body.get("tools"))
-    cap = _positive(body.get("max_completion_tokens"), "max_completion_tokens")
-    _positive(body.get("max_tokens"), "max_tokens")
-    if (_positive(body.get("n"), "n") or 1) > 1 and stream:
+    cap = positive_int(body.get("max_completion_tokens"), "max_completion_tokens")
+    positive_int(body.get("max_tokens"), "max_tokens")
+    if (positive_int(body.get("n"), "n") or 1) > 1 and stream:
         raise InvalidRequest("n must be 1 for a stream: the proxy streams one answer", param="n")
     params = {k: v for k, v in body.items() if k not in OWN_FIELDS}
     has_loop = body.get("loop") is not None
@@ -81,14 +81,6 @@ def name(value: Any, param: str) -> str:
 def boolean(value: Any, param: str) -> bool:
     if not isinstance(value, bool):
         raise InvalidRequest("must be a boolean", param=param)
-    return value
-
-
-def _positive(value: Any, param: str) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidRequest("must be a positive integer", param=param)
     return value
 
 

@@ -41,3 +41,13 @@ def json_object(raw: bytes) -> dict[str, Any]:
     if nests_too_deep(raw, body):
         raise InvalidRequest(f"the body nests deeper than {MAX_DEPTH} levels")
     return body
+
+
+def positive_int(value: Any, param: str) -> int | None:
+    """A body's optional count: None when absent, else an integer of at least 1 (a 400 naming
+    `param` otherwise)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidRequest("must be a positive integer", param=param)
+    return value

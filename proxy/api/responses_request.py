@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.api.chat_request import MAX_CLIENT_TOOLS, boolean, name
-from proxy.api.json_body import json_object
+from proxy.api.json_body import json_object, positive_int
 from proxy.api.response_input import checked_input, json_object_param, string_param
 from proxy.api.response_items import CUSTOM_PARAMETERS, ClientTool, upstream_name
 from proxy.api.run_request import NO_LOOP, LoopOptions, RunRequest, header_thread, parse_loop
@@ -56,8 +56,8 @@ def parse_responses_request(raw: bytes, thread_header: str | None = None) -> Res
     store = True if store is None else store
     tools, names, ignored, tool_params = _tools(body.get("tools"))
     params = _params(body)
-    max_output_tokens = _positive(body.get("max_output_tokens"), "max_output_tokens")
-    max_tool_calls = _positive(body.get("max_tool_calls"), "max_tool_calls")
+    max_output_tokens = positive_int(body.get("max_output_tokens"), "max_output_tokens")
+    max_tool_calls = positive_int(body.get("max_tool_calls"), "max_tool_calls")
     has_loop = body.get("loop") is not None
     loop = parse_loop(body["loop"]) if has_loop else NO_LOOP
     if max_tool_calls is not None:
@@ -70,7 +70,7 @@ def parse_responses_request(raw: bytes, thread_header: str | None = None) -> Res
         loop,
         has_loop,
         tools,
-        _tool_choice(body.get("tool_choice"), names),
+        _tool_choice(body.get("tool_choice")),
         max_output_tokens,
         params,
         thread,
@@ -115,14 +115,6 @@ def _optional(body: dict[str, Any], key: str, kind: type, what: str) -> Any:
         return None
     if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
         raise InvalidRequest(f"{key} must be {what}", param=key)
-    return value
-
-
-def _positive(value: Any, param: str) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidRequest("must be a positive integer", param=param)
     return value
 
 
@@ -329,7 +321,7 @@ def _add(
     functions.append({"type": "function", "function": function})
 
 
-def _tool_choice(value: Any, names: dict[str, ClientTool]) -> Any:
+def _tool_choice(value: Any) -> Any:
     if value is None:
         return None
     if isinstance(value, str):
