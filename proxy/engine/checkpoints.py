@@ -21,10 +21,13 @@ from proxy.engine.values import ModelReply, ToolCall, ToolResult
 
 
 class Checkpoints:
+    """A run's policies, asked at each checkpoint of the loop as the module says."""
+
     def __init__(self, policies: Sequence[Policy]) -> None:
         self.policies = tuple(policies)
 
     def before_step(self, run: RunState, plan: StepPlan) -> Stop | None:
+        """Every policy shapes the step, then sizes it: the first stop wins."""
         for policy in self.policies:
             stop = policy.before_step(run, plan)
             if stop is not None:
@@ -40,6 +43,7 @@ class Checkpoints:
         return all(policy.allows_final(run, plan) for policy in self.policies)
 
     def after_reply(self, run: RunState, plan: StepPlan, reply: ModelReply) -> Stop | None:
+        """Every policy hears the reply; the first stop wins."""
         stops = [policy.after_reply(run, plan, reply) for policy in self.policies]
         return next((stop for stop in stops if stop is not None), None)
 
@@ -64,13 +68,16 @@ class Checkpoints:
         return None
 
     def decides_next(self, call: ToolCall) -> bool:
+        """Whether some policy needs `call`'s result to review the calls after it."""
         return any(policy.decides_next(call) for policy in self.policies)
 
     def after_tool(self, run: RunState, call: ToolCall, result: ToolResult) -> Stop | None:
+        """Every policy hears the call's result; the first stop wins."""
         stops = [policy.after_tool(run, call, result) for policy in self.policies]
         return next((stop for stop in stops if stop is not None), None)
 
     def after_reply_without_tools(self, run: RunState, reply: ModelReply) -> Nudge | Stop | None:
+        """The first policy's nudge or stop for a reply that would end the run; None: it ends."""
         for policy in self.policies:
             verdict = policy.after_reply_without_tools(run, reply)
             if verdict is not None:
@@ -78,6 +85,7 @@ class Checkpoints:
         return None
 
     async def after_step(self, run: RunState) -> Stop | None:
+        """The first stop of a policy's conditions after a step that would go on."""
         for policy in self.policies:
             stop = await policy.after_step(run)
             if stop is not None:

@@ -19,6 +19,8 @@ from proxy.engine.values import (
 
 
 class ChatModel(Protocol):
+    """The upstream model: one call a step, its retries inside."""
+
     async def complete(
         self, request: ModelRequest, on_delta: DeltaSink | None, *, deadline: float | None = None
     ) -> ModelReply:
@@ -29,6 +31,8 @@ class ChatModel(Protocol):
 
 
 class ToolExecutor(Protocol):
+    """The server's tools (http, python, builtin, MCP), by name."""
+
     async def check(self, call: ToolCall) -> dict[str, Any] | str:
         """The arguments of `call` as its tool takes them, or why it would fail at once:
         asked before a limit counts it."""
@@ -43,9 +47,15 @@ class ToolExecutor(Protocol):
 
 
 class PriceBook(Protocol):
-    def prices(self, model: str) -> Prices | None: ...
+    """What a model's tokens cost (the config's prices, else `genai-prices`)."""
 
-    def cost(self, model: str, usage: Usage) -> float | None: ...
+    def prices(self, model: str) -> Prices | None:
+        """The model's prices a token; None when none are known."""
+        ...
+
+    def cost(self, model: str, usage: Usage) -> float | None:
+        """What `usage` of the model cost in USD; None when its prices are not known."""
+        ...
 
 
 class ConditionChecks(Protocol):
@@ -74,7 +84,12 @@ class ThreadCounters(Protocol):
 
 
 class RunObserver(Protocol):
-    def on_event(self, event: RunEvent) -> None: ...
+    """Telemetry and other listeners of a run: told each event as it happens, they never
+    change the run (one that raises is logged and ignored)."""
+
+    def on_event(self, event: RunEvent) -> None:
+        """One event of a run, in order; called on the run's task, so it must not block."""
+        ...
 
 
 class RunStream(Protocol):
@@ -89,7 +104,10 @@ class RunStream(Protocol):
         """A streamed answer has begun to arrive: the client's response may start now."""
         ...
 
-    async def content(self, text: str) -> None: ...
+    async def content(self, text: str) -> None:
+        """Text the client sees next: a step's delta, or the run's own (a terminal tool's
+        output, the blank line between steps' texts)."""
+        ...
 
     async def progress(self, event: RunEvent) -> None:
         """Every run event, in order; a stream shows the progress it cares about."""

@@ -29,6 +29,9 @@ log = logging.getLogger(__name__)
 
 
 class Run:
+    """One run of the tool loop (SPEC §5): steps until a policy, the model or a failure stops
+    it; `stream` hears what a streaming client sees as it happens."""
+
     def __init__(self, spec: RunSpec, deps: Deps, stream: RunStream | None = None) -> None:
         self.spec = spec
         self.deps = deps
@@ -60,6 +63,8 @@ class Run:
         )
 
     async def execute(self) -> RunResult:
+        """Runs to its stop, and says how it ended; a failure is a result too (its stop
+        reason and error), never an exception, but for the run's cancellation."""
         spec, clock = self.spec, self.deps.clock
         started = clock()
         run = RunState(

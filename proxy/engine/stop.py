@@ -10,6 +10,8 @@ from typing import Any
 
 
 class StopReason(StrEnum):
+    """Why a run ended: one of these on every surface (headers, `loop`, spans, metrics)."""
+
     COMPLETED = "completed"
     TERMINAL_TOOL = "terminal_tool"
     CLIENT_TOOL_CALL = "client_tool_call"

@@ -43,6 +43,9 @@ class CallsEnded:
 
 
 class ReplyCalls:
+    """The calls of one reply: reviewed in order, the server's executed, the client's handed
+    over (or held back with the server's results, SPEC §5.1.6)."""
+
     def __init__(
         self,
         tools: ToolExecutor,

@@ -32,6 +32,9 @@ class Block:
 
 @dataclass(frozen=True, slots=True)
 class Nudge:
+    """A reply without tool calls that may not end the run: `message` is added for the model,
+    and the run goes on."""
+
     message: str
 
 
@@ -39,6 +42,8 @@ class Policy:
     """No-op checkpoints; a policy overrides the ones it needs."""
 
     def before_step(self, run: RunState, plan: StepPlan) -> Stop | None:
+        """Before a step: narrow what it offers (tools, `tool_choice`, messages), or stop
+        before spending."""
         return None
 
     def size_step(self, run: RunState, plan: StepPlan) -> Stop | None:
@@ -51,9 +56,12 @@ class Policy:
         return self.size_step(run, plan) is None
 
     def after_reply(self, run: RunState, plan: StepPlan, reply: ModelReply) -> Stop | None:
+        """The step's reply came (its usage counted): stop before its calls are looked at."""
         return None
 
     async def review_call(self, run: RunState, call: ToolCall) -> Block | None:
+        """The rules' review of one call, in its reply's order: allow it (None) or block it
+        with the message the model reads."""
         return None
 
     async def reserve(self, run: RunState, call: ToolCall) -> Block | None:
@@ -69,10 +77,14 @@ class Policy:
         return False
 
     def after_tool(self, run: RunState, call: ToolCall, result: ToolResult) -> Stop | None:
+        """A call ran: stop on its result (a terminal tool that succeeded)."""
         return None
 
     def after_reply_without_tools(self, run: RunState, reply: ModelReply) -> Nudge | Stop | None:
+        """A reply without tool calls, which would end the run: let it (None), nudge the model
+        to go on, or stop with a reason of the policy's own."""
         return None
 
     async def after_step(self, run: RunState) -> Stop | None:
+        """A step that would go on has ended (its calls ran): stop conditions and budgets."""
         return None
