@@ -21,13 +21,44 @@ from proxy.engine.ports import ConditionChecks
 from proxy.engine.state import RunState
 from proxy.engine.stop import Stop, StopReason, limit_details
 
-_REASONS = {
-    "step_count_is": StopReason.MAX_STEPS,
-    "has_tool_call": StopReason.TOOL_CALLED,
-    "max_tokens_used": StopReason.TOKEN_BUDGET,
-    "max_cost": StopReason.COST_BUDGET,
-    "finish_reason_is": StopReason.FINISH_REASON,
-    "max_duration_s": StopReason.TIME_BUDGET,
+# What a threshold condition observes of the run when it holds (None: it does not hold).
+Observe = Callable[[RunState, Any], Any]
+
+
+def _steps(run: RunState, value: int) -> int | None:
+    return run.step_count if run.step_count >= value else None
+
+
+def _called(run: RunState, value: list[str]) -> list[str] | None:
+    return sorted(run.called_tools() & set(value)) or None
+
+
+def _tokens(run: RunState, value: int) -> int | None:
+    used = run.usage.total_tokens
+    return used if used >= value else None
+
+
+def _cost(run: RunState, value: float) -> float | None:
+    cost = run.cost_usd or 0.0
+    return round(cost, 10) if cost >= value else None
+
+
+def _finish_reason(run: RunState, value: str) -> str | None:
+    return value if any(step.finish_reason == value for step in run.steps) else None
+
+
+def _duration(run: RunState, value: float) -> float | None:
+    elapsed = run.elapsed_s
+    return round(elapsed, 3) if elapsed >= value else None
+
+
+_THRESHOLDS: dict[str, tuple[StopReason, Observe]] = {
+    "step_count_is": (StopReason.MAX_STEPS, _steps),
+    "has_tool_call": (StopReason.TOOL_CALLED, _called),
+    "max_tokens_used": (StopReason.TOKEN_BUDGET, _tokens),
+    "max_cost": (StopReason.COST_BUDGET, _cost),
+    "finish_reason_is": (StopReason.FINISH_REASON, _finish_reason),
+    "max_duration_s": (StopReason.TIME_BUDGET, _duration),
 }
 _COMBINATORS = ("any", "all", "not")
 
@@ -91,41 +122,15 @@ class Condition:
         """Held, None (does not hold) or UNKNOWN (could not be evaluated): `any`, `all` and
         `not` carry UNKNOWN as three-valued logic does, so `not` of a failed check is no stop."""
         kind, value = self.kind, self.value
-        if kind == "step_count_is":
-            return (
-                self.held(_REASONS[kind], run.step_count, run) if run.step_count >= value else None
-            )
-        if kind == "has_tool_call":
-            called = sorted(run.called_tools() & set(value))
-            return self.held(_REASONS[kind], called, run) if called else None
-        if kind == "max_tokens_used":
-            used = run.usage.total_tokens
-            return self.held(_REASONS[kind], used, run) if used >= value else None
-        if kind == "max_cost":
-            cost = run.cost_usd or 0.0
-            return self.held(_REASONS[kind], round(cost, 10), run) if cost >= value else None
-        if kind == "finish_reason_is":
-            seen = [s.finish_reason for s in run.steps if s.finish_reason == value]
-            return self.held(_REASONS[kind], value, run) if seen else None
-        if kind == "max_duration_s":
-            elapsed = run.elapsed_s
-            return self.held(_REASONS[kind], round(elapsed, 3), run) if elapsed >= value else None
+        threshold = _THRESHOLDS.get(kind)
+        if threshold is not None:
+            reason, observe = threshold
+            observed = observe(run, value)
+            return None if observed is None else self.held(reason, observed, run)
         if kind == "any":
-            unknown = False
-            for child in value:
-                found = await child._evaluate(run, checks, failed, budget)
-                if isinstance(found, Held):
-                    return found
-                unknown = unknown or found is UNKNOWN
-            return UNKNOWN if unknown else None
+            return await self._any(run, checks, failed, budget)
         if kind == "all":
-            unknown = False
-            for child in value:
-                found = await child._evaluate(run, checks, failed, budget)
-                if found is None:
-                    return None
-                unknown = unknown or found is UNKNOWN
-            return UNKNOWN if unknown else self.held(StopReason.CUSTOM_CONDITION, True, run)
+            return await self._all(run, checks, failed, budget)
         if kind == "not":
             inner: Condition = value
             found = await inner._evaluate(run, checks, failed, budget)
@@ -133,14 +138,7 @@ class Condition:
                 return UNKNOWN
             return self.held(StopReason.CUSTOM_CONDITION, True, run) if found is None else None
         if kind == "expr" and self.program is not None:
-            try:
-                result = self.program.evaluate(run.snapshot(self.program.variables), budget)
-            except ExpressionFailed as exc:
-                failed(run, self.path, exc.reason)
-                if isinstance(exc, ExpressionTooCostly):
-                    raise Unevaluable(self.path, exc.reason) from None
-                return UNKNOWN
-            return self.held(StopReason.CUSTOM_CONDITION, True, run) if result else None
+            return self._expr(self.program, run, failed, budget)
         if checks is None:  # pragma: no cover - a run with custom conditions always has checks
             return None
         answer = await checks.check(kind, value, run.snapshot())
@@ -148,6 +146,51 @@ class Condition:
             failed(run, self.path, f"the {kind} check {value!r} failed")
             return UNKNOWN
         return self.held(StopReason.CUSTOM_CONDITION, True, run) if answer else None
+
+    async def _any(
+        self,
+        run: RunState,
+        checks: ConditionChecks | None,
+        failed: FailureSink,
+        budget: Budget | None,
+    ) -> Held | Unknown | None:
+        """The first entry that holds; else UNKNOWN when one could not be evaluated."""
+        unknown = False
+        for child in self.value:
+            found = await child._evaluate(run, checks, failed, budget)
+            if isinstance(found, Held):
+                return found
+            unknown = unknown or found is UNKNOWN
+        return UNKNOWN if unknown else None
+
+    async def _all(
+        self,
+        run: RunState,
+        checks: ConditionChecks | None,
+        failed: FailureSink,
+        budget: Budget | None,
+    ) -> Held | Unknown | None:
+        """Held when every entry holds; None as soon as one does not; else UNKNOWN."""
+        unknown = False
+        for child in self.value:
+            found = await child._evaluate(run, checks, failed, budget)
+            if found is None:
+                return None
+            unknown = unknown or found is UNKNOWN
+        return UNKNOWN if unknown else self.held(StopReason.CUSTOM_CONDITION, True, run)
+
+    def _expr(
+        self, program: Expression, run: RunState, failed: FailureSink, budget: Budget | None
+    ) -> Held | Unknown | None:
+        """An `expr`, evaluated within the step's budget: one too costly ends the run."""
+        try:
+            result = program.evaluate(run.snapshot(program.variables), budget)
+        except ExpressionFailed as exc:
+            failed(run, self.path, exc.reason)
+            if isinstance(exc, ExpressionTooCostly):
+                raise Unevaluable(self.path, exc.reason) from None
+            return UNKNOWN
+        return self.held(StopReason.CUSTOM_CONDITION, True, run) if result else None
 
     def walk_any(self) -> list[Condition]:
         """This condition and, through `any`, the entries that hold on their own."""
