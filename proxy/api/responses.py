@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.types import Receive, Scope, Send
@@ -20,7 +20,7 @@ from proxy.api.fingerprint_records import Lineage
 from proxy.api.headers import THREAD_HEADER, run_headers, stopped
 from proxy.api.json_body import read_json
 from proxy.api.planning import Plan
-from proxy.api.resent import first_lineage, last_stored, resumed
+from proxy.api.resent import Resent, first_lineage, last_stored, resumed
 from proxy.api.response_body import (
     cut_short,
     finished_response,
@@ -50,7 +50,7 @@ from proxy.api.responses_request import ResponsesRequest, parse_responses_reques
 from proxy.api.responses_stream import ResponsesStream
 from proxy.api.services import Services
 from proxy.api.stored_conversation import Conversation
-from proxy.api.stored_reads import StoredReads
+from proxy.api.stored_reads import Named, StoredReads
 from proxy.api.upstream_param import ClientTerms
 from proxy.engine.run import Run
 from proxy.engine.run_spec import RunResult
@@ -262,40 +262,54 @@ class _History:
     lineage: Lineage | None
 
 
-async def _history(req: ResponsesRequest, reads: StoredReads) -> _History:
-    """The conversation a request continues: the stored one of `previous_response_id` (or of the
-    response a conversation sent whole again names last, when it continues it: `resent`), then
-    its input items with every `item_reference` read; and those items, after the output of the
-    response they continue. A function call output must answer a call of that conversation. An
-    item the stored conversation holds already (an item or a call of the previous response, an
-    output its call has) is refused, as OpenAI refuses it: the model would see it twice."""
-    conversation: list[dict[str, Any]] = []
-    continued = None
-    outputs: list[dict[str, Any]] = []
-    previous_id = req.previous_response_id
-    start = 0
-    named = resent = lineage = None
-    if previous_id is not None:
+@dataclass(slots=True)
+class _Continuation:
+    """Where a request's conversation begins: the stored conversation it continues (`continued`,
+    whose `messages` come first), the output of the response it continues (its client calls'
+    outputs are due), the first of its items not yet held (`start`), and the thread it goes on
+    in; for one without `previous_response_id`, the response its items name last (`named`), the
+    continuation it is of that one (`resent`) and what its fingerprint goes on from."""
+
+    continued: Conversation | None = None
+    outputs: list[dict[str, Any]] = field(default_factory=list)
+    start: int = 0
+    thread: str | None = None
+    named: Named | None = None
+    resent: Resent | None = None
+    lineage: Lineage | None = None
+
+    @property
+    def conversation(self) -> list[dict[str, Any]]:
+        return self.continued.messages if self.continued is not None else []
+
+
+async def _continuation(req: ResponsesRequest, reads: StoredReads) -> _Continuation:
+    """The stored conversation of `previous_response_id`; else that of the response a
+    conversation sent whole again names last, when it continues it; else none."""
+    if req.previous_response_id is not None:
         reads.will_read(_referenced(req.items))
-        previous, continued = await reads.previous(previous_id, "previous_response_id")
-        conversation = continued.messages
+        previous, continued = await reads.previous(req.previous_response_id, "previous_response_id")
         outputs = list(previous.response.get("output") or ())
-        if req.run.thread_id is None:
-            req.run.thread_id = previous.thread
+        return _Continuation(continued, outputs, thread=previous.thread)
     # A request that stores nothing (Codex's) sends its calls back whole each turn: no read for
     # them, as no response of its has a record of its calls.
-    elif (last := await last_stored(req.items, reads, by_call=req.store)) is not None:
-        named = await reads.named(last[1])
-        resent, lineage = await resumed(req.items, last[0], named, reads)
-        if resent is not None:
-            continued, start = resent.conversation, resent.start
-            conversation = continued.messages
-            if req.run.thread_id is None:
-                req.run.thread_id = resent.thread
-        else:
-            reads.will_read(_referenced(req.items))
-    elif req.store:
-        lineage = await first_lineage(req.items)
+    last = await last_stored(req.items, reads, by_call=req.store)
+    if last is None:
+        return _Continuation(lineage=await first_lineage(req.items) if req.store else None)
+    named = await reads.named(last[1])
+    resent, lineage = await resumed(req.items, last[0], named, reads)
+    if resent is None:
+        reads.will_read(_referenced(req.items))
+        return _Continuation(named=named, lineage=lineage)
+    return _Continuation(
+        resent.conversation, [], resent.start, resent.thread, named, resent, lineage
+    )
+
+
+def _calls_of(conversation: list[dict[str, Any]]) -> tuple[set[str], set[str]]:
+    """The ids of a conversation's calls, and of those an output follows the last call of. (An
+    upstream may give every turn the same call ids, `call_0`: an output is one too many only
+    after its call's last output.)"""
     known: set[str] = set()
     done: dict[str, bool] = {}  # by call id: whether an output follows its last call
     for message in conversation:
@@ -304,13 +318,22 @@ async def _history(req: ResponsesRequest, reads: StoredReads) -> _History:
             done[call["id"]] = False
         if message.get("role") == "tool":
             done[message.get("tool_call_id") or ""] = True
-    # An upstream may give every turn the same call ids (`call_0`): a call is the previous
-    # response's by its place, and an output is one too many only after its call's last output.
-    answered = {call_id for call_id, output in done.items() if output}
-    previous_calls = {item.get("call_id") for item in outputs if item.get("type") in CLIENT_CALLS}
+    return known, {call_id for call_id, output in done.items() if output}
+
+
+async def _new_items(
+    req: ResponsesRequest, at: _Continuation, reads: StoredReads
+) -> list[dict[str, Any]]:
+    """The request's items after those its conversation holds, each `item_reference` read.
+    A function call output must answer a call of the conversation or of the items before it;
+    an item the conversation holds already is refused (the model would see it twice)."""
+    previous_id = req.previous_response_id
+    known, answered = _calls_of(at.conversation)
+    # A call is the previous response's by its place in it.
+    previous_calls = {i.get("call_id") for i in at.outputs if i.get("type") in CLIENT_CALLS}
     items: list[dict[str, Any]] = []
     seen: set[str] = set()
-    for i in range(start, len(req.items)):
+    for i in range(at.start, len(req.items)):
         item = req.items[i]
         kind = item.get("type", "message")
         if kind == "item_reference":
@@ -338,18 +361,30 @@ async def _history(req: ResponsesRequest, reads: StoredReads) -> _History:
                     param=f"input[{i}].call_id",
                 )
         items.append(item)
-    messages = [*conversation, *items_to_messages(items)]
-    if previous_id is not None:
-        return _History(messages, StoredInput(previous_id, items, outputs), continued, None)
-    if resent is not None:
-        inputs = StoredInput(resent.named, items, resent.output)
-        return _History(messages, inputs, continued, lineage)
-    fingerprint = named.fingerprint if named is not None and req.store else None
+    return items
+
+
+async def _history(req: ResponsesRequest, reads: StoredReads) -> _History:
+    """The conversation a request continues (`_continuation`), then its new items; the run takes
+    the thread it goes on in, unless it names one."""
+    at = await _continuation(req, reads)
+    if req.run.thread_id is None:
+        req.run.thread_id = at.thread
+    items = await _new_items(req, at, reads)
+    messages = [*at.conversation, *items_to_messages(items)]
+    if req.previous_response_id is not None:
+        inputs = StoredInput(req.previous_response_id, items, at.outputs)
+        return _History(messages, inputs, at.continued, None)
+    if at.resent is not None:
+        inputs = StoredInput(at.resent.named, items, at.resent.output)
+        return _History(messages, inputs, at.continued, at.lineage)
+    continued = None
+    fingerprint = at.named.fingerprint if at.named is not None and req.store else None
     if fingerprint is not None:  # its conversation may still begin with named's: its thread
         continued = await fingerprint.conversation.begun(messages)
         if continued is not None and req.run.thread_id is None:
             req.run.thread_id = fingerprint.thread
-    return _History(messages, StoredInput(None, items, []), continued, lineage)
+    return _History(messages, StoredInput(None, items, []), continued, at.lineage)
 
 
 def _referenced(items: list[dict[str, Any]]) -> list[str]:
