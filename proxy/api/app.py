@@ -7,33 +7,29 @@ import contextlib
 import logging
 import os
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any
 
 import httpx
-import orjson
 from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
 from opentelemetry.trace import NoOpTracerProvider, TracerProvider
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
-from starlette.requests import Request
-from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from proxy.api.admission import Admission
-from proxy.api.asgi import ErrorBoundary, bearer_token
+from proxy.api.asgi import ErrorBoundary
 from proxy.api.chat import ChatCompletions
 from proxy.api.contexts import ContextRecords, ContextRuns
 from proxy.api.input_items import InputItems
 from proxy.api.models import ModelList
 from proxy.api.passthrough import METHODS, Passthrough
+from proxy.api.probes import Probes
 from proxy.api.responses import Responses, StoredResponses
+from proxy.api.route_errors import EXCEPTION_HANDLERS
 from proxy.api.runs import RunReports
 from proxy.api.services import Services, build_services
 from proxy.config import Config
 from proxy.engine.ports import RunObserver
-from proxy.errors import InternalError, MethodNotAllowed, NotFound, ProxyError, StateUnavailable
 from proxy.pricing import PriceTable
 from proxy.state.backend import open_store
 from proxy.state.sqlite_file import FileIdentity
@@ -51,17 +47,6 @@ from proxy.upstream.httpx_transport import HttpxTransport
 from proxy.upstream.transport import Transport
 
 log = logging.getLogger(__name__)
-
-
-class JSONResponse(Response):
-    media_type = "application/json"
-
-    def render(self, content: Any) -> bytes:
-        return orjson.dumps(content)
-
-
-def error_response(error: ProxyError) -> Response:
-    return JSONResponse(error.body(), status_code=error.status, headers=error.headers or None)
 
 
 CHAT_PATHS = frozenset({"/v1/chat/completions", "/chat/completions"})
@@ -191,53 +176,7 @@ def create_app(
             if own_tracing and isinstance(tracing, SdkTracerProvider):
                 tracing.shutdown()  # flushes the spans not yet exported
 
-    exposed = exposition_registry(telemetry.metrics)
-
-    async def metrics(request: Request) -> Response:
-        if config.auth.metrics_key:  # else open, for Prometheus scrapes without a key
-            services().keys.check_metrics(bearer_token(request.scope))
-        return Response(generate_latest(exposed), media_type=CONTENT_TYPE_LATEST)
-
-    async def healthz(request: Request) -> Response:
-        return JSONResponse({"status": "ok"})
-
-    async def readyz(request: Request) -> Response:
-        if "services" not in holder:
-            return JSONResponse({"status": "starting"}, status_code=503)
-        try:  # the backend is reachable, still the one opened, and takes writes
-            await asyncio.wait_for(holder["services"].store.ping(), config.state.timeout_s)
-        except StateUnavailable as exc:
-            return JSONResponse({"status": "unavailable", "detail": exc.message}, status_code=503)
-        except Exception as exc:  # any failure of the backend means not ready
-            detail = f"state backend unavailable: {type(exc).__name__}"
-            return JSONResponse({"status": "unavailable", "detail": detail}, status_code=503)
-        sources = holder["services"].registry.missing()
-        if not sources:
-            return JSONResponse({"status": "ready"})
-        # Ready without optional sources (their tools answer tool errors); not without required.
-        missing = [
-            {"source": s.name, "required": s.cfg.required, "error": s.error} for s in sources
-        ]
-        names = ", ".join(s.name for s in sources)
-        if any(s.cfg.required for s in sources):
-            detail = f"MCP servers not connected: {names}"
-            body = {"status": "unavailable", "detail": detail, "mcp_missing": missing}
-            return JSONResponse(body, status_code=503)
-        detail = f"optional MCP servers not connected: {names}"
-        return JSONResponse({"status": "ready", "detail": detail, "mcp_missing": missing})
-
-    async def proxy_error(request: Request, exc: Exception) -> Response:
-        return error_response(exc if isinstance(exc, ProxyError) else InternalError())
-
-    async def internal_error(request: Request, exc: Exception) -> Response:
-        return error_response(InternalError())
-
-    async def not_found(request: Request, exc: Exception) -> Response:
-        if isinstance(exc, HTTPException) and exc.status_code == 405:
-            message = f"{request.method} is not allowed on {request.url.path[:300]}"
-            return error_response(MethodNotAllowed(message))
-        return error_response(NotFound(f"no route {request.method} {request.url.path[:300]}"))
-
+    probes = Probes(config, lambda: holder.get("services"), exposition_registry(telemetry.metrics))
     chat = ChatCompletions(services)
     responses = Responses(services)
     stored_responses = StoredResponses(services)
@@ -262,9 +201,9 @@ def create_app(
         Route("/models", model_list, methods=["GET"]),
         Route(MODEL_PATH, model_list, methods=["GET"]),
         Route("/models/{model_id:path}", model_list, methods=["GET"]),
-        Route("/metrics", metrics, methods=["GET"]),
-        Route("/healthz", healthz, methods=["GET"]),
-        Route("/readyz", readyz, methods=["GET"]),
+        Route("/metrics", probes.metrics, methods=["GET"]),
+        Route("/healthz", probes.healthz, methods=["GET"]),
+        Route("/readyz", probes.readyz, methods=["GET"]),
     ]
     # Other methods below /v1/models/ are the upstream's (deleting a fine-tuned model): relayed.
     own_paths = [route.path for route in routes if route.path != MODEL_PATH]
@@ -274,12 +213,7 @@ def create_app(
         lifespan=lifespan,
         # Errors of routes behind starlette's router are rendered here, the same way the
         # `ErrorBoundary` renders the raw ASGI routes'.
-        exception_handlers={
-            404: not_found,
-            405: not_found,
-            ProxyError: proxy_error,
-            Exception: internal_error,
-        },
+        exception_handlers=EXCEPTION_HANDLERS,
     )
     app.chat = chat
     app.responses = responses
