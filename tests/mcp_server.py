@@ -1,6 +1,6 @@
 """An MCP server for the tests, written with the `mcp` package's server API.
 
-    python tests/mcp_server.py stdio [wordy] [dotted]  # over stdio (a child of the proxy)
+    python tests/mcp_server.py stdio [wordy] [dotted] [extra]  # over stdio (the proxy's child)
     python tests/mcp_server.py http PORT [legacy] [gzip | gzip-always] [outside] [cutting]
                                                    [patterned]
                                                    # streamable HTTP on 127.0.0.1:PORT/mcp
@@ -9,8 +9,9 @@
 era: sessions with an `mcp-session-id` and `notifications/tools/list_changed` on the session.
 Its tools succeed, fail, sleep, return structured content, die mid-call, and change the tool
 list. `wordy` adds a tool whose description is 100 KiB long (its tool list is one long
-message); `dotted` adds `x.y` and `x_y`. `gzip` compresses answers of 500 bytes and more for
-clients that accept it (Starlette's middleware), `gzip-always` for every client. `outside`
+message); `dotted` adds `x.y` and `x_y`; `extra` lists from the start the tool `grow` adds
+(saying it is this server's, `extra of the other: ...`). `gzip` compresses answers of 500
+bytes and more for clients that accept it (Starlette's middleware), `gzip-always` for every client. `outside`
 answers requests for `upstream.test` too (a name an egress proxy resolves to it, tests/web_proxy.py)
 where the SDK's guard against DNS rebinding answers only those for loopback names. `cutting`
 adds a tool `cut` whose call's answer (an event stream) is cut off after its first bytes, as a
@@ -55,10 +56,17 @@ class Word(BaseModel):
     word: str = Field(pattern=r"(a+)+c|b")  # 'aaa…ab': found at its end, after 2^n tries
 
 
-def build(wordy: bool = False, dotted: bool = False) -> MCPServer:
+def build(wordy: bool = False, dotted: bool = False, extra: bool = False) -> MCPServer:
     server = MCPServer("loopwarden-tests", log_level="WARNING")
     if wordy:
         server.add_tool(lambda: "", name="wordy", description="x" * 100 * 1024)
+    if extra:
+
+        def other_extra(note: str) -> str:
+            """This server's own `extra`."""
+            return f"extra of the other: {note}"
+
+        server.add_tool(other_extra, name="extra", structured_output=False)
     if dotted:  # names no model API takes, one of them made into the other's
         server.add_tool(lambda: "dotted", name="x.y", description="x.y", structured_output=False)
         server.add_tool(lambda: "plain", name="x_y", description="x_y", structured_output=False)
@@ -173,7 +181,8 @@ async def refuse_discover(
 
 
 def main(argv: list[str]) -> None:
-    server = build(wordy="wordy" in argv[1:], dotted="dotted" in argv[1:])
+    options = argv[1:]
+    server = build(wordy="wordy" in options, dotted="dotted" in options, extra="extra" in options)
     if argv[0] == "stdio":
         server.run("stdio")
         return

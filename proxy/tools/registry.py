@@ -94,57 +94,37 @@ class ToolRegistry:
         return {name: tool.spec for name, tool in self.tools.items()}
 
     def refresh(self) -> None:
-        """Rebuilds `tools` and `groups` from the sources' lists as they are now."""
+        """Rebuilds `tools` and `groups` from the sources' lists as they are now. A name keeps
+        the source that had it: a clash that appears later (a server adds a tool another one
+        offers already) leaves the newcomer out, whatever the order of the config (else a
+        server could take another's tool, and the calls meant for it)."""
+        had = {name: tool.spec.source for name, tool in self.tools.items()}
         tools = dict(self.static)
-        groups: dict[str, list[str]] = {}
         problems: list[str] = []
         clashes: list[str] = []
-        for source in self.sources.values():
-            names = groups.setdefault(source.name, [])
-            offered = [(listed, source.cfg.exposed_name(listed.name)) for listed in source.tools]
-            prefix = source.cfg.prefix or ""
-            start = offered_prefix(source.cfg.prefix)
-            # Names a server's tools are offered under as they are (after the prefix): a name
-            # made of another (`a.b` as `a_b`) never takes one of them, nor one another made
-            # name took.
-            own = {
-                name for listed, name in offered if name is not None and _as_is(start, listed, name)
-            }
-            for listed, exposed in offered:
-                if exposed is None:
-                    continue
-                if not _as_is(start, listed, exposed) and (exposed in own or exposed in names):
-                    exposed = digest_name(prefix + listed.name)
-                if len(names) >= source.cfg.max_tools:
-                    problems.append(
-                        f"tools.{source.name}: more than max_tools ({source.cfg.max_tools}) tools;"
-                        f" {exposed!r} and later ones are left out"
-                    )
-                    break
-                clash = tools.get(exposed)
-                if clash is not None:
-                    source_name = clash.spec.source
-                    if source_name == source.name:
-                        problems.append(
-                            f"tools.{source.name}: {exposed!r} is listed twice; the second is"
-                            " left out"
-                        )
-                        continue
-                    owner = f"MCP server {source_name!r}" if source_name else "the config"
-                    clash_of = f"tools.{source.name}: {exposed!r} is also a tool of {owner}"
-                    problems.append(clash_of)
-                    clashes.append(clash_of)
-                    continue
-                try:
-                    tools[exposed] = exposed_tool(
-                        source, listed, exposed, self.default_max_output_bytes, self.on_call
-                    )
-                except ValueError as exc:
-                    problems.append(
-                        f"tools.{source.name}: tool {listed.name!r}: {exc}; it is left out"
-                    )
-                    continue
-                names.append(exposed)
+        offers = [offer for source in self.sources.values() for offer in _offers(source, problems)]
+        ranked = sorted(offers, key=lambda offer: had.get(offer[2]) != offer[0].name)
+        taken: set[int] = set()  # of the offers, by id
+        for source, listed, exposed in ranked:
+            clash = tools.get(exposed)
+            if clash is not None:
+                owner = f"MCP server {clash.spec.source!r}" if clash.spec.source else "the config"
+                clash_of = f"tools.{source.name}: {exposed!r} is also a tool of {owner}"
+                problems.append(clash_of)
+                clashes.append(clash_of)
+                continue
+            try:
+                tools[exposed] = exposed_tool(
+                    source, listed, exposed, self.default_max_output_bytes, self.on_call
+                )
+            except ValueError as exc:
+                problems.append(f"tools.{source.name}: tool {listed.name!r}: {exc}; it is left out")
+                continue
+            taken.add(id(listed))
+        groups: dict[str, list[str]] = {source: [] for source in self.sources}
+        for source, listed, exposed in offers:  # each source's tools in the order it lists them
+            if id(listed) in taken:
+                groups[source.name].append(exposed)
         stand_ins = set()
         for name in self.references:
             claimant = self._claimant(name) if name not in tools else None
@@ -405,6 +385,38 @@ def _rules_and_conditions(agent: AgentConfig) -> set[str]:
         if inner is not None:
             conditions.append(inner)
     return names
+
+
+def _offers(source: McpSource, problems: list[str]) -> list[tuple[McpSource, Any, str]]:
+    """The tools a source offers, each with the name it is offered under, in its list's order:
+    within its `max_tools`, a name listed twice once; the problems told in `problems`."""
+    offered = [(listed, source.cfg.exposed_name(listed.name)) for listed in source.tools]
+    prefix = source.cfg.prefix or ""
+    start = offered_prefix(source.cfg.prefix)
+    # Names a server's tools are offered under as they are (after the prefix): a name made of
+    # another (`a.b` as `a_b`) never takes one of them, nor one another made name took.
+    own = {name for listed, name in offered if name is not None and _as_is(start, listed, name)}
+    names: list[str] = []
+    offers: list[tuple[McpSource, Any, str]] = []
+    for listed, exposed in offered:
+        if exposed is None:
+            continue
+        if not _as_is(start, listed, exposed) and (exposed in own or exposed in names):
+            exposed = digest_name(prefix + listed.name)
+        if exposed in names:
+            problems.append(
+                f"tools.{source.name}: {exposed!r} is listed twice; the second is left out"
+            )
+            continue
+        if len(names) >= source.cfg.max_tools:
+            problems.append(
+                f"tools.{source.name}: more than max_tools ({source.cfg.max_tools}) tools;"
+                f" {exposed!r} and later ones are left out"
+            )
+            break
+        names.append(exposed)
+        offers.append((source, listed, exposed))
+    return offers
 
 
 def _as_is(start: str, listed: Any, name: str) -> bool:

@@ -404,6 +404,27 @@ async def test_two_sources_exposing_one_name_stop_start_up(proxy_for: ProxyFacto
             pass
 
 
+async def test_a_tool_a_server_adds_never_takes_a_name_another_server_has(
+    proxy_for: ProxyFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A clash that appears later leaves the newcomer out, whichever source the config names
+    first: the calls of `t_extra` stay with the server that had it (a server adding a tool
+    could take another's, and the arguments meant for it)."""
+    first = stdio_entry(include=["grow", "extra"])  # adds `extra` when `grow` is called
+    other = {**stdio_entry(include=["extra"]), "command": [*stdio_entry()["command"], "extra"]}
+    agents = {"both": {"model": "scripted", "tools": ["first", "other"]}}
+    async with proxy_for({"tools": {"first": first, "other": other}, "agents": agents}) as proxy:
+        proxy.upstream.script(call("t_grow"), say("grown"))
+        await proxy.chat(model="both", messages=user("grow"))
+        grown = proxy_registry(proxy).sources["first"]
+        await wait_for(lambda: any(t.name == "extra" for t in grown.tools))
+        await wait_for(lambda: "'t_extra' is also a tool" in caplog.text)
+        proxy.upstream.script(call("t_extra", note="hi"), say_tool_result())
+        response = await proxy.chat(model="both", messages=user("extra"))
+    assert response.json()["choices"][0]["message"]["content"] == "extra of the other: hi"
+    assert "tools.first: 't_extra' is also a tool of MCP server 'other'" in caplog.text
+
+
 def proxy_registry(proxy: Proxy) -> Any:
     app = proxy.client._transport.app  # type: ignore[attr-defined]
     return app.services().registry
