@@ -10,14 +10,14 @@ era: sessions with an `mcp-session-id` and `notifications/tools/list_changed` on
 Its tools succeed, fail, sleep, return structured content, die mid-call, and change the tool
 list. `wordy` adds a tool whose description is 100 KiB long (its tool list is one long
 message); `dotted` adds `x.y` and `x_y`; `extra` lists from the start the tool `grow` adds
-(saying it is this server's, `extra of the other: ...`). `gzip` compresses answers of 500
-bytes and more for clients that accept it (Starlette's middleware), `gzip-always` for every client. `outside`
-answers requests for `upstream.test` too (a name an egress proxy resolves to it, tests/web_proxy.py)
-where the SDK's guard against DNS rebinding answers only those for loopback names. `cutting`
-adds a tool `cut` whose call's answer (an event stream) is cut off after its first bytes, as a
-balancer ending a long call would. `patterned` adds a tool `word` whose output schema has a
-pattern that a backtracking matcher takes exponential time to search its result with (the
-server's own check, Rust's `regex`, is linear).
+(saying it is this server's, `extra of the other: ...`). `gzip` compresses answers of 500 bytes
+and more for clients that accept it (Starlette's middleware), `gzip-always` for every client.
+`outside` answers requests for `upstream.test` too (a name an egress proxy resolves to it,
+tests/web_proxy.py) where the SDK's guard against DNS rebinding answers only those for loopback
+names. `cutting` adds a tool `cut` whose call's answer (an event stream) is cut off after its
+first bytes, as a balancer ending a long call would. `patterned` adds a tool `word` whose
+output schema has a pattern that a backtracking matcher takes exponential time to search its
+result with (the server's own check, Rust's `regex`, is linear).
 """
 
 from __future__ import annotations
