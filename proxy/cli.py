@@ -134,7 +134,7 @@ async def _list_tools(config: Config) -> int:
         failed = 0
         for source in registry.missing():
             failed += 1
-            print(f"tools.{source.name}: {source.describe()}: {source.error}", file=sys.stderr)
+            print(f"tools.{source.name}: {source.located()}: {source.error}", file=sys.stderr)
         for problem in registry.problems:
             print(problem, file=sys.stderr)
         for name, tool in registry.tools.items():

@@ -10,6 +10,7 @@ import logging
 import math
 import os
 import shutil
+import urllib.parse
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Literal
 
@@ -22,6 +23,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from proxy.config.tools import ToolConfig
+from proxy.redaction import redacted
 from proxy.tools.base import ToolFailed
 from proxy.tools.mcp_transport import (
     CONNECTION_ENDED,
@@ -115,8 +117,28 @@ class McpSource:
         return self.state == "connected" and not self._dropped.is_set()
 
     def describe(self) -> str:
-        where = self.cfg.url or " ".join(self.cfg.command or [])
-        return f"MCP server {self.name!r} ({where})"
+        """The server as a model or a client reads of it: its name alone (its URL or command
+        line may hold a token)."""
+        return f"MCP server {self.name!r}"
+
+    def located(self) -> str:
+        """The server as the proxy's log and `check` name it: its URL's scheme, host and port,
+        or its program (no path, query, user or argument: they may hold a token)."""
+        if self.cfg.url is not None:
+            url = urllib.parse.urlsplit(self.cfg.url)
+            where = f"{url.scheme}://{url.hostname or ''}" + (f":{url.port}" if url.port else "")
+        else:
+            where = os.path.basename((self.cfg.command or [""])[0])
+        return f"{self.describe()} ({where})"
+
+    def not_connected(self) -> str:
+        """Why a call cannot be made now, as its tool error says it."""
+        reason = f": {self._told(self.error)}" if self.error else ""
+        return f"{self.describe()} is not connected{reason}; retry later"
+
+    def _told(self, reason: str | None) -> str:
+        """A reason the session failed, as a client may read it: without the server's URL."""
+        return redacted(reason or "", [self.cfg.url, (self.cfg.url or "").split("?")[0]])
 
     async def start(self) -> None:
         """Starts the session's task; returns when the first attempt to connect has ended
@@ -145,14 +167,15 @@ class McpSource:
             async with self._calls:
                 client = self._client  # the session's now: a call may have waited its turn
                 if client is None or not self.connected:
-                    reason = f": {self.error}" if self.error else ""
-                    raise ToolFailed(f"{self.describe()} is not connected{reason}; retry later")
+                    raise ToolFailed(self.not_connected())
                 return await client.call_tool(tool, arguments)
         except MCPError as exc:
             if _session_gone(exc.error, self.cfg.url is not None):
                 cause = self.error if self._dropped.is_set() else None  # why, if known
                 self._drop(f"the session dropped during the call: {exc.error.message}")
-                message = f"{self.describe()} dropped the call: {cause or exc.error.message}"
+                message = (
+                    f"{self.describe()} dropped the call: {self._told(cause or exc.error.message)}"
+                )
                 raise ToolFailed(message) from None
             raise ToolFailed(f"{self.describe()} refused the call: {exc.error.message}") from None
         except DROPPED_ERRORS as exc:
@@ -182,9 +205,9 @@ class McpSource:
                 break
             if was_connected:
                 delay = FIRST_RETRY_S
-                log.warning("%s disconnected: %s; reconnecting", self.describe(), self.error)
+                log.warning("%s disconnected: %s; reconnecting", self.located(), self.error)
             else:
-                log.warning("%s: cannot connect: %s", self.describe(), self.error)
+                log.warning("%s: cannot connect: %s", self.located(), self.error)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._closing.wait(), delay)
             delay = min(delay * 2, self.cfg.reconnect_max_s)
@@ -214,7 +237,7 @@ class McpSource:
                 self.state = "connected"
                 self.error = None
                 self._attempted.set()
-                log.info("%s connected: %d tools", self.describe(), len(self.tools))
+                log.info("%s connected: %d tools", self.located(), len(self.tools))
                 self._published()
                 if _announces_changes(client):
                     group.start_soon(self._listen, client)
@@ -246,7 +269,7 @@ class McpSource:
             except Exception as exc:  # the session's end, if it came first, is why
                 self.error = self._ended or f"the tool list could not be read again: {_reason(exc)}"
                 return
-            log.info("%s changed its tools: %d tools", self.describe(), len(self.tools))
+            log.info("%s changed its tools: %d tools", self.located(), len(self.tools))
             self._published()
 
     async def _list(self, client: Client) -> None:
@@ -301,7 +324,7 @@ class McpSource:
             try:
                 listener(self)
             except Exception:
-                log.exception("a listener of %s failed", self.describe())
+                log.exception("a listener of %s failed", self.located())
 
 
 def _announces_changes(client: Client) -> bool:

@@ -117,9 +117,7 @@ def unavailable_tool(source: McpSource, exposed: str, default_max_output_bytes: 
         why = f"{source.describe()} is not connected yet"
 
     async def invoke(arguments: dict[str, Any], ctx: ToolContext) -> str:
-        if source.listed and not source.connected:
-            raise ToolFailed(f"{source.describe()} is not connected; retry later")
-        raise ToolFailed(why)
+        raise ToolFailed(why if source.connected else source.not_connected())
 
     spec = ToolSpec(
         exposed,

@@ -173,7 +173,7 @@ class ToolRegistry:
         for source in self.missing():
             if source.cfg.required:
                 problems.append(
-                    f"tools.{source.name}: required {source.describe()} did not connect:"
+                    f"tools.{source.name}: required {source.located()} did not connect:"
                     f" {source.error or 'no answer'}"
                 )
         for name in sorted(self.stand_ins & self.server_references):
@@ -182,7 +182,7 @@ class ToolRegistry:
                 offered = ", ".join(self.groups[source.name][:50]) or "none"
                 problems.append(
                     f"tools.{source.name}: the config names {name!r}, which"
-                    f" {source.describe()} does not expose (it exposes: {offered})"
+                    f" {source.located()} does not expose (it exposes: {offered})"
                 )
         if problems:
             raise SourcesUnavailable("\n".join(problems))

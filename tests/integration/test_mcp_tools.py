@@ -222,7 +222,7 @@ async def test_a_tool_list_over_the_bound_when_listed_again_is_why_the_session_e
         await wait_for(lambda: "disconnected" in caplog.text)
     (line,) = [r.getMessage() for r in caplog.records if "disconnected" in r.getMessage()]
     assert line == (
-        f"{source.describe()} disconnected: the server sent a message larger than 65536 bytes "
+        f"{source.located()} disconnected: the server sent a message larger than 65536 bytes "
         "(max_message_bytes); reconnecting"
     )
 
@@ -371,6 +371,25 @@ async def test_an_optional_source_missing_is_named_by_readyz(proxy_for: ProxyFac
     assert [m["source"] for m in ready.json()["mcp_missing"]] == ["gone"]
     assert response.status_code == 200  # the agent compiled with a stand-in for m_lookup
     assert "is not connected" in orjson.loads(tool_messages(proxy, 1)[0])["error"]
+
+
+async def test_what_the_model_reads_of_a_source_holds_no_token_of_its_url(
+    proxy_for: ProxyFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A token in the URL's path or query (as hosted MCP servers give them) reached the model in
+    the stand-in's description and in every tool error; the log names the host alone."""
+    url = f"http://127.0.0.1:{free_port()}/s/PATHTOKEN1234567890/mcp?api_key=QUERYTOKEN1234567890"
+    entry = {"kind": "mcp", "url": url, "prefix": "h_", "connect_timeout_s": 1}
+    agents = {"uses": {"model": "scripted", "tools": ["h_search"]}}
+    async with proxy_for({"tools": {"hosted": entry}, "agents": agents}) as proxy:
+        proxy.upstream.script(call("h_search"), say_tool_result())
+        await proxy.chat(model="uses", messages=user("search"))
+    offered_tools = orjson.dumps(proxy.upstream.bodies[0]["tools"]).decode()
+    error = orjson.loads(tool_messages(proxy, 1)[0])["error"]
+    assert "MCP server 'hosted' is not connected: " in error
+    for told in (offered_tools, error, caplog.text):
+        assert "TOKEN1234567890" not in told
+    assert "MCP server 'hosted' (http://127.0.0.1:" in caplog.text
 
 
 async def test_a_name_the_server_does_not_expose_stops_start_up(proxy_for: ProxyFactory) -> None:
