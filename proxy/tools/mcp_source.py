@@ -9,6 +9,7 @@ import contextlib
 import logging
 import math
 import os
+import re
 import shutil
 import urllib.parse
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -44,8 +45,10 @@ CLOSE_TIMEOUT_S = 10.0  # for a session to end on shutdown (a stdio child gets 4
 # and what a streamable HTTP server's 404 for a session it no longer knows (a restarted server)
 # becomes: -32600 "Session terminated" (the SDK's), or the server's own error, "Session not
 # found" (-32600 from Python servers, -32001 from TypeScript ones). Another -32600 is a server's
-# answer to one call (a quota, say): that call fails, the session stays.
+# answer to one call (a quota, an OAuth session of its own that expired), and any over stdio,
+# which has no sessions: that call fails, the session stays.
 SESSION_GONE_CODES = frozenset({mcp_types.INVALID_REQUEST, -32001})
+SESSION_GONE = re.compile(r"session (?:id )?(?:not found|terminated)|(?:unknown|invalid) session")
 # Over streamable HTTP, the SDK's closed connection is one call's answer cut short (a balancer
 # ending a long call): that call fails; an ended transport is seen where it ends (`on_end`).
 
@@ -53,7 +56,9 @@ SESSION_GONE_CODES = frozenset({mcp_types.INVALID_REQUEST, -32001})
 def _session_gone(error: mcp_types.ErrorData, over_http: bool) -> bool:
     if error.code == mcp_types.CONNECTION_CLOSED:
         return not over_http
-    return error.code in SESSION_GONE_CODES and "session" in error.message.lower()
+    if not over_http or error.code not in SESSION_GONE_CODES:
+        return False
+    return SESSION_GONE.search(error.message.lower()) is not None
 
 
 DROPPED_ERRORS = (

@@ -123,16 +123,20 @@ async def test_a_stdio_child_that_dies_mid_call_is_a_tool_error_and_is_restarted
     assert old_pid != new_pid
 
 
+@pytest.mark.parametrize(
+    "message", ["quota exceeded for this tool", "your OAuth session has expired"]
+)
 async def test_a_call_refused_with_an_invalid_request_error_leaves_the_session_up(
-    proxy_for: ProxyFactory,
+    proxy_for: ProxyFactory, message: str
 ) -> None:
-    """-32600 is also what the SDK makes of a session the server no longer knows, but a server
-    may answer one call with it: only that call fails."""
+    """-32600 is also what the SDK makes of a session the server no longer knows (over HTTP),
+    but a server may answer one call with it, whatever it says of a session: only that call
+    fails (a stdio server was restarted, the calls beside it failed)."""
     async with proxy_for(config()) as proxy:
         proxy.upstream.script(
             call("t_pid"),
             say_tool_result(),
-            call("t_refuse"),
+            call("t_refuse", message=message),
             say("refused"),
             call("t_pid"),
             say_tool_result(),
@@ -142,7 +146,7 @@ async def test_a_call_refused_with_an_invalid_request_error_leaves_the_session_u
         after = await proxy.chat(model="mcp", messages=user("pid again"))
     assert refused.status_code == 200
     error = orjson.loads(tool_messages(proxy, 3)[0])["error"]
-    assert "refused the call: quota exceeded for this tool" in error
+    assert f"refused the call: {message}" in error
     assert first.json()["choices"][0]["message"]["content"].isdigit()
     assert (
         after.json()["choices"][0]["message"]["content"]
