@@ -1,6 +1,6 @@
 """An MCP server for the tests, written with the `mcp` package's server API.
 
-    python tests/mcp_server.py stdio [wordy] [dotted] [extra]  # over stdio (the proxy's child)
+    python tests/mcp_server.py stdio [wordy] [dotted] [extra] [slow-relist]  # the proxy's child
     python tests/mcp_server.py http PORT [legacy] [gzip | gzip-always] [outside] [cutting]
                                                    [patterned]
                                                    # streamable HTTP on 127.0.0.1:PORT/mcp
@@ -10,7 +10,8 @@ era: sessions with an `mcp-session-id` and `notifications/tools/list_changed` on
 Its tools succeed, fail, sleep, return structured content, die mid-call, and change the tool
 list. `wordy` adds a tool whose description is 100 KiB long (its tool list is one long
 message); `dotted` adds `x.y` and `x_y`; `extra` lists from the start the tool `grow` adds
-(saying it is this server's, `extra of the other: ...`). `gzip` compresses answers of 500 bytes
+(saying it is this server's, `extra of the other: ...`); `slow-relist` answers every tool list
+after the first in 5 s. `gzip` compresses answers of 500 bytes
 and more for clients that accept it (Starlette's middleware), `gzip-always` for every client.
 `outside` answers requests for `upstream.test` too (a name an egress proxy resolves to it,
 tests/web_proxy.py) where the SDK's guard against DNS rebinding answers only those for loopback
@@ -27,6 +28,7 @@ import os
 import sys
 from typing import Any, TypedDict
 
+import anyio
 import uvicorn
 from mcp.server import MCPServer
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
@@ -180,9 +182,24 @@ async def refuse_discover(
     return await call_next(ctx)
 
 
+async def slow_relist(ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
+    """Every tool list after the first takes RELIST_S."""
+    if ctx.method == "tools/list":
+        if LISTED:
+            await anyio.sleep(RELIST_S)
+        LISTED.append(True)
+    return await call_next(ctx)
+
+
+LISTED: list[bool] = []
+RELIST_S = 5.0
+
+
 def main(argv: list[str]) -> None:
     options = argv[1:]
     server = build(wordy="wordy" in options, dotted="dotted" in options, extra="extra" in options)
+    if "slow-relist" in options:
+        server.middleware.append(slow_relist)
     if argv[0] == "stdio":
         server.run("stdio")
         return

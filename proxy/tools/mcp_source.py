@@ -271,9 +271,17 @@ class McpSource:
             try:
                 with anyio.fail_after(self.cfg.connect_timeout_s):
                     await self._list(client)
-            except Exception as exc:  # the session's end, if it came first, is why
-                self.error = self._ended or f"the tool list could not be read again: {_reason(exc)}"
-                return
+            except Exception as exc:
+                if self._ended or self._dropped.is_set():  # the session's end: that is why
+                    self.error = self._ended or self.error
+                    return
+                log.warning(  # slow or refused: the calls and the session go on
+                    "%s: its changed tool list could not be read again: %s; the tools stay as "
+                    "last listed",
+                    self.located(),
+                    _reason(exc),
+                )
+                continue
             log.info("%s changed its tools: %d tools", self.located(), len(self.tools))
             self._published()
 

@@ -300,6 +300,29 @@ async def test_a_changed_tool_list_is_read_again_without_a_restart(
     assert response.json()["choices"][0]["message"]["content"] == "extra: new"
 
 
+async def test_a_changed_list_read_too_slowly_keeps_the_session_and_the_tools_as_listed(
+    proxy_for: ProxyFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The list's read again takes longer than `connect_timeout_s`: it is given up, and the
+    session goes on (it ended, and failed the call in flight)."""
+    entry = stdio_entry(connect_timeout_s=1)
+    entry["command"] = [*entry["command"], "slow-relist"]
+    async with proxy_for({"tools": {"srv": entry}, "agents": AGENTS}) as proxy:
+        source = proxy_source(proxy)
+        proxy.upstream.script(
+            call("t_nap", seconds=3), call("t_grow"), say("grown"), say_tool_result()
+        )
+        napping = asyncio.ensure_future(proxy.chat(model="mcp", messages=user("nap")))
+        await wait_for(lambda: len(proxy.upstream.bodies) == 1)
+        await asyncio.sleep(0.3)  # the nap under way
+        await proxy.chat(model="mcp", messages=user("grow"))
+        await wait_for(lambda: "could not be read again" in caplog.text)
+        napped = await napping
+        assert source.connected
+    assert napped.json()["choices"][0]["message"]["content"] == "slept 3s"
+    assert "the tools stay as last listed" in caplog.text
+
+
 async def test_tool_lists_changed_in_a_burst_are_read_at_most_once_a_second(
     proxy_for: ProxyFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
