@@ -204,8 +204,6 @@ def _serve(path: str | None, overrides: dict[str, Any]) -> int:
         except ValueError as exc:  # telemetry settings from the environment
             print(str(exc), file=sys.stderr)
             return 1
-        host, port = listening.getsockname()[:2]  # the port a `--port 0` was given
-        logging.getLogger("proxy").info("serving on %s:%d", host, port)
         return 0 if serve(app, server, listening, probes) else 1
 
 

@@ -14,7 +14,7 @@ from opentelemetry.trace import NoOpTracerProvider, TracerProvider
 from prometheus_client import CollectorRegistry
 from starlette.applications import Starlette
 from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from proxy.api.admission import Admission
 from proxy.api.asgi import ErrorBoundary
@@ -65,8 +65,24 @@ class ProxyApp(Starlette):
     served: ASGIApp  # `route` inside the error boundary, inside the HTTP telemetry
     services: Callable[[], Services]  # while the lifespan runs: the wired services
 
+    start_up_told = False  # a start-up that failed for a reason the log has said already
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self.served(scope, receive, self._told_once(send))
+            return
         await self.served(scope, receive, send)
+
+    def _told_once(self, send: Send) -> Send:
+        """The lifespan's messages, but the traceback of a start-up failure already told (the
+        server would log it again, under the reason)."""
+
+        async def sending(message: Message) -> None:
+            if message["type"] == "lifespan.startup.failed" and self.start_up_told:
+                message = {**message, "message": ""}
+            await send(message)
+
+        return sending
 
     async def route(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
@@ -158,6 +174,7 @@ def create_app(
                     await services.open_sources()
                 except SourcesUnavailable as exc:
                     log.error("start-up failed:\n%s", exc)
+                    app.start_up_told = True  # type: ignore[attr-defined]
                     raise
                 holder["services"] = services
                 # Other workers' scrapes read this one's metrics from its files: applied there

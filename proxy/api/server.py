@@ -33,6 +33,8 @@ from uvicorn.server import ServerState
 from proxy.config.server import ServerConfig
 from proxy.errors import HeadersTooLarge, InvalidRequest, NotFound, ProxyError, ServerBusy
 
+log = logging.getLogger(__name__)
+
 # The most bytes a request's line and headers may take (an OpenAI client sends a few hundred).
 MAX_HEAD_BYTES = 64 * 1024
 
@@ -159,10 +161,13 @@ class _Server(uvicorn.Server):
         self.probe_protocol = guarded_protocol(PROBE_CONNECTIONS, header_timeout_s, probes=True)
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().startup(sockets)
+        await super().startup(sockets)  # (SystemExit when the app did not start)
         if self.probes is not None:
             await self._serve_probes(self.probes)
         settle_runtime()
+        for sock in sockets or ():  # the port a `--port 0` was given
+            host, port = sock.getsockname()[:2]
+            log.info("serving on %s:%d", host, port)
 
     async def _serve_probes(self, sock: socket.socket) -> None:
         def connect() -> asyncio.Protocol:
@@ -412,5 +417,8 @@ def serve(
     config = uvicorn.Config(app, **options)  # (which sets up uvicorn's loggers)
     logging.getLogger("uvicorn.error").addFilter(UNFINISHED_ON_PURPOSE)  # once: same object
     served = _Server(config, probes, server.header_timeout_s)
-    served.run(sockets=[sock] if sock else None)
+    try:
+        served.run(sockets=[sock] if sock else None)
+    except SystemExit:  # uvicorn's answer to a lifespan that failed: told, and not started
+        return False
     return served.started

@@ -63,3 +63,27 @@ async def test_a_relayed_answer_cut_after_it_began_is_logged_once_with_its_cause
     text = log.read_text()
     assert text.count(cause) == 1, text
     assert "ASGI callable" not in text, text
+
+
+def test_a_start_up_that_fails_says_why_once_and_exits_1(tmp_path: Path) -> None:
+    """A required MCP server that does not connect: its reason, no traceback, no claim to be
+    serving, and the exit status README gives (uvicorn's own was 3)."""
+    never = [sys.executable, "-c", "pass"]  # a server that exits at once
+    config = {
+        "upstreams": {"main": {"base_url": "http://127.0.0.1:9/v1"}},
+        "default_upstream": "main",
+        "tools": {"gone": {"kind": "mcp", "command": never, "required": True}},
+    }
+    (tmp_path / "loopwarden.yaml").write_text(yaml.safe_dump(config))
+    args = ["-m", "proxy", "serve", "--config", str(tmp_path / "loopwarden.yaml")]
+    done = subprocess.run(
+        [sys.executable, *args, "--port", str(free_port())],
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1, done.stderr
+    assert "tools.gone: required MCP server 'gone' (python" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert "serving on" not in done.stderr
