@@ -19,7 +19,9 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import re
+import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
@@ -77,6 +79,33 @@ async def lines(stream: ByteReceiveStream, limit: int) -> AsyncIterator[bytes]:
             raise MessageTooLarge(too_large(limit))
 
 
+class LineNotices:
+    """Lines that are no message (a server that logs to its stdout), told in one line each, at
+    most one a second: a server writing 200,000 such lines made 600,000 lines of log."""
+
+    def __init__(self) -> None:
+        self.told_at = -math.inf
+        self.untold = 0
+
+    def tell(self, line: bytes, error: ValueError) -> None:
+        now = time.monotonic()
+        if now - self.told_at < 1.0:
+            self.untold += 1
+            return
+        more = f" ({self.untold} more such lines since the last told)" if self.untold else ""
+        self.told_at, self.untold = now, 0
+        why = (str(error).splitlines() or [""])[0][:200]
+        log.warning(
+            "an MCP server sent a line that is not a JSON-RPC message (%r…: %s)%s",
+            line[:80],
+            why,
+            more,
+        )
+
+
+_NOT_MESSAGES = LineNotices()
+
+
 def message(line: bytes) -> SessionMessage | Exception:
     """A line as the session takes it: a message, or the error that it is not one. An answer
     the SDK cannot read (nested deeper than it parses, a lone surrogate in a string) whose
@@ -84,7 +113,7 @@ def message(line: bytes) -> SessionMessage | Exception:
     try:
         return SessionMessage(mcp_types.jsonrpc_message_adapter.validate_json(line, by_name=False))
     except ValueError as exc:
-        log.warning("an MCP server sent a line that is not a JSON-RPC message: %s", exc)
+        _NOT_MESSAGES.tell(line, exc)
         request = _answered(line)
         if request is None:
             return exc

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import logging
+
 import anyio
 import mcp_types
 import pytest
 from anyio.abc import ByteReceiveStream
 
-from proxy.tools.mcp_stdio import MessageTooLarge, lines, message
+from proxy.tools.mcp_stdio import LineNotices, MessageTooLarge, lines, message
 
 TEXT = b'{"jsonrpc":"2.0","id":1,"result":{}}\n\n{"a":"b\\\\n"}\r\nlast\n'
 
@@ -101,3 +103,22 @@ def test_an_answer_the_sdk_cannot_read_is_its_requests_error(line: bytes, answer
 )
 def test_a_line_that_answers_no_request_is_only_an_error(line: bytes) -> None:
     assert isinstance(message(line), ValueError)
+
+
+def test_lines_that_are_no_message_are_told_in_one_line_at_most_once_a_second(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A server that logs to its stdout: 1,000 such lines are one warning of one line, then a
+    count (200,000 lines made 600,000 lines of log, a warning of three lines each)."""
+    error = message(b"INFO: starting")  # pydantic's error, of several lines
+    assert isinstance(error, ValueError)
+    assert "\n" in str(error)
+    notices = LineNotices()
+    with caplog.at_level(logging.WARNING, logger="proxy.tools.mcp_stdio"):
+        caplog.clear()
+        for i in range(1000):
+            notices.tell(b"INFO: starting worker %d" % i, error)
+    told = [r.getMessage() for r in caplog.records]
+    assert 1 <= len(told) <= 2  # the first, and maybe one a second later, with a count
+    assert "\n" not in told[0]
+    assert "b'INFO: starting worker 0'" in told[0]
