@@ -409,6 +409,7 @@ def serve(
         "log_level": "warning",
         "access_log": False,
         "proxy_headers": False,  # the client's address is never used: no layer to rewrite it
+        "server_header": False,  # `server: uvicorn`: nothing a client needs, checked per answer
         "timeout_graceful_shutdown": 30,
         "timeout_keep_alive": server.keep_alive_timeout_s,
         "http": guarded_protocol(server.connection_limit(), server.header_timeout_s),

@@ -24,16 +24,6 @@ class Usage:
     # prompt_tokens_details / completion_tokens_details as the upstream gave them.
     details: dict[str, Any] = field(default_factory=dict)
 
-    @classmethod
-    def from_openai(cls, raw: Any) -> Usage:
-        if not isinstance(raw, dict):
-            return cls()
-        prompt = _int(raw.get("prompt_tokens"))
-        completion = _int(raw.get("completion_tokens"))
-        total = _int(raw.get("total_tokens")) or prompt + completion
-        details = {k: v for k, v in raw.items() if k.endswith("_details") and isinstance(v, dict)}
-        return cls(prompt, completion, total, details)
-
     def add(self, other: Usage) -> None:
         self.prompt_tokens += other.prompt_tokens
         self.completion_tokens += other.completion_tokens
@@ -48,7 +38,3 @@ class Usage:
         }
         out.update(self.details)
         return out
-
-
-def _int(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0

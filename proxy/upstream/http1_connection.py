@@ -87,6 +87,8 @@ class Connection(asyncio.Protocol):
         except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
             answer.fail(NotHttp(answer.refused or str(exc)))
             self.close()
+            return
+        answer.wake()  # once for all the read held: its head, body chunks, end
 
     def eof_received(self) -> bool:
         return False  # the transport closes itself: connection_lost follows
@@ -186,7 +188,6 @@ class Answer:
         "_error",
         "_head",
         "_headers",
-        "_lower",
         "_paused",
         "_read_s",
         "_reusable",
@@ -201,9 +202,8 @@ class Answer:
         self._connection: Connection | None = connection
         self._read_s = read_s
         self.status = 0
-        self._headers: list[tuple[bytes, bytes]] = []
+        self._headers: list[tuple[bytes, bytes, bytes]] = []  # (name in lower case, name, value)
         self._head = 0  # bytes of header fields so far
-        self._lower: dict[str, str] | None = None
         self._chunks: list[bytes] = []
         self._size = 0
         self._paused = False
@@ -227,8 +227,8 @@ class Answer:
                 f"{MAX_HEAD} bytes of them"
             )
             raise ValueError(self.refused)  # stops the parser: feed_data raises
-        self._headers.append((name, value))
         lower = name.lower()
+        self._headers.append((lower, name, value))
         if lower == b"content-length" or (
             lower == b"transfer-encoding" and b"chunked" in value.lower()
         ):
@@ -246,7 +246,6 @@ class Answer:
         self.status = status
         if status in (204, 304):
             self._until_close = False
-        self._wake()
 
     def feed(self, body: bytes) -> None:
         if self._draining:
@@ -259,14 +258,12 @@ class Answer:
         if self._size > HIGH_WATER and not self._paused and self._connection is not None:
             self._paused = True
             self._connection.pause_reading()
-        self._wake()
 
     def complete(self, keep_alive: bool) -> None:
         if self.status == 0:
             return  # the end of an interim answer
         self._done = True
         self._reusable = keep_alive
-        self._wake()
         if self._draining:
             self._release()
 
@@ -282,14 +279,16 @@ class Answer:
                 else f"the connection to the upstream was lost ({type(exc).__name__}: {exc})"
             )
         self._connection = None
-        self._wake()
+        self.wake()
 
     def fail(self, error: TransportError) -> None:
         if self._error is None and not self._done:
             self._error = error
-        self._wake()
+        self.wake()
 
-    def _wake(self) -> None:
+    def wake(self) -> None:
+        """Wakes the reader: as the answer fails or ends with the connection, and once the
+        connection parsed a read (not by `started`, `feed`, `complete` each)."""
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
@@ -309,15 +308,15 @@ class Answer:
             await self._wait()
 
     def header(self, name: str) -> str | None:
-        lower = self._lower
-        if lower is None:
-            lower = self._lower = {}
-            for key, value in self._headers:
-                lower.setdefault(key.decode("latin-1").lower(), value.decode("latin-1"))
-        return lower.get(name.lower())
+        # Looked up once or twice per answer: a scan, not a dict of all 20-odd fields.
+        wanted = name.lower().encode("latin-1")
+        for key, _, value in self._headers:
+            if key == wanted:
+                return value.decode("latin-1")
+        return None
 
     def raw_headers(self) -> list[tuple[bytes, bytes]]:
-        return list(self._headers)
+        return [(name, value) for _, name, value in self._headers]
 
     def chunks(self) -> Answer:
         return self

@@ -23,8 +23,6 @@ from proxy.json_values import MAX_DEPTH, too_deep
 
 log = logging.getLogger(__name__)
 
-TOKEN_FIELDS = ("prompt_tokens", "completion_tokens", "total_tokens")
-
 
 class MalformedReply(ValueError):
     """A reply whose shape is not a Chat Completions reply; the message names the field."""
@@ -236,22 +234,34 @@ def reported_usage(raw: Any, path: str) -> tuple[Usage, float | None]:
     is logged."""
     if raw is None:
         return Usage(), None
-    raw = dict(_object(raw, path))
-    for name in TOKEN_FIELDS:
-        value = raw.get(name)
-        if _number(value) and value < 0:
-            log.warning("upstream reported %s.%s = %s; counted as 0", path, name, value)
-            raw[name] = 0
-    for name, details in list(raw.items()):
-        if name.endswith("_details") and isinstance(details, dict):
-            raw[name] = _sane_details(details, f"{path}.{name}")
+    raw = _object(raw, path)
+    prompt = _tokens(raw, "prompt_tokens", path)
+    completion = _tokens(raw, "completion_tokens", path)
+    total = _tokens(raw, "total_tokens", path) or prompt + completion
+    details = {
+        name: _sane_details(value, f"{path}.{name}")
+        for name, value in raw.items()
+        if name.endswith("_details") and isinstance(value, dict)
+    }
     cost = raw.get("cost")
     if cost is not None and not (
         _number(cost) and _finite_and_not_negative(cost) and cost <= MAX_REPORTED_COST_USD
     ):
         log.warning("upstream reported %s.cost = %r; not believed", path, cost)
         cost = None
-    return Usage.from_openai(raw), float(cost) if cost is not None else None
+    return Usage(prompt, completion, total, details), float(cost) if cost is not None else None
+
+
+def _tokens(usage: dict[str, Any], name: str, path: str) -> int:
+    """A token count of `usage`: 0 for one below zero (logged), and for any value that is not
+    an integer (a float, a string, none)."""
+    value = usage.get(name)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return 0
+    if value < 0:
+        log.warning("upstream reported %s.%s = %s; counted as 0", path, name, value)
+        return 0
+    return value if isinstance(value, int) else 0
 
 
 def unique_ids(calls: Iterable[ToolCall]) -> list[ToolCall]:

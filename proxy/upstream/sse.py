@@ -61,6 +61,9 @@ class SSEDecoder:
                     self._lines(block + b"\n\n", events)
                 if self.done:
                     return
+            if not chunk:  # it ended with an event, as a read mostly does
+                self._pieces, self._pieces_size = [], 0
+                return
         self._lines(chunk, events)
 
     def _lines(self, text: bytes, events: list[bytes]) -> None:
