@@ -195,7 +195,8 @@ def _serve(path: str | None, overrides: dict[str, Any]) -> int:
                 return serve(app, server, sock, probes)
 
             return supervise(server.workers, listening, work)
-        from proxy.api.workers import MULTIPROC_ENV, metrics_directory
+        from proxy.api.workers import metrics_directory
+        from proxy.telemetry.metrics import MULTIPROC_ENV
 
         if os.environ.get(MULTIPROC_ENV):  # one process in multiprocess mode all the same
             metrics_directory()  # emptied of what a process before this one left

@@ -25,9 +25,10 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from proxy.telemetry.metrics import MULTIPROC_ENV
+
 log = logging.getLogger(__name__)
 
-MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 NOT_STARTED = 3  # a worker's exit status when its app did not start
 PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, multiprocess
 
+from proxy import __version__
 from proxy.engine.stop import StopReason
 from proxy.telemetry.tally import Pending, Tally
 
@@ -24,13 +24,8 @@ RUN_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320)
 COUNT_BUCKETS = (0, 1, 2, 3, 5, 8, 13, 21, 34, 55, 89)
 OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25)
 TOOL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
-
-
-def package_version() -> str:
-    try:
-        return version("loopwarden")
-    except PackageNotFoundError:
-        return "unknown"
+# Where prometheus-client's multiprocess mode keeps every process's metrics (`serve --workers`).
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +143,7 @@ class Metrics:
             registry=registry,
             multiprocess_mode="max",
         )
-        self.build_info.labels(package_version()).set(1)
+        self.build_info.labels(__version__).set(1)
 
     def child(self, metric: Any, *values: str) -> Any:
         """The series `metric.labels(*values)`, counted through the tally; cached, since label
@@ -177,7 +172,7 @@ def exposition_registry(metrics: Metrics) -> CollectorRegistry:
     """What `/metrics` exposes: the metrics' registry, or, under `serve --workers`
     (prometheus-client's multiprocess mode), every worker's metrics read from the shared
     directory, this worker's pending updates applied first."""
-    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    if not os.environ.get(MULTIPROC_ENV):
         return metrics.registry
     merged = CollectorRegistry()
     merged.register(metrics.tally)

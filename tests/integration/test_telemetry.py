@@ -11,6 +11,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, Sampler, SamplingResult
 from opentelemetry.trace import SpanKind, StatusCode
 
+from proxy import __version__ as proxy_version
 from proxy.engine.stop import StopReason
 from tests.bodies import user
 from tests.integration.conftest import Proxy, ProxyFactory
@@ -215,13 +216,7 @@ async def test_every_stop_reason_series_exists_at_zero_from_start_up(proxy: Prox
     for reason in StopReason:
         labels = {"agent": "weather", "model": "scripted", "stop_reason": reason.value}
         assert proxy.registry.get_sample_value("loopwarden_runs_total", labels) == 0.0
-    assert proxy.metric("loopwarden_build_info", version=_version()) == 1
-
-
-def _version() -> str:
-    from proxy.telemetry.metrics import package_version
-
-    return package_version()
+    assert proxy.metric("loopwarden_build_info", version=proxy_version) == 1
 
 
 RUNS: list[tuple[str, tuple[Turn | Keep, ...], dict[str, Any], str]] = [
