@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Collection, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from proxy.engine import events as ev
@@ -40,6 +40,21 @@ class CallsEnded:
 
     stop: Stop
     message: dict[str, Any] | None = None
+
+
+@dataclass(slots=True)
+class _ReplyPass:
+    """One reply's calls as they are gone through: those the proxy answers and those the
+    client gets (each in the reply's order), the answers' contents by call id, the arguments
+    of each admitted call as its tool checked them, the calls kept to run together, and the
+    stop, once a call ended the run."""
+
+    answered: list[ToolCall] = field(default_factory=list)
+    client: list[ToolCall] = field(default_factory=list)
+    outputs: dict[str, str] = field(default_factory=dict)
+    checked: dict[int, dict[str, Any]] = field(default_factory=dict)
+    batch: list[ToolCall] = field(default_factory=list)
+    stop: Stop | None = None
 
 
 class ReplyCalls:
@@ -77,81 +92,89 @@ class ReplyCalls:
         """Runs the server calls of `reply` in order; None when the loop goes on. A client
         call the tool rules do not allow at its place in the reply is answered as a blocked
         server call is (SPEC §8); the others go back to the client."""
-        answered: list[ToolCall] = []  # the calls the proxy answers, in the reply's order
-        client: list[ToolCall] = []
-        outputs: dict[str, str] = {}
-        checked: dict[int, dict[str, Any]] = {}  # each admitted call's arguments, as checked
-        batch: list[ToolCall] = []
-        stop: Stop | None = None
-
-        async def flush() -> None:
-            nonlocal stop
-            if len(batch) == 1:  # a lone call runs in this task: a task of its own costs more
-                results = [await self._run(run, batch[0], checked.get(id(batch[0])))]
-            elif batch:
-                runs = (self._run(run, c, checked.get(id(c))) for c in batch)
-                results = await asyncio.gather(*runs)
-            else:
-                return
-            for call, result in zip(batch, results, strict=True):
-                outputs[call.id] = tool_content(result)
-                held = self.checkpoints.after_tool(run, call, result)
-                stop = stop or held
-            batch.clear()
-
+        calls = _ReplyPass()
         for call in reply.tool_calls:
-            block: Block | None = None
-            if self.is_client_call(call):
-                if stop is not None:  # the run has stopped: it goes nowhere
-                    continue
-                block = await self.checkpoints.refusal(run, call)
-                if block is None:
-                    client.append(call)
-                    continue
-            answered.append(call)
-            if stop is not None:  # an earlier call of this reply ended the run
-                outputs[call.id] = error_content(NOT_EXECUTED)
-                continue
-            block = block or await self._review(run, call, checked)
-            if block is not None:
-                outputs[call.id] = error_content(block.message)
-                await self.emit(
-                    ev.CallBlocked(run.run_id, run.step_count, call, block.outcome, block.message)
-                )
-                stop = block.stop
-                continue
-            if self.parallel and not (
-                call.name in self.terminal or self.checkpoints.decides_next(call)
-            ):  # a terminal tool, or one whose output the next call's review reads, runs alone
-                batch.append(call)
-                continue
-            await flush()
-            result = await self._run(run, call, checked.get(id(call)))
-            outputs[call.id] = tool_content(result)
-            held = self.checkpoints.after_tool(run, call, result)
-            stop = stop or held
-            if stop is not None and stop.reason is StopReason.TERMINAL_TOOL:
-                client = []  # the later calls of this reply are dropped, client ones too
+            if await self._go_through(run, calls, call):
                 break
-        await flush()
-
+        await self._flush(run, calls)
         earlier = [m for m in run.generated if m.get("role") in ("assistant", "tool")]
-        if answered:
+        if calls.answered:
             message = dict(reply.message)
-            message["tool_calls"] = [c.to_openai() for c in answered]
+            message["tool_calls"] = [c.to_openai() for c in calls.answered]
             run.append(message)
-            for call in answered:
-                run.append({"role": "tool", "tool_call_id": call.id, "content": outputs[call.id]})
+            for call in calls.answered:
+                content = calls.outputs[call.id]
+                run.append({"role": "tool", "tool_call_id": call.id, "content": content})
+        stop = calls.stop
         if stop is not None and stop.reason is StopReason.TERMINAL_TOOL:
             return CallsEnded(stop, {"role": "assistant", "content": run.messages[-1]["content"]})
         if stop is not None:
             return CallsEnded(stop)
-        if client:
+        if calls.client:
             return CallsEnded(
                 Stop(StopReason.CLIENT_TOOL_CALL),
-                self._hand_over(run, reply, client, answered, outputs, earlier),
+                self._hand_over(run, reply, calls.client, calls.answered, calls.outputs, earlier),
             )
         return None
+
+    async def _go_through(self, run: RunState, calls: _ReplyPass, call: ToolCall) -> bool:
+        """One call at its place in the reply: handed to the client, answered as blocked or not
+        run, run now, or kept to run with the calls beside it. True when a terminal tool that
+        succeeded drops the calls after it, the client's too."""
+        block: Block | None = None
+        if self.is_client_call(call):
+            if calls.stop is not None:  # the run has stopped: it goes nowhere
+                return False
+            block = await self.checkpoints.refusal(run, call)
+            if block is None:
+                calls.client.append(call)
+                return False
+        calls.answered.append(call)
+        if calls.stop is not None:  # an earlier call of this reply ended the run
+            calls.outputs[call.id] = error_content(NOT_EXECUTED)
+            return False
+        block = block or await self._review(run, call, calls.checked)
+        if block is not None:
+            calls.outputs[call.id] = error_content(block.message)
+            await self.emit(
+                ev.CallBlocked(run.run_id, run.step_count, call, block.outcome, block.message)
+            )
+            calls.stop = block.stop
+            return False
+        alone = call.name in self.terminal or self.checkpoints.decides_next(call)
+        if self.parallel and not alone:  # (a terminal tool, or one the next review reads)
+            calls.batch.append(call)
+            return False
+        await self._flush(run, calls)
+        result = await self._run(run, call, calls.checked.get(id(call)))
+        stop = self._settle(run, calls, call, result)
+        if stop is not None and stop.reason is StopReason.TERMINAL_TOOL:
+            calls.client = []
+            return True
+        return False
+
+    async def _flush(self, run: RunState, calls: _ReplyPass) -> None:
+        """Runs the calls kept to run together, at once."""
+        batch, calls.batch = calls.batch, []
+        if not batch:
+            return
+        if len(batch) == 1:  # a lone call runs in this task: a task of its own costs more
+            results = [await self._run(run, batch[0], calls.checked.get(id(batch[0])))]
+        else:
+            runs = (self._run(run, c, calls.checked.get(id(c))) for c in batch)
+            results = list(await asyncio.gather(*runs))
+        for call, result in zip(batch, results, strict=True):
+            self._settle(run, calls, call, result)
+
+    def _settle(
+        self, run: RunState, calls: _ReplyPass, call: ToolCall, result: ToolResult
+    ) -> Stop | None:
+        """A call ran: its output kept, and the policies told; the run's stop, if any (the
+        first one a call brought)."""
+        calls.outputs[call.id] = tool_content(result)
+        held = self.checkpoints.after_tool(run, call, result)
+        calls.stop = calls.stop or held
+        return calls.stop
 
     def _hand_over(
         self,
