@@ -89,6 +89,7 @@ class SqliteStore:
         self._timeout_s = timeout_s
         self._context_ttl = context_ttl_s
         gone = opened is not None and current(self._path) != opened
+        self._gone = gone  # for good: a file back at the path later is not this store's
         if gone:
             log.warning("the sqlite state file %s was deleted or replaced: not made anew", path)
         in_memory = self._path == ":memory:" or gone
@@ -137,7 +138,7 @@ class SqliteStore:
         self._locks = KeyedLocks()
 
     def _check_file(self) -> None:
-        if self._identity is not None and current(self._path) != self._identity:
+        if self._gone or (self._identity is not None and current(self._path) != self._identity):
             raise StateUnavailable(
                 "the state backend (sqlite) is unavailable: its file was deleted or replaced "
                 "since the proxy opened it; restart the proxy once the file is back"

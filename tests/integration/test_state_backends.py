@@ -28,6 +28,7 @@ from proxy.state.backend import open_store
 from proxy.state.memory import SWEEP_AFTER, MemoryStore
 from proxy.state.redis import RedisStore
 from proxy.state.sqlite import SqliteStore
+from proxy.state.sqlite_file import file_identity
 from proxy.state.store import RECORDS_AT_ONCE, Record, StateStore, StoredContext
 from tests.servers import free_port, redis_server
 
@@ -641,6 +642,30 @@ async def test_a_sqlite_hold_behind_a_lock_fails_within_its_timeout_once(tmp_pat
         assert held.context is None
         await held.end(None, [], 60)
     await store.close()
+
+
+async def test_a_sqlite_store_that_found_the_servers_file_gone_stays_unavailable(
+    tmp_path: Path,
+) -> None:
+    """A worker that replaces another while the file is away opens none; when the same file
+    comes back (moved away and back: the same inode) it must not serve a database of its own
+    beside the others: it stays unavailable until the server restarts."""
+    path = tmp_path / "state.db"
+    first = SqliteStore(path)
+    await first.put_record("k", "x", b"shared", 3600)
+    opened = file_identity(str(path))
+    path.rename(tmp_path / "moved.db")
+    replacing = SqliteStore(path, opened=opened)
+    (tmp_path / "moved.db").rename(path)
+    try:
+        with pytest.raises(StateUnavailable, match="deleted or replaced"):
+            await replacing.get_record("k", "x")
+        with pytest.raises(StateUnavailable):
+            await replacing.put_record("k", "y", b"lost", 3600)
+        assert await first.get_record("k", "x") == b"shared"  # the file the others serve
+    finally:
+        await replacing.close()
+        await first.close()
 
 
 async def test_sqlite_calls_take_turns_on_one_thread_of_the_store(tmp_path: Path) -> None:
