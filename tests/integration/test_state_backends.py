@@ -671,11 +671,11 @@ async def test_a_sqlite_store_that_found_the_servers_file_gone_stays_unavailable
 async def test_sqlite_calls_take_turns_on_one_thread_of_the_store(tmp_path: Path) -> None:
     """Calls in flight together do not each take a thread to wait for the connection in."""
     store = SqliteStore(tmp_path / "state.db")
-    before = {thread.ident for thread in threading.enumerate()}
+    before = set(threading.enumerate())  # (not their idents: a thread ended may give its own)
     try:
         await asyncio.gather(*(store.put_record("run", f"r{i}", b"v", 60) for i in range(64)))
         assert [await store.get_record("run", f"r{i}") for i in (0, 63)] == [b"v", b"v"]
-        started = [t.name for t in threading.enumerate() if t.ident not in before]
+        started = [t.name for t in threading.enumerate() if t not in before]
         # One for the calls, and the write-ahead log's checkpointer.
         assert sorted(started) == ["loopwarden-sqlite-checkpoint_0", "loopwarden-sqlite_0"]
     finally:
