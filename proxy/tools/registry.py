@@ -105,7 +105,16 @@ class ToolRegistry:
         offers = [offer for source in self.sources.values() for offer in _offers(source, problems)]
         ranked = sorted(offers, key=lambda offer: had.get(offer[2]) != offer[0].name)
         taken: set[int] = set()  # of the offers, by id
+        exposing: dict[str, int] = dict.fromkeys(self.sources, 0)  # tools, by source
         for source, listed, exposed in ranked:
+            if exposing[source.name] >= source.cfg.max_tools:
+                if exposing[source.name] == source.cfg.max_tools:  # told once
+                    exposing[source.name] += 1
+                    problems.append(
+                        f"tools.{source.name}: more than max_tools ({source.cfg.max_tools})"
+                        f" tools; {exposed!r} and later ones are left out"
+                    )
+                continue
             clash = tools.get(exposed)
             if clash is not None:
                 owner = f"MCP server {clash.spec.source!r}" if clash.spec.source else "the config"
@@ -121,6 +130,7 @@ class ToolRegistry:
                 problems.append(f"tools.{source.name}: tool {listed.name!r}: {exc}; it is left out")
                 continue
             taken.add(id(listed))
+            exposing[source.name] += 1
         groups: dict[str, list[str]] = {source: [] for source in self.sources}
         for source, listed, exposed in offers:  # each source's tools in the order it lists them
             if id(listed) in taken:
@@ -388,8 +398,8 @@ def _rules_and_conditions(agent: AgentConfig) -> set[str]:
 
 
 def _offers(source: McpSource, problems: list[str]) -> list[tuple[McpSource, Any, str]]:
-    """The tools a source offers, each with the name it is offered under, in its list's order:
-    within its `max_tools`, a name listed twice once; the problems told in `problems`."""
+    """The tools a source offers, each with the name it is offered under, in its list's order
+    (a name listed twice once; the problems told in `problems`)."""
     offered = [(listed, source.cfg.exposed_name(listed.name)) for listed in source.tools]
     prefix = source.cfg.prefix or ""
     start = offered_prefix(source.cfg.prefix)
@@ -408,12 +418,6 @@ def _offers(source: McpSource, problems: list[str]) -> list[tuple[McpSource, Any
                 f"tools.{source.name}: {exposed!r} is listed twice; the second is left out"
             )
             continue
-        if len(names) >= source.cfg.max_tools:
-            problems.append(
-                f"tools.{source.name}: more than max_tools ({source.cfg.max_tools}) tools;"
-                f" {exposed!r} and later ones are left out"
-            )
-            break
         names.append(exposed)
         offers.append((source, listed, exposed))
     return offers

@@ -1,0 +1,38 @@
+"""The names an MCP source's tools are offered under, as the registry gives them out."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import mcp_types
+
+from proxy.config.tools import ToolConfig
+from proxy.tools.registry import ToolRegistry
+from tests.unit.test_tools import THREADS, build_tool
+
+
+class ListingSource:
+    """What the registry reads of a connected source: its name, config and tool list."""
+
+    def __init__(self, name: str, tools: list[str], **config: Any) -> None:
+        self.name = name
+        self.cfg = ToolConfig(kind="mcp", command=["true"], **config)
+        self.tools = tuple(
+            mcp_types.Tool(name=tool, input_schema={"type": "object"}) for tool in tools
+        )
+        self.listeners: list[Any] = []
+        self.listed = self.connected = True
+
+
+def test_max_tools_counts_the_tools_a_source_exposes_not_those_left_out() -> None:
+    """A name the config has leaves the source's own tool out: it takes none of the room."""
+    echo = ToolConfig(kind="python", callable="tests.unit.test_tools:slow_echo")
+    config_tools = {"echo": build_tool("echo", echo, httpx.AsyncClient(), THREADS)}
+    source: Any = ListingSource("srv", ["echo", "a", "b", "c"], max_tools=2)
+    registry = ToolRegistry(config_tools, sources=[source])
+    assert registry.groups["srv"] == ("a", "b")
+    assert registry.problems == [
+        "tools.srv: 'echo' is also a tool of the config",
+        "tools.srv: more than max_tools (2) tools; 'c' and later ones are left out",
+    ]
