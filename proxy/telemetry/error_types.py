@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from proxy.engine.stop import StopReason
 from proxy.errors import ProxyError, UpstreamStatusError
 
 
@@ -13,3 +14,11 @@ def error_type(error: BaseException) -> str:
     if isinstance(error, ProxyError) and error.code:
         return error.code
     return type(error).__name__
+
+
+def cut_short_by(reason: StopReason) -> str:
+    """The `error.type` of a model call the run cut short, the run having stopped for `reason`:
+    the client gone (`cancelled`), else its time budget (`time_budget`: a final-answer call cut
+    by it leaves the run with the stop that called for the answer)."""
+    cut = reason if reason in (StopReason.CANCELLED, StopReason.TIME_BUDGET) else None
+    return (cut or StopReason.TIME_BUDGET).value

@@ -10,7 +10,7 @@ from typing import Any
 from proxy.engine import events as ev
 from proxy.engine.stop import StopReason
 from proxy.engine.values import ModelReply, ToolOutcome
-from proxy.telemetry.error_types import error_type
+from proxy.telemetry.error_types import cut_short_by, error_type
 from proxy.telemetry.metrics import OTHER, Labels, Metrics
 
 # (agent, model) pairs whose series are kept looked up: the model is the client's to name.
@@ -170,7 +170,7 @@ class MetricsObserver:
         series.finished(event)
         cut = self._cut_calls.pop(event.run_id, None)
         if cut is not None:
-            series.failed(cut, event.stop.reason.value)
+            series.failed(cut, cut_short_by(event.stop.reason))
         if event.run_id in self._running:
             self._cut_short(event)
 

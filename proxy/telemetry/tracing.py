@@ -17,7 +17,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
 from proxy.engine import events as ev
 from proxy.engine.stop import ERROR_STOPS
 from proxy.engine.values import ToolOutcome
-from proxy.telemetry.error_types import error_type
+from proxy.telemetry.error_types import cut_short_by, error_type
 
 
 @dataclass(slots=True)
@@ -224,7 +224,7 @@ class TracingObserver:
     def _finished(self, spans: _RunSpans, event: ev.RunFinished) -> None:
         # A chat span still open failed with the run, or was cut short by its stop (the time
         # budget, the client gone): an error of that stop reason, as a tool call's is.
-        self._end_chat(spans, event.error, event.stop.reason.value)
+        self._end_chat(spans, event.error, cut_short_by(event.stop.reason))
         task = _current_task()
         for span, token, attached_in in spans.tools.values():  # calls cut short with the run
             if task is not None and attached_in is task:  # it ran in the run's own task

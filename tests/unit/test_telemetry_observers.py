@@ -271,11 +271,22 @@ async def test_a_tool_call_cut_short_leaves_no_span_current(calls: int) -> None:
     assert all(s.status.status_code is StatusCode.ERROR for s in tools)
 
 
-def test_a_model_call_cut_short_by_the_run_is_an_error_of_the_run_s_stop_reason() -> None:
+@pytest.mark.parametrize(
+    ("reason", "cut_by"),
+    [
+        (StopReason.TIME_BUDGET, "time_budget"),
+        (StopReason.CANCELLED, "cancelled"),
+        # The final answer's call of a `max_steps` stop, cut by its time budget.
+        (StopReason.MAX_STEPS, "time_budget"),
+    ],
+)
+def test_a_model_call_cut_short_by_the_run_is_an_error_of_what_cut_it(
+    reason: StopReason, cut_by: str
+) -> None:
     """The time budget (or the client leaving) cancels the step's call: its span and its
     `error_type` say why, as a tool call's do, not `CancelledError`."""
     request = ModelRequest("gpt-x", [{"role": "user", "content": "hi"}], [], step=1)
-    stop = Stop(StopReason.TIME_BUDGET)
+    stop = Stop(reason)
     events: list[ev.RunEvent] = [
         ev.RunStarted("run_1", "agent-a", "gpt-x", None, 0.0),
         ev.StepStarted("run_1", 1, request, 0.0),
@@ -285,12 +296,12 @@ def test_a_model_call_cut_short_by_the_run_is_an_error_of_the_run_s_stop_reason(
     spans = {s.name: s for s in traced(events).get_finished_spans()}
     chat, run = spans["chat gpt-x"], spans["invoke_agent agent-a"]
     assert chat.status.status_code is StatusCode.ERROR
-    assert dict(chat.attributes or {})["error.type"] == "time_budget"
+    assert dict(chat.attributes or {})["error.type"] == cut_by
     assert run.status.status_code is StatusCode.UNSET  # a limit stop is no error of the run
     registry = CollectorRegistry()
     observer = MetricsObserver(Metrics(registry), labels())
     for event in events:
         observer.on_event(event)
     name = "gen_ai_client_operation_duration_seconds_count"
-    assert registry.get_sample_value(name, {**OPERATION, "error_type": "time_budget"}) == 1
+    assert registry.get_sample_value(name, {**OPERATION, "error_type": cut_by}) == 1
     assert registry.get_sample_value(name, {**OPERATION, "error_type": "CancelledError"}) is None
