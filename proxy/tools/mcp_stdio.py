@@ -20,6 +20,7 @@ import contextlib
 import json
 import logging
 import math
+import os
 import re
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -80,10 +81,12 @@ async def lines(stream: ByteReceiveStream, limit: int) -> AsyncIterator[bytes]:
 
 
 class LineNotices:
-    """Lines that are no message (a server that logs to its stdout), told in one line each, at
-    most one a second: a server writing 200,000 such lines made 600,000 lines of log."""
+    """The lines of one server that are no message (it logs to its stdout), told in one line
+    each, at most one a second, with a count of those not told (a server writing 200,000 such
+    lines made 600,000 lines of log)."""
 
-    def __init__(self) -> None:
+    def __init__(self, server: str) -> None:
+        self.server = server
         self.told_at = -math.inf
         self.untold = 0
 
@@ -92,28 +95,37 @@ class LineNotices:
         if now - self.told_at < 1.0:
             self.untold += 1
             return
-        more = f" ({self.untold} more such lines since the last told)" if self.untold else ""
-        self.told_at, self.untold = now, 0
+        self.told_at = now
         why = (str(error).splitlines() or [""])[0][:200]
         log.warning(
-            "an MCP server sent a line that is not a JSON-RPC message (%r…: %s)%s",
+            "MCP server %s sent a line that is not a JSON-RPC message (%r…: %s)%s",
+            self.server,
             line[:80],
             why,
-            more,
+            self._untold(),
         )
 
+    def close(self) -> None:
+        """The session ended: the count of the lines not told yet, if any."""
+        if self.untold:
+            log.warning(
+                "MCP server %s sent lines that are not messages%s", self.server, self._untold()
+            )
 
-_NOT_MESSAGES = LineNotices()
+    def _untold(self) -> str:
+        untold, self.untold = self.untold, 0
+        return f" ({untold} more such lines since the last told)" if untold else ""
 
 
-def message(line: bytes) -> SessionMessage | Exception:
+def message(line: bytes, notices: LineNotices | None = None) -> SessionMessage | Exception:
     """A line as the session takes it: a message, or the error that it is not one. An answer
     the SDK cannot read (nested deeper than it parses, a lone surrogate in a string) whose
     `id` can be read is that request's error, so that its call fails now, not at its timeout."""
     try:
         return SessionMessage(mcp_types.jsonrpc_message_adapter.validate_json(line, by_name=False))
     except ValueError as exc:
-        _NOT_MESSAGES.tell(line, exc)
+        if notices is not None:
+            notices.tell(line, exc)
         request = _answered(line)
         if request is None:
             return exc
@@ -206,13 +218,14 @@ async def stdio_client(
     stdin, stdout = stdin_of(process), stdout_of(process)
     to_session, from_server = anyio.create_memory_object_stream[SessionMessage | Exception](0)
     to_server, from_session = anyio.create_memory_object_stream[SessionMessage](0)
+    notices = LineNotices(os.path.basename(command[0]))
 
     async def relay() -> None:
         async for line in lines(stdout, max_message_bytes):
             if await holds_over(line, max_values):
                 on_end(too_many_values(max_values))
                 return
-            await to_session.send(message(line))
+            await to_session.send(message(line, notices))
 
     async def read() -> None:
         async with to_session:
@@ -246,6 +259,7 @@ async def stdio_client(
                 await _stop(process)
                 for stream in (from_server, to_server, to_session, from_session):
                     await stream.aclose()
+                notices.close()
             group.cancel_scope.cancel()
 
 
