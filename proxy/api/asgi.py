@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from typing import Any, TypeVar
 
 import orjson
@@ -15,6 +16,10 @@ from proxy.errors import BodyTooLarge, ClientDisconnected, InternalError, ProxyE
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+# Set in a request's task when the app leaves its answer unfinished on purpose, having logged
+# why (an answer cut after it began): the server's own error for it is then not logged again.
+CUT_ON_PURPOSE: ContextVar[bool] = ContextVar("loopwarden_cut_on_purpose", default=False)
 
 JSON = b"application/json"
 # How long a run goes before a task watches for its client's disconnect: a task per request
@@ -180,7 +185,10 @@ class ErrorBoundary:
                 await send_error(send, exc, exc.headers or None)
             else:  # the server closes the connection: the client sees an answer cut short
                 log.warning("%s %s cut short: %s", scope.get("method"), scope.get("path"), exc)
+                CUT_ON_PURPOSE.set(True)
         except Exception:
             log.exception("%s %s failed", scope.get("method"), scope.get("path"))
             if not started:
                 await send_error(send, InternalError())
+            else:
+                CUT_ON_PURPOSE.set(True)  # (told above, traceback and all)

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Callable, Collection
 
 from starlette.types import Receive, Scope, Send
 
-from proxy.api.asgi import bearer_token
+from proxy.api.asgi import CUT_ON_PURPOSE, bearer_token
 from proxy.api.auth import Caller
 from proxy.api.services import Services
 from proxy.deadline import Deadline
@@ -157,10 +157,12 @@ class Passthrough:
                 ) from None
             # Begun: the answer is left unfinished, and the server closes the connection.
             log.warning("upstream %s did not finish within %g s: cut", upstream.name, limit)
+            CUT_ON_PURPOSE.set(True)
         except ProxyError as exc:
             if not started:
                 raise
             log.warning("upstream %s: the relayed answer was cut: %s", upstream.name, exc)
+            CUT_ON_PURPOSE.set(True)
         finally:
             timer.disarm()
 

@@ -30,6 +30,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
+from proxy.api.asgi import CUT_ON_PURPOSE
 from proxy.config.server import ServerConfig
 from proxy.errors import HeadersTooLarge, InvalidRequest, NotFound, ProxyError, ServerBusy
 
@@ -382,12 +383,14 @@ def guarded_protocol(
 
 
 class _UnfinishedOnPurpose(logging.Filter):
-    """Drops uvicorn's error for an answer the app left unfinished, which it does only on
-    purpose (an answer cut after it began: a relayed upstream's that failed or ran past its
-    step timeout), having logged why; the server then closes the connection, as it should."""
+    """Drops uvicorn's error for an answer the app left unfinished on purpose, having logged
+    why (`CUT_ON_PURPOSE`: an answer cut after it began, a relayed upstream's that failed or
+    ran past its step timeout); the server then closes the connection, as it should. Any
+    other answer left unfinished is still told."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return record.msg != "ASGI callable returned without completing response."
+        unfinished = record.msg == "ASGI callable returned without completing response."
+        return not (unfinished and CUT_ON_PURPOSE.get())
 
 
 UNFINISHED_ON_PURPOSE = _UnfinishedOnPurpose()

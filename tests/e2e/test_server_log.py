@@ -5,6 +5,7 @@ only on purpose: the connection is closed and the client sees the answer cut).""
 from __future__ import annotations
 
 import asyncio
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -13,10 +14,13 @@ import httpx
 import pytest
 import yaml
 
+from proxy.api.asgi import CUT_ON_PURPOSE
+from proxy.api.server import UNFINISHED_ON_PURPOSE
 from proxy.demo.runner import free_port
 from tests.e2e.conftest import ROOT, wait_healthy
 from tests.faulty_upstream import FaultyUpstream, drip, stream
 
+UNFINISHED = "ASGI callable returned without completing response."
 CUTS = {
     "trickles past the step timeout": (
         drip(b'{"data": []}', every_s=0.05),
@@ -87,3 +91,15 @@ def test_a_start_up_that_fails_says_why_once_and_exits_1(tmp_path: Path) -> None
     assert "tools.gone: required MCP server 'gone' (python" in done.stderr
     assert "Traceback" not in done.stderr
     assert "serving on" not in done.stderr
+
+
+def test_only_an_answer_left_unfinished_on_purpose_goes_untold() -> None:
+    """uvicorn's error for an unfinished answer is dropped only where the app cut it and said
+    why: one a route left unfinished by mistake is still told."""
+    record = logging.LogRecord("uvicorn.error", logging.ERROR, "", 0, UNFINISHED, None, None)
+    assert UNFINISHED_ON_PURPOSE.filter(record)  # nothing said why
+    token = CUT_ON_PURPOSE.set(True)
+    try:
+        assert not UNFINISHED_ON_PURPOSE.filter(record)
+    finally:
+        CUT_ON_PURPOSE.reset(token)
