@@ -192,7 +192,7 @@ def _serve(path: str | None, overrides: dict[str, Any]) -> int:
                 except ValueError as exc:  # did not start: no worker is started again
                     print(str(exc), file=sys.stderr)
                     return False
-                return serve(app, server, sock, probes)
+                return serve(app, server, sock, probes, announce=False)
 
             return supervise(server.workers, listening, work)
         from proxy.api.workers import metrics_directory

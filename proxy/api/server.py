@@ -154,10 +154,15 @@ class _Server(uvicorn.Server):
     connections are counted apart from the clients'."""
 
     def __init__(
-        self, config: uvicorn.Config, probes: socket.socket | None, header_timeout_s: float
+        self,
+        config: uvicorn.Config,
+        probes: socket.socket | None,
+        header_timeout_s: float,
+        announce: bool,
     ) -> None:
         super().__init__(config)
         self.probes = probes
+        self.announce = announce
         self.probe_state = ServerState()
         self.probe_protocol = guarded_protocol(PROBE_CONNECTIONS, header_timeout_s, probes=True)
 
@@ -166,9 +171,10 @@ class _Server(uvicorn.Server):
         if self.probes is not None:
             await self._serve_probes(self.probes)
         settle_runtime()
-        for sock in sockets or ():  # the port a `--port 0` was given
-            host, port = sock.getsockname()[:2]
-            log.info("serving on %s:%d", host, port)
+        if self.announce:
+            for sock in sockets or ():  # the port a `--port 0` was given
+                host, port = sock.getsockname()[:2]
+                log.info("serving on %s:%d", host, port)
 
     async def _serve_probes(self, sock: socket.socket) -> None:
         def connect() -> asyncio.Protocol:
@@ -401,11 +407,13 @@ def serve(
     server: ServerConfig,
     sock: socket.socket | None = None,
     probes: socket.socket | None = None,
+    announce: bool = True,
 ) -> bool:
     """Serves `app` until the process is told to stop, on `sock` when given (a worker's share
     of the supervisor's socket), else on `server.host` and `server.port`; and its probe routes
     on `probes`, when given. False when it did not start (its lifespan failed: a required MCP
-    server did not connect, say)."""
+    server did not connect, say). `announce`: log the address once started (a worker does
+    not: its supervisor did)."""
     options: dict[str, Any] = {
         "host": server.host,
         "port": server.port,
@@ -420,7 +428,7 @@ def serve(
     }
     config = uvicorn.Config(app, **options)  # (which sets up uvicorn's loggers)
     logging.getLogger("uvicorn.error").addFilter(UNFINISHED_ON_PURPOSE)  # once: same object
-    served = _Server(config, probes, server.header_timeout_s)
+    served = _Server(config, probes, server.header_timeout_s, announce)
     try:
         served.run(sockets=[sock] if sock else None)
     except SystemExit:  # uvicorn's answer to a lifespan that failed: told, and not started
