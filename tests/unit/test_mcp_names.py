@@ -8,6 +8,7 @@ import httpx
 import mcp_types
 
 from proxy.config.tools import ToolConfig
+from proxy.tools.mcp_source import McpSource
 from proxy.tools.registry import ToolRegistry
 from tests.unit.test_tools import THREADS, build_tool
 
@@ -36,3 +37,15 @@ def test_max_tools_counts_the_tools_a_source_exposes_not_those_left_out() -> Non
         "tools.srv: 'echo' is also a tool of the config",
         "tools.srv: more than max_tools (2) tools; 'c' and later ones are left out",
     ]
+
+
+def test_why_a_source_is_not_connected_is_told_without_its_url() -> None:
+    """The reason a session failed may quote the URL (a transport's error): a tool error, which
+    the model reads, names the server alone; the log names its host."""
+    url = "https://mcp.example.test/s/PATHTOKEN1234567890/mcp?api_key=QUERYTOKEN1234567890"
+    source = McpSource("hosted", ToolConfig(kind="mcp", url=url), max_values=1000)
+    source.error = f"Client error '401 Unauthorized' for url '{url}'"
+    told = source.not_connected()
+    assert told.startswith("MCP server 'hosted' is not connected: Client error '401")
+    assert "TOKEN1234567890" not in told
+    assert source.located() == "MCP server 'hosted' (https://mcp.example.test)"
