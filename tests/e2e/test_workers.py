@@ -43,6 +43,13 @@ def config(upstream_url: str, state: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def config_file(folder: Path, state: dict[str, Any]) -> Path:
+    """The config of an upstream that is never reached, with `state`, written in `folder`."""
+    path = folder / "loopwarden.yaml"
+    path.write_text(yaml.safe_dump(config("http://127.0.0.1:9/v1", state)))
+    return path
+
+
 @contextmanager
 def serving(
     path: Path, port: int, workers: int, *more: str, metrics_dir: Path | None = None
@@ -132,9 +139,7 @@ async def test_two_workers_share_one_port_one_metrics_and_exact_thread_limits(
 
 def test_a_dead_worker_is_replaced_and_a_stop_ends_them_all(tmp_path: Path) -> None:
     port = free_port()
-    path = tmp_path / "loopwarden.yaml"
-    state = {"backend": "sqlite", "path": str(tmp_path / "state.db")}
-    path.write_text(yaml.safe_dump(config("http://127.0.0.1:9/v1", state)))
+    path = config_file(tmp_path, {"backend": "sqlite", "path": str(tmp_path / "state.db")})
     with serving(path, port, workers=2) as proc:
         until(lambda: len(workers_of(proc.pid)) == 2)
         first = workers_of(proc.pid)
@@ -179,9 +184,7 @@ def test_a_worker_that_replaces_another_does_not_make_a_deleted_state_file_anew(
 def test_workers_stop_when_their_supervisor_is_killed_outright(tmp_path: Path) -> None:
     """SIGKILL (the OOM killer) leaves no worker serving the port: a new `serve` binds it."""
     port = free_port()
-    path = tmp_path / "loopwarden.yaml"
-    state = {"backend": "sqlite", "path": str(tmp_path / "state.db")}
-    path.write_text(yaml.safe_dump(config("http://127.0.0.1:9/v1", state)))
+    path = config_file(tmp_path, {"backend": "sqlite", "path": str(tmp_path / "state.db")})
     with serving(path, port, workers=2) as proc:
         until(lambda: len(workers_of(proc.pid)) == 2)
         orphans = workers_of(proc.pid)
