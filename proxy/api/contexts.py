@@ -265,38 +265,9 @@ class ContextRuns:
         body: dict[str, Any],
         holding: Holding,
     ) -> None:
-        agent = body.get("agent")
-        if agent is not None and agent not in sv.config.agents:
-            raise InvalidRequest(f"no agent named {agent!r}", param="agent")
-        context = _open(body, holding.context, caller)
-        if context.agent is not None and context.agent not in sv.config.agents:
-            raise InvalidRequest(
-                f"context {context.id!r} was made with agent {context.agent!r}, which the "
-                "config no longer has",
-                param="context_id",
-                code="agent_not_found",
-            )
-        sv.keys.check(caller, context.agent or context.model or "", _made_with(context))
-        messages = list(context.messages)
-        if body.get("message") is not None:
-            messages.append({"role": "user", "content": body["message"]})
+        context = _opened(sv, body, holding, caller)
         cap = sv.config.state.max_context_bytes
-        if _size(messages) > cap:
-            param = "message" if body.get("message") is not None else "context_id"
-            raise BodyTooLarge(
-                f"context {context.id!r} would hold more than {cap} bytes of messages "
-                "(state.max_context_bytes)",
-                param=param,
-                code="context_too_large",
-            )
-        run_messages = list(messages)
-        if body.get("prompt"):
-            run_messages.append({"role": "system", "content": body["prompt"]})
-        if not run_messages:
-            raise InvalidRequest(
-                f"context {context.id!r} has no messages yet; send one with POST /chat",
-                param="context_id",
-            )
+        messages, run_messages = _messages(body, context, cap)
         plan = _plan(sv, body, _request(body, context, run_messages), caller)
         deps = sv.deps(plan.upstream, bearer, scope["path"])
         run = Run(plan.spec, deps)
@@ -306,19 +277,7 @@ class ContextRuns:
         if result is None:
             return
         added = kept_messages(result)
-        refused: ProxyError | None = None
-        save: StoredContext | None = None
-        if not failed(result):  # a failed run saves nothing
-            saved = messages + added
-            if _size(saved) > cap:
-                refused = BodyTooLarge(
-                    f"the run's messages would make context {context.id!r} larger than {cap} "
-                    "bytes (state.max_context_bytes); nothing was saved",
-                    param="context_id",
-                    code="context_too_large",
-                )
-            else:
-                context.messages, context.updated, save = saved, int(time.time()), context
+        save, refused = (None, None) if failed(result) else _saved(context, messages + added, cap)
         result, report = await _end(sv, holding, save, result, owner, caller)
         headers = run_headers(result.run_id)
         stopped(headers, result)
@@ -337,6 +296,69 @@ class ContextRuns:
             "loop": report,
         }
         await send_json(send, 200, reply, headers)
+
+
+def _opened(
+    sv: Services, body: dict[str, Any], holding: Holding, caller: Caller | None
+) -> StoredContext:
+    """The context the request names, as held (made anew on first use), once the caller may
+    run it and its agent is still in the config."""
+    agent = body.get("agent")
+    if agent is not None and agent not in sv.config.agents:
+        raise InvalidRequest(f"no agent named {agent!r}", param="agent")
+    context = _open(body, holding.context, caller)
+    if context.agent is not None and context.agent not in sv.config.agents:
+        raise InvalidRequest(
+            f"context {context.id!r} was made with agent {context.agent!r}, which the "
+            "config no longer has",
+            param="context_id",
+            code="agent_not_found",
+        )
+    sv.keys.check(caller, context.agent or context.model or "", _made_with(context))
+    return context
+
+
+def _messages(
+    body: dict[str, Any], context: StoredContext, cap: int
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The context's messages with the request's new one (within `cap` bytes), and what the
+    run sends: those and the request's `prompt`, for this run only."""
+    messages = list(context.messages)
+    if body.get("message") is not None:
+        messages.append({"role": "user", "content": body["message"]})
+    if _size(messages) > cap:
+        param = "message" if body.get("message") is not None else "context_id"
+        raise BodyTooLarge(
+            f"context {context.id!r} would hold more than {cap} bytes of messages "
+            "(state.max_context_bytes)",
+            param=param,
+            code="context_too_large",
+        )
+    run_messages = list(messages)
+    if body.get("prompt"):
+        run_messages.append({"role": "system", "content": body["prompt"]})
+    if not run_messages:
+        raise InvalidRequest(
+            f"context {context.id!r} has no messages yet; send one with POST /chat",
+            param="context_id",
+        )
+    return messages, run_messages
+
+
+def _saved(
+    context: StoredContext, messages: list[dict[str, Any]], cap: int
+) -> tuple[StoredContext | None, ProxyError | None]:
+    """The context to save with the run's `messages`, or why nothing is saved (over `cap`)."""
+    if _size(messages) > cap:
+        refused = BodyTooLarge(
+            f"the run's messages would make context {context.id!r} larger than {cap} "
+            "bytes (state.max_context_bytes); nothing was saved",
+            param="context_id",
+            code="context_too_large",
+        )
+        return None, refused
+    context.messages, context.updated = messages, int(time.time())
+    return context, None
 
 
 async def _end(
