@@ -24,7 +24,7 @@ from prometheus_client import CollectorRegistry
 from starlette.types import ASGIApp, Message
 
 from proxy.api.app import create_app
-from proxy.api.server import settle_runtime
+from proxy.api.runtime import settle_runtime
 from proxy.config import parse_config
 from tests.bench.policy_cost import ANSWER, JSON
 from tests.direct_asgi import body_then_stay, post_scope

@@ -5,7 +5,7 @@ alone, then while runs keep a `python` tool busy computing in its thread.
 
 The tool's thread and the event loop share the GIL; how long the loop waits for it at each
 wake-up is the interpreter's switch interval, which a serving process shortens
-(`proxy.api.server.SWITCH_INTERVAL_S`).
+(`proxy.api.runtime.SWITCH_INTERVAL_S`).
 """
 
 from __future__ import annotations

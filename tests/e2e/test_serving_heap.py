@@ -12,7 +12,7 @@ import textwrap
 import httpx
 import pytest
 
-from proxy.api.server import GC_THRESHOLDS, SWITCH_INTERVAL_S, settle_runtime
+from proxy.api.runtime import GC_THRESHOLDS, SWITCH_INTERVAL_S, settle_runtime
 from proxy.demo.runner import free_port
 from tests.e2e.conftest import ROOT, wait_healthy
 

@@ -1,4 +1,4 @@
-"""What one connection may make the server hold (`proxy.api.server.guarded_protocol`): a
+"""What one connection may make the server hold (`proxy.api.guarded_protocol`): a
 request's line and headers (MAX_HEAD_BYTES, however the reads they come in are cut), its
 trailers, the rest of a request answered early, the requests pipelined behind one. The server's
 protocol is fed exact reads, as the event loop would."""
@@ -14,7 +14,7 @@ import uvicorn
 from starlette.types import Receive, Scope, Send
 from uvicorn.server import ServerState
 
-from proxy.api.server import MAX_HEAD_BYTES, MAX_PIPELINED, guarded_protocol
+from proxy.api.guarded_protocol import MAX_HEAD_BYTES, MAX_PIPELINED, guarded_protocol
 
 
 async def ok(scope: Scope, receive: Receive, send: Send) -> None:
