@@ -110,9 +110,6 @@ class MemoryStore:
             return None
         return found
 
-    async def put_record(self, kind: str, key: str, value: bytes, ttl_s: float) -> None:
-        await self.put_records((Record(kind, key, value),), ttl_s)
-
     async def put_records(
         self,
         records: Sequence[Record],
@@ -160,9 +157,6 @@ class MemoryStore:
             del self._records[(kind, key)]
             return None
         return value
-
-    async def delete_record(self, kind: str, key: str) -> bool:
-        return await self.delete_records([(kind, key)]) == 1
 
     async def delete_records(self, wanted: Sequence[tuple[str, str]]) -> int:
         check_at_once(wanted)

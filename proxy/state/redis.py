@@ -188,9 +188,6 @@ class RedisStore:
         # The kind's length keeps (kind, key) pairs apart whatever ':' either holds.
         return f"{self._prefix}record:{len(kind)}:{kind}:{key}"
 
-    async def put_record(self, kind: str, key: str, value: bytes, ttl_s: float) -> None:
-        await self.put_records((Record(kind, key, value),), ttl_s)
-
     async def put_records(
         self,
         records: Sequence[Record],
@@ -294,9 +291,6 @@ class RedisStore:
             else:
                 found = await self._get_within(keys=names, args=[max_bytes])
         return [None if value is None else _bytes(value) for value in found]
-
-    async def delete_record(self, kind: str, key: str) -> bool:
-        return await self.delete_records([(kind, key)]) == 1
 
     async def delete_records(self, wanted: Sequence[tuple[str, str]]) -> int:
         check_at_once(wanted)

@@ -243,9 +243,6 @@ class SqliteStore:
         ended = self._ended()
         return await self._call(lambda db: contexts.delete(db, context_id, ended))
 
-    async def put_record(self, kind: str, key: str, value: bytes, ttl_s: float) -> None:
-        await self.put_records((Record(kind, key, value),), ttl_s)
-
     async def put_records(
         self,
         records: Sequence[Record],
@@ -308,9 +305,6 @@ class SqliteStore:
         if not wanted:
             return []
         return await self._call(lambda db: records_sql.get_many(db, wanted, max_bytes))
-
-    async def delete_record(self, kind: str, key: str) -> bool:
-        return await self.delete_records([(kind, key)]) == 1
 
     async def delete_records(self, wanted: Sequence[tuple[str, str]]) -> int:
         check_at_once(wanted)

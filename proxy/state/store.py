@@ -165,10 +165,6 @@ class StateStore(Protocol):
         delete); False when there was none."""
         ...
 
-    async def put_record(self, kind: str, key: str, value: bytes, ttl_s: float) -> None:
-        """`put_records` of one record."""
-        ...
-
     async def put_records(
         self,
         records: Sequence[Record],
@@ -199,10 +195,6 @@ class StateStore(Protocol):
         each, in one read. With `max_bytes`, of the first pairs only, whose values add up to
         at most that many bytes (the first, whatever its size): a shorter list, the pairs after
         it not read. Raises ValueError past RECORDS_AT_ONCE pairs."""
-        ...
-
-    async def delete_record(self, kind: str, key: str) -> bool:
-        """Drops it; False when there was none (or it had expired)."""
         ...
 
     async def delete_records(self, wanted: Sequence[tuple[str, str]]) -> int:

@@ -25,6 +25,7 @@ from proxy.state.memory import MemoryStore
 from proxy.state.redis import RedisStore
 from proxy.state.sqlite import SqliteStore
 from proxy.state.store import Record, StateStore
+from tests.records import put_record
 from tests.servers import redis_server
 
 RESPONSE_KINDS = ("conversation", "input", "outputs", "response")  # as the proxy writes them
@@ -40,7 +41,7 @@ Write = Callable[[StateStore, str], Awaitable[None]]
 
 
 async def report(store: StateStore, key: str) -> None:
-    await store.put_record("run", key, RECORD, 3600)
+    await put_record(store, "run", key, RECORD, 3600)
 
 
 async def response(store: StateStore, key: str) -> None:
@@ -62,7 +63,7 @@ async def response_in_parts(store: StateStore, key: str) -> None:
 
 async def response_one_by_one(store: StateStore, key: str) -> None:
     for kind in RESPONSE_KINDS:
-        await store.put_record(kind, key, RECORD, 3600)
+        await put_record(store, kind, key, RECORD, 3600)
     await store.put_records([], 3600, keep_thread=f"resp_{key}")
 
 

@@ -17,6 +17,7 @@ from proxy.errors import StateUnavailable
 from proxy.state.redis import RedisStore
 from proxy.state.sqlite import SqliteStore
 from proxy.state.store import Record, StateStore, batches
+from tests.records import put_record
 from tests.servers import redis_server
 
 PUTS = 64
@@ -36,7 +37,7 @@ async def store(
 
 async def put_many(store: StateStore, values: list[bytes], key: str = "r{}") -> None:
     await asyncio.gather(
-        *(store.put_record("run", key.format(i), value, 60) for i, value in enumerate(values))
+        *(put_record(store, "run", key.format(i), value, 60) for i, value in enumerate(values))
     )
 
 
@@ -73,7 +74,7 @@ async def test_puts_at_once_each_say_how_many_of_the_records_they_keep_were_ther
     """Each its own count, though they went in one write (sqlite: one statement for the records
     kept as long, which finds one kept by every put once)."""
     await store.put_records([Record("part", f"p{i}", b"") for i in range(0, PUTS, 2)], 30)
-    await store.put_record("part", "shared", b"", 30)
+    await put_record(store, "part", "shared", b"", 30)
     found = await asyncio.gather(
         *(
             store.put_records(
@@ -90,14 +91,14 @@ async def test_puts_at_once_each_say_how_many_of_the_records_they_keep_were_ther
 
 
 async def test_a_cancelled_put_leaves_its_batch_alone(store: StateStore) -> None:
-    puts = [asyncio.create_task(store.put_record("run", f"r{i}", b"{}", 60)) for i in range(8)]
+    puts = [asyncio.create_task(put_record(store, "run", f"r{i}", b"{}", 60)) for i in range(8)]
     await asyncio.sleep(0)  # every put has joined a batch
     puts[3].cancel()
     results = await asyncio.gather(*puts, return_exceptions=True)
     assert isinstance(results[3], asyncio.CancelledError)
     assert [r for i, r in enumerate(results) if i != 3] == [None] * 7
     assert await store.get_record("run", "r7") == b"{}"
-    await store.put_record("run", "after", b"{}", 60)  # the way is free again
+    await put_record(store, "run", "after", b"{}", 60)  # the way is free again
     assert await store.get_record("run", "after") == b"{}"
 
 
@@ -112,7 +113,7 @@ async def test_sqlite_commits_records_put_at_once_together(tmp_path: Path) -> No
     path = tmp_path / "state.db"
     store = SqliteStore(path)
     try:
-        await store.put_record("run", "warm-up", b"{}", 60)  # the schema's pages, once
+        await put_record(store, "run", "warm-up", b"{}", 60)  # the schema's pages, once
         frames = wal_frames(path)
         await put_many(store, [b"{}"] * PUTS)
         # Every put returned with its record committed: a connection of its own reads them.
@@ -156,14 +157,14 @@ async def test_every_put_of_a_failed_batch_fails_and_none_hangs(kind: str, tmp_p
     else:
         store = SqliteStore(tmp_path / "state.db")
     try:
-        await store.put_record("run", "before", b"{}", 60)
+        await put_record(store, "run", "before", b"{}", 60)
         if server is not None:
             server.__exit__(None, None, None)
         else:
             remove(tmp_path / "state.db")
         results = await asyncio.wait_for(
             asyncio.gather(
-                *(store.put_record("run", f"r{i}", b"{}", 60) for i in range(10)),
+                *(put_record(store, "run", f"r{i}", b"{}", 60) for i in range(10)),
                 return_exceptions=True,
             ),
             timeout=20,
@@ -178,7 +179,7 @@ async def test_a_put_on_a_closed_sqlite_store_fails_at_once(tmp_path: Path) -> N
     store = SqliteStore(tmp_path / "state.db")
     await store.close()
     with pytest.raises(StateUnavailable, match="closed database"):
-        await asyncio.wait_for(store.put_record("run", "late", b"{}", 60), timeout=5)
+        await asyncio.wait_for(put_record(store, "run", "late", b"{}", 60), timeout=5)
 
 
 def script_calls(url: str) -> int:
@@ -191,7 +192,7 @@ async def test_redis_splits_a_large_batch_into_calls_and_never_a_put(redis_url: 
     calls of at most CALL_BYTES, each put's records together."""
     store = RedisStore(redis_url, prefix=f"batch-{secrets.token_hex(4)}:")
     try:
-        await store.put_record("run", "warm-up", b"{}", 60)  # the script is loaded
+        await put_record(store, "run", "warm-up", b"{}", 60)  # the script is loaded
         before = script_calls(redis_url)
         value = b"x" * (1024 * 1024 - 8192)  # four such puts fit a call, with their keys
         pairs = [
@@ -205,7 +206,7 @@ async def test_redis_splits_a_large_batch_into_calls_and_never_a_put(redis_url: 
             assert await store.get_record("response", f"r{i}") == b"{}"
         # However small, at most 1,000 records a call.
         before = script_calls(redis_url)
-        await asyncio.gather(*(store.put_record("run", f"s{i}", b"", 60) for i in range(2001)))
+        await asyncio.gather(*(put_record(store, "run", f"s{i}", b"", 60) for i in range(2001)))
         assert script_calls(redis_url) - before == 3
     finally:
         await store.close()
@@ -219,10 +220,10 @@ async def test_a_stopped_redis_writer_fails_what_it_had_and_leaves_the_way_free(
     store = RedisStore(redis_url, prefix=f"batch-{secrets.token_hex(4)}:")
     try:
         big = b"x" * (3 * 1024 * 1024)  # one a call
-        first = asyncio.create_task(store.put_record("run", "same", b"first", 60))
+        first = asyncio.create_task(put_record(store, "run", "same", b"first", 60))
         await asyncio.sleep(0)  # on its way: the next ones wait for the writer
         queued = [
-            asyncio.create_task(store.put_record("run", "same", b"%d" % i + big, 60))
+            asyncio.create_task(put_record(store, "run", "same", b"%d" % i + big, 60))
             for i in range(3)
         ]
         await first
@@ -231,7 +232,7 @@ async def test_a_stopped_redis_writer_fails_what_it_had_and_leaves_the_way_free(
         store._writer.cancel()
         results = await asyncio.wait_for(asyncio.gather(*queued, return_exceptions=True), 10)
         assert all(isinstance(r, StateUnavailable) for r in results), results
-        await store.put_record("run", "same", b"newest", 60)
+        await put_record(store, "run", "same", b"newest", 60)
         await asyncio.sleep(0.2)
         assert await store.get_record("run", "same") == b"newest"
     finally:

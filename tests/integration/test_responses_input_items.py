@@ -15,6 +15,7 @@ from proxy.state.memory import MemoryStore
 from proxy.state.store import StateStore
 from tests.integration.conftest import Proxy, ProxyFactory
 from tests.integration.test_key_scopes import key, keyed
+from tests.records import put_record
 from tests.scripted_upstream import call, keep, say
 
 FUNCTION = {
@@ -250,7 +251,7 @@ async def _stored_chain(length: int, item_bytes: int) -> ResponseStore:
         response_id = f"resp_{i}"
         item = {"type": "message", "id": f"in_{i}_0", "content": "x" * item_bytes}
         record = StoredInput(previous, [item]).dumps()
-        await store.store.put_record("input", response_id, record, 60)
+        await put_record(store.store, "input", response_id, record, 60)
         previous = response_id
     return store
 

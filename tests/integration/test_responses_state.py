@@ -21,6 +21,7 @@ from proxy.state.store import Record, StateStore
 from tests.integration.conftest import Proxy, ProxyFactory, state
 from tests.integration.counted_store import CountedStore
 from tests.integration.test_key_scopes import AGENTS, key, keyed
+from tests.records import delete_record, put_record
 from tests.scripted_upstream import Call, Reply, call, keep, say
 
 LIMITED = "Tool call limit exceeded"
@@ -402,7 +403,7 @@ async def test_a_response_whose_outputs_record_is_gone_is_gone(proxy_for: ProxyF
     async with proxy_for(store=store) as proxy:
         proxy.upstream.script(keep(say("Stored.")))
         made = (await respond(proxy, model="scripted")).json()
-        await store.delete_record("outputs", made["id"])
+        await delete_record(store, "outputs", made["id"])
         got = await proxy.client.get(f"/v1/responses/{made['id']}")
         again = await respond(proxy, model="scripted", previous_response_id=made["id"])
     assert got.status_code == 404
@@ -422,8 +423,8 @@ async def test_an_item_of_a_response_stored_without_an_outputs_record_is_read(
             response_id = "resp_" + reference["id"][4:].split("_")[0]
             earlier = orjson.loads(await store.get_record("response", response_id) or b"")
             earlier["response"] = (await proxy.client.get(f"/v1/responses/{response_id}")).json()
-            await store.put_record("response", response_id, orjson.dumps(earlier), 60)
-            await store.delete_record("outputs", response_id)
+            await put_record(store, "response", response_id, orjson.dumps(earlier), 60)
+            await delete_record(store, "outputs", response_id)
         store.clear()
         read = await respond(proxy, model="scripted", input=references)
     assert read.status_code == 200, read.text
@@ -541,7 +542,7 @@ async def test_a_response_stored_as_one_record_is_read_and_continued(
         "owner": "scripted",
         "key": None,
     }
-    await store.put_record("response", "resp_0a1b", orjson.dumps(earlier), 60)
+    await put_record(store, "response", "resp_0a1b", orjson.dumps(earlier), 60)
     async with proxy_for(store=store) as proxy:
         proxy.upstream.script(say("Still sunny."))
         assert (await proxy.client.get("/v1/responses/resp_0a1b")).json() == response
@@ -560,7 +561,7 @@ async def test_a_response_whose_conversation_is_gone_is_not_continued(
     async with proxy_for(store=store) as proxy:
         proxy.upstream.script(say("Sunny."))
         first = (await respond(proxy, model="scripted")).json()
-        await store.delete_record("conversation", first["id"])
+        await delete_record(store, "conversation", first["id"])
         r = await respond(proxy, model="scripted", previous_response_id=first["id"])
     assert r.status_code == 404
     assert r.json()["error"]["param"] == "previous_response_id"

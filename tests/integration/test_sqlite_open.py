@@ -16,11 +16,12 @@ OPEN = textwrap.dedent(
     """
     import asyncio, sys, time
     from proxy.state.sqlite import SqliteStore
+    from proxy.state.store import Record
 
     path, at, name = sys.argv[1], float(sys.argv[2]), sys.argv[3]
     time.sleep(max(0.0, at - time.time()))
     store = SqliteStore(path, timeout_s=10.0)
-    asyncio.run(store.put_record("opened", name, b"1", 60.0))
+    asyncio.run(store.put_records([Record("opened", name, b"1")], 60.0))
     print("opened", name)
     """
 )

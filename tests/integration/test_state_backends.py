@@ -30,6 +30,7 @@ from proxy.state.redis import RedisStore
 from proxy.state.sqlite import SqliteStore
 from proxy.state.sqlite_file import file_identity
 from proxy.state.store import RECORDS_AT_ONCE, Record, StateStore, StoredContext
+from tests.records import delete_record, put_record
 from tests.servers import free_port, redis_server
 
 
@@ -120,7 +121,7 @@ async def test_sqlite_sweeps_ended_threads_away(
     await store.reserve("context", {"x": 5})
     await asyncio.sleep(0.1)
     monkeypatch.setattr(sqlite_state, "SWEEP_EVERY_S", 0.0)
-    await store.put_record("run", "r", b"x", 60)  # a write sweeps
+    await put_record(store, "run", "r", b"x", 60)  # a write sweeps
     with contextlib.closing(sqlite3.connect(path)) as db:
         rows = db.execute("SELECT thread_id FROM thread_calls").fetchall()
         ends = db.execute("SELECT count(*) FROM thread_ends").fetchone()
@@ -166,7 +167,7 @@ async def test_a_context_ends_context_ttl_s_after_it_was_last_saved(
         assert (again.agent, again.version) == ("b", 1)
         await asyncio.sleep(1.2)
         if kind == "sqlite":  # the first write sweeps what ended before it
-            await store.put_record("run", "r", b"{}", 60)
+            await put_record(store, "run", "r", b"{}", 60)
             with contextlib.closing(sqlite3.connect(tmp_path / "state.db")) as db:
                 assert db.execute("SELECT count(*) FROM contexts").fetchone() == (0,)
         assert await store.load_context("kept") is None
@@ -187,7 +188,7 @@ async def test_a_context_that_ends_while_a_run_holds_it_is_saved_by_that_run(
             context = holding.context
             assert context is not None
             await asyncio.sleep(0.8)  # it ended meanwhile
-            await store.put_record("run", "r", b"{}", 60)  # sqlite: swept by the first write
+            await put_record(store, "run", "r", b"{}", 60)  # sqlite: swept by the first write
             context.messages = [{"role": "user", "content": "a long run"}]
             await holding.end(context, [], 60)
         saved = await store.load_context("c")
@@ -252,7 +253,7 @@ async def test_hold_serialises_work_on_one_context(store: StateStore) -> None:
 async def test_a_call_cancelled_at_any_point_of_it_ends_cancelled(store: StateStore) -> None:
     """redis's client sends each command under `asyncio.wait_for`, which on Python 3.11 drops
     a cancellation that comes as the write completes: the store raises it instead."""
-    await store.put_record("run", "r1", b"{}", 60)
+    await put_record(store, "run", "r1", b"{}", 60)
     for turns in range(8):
         reading = asyncio.create_task(store.get_record("run", "r1"))
         for _ in range(turns):
@@ -273,7 +274,7 @@ async def test_cleanup_that_runs_while_a_cancellation_is_handled_is_not_cut_shor
             await asyncio.Event().wait()
         except asyncio.CancelledError:
             for key in ("a", "b"):
-                await store.put_record("run", key, b"{}", 60)
+                await put_record(store, "run", key, b"{}", 60)
                 written.append(key)
             raise
 
@@ -387,17 +388,17 @@ def test_two_processes_share_one_exact_thread_limit(
 async def test_records_round_trip(store: StateStore) -> None:
     value = bytes(range(256))  # every byte, NUL included, comes back as it went in
     assert await store.get_record("run", "r1") is None
-    await store.put_record("run", "r1", value, 60)
+    await put_record(store, "run", "r1", value, 60)
     assert await store.get_record("run", "r1") == value
-    await store.put_record("run", "r2", b"", 60)
+    await put_record(store, "run", "r2", b"", 60)
     assert await store.get_record("run", "r2") == b""
 
 
 async def test_put_record_replaces_the_value_and_its_ttl(store: StateStore) -> None:
-    await store.put_record("run", "longer", b"one", 0.05)
-    await store.put_record("run", "longer", b"two", 60)
-    await store.put_record("run", "shorter", b"one", 60)
-    await store.put_record("run", "shorter", b"two", 0.05)
+    await put_record(store, "run", "longer", b"one", 0.05)
+    await put_record(store, "run", "longer", b"two", 60)
+    await put_record(store, "run", "shorter", b"one", 60)
+    await put_record(store, "run", "shorter", b"two", 0.05)
     assert await store.get_record("run", "longer") == b"two"
     assert await store.get_record("run", "shorter") == b"two"
     await asyncio.sleep(0.15)
@@ -406,21 +407,21 @@ async def test_put_record_replaces_the_value_and_its_ttl(store: StateStore) -> N
 
 
 async def test_delete_record_drops_it_once(store: StateStore) -> None:
-    await store.put_record("run", "r1", b"x", 60)
-    await store.put_record("run", "r2", b"y", 60)
-    assert await store.delete_record("run", "r1") is True
+    await put_record(store, "run", "r1", b"x", 60)
+    await put_record(store, "run", "r2", b"y", 60)
+    assert await delete_record(store, "run", "r1") is True
     assert await store.get_record("run", "r1") is None
-    assert await store.delete_record("run", "r1") is False
-    assert await store.delete_record("run", "never") is False
+    assert await delete_record(store, "run", "r1") is False
+    assert await delete_record(store, "run", "never") is False
     assert await store.get_record("run", "r2") == b"y"
 
 
 async def test_delete_records_drops_several_in_one_call(store: StateStore) -> None:
     """Of the pairs asked, the live ones: expired, missing and other records stay as they are."""
     for key in ("r1", "r2", "r3"):
-        await store.put_record("run", key, key.encode(), 60)
-    await store.put_record("run", "short", b"gone", 0.05)
-    await store.put_record("held", "r1", b"other kind", 60)
+        await put_record(store, "run", key, key.encode(), 60)
+    await put_record(store, "run", "short", b"gone", 0.05)
+    await put_record(store, "held", "r1", b"other kind", 60)
     await asyncio.sleep(0.15)
     wanted = [("run", "r1"), ("run", "r3"), ("run", "short"), ("run", "never")]
     assert await store.delete_records(wanted) == 2
@@ -440,22 +441,22 @@ async def test_record_kinds_do_not_collide(store: StateStore) -> None:
     pairs = [("run", "r1"), ("held_calls", "r1"), ("a:b", "c"), ("a", "b:c"), ("", "a:b:c")]
     pairs += [("a:b:c", ""), ("3:a", "b"), ("3", "a:b"), ("1", "1:a:b")]
     for kind, key in pairs:
-        await store.put_record(kind, key, f"{kind}|{key}".encode(), 60)
+        await put_record(store, kind, key, f"{kind}|{key}".encode(), 60)
     for kind, key in pairs:
         assert await store.get_record(kind, key) == f"{kind}|{key}".encode()
-    assert await store.delete_record("a:b", "c") is True
+    assert await delete_record(store, "a:b", "c") is True
     assert await store.get_record("a", "b:c") == b"a|b:c"
-    assert await store.delete_record("a:b", "c") is False
+    assert await delete_record(store, "a:b", "c") is False
 
 
 async def test_records_expire_after_their_ttl(store: StateStore) -> None:
-    await store.put_record("run", "short", b"gone", 0.05)
-    await store.put_record("run", "short too", b"gone", 0.05)
-    await store.put_record("run", "long", b"kept", 60)
+    await put_record(store, "run", "short", b"gone", 0.05)
+    await put_record(store, "run", "short too", b"gone", 0.05)
+    await put_record(store, "run", "long", b"kept", 60)
     assert await store.get_record("run", "short") == b"gone"
     await asyncio.sleep(0.15)
     assert await store.get_record("run", "short") is None
-    assert await store.delete_record("run", "short too") is False
+    assert await delete_record(store, "run", "short too") is False
     assert await store.get_record("run", "long") == b"kept"
 
 
@@ -476,8 +477,8 @@ async def test_records_put_together_are_written_in_their_order(store: StateStore
 
 async def test_records_are_read_together_in_the_order_asked(store: StateStore) -> None:
     await store.put_records([Record("held", "a", b"A"), Record("held", "b", b"")], 60)
-    await store.put_record("held", "gone", b"G", 0.05)
-    await store.put_record("other", "c", b"C", 60)
+    await put_record(store, "held", "gone", b"G", 0.05)
+    await put_record(store, "other", "c", b"C", 60)
     await asyncio.sleep(0.1)
     asked = [("held", key) for key in ("b", "missing", "a", "gone", "c", "a")]
     asked += [("other", "c"), ("other", "a")]
@@ -500,7 +501,7 @@ async def test_records_kept_by_a_put_last_as_long_as_it(store: StateStore) -> No
     """What a stored conversation's tail does for the earlier records holding the rest of it;
     a record not there (never put, or ended) is not made or brought back."""
     await store.put_records([Record("part", k, k.encode()) for k in ("a", "b", "c")], 0.3)
-    await store.put_record("part", "ended", b"E", 0.05)
+    await put_record(store, "part", "ended", b"E", 0.05)
     await asyncio.sleep(0.1)
     kept = [("part", "a"), ("part", "missing"), ("part", "ended")]
     assert await store.put_records([Record("tail", "t", b"T")], 5, keep=kept) == 1  # found
@@ -534,33 +535,33 @@ async def test_put_record_refuses_a_ttl_not_positive_and_finite(
     store: StateStore, ttl_s: float
 ) -> None:
     with pytest.raises(ValueError, match="TTL must be a positive number"):
-        await store.put_record("run", "r1", b"x", ttl_s)
+        await put_record(store, "run", "r1", b"x", ttl_s)
     assert await store.get_record("run", "r1") is None
 
 
 async def test_memory_sweeps_expired_records_away() -> None:
     store = MemoryStore()
     for i in range(SWEEP_AFTER - 10):
-        await store.put_record("run", f"short{i}", b"x", 0.05)
+        await put_record(store, "run", f"short{i}", b"x", 0.05)
     await asyncio.sleep(0.1)
     for i in range(100):  # the SWEEP_AFTER-th put sweeps
-        await store.put_record("run", f"long{i}", b"x", 60)
+        await put_record(store, "run", f"long{i}", b"x", 60)
     assert sorted(store._records) == sorted(("run", f"long{i}") for i in range(100))
 
 
 async def test_memory_sweeps_wait_longer_as_more_records_stay() -> None:
     store = MemoryStore()
     for i in range(2 * SWEEP_AFTER):
-        await store.put_record("run", f"long{i}", b"x", 60)
+        await put_record(store, "run", f"long{i}", b"x", 60)
     # The sweep at this put left 2 * SWEEP_AFTER records: the next waits as many puts, so
     # each put pays O(1) for the sweeps.
     for i in range(SWEEP_AFTER // 2):
-        await store.put_record("run", f"short{i}", b"x", 0.05)
+        await put_record(store, "run", f"short{i}", b"x", 0.05)
     await asyncio.sleep(0.1)
     for i in range(2 * SWEEP_AFTER - SWEEP_AFTER // 2 - 1):
-        await store.put_record("run", f"more{i}", b"x", 60)
+        await put_record(store, "run", f"more{i}", b"x", 60)
     assert len(store._records) == 4 * SWEEP_AFTER - 1  # no sweep yet
-    await store.put_record("run", "last", b"x", 60)
+    await put_record(store, "run", "last", b"x", 60)
     assert len(store._records) == 4 * SWEEP_AFTER - SWEEP_AFTER // 2
 
 
@@ -576,22 +577,22 @@ async def test_sqlite_sweeps_expired_rows_away_at_most_once_a_minute(
     path = tmp_path / "state.db"
     store = SqliteStore(path)
     for i in range(3):
-        await store.put_record("run", f"short{i}", b"x", 0.05)
+        await put_record(store, "run", f"short{i}", b"x", 0.05)
     await asyncio.sleep(0.1)
-    await store.put_record("run", "long1", b"x", 60)
+    await put_record(store, "run", "long1", b"x", 60)
     assert await store.get_record("run", "short0") is None
     assert _record_rows(path) == 4  # the first put swept, the next sweep is a minute away
     monkeypatch.setattr(sqlite_state, "SWEEP_EVERY_S", 0.0)
-    await store.put_record("run", "long2", b"x", 60)
+    await put_record(store, "run", "long2", b"x", 60)
     assert _record_rows(path) == 2
     await store.close()
 
 
 async def test_sqlite_records_survive_a_restart(tmp_path: Path) -> None:
     first = SqliteStore(tmp_path / "state.db")
-    await first.put_record("run", "r1", b"kept", 60)
-    await first.put_record("run", "r2", b"dropped", 60)
-    assert await first.delete_record("run", "r2") is True
+    await put_record(first, "run", "r1", b"kept", 60)
+    await put_record(first, "run", "r2", b"dropped", 60)
+    assert await delete_record(first, "run", "r2") is True
     await first.close()
     second = SqliteStore(tmp_path / "state.db")
     assert await second.get_record("run", "r1") == b"kept"
@@ -652,7 +653,7 @@ async def test_a_sqlite_store_that_found_the_servers_file_gone_stays_unavailable
     beside the others: it stays unavailable until the server restarts."""
     path = tmp_path / "state.db"
     first = SqliteStore(path)
-    await first.put_record("k", "x", b"shared", 3600)
+    await put_record(first, "k", "x", b"shared", 3600)
     opened = file_identity(str(path))
     path.rename(tmp_path / "moved.db")
     replacing = SqliteStore(path, opened=opened)
@@ -661,7 +662,7 @@ async def test_a_sqlite_store_that_found_the_servers_file_gone_stays_unavailable
         with pytest.raises(StateUnavailable, match="deleted or replaced"):
             await replacing.get_record("k", "x")
         with pytest.raises(StateUnavailable):
-            await replacing.put_record("k", "y", b"lost", 3600)
+            await put_record(replacing, "k", "y", b"lost", 3600)
         assert await first.get_record("k", "x") == b"shared"  # the file the others serve
     finally:
         await replacing.close()
@@ -673,7 +674,7 @@ async def test_sqlite_calls_take_turns_on_one_thread_of_the_store(tmp_path: Path
     store = SqliteStore(tmp_path / "state.db")
     before = set(threading.enumerate())  # (not their idents: a thread ended may give its own)
     try:
-        await asyncio.gather(*(store.put_record("run", f"r{i}", b"v", 60) for i in range(64)))
+        await asyncio.gather(*(put_record(store, "run", f"r{i}", b"v", 60) for i in range(64)))
         assert [await store.get_record("run", f"r{i}") for i in (0, 63)] == [b"v", b"v"]
         started = [t.name for t in threading.enumerate() if t not in before]
         # One for the calls, and the write-ahead log's checkpointer.
@@ -709,7 +710,7 @@ async def test_the_sqlite_log_stays_bounded_under_writers_that_never_pause(
     async def write(store: SqliteStore, name: str) -> None:
         nonlocal largest
         for i in range(3_000 // writers):
-            await store.put_record("run", f"{name}-{i}", value, 3600.0)
+            await put_record(store, "run", f"{name}-{i}", value, 3600.0)
             largest = max(largest, *_sizes(wal))  # a stat, between two writes
 
     try:
@@ -740,9 +741,9 @@ async def test_the_memory_backend_keeps_at_most_max_records_oldest_out_first(
     monkeypatch.setattr(memory, "MAX_RECORDS", 3)
     store = MemoryStore()
     for key in ("a", "b", "c"):
-        await store.put_record("run", key, key.encode(), 60)
-    await store.put_record("run", "a", b"a2", 60)  # replaced: the newest again
-    await store.put_record("run", "d", b"d", 60)
+        await put_record(store, "run", key, key.encode(), 60)
+    await put_record(store, "run", "a", b"a2", 60)  # replaced: the newest again
+    await put_record(store, "run", "d", b"d", 60)
     assert await store.get_record("run", "b") is None  # the oldest went
     assert [await store.get_record("run", k) for k in ("a", "c", "d")] == [b"a2", b"c", b"d"]
 
@@ -754,7 +755,7 @@ async def test_the_memory_backend_holds_small_records_in_small_allocations() -> 
     try:
         before, _ = tracemalloc.get_traced_memory()
         for i in range(1000):
-            await store.put_record("run", f"r{i}", orjson.dumps({"run_id": i}), 60)
+            await put_record(store, "run", f"r{i}", orjson.dumps({"run_id": i}), 60)
         after, _ = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()

@@ -18,6 +18,7 @@ from proxy.api.fingerprint_records import FINGERPRINT_RECORD, Lineage, parsed_fi
 from proxy.api.response_store import ResponseStore, StoredInput, StoredResponse
 from proxy.config.server import ServerConfig
 from proxy.state.memory import MemoryStore
+from tests.records import delete_record, put_record
 
 BOUNDS = ServerConfig(max_body_bytes=64 * 1024 * 1024, max_body_values=10_000_000)
 
@@ -120,16 +121,16 @@ async def test_a_part_gone_or_replaced_leaves_the_conversation_gone() -> None:
     first = continued.parts[0]
     value = await store.store.get_record(*first.record)
     assert value is not None
-    await store.store.put_record(*first.record, value[:-2] + b"]", 60)  # shorter
+    await put_record(store.store, *first.record, value[:-2] + b"]", 60)  # shorter
     assert await store.conversation("resp_0199", BOUNDS) is None
-    await store.store.put_record(*first.record, value[:-1] + b", {}]", 60)  # longer
+    await put_record(store.store, *first.record, value[:-1] + b", {}]", 60)  # longer
     assert await store.conversation("resp_0199", BOUNDS) is None
-    await store.store.put_record(*first.record, value[:-1] + b"," + b" " * 100_000 + b"]", 60)
+    await put_record(store.store, *first.record, value[:-1] + b"," + b" " * 100_000 + b"]", 60)
     assert await store.conversation("resp_0199", BOUNDS) is None
     same_size = b"{" + b" " * (len(value) - 2) + b"}"  # not a JSON array
-    await store.store.put_record(*first.record, same_size, 60)
+    await put_record(store.store, *first.record, same_size, 60)
     assert await store.conversation("resp_0199", BOUNDS) is None
-    await store.store.delete_record(*first.record)
+    await delete_record(store.store, *first.record)
     assert await store.conversation("resp_0199", BOUNDS) is None
 
 
