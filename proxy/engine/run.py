@@ -15,6 +15,7 @@ from proxy.engine.final_answer import final_answer
 from proxy.engine.final_message import Ending, final_message, without_tool_calls
 from proxy.engine.model_call import call_model
 from proxy.engine.policies.base import Nudge, StepPlan
+from proxy.engine.policies.stop_conditions import Condition
 from proxy.engine.policies.terminal import terminal_hint
 from proxy.engine.ports import RunStream
 from proxy.engine.run_spec import Deps, RunResult, RunSpec
@@ -108,25 +109,32 @@ class Run:
                 run.append(extra)
             if budget is None:
                 outcome = await self._step(run, plan)
-            else:  # the time budget holds while the run waits on the upstream and on tools
-                loop = asyncio.get_running_loop()
-                deadline = Deadline(loop.time() + budget.value - run.elapsed_s)
-                try:
-                    outcome = await self._step(run, plan)
-                except asyncio.CancelledError:
-                    if not deadline.disarm():
-                        raise
-                    run.now = self.deps.clock()
-                    held = budget.held(StopReason.TIME_BUDGET, round(run.elapsed_s, 3), run)
-                    outcome = CallsEnded(Stop(held.reason, held.details))
-                finally:
-                    deadline.disarm()
+            else:
+                outcome = await self._step_within(budget, run, plan)
             if outcome is not None:
                 return await self._end(run, outcome.stop, outcome.message)
             run.now = self.deps.clock()
             stop = await checkpoints.after_step(run)
             if stop is not None:
                 return await self._end(run, stop)
+
+    async def _step_within(
+        self, budget: Condition, run: RunState, plan: StepPlan
+    ) -> CallsEnded | None:
+        """A step within the run's time budget, which holds while the run waits on the upstream
+        and on tools: cut at its deadline, the step ends the run (`time_budget`)."""
+        loop = asyncio.get_running_loop()
+        deadline = Deadline(loop.time() + budget.value - run.elapsed_s)
+        try:
+            return await self._step(run, plan)
+        except asyncio.CancelledError:
+            if not deadline.disarm():
+                raise
+            run.now = self.deps.clock()
+            held = budget.held(StopReason.TIME_BUDGET, round(run.elapsed_s, 3), run)
+            return CallsEnded(Stop(held.reason, held.details))
+        finally:
+            deadline.disarm()
 
     async def _step(self, run: RunState, plan: StepPlan) -> CallsEnded | None:
         """One upstream call and its tool calls; how the run ends, if this step ends it."""
