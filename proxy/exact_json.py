@@ -12,8 +12,10 @@ from typing import Any
 
 import orjson
 
-_LONG_NUMBER = re.compile(r"\d{19}")
-_LONG_NUMBER_BYTES = re.compile(rb"\d{19}")
+# A run of 19 digits, found in linear time: digits made NUL, then the run looked for (a regex
+# `\d{19}` tries every digit of a run at each start: 18 times the work over runs of 18).
+_DIGITS = bytes.maketrans(b"0123456789", b"\0" * 10)
+_LONG_RUN = b"\0" * 19
 _SURROGATE = re.compile(r"\\u[dD][89a-fA-F]")  # half of a pair, or both halves
 _SURROGATE_BYTES = re.compile(rb"\\u[dD][89a-fA-F]")
 
@@ -22,7 +24,8 @@ def loads(raw: str | bytes) -> Any:
     """The value of a JSON text; ValueError (or RecursionError, past ~1,000 levels of a text
     read by the standard library) when it is none."""
     text = isinstance(raw, str)
-    if (_LONG_NUMBER if text else _LONG_NUMBER_BYTES).search(raw) is None:  # type: ignore[arg-type]
+    encoded = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
+    if _LONG_RUN not in encoded.translate(_DIGITS):  # (a NUL of its own: no JSON anyway)
         return orjson.loads(raw)
     value = json.loads(raw, parse_constant=_no_constant)
     if (_SURROGATE if text else _SURROGATE_BYTES).search(raw):  # type: ignore[arg-type]

@@ -231,9 +231,16 @@ class ToolRegistry:
         return ToolResult(text)
 
 
+# The most characters a call's arguments may hold: more than any model writes in one reply
+# (~250,000 tokens), and what the event loop parses in some 25 ms at worst.
+MAX_ARGUMENT_CHARS = 1024 * 1024
+
+
 async def _checked_arguments(tool: Tool, call: ToolCall, max_values: int) -> dict[str, Any] | str:
     """The arguments of `call` checked against `tool`'s schema, or why they are refused."""
     raw = call.arguments
+    if len(raw) > MAX_ARGUMENT_CHARS:  # parsed on the event loop: bounded before
+        return f"arguments of more than {MAX_ARGUMENT_CHARS} characters"
     if len(raw) > max_values and await holds_over(raw.encode(), max_values):
         return f"arguments hold more than {max_values} JSON values (server.max_body_values)"
     try:

@@ -40,3 +40,13 @@ def test_a_lone_surrogate_escape_is_refused_on_either_path(raw: str | bytes) -> 
 def test_a_surrogate_pair_is_one_character_on_either_path() -> None:
     assert exact_json.loads('["\\ud83d\\ude00", 1234567890123456789]')[0] == "\U0001f600"
     assert exact_json.loads('["\\ud83d\\ude00", 1]')[0] == "\U0001f600"
+
+
+@pytest.mark.parametrize(
+    "raw", ['[123456789012345678, "12345678901234567890"]', b"[1234567890123456789]"]
+)
+def test_a_run_of_19_digits_anywhere_takes_the_exact_path(raw: str | bytes) -> None:
+    """Found in linear time (a regex over runs of 18 digits did 18 times the work)."""
+    value = exact_json.loads(raw)
+    assert value in ([123456789012345678, "12345678901234567890"], [1234567890123456789])
+    assert exact_json.loads('["' + "123456789012345678x" * 1000 + '"]')[0].startswith("1234")

@@ -327,6 +327,21 @@ def test_a_schema_naming_no_draft_by_a_string_is_no_valid_schema(named: Any) -> 
         check_schema({"$schema": named, "type": "object"})
 
 
+async def test_arguments_longer_than_any_model_writes_are_refused_before_parsing() -> None:
+    """30 MB of arguments from an upstream (digits: the long-number scan and the standard
+    library's parse) held the event loop 2.7 s; a megabyte is more than any model writes."""
+    cfg = ToolConfig(kind="python", callable="tests.unit.test_tools:slow_echo")
+    reg = ToolRegistry({"echo": build_tool("echo", cfg, httpx.AsyncClient(), THREADS)})
+    long = '{"text": "' + "123456789012345678x" * 60_000 + '"}'  # 1.14 M characters
+    refused = await reg.execute(ToolCall("c", "echo", long), CTX)
+    assert (refused.outcome, refused.output) == (
+        "error",
+        "arguments of more than 1048576 characters",
+    )
+    within = '{"text": "' + "123456789012345678x" * 50_000 + '"}'
+    assert (await reg.execute(ToolCall("c", "echo", within), CTX)).outcome == "ok"
+
+
 async def test_arguments_holding_more_values_than_the_bound_are_refused_before_parsing() -> None:
     """An upstream's call may bring megabytes of `[],`: counted before orjson holds the event
     loop to read them (8 MiB of it took 0.65 s)."""
