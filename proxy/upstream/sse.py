@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+COLON = ord(":")  # a line that begins with it is a comment
+
 
 class EventTooLarge(ValueError):
     """One event (or one line of it) grew past the decoder's `max_event_bytes`."""
@@ -55,6 +57,9 @@ class SSEDecoder:
             # taken as it is; any other event is read line by line.
             *blocks, chunk = chunk.split(b"\n\n")
             for block in blocks:
+                if not block or (block[0] == COLON and b"\n" not in block):
+                    continue  # a blank line, or a comment alone: no event (a stream of them
+                    # made a read of a megabyte a third of a second of lines read one by one)
                 if block.startswith(b"data: ") and b"\n" not in block:
                     self._event(block[6:], events)
                 else:

@@ -6,6 +6,7 @@ fails the step (UpstreamBadReply)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Iterable
@@ -21,6 +22,10 @@ from proxy.upstream.reply import ChunkAccumulator, MalformedReply, ReplyLimits, 
 from proxy.upstream.sse import ErrorEvent, EventTooLarge, SSEDecoder
 
 log = logging.getLogger(__name__)
+
+# The most of one network read decoded at once: a read of a megabyte of tiny events (or lines)
+# is decoded in slices, so that other requests are served between them.
+READ_SLICE = 64 * 1024
 
 
 class ReplyReader:
@@ -86,10 +91,16 @@ class ReplyReader:
                 deltas: list[str] = []
                 failure: Exception | None = None
                 try:
-                    for data in decoder.feed(raw):
-                        if delta := self._add(acc, data):
-                            deltas.append(delta)
-                        sound = True
+                    for at in range(0, len(raw), READ_SLICE):
+                        if at:  # a long read is decoded in slices, the event loop free between
+                            await asyncio.sleep(0)  # (a megabyte of empty events: 80 ms)
+                        piece = raw[at : at + READ_SLICE] if len(raw) > READ_SLICE else raw
+                        for data in decoder.feed(piece):
+                            if delta := self._add(acc, data):
+                                deltas.append(delta)
+                            sound = True
+                        if decoder.done:
+                            break
                 except (MalformedReply, UpstreamBadReply) as exc:
                     failure = exc
                 if on_delta is not None:

@@ -1,0 +1,48 @@
+"""An upstream's stream read into a reply without holding the event loop, however its reads
+fall: a long read is decoded in slices, other tasks served between them."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import orjson
+
+from proxy.upstream.reply import ReplyLimits
+from proxy.upstream.stream import READ_SLICE, ReplyReader
+
+
+def event(delta: dict[str, object], finish: str | None = None) -> bytes:
+    chunk = {
+        "id": "c",
+        "model": "m",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    }
+    return b"data: " + orjson.dumps(chunk) + b"\n\n"
+
+
+async def one_read(data: bytes) -> AsyncIterator[bytes]:
+    yield data
+
+
+async def test_a_read_of_a_megabyte_of_empty_events_lets_other_tasks_run() -> None:
+    """Comments and blank lines (30 MB of them held the loop 0.3 s a read, again and again)."""
+    empty = b":\n\n" * (1024 * 1024 // 3) + b"\n" * 100_000
+    data = event({"content": "Hi"}) + empty + event({}, "stop") + b"data: [DONE]\n\n"
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0)
+            ticks += 1
+
+    ticker = asyncio.create_task(tick())
+    await asyncio.sleep(0)
+    reader = ReplyReader("up", ReplyLimits(), [])
+    reply = await reader.stream(one_read(data), None, time.monotonic())
+    ticker.cancel()
+    assert reply.message["content"] == "Hi"
+    assert reply.finish_reason == "stop"
+    assert ticks >= len(data) // READ_SLICE - 1  # served between the slices of the read
