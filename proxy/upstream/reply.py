@@ -112,8 +112,8 @@ class ChunkAccumulator:
                 return None
         finish = choice.get("finish_reason")
         if finish is not None:
-            if not isinstance(finish, str):
-                raise MalformedReply("choices[0].finish_reason is not a string")
+            if not isinstance(finish, str) or len(finish) > MAX_FINISH_REASON_CHARS:
+                raise MalformedReply(_NO_FINISH_REASON)
             self.finish_reason = finish or self.finish_reason
         delta = choice.get("delta")
         if delta is None:
@@ -203,6 +203,13 @@ class ChunkAccumulator:
             response_model=self.model,
         )
 
+
+# A finish reason is a word (`stop`, `tool_calls`, a provider's `end_turn`): a longer one goes
+# on to the client, the run's record and its span as it came, so it is no reply.
+MAX_FINISH_REASON_CHARS = 64
+_NO_FINISH_REASON = (
+    f"choices[0].finish_reason is not a string of at most {MAX_FINISH_REASON_CHARS} characters"
+)
 
 HEAD_FIELDS = ("model", "system_fingerprint", "service_tier")
 MAX_HEAD_CHARS = 256
@@ -333,6 +340,8 @@ def _finish_reason(choice: dict[str, Any], path: str) -> str:
     reason = _optional_text(choice.get("finish_reason"), path)
     if not reason:
         raise MalformedReply(f"{path} is missing: the reply may have been cut short")
+    if len(reason) > MAX_FINISH_REASON_CHARS:
+        raise MalformedReply(_NO_FINISH_REASON)
     return reason
 
 

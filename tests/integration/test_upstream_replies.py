@@ -87,6 +87,10 @@ MALFORMED: list[tuple[dict[str, Any], str]] = [
         body_with(choice({"role": "assistant", "content": "Hi"}, finish_reason=None)),
         "choices[0].finish_reason is missing: the reply may have been cut short",
     ),
+    (  # it would go on to the client, the run's record and its span as it came
+        body_with(choice({"role": "assistant", "content": "Hi"}, finish_reason="x" * 65)),
+        "choices[0].finish_reason is not a string of at most 64 characters",
+    ),
     (
         body_with(choice({"role": "assistant", "content": "Hi"}), usage=[1, 2]),
         "usage is not an object",

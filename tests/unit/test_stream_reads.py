@@ -8,7 +8,9 @@ import time
 from collections.abc import AsyncIterator
 
 import orjson
+import pytest
 
+from proxy.errors import UpstreamBadReply
 from proxy.upstream.reply import ReplyLimits
 from proxy.upstream.stream import READ_SLICE, ReplyReader
 
@@ -46,3 +48,10 @@ async def test_a_read_of_a_megabyte_of_empty_events_lets_other_tasks_run() -> No
     assert reply.message["content"] == "Hi"
     assert reply.finish_reason == "stop"
     assert ticks >= len(data) // READ_SLICE - 1  # served between the slices of the read
+
+
+async def test_a_streamed_finish_reason_longer_than_a_word_is_no_reply() -> None:
+    data = event({"content": "Hi"}) + event({}, "x" * 100_000) + b"data: [DONE]\n\n"
+    reader = ReplyReader("up", ReplyLimits(), [])
+    with pytest.raises(UpstreamBadReply, match="finish_reason is not a string of at most 64"):
+        await reader.stream(one_read(data), None, time.monotonic())
