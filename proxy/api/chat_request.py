@@ -165,6 +165,15 @@ def _tools(value: Any) -> list[dict[str, Any]]:
         name = function.get("name")
         if not isinstance(name, str) or not name:
             raise InvalidRequest("name must be a string", param=f"tools[{i}].function.name")
+        if len(name) > MAX_NAME_CHARS:  # as the Responses API's: no model API takes more
+            raise InvalidRequest(
+                f"tools[{i}].function.name is longer than {MAX_NAME_CHARS} characters",
+                param=f"tools[{i}].function.name",
+            )
+        if not isinstance(function.get("parameters", {}), dict):
+            raise InvalidRequest(
+                "parameters must be a JSON schema object", param=f"tools[{i}].function.parameters"
+            )
         if name in names:
             raise InvalidRequest(f"duplicate tool {name!r}", param=f"tools[{i}].function.name")
         names.add(name)

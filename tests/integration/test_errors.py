@@ -117,6 +117,22 @@ def comprehensions(depth: int) -> str:
             {"model": "scripted", "messages": USER, "tools": [{"type": "function"}]},
             "tools[0].function",
         ),
+        (  # as the Responses API's names: a megabyte of it went on to the upstream
+            {
+                "model": "scripted",
+                "messages": USER,
+                "tools": [{"type": "function", "function": {"name": "f" * 1_000_000}}],
+            },
+            "tools[0].function.name",
+        ),
+        (
+            {
+                "model": "scripted",
+                "messages": USER,
+                "tools": [{"type": "function", "function": {"name": "f", "parameters": [1]}}],
+            },
+            "tools[0].function.parameters",
+        ),
         ({"model": "scripted", "messages": USER, "loop": []}, "loop"),
         ({"model": "scripted", "messages": USER, "loop": {"bogus": 1}}, "loop.bogus"),
         ({"model": "scripted", "messages": USER, "loop": {"max_steps": -1}}, "loop.max_steps"),
