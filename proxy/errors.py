@@ -57,6 +57,13 @@ class BodyTooLarge(InvalidRequest):
     code = "request_too_large"
 
 
+class UnsupportedEncoding(InvalidRequest):
+    """A body compressed (`content-encoding`) where the proxy reads it as JSON."""
+
+    status = 415
+    code = "unsupported_content_encoding"
+
+
 class HeadersTooLarge(InvalidRequest):
     """A request's line and headers are longer than the server reads (answered as the
     connection is closed: no request was made of them)."""

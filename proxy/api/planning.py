@@ -154,6 +154,7 @@ class Planner:
                     f"tool {client!r} clashes with a server tool",
                     param=req.tool_params[i] if req.tool_params else f"tools[{i}].function.name",
                 )
+        _check_choice(req, client_names, policy.tools)
         if (req.has_loop or policy.tools) and (legacy := _legacy_field(req.params)):
             raise InvalidRequest(
                 f"{legacy} (the functions API before tools) cannot be used when the proxy runs "
@@ -195,6 +196,21 @@ class Planner:
                     param=f"loop.tools[{i}]",
                     code="tool_not_allowed",
                 )
+
+
+def _check_choice(req: RunRequest, client: list[str], server: Mapping[str, object]) -> None:
+    """A `tool_choice` naming a tool must name one the run offers: a client tool or a server
+    tool of its policy (the upstream would refuse it after the proxy had begun the run)."""
+    choice = req.tool_choice
+    if not isinstance(choice, dict) or choice.get("type") not in ("function", "custom"):
+        return
+    kind = choice["type"]
+    chosen = choice[kind]["name"]
+    if chosen not in server and (kind == "custom" or chosen not in client):
+        raise InvalidRequest(
+            f"names {chosen[:64]!r}, which is none of the tools offered",
+            param=req.choice_param or f"tool_choice.{kind}.name",
+        )
 
 
 def _legacy_field(params: Mapping[str, object]) -> str | None:

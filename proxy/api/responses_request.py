@@ -18,6 +18,7 @@ from proxy.errors import InvalidRequest
 
 TOOL_CHOICES = frozenset({"auto", "none", "required"})
 FORMAT_TYPES = frozenset({"text", "json_schema", "json_object"})
+VERBOSITIES = ("low", "medium", "high")
 # Fields passed upstream under the same name when given.
 SAME_NAMED = ("temperature", "top_p", "user", "prompt_cache_key", "safety_identifier")
 UNSUPPORTED = {
@@ -76,6 +77,7 @@ def parse_responses_request(raw: bytes, thread_header: str | None = None) -> Res
         thread,
         client_thread=True,
         tool_params=tool_params,
+        choice_param="tool_choice.name",
     )
     echo = {
         "instructions": instructions,
@@ -156,9 +158,12 @@ def _params(body: dict[str, Any]) -> dict[str, Any]:
                 raise InvalidRequest(
                     f"longer than {MAX_METADATA_VALUE_CHARS} characters", param=f"metadata.{key}"
                 )
-    for key in ("include",):
-        if body.get(key) is not None and not isinstance(body[key], list):
-            raise InvalidRequest("must be a list", param=key)
+    include = body.get("include")
+    if include is not None:
+        if not isinstance(include, list):
+            raise InvalidRequest("must be a list", param="include")
+        for i, item in enumerate(include):
+            string_param(item, f"include[{i}]")
     for key in ("truncation",):
         if body.get(key) is not None:
             string_param(body[key], key)
@@ -173,7 +178,12 @@ def _params(body: dict[str, Any]) -> dict[str, Any]:
             if response_format is not None:
                 params["response_format"] = response_format
         if text.get("verbosity") is not None:
-            params["verbosity"] = string_param(text["verbosity"], "text.verbosity")
+            verbosity = string_param(text["verbosity"], "text.verbosity")
+            if verbosity not in VERBOSITIES:
+                raise InvalidRequest(
+                    f"must be one of {', '.join(VERBOSITIES)}", param="text.verbosity"
+                )
+            params["verbosity"] = verbosity
     reasoning = body.get("reasoning")
     if reasoning is not None:
         reasoning = json_object_param(reasoning, "reasoning")

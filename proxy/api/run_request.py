@@ -101,6 +101,8 @@ class RunRequest:
     # Where the client named each of `client_tools`, for errors: Chat Completions'
     # `tools[i].function.name` when empty.
     tool_params: list[str] = field(default_factory=list)
+    # Where the client named the tool `tool_choice` forces: Chat Completions' path when None.
+    choice_param: str | None = None
 
 
 def header_thread(value: str | None) -> str | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 from typing import Any
 
 import httpx
@@ -100,6 +101,23 @@ def comprehensions(depth: int) -> str:
         (
             {"model": "scripted", "messages": USER, "tool_choice": {"type": "function"}},
             "tool_choice.function.name",
+        ),
+        (  # a tool none of the run's tools: the upstream's 400 came back mid-run
+            {
+                "model": "weather",
+                "messages": USER,
+                "tools": [{"type": "function", "function": {"name": "f"}}],
+                "tool_choice": {"type": "function", "function": {"name": "g"}},
+            },
+            "tool_choice.function.name",
+        ),
+        (
+            {
+                "model": "scripted",
+                "messages": USER,
+                "tool_choice": {"type": "custom", "custom": {"name": "f"}},
+            },
+            "tool_choice.custom.name",
         ),
         (
             {"model": "scripted", "messages": [{"role": "user", "content": [1, 2]}]},
@@ -273,6 +291,38 @@ async def test_malformed_json_is_a_400(proxy: Proxy) -> None:
     r = await proxy.client.post("/v1/chat/completions", content=b"{not json")
     assert r.status_code == 400
     assert "not valid JSON" in r.json()["error"]["message"]
+
+
+async def test_a_tool_choice_naming_a_server_tool_goes_upstream(proxy: Proxy) -> None:
+    proxy.upstream.script(call("get_weather", city="Paris"), say("Sunny."))
+    choice = {"type": "function", "function": {"name": "get_weather"}}
+    r = await proxy.chat(model="weather", messages=USER, tool_choice=choice)
+    assert r.status_code == 200
+    assert r.json()["choices"][0]["message"]["content"] == "Sunny."
+    assert proxy.upstream.bodies[0]["tool_choice"] == choice
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/responses", "/chat"])
+async def test_a_compressed_body_is_a_415_naming_its_encoding(proxy: Proxy, path: str) -> None:
+    """Read as plain, a gzip body was "not valid JSON": the client learns what to change."""
+    body = gzip.compress(orjson.dumps({"model": "scripted", "messages": USER, "input": "hi"}))
+    r = await proxy.client.post(path, content=body, headers={"content-encoding": "gzip"})
+    assert r.status_code == 415
+    error = r.json()["error"]
+    assert error["code"] == "unsupported_content_encoding"
+    assert error["param"] == "content-encoding"
+    assert "'gzip'" in error["message"]
+
+
+async def test_an_identity_encoded_body_is_read(proxy: Proxy) -> None:
+    proxy.upstream.script(say("hello"))
+    r = await proxy.client.post(
+        "/v1/chat/completions",
+        content=orjson.dumps({"model": "scripted", "messages": USER}),
+        headers={"content-encoding": "Identity"},
+    )
+    assert r.status_code == 200
+    assert r.json()["choices"][0]["message"]["content"] == "hello"
 
 
 async def test_a_body_over_the_limit_is_a_413(proxy_for: ProxyFactory) -> None:

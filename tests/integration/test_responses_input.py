@@ -105,6 +105,20 @@ BAD: list[tuple[dict[str, Any], str]] = [
         "tools",
     ),
     ({"model": "scripted", "input": "x", "text": {"format": {"type": "xml"}}}, "text.format.type"),
+    ({"model": "scripted", "input": "x", "text": {"verbosity": "loud"}}, "text.verbosity"),
+    (
+        {"model": "scripted", "input": "x", "include": ["message.output_text.logprobs", 7]},
+        "include[1]",
+    ),
+    (
+        {
+            "model": "scripted",
+            "input": "x",
+            "tools": [{"type": "function", "name": "f"}],
+            "tool_choice": {"type": "function", "name": "g"},
+        },
+        "tool_choice.name",
+    ),
     (
         {"model": "scripted", "input": "x", "text": {"format": {"type": ["text"]}}},
         "text.format.type",
