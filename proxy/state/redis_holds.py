@@ -61,10 +61,16 @@ end
 redis.call('SET', KEYS[3], ARGV[3], 'PX', ARGV[4])
 return {0}
 """
-# The lock KEYS[1] kept ARGV[2] ms more while the token ARGV[1] holds it. Returns 1 if it does.
+# The lock KEYS[1] kept ARGV[2] ms more while the token ARGV[1] holds it, or taken again when
+# no one does (its lease ran out with no one waiting, or redis restarted without its keys: as a
+# sqlite lock row, whose lease runs out but which stays its holder's until another takes it).
+# Returns 1 when held, 2 when taken again, 0 when another token holds it.
 _RENEW = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+local holder = redis.call('GET', KEYS[1])
+if holder == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+if holder then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 2
 """
 # The lock KEYS[1] let go, if the token ARGV[1] still holds it; returns 1 when the waiting mark
 # KEYS[2] names another store than ARGV[2], else 0.
@@ -145,15 +151,25 @@ class ContextHolds:
                 if held.ended:
                     return True
                 args: list[str | int] = [held.token, ms(self._lease)]
-                with reached():
-                    kept = bool(await self._renew(keys=[held.lock], args=args))
-                return kept or held.ended  # let go by its last write meanwhile
+                held.renewing = True
+                try:
+                    with reached():
+                        kept = await self._renew(keys=[held.lock], args=args)
+                finally:
+                    held.renewing = False
+                if kept == 2 and not held.ended:
+                    log.warning(
+                        "the lease on context %r had run out; no one had taken it: taken again",
+                        context_id,
+                    )
+                return bool(kept) or held.ended  # let go by its last write meanwhile
 
             try:
                 async with renewed(f"context {context_id!r}", self._lease, renew):
                     yield held
             finally:
-                if not held.ended:
+                # A renewal the hold's end overtook may have taken the lock again after it.
+                if not held.ended or held.overtook:
                     try:
                         args = [held.token, self._id]
                         others = await self._let_go(keys=[held.lock, held.mark], args=args)
@@ -206,6 +222,7 @@ class ContextHolds:
         keys = [self._context_key(held.context_id), held.lock, held.mark]
         keys += [self._record_key(kind, key) for kind, key, _ in records]
         held.ended = True  # a renewal meanwhile is no lost lease
+        held.overtook = held.renewing
         try:
             with reached():
                 ended = await self._end_script(keys=keys, args=args)
@@ -231,6 +248,8 @@ class _Held:
         self.token = token
         self.context: StoredContext | None = None
         self.ended = False  # its last write let it go
+        self.renewing = False  # a renewal is on its way
+        self.overtook = False  # the last write went while a renewal was on its way
 
     async def end(
         self, save: StoredContext | None, records: Sequence[Record], ttl_s: float

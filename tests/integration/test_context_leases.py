@@ -240,3 +240,77 @@ async def test_runs_on_one_context_from_two_processes_on_redis_each_see_the_last
     assert all(reply == f"ack {message}" for message, reply in turns)
     assert sorted(message for message, _ in turns) == sorted(f"m{i}" for i in range(40))
     assert sorted(seen) == [3 + 2 * k for k in range(40)]  # each the history of all before it
+
+
+@contextlib.asynccontextmanager
+async def leased_redis(redis_url: str) -> AsyncIterator[tuple[RedisStore, RedisStore, Any, str]]:
+    """Two stores with a 1 s lease (renewed every third of a second), a plain client, and the
+    lock key of context 'c'."""
+    prefix = f"retake-{secrets.token_hex(4)}:"
+    stores = [RedisStore(redis_url, prefix=prefix, lock_lease_s=1.0) for _ in range(2)]
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        yield stores[0], stores[1], client, f"{prefix}lock:c"
+    finally:
+        for store in stores:
+            await store.close()
+        await client.aclose()
+
+
+async def until_lock(client: Any, lock: str, token: bytes) -> None:
+    """Until the lock holds `token` (within 5 s): polled, as another client would see it."""
+    for _ in range(500):
+        if await client.get(lock) == token:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{lock} never held {token!r}")
+
+
+async def test_a_redis_lease_that_ran_out_with_no_one_waiting_is_taken_again(
+    redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Redis restarted without its keys, or the holder stalled past its lease with no one
+    waiting: the next renewal takes the lock again (the run went on unserialised, so a run
+    begun meanwhile on the context raced it), as a sqlite lock row stays its holder's."""
+    async with leased_redis(redis_url) as (first, second, client, lock):
+        await first.save_context(StoredContext("c", agent="a"))
+        async with first.hold("c") as held:
+            token = await client.get(lock)
+            assert await client.delete(lock) == 1
+            await until_lock(client, lock, token)
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(0.5), second.hold("c"):
+                    raise AssertionError("held by two")
+            assert held.context is not None
+            held.context.messages = [{"role": "user", "content": "kept"}]
+            await held.end(held.context, [], 60)
+        async with asyncio.timeout(1), second.hold("c") as after:
+            assert after.context is not None
+            assert after.context.messages == [{"role": "user", "content": "kept"}]
+    assert "the lease on context 'c' had run out; no one had taken it: taken again" in caplog.text
+
+
+async def test_a_renewal_overtaken_by_the_holds_end_leaves_the_lock_free(redis_url: str) -> None:
+    """The hold's last write lets the lock go while a renewal is on its way; the renewal, run
+    after it, finds the lock free and takes it again: it is let go as the hold ends, not held
+    by a hold that is over until its lease runs out."""
+    async with leased_redis(redis_url) as (first, second, client, lock):
+        holds = first._holds
+        script, entered, go = holds._renew, asyncio.Event(), asyncio.Event()
+
+        async def late_renewal(**kwargs: Any) -> Any:
+            entered.set()
+            await go.wait()
+            return await script(**kwargs)
+
+        holds._renew = late_renewal  # type: ignore[assignment]
+        async with first.hold("c") as held:
+            token = await client.get(lock)
+            await asyncio.wait_for(entered.wait(), 5)
+            await held.end(StoredContext("c", agent="a"), [], 60)
+            assert await client.exists(lock) == 0
+            go.set()
+            await until_lock(client, lock, token)  # taken again by the late renewal
+        assert await client.exists(lock) == 0
+        async with asyncio.timeout(0.5), second.hold("c") as after:
+            assert after.context is not None
