@@ -27,8 +27,10 @@ from pydantic_core import PydanticCustomError
 
 from proxy.engine.expressions.lexer import MAX_EXPR_CHARS
 
-PositiveInt = Annotated[int, Field(ge=1, strict=True)]
-Count = Annotated[int, Field(ge=0, strict=True)]
+# Counts are at most a signed 64-bit integer: what a state backend stores (sqlite's INTEGER).
+MAX_COUNT = 2**63 - 1
+PositiveInt = Annotated[int, Field(ge=1, le=MAX_COUNT, strict=True)]
+Count = Annotated[int, Field(ge=0, le=MAX_COUNT, strict=True)]
 PositiveNumber = Annotated[float, Field(gt=0, strict=True, allow_inf_nan=False)]
 MAX_NAME_CHARS = 256  # names of models, agents, tools, threads and contexts
 Name = Annotated[str, StringConstraints(min_length=1, max_length=MAX_NAME_CHARS)]

@@ -154,6 +154,14 @@ def comprehensions(depth: int) -> str:
         ({"model": "scripted", "messages": USER, "loop": []}, "loop"),
         ({"model": "scripted", "messages": USER, "loop": {"bogus": 1}}, "loop.bogus"),
         ({"model": "scripted", "messages": USER, "loop": {"max_steps": -1}}, "loop.max_steps"),
+        (  # past what sqlite stores: a 500 when the thread's count was reserved
+            {
+                "model": "weather",
+                "messages": USER,
+                "loop": {"tool_call_limits": [{"thread_limit": 2**63}]},
+            },
+            "loop.tool_call_limits[0].thread_limit",
+        ),
         ({"model": "scripted", "messages": USER, "loop": {"tools": ["nope"]}}, "loop.tools[0]"),
         ({"model": "scripted", "messages": USER, "loop": {"agent": "nope"}}, "loop.agent"),
         (

@@ -449,11 +449,34 @@ async def test_a_limit_with_error_is_a_422_with_the_loop_report(proxy_for: Proxy
     assert r.headers["x-loopwarden-stop-reason"] == "tool_call_limit"
 
 
+async def test_a_request_s_continue_limit_does_not_loosen_the_agent_s_error_limit(
+    proxy_for: ProxyFactory,
+) -> None:
+    """SPEC §4.1: a request's `loop` tightens, never loosens. The agent fails a run at the
+    thread's second call; the request's own run limit, reached at the same call, blocked it
+    with a message and the run went on (200)."""
+    agent = {
+        "model": "scripted",
+        "tools": ["get_weather"],
+        "tool_call_limits": [
+            {"tool_name": "get_weather", "thread_limit": 1, "exit_behavior": "error"}
+        ],
+    }
+    loop = {"tool_call_limits": [{"tool_name": "get_weather", "run_limit": 1}]}
+    async with proxy_for({"agents": {"strict": agent}}) as proxy:
+        proxy.upstream.script(keep(call("get_weather", city="Lima")))
+        r = await proxy.chat(model="strict", messages=user("Lima?"), loop=loop)
+    assert r.status_code == 422, r.text
+    assert r.json()["error"]["code"] == "tool_call_limit_exceeded"
+    assert r.json()["loop"]["stop_details"]["kind"] == "thread_limit"
+    assert r.json()["loop"]["tool_calls"] == 1
+
+
 async def test_a_limit_with_end_stops_with_a_message_stating_it(proxy_for: ProxyFactory) -> None:
     """After the text so far, in the JSON reply as in the stream (SPEC §4.3, §5.3)."""
     looking = replace(call("get_weather", city="Lima"), content="Looking.")
     limits = {"tool_call_limits": [{"run_limit": 3, "exit_behavior": "end"}]}
-    stated = "Tool call limit exceeded (run: 3/3). Do not call 'get_weather' again."
+    stated = "Tool call limit exceeded (run: 3/3). Do not call any tool again."
     async with proxy_for() as proxy:
         proxy.upstream.script(keep(call("get_weather", city="Lima")))
         r = await proxy.chat(model="weather", messages=user("Lima?"), loop=limits)

@@ -161,7 +161,7 @@ async def test_without_a_thread_id_the_thread_is_the_run() -> None:
     result = await h.run()
     assert len(h.tools.calls) == 1
     assert errors(result.generated) == [
-        "Tool call limit exceeded (thread: 1/2, run: 1/1). Do not call 'search' again."
+        "Tool call limit exceeded (thread: 1/2, run: 1/1). Do not call any tool again."
     ]
     assert await store.thread_counts("run_test") == {}
 
@@ -175,8 +175,45 @@ async def test_a_limit_without_tool_name_counts_every_tool() -> None:
     result = await h.run()
     assert [c[0] for c in h.tools.calls] == ["search", "fetch"]
     assert errors(result.generated) == [
-        "Tool call limit exceeded (run: 2/2). Do not call 'fetch' again."
+        "Tool call limit exceeded (run: 2/2). Do not call any tool again."
     ]
+
+
+@pytest.mark.parametrize("threads", [None, MemoryStore()])
+async def test_a_run_limit_does_not_loosen_a_stricter_thread_limit_the_call_reaches_too(
+    threads: MemoryStore | None,
+) -> None:
+    """A `continue` limit on the run (a request's) and an `error` limit on the thread (the
+    agent's) both reached at one call: the run fails, as it would with the agent's alone."""
+    limits = [
+        {"tool_name": "search", "thread_limit": 1, "exit_behavior": "error"},
+        {"tool_name": "search", "run_limit": 1},
+    ]
+    h = Harness(
+        [*searches(2), reply("a")],
+        TOOLS,
+        tool_call_limits=limits,
+        threads=threads,
+        thread_id="t1" if threads else None,
+    )
+    result = await h.run()
+    assert result.stop.reason is StopReason.TOOL_CALL_LIMIT
+    assert result.stop.error_code == "tool_call_limit_exceeded"
+    assert result.stop.details["kind"] == "thread_limit"
+    assert result.stop.details["condition"] == "tool_call_limits[0]"
+    assert len(h.tools.calls) == 1
+
+
+async def test_a_run_limit_stricter_than_the_thread_limit_reached_with_it_decides() -> None:
+    limits = [
+        {"tool_name": "search", "thread_limit": 1},
+        {"tool_name": "search", "run_limit": 1, "exit_behavior": "end"},
+    ]
+    h = Harness([*searches(2), reply("a")], TOOLS, tool_call_limits=limits)
+    result = await h.run()
+    assert result.stop.reason is StopReason.TOOL_CALL_LIMIT
+    assert result.stop.details["kind"] == "run_limit"
+    assert not result.stop.is_failure
 
 
 async def test_calls_blocked_by_a_rule_do_not_count() -> None:

@@ -116,12 +116,31 @@ class ToolCallLimits(Policy):
             for key in {lim.key for lim in limits}:
                 self.run_counts[key] += 1
             return None
+        hits += await self._stricter_thread_hits(run, hits, thread_limits)
         hit = max(hits, key=lambda h: _SEVERITY[h.limit.exit_behavior])
         thread_count = hit.thread_count
         if thread_count is None and hit.limit.thread_limit is not None:  # a run limit's hit
             thread_count = await self._thread_count(run, hit.limit)
         message = limit_message(hit.limit, call.name, hit.run_count, thread_count)
         return Block(message, ToolOutcome.BLOCKED_LIMIT, self._stop(hit, call, run, message))
+
+    async def _stricter_thread_hits(
+        self, run: RunState, hits: list[_Hit], thread_limits: list[ToolCallLimit]
+    ) -> list[_Hit]:
+        """The thread limits a call blocked by a run limit has reached too, of those stricter
+        than that run limit: a request's `continue` limit on the run does not loosen an agent's
+        `end` or `error` limit on the thread (SPEC §4.1). Read, not reserved: the call is
+        blocked whatever they say."""
+        worst = max(_SEVERITY[hit.limit.exit_behavior] for hit in hits)
+        stricter = [lim for lim in thread_limits if _SEVERITY[lim.exit_behavior] > worst]
+        if not stricter or hits[0].scope == "thread":
+            return []
+        found = []
+        for lim in stricter:
+            count = await self._thread_count(run, lim)
+            if count is not None and count >= (lim.thread_limit or 0):
+                found.append(_Hit(lim, "thread", self.run_counts[lim.key], count))
+        return found
 
     async def _thread_count(self, run: RunState, limit: ToolCallLimit) -> int | None:
         """The thread's count of `limit`'s calls, for its message: the run's, when the run is
@@ -158,4 +177,5 @@ def limit_message(limit: ToolCallLimit, tool: str, run_count: int, thread_count:
         parts.append(f"thread: {thread_count}/{limit.thread_limit}")
     if limit.run_limit is not None:
         parts.append(f"run: {run_count}/{limit.run_limit}")
-    return f"Tool call limit exceeded ({', '.join(parts)}). Do not call '{tool}' again."
+    again = f"call '{tool}'" if limit.tool_name is not None else "call any tool"
+    return f"Tool call limit exceeded ({', '.join(parts)}). Do not {again} again."
