@@ -33,6 +33,18 @@ def bundled_rates(model: str) -> Rates | None:
 
 
 @lru_cache(maxsize=512)
+def catalogued(model: str) -> str | None:
+    """The bundled data's id of the model a name is priced as (`gpt-4o` for
+    `gpt-4o-2024-08-06`, `claude-3-5-sonnet` for any `claude-3-5-sonnet-*`), or None: one of a
+    bounded set, whatever name a client sends."""
+    try:
+        found = genai_prices.calc_price(genai_prices.Usage(input_tokens=1), model)
+    except LookupError:
+        return None
+    return str(found.model.id)
+
+
+@lru_cache(maxsize=512)
 def tiered(model: str) -> bool:
     """Whether the bundled data prices the model by tiers of prompt size (Gemini 2.5 Pro:
     more a token past 200,000): its steps are priced for their own usage, not at a rate."""

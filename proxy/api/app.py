@@ -126,8 +126,8 @@ def create_app(
     registry = registry if registry is not None else CollectorRegistry()
     own_tracing = tracer_provider is None
     tracing = tracer_provider or tracer_provider_from_env(config, os.environ)
-    prices = PriceTable(config.pricing)  # one table for the runs and the metric labels
-    telemetry = build_telemetry(config, prices, registry, tracing)
+    prices = PriceTable(config.pricing)
+    telemetry = build_telemetry(config, registry, tracing)
     traced = not isinstance(tracing, NoOpTracerProvider)  # no exporter: no span work at all
     run_observers: list[RunObserver] = [telemetry.metrics_observer, *observers]
     if traced:

@@ -30,12 +30,13 @@ MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 @dataclass(frozen=True, slots=True)
 class Labels:
-    """Keeps label values bounded: names outside the config (or price data) become `other`."""
+    """Keeps label values bounded: names outside the config become `other`, or, for a model,
+    the price data's name of it (`model_label`)."""
 
     agents: frozenset[str]
     # The config's tools; the app adds the tools its MCP sources expose as they are listed.
     tools: set[str]
-    known_model: Callable[[str], bool]
+    model_label: Callable[[str], str | None]
     providers: Callable[[str], str]  # model -> gen_ai.provider.name
 
     def agent(self, name: str | None) -> str:
@@ -47,7 +48,7 @@ class Labels:
         return name if name in self.tools else OTHER
 
     def model(self, name: str) -> str:
-        return name if self.known_model(name) else OTHER
+        return self.model_label(name) or OTHER
 
 
 class Metrics:

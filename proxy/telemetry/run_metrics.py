@@ -29,6 +29,7 @@ class RunSeries:
         self.metrics = metrics
         self.agent = agent
         self.model = labels.model(model)
+        metrics.start_series([(agent, self.model)])  # (once a pair: rate() sees its first run)
         self.common = ("chat", labels.providers(model), self.model)
         self.calls: tuple[Any, Any, Any] | None = None  # duration, input and output tokens
         self.first_chunk: Any = None

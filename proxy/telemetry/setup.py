@@ -19,7 +19,7 @@ from opentelemetry.trace import TracerProvider as AnyTracerProvider
 from prometheus_client import CollectorRegistry
 
 from proxy.config import Config
-from proxy.engine.ports import PriceBook
+from proxy.pricing import catalogued
 from proxy.telemetry.metrics import Labels, Metrics
 from proxy.telemetry.run_metrics import MetricsObserver
 from proxy.telemetry.tracing import TracingObserver
@@ -126,7 +126,6 @@ class Telemetry:
 
 def build_telemetry(
     config: Config,
-    prices: PriceBook,
     registry: CollectorRegistry,
     tracer_provider: AnyTracerProvider,
     env: Mapping[str, str] = os.environ,
@@ -149,13 +148,15 @@ def build_telemetry(
     configured_models = {a.model for a in config.models.values()} | set(config.pricing)
     configured_models |= set(agent_models.values())
 
-    def known_model(model: str) -> bool:
-        return model in configured_models or prices.prices(model) is not None
+    def model_label(model: str) -> str | None:
+        """A model the config names is its own label; another, the price data's name of it (a
+        client's names are unbounded, the price data's not)."""
+        return model if model in configured_models else catalogued(model)
 
     labels = Labels(
         agents=frozenset(config.agents),
         tools=set(config.tools),
-        known_model=known_model,
+        model_label=model_label,
         providers=lambda model: endpoint(model)[0],
     )
     metrics = Metrics(registry)

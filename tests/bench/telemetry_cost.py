@@ -29,7 +29,6 @@ from proxy.engine import events as ev
 from proxy.engine.stop import Stop, StopReason
 from proxy.engine.usage import Usage
 from proxy.engine.values import ModelRequest, ToolCall, ToolResult
-from proxy.pricing import PriceTable
 from proxy.telemetry.http import HttpTelemetry
 from proxy.telemetry.setup import Telemetry, build_telemetry
 from tests.fakes import reply
@@ -92,7 +91,7 @@ def telemetry(
     if traced:
         provider = TracerProvider(sampler=ParentBased(TraceIdRatioBased(sampled)))
         provider.add_span_processor(BatchSpanProcessor(Dropped()))
-    built = build_telemetry(CONFIG, PriceTable(CONFIG.pricing), CollectorRegistry(), provider, {})
+    built = build_telemetry(CONFIG, CollectorRegistry(), provider, {})
     return built, provider
 
 

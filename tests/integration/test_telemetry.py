@@ -304,6 +304,50 @@ async def test_unknown_agents_models_and_tools_are_folded_to_other(proxy: Proxy)
     assert proxy.registry.get_sample_value("loopwarden_runs_total", labels) == 1
 
 
+def model_labels(proxy: Proxy) -> set[str]:
+    return {
+        sample.labels["model"]
+        for family in proxy.registry.collect()
+        if family.name == "loopwarden_runs"
+        for sample in family.samples
+    }
+
+
+async def test_a_model_the_price_data_knows_is_labelled_by_its_name_there(proxy: Proxy) -> None:
+    """Names are the client's to choose, and the price data matches many by their start: 200
+    names were 200 label values of every model series (`/metrics` grew without bound). Each is
+    labelled as the price data names the model now, one of a bounded set."""
+    proxy.upstream.script(*(say("Hi.") for _ in range(40)))
+    for i in range(20):
+        await proxy.chat(model=f"claude-3-5-sonnet-{i:08x}")
+        await proxy.chat(model=f"gemini-1.5-pro-{i:08x}")
+    assert model_labels(proxy) == {"scripted", "other", "claude-3-5-sonnet", "gemini-1.5-pro"}
+    sent = {"agent": "none", "model": "claude-3-5-sonnet", "stop_reason": "completed"}
+    assert proxy.registry.get_sample_value("loopwarden_runs_total", sent) == 20
+    assert (
+        proxy.metric(
+            "gen_ai_client_token_usage_count",
+            gen_ai_operation_name="chat",
+            gen_ai_provider_name="openai",
+            gen_ai_request_model="gemini-1.5-pro",
+            gen_ai_token_type="input",
+        )
+        == 20
+    )
+
+
+async def test_a_pass_through_model_s_stop_reason_series_are_at_zero_from_its_first_run(
+    proxy: Proxy,
+) -> None:
+    """Else `increase()` misses the first run that ends with each other reason."""
+    proxy.upstream.script(say("Hi."))
+    await proxy.chat(model="gpt-4o-mini")
+    for reason in StopReason:
+        labels = {"agent": "none", "model": "gpt-4o-mini", "stop_reason": reason.value}
+        expected = 1.0 if reason is StopReason.COMPLETED else 0.0
+        assert proxy.registry.get_sample_value("loopwarden_runs_total", labels) == expected
+
+
 async def test_streamed_steps_record_time_to_first_chunk(proxy: Proxy) -> None:
     proxy.upstream.script(*PARIS)
     r = await proxy.chat(model="weather", messages=user(WEATHER), stream=True)

@@ -68,7 +68,7 @@ def labels() -> Labels:
     return Labels(
         agents=frozenset({"agent-a"}),
         tools=frozenset({"search"}),
-        known_model=lambda m: m == "gpt-x",
+        model_label=lambda m: m if m == "gpt-x" else None,
         providers=lambda m: "openai",
     )
 

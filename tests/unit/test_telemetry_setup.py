@@ -13,7 +13,6 @@ from opentelemetry.sdk.trace.sampling import ParentBased
 from prometheus_client import CollectorRegistry
 
 from proxy.config import Config
-from proxy.pricing import PriceTable
 from proxy.telemetry.setup import (
     MAX_LISTED_TOOL_LABELS,
     build_telemetry,
@@ -93,7 +92,7 @@ def test_the_tool_label_takes_a_bounded_number_of_listed_names() -> None:
     config = Config.model_validate(
         {"tools": {"mine": {"kind": "builtin", "builtin": "final_answer"}}}
     )
-    telemetry = build_telemetry(config, PriceTable({}), CollectorRegistry(), TracerProvider(), {})
+    telemetry = build_telemetry(config, CollectorRegistry(), TracerProvider(), {})
     labels = telemetry.metrics_observer.labels
     telemetry.label_tools(["mine", "listed"])
     for i in range(2 * MAX_LISTED_TOOL_LABELS):
