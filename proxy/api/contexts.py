@@ -4,7 +4,6 @@ with `/v1/contexts/{id}`. A context is also the thread of its tool call limits."
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -27,7 +26,6 @@ from proxy.api.services import Services
 from proxy.engine.options import TerminatingOptions, problems
 from proxy.engine.run import Run
 from proxy.engine.run_spec import RunResult
-from proxy.engine.stop import Stop, StopReason
 from proxy.errors import (
     BodyTooLarge,
     InvalidRequest,
@@ -270,15 +268,19 @@ class ContextRuns:
         messages, run_messages = _messages(body, context, cap)
         plan = _plan(sv, body, _request(body, context, run_messages), caller)
         deps = sv.deps(plan.upstream, bearer, scope["path"])
-        run = Run(plan.spec, deps)
-        ended = await run_or_cancel(run.execute, receive)
         owner = plan.agent or context.model or ""
+        end = _End(sv, holding, context, messages, owner, caller)
+        run = Run(plan.spec, deps, keep=end.save)
+        ended = await run_or_cancel(run.execute, receive)
         result = await sv.unless_left(run, ended, lambda r: loop_report(r, False), owner, caller)
         if result is None:
             return
-        added = kept_messages(result)
-        save, refused = (None, None) if failed(result) else _saved(context, messages + added, cap)
-        result, report = await _end(sv, holding, save, result, owner, caller)
+        report = loop_report(result, False)
+        if not end.tried:  # a failed run: kept alone, as the hold is let go
+            await end.records(result, report)
+        elif failed(result):  # its save refused: the hold is gone
+            await sv.remember(result, report, owner, caller)
+        refused, added = end.refused, kept_messages(result)
         headers = run_headers(result.run_id)
         stopped(headers, result)
         if failed(result):
@@ -361,31 +363,49 @@ def _saved(
     return context, None
 
 
-async def _end(
-    sv: Services,
-    holding: Holding,
-    save: StoredContext | None,
-    result: RunResult,
-    owner: str,
-    caller: Caller | None,
-) -> tuple[RunResult, dict[str, Any]]:
-    """Saves the run's messages (`save`) and keeps the run, in the hold's last write. A save the
-    backend refuses (it failed, or another request changed the context since this run read it)
-    fails the run with `state_unavailable`, kept on its own; the run and its report."""
-    report = loop_report(result, False)
-    try:
-        await holding.end(
-            save, sv.run_records(result, report, owner, caller), sv.config.state.run_ttl_s
-        )
-    except StateUnavailable as exc:
-        if save is None:  # only the run was not kept: its answer does not depend on it
+class _End:
+    """A context run's end, in the hold's last write: the run's messages saved with the run's
+    record as the run ends (its `keep`), or, for a run that failed, its record alone."""
+
+    def __init__(
+        self,
+        sv: Services,
+        holding: Holding,
+        context: StoredContext,
+        messages: list[dict[str, Any]],
+        owner: str,
+        caller: Caller | None,
+    ) -> None:
+        self.sv, self.holding, self.context, self.messages = sv, holding, context, messages
+        self.owner, self.caller = owner, caller
+        self.tried = False
+        self.refused: ProxyError | None = None  # why the messages were not saved
+
+    async def save(self, result: RunResult) -> None:
+        """Saves the run's messages and record. A save the backend refuses (it failed, or
+        another request changed the context since this run read it) raises StateUnavailable:
+        the run ends `state_unavailable`, in its report, span and metrics alike."""
+        self.tried = True
+        cap = self.sv.config.state.max_context_bytes
+        save, self.refused = _saved(self.context, self.messages + kept_messages(result), cap)
+        if save is None:
+            await self.records(result, loop_report(result, False))
+            return
+        await self._end(save, result, loop_report(result, False))
+
+    async def records(self, result: RunResult, report: dict[str, Any]) -> None:
+        """Keeps the run alone: a backend that fails is logged (its answer does not depend on
+        it)."""
+        try:
+            await self._end(None, result, report)
+        except StateUnavailable as exc:
             log.warning("run %s was not kept: %s", result.run_id, exc.message)
-            return result, report
-        stop = Stop(StopReason.STATE_UNAVAILABLE, {"error": exc.message, "step": result.steps})
-        result = dataclasses.replace(result, stop=stop, error=exc)
-        report = loop_report(result, False)
-        await sv.remember(result, report, owner, caller)
-    return result, report
+
+    async def _end(
+        self, save: StoredContext | None, result: RunResult, report: dict[str, Any]
+    ) -> None:
+        records = self.sv.run_records(result, report, self.owner, self.caller)
+        await self.holding.end(save, records, self.sv.config.state.run_ttl_s)
 
 
 async def read_context(sv: Services, context_id: str, caller: Caller | None) -> StoredContext:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
 
@@ -33,10 +34,19 @@ class Run:
     """One run of the tool loop (SPEC §5): steps until a policy, the model or a failure stops
     it; `stream` hears what a streaming client sees as it happens."""
 
-    def __init__(self, spec: RunSpec, deps: Deps, stream: RunStream | None = None) -> None:
+    def __init__(
+        self,
+        spec: RunSpec,
+        deps: Deps,
+        stream: RunStream | None = None,
+        keep: Callable[[RunResult], Awaitable[None]] | None = None,
+    ) -> None:
         self.spec = spec
         self.deps = deps
         self.stream = stream
+        # What the caller keeps of a run that did not fail (a stored context's messages), before
+        # the run is told as ended: a StateUnavailable it raises ends the run so, everywhere.
+        self.keep = keep
         self.one_document = spec.one_document  # its text sent whole at the end (a stream's)
         self.voice = Voice(deps.observers, stream, quiet=self.one_document)
         self.result: RunResult | None = None  # once it ended, however (a cancelled run too)
@@ -79,6 +89,9 @@ class Run:
         error: BaseException | None = None
         try:
             ending = await self._loop(run)
+            if self.keep is not None and not ending.stop.is_failure:
+                run.now = clock()
+                await self.keep(RunResult.of(run, ending, None))
         except asyncio.CancelledError:
             ending = Ending(Stop(StopReason.CANCELLED, {"step": run.step_count}), {}, None)
             raise

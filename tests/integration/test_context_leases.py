@@ -111,6 +111,19 @@ async def test_a_run_that_lost_its_lease_fails_instead_of_overwriting_the_next(
     assert lost.headers["x-loopwarden-stop-reason"] == "state_unavailable"
     assert lost.headers["x-should-retry"] == "false"  # its tool ran
     assert kept.json()["stop_reason"] == "state_unavailable"  # the run is kept all the same
+    # One stop reason everywhere: its span and metrics said `completed` (the save came after).
+    labels = {"agent": "gated", "model": "scripted"}
+    assert first.metric("loopwarden_runs_total", **labels, stop_reason="state_unavailable") == 1
+    assert first.metric("loopwarden_runs_total", **labels, stop_reason="completed") == 1
+    (agent_span,) = [
+        s
+        for s in first.spans()
+        if s.name.startswith("invoke_agent")
+        and s.attributes is not None
+        and s.attributes.get("loopwarden.run_id") == lost.headers["x-loopwarden-run-id"]
+    ]
+    assert agent_span.attributes is not None
+    assert agent_span.attributes["loopwarden.stop_reason"] == "state_unavailable"
     said = [m["content"] for m in stored["messages"] if m["role"] in ("user", "assistant")]
     assert said == ["start", "Ready.", "second", "Second."]
 
