@@ -31,6 +31,7 @@ from proxy.engine.values import (
 log = logging.getLogger(__name__)
 
 NOT_EXECUTED = "Not executed: the run has stopped."
+CUT_SHORT = "Cut short: the run stopped while this call was under way; it may have had effects."
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,18 +94,16 @@ class ReplyCalls:
         call the tool rules do not allow at its place in the reply is answered as a blocked
         server call is (SPEC §8); the others go back to the client."""
         calls = _ReplyPass()
-        for call in reply.tool_calls:
-            if await self._go_through(run, calls, call):
-                break
-        await self._flush(run, calls)
         earlier = [m for m in run.generated if m.get("role") in ("assistant", "tool")]
-        if calls.answered:
-            message = dict(reply.message)
-            message["tool_calls"] = [c.to_openai() for c in calls.answered]
-            run.append(message)
-            for call in calls.answered:
-                content = calls.outputs[call.id]
-                run.append({"role": "tool", "tool_call_id": call.id, "content": content})
+        try:
+            for call in reply.tool_calls:
+                if await self._go_through(run, calls, call):
+                    break
+            await self._flush(run, calls)
+        except asyncio.CancelledError:  # the run's end (its time budget): what ran is kept
+            self._record(run, reply, calls)
+            raise
+        self._record(run, reply, calls)
         stop = calls.stop
         if stop is not None and stop.reason is StopReason.TERMINAL_TOOL:
             return CallsEnded(stop, {"role": "assistant", "content": run.messages[-1]["content"]})
@@ -116,6 +115,19 @@ class ReplyCalls:
                 self._hand_over(run, reply, calls.client, calls.answered, calls.outputs, earlier),
             )
         return None
+
+    @staticmethod
+    def _record(run: RunState, reply: ModelReply, calls: _ReplyPass) -> None:
+        """The reply's answered calls, each with its output, into the run's history; a call the
+        run's end cut short is answered so, for the history to hold every call that began."""
+        if not calls.answered:
+            return
+        message = dict(reply.message)
+        message["tool_calls"] = [c.to_openai() for c in calls.answered]
+        run.append(message)
+        for call in calls.answered:
+            content = calls.outputs.get(call.id, error_content(CUT_SHORT))
+            run.append({"role": "tool", "tool_call_id": call.id, "content": content})
 
     async def _go_through(self, run: RunState, calls: _ReplyPass, call: ToolCall) -> bool:
         """One call at its place in the reply: handed to the client, answered as blocked or not
@@ -161,10 +173,15 @@ class ReplyCalls:
         if len(batch) == 1:  # a lone call runs in this task: a task of its own costs more
             results = [await self._run(run, batch[0], calls.checked.get(id(batch[0])))]
         else:
-            runs = (self._run(run, c, calls.checked.get(id(c))) for c in batch)
-            results = list(await asyncio.gather(*runs))
+            results = list(await asyncio.gather(*(self._run_kept(run, calls, c) for c in batch)))
         for call, result in zip(batch, results, strict=True):
             self._settle(run, calls, call, result)
+
+    async def _run_kept(self, run: RunState, calls: _ReplyPass, call: ToolCall) -> ToolResult:
+        """A call of a batch, its output kept as it ends: the run's end may cut the others."""
+        result = await self._run(run, call, calls.checked.get(id(call)))
+        calls.outputs[call.id] = tool_content(result)
+        return result
 
     def _settle(
         self, run: RunState, calls: _ReplyPass, call: ToolCall, result: ToolResult

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from proxy.engine import events as ev
@@ -104,3 +105,28 @@ async def test_the_time_budget_holds_while_a_tool_runs(proxy: Proxy) -> None:
     cut = proxy.metric("loopwarden_tool_calls_total", tool="sleep", outcome="timeout")
     assert cut == 1
     assert proxy.metric("loopwarden_tool_duration_seconds_count", tool="sleep") == 1
+
+
+async def test_a_stored_context_keeps_the_calls_of_a_step_the_time_budget_cut(
+    proxy: Proxy,
+) -> None:
+    """The call began, so its reply and the call, answered as cut short, are the context's:
+    the next run's model knows it may have had effects (they were lost, and run again)."""
+    proxy.upstream.script(replace(call("sleep", seconds=30), content="Waiting."), say("Done."))
+    body = {
+        "context_id": "cut",
+        "model": "scripted",
+        "message": "Wait.",
+        "loop": {"tools": ["sleep"], "stop_when": [{"max_duration_s": 0.3}]},
+    }
+    r = await asyncio.wait_for(proxy.client.post("/chat", json=body), 20)
+    assert r.json()["loop"]["stop_reason"] == "time_budget"
+    stored = (await proxy.client.get("/v1/contexts/cut")).json()["messages"]
+    assert [m["role"] for m in stored] == ["user", "assistant", "tool"]
+    assert stored[1]["content"] == "Waiting."
+    assert stored[1]["tool_calls"][0]["function"]["name"] == "sleep"
+    assert "Cut short" in stored[2]["content"]
+    await proxy.client.post("/chat", json={"context_id": "cut", "message": "And?"})
+    assert [m["role"] for m in proxy.upstream.bodies[-1]["messages"]] == [
+        "user", "assistant", "tool", "user",
+    ]  # fmt: skip

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from dataclasses import replace
 from typing import Any
@@ -11,8 +12,17 @@ import pytest
 
 from proxy.engine.policies.budgets import estimate_prompt_tokens
 from proxy.engine.stop import StopReason
-from proxy.engine.values import DeltaSink, ModelReply, ModelRequest, Prices
-from tests.fakes import reply
+from proxy.engine.tool_calls import CUT_SHORT
+from proxy.engine.values import (
+    DeltaSink,
+    ModelReply,
+    ModelRequest,
+    Prices,
+    ToolCall,
+    ToolContext,
+    ToolResult,
+)
+from tests.fakes import FakeTools, reply
 from tests.unit.harness import Harness
 
 TOOLS = {"search": lambda _: "r" * 40}
@@ -180,3 +190,41 @@ async def test_the_time_budget_holds_while_the_run_waits_on_the_upstream() -> No
     assert 0.2 <= result.stop.details["observed"] < 30
     assert time.monotonic() - started < 30
     assert result.message["content"] == "Stopped: the run reached its time budget (0.2 s)."
+
+
+class SlowSearch(FakeTools):
+    """`search` runs until it is cut short; the other tools answer at once."""
+
+    async def execute(
+        self, call: ToolCall, ctx: ToolContext, arguments: dict[str, Any] | None = None
+    ) -> ToolResult:
+        if call.name == "search":
+            await asyncio.sleep(3600)
+        return await super().execute(call, ctx, arguments)
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+async def test_a_step_the_time_budget_cuts_keeps_its_calls_in_the_history(
+    parallel: bool,
+) -> None:
+    """The calls began (one ended): the reply and every call that began stay in the history,
+    a cut one answered as cut short, so a stored context's next run sees them and does not run
+    them again (they were lost: `generated` held nothing of the step)."""
+    calls = [("fetch", '{"n": 1}'), ("search", "{}")]
+    h = Harness(
+        [reply("working", calls=calls)],
+        {**TOOLS, "fetch": lambda _: "fetched"},
+        stop_when=[{"max_duration_s": 0.2}],
+        parallel=parallel,
+    )
+    h.deps = replace(h.deps, tools=SlowSearch(h.tools.functions), clock=time.monotonic)
+    result = await asyncio.wait_for(h.run(), timeout=30)
+    assert result.stop.reason is StopReason.TIME_BUDGET
+    assert result.tool_calls == 2
+    assistant, fetched, cut = result.generated[:3]
+    assert assistant["content"] == "working"
+    assert [c["function"]["name"] for c in assistant["tool_calls"]] == ["fetch", "search"]
+    ids = [c["id"] for c in assistant["tool_calls"]]
+    assert [fetched["tool_call_id"], cut["tool_call_id"]] == ids
+    assert fetched["content"] == "fetched"
+    assert json.loads(cut["content"]) == {"error": CUT_SHORT}
