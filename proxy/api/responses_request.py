@@ -346,13 +346,37 @@ def _tool_choice(value: Any) -> Any:
     if not isinstance(kind, str):
         raise InvalidRequest("type must be a string", param="tool_choice.type")
     if kind in ("function", "custom"):
-        own = name(choice.get("name"), "tool_choice.name")
-        namespace = choice.get("namespace")
-        if namespace is not None:
-            string_param(namespace, "tool_choice.namespace")
-        flat = upstream_name(own, namespace)
-        return {"type": "function", "function": {"name": flat}}
+        return {"type": "function", "function": {"name": _chosen(choice, "tool_choice")}}
     if kind == "allowed_tools":
-        mode = string_param(choice.get("mode", "auto"), "tool_choice.mode")
-        return mode if mode in TOOL_CHOICES else "auto"
+        return _allowed_tools(choice)
     return "auto"  # a hosted tool's choice: hosted tools are not offered
+
+
+def _chosen(tool: dict[str, Any], path: str) -> str:
+    """The flat name of the function or custom tool `tool` names (with its namespace)."""
+    own = name(tool.get("name"), f"{path}.name")
+    namespace = tool.get("namespace")
+    if namespace is not None:
+        string_param(namespace, f"{path}.namespace")
+    return upstream_name(own, namespace)
+
+
+def _allowed_tools(choice: dict[str, Any]) -> Any:
+    """Chat Completions' `allowed_tools` of the tools the choice lists: the model may call
+    those alone, of all the tools offered (hosted tools are not offered: left out; none
+    listed is `none`)."""
+    mode = string_param(choice.get("mode", "auto"), "tool_choice.mode")
+    if mode not in ("auto", "required"):
+        raise InvalidRequest("must be auto or required", param="tool_choice.mode")
+    listed = choice.get("tools")
+    if not isinstance(listed, list):
+        raise InvalidRequest("must be a list of tools", param="tool_choice.tools")
+    tools = []
+    for i, tool in enumerate(listed):
+        path = f"tool_choice.tools[{i}]"
+        kind = json_object_param(tool, path).get("type")
+        if kind in ("function", "custom"):
+            tools.append({"type": "function", "function": {"name": _chosen(tool, path)}})
+    if not tools:
+        return "none"
+    return {"type": "allowed_tools", "allowed_tools": {"mode": mode, "tools": tools}}

@@ -140,6 +140,26 @@ BAD: list[tuple[dict[str, Any], str]] = [
         "tool_choice.mode",
     ),
     (
+        {"model": "scripted", "input": "x", "tool_choice": {"type": "allowed_tools", "tools": 1}},
+        "tool_choice.tools",
+    ),
+    (
+        {
+            "model": "scripted",
+            "input": "x",
+            "tool_choice": {"type": "allowed_tools", "mode": "none", "tools": []},
+        },
+        "tool_choice.mode",
+    ),
+    (
+        {
+            "model": "scripted",
+            "input": "x",
+            "tool_choice": {"type": "allowed_tools", "tools": [{"type": "function"}]},
+        },
+        "tool_choice.tools[0].name",
+    ),
+    (
         {
             "model": "scripted",
             "input": "x",

@@ -340,6 +340,33 @@ async def test_field_mapping_to_chat_completions(proxy: Proxy) -> None:
         assert key not in sent
 
 
+async def test_allowed_tools_go_upstream_as_chat_completions_allowed_tools(proxy: Proxy) -> None:
+    """The tools listed are the ones the model may call, server tools among them: the list was
+    dropped (only the mode went on), so a server tool left out could run."""
+    proxy.upstream.script(say("Fine."))
+    choice = {
+        "type": "allowed_tools",
+        "mode": "required",
+        "tools": [
+            {"type": "function", "name": "lookup_order"},
+            {"type": "function", "name": "get_weather"},
+            {"type": "web_search"},
+        ],
+    }
+    r = await respond(proxy, model="weather", input="Hi", tools=[FUNCTION], tool_choice=choice)
+    assert r.json()["tool_choice"] == choice  # echoed as sent
+    assert proxy.upstream.bodies[0]["tool_choice"] == {
+        "type": "allowed_tools",
+        "allowed_tools": {
+            "mode": "required",
+            "tools": [
+                {"type": "function", "function": {"name": "lookup_order"}},
+                {"type": "function", "function": {"name": "get_weather"}},
+            ],
+        },
+    }
+
+
 async def test_max_tool_calls_limits_the_server_calls_of_a_run(proxy: Proxy) -> None:
     proxy.upstream.script(
         calls(call("get_weather", city="Paris"), call("get_weather", city="Lima")),
