@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import parse_qsl
 
 from starlette.types import Receive, Scope, Send
 
@@ -422,6 +423,12 @@ class StoredResponses:
         self.services = services
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["method"] == "GET" and _asks_for_a_stream(scope.get("query_string", b"")):
+            raise InvalidRequest(
+                "a stored response is read whole: its events are not kept to stream again",
+                param="stream",
+                code="unsupported_parameter",
+            )
         store, stored = await asked_for(self.services(), scope)
         asked = scope["path_params"]["response_id"]
         if scope["method"] == "DELETE":
@@ -429,3 +436,10 @@ class StoredResponses:
             await send_json(send, 200, {"id": asked, "object": "response", "deleted": True})
             return
         await send_json(send, 200, stored.response)
+
+
+def _asks_for_a_stream(query: bytes) -> bool:
+    """`?stream=true` (the SDK's `retrieve(id, stream=True)`), which would get plain JSON and
+    iterate no event."""
+    pairs = parse_qsl(query.decode("latin-1"), keep_blank_values=True)
+    return any(key == "stream" and value.lower() not in ("", "false", "0") for key, value in pairs)

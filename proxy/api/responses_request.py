@@ -24,6 +24,7 @@ SAME_NAMED = ("temperature", "top_p", "user", "prompt_cache_key", "safety_identi
 UNSUPPORTED = {
     "background": "background responses are not supported: leave background unset or false",
     "conversation": "conversations are not supported: use previous_response_id or send input",
+    "prompt": "prompt templates are not supported: send instructions and input",
 }
 
 

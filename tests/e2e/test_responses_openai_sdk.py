@@ -62,6 +62,9 @@ def test_sync_create_runs_the_server_tool_loop(
     assert server.calls[-1]["run_id"] == loop["run_id"]
     again = client.responses.retrieve(response.id)
     assert again.output_text == response.output_text
+    with pytest.raises(openai.BadRequestError) as refused:  # (it iterated no event)
+        client.responses.retrieve(response.id, stream=True)
+    assert refused.value.param == "stream"
     run = client.get(f"/runs/{response.id}", cast_to=object)
     assert isinstance(run, dict)
     assert run["stop_reason"] == "completed"

@@ -175,6 +175,10 @@ BAD: list[tuple[dict[str, Any], str]] = [
     ),
     ({"model": "scripted", "input": "x", "background": True}, "background"),
     ({"model": "scripted", "input": "x", "conversation": "conv_1"}, "conversation"),
+    (  # its template would be dropped: the model ran without it
+        {"model": "scripted", "input": "x", "prompt": {"id": "pmpt_1", "variables": {}}},
+        "prompt",
+    ),
     ({"model": "scripted", "input": "x", "loop": {"max_steps": 0}}, "loop.max_steps"),
 ]
 
@@ -188,7 +192,7 @@ async def test_bad_input_is_a_400_naming_the_field(
     error = r.json()["error"]
     assert error["param"] == param
     assert error["message"]
-    if param in ("background", "conversation"):
+    if param in ("background", "conversation", "prompt"):
         assert "not supported" in error["message"]
     if param == "previous_response_id" and isinstance(body["previous_response_id"], str):
         assert r.status_code == 404
