@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from proxy.engine.stop import StopReason
+from proxy.engine.values import ToolOutcome
 from proxy.errors import ProxyError, UpstreamStatusError
 
 
@@ -22,3 +23,9 @@ def cut_short_by(reason: StopReason) -> str:
     by it leaves the run with the stop that called for the answer)."""
     cut = reason if reason in (StopReason.CANCELLED, StopReason.TIME_BUDGET) else None
     return (cut or StopReason.TIME_BUDGET).value
+
+
+def cut_call_outcome(reason: StopReason) -> ToolOutcome:
+    """The outcome of a server call the run's end cut short: `timeout` by its time budget,
+    else (the client gone, a failure) `error`."""
+    return ToolOutcome.TIMEOUT if reason is StopReason.TIME_BUDGET else ToolOutcome.ERROR

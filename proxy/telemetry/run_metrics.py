@@ -10,7 +10,7 @@ from typing import Any
 from proxy.engine import events as ev
 from proxy.engine.stop import StopReason
 from proxy.engine.values import ModelReply, ToolOutcome
-from proxy.telemetry.error_types import cut_short_by, error_type
+from proxy.telemetry.error_types import cut_call_outcome, cut_short_by, error_type
 from proxy.telemetry.metrics import OTHER, Labels, Metrics
 
 # (agent, model) pairs whose series are kept looked up: the model is the client's to name.
@@ -151,8 +151,7 @@ class MetricsObserver:
     def _cut_short(self, event: ev.RunFinished) -> None:
         """The server calls the run's end cut short (its time budget: `timeout`; the client
         gone, or a failure: `error`), counted as the calls that finished are."""
-        timed_out = event.stop.reason is StopReason.TIME_BUDGET
-        outcome = ToolOutcome.TIMEOUT if timed_out else ToolOutcome.ERROR
+        outcome = cut_call_outcome(event.stop.reason)
         now = time.monotonic()
         for tool, started in self._running.pop(event.run_id, {}).values():
             self._tool_ended(tool, outcome, now - started)

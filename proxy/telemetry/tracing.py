@@ -10,14 +10,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+from opentelemetry import baggage, propagate, trace
 from opentelemetry import context as otel_context
-from opentelemetry import propagate, trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
 
 from proxy.engine import events as ev
 from proxy.engine.stop import ERROR_STOPS
 from proxy.engine.values import ToolOutcome
-from proxy.telemetry.error_types import cut_short_by, error_type
+from proxy.telemetry.error_types import cut_call_outcome, cut_short_by, error_type
 
 
 @dataclass(slots=True)
@@ -231,6 +231,7 @@ class TracingObserver:
                 otel_context.detach(token)  # type: ignore[arg-type]
             span.set_status(Status(StatusCode.ERROR, event.stop.reason.value))
             span.set_attribute("error.type", event.stop.reason.value)
+            span.set_attribute("loopwarden.tool.outcome", cut_call_outcome(event.stop.reason))
             span.end()
         spans.tools.clear()
         del self._runs[event.run_id]
@@ -278,8 +279,10 @@ def annotate_tool_span(attributes: Mapping[str, Any]) -> None:
 
 
 def inject_trace_headers(headers: dict[str, str]) -> None:
-    """Adds the current span's context (the `chat` span) to an upstream request."""
-    propagate.inject(headers)
+    """Adds the current span's context (the `chat` span) to an upstream request, with the
+    propagators configured (`OTEL_PROPAGATORS`), and no baggage: the client's `baggage` (its
+    user and tenant ids) is not the upstream provider's to read."""
+    propagate.inject(headers, context=baggage.clear())
 
 
 def _flat(details: dict[str, Any]) -> dict[str, Any]:

@@ -50,6 +50,7 @@ NOT_FORWARDED = frozenset(
         b"authorization",  # the proxy's own key: the upstream's is sent instead
         b"traceparent",  # the proxy's own trace context replaces the client's
         b"tracestate",
+        b"baggage",  # the client's user and tenant ids: not the upstream provider's to read
         b"expect",  # a `100-continue` was answered by the server that read the client's body
     }
 )

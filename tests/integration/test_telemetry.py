@@ -33,9 +33,9 @@ def by_name(spans: list[ReadableSpan], prefix: str) -> list[ReadableSpan]:
 
 
 async def ask_weather(proxy: Proxy, traceparent: str) -> httpx.Response:
-    """The weather agent's question, sent under the caller's `traceparent`."""
+    """The weather agent's question, sent under the caller's `traceparent` (and baggage)."""
     body = {"model": "weather", "messages": user(WEATHER)}
-    headers = {"traceparent": traceparent}
+    headers = {"traceparent": traceparent, "baggage": "user=alice,tenant=acme"}
     return await proxy.client.post("/v1/chat/completions", json=body, headers=headers)
 
 
@@ -88,6 +88,8 @@ async def test_a_run_is_one_span_tree_under_the_incoming_trace(proxy: Proxy) -> 
     assert [str(p).split("-")[2] for p in sent] == [
         format(c.context.span_id, "016x") for c in chats
     ]
+    # Nor the client's baggage (its user and tenant ids): not the provider's to read.
+    assert [r.headers.get("baggage") for r in proxy.upstream.requests] == [None] * len(chats)
 
 
 class CountingSampler(Sampler):

@@ -269,6 +269,10 @@ async def test_a_tool_call_cut_short_leaves_no_span_current(calls: int) -> None:
     tools = [s for s in exporter.get_finished_spans() if s.name.startswith("execute_tool")]
     assert len(tools) == calls
     assert all(s.status.status_code is StatusCode.ERROR for s in tools)
+    # Every execute_tool span carries its outcome (SPEC §11.1): the metric's, `timeout`.
+    assert [(s.attributes or {}).get("loopwarden.tool.outcome") for s in tools] == [
+        "timeout"
+    ] * calls
 
 
 @pytest.mark.parametrize(

@@ -182,6 +182,7 @@ CLIENT_HEADERS = [
     (b"proxy-authorization", b"Basic eDp5"),
     (b"traceparent", b"00-client-trace-01"),
     (b"tracestate", b"vendor=client"),
+    (b"baggage", b"user=alice,tenant=acme"),
     (b"expect", b"100-continue"),
 ]
 
@@ -216,6 +217,7 @@ async def test_request_headers_carry_the_upstream_key_and_trace_and_no_hop_by_ho
         "upgrade",
         "proxy-authorization",
         "tracestate",
+        "baggage",
         "expect",
     ]:
         assert name not in sent, name
@@ -228,7 +230,7 @@ async def test_the_client_key_and_trace_context_are_dropped_without_a_key_or_hoo
     up = upstream(recording(httpx.Response(200), seen), api_key=None)
     async with relay(up, "GET", "/v1/models/m-1", headers=CLIENT_HEADERS):
         pass
-    for name in ["authorization", "traceparent", "tracestate"]:
+    for name in ["authorization", "traceparent", "tracestate", "baggage"]:
         assert name not in seen[0].headers
 
 
