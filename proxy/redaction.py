@@ -4,6 +4,7 @@ exception): the values it is told of, and whatever looks like a credential."""
 from __future__ import annotations
 
 import re
+import urllib.parse
 from collections.abc import Iterable
 
 REDACTED = "[redacted]"
@@ -42,3 +43,10 @@ def _without(text: str, secret: str) -> str:
             end += 1
         text = text[:at] + REDACTED + text[end:]
     return text
+
+
+def origin(url: str) -> str:
+    """A URL as a log names it: its scheme, host and port (no user, path or query: they may
+    hold a token)."""
+    parts = urllib.parse.urlsplit(url)
+    return f"{parts.scheme}://{parts.hostname or ''}" + (f":{parts.port}" if parts.port else "")

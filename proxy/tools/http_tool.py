@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import httpx
@@ -9,7 +10,11 @@ import httpx
 from proxy import exact_json
 from proxy.engine.values import ToolContext
 from proxy.http_body import declared_length, read_up_to
+from proxy.redaction import origin
+from proxy.throttled_log import ThrottledWarnings
 from proxy.tools.base import Invoke, ToolFailed, output_too_large
+
+log = logging.getLogger(__name__)
 
 ERROR_SNIPPET_BYTES = 500  # of a non-2xx body, in the error the model reads
 
@@ -22,6 +27,15 @@ def http_invoke(
     timeout_s: float,
     max_output_bytes: int,
 ) -> Invoke:
+    warnings, where = ThrottledWarnings(log), origin(url)
+
+    def unreachable(exc: BaseException) -> ToolFailed:
+        """The model reads the error's name; the operator's log what it says too."""
+        said = str(exc).replace("\n", " ")[:300]
+        kind = type(exc).__name__
+        warnings.warning("http tool %s: %s unreachable: %s: %s", name, where, kind, said)
+        return ToolFailed(f"tool server unreachable: {type(exc).__name__}")
+
     async def invoke(arguments: dict[str, Any], ctx: ToolContext) -> Any:
         payload = {
             "name": name,
@@ -50,9 +64,9 @@ def http_invoke(
         except httpx.TimeoutException as exc:
             if _timed_out(exc):
                 raise TimeoutError from None
-            raise ToolFailed(f"tool server unreachable: {type(exc.__cause__).__name__}") from None
+            raise unreachable(exc.__cause__ or exc) from None
         except httpx.HTTPError as exc:
-            raise ToolFailed(f"tool server unreachable: {type(exc).__name__}") from None
+            raise unreachable(exc) from None
         if not ok:
             snippet = body.decode("utf-8", "replace")
             raise ToolFailed(f"tool server answered HTTP {response.status_code}: {snippet}")

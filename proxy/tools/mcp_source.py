@@ -11,7 +11,6 @@ import math
 import os
 import re
 import shutil
-import urllib.parse
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Literal
 
@@ -24,7 +23,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from proxy.config.tools import ToolConfig
-from proxy.redaction import redacted
+from proxy.redaction import origin, redacted
 from proxy.tools.base import ToolFailed
 from proxy.tools.mcp_transport import (
     CONNECTION_ENDED,
@@ -130,8 +129,7 @@ class McpSource:
         """The server as the proxy's log and `check` name it: its URL's scheme, host and port,
         or its program (no path, query, user or argument: they may hold a token)."""
         if self.cfg.url is not None:
-            url = urllib.parse.urlsplit(self.cfg.url)
-            where = f"{url.scheme}://{url.hostname or ''}" + (f":{url.port}" if url.port else "")
+            where = origin(self.cfg.url)
         else:
             where = os.path.basename((self.cfg.command or [""])[0])
         return f"{self.describe()} ({where})"

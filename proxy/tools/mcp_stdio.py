@@ -19,10 +19,8 @@ import asyncio
 import contextlib
 import json
 import logging
-import math
 import os
 import re
-import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
@@ -34,6 +32,7 @@ from mcp.os.posix.utilities import terminate_posix_process_tree
 from mcp.shared.message import SessionMessage
 
 from proxy.json_values import holds_over
+from proxy.throttled_log import ThrottledWarnings
 
 log = logging.getLogger(__name__)
 
@@ -87,34 +86,20 @@ class LineNotices:
 
     def __init__(self, server: str) -> None:
         self.server = server
-        self.told_at = -math.inf
-        self.untold = 0
+        self.warnings = ThrottledWarnings(log)
 
     def tell(self, line: bytes, error: ValueError) -> None:
-        now = time.monotonic()
-        if now - self.told_at < 1.0:
-            self.untold += 1
-            return
-        self.told_at = now
         why = (str(error).splitlines() or [""])[0][:200]
-        log.warning(
-            "MCP server %s sent a line that is not a JSON-RPC message (%r…: %s)%s",
+        self.warnings.warning(
+            "MCP server %s sent a line that is not a JSON-RPC message (%r…: %s)",
             self.server,
             line[:80],
             why,
-            self._untold(),
         )
 
     def close(self) -> None:
         """The session ended: the count of the lines not told yet, if any."""
-        if self.untold:
-            log.warning(
-                "MCP server %s sent lines that are not messages%s", self.server, self._untold()
-            )
-
-    def _untold(self) -> str:
-        untold, self.untold = self.untold, 0
-        return f" ({untold} more such lines since the last told)" if untold else ""
+        self.warnings.close("MCP server %s sent lines that are not messages", self.server)
 
 
 def message(line: bytes, notices: LineNotices | None = None) -> SessionMessage | Exception:

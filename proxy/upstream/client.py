@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -23,6 +24,7 @@ from proxy.errors import (
     UpstreamTimeout,
     UpstreamUnavailable,
 )
+from proxy.throttled_log import ThrottledWarnings
 from proxy.upstream.error_body import ERROR_BODY_LIMIT, status_failure
 from proxy.upstream.reply import ReplyLimits, stream_head
 from proxy.upstream.retry import RETRY_STATUSES, Retry
@@ -45,6 +47,8 @@ TOOL_FIELDS = ("tool_choice", "parallel_tool_calls")
 
 AttemptHook = Callable[[str, str], None]  # (upstream name, status class)
 HeadersHook = Callable[[dict[str, str]], None]  # adds trace context to an upstream request
+
+log = logging.getLogger(__name__)
 
 
 def status_class(status: int) -> str:
@@ -74,6 +78,10 @@ class Upstream:
     on_attempt: AttemptHook | None = None
     inject_headers: HeadersHook | None = None
     retry_base_s: float = 0.5
+    # The failures it meets, told to the operator (shared by its copies for other keys).
+    warnings: ThrottledWarnings = field(
+        default_factory=lambda: ThrottledWarnings(log), compare=False, repr=False
+    )
     _url: str = field(init=False)
     _timeouts: Timeouts = field(init=False)
     _reader: ReplyReader = field(init=False)
@@ -211,6 +219,7 @@ class Upstream:
             failure = self.transport.failure(exc)
             if failure is None:
                 raise
+            self.warnings.warning("upstream %s failed: %s", self.name, _cause(exc))
             if failure is Failure.TIMEOUT:
                 self._count("timeout")
                 raise UpstreamTimeout(f"upstream {self.name} timed out") from None
@@ -223,6 +232,8 @@ class Upstream:
         if 200 <= answer.status < 300:
             return _Counted(answer, self._count)  # counted by how its body ends
         self._count(status_class(answer.status))
+        if answer.status >= 500 or answer.status == 429:  # its fault, or its limits: not a client's
+            self.warnings.warning("upstream %s answered HTTP %d", self.name, answer.status)
         return answer
 
     async def _send(self, content: bytes, call: _Call) -> Answer:
@@ -306,6 +317,7 @@ class Upstream:
                 raise
             if isinstance(response, _Counted):
                 response.cut_by = "timeout" if failure is Failure.TIMEOUT else "connect_error"
+            self.warnings.warning("upstream %s failed mid-answer: %s", self.name, _cause(exc))
             if failure is Failure.TIMEOUT:
                 raise UpstreamTimeout(f"upstream {self.name} timed out") from None
             if failure is Failure.NOT_HTTP:
@@ -408,6 +420,14 @@ class _ClientTimeExcluded:
             await self.sink(text)
         finally:
             self.timer.release()
+
+
+def _cause(exc: BaseException) -> str:
+    """What the error beneath a transport's error says, for the operator's log (the client
+    reads its name alone: its message may name the upstream's address)."""
+    cause = exc.__cause__ if exc.__cause__ is not None else exc
+    said = str(cause).replace("\n", " ")[:300]
+    return f"{type(cause).__name__}: {said}" if said else type(cause).__name__
 
 
 def _cause_name(exc: BaseException) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import logging
 from typing import Any
 
 import httpx
@@ -510,12 +511,22 @@ async def test_a_client_error_is_not_retried(proxy_for: ProxyFactory) -> None:
     assert (r.status_code, len(proxy.upstream.requests)) == (400, 1)
 
 
-async def test_unreachable_upstream_is_a_502(proxy_for: ProxyFactory) -> None:
+async def test_unreachable_upstream_is_a_502(
+    proxy_for: ProxyFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The client reads the failure's name; the operator's log what it said, at most a line a
+    second with a count of the rest (nothing was logged)."""
+
     def refuse(request: httpx.Request) -> httpx.Response:
-        raise httpx.ConnectError("refused", request=request)
+        raise httpx.ConnectError("refused: no one listens", request=request)
 
     async with proxy_for(handler=refuse) as proxy:
         r = await proxy.chat(model="scripted")
+        for _ in range(20):
+            await proxy.chat(model="scripted")
+    told = [m.getMessage() for m in caplog.records if m.name == "proxy.upstream.client"]
+    assert told[0] == "upstream main failed: ConnectError: refused: no one listens"
+    assert len(told) < 10  # 21 requests, each tried 3 times
     assert r.status_code == 502
     assert r.json()["error"] == {
         "message": "upstream main unreachable: ConnectError",
@@ -535,9 +546,13 @@ async def test_upstream_timeout_is_a_504(proxy_for: ProxyFactory) -> None:
     assert r.json()["error"]["code"] == "upstream_timeout"
 
 
-async def test_errors_after_a_tool_ran_say_do_not_retry(proxy: Proxy) -> None:
+async def test_errors_after_a_tool_ran_say_do_not_retry(
+    proxy: Proxy, caplog: pytest.LogCaptureFixture
+) -> None:
     proxy.upstream.script(call("get_weather", city="Oslo"), fail(500, "boom"))
-    r = await proxy.chat(model="weather", messages=USER)
+    with caplog.at_level(logging.WARNING, logger="proxy.upstream.client"):
+        r = await proxy.chat(model="weather", messages=USER)
+    assert "upstream main answered HTTP 500" in caplog.messages
     assert r.status_code == 502
     assert r.headers["x-should-retry"] == "false"
     assert r.json()["error"]["code"] == "upstream_error"

@@ -122,5 +122,5 @@ def test_lines_that_are_no_message_are_told_in_one_line_at_most_once_a_second(
     assert all("\n" not in line and "MCP server noisy " in line for line in told)
     assert "b'INFO: starting worker 0'" in told[0]
     alone = [line for line in told if "sent a line" in line]
-    counted = [int(line.split("(")[-1].split()[0]) for line in told if "more such lines" in line]
+    counted = [int(line.split("(")[-1].split()[0]) for line in told if "more since" in line]
     assert len(alone) + sum(counted) == 1000  # each line told, or counted

@@ -235,14 +235,20 @@ async def test_http_tool_posts_and_maps_failures() -> None:
     assert "unreachable" in down.output
 
 
-async def test_an_http_tool_refused_is_an_error_and_a_silent_one_times_out_as_configured() -> None:
+async def test_an_http_tool_refused_is_an_error_and_a_silent_one_times_out_as_configured(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """Over the tools' own pool (the httpx API over aiohttp, which reports a refused
-    connection as a `ConnectTimeout`)."""
+    connection as a `ConnectTimeout`). The operator's log says why, without the URL's path
+    and query (they may hold a token); the model reads the error's name alone."""
     silent = socket.create_server(("127.0.0.1", 0))  # accepts, never answers
     port = silent.getsockname()[1]
+    closed = free_port()
     async with httpx.AsyncClient(transport=tools_transport(4)) as client:
         tools = {
-            "refused": ToolConfig(kind="http", url=f"http://127.0.0.1:{free_port()}/", timeout_s=5),
+            "refused": ToolConfig(
+                kind="http", url=f"http://127.0.0.1:{closed}/hook?token=SECRET", timeout_s=5
+            ),
             "silent": ToolConfig(kind="http", url=f"http://127.0.0.1:{port}/", timeout_s=0.3),
         }
         reg = ToolRegistry({n: build_tool(n, cfg, client, THREADS) for n, cfg in tools.items()})
@@ -257,6 +263,10 @@ async def test_an_http_tool_refused_is_an_error_and_a_silent_one_times_out_as_co
     )
     assert took < 5
     assert (slow.outcome, slow.output) == ("timeout", "tool timed out after 0.3s")
+    (told,) = [r.getMessage() for r in caplog.records if "http tool refused" in r.getMessage()]
+    assert told.startswith(f"http tool refused: http://127.0.0.1:{closed} unreachable: ")
+    assert "Connect call failed" in told or "refused" in told.lower()
+    assert "SECRET" not in told
 
 
 async def test_an_http_tool_s_numbers_stay_exact_past_64_bits() -> None:

@@ -1,0 +1,34 @@
+"""Warnings of one kind told at most once a second, each with the count of those not told since
+it: a failure every request meets (an upstream down, a tool server refusing) is one line a
+second in the log, not one a request."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+
+class ThrottledWarnings:
+    def __init__(self, log: logging.Logger, interval_s: float = 1.0) -> None:
+        self.log = log
+        self.interval_s = interval_s
+        self.told_at = -math.inf
+        self.untold = 0
+
+    def warning(self, message: str, *args: object) -> None:
+        now = time.monotonic()
+        if now - self.told_at < self.interval_s:
+            self.untold += 1
+            return
+        self.told_at = now
+        self.log.warning(message + "%s", *args, self._untold())
+
+    def close(self, message: str, *args: object) -> None:
+        """The count of the warnings not told yet, if any, told with `message`."""
+        if self.untold:
+            self.log.warning(message + "%s", *args, self._untold())
+
+    def _untold(self) -> str:
+        untold, self.untold = self.untold, 0
+        return f" ({untold} more since the last told)" if untold else ""
