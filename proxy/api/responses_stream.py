@@ -163,8 +163,9 @@ class ResponsesStream(EventStream):
             await self._write(self._finish_call(done) + self._show_waiting())
 
     def _show(self, item: dict[str, Any]) -> bytes:
-        """A server call's item added, in progress."""
-        index, added = self._add(item)
+        """A server call's item added, in progress (as it began: one that waited to be shown
+        may have ended meanwhile)."""
+        index, added = self._add({**item, "status": "in_progress", "output": None, "error": None})
         self._shown = item["id"]
         where = {"output_index": index, "item_id": item["id"]}
         return added + self._event("response.mcp_call.in_progress", where)

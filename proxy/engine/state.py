@@ -8,7 +8,7 @@ from typing import Any
 
 from proxy.engine.expressions.vocabulary import VARIABLES
 from proxy.engine.usage import Usage
-from proxy.engine.values import ModelReply, ModelRequest, ToolCall
+from proxy.engine.values import PART_BREAK, ModelReply, ModelRequest, ToolCall
 
 
 @dataclass(slots=True)
@@ -71,7 +71,7 @@ class RunState:
         `one_document`, the last step's that has text."""
         if self.one_document:
             return next((step.text for step in reversed(self.steps) if step.text), "")
-        return "\n\n".join(step.text for step in self.steps if step.text)
+        return PART_BREAK.join(step.text for step in self.steps if step.text)
 
     def called_tools(self) -> set[str]:
         """The tools whose calls ran (SPEC §9: a blocked call did not)."""

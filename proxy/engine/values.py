@@ -11,6 +11,9 @@ import orjson
 
 from proxy.engine.usage import Usage
 
+# The blank line between the texts of a run's steps in its reply (SPEC §4.3).
+PART_BREAK = "\n\n"
+
 
 @dataclass(frozen=True, slots=True)
 class ToolCall:

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 
 from proxy.engine import events as ev
 from proxy.engine.ports import RunObserver, RunStream
-from proxy.engine.values import DeltaSink
+from proxy.engine.values import PART_BREAK, DeltaSink
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ class Voice:
         if self.stream is None or not text or self.quiet:
             return
         if self._streamed:
-            text = "\n\n" + text
+            text = PART_BREAK + text
         self._streamed = True
         self.parts += 1
         await self.stream.content(text)

@@ -127,8 +127,14 @@ async def test_server_calls_run_side_by_side_are_shown_one_after_another(
             say("All three."),
         )
         r = await stream(proxy, model="scripted", loop=loop)
-    final = checked(parse_events(r.text))  # one item open at a time
+    events = parse_events(r.text)
+    final = checked(events)  # one item open at a time
     names = [(i["name"], i["status"]) for i in final["output"] if i["type"] == "mcp_call"]
+    added = [e["item"] for e in events if e["type"] == "response.output_item.added"]
+    # Each added as it began (one that ended while another was shown was added `completed`).
+    assert [(i["status"], i["output"], i["error"]) for i in added if i["type"] == "mcp_call"] == [
+        ("in_progress", None, None)
+    ] * 3
     if stopped:
         assert final["loop"]["stop_reason"] == "time_budget"
         assert names == [
