@@ -22,7 +22,7 @@ from proxy.engine.policies.stop_conditions import (
 )
 from proxy.engine.policies.terminal import TerminalTools, TerminatingConfig
 from proxy.engine.policies.tool_call_limits import ToolCallLimit, ToolCallLimits, check_limits
-from proxy.engine.policies.tool_rules import RuleBook, ToolRule, ToolRules
+from proxy.engine.policies.tool_rules import RuleBook, ToolRule, ToolRules, dead_ends
 from proxy.engine.ports import ConditionChecks, ThreadCounters
 from proxy.engine.values import Prices, ToolSpec
 from proxy.errors import PolicyInvalid, SpecError
@@ -260,11 +260,12 @@ def check_references(
                         f"{name!r} is not a server tool enabled for this run",
                     )
                 )
+    books = rule_books(policy.tool_rules)
     try:
         RuleBook(policy.tool_rules).validate(enabled)
+        problems.extend(_first_tools_in_common(books, enabled) or dead_ends(books, enabled))
     except SpecError as exc:
         problems.append((exc.param or "", exc.message))
-    problems.extend(_first_tools_in_common(rule_books(policy.tool_rules), enabled))
     try:
         check_limits(policy.tool_call_limits, server)
     except SpecError as exc:

@@ -201,8 +201,7 @@ async def test_a_request_s_conditional_rule_does_not_replace_the_agent_s(
             {
                 "type": "conditional",
                 "tool_name": "search_notes",
-                "child_output_mapping": {"nothing": "get_weather"},
-                "require_output_mapping": True,
+                "child_output_mapping": {"3 notes mention 'x'; none settles it.": "get_weather"},
             }
         ],
     }
@@ -213,6 +212,42 @@ async def test_a_request_s_conditional_rule_does_not_replace_the_agent_s(
              "child_output_mapping": {"nothing": "to_fahrenheit"}}]})  # fmt: skip
         sent = proxy.upstream.bodies
     assert offered(sent[1]) == ["get_weather"]  # the agent's mapping holds
+
+
+async def test_rules_that_force_a_call_and_allow_none_are_a_400(proxy_for: ProxyFactory) -> None:
+    """SPEC §8: an empty intersection is an error on the request, never a step sent with no
+    tools (the step went out with `tools: []` and no `tool_choice`)."""
+    agent = {
+        "model": "scripted",
+        "tools": ALL,
+        "tool_rules": [
+            {
+                "type": "constrain_child_tools",
+                "tool_name": "search_notes",
+                "children": ["get_weather"],
+            }
+        ],
+    }
+    async with proxy_for({"agents": {"strict": agent}}) as proxy:
+        across = await proxy.chat(model="strict", messages=user("x?"), loop={"tool_rules": [
+            {"type": "constrain_child_tools", "tool_name": "search_notes",
+             "children": ["to_fahrenheit"]}]})  # fmt: skip
+        within = await proxy.chat(model="scripted", messages=user("x?"), loop={
+            "tools": ALL,
+            "tool_rules": [
+                {"type": "constrain_child_tools", "tool_name": "search_notes",
+                 "children": ["get_weather"]},
+                {"type": "conditional", "tool_name": "search_notes",
+                 "child_output_mapping": {"cold": "to_fahrenheit"}},
+            ],
+        })  # fmt: skip
+        assert proxy.upstream.requests == []
+    assert across.status_code == 400, across.text
+    assert across.json()["error"]["param"] == "loop.tool_rules[0].children"
+    assert across.json()["error"]["message"].startswith("once 'search_notes' gives an output")
+    assert within.status_code == 400, within.text
+    assert within.json()["error"]["param"] == "loop.tool_rules[0].children"
+    assert "once 'search_notes' gives the output 'cold'," in within.json()["error"]["message"]
 
 
 async def test_a_run_a_rule_can_nudge_is_capped_though_it_has_no_server_tools(
