@@ -4,6 +4,7 @@ resolve the stored items, plan, run, render. Errors they raise are rendered by t
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -97,6 +98,7 @@ class Responses:
         shown = sv.config.server.responses_server_calls == "mcp_call"
         if spec.policy.tools:  # server calls a client did not send back are put back (§5.1.6)
             spec.messages = await sv.restore(spec.messages, caller)
+        _check_answered(spec.messages)
         prefix = item_prefix(spec.run_id)
         calls = ServerCalls(prefix, spec.policy.tools) if shown and spec.policy.tools else None
         created = int(time.time())
@@ -305,6 +307,25 @@ async def _continuation(req: ResponsesRequest, reads: StoredReads) -> _Continuat
     return _Continuation(
         resent.conversation, [], resent.start, resent.thread, named, resent, lineage
     )
+
+
+def _check_answered(messages: list[dict[str, Any]]) -> None:
+    """Every call has its output before the conversation goes on, as OpenAI's Responses API
+    checks (a lenient upstream took the turn, a strict one refused it after the proxy had
+    begun)."""
+    waiting: list[str] = []
+    for message in messages:
+        if message.get("role") == "tool":
+            with contextlib.suppress(ValueError):
+                waiting.remove(message.get("tool_call_id") or "")
+            continue
+        if waiting:
+            break
+        waiting = [call["id"] for call in message.get("tool_calls") or ()]
+    if waiting:
+        raise InvalidRequest(
+            f"No tool output found for function call {waiting[0][:64]}.", param="input"
+        )
 
 
 def _calls_of(conversation: list[dict[str, Any]]) -> tuple[set[str], set[str]]:

@@ -193,6 +193,27 @@ async def test_previous_response_id_continues_the_stored_conversation(proxy: Pro
     assert roles == ["user", "assistant", "tool", "assistant", "user"]
 
 
+async def test_a_turn_that_leaves_a_client_call_unanswered_is_a_400(proxy: Proxy) -> None:
+    """As OpenAI answers: the upstream was sent a call without its output (a strict one refused
+    it, a lenient one took it)."""
+    proxy.upstream.script(
+        calls(call("lookup_order", order="A-1"), call("lookup_order", order="B-2"))
+    )
+    first = (await respond(proxy, model="scripted", input="Where?", tools=[FUNCTION])).json()
+    one, two = first["output"]
+    answered = {"type": "function_call_output", "call_id": one["call_id"], "output": "shipped"}
+    for turn in ([answered], "Never mind."):
+        r = await respond(
+            proxy, model="scripted", input=turn, tools=[FUNCTION], previous_response_id=first["id"]
+        )
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert error["param"] == "input"
+        missing = two["call_id"] if turn != "Never mind." else one["call_id"]
+        assert error["message"] == f"No tool output found for function call {missing}."
+    assert len(proxy.upstream.requests) == 1
+
+
 async def test_a_chain_with_server_calls_sends_them_back_once(proxy: Proxy) -> None:
     proxy.upstream.script(
         call("get_weather", city="Paris"), say_tool_result("It is {}."), say("Yes.")
