@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from proxy.api.auth import Caller, KeyRing, ToolScope, tool_scope
 from proxy.api.run_request import RunRequest
 from proxy.config import Config, ConfigError
+from proxy.config.agents import AgentConfig
 from proxy.engine.policy import (
     EMPTY,
     Catalog,
@@ -64,13 +65,9 @@ class Planner:
         self.agents: dict[str, LoopPolicy] = {}
         problems: list[tuple[str, str]] = []
         for name, agent in config.agents.items():
-            target = self.target(agent.model)
-            try:
-                refs = self.expand(agent.tools, "")
-                policy = compile_policy(agent, refs, self.catalog)
-                check_references(policy, (), target.model, self._priced(target))
-            except PolicyInvalid as exc:
-                problems.extend((f"agents.{name}.{path}", msg) for path, msg in exc.problems)
+            policy, found = self._agent(agent)
+            if found:
+                problems.extend((f"agents.{name}.{path}", msg) for path, msg in found)
                 continue
             self.agents[name] = policy
         if problems:
@@ -84,13 +81,36 @@ class Planner:
                 scope = ToolScope(scope.names.union(*listed))
             self.tool_scopes[key.name] = scope
 
+    def _agent(self, agent: AgentConfig) -> tuple[LoopPolicy, list[tuple[str, str]]]:
+        """An agent's policy, and every problem of it (the first at each path): its tools'
+        and its options', then what the policy of the rest refers to and lacks."""
+        found: list[tuple[str, str]] = []
+        try:
+            refs = self.expand(agent.tools, "")
+        except PolicyInvalid as exc:
+            found.extend(exc.problems)
+            refs = self.expand([r for r in agent.tools if self._known(r)], "")
+        target = self.target(agent.model)
+        policy = compile_policy(agent, refs, self.catalog, found=found)
+        try:
+            check_references(policy, (), target.model, self._priced(target))
+        except PolicyInvalid as exc:
+            found.extend(exc.problems)
+        first: dict[str, str] = {}
+        for path, message in found:
+            first.setdefault(path, message)
+        return policy, list(first.items())
+
+    def _known(self, ref: str) -> bool:
+        return ref in self.groups or ref in self.catalog.names
+
     def expand(self, refs: Sequence[str], path: str) -> list[str]:
         """`refs` with each MCP entry's name replaced by the tools it exposes; raises
         PolicyInvalid for a name that is neither a tool nor an entry, at its own index."""
         problems = [
             (f"{path}tools[{i}]", f"no server tool named {ref!r}")
             for i, ref in enumerate(refs)
-            if ref not in self.groups and ref not in self.catalog.names
+            if not self._known(ref)
         ]
         if problems:
             raise PolicyInvalid(problems)

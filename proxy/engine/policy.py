@@ -151,10 +151,16 @@ EMPTY = LoopPolicy()
 
 
 def compile_policy(
-    options: PolicyOptions, tool_refs: Sequence[str], catalog: Catalog, path: str = ""
+    options: PolicyOptions,
+    tool_refs: Sequence[str],
+    catalog: Catalog,
+    path: str = "",
+    found: list[tuple[str, str]] | None = None,
 ) -> LoopPolicy:
     """Options with their tools (names or ids) -> a policy; raises PolicyInvalid with every
-    problem found, each at its JSON path under `path` (`""` for an agent, `"loop."`)."""
+    problem found, each at its JSON path under `path` (`""` for an agent, `"loop."`), or, given
+    `found`, adds them there and makes the policy of what it could (for every problem of a
+    config told at once)."""
     problems: list[tuple[str, str]] = []
     tools: dict[str, ToolSpec] = {}
     for i, ref in enumerate(tool_refs):
@@ -180,8 +186,10 @@ def compile_policy(
                 problems.append((f"{where}[{i}]", f"no server tool named {ref!r}"))
             names.append(name or ref)
         terminating = replace(terminating, tool_ids=tuple(names))
-    if problems:
+    if problems and found is None:
         raise PolicyInvalid(problems)
+    if found is not None:
+        found.extend(problems)
     return LoopPolicy(
         tools=tools,
         stop_when=conditions,
@@ -261,11 +269,8 @@ def check_references(
                     )
                 )
     books = rule_books(policy.tool_rules)
-    try:
-        RuleBook(policy.tool_rules).validate(enabled)
-        problems.extend(_first_tools_in_common(books, enabled) or dead_ends(books, enabled))
-    except SpecError as exc:
-        problems.append((exc.param or "", exc.message))
+    rules = RuleBook(policy.tool_rules).problems(enabled)
+    problems.extend(rules or _first_tools_in_common(books, enabled) or dead_ends(books, enabled))
     try:
         check_limits(policy.tool_call_limits, server)
     except SpecError as exc:

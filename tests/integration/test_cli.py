@@ -28,6 +28,35 @@ def test_check_reports_every_error_with_its_path(check_config: CheckConfig) -> N
     assert "tools.t: an http tool needs url" in err
 
 
+def test_check_reports_every_wiring_error_of_an_agent_at_once(check_config: CheckConfig) -> None:
+    """SPEC §3: every error. A terminating tool the config lacks hid the rest (each came only
+    once the one before was fixed), and a rule's first problem hid the others."""
+    status, _, err = check_config(
+        "tools:\n"
+        "  t1: {kind: builtin, builtin: final_answer}\n"
+        "  t2: {kind: builtin, builtin: complete_task}\n"
+        "agents:\n"
+        "  a:\n"
+        "    model: unpriced-model\n"
+        "    tools: [t1, t2]\n"
+        "    terminating_config: {tool_ids: [qq]}\n"
+        "    tool_rules: [{type: run_first, tool_name: zz},"
+        " {type: constrain_child_tools, tool_name: t1, children: [nope]}]\n"
+        "    tool_call_limits: [{tool_name: t1, run_limit: 1, exit_behavior: end}]\n"
+        "    stop_when: [{max_cost: 1}]\n"
+    )
+    assert status == 1
+    lines = err.strip().splitlines()
+    for told in [
+        "agents.a.terminating_config.tool_ids[0]: no server tool named 'qq'",
+        "agents.a.tool_rules[0].tool_name: 'zz' is not a tool of this run",
+        "agents.a.tool_rules[1].children[0]: 'nope' is not a tool of this run",
+        "agents.a.tool_call_limits[0].exit_behavior: exit_behavior 'end' on 't1' cannot stop",
+        "agents.a.model: a cost condition is set but model 'unpriced-model' has no known price",
+    ]:
+        assert any(line.startswith(told) for line in lines), (told, lines)
+
+
 def test_check_rejects_unknown_keys(check_config: CheckConfig) -> None:
     status, _, err = check_config("server: {port: 8080, colour: blue}\n")
     assert status == 1

@@ -25,7 +25,6 @@ from proxy.engine.policies.base import Block, Nudge, Policy, StepPlan
 from proxy.engine.state import RunState
 from proxy.engine.stop import Stop
 from proxy.engine.values import ModelReply, ToolCall, ToolResult
-from proxy.errors import SpecError
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,19 +98,27 @@ class RuleBook:
             )
         return counts
 
-    def validate(self, tools: Iterable[str]) -> None:
-        """Raises SpecError, with the rule's path, for a tool the run lacks or a contradiction."""
+    def problems(self, tools: Iterable[str]) -> list[tuple[str, str]]:
+        """Every tool a rule names that the run lacks, or else every contradiction, each with
+        the rule's path."""
         enabled = set(tools)
-        for rule in self.rules:
-            for name, path in rule.named_tools():
-                if name not in enabled:
-                    raise SpecError(f"{name!r} is not a tool of this run", param=path)
+        missing = [
+            (path, f"{name!r} is not a tool of this run")
+            for rule in self.rules
+            for name, path in rule.named_tools()
+            if name not in enabled
+        ]
+        if missing:
+            return missing
+        problems: list[tuple[str, str]] = []
         both = self.exit_tools & {r.tool_name for r in self.of("continue_loop")}
         for rule in self.of("continue_loop"):
             if rule.tool_name in both:
-                raise SpecError(
-                    f"{rule.tool_name!r} cannot both end the run (exit_loop) and continue it",
-                    param=rule.path,
+                problems.append(
+                    (
+                        rule.path,
+                        f"{rule.tool_name!r} cannot both end the run (exit_loop) and continue it",
+                    )
                 )
         parents: dict[str, set[str]] = {}  # a tool's parents: it may only follow one of them
         for parent, kids in self.children_of("parent_last_tool").items():
@@ -123,36 +130,45 @@ class RuleBook:
 
         first = self.of("run_first")
         if first and not reachable_after(None, self.run_first):
-            raise SpecError(
-                "no run_first tool can be called first: each may only follow its parent "
-                "(parent_last_tool)",
-                param=first[0].path,
+            problems.append(
+                (
+                    first[0].path,
+                    "no run_first tool can be called first: each may only follow its parent "
+                    "(parent_last_tool)",
+                )
             )
         for rule in self.of("constrain_child_tools"):
             if not reachable_after(rule.tool_name, rule.children):
-                raise SpecError(
-                    f"none of the children of {rule.tool_name!r} may follow it: each is "
-                    "limited to another parent (parent_last_tool)",
-                    param=f"{rule.path}.children",
+                problems.append(
+                    (
+                        f"{rule.path}.children",
+                        f"none of the children of {rule.tool_name!r} may follow it: each is "
+                        "limited to another parent (parent_last_tool)",
+                    )
                 )
         for rule in self.of("conditional"):
-            for name, path in rule.named_tools()[1:]:
-                if not reachable_after(rule.tool_name, [name]):
-                    raise SpecError(
-                        f"{name!r} may not follow {rule.tool_name!r}: it is limited to another "
-                        "parent (parent_last_tool)",
-                        param=path,
-                    )
+            problems.extend(
+                (
+                    path,
+                    f"{name!r} may not follow {rule.tool_name!r}: it is limited to another "
+                    "parent (parent_last_tool)",
+                )
+                for name, path in rule.named_tools()[1:]
+                if not reachable_after(rule.tool_name, [name])
+            )
         required = self.of("required_before_exit")
         offered = self._ever_offered(enabled, parents) if required else set()
-        for rule in required:
-            if rule.tool_name not in offered:
-                raise SpecError(
-                    f"{rule.tool_name!r} must run before the run may end, but no step can offer "
-                    "it (run_first, constrain_child_tools, conditional and parent_last_tool "
-                    "rules leave it out of every step)",
-                    param=f"{rule.path}.tool_name",
-                )
+        problems.extend(
+            (
+                f"{rule.path}.tool_name",
+                f"{rule.tool_name!r} must run before the run may end, but no step can offer "
+                "it (run_first, constrain_child_tools, conditional and parent_last_tool "
+                "rules leave it out of every step)",
+            )
+            for rule in required
+            if rule.tool_name not in offered
+        )
+        return problems
 
     def _ever_offered(self, enabled: set[str], parents: Mapping[str, set[str]]) -> set[str]:
         """The tools some step of some run may offer, whatever the model calls and the tools
