@@ -12,7 +12,13 @@ from typing import Any, TypeVar
 import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from proxy.errors import BodyTooLarge, ClientDisconnected, InternalError, ProxyError
+from proxy.errors import (
+    BodyTooLarge,
+    ClientDisconnected,
+    InternalError,
+    ProxyError,
+    UnsupportedEncoding,
+)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -66,9 +72,17 @@ async def send_error(
 
 
 async def read_body(receive: Receive, scope: Scope, limit: int) -> bytes:
+    """A request's JSON body, refused when larger than `limit` (413) or compressed (415: read as
+    plain, it would be "not valid JSON")."""
     for name, value in scope["headers"]:
         if name == b"content-length" and value.isdigit() and int(value) > limit:
             raise BodyTooLarge(f"the body is larger than {limit} bytes")
+        if name == b"content-encoding" and value.strip().lower() not in (b"", b"identity"):
+            raise UnsupportedEncoding(
+                f"content-encoding {value[:32].decode('latin-1')!r} is not supported: send the "
+                "body uncompressed",
+                param="content-encoding",
+            )
     chunks: list[bytes] = []
     size = 0
     while True:

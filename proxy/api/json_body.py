@@ -14,9 +14,9 @@ from typing import Any
 import orjson
 from starlette.types import Receive, Scope
 
-from proxy.api.asgi import header, read_body
+from proxy.api.asgi import read_body
 from proxy.config.server import ServerConfig
-from proxy.errors import BodyTooLarge, InvalidRequest, UnsupportedEncoding
+from proxy.errors import BodyTooLarge, InvalidRequest
 from proxy.json_values import MAX_DEPTH, holds_over, nests_too_deep
 
 
@@ -24,12 +24,6 @@ async def read_json(receive: Receive, scope: Scope, server: ServerConfig) -> byt
     """The body of a request, refused (413 `request_too_large`) when it has more bytes or more
     JSON values than the server takes, and 415 when it is compressed (read as plain, it would be
     "not valid JSON")."""
-    encoding = header(scope, b"content-encoding")
-    if encoding is not None and encoding.strip().lower() not in ("", "identity"):
-        raise UnsupportedEncoding(
-            f"content-encoding {encoding[:32]!r} is not supported: send the body uncompressed",
-            param="content-encoding",
-        )
     raw = await read_body(receive, scope, server.max_body_bytes)
     limit = server.max_body_values
     if await holds_over(raw, limit):

@@ -174,7 +174,8 @@ class Planner:
                     f"tool {client!r} clashes with a server tool",
                     param=req.tool_params[i] if req.tool_params else f"tools[{i}].function.name",
                 )
-        _check_choice(req, client_names, policy.tools)
+        if isinstance(req.tool_choice, dict):
+            _check_choice(req, client_names, policy.tools)
         if (req.has_loop or policy.tools) and (legacy := _legacy_field(req.params)):
             raise InvalidRequest(
                 f"{legacy} (the functions API before tools) cannot be used when the proxy runs "
@@ -222,7 +223,7 @@ def _check_choice(req: RunRequest, client: list[str], server: Mapping[str, objec
     """A `tool_choice` naming a tool must name one the run offers: a client tool or a server
     tool of its policy (the upstream would refuse it after the proxy had begun the run)."""
     choice = req.tool_choice
-    if not isinstance(choice, dict) or choice.get("type") not in ("function", "custom"):
+    if choice.get("type") not in ("function", "custom"):
         return
     kind = choice["type"]
     chosen = choice[kind]["name"]

@@ -125,8 +125,9 @@ class ReplyCalls:
         message = dict(reply.message)
         message["tool_calls"] = [c.to_openai() for c in calls.answered]
         run.append(message)
+        outputs = calls.outputs
         for call in calls.answered:
-            content = calls.outputs.get(call.id, error_content(CUT_SHORT))
+            content = outputs[call.id] if call.id in outputs else error_content(CUT_SHORT)
             run.append({"role": "tool", "tool_call_id": call.id, "content": content})
 
     async def _go_through(self, run: RunState, calls: _ReplyPass, call: ToolCall) -> bool:

@@ -151,9 +151,11 @@ class MetricsObserver:
     def _cut_short(self, event: ev.RunFinished) -> None:
         """The server calls the run's end cut short (its time budget: `timeout`; the client
         gone, or a failure: `error`), counted as the calls that finished are."""
-        outcome = cut_call_outcome(event.stop.reason)
-        now = time.monotonic()
-        for tool, started in self._running.pop(event.run_id, {}).values():
+        running = self._running.pop(event.run_id, None)
+        if not running:
+            return
+        outcome, now = cut_call_outcome(event.stop.reason), time.monotonic()
+        for tool, started in running.values():
             self._tool_ended(tool, outcome, now - started)
 
     def _blocked(self, event: ev.CallBlocked) -> None:
