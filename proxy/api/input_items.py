@@ -22,10 +22,10 @@ from urllib.parse import parse_qsl
 from starlette.types import Receive, Scope, Send
 
 from proxy.api.asgi import send_json
+from proxy.api.read_budget import ReadBudget
 from proxy.api.response_store import (
     INPUT_ITEM_PREFIX,
     RESPONSE_PREFIX,
-    ReadBudget,
     ResponseStore,
     asked_for,
 )

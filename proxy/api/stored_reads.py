@@ -19,13 +19,13 @@ from proxy.api.fingerprint_records import (
     parsed_fingerprint,
 )
 from proxy.api.input_items import listed
+from proxy.api.read_budget import ReadBudget
 from proxy.api.record_owner import owned_by
 from proxy.api.response_store import (
     AHEAD_BYTES,
     OUTPUTS_RECORD,
     RESPONSE_RECORD,
     ConversationTooLarge,
-    ReadBudget,
     ResponseStore,
     StoredOutputs,
     StoredResponse,

@@ -9,7 +9,8 @@ import httpx
 import pytest
 
 from proxy.api.input_items import _segments
-from proxy.api.response_store import ReadBudget, ResponseStore, StoredInput
+from proxy.api.read_budget import ReadBudget
+from proxy.api.response_store import ResponseStore, StoredInput
 from proxy.errors import InvalidRequest
 from proxy.state.memory import MemoryStore
 from proxy.state.store import StateStore
