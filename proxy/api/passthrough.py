@@ -30,6 +30,25 @@ from proxy.upstream.relay import FORM_MODEL_WITHIN, relay, sniff_model
 log = logging.getLogger(__name__)
 
 METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
+# The relayed routes that run the model their body names: a key limited to some models may use
+# these alone (a POST). Others act on the account the upstream key belongs to (files, batches,
+# fine-tunes, stored completions, costs): they are for keys that may use every model.
+MODEL_ROUTES = frozenset(
+    {
+        "/v1/embeddings",
+        "/v1/completions",
+        "/v1/moderations",
+        "/v1/audio/speech",
+        "/v1/audio/transcriptions",
+        "/v1/audio/translations",
+        "/v1/images/generations",
+        "/v1/images/edits",
+        "/v1/images/variations",
+        "/v1/responses/input_tokens",
+        "/v1/rerank",
+        "/v1/score",
+    }
+)
 
 
 async def client_body(receive: Receive) -> AsyncIterator[bytes]:
@@ -75,6 +94,13 @@ class Passthrough:
         bearer = bearer_token(scope)
         caller = sv.keys.caller(bearer)
         restricted = caller is not None and not caller.unrestricted
+        if caller is not None and restricted and not _runs_a_model(scope["method"], path):
+            raise PermissionDenied(
+                f"key {caller.name!r} may use only the models it names: {scope['method']} "
+                f"{path[:300]} does not run a model (its routes: POST "
+                f"{', '.join(sorted(MODEL_ROUTES))})",
+                code="route_not_allowed",
+            )
         bounds = sv.config.server
         model, body = await sniff_model(
             scope["headers"],
@@ -165,6 +191,10 @@ class Passthrough:
             CUT_ON_PURPOSE.set(True)
         finally:
             timer.disarm()
+
+
+def _runs_a_model(method: str, path: str) -> bool:
+    return method == "POST" and path.rstrip("/") in MODEL_ROUTES
 
 
 def _template(path: str) -> re.Pattern[str]:

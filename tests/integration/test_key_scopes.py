@@ -459,6 +459,48 @@ async def test_a_key_limited_to_some_models_relays_only_a_request_whose_model_it
     assert relayed == [b'{"model":"gpt-4o-mini","prompt":"hi"}', body]
 
 
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("GET", "/v1/files"),
+        ("DELETE", "/v1/files/file-x"),
+        ("DELETE", "/v1/models/ft:gpt-4o-mini:org:private"),
+        ("GET", "/v1/chat/completions/chatcmpl-x"),
+        ("POST", "/v1/fine_tuning/jobs"),
+        ("POST", "/v1/batches"),
+        ("GET", "/v1/organization/costs"),
+        ("GET", "/v1/embeddings"),
+    ],
+)
+async def test_a_key_limited_to_some_models_relays_only_the_routes_that_run_one(
+    proxy_for: ProxyFactory, method: str, path: str
+) -> None:
+    """A body naming a model it may use took any route, with the upstream's key: the account's
+    files, fine-tunes, batches and stored completions, to read, delete or spend on."""
+    relayed: list[str] = []
+
+    async def upstream(request: httpx.Request) -> httpx.Response:
+        relayed.append(f"{request.method} {request.url.path}")
+        return httpx.Response(200, json={"object": "list"})
+
+    config = keyed(key("a", agents=["gpt-4o-mini"]), key("all"))
+    body = {"model": "gpt-4o-mini", "input": "x"}
+    async with proxy_for(config, handler=upstream) as proxy:
+
+        async def send(name: str) -> httpx.Response:
+            headers = {"authorization": f"Bearer sk-{name}"}
+            return await proxy.client.request(method, path, json=body, headers=headers)
+
+        limited, unrestricted = await send("a"), await send("all")
+        embedded = await proxy.client.post(
+            "/v1/embeddings", json=body, headers={"authorization": "Bearer sk-a"}
+        )
+    assert limited.status_code == 403
+    assert limited.json()["error"]["code"] == "route_not_allowed"
+    assert (unrestricted.status_code, embedded.status_code) == (200, 200)
+    assert relayed == [f"{method} {path}", "POST /v1/embeddings"]
+
+
 async def test_a_limited_key_embeds_a_batch_as_large_as_a_body_may_be(
     proxy_for: ProxyFactory,
 ) -> None:
