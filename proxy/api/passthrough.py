@@ -30,6 +30,9 @@ from proxy.upstream.relay import FORM_MODEL_WITHIN, relay, sniff_model
 log = logging.getLogger(__name__)
 
 METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
+# A client's headers that pick the account billed, or carry a key of its own: not sent beside
+# the proxy's key (a key of several organisations or projects would bill the client's choice).
+ACCOUNT_HEADERS = frozenset({b"openai-organization", b"openai-project", b"x-api-key", b"api-key"})
 # The relayed routes that run the model their body names: a key limited to some models may use
 # these alone (a POST). Others act on the account the upstream key belongs to (files, batches,
 # fine-tunes, stored completions, costs): they are for keys that may use every model.
@@ -119,7 +122,11 @@ class Passthrough:
         raw_path = scope.get("raw_path") or scope["path"].encode()
         try:
             target = sv.upstream(upstream, bearer)
-            await self._relay(target, scope, raw_path.decode("latin-1"), body, send)
+            headers = scope["headers"]
+            if target.api_key and not sv.forwards_client_key(upstream):  # the proxy's key
+                headers = [(k, v) for k, v in headers if k not in ACCOUNT_HEADERS]
+            path = raw_path.decode("latin-1")
+            await self._relay(target, scope, path, headers, body, send)
         except AmbiguousModel:  # a second `model` in a form, found as it was sent
             raise self._unread(caller) from None
         except ValueError as exc:  # a path the relay refuses to send on
@@ -142,6 +149,7 @@ class Passthrough:
         upstream: Upstream,
         scope: Scope,
         path: str,
+        headers: list[tuple[bytes, bytes]],
         body: AsyncIterator[bytes],
         send: Send,
     ) -> None:
@@ -159,7 +167,7 @@ class Passthrough:
                 scope["method"],
                 path,
                 query=scope.get("query_string", b"").decode("latin-1"),
-                headers=scope["headers"],
+                headers=headers,
                 body=body,
             ) as answer:
                 timer.hold()

@@ -134,9 +134,12 @@ class Services:
         """The upstream `name`. The client's bearer token goes upstream only where the config
         forwards it, which it may not while the proxy has keys of its own."""
         upstream = self.upstreams[name]
-        if self.config.upstreams[name].forward_client_key and not self.keys.enabled:
+        if self.forwards_client_key(name):
             return upstream.with_key(bearer)
         return upstream
+
+    def forwards_client_key(self, name: str) -> bool:
+        return self.config.upstreams[name].forward_client_key and not self.keys.enabled
 
     def deps(self, upstream: str, bearer: str | None, route: str) -> Deps:
         """What a run on `upstream` started by `route` needs."""

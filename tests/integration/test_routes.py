@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import httpx
 import orjson
+import pytest
 from openai import AsyncOpenAI
 
 from proxy.state.memory import MemoryStore
@@ -24,6 +25,11 @@ async def echoing(request: httpx.Request) -> httpx.Response:
         "query": request.url.query.decode(),
         "body": body,
         "authorization": request.headers.get("authorization"),
+        "account": {
+            name: request.headers.get(name)
+            for name in ("openai-organization", "openai-project", "x-api-key", "api-key")
+            if name in request.headers
+        },
     }
     headers = {"x-upstream": "yes", "content-type": "application/json"}
     return httpx.Response(201, stream=httpx.ByteStream(orjson.dumps(echo)), headers=headers)
@@ -45,6 +51,39 @@ async def test_other_v1_routes_are_relayed_to_the_upstream_unchanged(
     assert echo["query"] == "dims=8"
     assert echo["body"] == {"model": "text-embedding-3-small", "input": "hé"}
     assert echo["authorization"] is None  # the client's key is not the upstream's
+
+
+ACCOUNT = {
+    "openai-organization": "org-other",
+    "openai-project": "proj-other",
+    "x-api-key": "client-key",
+    "api-key": "client-key",
+}
+
+
+async def test_a_client_s_account_headers_never_go_beside_the_proxy_s_key(
+    proxy_for: ProxyFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """They pick the organisation or project billed, or carry a key of the client's: beside the
+    proxy's key a client chose whom the proxy's account bills. With no key of the proxy's, or
+    the client's own forwarded, they are the client's to send."""
+    upstreams = {
+        "keyed": {"base_url": "http://keyed.test/v1", "api_key_env": "PROXY_KEY", "max_retries": 0},
+        "open": {"base_url": "http://open.test/v1", "max_retries": 0},
+        "own": {"base_url": "http://own.test/v1", "forward_client_key": True, "max_retries": 0},
+    }
+    models = {name: {"upstream": name, "model": "m"} for name in upstreams}
+    monkeypatch.setenv("PROXY_KEY", "sk-proxy")
+    async with proxy_for({"upstreams": upstreams, "models": models}, handler=echoing) as proxy:
+        seen = {}
+        for name in upstreams:
+            r = await proxy.client.post(
+                "/v1/embeddings",
+                json={"model": name, "input": "x"},
+                headers={**ACCOUNT, "authorization": "Bearer client-key"},
+            )
+            seen[name] = r.json()["account"]
+    assert seen == {"keyed": {}, "open": ACCOUNT, "own": ACCOUNT}
 
 
 async def test_an_audio_upload_goes_to_the_upstream_of_the_model_its_form_names(
