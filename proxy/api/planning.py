@@ -152,6 +152,7 @@ class Planner:
         thread_id = req.thread_id
         if caller is not None:
             self._check_tools(caller, req.loop.tools)
+            _check_model_fields(caller, req.params)
             if thread_id is not None and req.client_thread:
                 thread_id = caller.scoped(thread_id)
         agent = self.config.agents[name] if name else None
@@ -232,6 +233,21 @@ def _check_choice(req: RunRequest, client: list[str], server: Mapping[str, objec
             f"names {chosen[:64]!r}, which is none of the tools offered",
             param=req.choice_param or f"tool_choice.{kind}.name",
         )
+
+
+def _check_model_fields(caller: Caller, params: Mapping[str, object]) -> None:
+    """A key limited to some models may send no other field that names one: `MODEL` (some
+    upstreams match field names in any case, and take the later) or OpenRouter's `models`
+    (fallbacks the upstream may run instead)."""
+    if caller.unrestricted:
+        return
+    for name in params:
+        if name.lower() in ("model", "models"):
+            raise PermissionDenied(
+                f"key {caller.name!r} may use only the models it names: {name[:32]!r} could "
+                "name another",
+                param=name,
+            )
 
 
 def _legacy_field(params: Mapping[str, object]) -> str | None:

@@ -408,6 +408,23 @@ async def test_held_server_calls_are_put_back_for_the_key_that_made_them_only(
     assert as_a == ["user", "assistant", "tool", "tool"]
 
 
+@pytest.mark.parametrize("field", ["MODEL", "Model", "models"])
+async def test_a_limited_key_sends_no_other_field_that_names_a_model(
+    proxy_for: ProxyFactory, field: str
+) -> None:
+    """Some upstreams match field names in any case (and take the later), OpenRouter runs the
+    `models` it lists as fallbacks: each went upstream as the client sent it."""
+    other: Any = ["gpt-4o"] if field == "models" else "gpt-4o"
+    async with proxy_for(keyed(key("a", agents=["scripted"]), key("all"))) as proxy:
+        proxy.upstream.script(say("Hi."))
+        limited = await chat_as(proxy, "a", model="scripted", **{field: other})
+        unrestricted = await chat_as(proxy, "all", model="scripted", **{field: other})
+    assert limited.status_code == 403
+    assert limited.json()["error"]["param"] == field
+    assert unrestricted.status_code == 200
+    assert proxy.upstream.bodies[0][field] == other  # the unrestricted key's, as it sent it
+
+
 # --- relayed routes --------------------------------------------------------------------------
 
 UNREADABLE = [  # bodies whose model the proxy cannot read, which a lenient upstream may
