@@ -102,8 +102,9 @@ def check_context_id(context_id: str, max_chars: int) -> None:
 
 
 def _visible(context: StoredContext, caller: Caller | None) -> bool:
-    """A context belongs to the key that created it; one created without keys, to every key."""
-    return caller is None or context.owner is None or context.owner == caller.name
+    """A context belongs to the key that created it; one created without keys, to no key (once
+    keys are on, every key read and wrote those of the time before: as a stored response)."""
+    return caller is None or context.owner == caller.name
 
 
 def _size(messages: list[dict[str, Any]]) -> int:
@@ -306,8 +307,10 @@ def _opened(
     """The context the request names, as held (made anew on first use), once the caller may
     run it and its agent is still in the config."""
     agent = body.get("agent")
-    if agent is not None and agent not in sv.config.agents:
-        raise InvalidRequest(f"no agent named {agent!r}", param="agent")
+    if agent is not None:  # a key that may not use it learns nothing of whether it exists
+        sv.keys.check(caller, agent, "agent")
+        if agent not in sv.config.agents:
+            raise InvalidRequest(f"no agent named {agent!r}", param="agent")
     context = _open(body, holding.context, caller)
     if context.agent is not None and context.agent not in sv.config.agents:
         raise InvalidRequest(

@@ -14,6 +14,7 @@ import pytest
 from openai import AsyncOpenAI
 
 from proxy.config import ConfigError, parse_config
+from proxy.state.memory import MemoryStore
 from tests.bodies import user
 from tests.integration.conftest import BASE_CONFIG, CheckConfig, Proxy, ProxyFactory
 from tests.scripted_upstream import call, calls, say
@@ -142,6 +143,43 @@ async def test_stored_context_runs_respect_the_keys_tools(proxy_for: ProxyFactor
         )
     assert r.status_code == 403
     assert r.json()["error"]["param"] == "loop.tools[0]"
+
+
+async def test_a_context_made_before_keys_were_on_is_no_key_s(proxy_for: ProxyFactory) -> None:
+    """It belongs to no key, as a stored response made then does: every key read it, added to
+    it and could drop it."""
+    store = MemoryStore()
+    async with proxy_for({"agents": AGENTS}, store=store) as open_proxy:
+        open_proxy.upstream.script(say("Kept."))
+        made = await open_proxy.client.post(
+            "/chat", json={"context_id": "old", "agent": "weather", "message": "hi"}
+        )
+    assert made.status_code == 200
+    async with proxy_for(keyed(key("a", agents=["weather"])), store=store) as proxy:
+        headers = {"authorization": "Bearer sk-a"}
+        read = await proxy.client.get("/v1/contexts/old", headers=headers)
+        ran = await proxy.client.post(
+            "/chat", json={"context_id": "old", "message": "more"}, headers=headers
+        )
+        dropped = await proxy.client.delete("/v1/contexts/old", headers=headers)
+    assert [r.status_code for r in (read, ran, dropped)] == [404, 404, 404]
+    assert await store.load_context("old") is not None
+
+
+async def test_a_context_s_agent_the_key_may_not_use_is_a_403_whether_it_exists_or_not(
+    proxy_for: ProxyFactory,
+) -> None:
+    async with proxy_for(keyed(key("a", agents=["weather"]))) as proxy:
+        replies = [
+            await proxy.client.post(
+                "/chat",
+                json={"context_id": "c", "agent": agent, "message": "hi"},
+                headers={"authorization": "Bearer sk-a"},
+            )
+            for agent in ("ghost", "notes")
+        ]
+    assert [r.status_code for r in replies] == [403, 403]
+    assert [r.json()["error"]["param"] for r in replies] == ["agent", "agent"]
 
 
 async def test_without_keys_any_configured_tool_can_be_added(proxy_for: ProxyFactory) -> None:
