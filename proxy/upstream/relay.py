@@ -18,6 +18,7 @@ another bound; FORM_MODEL_WITHIN of a form) before sending it.
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -86,15 +87,20 @@ def upstream_url(base_url: str, path: str, query: str = "") -> str:
     percent-encoded, so an encoded `/` inside an id stays one) and `query` the raw query string;
     both go on unchanged.
 
-    Raises ValueError for a path outside `/v1/` or with a `.` or `..` segment, encoded or not:
-    the upstream's key must not reach other paths of its host.
+    Raises ValueError for a path outside `/v1/` or with a `.` or `..` segment, encoded or not,
+    between slashes or backslashes, encoded or not (a server in front that decodes and
+    normalises the path would climb them): the upstream's key must not reach other paths of its
+    host.
     """
     if not path.startswith("/v1/"):
         raise ValueError(f"not a /v1/ path: {path!r}")
-    if any(unquote(segment) in (".", "..") for segment in path.split("/")):
+    if any(part in (".", "..") for part in _SEPARATORS.split(unquote(path))):
         raise ValueError(f"a path with a dot segment: {path!r}")
     target = f"{base_url.rstrip('/')}{path[3:]}"
     return f"{target}?{query}" if query else target
+
+
+_SEPARATORS = re.compile(r"[/\\]")
 
 
 def forwarded_headers(
