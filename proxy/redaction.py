@@ -36,12 +36,18 @@ def _without(text: str, secret: str) -> str:
     text = text.replace(secret, REDACTED)
     if len(secret) < 2 * SECRET_PREFIX:  # a start of it could be a common word
         return text
-    start = secret[:SECRET_PREFIX]
-    while (at := text.find(start)) >= 0:
-        end = at + SECRET_PREFIX
-        while end < len(text) and end - at < len(secret) and text[end] == secret[end - at]:
-            end += 1
-        text = text[:at] + REDACTED + text[end:]
+    for offset in range(len(secret) - SECRET_PREFIX + 1):  # its start, its tail, any piece
+        piece, after = secret[offset : offset + SECRET_PREFIX], 0
+        while (at := text.find(piece, after)) >= 0:
+            end = at + SECRET_PREFIX
+            while (
+                end < len(text)
+                and offset + end - at < len(secret)
+                and text[end] == secret[offset + end - at]
+            ):
+                end += 1
+            text = text[:at] + REDACTED + text[end:]
+            after = at + len(REDACTED)  # (a secret may hold the word itself)
     return text
 
 

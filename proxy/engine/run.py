@@ -87,13 +87,16 @@ class Run:
         )
         ending = Ending(Stop(StopReason.INTERNAL_ERROR), {"role": "assistant"}, None)
         error: BaseException | None = None
+        keeping: asyncio.Future[None] | None = None
         try:
             ending = await self._loop(run)
             if self.keep is not None and not ending.stop.is_failure:
                 run.now = clock()
-                await self.keep(RunResult.of(run, ending, None))
+                keeping = asyncio.ensure_future(self.keep(RunResult.of(run, ending, None)))
+                await _to_its_end(keeping)
         except asyncio.CancelledError:
-            ending = Ending(Stop(StopReason.CANCELLED, {"step": run.step_count}), {}, None)
+            if not _ended_well(keeping):  # (kept as the client left: the run ended as it did)
+                ending = Ending(Stop(StopReason.CANCELLED, {"step": run.step_count}), {}, None)
             raise
         except Exception as exc:
             ending, error = ending_for(exc, spec.run_id, run.step_count), exc
@@ -198,6 +201,24 @@ class Run:
             final_answer=answer if self.spec.policy.final_answer else None,
             say=self.voice.say,
         )
+
+
+async def _to_its_end(task: asyncio.Future[None]) -> None:
+    """Awaits `task` to its end, whether or not the run is cancelled meanwhile (a save begun is
+    finished: cut, its run was told as cancelled while the backend kept it, or not); then the
+    cancellation goes on, unless the task failed (its failure, then)."""
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        if task.cancelled():
+            raise
+        await asyncio.wait({task})
+        task.result()
+        raise
+
+
+def _ended_well(task: asyncio.Future[None] | None) -> bool:
+    return task is not None and task.done() and not task.cancelled() and task.exception() is None
 
 
 def _condition_failed(voice: Voice, run: RunState, path: str, reason: str) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from pydantic import ValidationError
@@ -117,6 +117,7 @@ class Harness:
         stream: RunStream | None = None,
         user: str = "hi",
         params: dict[str, Any] | None = None,
+        keep: Callable[[RunResult], Awaitable[None]] | None = None,
     ) -> RunResult:
         spec = RunSpec(
             run_id="run_test",
@@ -130,4 +131,5 @@ class Harness:
             thread_id=self.thread_id,
             params=params or {},
         )
-        return await Run(spec, self.deps, stream).execute()
+        self.last_run = Run(spec, self.deps, stream, keep=keep)
+        return await self.last_run.execute()
