@@ -56,6 +56,7 @@ class _ReplyPass:
     checked: dict[int, dict[str, Any]] = field(default_factory=dict)
     batch: list[ToolCall] = field(default_factory=list)
     stop: Stop | None = None
+    began: set[str] = field(default_factory=set)  # the ids of the calls that began to run
 
 
 class ReplyCalls:
@@ -119,7 +120,8 @@ class ReplyCalls:
     @staticmethod
     def _record(run: RunState, reply: ModelReply, calls: _ReplyPass) -> None:
         """The reply's answered calls, each with its output, into the run's history; a call the
-        run's end cut short is answered so, for the history to hold every call that began."""
+        run's end cut short is answered so (and one it stopped before it ran, as not executed),
+        for the history to hold every call the reply made that the proxy went through."""
         if not calls.answered:
             return
         message = dict(reply.message)
@@ -127,7 +129,10 @@ class ReplyCalls:
         run.append(message)
         outputs = calls.outputs
         for call in calls.answered:
-            content = outputs[call.id] if call.id in outputs else error_content(CUT_SHORT)
+            if call.id in outputs:
+                content = outputs[call.id]
+            else:  # cut as it ran, or before (under review, or waiting for its batch)
+                content = error_content(CUT_SHORT if call.id in calls.began else NOT_EXECUTED)
             run.append({"role": "tool", "tool_call_id": call.id, "content": content})
 
     async def _go_through(self, run: RunState, calls: _ReplyPass, call: ToolCall) -> bool:
@@ -159,6 +164,7 @@ class ReplyCalls:
             calls.batch.append(call)
             return False
         await self._flush(run, calls)
+        calls.began.add(call.id)
         result = await self._run(run, call, calls.checked.get(id(call)))
         stop = self._settle(run, calls, call, result)
         if stop is not None and stop.reason is StopReason.TERMINAL_TOOL:
@@ -171,6 +177,7 @@ class ReplyCalls:
         batch, calls.batch = calls.batch, []
         if not batch:
             return
+        calls.began.update(c.id for c in batch)
         if len(batch) == 1:  # a lone call runs in this task: a task of its own costs more
             results = [await self._run(run, batch[0], calls.checked.get(id(batch[0])))]
         else:

@@ -12,7 +12,7 @@ import pytest
 
 from proxy.engine.policies.budgets import estimate_prompt_tokens
 from proxy.engine.stop import StopReason
-from proxy.engine.tool_calls import CUT_SHORT
+from proxy.engine.tool_calls import CUT_SHORT, NOT_EXECUTED
 from proxy.engine.values import (
     DeltaSink,
     ModelReply,
@@ -228,3 +228,31 @@ async def test_a_step_the_time_budget_cuts_keeps_its_calls_in_the_history(
     assert [fetched["tool_call_id"], cut["tool_call_id"]] == ids
     assert fetched["content"] == "fetched"
     assert json.loads(cut["content"]) == {"error": CUT_SHORT}
+
+
+class StallingThreads:
+    """Thread counters whose reservation never answers: a call cut under review."""
+
+    async def reserve(self, thread_id: str, caps: dict[str, int]) -> tuple[bool, dict[str, int]]:
+        await asyncio.sleep(3600)
+        raise AssertionError("unreachable")
+
+    async def thread_counts(self, thread_id: str) -> dict[str, int]:
+        return {}
+
+
+async def test_a_call_the_time_budget_cuts_before_it_ran_is_answered_as_not_executed() -> None:
+    h = Harness(
+        [reply("checking", calls=[("search", "{}")])],
+        TOOLS,
+        stop_when=[{"max_duration_s": 0.2}],
+        tool_call_limits=[{"tool_name": "search", "thread_limit": 5}],
+        threads=StallingThreads(),
+        thread_id="t",
+    )
+    h.deps = replace(h.deps, clock=time.monotonic)
+    result = await asyncio.wait_for(h.run(), timeout=30)
+    assert result.stop.reason is StopReason.TIME_BUDGET
+    assert h.tools.calls == []
+    _, answer = result.generated[:2]
+    assert json.loads(answer["content"]) == {"error": NOT_EXECUTED}
