@@ -16,6 +16,7 @@ from starlette.types import Receive, Scope
 
 from proxy.api.asgi import read_body
 from proxy.config.server import ServerConfig
+from proxy.engine.options import MAX_COUNT
 from proxy.errors import BodyTooLarge, InvalidRequest
 from proxy.json_values import MAX_DEPTH, holds_over, nests_too_deep
 
@@ -49,6 +50,6 @@ def positive_int(value: Any, param: str) -> int | None:
     `param` otherwise)."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidRequest("must be a positive integer", param=param)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_COUNT:
+        raise InvalidRequest(f"must be a positive integer of at most {MAX_COUNT}", param=param)
     return value

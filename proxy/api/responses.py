@@ -4,7 +4,6 @@ resolve the stored items, plan, run, render. Errors they raise are rendered by t
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -98,7 +97,6 @@ class Responses:
         shown = sv.config.server.responses_server_calls == "mcp_call"
         if spec.policy.tools:  # server calls a client did not send back are put back (§5.1.6)
             spec.messages = await sv.restore(spec.messages, caller)
-        _check_answered(spec.messages)
         prefix = item_prefix(spec.run_id)
         calls = ServerCalls(prefix, spec.policy.tools) if shown and spec.policy.tools else None
         created = int(time.time())
@@ -309,25 +307,6 @@ async def _continuation(req: ResponsesRequest, reads: StoredReads) -> _Continuat
     )
 
 
-def _check_answered(messages: list[dict[str, Any]]) -> None:
-    """Every call has its output before the conversation goes on, as OpenAI's Responses API
-    checks (a lenient upstream took the turn, a strict one refused it after the proxy had
-    begun)."""
-    waiting: list[str] = []
-    for message in messages:
-        if message.get("role") == "tool":
-            with contextlib.suppress(ValueError):
-                waiting.remove(message.get("tool_call_id") or "")
-            continue
-        if waiting:
-            break
-        waiting = [call["id"] for call in message.get("tool_calls") or ()]
-    if waiting:
-        raise InvalidRequest(
-            f"No tool output found for function call {waiting[0][:64]}.", param="input"
-        )
-
-
 def _calls_of(conversation: list[dict[str, Any]]) -> tuple[set[str], set[str]]:
     """The ids of a conversation's calls, and of those an output follows the last call of. (An
     upstream may give every turn the same call ids, `call_0`: an output is one too many only
@@ -353,6 +332,13 @@ async def _new_items(
     known, answered = _calls_of(at.conversation)
     # A call is the previous response's by its place in it.
     previous_calls = {i.get("call_id") for i in at.outputs if i.get("type") in CLIENT_CALLS}
+    # The client calls still without an output, in order: the continued response's, then those
+    # the items make (OpenAI refuses a turn that leaves one).
+    unanswered = dict.fromkeys(
+        i.get("call_id")
+        for i in at.outputs
+        if i.get("type") in CLIENT_CALLS and i.get("call_id") not in answered
+    )
     items: list[dict[str, Any]] = []
     seen: set[str] = set()
     for i in range(at.start, len(req.items)):
@@ -372,6 +358,7 @@ async def _new_items(
                 raise _held_already("call_id", item["call_id"], f"input[{i}].call_id")
             known.add(item["call_id"])
             answered.discard(item["call_id"])
+            unanswered[item["call_id"]] = None
         elif kind == "mcp_call":
             known.add(item["id"])
         elif kind in OUTPUT_ITEMS:
@@ -382,7 +369,11 @@ async def _new_items(
                     f"no tool call with call_id {item['call_id'][:64]!r} comes before this output",
                     param=f"input[{i}].call_id",
                 )
+            unanswered.pop(item["call_id"], None)
         items.append(item)
+    if unanswered:
+        first = str(next(iter(unanswered)))
+        raise InvalidRequest(f"No tool output found for function call {first[:64]}.", param="input")
     return items
 
 
@@ -444,13 +435,13 @@ class StoredResponses:
         self.services = services
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        store, stored = await asked_for(self.services(), scope)  # (the key checked first)
         if scope["method"] == "GET" and _asks_for_a_stream(scope.get("query_string", b"")):
             raise InvalidRequest(
                 "a stored response is read whole: its events are not kept to stream again",
                 param="stream",
                 code="unsupported_parameter",
             )
-        store, stored = await asked_for(self.services(), scope)
         asked = scope["path_params"]["response_id"]
         if scope["method"] == "DELETE":
             await store.delete(stored)

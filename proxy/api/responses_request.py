@@ -364,8 +364,8 @@ def _chosen(tool: dict[str, Any], path: str) -> str:
 
 def _allowed_tools(choice: dict[str, Any]) -> Any:
     """Chat Completions' `allowed_tools` of the tools the choice lists: the model may call
-    those alone, of all the tools offered (hosted tools are not offered: left out; none
-    listed is `none`)."""
+    those alone, of all the tools offered (hosted tools are not offered: left out; a list of
+    hosted tools alone, the proxy's own `mcp` label among them, is its mode)."""
     mode = string_param(choice.get("mode", "auto"), "tool_choice.mode")
     if mode not in ("auto", "required"):
         raise InvalidRequest("must be auto or required", param="tool_choice.mode")
@@ -379,5 +379,5 @@ def _allowed_tools(choice: dict[str, Any]) -> Any:
         if kind in ("function", "custom"):
             tools.append({"type": "function", "function": {"name": _chosen(tool, path)}})
     if not tools:
-        return "none"
+        return mode
     return {"type": "allowed_tools", "allowed_tools": {"mode": mode, "tools": tools}}

@@ -106,6 +106,7 @@ BAD: list[tuple[dict[str, Any], str]] = [
     ),
     ({"model": "scripted", "input": "x", "text": {"format": {"type": "xml"}}}, "text.format.type"),
     ({"model": "scripted", "input": "x", "text": {"verbosity": "loud"}}, "text.verbosity"),
+    ({"model": "scripted", "input": "x", "max_tool_calls": 2**63}, "max_tool_calls"),  # was a 500
     (
         {"model": "scripted", "input": "x", "include": ["message.output_text.logprobs", 7]},
         "include[1]",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -214,6 +215,45 @@ async def test_a_turn_that_leaves_a_client_call_unanswered_is_a_400(proxy: Proxy
     assert len(proxy.upstream.requests) == 1
 
 
+async def test_a_turn_sent_whole_whose_calls_all_have_outputs_is_taken(proxy: Proxy) -> None:
+    """Every call answered, however the items lie: a server call then text beside a client call
+    (its output after the text, once made messages), and text between two calls of one turn
+    with both outputs after them. A check of the messages made of the items refused both."""
+    looking = replace(call("lookup_order", order="A-1"), content="Let me look.")
+    proxy.upstream.script(call("get_weather", city="Paris"), looking, say("Done."), say("Both."))
+    first = (
+        await respond(proxy, model="weather", input="Paris?", tools=[FUNCTION], store=False)
+    ).json()
+    assert [i["type"] for i in first["output"]] == ["mcp_call", "function_call", "message"]
+    fc = first["output"][1]
+    again = [
+        {"role": "user", "content": "Paris?"},
+        *first["output"],
+        {"type": "function_call_output", "call_id": fc["call_id"], "output": "shipped"},
+    ]
+    whole = await respond(proxy, model="weather", input=again, tools=[FUNCTION], store=False)
+    assert whole.status_code == 200, whole.text
+    between = [
+        {"role": "user", "content": "Two orders?"},
+        {
+            "type": "message",
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": "A:"}],
+        },
+        {"type": "function_call", "call_id": "c-a", "name": "lookup_order", "arguments": "{}"},
+        {
+            "type": "message",
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": "B:"}],
+        },
+        {"type": "function_call", "call_id": "c-b", "name": "lookup_order", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c-a", "output": "shipped"},
+        {"type": "function_call_output", "call_id": "c-b", "output": "lost"},
+    ]
+    both = await respond(proxy, model="scripted", input=between, tools=[FUNCTION], store=False)
+    assert both.status_code == 200, both.text
+
+
 async def test_a_chain_with_server_calls_sends_them_back_once(proxy: Proxy) -> None:
     proxy.upstream.script(
         call("get_weather", city="Paris"), say_tool_result("It is {}."), say("Yes.")
@@ -386,6 +426,15 @@ async def test_allowed_tools_go_upstream_as_chat_completions_allowed_tools(proxy
             ],
         },
     }
+    # Hosted tools alone (the proxy's own label among them: its server tools): the mode.
+    proxy.upstream.script(say("Fine."))
+    hosted = {
+        "type": "allowed_tools",
+        "mode": "required",
+        "tools": [{"type": "mcp", "server_label": "loopwarden"}],
+    }
+    await respond(proxy, model="weather", input="Hi", tool_choice=hosted)
+    assert proxy.upstream.bodies[1]["tool_choice"] == "required"
 
 
 async def test_max_tool_calls_limits_the_server_calls_of_a_run(proxy: Proxy) -> None:
