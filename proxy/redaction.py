@@ -24,8 +24,8 @@ SECRET_PREFIX = 8
 
 
 def redacted(text: str, secrets: Iterable[str | None] = ()) -> str:
-    """`text` with every occurrence of `secrets`, of the first SECRET_PREFIX or more characters
-    of one, and of everything that looks like a credential replaced by `[redacted]`."""
+    """`text` with every occurrence of `secrets`, of any SECRET_PREFIX or more characters in a
+    row of one, and of everything that looks like a credential replaced by `[redacted]`."""
     for secret in secrets:
         if secret:
             text = _without(text, secret)
@@ -33,12 +33,13 @@ def redacted(text: str, secrets: Iterable[str | None] = ()) -> str:
 
 
 def _without(text: str, secret: str) -> str:
-    text = text.replace(secret, REDACTED)
-    if len(secret) < 2 * SECRET_PREFIX:  # a start of it could be a common word
-        return text
+    if len(secret) < 2 * SECRET_PREFIX:  # a piece of it could be a common word
+        return text.replace(secret, REDACTED)
+    spans: list[tuple[int, int]] = []  # what to take out, found in `text` as it came
     for offset in range(len(secret) - SECRET_PREFIX + 1):  # its start, its tail, any piece
-        piece, after = secret[offset : offset + SECRET_PREFIX], 0
-        while (at := text.find(piece, after)) >= 0:
+        piece = secret[offset : offset + SECRET_PREFIX]
+        at = text.find(piece)
+        while at >= 0:
             end = at + SECRET_PREFIX
             while (
                 end < len(text)
@@ -46,9 +47,18 @@ def _without(text: str, secret: str) -> str:
                 and text[end] == secret[offset + end - at]
             ):
                 end += 1
-            text = text[:at] + REDACTED + text[end:]
-            after = at + len(REDACTED)  # (a secret may hold the word itself)
-    return text
+            spans.append((at, end))
+            at = text.find(piece, at + 1)
+    if not spans:
+        return text
+    out, last = [], 0
+    for start, end in sorted(spans):
+        if start > last:
+            out += [text[last:start], REDACTED]
+        elif not out:
+            out.append(REDACTED)
+        last = max(last, end)
+    return "".join(out) + text[last:]
 
 
 def origin(url: str) -> str:

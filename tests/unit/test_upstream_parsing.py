@@ -381,6 +381,16 @@ def test_scrub_removes_the_key_and_what_looks_like_one() -> None:
     )
 
 
+def test_scrub_removes_the_tail_or_any_piece_of_the_key_echoed_alone() -> None:
+    """An upstream that echoes the key's last characters ("tail efghijklmnop") showed them."""
+    key = "sk-upstream-abcdefghijklmnop"
+    assert scrub("key ending efghijklmnop is revoked", [key]) == "key ending [redacted] is revoked"
+    assert scrub("stream-abcdefg was seen", [key]) == "[redacted] was seen"
+    assert scrub("abcdefg is seven", [key]) == "abcdefg is seven"  # shorter than a piece
+    # a key that holds the word itself: no endless redaction
+    assert scrub("x [redacted]-tail y", ["[redacted]-tail-0123"]) == "x [redacted] y"
+
+
 def test_scrub_removes_the_start_of_the_key_echoed_alone() -> None:
     key = "Zq9plainSecretToken7781abc"
     assert scrub("bad key Zq9plainSecr... (Zq9plainSecretToken7781abc)", [key]) == (
