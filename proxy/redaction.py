@@ -33,32 +33,30 @@ def redacted(text: str, secrets: Iterable[str | None] = ()) -> str:
 
 
 def _without(text: str, secret: str) -> str:
+    """`text` without any SECRET_PREFIX or more characters in a row of `secret` (its start, its
+    tail, any piece): each window of the text that is one of the secret's pieces is taken out,
+    in one pass over the text (a key of its client's choosing, echoed by an upstream, is no
+    longer work a square of its length)."""
     if len(secret) < 2 * SECRET_PREFIX:  # a piece of it could be a common word
         return text.replace(secret, REDACTED)
-    spans: list[tuple[int, int]] = []  # what to take out, found in `text` as it came
-    for offset in range(len(secret) - SECRET_PREFIX + 1):  # its start, its tail, any piece
-        piece = secret[offset : offset + SECRET_PREFIX]
-        at = text.find(piece)
-        while at >= 0:
-            end = at + SECRET_PREFIX
-            while (
-                end < len(text)
-                and offset + end - at < len(secret)
-                and text[end] == secret[offset + end - at]
-            ):
-                end += 1
-            spans.append((at, end))
-            at = text.find(piece, at + 1)
-    if not spans:
+    width = SECRET_PREFIX
+    pieces = {secret[i : i + width] for i in range(len(secret) - width + 1)}
+    out: list[str] = []
+    kept = start = 0  # the text before `kept` is in `out`; the span being taken out begins
+    cut = -1  # where the span being taken out ends, or -1
+    for at in range(len(text) - width + 1):
+        if text[at : at + width] not in pieces:
+            continue
+        if cut < at:  # a span of its own
+            if cut >= 0:
+                out += [text[kept:start], REDACTED]
+                kept = cut
+            start = at
+        cut = at + width
+    if cut < 0:
         return text
-    out, last = [], 0
-    for start, end in sorted(spans):
-        if start > last:
-            out += [text[last:start], REDACTED]
-        elif not out:
-            out.append(REDACTED)
-        last = max(last, end)
-    return "".join(out) + text[last:]
+    out += [text[kept:start], REDACTED]
+    return "".join(out) + text[cut:]
 
 
 def origin(url: str) -> str:

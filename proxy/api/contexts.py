@@ -107,6 +107,12 @@ def _visible(context: StoredContext, caller: Caller | None) -> bool:
     return caller is None or context.owner == caller.name
 
 
+def _unowned_for(context: StoredContext, caller: Caller | None) -> bool:
+    """A context made while no keys were on, which a key that may use every agent may drop (no
+    key may read or run it)."""
+    return context.owner is None and caller is not None and caller.unrestricted
+
+
 def _size(messages: list[dict[str, Any]]) -> int:
     return len(orjson.dumps(messages))
 
@@ -456,7 +462,11 @@ class ContextRecords:
         async with held(sv.store, context_id, receive) as holding:  # not while a run holds it
             if holding is None:
                 return
-            found = _readable(sv, context_id, holding.context, caller)
+            kept = holding.context
+            if kept is not None and _unowned_for(kept, caller):
+                found = kept
+            else:
+                found = _readable(sv, context_id, kept, caller)
             await sv.store.delete_context(found.id)
             body = {"id": found.id, "object": "loopwarden.context.deleted", "deleted": True}
             await send_json(send, 200, body)

@@ -242,7 +242,7 @@ def _check_model_fields(caller: Caller, params: Mapping[str, object]) -> None:
     if caller.unrestricted:
         return
     for name in params:
-        if name.lower() in ("model", "models"):
+        if name.casefold() in ("model", "models"):  # (as Go folds: U+017F is s, U+212A k)
             raise PermissionDenied(
                 f"key {caller.name!r} may use only the models it names: {name[:32]!r} could "
                 "name another",

@@ -339,6 +339,13 @@ async def _new_items(
         for i in at.outputs
         if i.get("type") in CLIENT_CALLS and i.get("call_id") not in answered
     )
+    if not at.outputs:  # a conversation resent whole: the calls its last reply made
+        last: dict[str, Any] = next(
+            (m for m in reversed(at.conversation) if m.get("role") == "assistant"), {}
+        )
+        unanswered.update(
+            dict.fromkeys(c["id"] for c in last.get("tool_calls") or () if c["id"] not in answered)
+        )
     items: list[dict[str, Any]] = []
     seen: set[str] = set()
     for i in range(at.start, len(req.items)):

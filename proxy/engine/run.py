@@ -204,17 +204,19 @@ class Run:
 
 
 async def _to_its_end(task: asyncio.Future[None]) -> None:
-    """Awaits `task` to its end, whether or not the run is cancelled meanwhile (a save begun is
-    finished: cut, its run was told as cancelled while the backend kept it, or not); then the
-    cancellation goes on, unless the task failed (its failure, then)."""
-    try:
-        await asyncio.shield(task)
-    except asyncio.CancelledError:
-        if task.cancelled():
-            raise
-        await asyncio.wait({task})
-        task.result()
-        raise
+    """Awaits `task` to its end, however often the run is cancelled meanwhile (a save begun is
+    finished: cut, its run was told as cancelled while the backend kept it, or not); then a
+    cancellation goes on (the task's failure, if any, read by `_ended_well`), else the task's
+    failure is raised."""
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.wait({task})  # (cancelled, it lets the task go on)
+        except asyncio.CancelledError:
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
+    task.result()
 
 
 def _ended_well(task: asyncio.Future[None] | None) -> bool:

@@ -23,7 +23,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from proxy.config.tools import ToolConfig
-from proxy.redaction import origin, redacted
+from proxy.redaction import REDACTED, origin, redacted
 from proxy.tools.base import ToolFailed
 from proxy.tools.mcp_transport import (
     CONNECTION_ENDED,
@@ -141,7 +141,11 @@ class McpSource:
 
     def _told(self, reason: str | None) -> str:
         """A reason the session failed, as a client may read it: without the server's URL."""
-        return redacted(reason or "", [self.cfg.url, (self.cfg.url or "").split("?")[0]])
+        told = reason or ""
+        for url in (self.cfg.url, (self.cfg.url or "").split("?")[0]):  # whole, then no query
+            if url:  # (a piece of it, "https://" or its host, is no secret: kept)
+                told = told.replace(url, REDACTED)
+        return redacted(told)
 
     async def start(self) -> None:
         """Starts the session's task; returns when the first attempt to connect has ended

@@ -22,7 +22,10 @@ FIELD_LIMIT = 200
 
 
 def scrub(text: str, secrets: Iterable[str | None] = (), limit: int = MESSAGE_LIMIT) -> str:
-    """`text` without secrets (`redaction.redacted`), cut to `limit` characters."""
+    """`text` without secrets (`redaction.redacted`), cut to `limit` characters: cut first to
+    what can still show after it (a secret cut in half is redacted as a piece of it)."""
+    secrets = list(secrets)
+    text = text[: limit + 2 * max((len(s or "") for s in secrets), default=0) + 256]
     text = redacted(text, secrets)
     return text if len(text) <= limit else text[: limit - 1] + "…"
 

@@ -155,15 +155,20 @@ async def test_a_context_made_before_keys_were_on_is_no_key_s(proxy_for: ProxyFa
             "/chat", json={"context_id": "old", "agent": "weather", "message": "hi"}
         )
     assert made.status_code == 200
-    async with proxy_for(keyed(key("a", agents=["weather"])), store=store) as proxy:
+    async with proxy_for(keyed(key("a", agents=["weather"]), key("all")), store=store) as proxy:
         headers = {"authorization": "Bearer sk-a"}
         read = await proxy.client.get("/v1/contexts/old", headers=headers)
         ran = await proxy.client.post(
             "/chat", json={"context_id": "old", "message": "more"}, headers=headers
         )
         dropped = await proxy.client.delete("/v1/contexts/old", headers=headers)
-    assert [r.status_code for r in (read, ran, dropped)] == [404, 404, 404]
-    assert await store.load_context("old") is not None
+        assert [r.status_code for r in (read, ran, dropped)] == [404, 404, 404]
+        assert await store.load_context("old") is not None
+        # A key that may use every agent drops it, so that its id can be used again.
+        everyone = {"authorization": "Bearer sk-all"}
+        assert (await proxy.client.get("/v1/contexts/old", headers=everyone)).status_code == 404
+        assert (await proxy.client.delete("/v1/contexts/old", headers=everyone)).status_code == 200
+    assert await store.load_context("old") is None
 
 
 async def test_a_context_s_agent_the_key_may_not_use_is_a_403_whether_it_exists_or_not(
@@ -446,7 +451,7 @@ async def test_held_server_calls_are_put_back_for_the_key_that_made_them_only(
     assert as_a == ["user", "assistant", "tool", "tool"]
 
 
-@pytest.mark.parametrize("field", ["MODEL", "Model", "models"])
+@pytest.mark.parametrize("field", ["MODEL", "Model", "models", "model\u017f"])
 async def test_a_limited_key_sends_no_other_field_that_names_a_model(
     proxy_for: ProxyFactory, field: str
 ) -> None:

@@ -215,6 +215,22 @@ async def test_a_turn_that_leaves_a_client_call_unanswered_is_a_400(proxy: Proxy
     assert len(proxy.upstream.requests) == 1
 
 
+async def test_a_stored_turn_resent_whole_without_its_call_s_output_is_a_400(
+    proxy: Proxy,
+) -> None:
+    proxy.upstream.script(call("lookup_order", order="A-1"))
+    asked = [{"role": "user", "content": "Where?"}]
+    first = (await respond(proxy, model="scripted", input=asked, tools=[FUNCTION])).json()
+    [fc] = first["output"]
+    again = [*asked, fc, {"role": "user", "content": "Never mind."}]
+    r = await respond(proxy, model="scripted", input=again, tools=[FUNCTION])
+    assert r.status_code == 400, r.text
+    assert (
+        r.json()["error"]["message"] == f"No tool output found for function call {fc['call_id']}."
+    )
+    assert len(proxy.upstream.requests) == 1
+
+
 async def test_a_turn_sent_whole_whose_calls_all_have_outputs_is_taken(proxy: Proxy) -> None:
     """Every call answered, however the items lie: a server call then text beside a client call
     (its output after the text, once made messages), and text between two calls of one turn

@@ -49,3 +49,6 @@ def test_why_a_source_is_not_connected_is_told_without_its_url() -> None:
     assert told.startswith("MCP server 'hosted' is not connected: Client error '401")
     assert "TOKEN1234567890" not in told
     assert source.located() == "MCP server 'hosted' (https://mcp.example.test)"
+    # Another URL, or the server's own host, in a reason is no secret: kept for the operator.
+    source.error = "see https://docs.vendor.test/auth (mcp.example.test said 401)"
+    assert source.error in source.not_connected()

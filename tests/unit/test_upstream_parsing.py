@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from proxy.engine.values import ModelRequest, ToolCall
 from proxy.errors import UpstreamBadReply, UpstreamStatusError
+from proxy.redaction import redacted
 from proxy.upstream.client import Upstream
 from proxy.upstream.error_body import (
     MAX_RETRY_HEADERS,
@@ -389,6 +390,10 @@ def test_scrub_removes_the_tail_or_any_piece_of_the_key_echoed_alone() -> None:
     assert scrub("abcdefg is seven", [key]) == "abcdefg is seven"  # shorter than a piece
     # a key that holds the word itself: no endless redaction
     assert scrub("x [redacted]-tail y", ["[redacted]-tail-0123"]) == "x [redacted] y"
+    # one pass over the text: a key of its client's choosing, echoed, was work a square of its
+    # length (a 200-character key in 64 KB of its own letters: minutes)
+    assert redacted("a" * 65536, ["a" * 200]) == "[redacted]"
+    assert scrub("x" * 5000 + "KEY-0123456789abcdef", ["KEY-0123456789abcdef"]) == "x" * 999 + "…"
 
 
 def test_scrub_removes_the_start_of_the_key_echoed_alone() -> None:
