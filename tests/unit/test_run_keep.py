@@ -42,58 +42,37 @@ async def test_a_failed_run_is_not_kept() -> None:
     assert kept == []
 
 
-async def test_a_keep_begun_is_finished_though_the_client_leaves_and_the_run_ended_as_it_did() -> (
-    None
-):
-    """Cut, the save went on in the backend's thread (sqlite) while the run was told as
-    cancelled: the context held a reply its client never got, and its retry added it twice."""
-    entered, go, saved = asyncio.Event(), asyncio.Event(), []
-
-    async def keep(result: RunResult) -> None:
-        entered.set()
-        await go.wait()
-        saved.append(result.message["content"])
-
-    h = Harness([reply("done")])
-    running = asyncio.create_task(h.run(keep=keep))
-    await asyncio.wait_for(entered.wait(), 5)
-    running.cancel()
-    await asyncio.sleep(0)
-    go.set()
-    with pytest.raises(asyncio.CancelledError):
-        await running
-    assert saved == ["done"]
-    assert h.last_run.result is not None
-    assert h.last_run.result.stop.reason is StopReason.COMPLETED
-    assert finished(h).stop.reason is StopReason.COMPLETED
-
-
+@pytest.mark.parametrize("cancels", [1, 2])
 @pytest.mark.parametrize("fails", [False, True])
-async def test_a_keep_cancelled_twice_is_still_awaited_to_its_end(
-    fails: bool, caplog: pytest.LogCaptureFixture
+async def test_a_keep_begun_is_finished_though_the_client_leaves(
+    cancels: int, fails: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A second cancellation left the save running unwatched (its failure logged as never
-    retrieved; its success told as cancelled); a failure after the first replaced the
-    cancellation (a result for a client that had left)."""
-    entered, go = asyncio.Event(), asyncio.Event()
+    """Cut, the save went on in the backend's thread (sqlite) while the run was told as
+    cancelled: the context held a reply its client never got, and its retry added it twice. A
+    second cancellation left it running unwatched (its failure logged as never retrieved); a
+    failure after the first replaced the cancellation (a result for a client that had left)."""
+    entered, go, saved = asyncio.Event(), asyncio.Event(), []
 
     async def keep(result: RunResult) -> None:
         entered.set()
         await go.wait()
         if fails:
             raise StateUnavailable("the backend failed after the client left")
+        saved.append(result.message["content"])
 
     h = Harness([reply("done")])
     running = asyncio.create_task(h.run(keep=keep))
     await asyncio.wait_for(entered.wait(), 5)
-    running.cancel()
-    await asyncio.sleep(0)
-    running.cancel()
-    await asyncio.sleep(0)
+    for _ in range(cancels):
+        running.cancel()
+        await asyncio.sleep(0)
     assert not running.done()  # the save is awaited to its end
     go.set()
     with pytest.raises(asyncio.CancelledError):
         await running
     told = StopReason.CANCELLED if fails else StopReason.COMPLETED
+    assert saved == ([] if fails else ["done"])
+    assert h.last_run.result is not None
+    assert h.last_run.result.stop.reason is told
     assert finished(h).stop.reason is told
     assert "never retrieved" not in caplog.text
