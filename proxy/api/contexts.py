@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -17,6 +16,7 @@ from proxy.api.asgi import bearer_token, run_or_cancel, send_error, send_json
 from proxy.api.auth import Caller
 from proxy.api.chat_request import name
 from proxy.api.completion import loop_report
+from proxy.api.context_end import ContextEnd, kept_messages, messages_size
 from proxy.api.failures import failed, send_failure
 from proxy.api.headers import not_replayed, run_headers, stopped
 from proxy.api.json_body import json_object, read_json
@@ -25,14 +25,11 @@ from proxy.api.run_request import RunRequest, parse_loop
 from proxy.api.services import Services
 from proxy.engine.options import TerminatingOptions, problems
 from proxy.engine.run import Run
-from proxy.engine.run_spec import RunResult
 from proxy.errors import (
     BodyTooLarge,
     InvalidRequest,
     NotFound,
     PolicyInvalid,
-    ProxyError,
-    StateUnavailable,
 )
 from proxy.json_values import nests_too_deep
 from proxy.state.store import Holding, StateStore, StoredContext
@@ -52,7 +49,6 @@ MODES: dict[str, tuple[str, ...]] = {
         "loop",
     ),
 }
-KEPT_ROLES = frozenset({"user", "assistant", "tool"})  # nudges and directives are per run
 
 
 def _body(raw: bytes, path: str, max_id_chars: int) -> dict[str, Any]:
@@ -111,10 +107,6 @@ def _unowned_for(context: StoredContext, caller: Caller | None) -> bool:
     """A context made while no keys were on, which a key that may use every agent may drop (no
     key may read or run it)."""
     return context.owner is None and caller is not None and caller.unrestricted
-
-
-def _size(messages: list[dict[str, Any]]) -> int:
-    return len(orjson.dumps(messages))
 
 
 def _plan(sv: Services, body: dict[str, Any], req: RunRequest, caller: Caller | None) -> Plan:
@@ -224,11 +216,6 @@ def _arguments(raw: Any) -> Any:
     return raw if nests_too_deep(raw, parsed) else parsed
 
 
-def kept_messages(result: RunResult) -> list[dict[str, Any]]:
-    """What a run adds to its context: its messages, which end with the reply it gave."""
-    return [m for m in result.generated if m.get("role") in KEPT_ROLES]
-
-
 @contextlib.asynccontextmanager
 async def held(
     store: StateStore, context_id: str, receive: Receive
@@ -276,7 +263,7 @@ class ContextRuns:
         plan = _plan(sv, body, _request(body, context, run_messages), caller)
         deps = sv.deps(plan.upstream, bearer, scope["path"])
         owner = plan.agent or context.model or ""
-        end = _End(sv, holding, context, messages, owner, caller)
+        end = ContextEnd(sv, holding, context, messages, owner, caller)
         run = Run(plan.spec, deps, keep=end.save)
         ended = await run_or_cancel(run.execute, receive)
         result = await sv.unless_left(run, ended, lambda r: loop_report(r, False), owner, caller)
@@ -337,7 +324,7 @@ def _messages(
     messages = list(context.messages)
     if body.get("message") is not None:
         messages.append({"role": "user", "content": body["message"]})
-    if _size(messages) > cap:
+    if messages_size(messages) > cap:
         param = "message" if body.get("message") is not None else "context_id"
         raise BodyTooLarge(
             f"context {context.id!r} would hold more than {cap} bytes of messages "
@@ -354,67 +341,6 @@ def _messages(
             param="context_id",
         )
     return messages, run_messages
-
-
-def _saved(
-    context: StoredContext, messages: list[dict[str, Any]], cap: int
-) -> tuple[StoredContext | None, ProxyError | None]:
-    """The context to save with the run's `messages`, or why nothing is saved (over `cap`)."""
-    if _size(messages) > cap:
-        refused = BodyTooLarge(
-            f"the run's messages would make context {context.id!r} larger than {cap} "
-            "bytes (state.max_context_bytes); nothing was saved",
-            param="context_id",
-            code="context_too_large",
-        )
-        return None, refused
-    context.messages, context.updated = messages, int(time.time())
-    return context, None
-
-
-class _End:
-    """A context run's end, in the hold's last write: the run's messages saved with the run's
-    record as the run ends (its `keep`), or, for a run that failed, its record alone."""
-
-    def __init__(
-        self,
-        sv: Services,
-        holding: Holding,
-        context: StoredContext,
-        messages: list[dict[str, Any]],
-        owner: str,
-        caller: Caller | None,
-    ) -> None:
-        self.sv, self.holding, self.context, self.messages = sv, holding, context, messages
-        self.owner, self.caller = owner, caller
-        self.tried = False
-        self.refused: ProxyError | None = None  # why the messages were not saved
-
-    async def save(self, result: RunResult) -> None:
-        """Saves the run's messages and record. A save the backend refuses (it failed, or
-        another request changed the context since this run read it) raises StateUnavailable:
-        the run ends `state_unavailable`, in its report, span and metrics alike."""
-        self.tried = True
-        cap = self.sv.config.state.max_context_bytes
-        save, self.refused = _saved(self.context, self.messages + kept_messages(result), cap)
-        if save is None:
-            await self.records(result, loop_report(result, False))
-            return
-        await self._end(save, result, loop_report(result, False))
-
-    async def records(self, result: RunResult, report: dict[str, Any]) -> None:
-        """Keeps the run alone: a backend that fails is logged (its answer does not depend on
-        it)."""
-        try:
-            await self._end(None, result, report)
-        except StateUnavailable as exc:
-            log.warning("run %s was not kept: %s", result.run_id, exc.message)
-
-    async def _end(
-        self, save: StoredContext | None, result: RunResult, report: dict[str, Any]
-    ) -> None:
-        records = self.sv.run_records(result, report, self.owner, self.caller)
-        await self.holding.end(save, records, self.sv.config.state.run_ttl_s)
 
 
 async def read_context(sv: Services, context_id: str, caller: Caller | None) -> StoredContext:

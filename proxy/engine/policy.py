@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from proxy.engine.options import PolicyOptions
 from proxy.engine.policies.base import Policy
 from proxy.engine.policies.budgets import Budgets
+from proxy.engine.policies.dead_ends import dead_ends
 from proxy.engine.policies.stop_conditions import (
     Condition,
     FailureSink,
@@ -22,7 +23,7 @@ from proxy.engine.policies.stop_conditions import (
 )
 from proxy.engine.policies.terminal import TerminalTools, TerminatingConfig
 from proxy.engine.policies.tool_call_limits import ToolCallLimit, ToolCallLimits, check_limits
-from proxy.engine.policies.tool_rules import RuleBook, ToolRule, ToolRules, dead_ends
+from proxy.engine.policies.tool_rules import RuleBook, ToolRule, ToolRules
 from proxy.engine.ports import ConditionChecks, ThreadCounters
 from proxy.engine.values import Prices, ToolSpec
 from proxy.errors import PolicyInvalid, SpecError

@@ -14,6 +14,7 @@ from proxy.engine.checkpoints import Checkpoints
 from proxy.engine.failures import ending_for
 from proxy.engine.final_answer import final_answer
 from proxy.engine.final_message import Ending, final_message, without_tool_calls
+from proxy.engine.keeping import ended_well, to_its_end
 from proxy.engine.model_call import call_model
 from proxy.engine.policies.base import Nudge, StepPlan
 from proxy.engine.policies.stop_conditions import Condition
@@ -93,9 +94,9 @@ class Run:
             if self.keep is not None and not ending.stop.is_failure:
                 run.now = clock()
                 keeping = asyncio.ensure_future(self.keep(RunResult.of(run, ending, None)))
-                await _to_its_end(keeping)
+                await to_its_end(keeping)
         except asyncio.CancelledError:
-            if not _ended_well(keeping):  # (kept as the client left: the run ended as it did)
+            if not ended_well(keeping):  # (kept as the client left: the run ended as it did)
                 ending = Ending(Stop(StopReason.CANCELLED, {"step": run.step_count}), {}, None)
             raise
         except Exception as exc:
@@ -201,26 +202,6 @@ class Run:
             final_answer=answer if self.spec.policy.final_answer else None,
             say=self.voice.say,
         )
-
-
-async def _to_its_end(task: asyncio.Future[None]) -> None:
-    """Awaits `task` to its end, however often the run is cancelled meanwhile (a save begun is
-    finished: cut, its run was told as cancelled while the backend kept it, or not); then a
-    cancellation goes on (the task's failure, if any, read by `_ended_well`), else the task's
-    failure is raised."""
-    cancelled = False
-    while not task.done():
-        try:
-            await asyncio.wait({task})  # (cancelled, it lets the task go on)
-        except asyncio.CancelledError:
-            cancelled = True
-    if cancelled:
-        raise asyncio.CancelledError
-    task.result()
-
-
-def _ended_well(task: asyncio.Future[None] | None) -> bool:
-    return task is not None and task.done() and not task.cancelled() and task.exception() is None
 
 
 def _condition_failed(voice: Voice, run: RunState, path: str, reason: str) -> None:
