@@ -69,6 +69,7 @@ class Reply:
     finish_reason: str | None = None
     usage: Mapping[str, Any] | None = None
     after_s: float = 0.0  # how long the upstream takes before it answers
+    refusal: str | None = None  # the model's refusal, beside (or instead of) its text
 
     def replace(self, **changes: Any) -> Reply:
         return replace(self, **changes)
@@ -336,6 +337,8 @@ class ScriptedUpstream:
             content = (content or "")[: cap * 4]
         total = given.pop("total_tokens", prompt + completion)
         message: dict[str, Any] = {"role": "assistant", "content": content}
+        if reply.refusal is not None:
+            message["refusal"] = reply.refusal
         if tool_calls:
             message["tool_calls"] = tool_calls
         return {

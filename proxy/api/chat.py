@@ -100,7 +100,8 @@ class ChatCompletions:
             if result.stop.reason is StopReason.CLIENT_TOOL_CALL:
                 await writer.tool_calls(result.message.get("tool_calls") or [])
             usage = result.usage.to_openai() if req.include_usage else None
-            await writer.finish(result.finish_reason, report, usage)
+            refusal = result.message.get("refusal")
+            await writer.finish(result.finish_reason, report, usage, refusal)
         except ClientDisconnected:
             return
 

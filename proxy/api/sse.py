@@ -84,11 +84,18 @@ class SSEWriter(EventStream):
         await self._write(self._chunk(self._delta({"tool_calls": indexed})))
 
     async def finish(
-        self, finish_reason: str | None, report: dict[str, Any], usage: dict[str, Any] | None
+        self,
+        finish_reason: str | None,
+        report: dict[str, Any],
+        usage: dict[str, Any] | None,
+        refusal: str | None = None,
     ) -> None:
+        """The last chunk, with the reply's `refusal` before it when it has one (the SDKs'
+        stream helpers put it on the message they make of the stream)."""
+        data = self._chunk(self._delta({"refusal": refusal})) if refusal else b""
         last = self._delta({}, finish_reason)
         last["loop"] = report
-        data = self._chunk(last)
+        data += self._chunk(last)
         if usage is not None:
             data += self._chunk({"choices": [], "usage": usage})
         await self._write(data + DONE, last=True)

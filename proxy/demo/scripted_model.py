@@ -154,6 +154,8 @@ async def sse_chunks(completion: dict[str, Any], include_usage: bool) -> AsyncIt
     content = message.get("content") or ""
     for i in range(0, len(content), 8):
         yield chunk({"content": content[i : i + 8]})
+    if message.get("refusal"):
+        yield chunk({"refusal": message["refusal"]})
     for index, tool_call in enumerate(message.get("tool_calls") or []):
         function = tool_call["function"]
         yield chunk(

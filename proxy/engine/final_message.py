@@ -67,7 +67,9 @@ async def final_message(
     if stop.is_failure:
         return Ending(stop, {"role": "assistant", "content": None}, None)
     if stop.reason is StopReason.CLIENT_TOOL_CALL and decided is not None:
-        return Ending(stop, decided, FINISH_REASONS[stop.reason])
+        # Its text is every step's, as the stream said it (the calls' reply's alone was not).
+        message = {**decided, "content": run.text or decided.get("content")}
+        return Ending(stop, message, FINISH_REASONS[stop.reason])
     if stop.reason is StopReason.TERMINAL_TOOL and decided is not None:
         await say(decided["content"])
         run.generated.append(decided)
@@ -94,7 +96,8 @@ async def final_message(
     # Calls of the last reply, if any, were the server's and have run: a client would run them
     # again (a `finish_reason_is: tool_calls` condition holds after them).
     message = without_tool_calls(last_reply.message) if last_reply else {"role": "assistant"}
-    message["content"] = run.text or message.get("content")
+    if not (run.one_document and message.get("refusal")):  # a refusal is no document
+        message["content"] = run.text or message.get("content")
     finish = FINISH_REASONS.get(stop.reason) or (last_reply.finish_reason if last_reply else None)
     if stop.reason is StopReason.FINISH_REASON:
         if not message["content"]:

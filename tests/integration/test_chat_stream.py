@@ -155,3 +155,41 @@ async def test_a_failure_after_the_first_byte_is_an_error_chunk(proxy: Proxy) ->
     assert content(chunks[:-1]) == "Let me check."
     assert chunks[-2]["error"]["code"] == "upstream_error"
     assert chunks[-2]["loop"]["stop_reason"] == "upstream_error"
+
+
+LOOKUP = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}
+
+
+async def test_a_client_call_after_a_server_step_has_the_text_the_stream_said(
+    proxy: Proxy,
+) -> None:
+    """The JSON reply's text is every step's, as the stream's (it was the last step's alone:
+    None here, where the stream said "Step one.")."""
+    step_one = call("get_weather", city="Paris").replace(content="Step one.")
+    replies = []
+    for stream in (False, True):
+        proxy.upstream.script(step_one, call("lookup", q="x"))
+        r = await proxy.chat(model="weather", tools=[LOOKUP], stream=stream)
+        replies.append(r)
+    body, streamed = replies[0].json(), events(replies[1].text)
+    assert body["loop"]["stop_reason"] == "client_tool_call"
+    assert body["choices"][0]["message"]["content"] == "Step one."
+    assert content(streamed) == "Step one."
+
+
+async def test_a_refusal_reaches_a_stream_and_is_no_structured_document(proxy: Proxy) -> None:
+    """A stream dropped the upstream's `refusal` (the SDKs' stream helpers gave none), and with
+    a `response_format` the document was an earlier step's text."""
+    schema = {"type": "json_schema", "json_schema": {"name": "w", "schema": {"type": "object"}}}
+    step_one = call("get_weather", city="Paris").replace(content="Let me check.")
+    refused = say("").replace(content=None, refusal="I can't help with that.")
+    replies = []
+    for stream in (False, True):
+        proxy.upstream.script(step_one, refused)
+        replies.append(await proxy.chat(model="weather", response_format=schema, stream=stream))
+    message = replies[0].json()["choices"][0]["message"]
+    assert (message["content"], message["refusal"]) == (None, "I can't help with that.")
+    chunks = [c for c in events(replies[1].text) if isinstance(c, dict) and c.get("choices")]
+    assert content(chunks) == ""
+    refusals = [c["choices"][0]["delta"].get("refusal") for c in chunks]
+    assert [r for r in refusals if r] == ["I can't help with that."]
