@@ -70,6 +70,7 @@ class Reply:
     usage: Mapping[str, Any] | None = None
     after_s: float = 0.0  # how long the upstream takes before it answers
     refusal: str | None = None  # the model's refusal, beside (or instead of) its text
+    logprobs: Mapping[str, Any] | None = None  # the choice's, as they come in a JSON answer
 
     def replace(self, **changes: Any) -> Reply:
         return replace(self, **changes)
@@ -347,7 +348,12 @@ class ScriptedUpstream:
             "created": int(time.time()),
             "model": body.get("model", MODEL),
             "choices": [
-                {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
+                {
+                    "index": 0,
+                    "message": message,
+                    "finish_reason": finish,
+                    "logprobs": reply.logprobs,
+                }
             ],
             "usage": {
                 "prompt_tokens": prompt,

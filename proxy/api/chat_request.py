@@ -51,6 +51,12 @@ def parse_chat_request(raw: bytes, thread_header: str | None = None) -> ChatRequ
     positive_int(body.get("max_tokens"), "max_tokens")
     if (positive_int(body.get("n"), "n") or 1) > 1 and stream:
         raise InvalidRequest("n must be 1 for a stream: the proxy streams one answer", param="n")
+    if body.get("logprobs") and stream:  # (they were dropped: every chunk's were null)
+        raise InvalidRequest(
+            "a stream's chunks carry no logprobs through the proxy: ask for them without stream",
+            param="logprobs",
+            code="unsupported_parameter",
+        )
     params = {k: v for k, v in body.items() if k not in OWN_FIELDS}
     has_loop = body.get("loop") is not None
     loop = parse_loop(body["loop"]) if has_loop else NO_LOOP

@@ -48,9 +48,21 @@ def completion_body(
                 "index": 0,
                 "message": message,
                 "finish_reason": result.finish_reason,
-                "logprobs": None,
+                "logprobs": _logprobs(raw, message),
             }
         ]
     body["usage"] = result.usage.to_openai()
     body["loop"] = report
     return body
+
+
+def _logprobs(raw: dict[str, Any] | None, message: dict[str, Any]) -> Any:
+    """The last reply's logprobs, when the run's text is that reply's alone (a run of one step):
+    the logprobs of the other steps' texts are not kept."""
+    choices = raw.get("choices") if raw else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return None
+    said = choices[0].get("message")
+    if not isinstance(said, dict) or said.get("content") != message.get("content"):
+        return None
+    return choices[0].get("logprobs")

@@ -193,3 +193,22 @@ async def test_a_refusal_reaches_a_stream_and_is_no_structured_document(proxy: P
     assert content(chunks) == ""
     refusals = [c["choices"][0]["delta"].get("refusal") for c in chunks]
     assert [r for r in refusals if r] == ["I can't help with that."]
+
+
+async def test_logprobs_are_the_reply_s_when_the_run_s_text_is_its_alone(proxy: Proxy) -> None:
+    """A loop's JSON reply dropped them (null) even for one step; a stream's chunks carry none
+    (every chunk said null): asked for, that is a 400."""
+    probs = {
+        "content": [{"token": "Sun", "logprob": -0.1, "bytes": [83, 117, 110], "top_logprobs": []}]
+    }
+    proxy.upstream.script(say("Sun").replace(logprobs=probs))
+    one = await proxy.chat(model="weather", logprobs=True)
+    looking = call("get_weather", city="Paris").replace(content="Looking.")
+    proxy.upstream.script(looking, say("Sun").replace(logprobs=probs))
+    two = await proxy.chat(model="weather", logprobs=True)
+    streamed = await proxy.chat(model="weather", logprobs=True, stream=True)
+    assert one.json()["choices"][0]["logprobs"] == probs
+    assert two.json()["choices"][0]["message"]["content"] == "Looking.\n\nSun"
+    assert two.json()["choices"][0]["logprobs"] is None  # the first step's are not kept
+    assert streamed.status_code == 400
+    assert streamed.json()["error"]["param"] == "logprobs"
