@@ -30,7 +30,7 @@ from uvicorn.server import ServerState
 from proxy.api.asgi import CUT_ON_PURPOSE
 from proxy.api.guarded_protocol import guarded_protocol
 from proxy.api.runtime import settle_runtime
-from proxy.config.server import ServerConfig
+from proxy.config.server import ServerConfig, raise_descriptor_limit
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +119,7 @@ def serve(
     on `probes`, when given. False when it did not start (its lifespan failed: a required MCP
     server did not connect, say). `announce`: log the address once started (a worker does
     not: its supervisor did)."""
+    raise_descriptor_limit()  # (before the connection limit is read of it)
     options: dict[str, Any] = {
         "host": server.host,
         "port": server.port,
