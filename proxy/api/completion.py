@@ -60,9 +60,11 @@ def _logprobs(raw: dict[str, Any] | None, message: dict[str, Any]) -> Any:
     """The last reply's logprobs, when the run's text is that reply's alone (a run of one step):
     the logprobs of the other steps' texts are not kept."""
     choices = raw.get("choices") if raw else None
-    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+    first = choices[0] if isinstance(choices, list) and choices else None
+    logprobs = first.get("logprobs") if isinstance(first, dict) else None
+    if logprobs is None:  # (as most replies: none asked for)
         return None
-    said = choices[0].get("message")
+    said = first.get("message") if isinstance(first, dict) else None
     if not isinstance(said, dict) or said.get("content") != message.get("content"):
         return None
-    return choices[0].get("logprobs")
+    return logprobs
