@@ -32,3 +32,10 @@ class ThrottledWarnings:
     def _untold(self) -> str:
         untold, self.untold = self.untold, 0
         return f" ({untold} more since the last told)" if untold else ""
+
+
+def described(error: BaseException) -> str:
+    """An error as a warning tells it: its class, then its message on one line, cut to 300
+    characters."""
+    said = str(error).replace("\n", " ")[:300]
+    return f"{type(error).__name__}: {said}" if said else type(error).__name__

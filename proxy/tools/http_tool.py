@@ -11,7 +11,7 @@ from proxy import exact_json
 from proxy.engine.values import ToolContext
 from proxy.http_body import declared_length, read_up_to
 from proxy.redaction import origin
-from proxy.throttled_log import ThrottledWarnings
+from proxy.throttled_log import ThrottledWarnings, described
 from proxy.tools.base import Invoke, ToolFailed, output_too_large
 
 log = logging.getLogger(__name__)
@@ -31,9 +31,7 @@ def http_invoke(
 
     def unreachable(exc: BaseException) -> ToolFailed:
         """The model reads the error's name; the operator's log what it says too."""
-        said = str(exc).replace("\n", " ")[:300]
-        kind = type(exc).__name__
-        warnings.warning("http tool %s: %s unreachable: %s: %s", name, where, kind, said)
+        warnings.warning("http tool %s: %s unreachable: %s", name, where, described(exc))
         return ToolFailed(f"tool server unreachable: {type(exc).__name__}")
 
     async def invoke(arguments: dict[str, Any], ctx: ToolContext) -> Any:

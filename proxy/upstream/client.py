@@ -24,7 +24,7 @@ from proxy.errors import (
     UpstreamTimeout,
     UpstreamUnavailable,
 )
-from proxy.throttled_log import ThrottledWarnings
+from proxy.throttled_log import ThrottledWarnings, described
 from proxy.upstream.error_body import ERROR_BODY_LIMIT, status_failure
 from proxy.upstream.reply import ReplyLimits, stream_head
 from proxy.upstream.retry import RETRY_STATUSES, Retry
@@ -425,9 +425,7 @@ class _ClientTimeExcluded:
 def _cause(exc: BaseException) -> str:
     """What the error beneath a transport's error says, for the operator's log (the client
     reads its name alone: its message may name the upstream's address)."""
-    cause = exc.__cause__ if exc.__cause__ is not None else exc
-    said = str(cause).replace("\n", " ")[:300]
-    return f"{type(cause).__name__}: {said}" if said else type(cause).__name__
+    return described(exc.__cause__ if exc.__cause__ is not None else exc)
 
 
 def _cause_name(exc: BaseException) -> str:
