@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from proxy.engine.options import ToolCallLimitOptions
@@ -135,21 +135,29 @@ class ToolCallLimits(Policy):
         stricter = [lim for lim in thread_limits if _SEVERITY[lim.exit_behavior] > worst]
         if not stricter or hits[0].scope == "thread":
             return []
-        found = []
-        for lim in stricter:
-            count = await self._thread_count(run, lim)
-            if count is not None and count >= (lim.thread_limit or 0):
-                found.append(_Hit(lim, "thread", self.run_counts[lim.key], count))
-        return found
+        counts = await self._thread_counts(run)  # (one read for them all)
+        if counts is None:
+            return []
+        return [
+            _Hit(lim, "thread", self.run_counts[lim.key], counts.get(lim.key, 0))
+            for lim in stricter
+            if counts.get(lim.key, 0) >= (lim.thread_limit or 0)
+        ]
 
     async def _thread_count(self, run: RunState, limit: ToolCallLimit) -> int | None:
-        """The thread's count of `limit`'s calls, for its message: the run's, when the run is
-        the thread; None when the state backend cannot say."""
+        """The thread's count of `limit`'s calls, for its message; None when the state backend
+        cannot say."""
+        counts = await self._thread_counts(run)
+        return None if counts is None else counts.get(limit.key, 0)
+
+    async def _thread_counts(self, run: RunState) -> Mapping[str, int] | None:
+        """The thread's counts: the run's, when the run is the thread; None when the state
+        backend cannot say (the call is blocked all the same; its message says less)."""
         if run.thread_id is None or self.threads is None:
-            return self.run_counts[limit.key]
+            return self.run_counts
         try:
-            return (await self.threads.thread_counts(run.thread_id)).get(limit.key, 0)
-        except StateUnavailable:  # the call is blocked all the same; its message says less
+            return await self.threads.thread_counts(run.thread_id)
+        except StateUnavailable:
             return None
 
     @staticmethod
