@@ -32,8 +32,10 @@ class ChatCompletions:
         sv = self.services()
         bearer = bearer_token(scope)
         caller = sv.keys.caller(bearer)
-        raw = await read_json(receive, scope, sv.config.server)
-        req = parse_chat_request(raw, header(scope, _THREAD_HEADER))
+        thread = header(scope, _THREAD_HEADER)
+        req = await read_json(
+            receive, scope, sv.config.server, lambda raw: parse_chat_request(raw, thread)
+        )
         plan = sv.planner.plan(req.run, caller)
         deps = sv.deps(plan.upstream, bearer, scope["path"])
         spec = plan.spec

@@ -240,8 +240,10 @@ class ContextRuns:
         sv = self.services()
         bearer = bearer_token(scope)
         caller = sv.keys.caller(bearer)
-        raw = await read_json(receive, scope, sv.config.server)
-        body = _body(raw, scope["path"], sv.config.state.max_context_id_chars)
+        path, max_chars = scope["path"], sv.config.state.max_context_id_chars
+        body = await read_json(
+            receive, scope, sv.config.server, lambda raw: _body(raw, path, max_chars)
+        )
         async with held(sv.store, body["context_id"], receive) as holding:
             if holding is not None:
                 await self._run(sv, caller, bearer, scope, receive, send, body, holding)

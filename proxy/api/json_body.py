@@ -9,7 +9,8 @@ moves. The values are counted first (`proxy.json_values`).
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import orjson
 from starlette.types import Receive, Scope
@@ -19,17 +20,26 @@ from proxy.config.server import ServerConfig
 from proxy.engine.options import MAX_COUNT
 from proxy.errors import BodyTooLarge, InvalidRequest
 from proxy.json_values import MAX_DEPTH, holds_over, nests_too_deep
+from proxy.parse_turns import parse_turn
+
+Parsed = TypeVar("Parsed")
 
 
-async def read_json(receive: Receive, scope: Scope, server: ServerConfig) -> bytes:
-    """The body of a request, refused (413 `request_too_large`) when it has more bytes or more
-    JSON values than the server takes, and 415 when it is compressed (read as plain, it would be
-    "not valid JSON")."""
+async def read_json(
+    receive: Receive, scope: Scope, server: ServerConfig, parse: Callable[[bytes], Parsed]
+) -> Parsed:
+    """The body of a request, read and given to `parse`: refused (413 `request_too_large`) when
+    it has more bytes or more JSON values than the server takes, and 415 when it is compressed
+    (read as plain, it would be "not valid JSON"). A large body is counted and parsed in the
+    loop's parse turn."""
     raw = await read_body(receive, scope, server.max_body_bytes)
     limit = server.max_body_values
-    if await holds_over(raw, limit):
-        raise BodyTooLarge(f"the body holds more than {limit} JSON values (server.max_body_values)")
-    return raw
+    async with parse_turn(len(raw)):
+        if await holds_over(raw, limit):
+            raise BodyTooLarge(
+                f"the body holds more than {limit} JSON values (server.max_body_values)"
+            )
+        return parse(raw)
 
 
 def json_object(raw: bytes) -> dict[str, Any]:

@@ -41,6 +41,7 @@ from proxy.api.stored_conversation import (
 from proxy.config.server import ServerConfig
 from proxy.errors import NotFound
 from proxy.json_values import holds_over
+from proxy.parse_turns import parse_turn
 from proxy.state.store import RECORDS_AT_ONCE, Record, StateStore
 
 # A stored response is four records: the response (its body, thread and owner), read by `GET`,
@@ -274,9 +275,10 @@ class ResponseStore:
         found = await self.store.get_record(INPUT_RECORD, response_id)
         if found is None:
             return None
-        if charge is not None:
-            await charge(found)
-        fields = orjson.loads(found)
+        async with parse_turn(len(found)):
+            if charge is not None:
+                await charge(found)
+            fields = orjson.loads(found)
         return StoredInput(fields["previous"], fields["items"], fields.get("outputs", []))
 
     async def load(self, response_id: str, caller: Caller | None) -> StoredResponse | None:
@@ -303,9 +305,10 @@ class ResponseStore:
         record = found[0] if found else await self.store.get_record(OUTPUTS_RECORD, response_id)
         if record is None:
             return None
-        if charge is not None:
-            await charge(record)
-        stored.response["output"] = orjson.loads(record)["output"]
+        async with parse_turn(len(record)):
+            if charge is not None:
+                await charge(record)
+            stored.response["output"] = orjson.loads(record)["output"]
         return stored
 
     async def readable(self, response_id: str, caller: Caller | None) -> StoredResponse | None:
@@ -335,8 +338,9 @@ class ResponseStore:
         conversation, tail = found[0], found[1] if len(found) > 1 else None
         try:
             if conversation is not None:
-                await _check(response_id, conversation, bounds)
-                return whole(response_id, conversation, list(orjson.loads(conversation)))
+                async with parse_turn(len(conversation)):
+                    await _check(response_id, conversation, bounds)
+                    return whole(response_id, conversation, list(orjson.loads(conversation)))
             if tail is not None:
                 return await self._parted(response_id, tail, bounds)
         except Gone:
@@ -345,8 +349,9 @@ class ResponseStore:
         legacy = await self.store.get_record(RESPONSE_RECORD, response_id)
         if legacy is None:
             return None
-        await _check(response_id, legacy, bounds)
-        fields = orjson.loads(legacy)
+        async with parse_turn(len(legacy)):
+            await _check(response_id, legacy, bounds)
+            fields = orjson.loads(legacy)
         return Conversation(list(fields["messages"]), ()) if "messages" in fields else None
 
     async def _parted(self, response_id: str, tail: bytes, bounds: ServerConfig) -> Conversation:
@@ -355,9 +360,10 @@ class ResponseStore:
         size = joined_size([part.size for part in parts])
         _check_size(response_id, size, bounds)
         texts = await read_parts(self.store, parts[:-1], own)
-        if size > bounds.max_body_values:  # else it holds fewer values than bytes
-            await _check(response_id, joined(texts), bounds)
-        return parsed_parts(parts, texts)
+        async with parse_turn(size):
+            if size > bounds.max_body_values:  # else it holds fewer values than bytes
+                await _check(response_id, joined(texts), bounds)
+            return parsed_parts(parts, texts)
 
     async def delete(self, stored: StoredResponse) -> bool:
         """Drops the response's records: a later response whose conversation names its part

@@ -68,8 +68,10 @@ class Responses:
         sv = self.services()
         bearer = bearer_token(scope)
         caller = sv.keys.caller(bearer)
-        raw = await read_json(receive, scope, sv.config.server)
-        req = parse_responses_request(raw, header(scope, _THREAD_HEADER))
+        thread = header(scope, _THREAD_HEADER)
+        req = await read_json(
+            receive, scope, sv.config.server, lambda raw: parse_responses_request(raw, thread)
+        )
         state = sv.config.state
         store = ResponseStore(sv.store, state.response_ttl_s, state.rolling_upgrade)
         reads = StoredReads(store, caller, sv.config.server)

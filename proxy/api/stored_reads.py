@@ -6,8 +6,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from proxy.api.auth import Caller
 from proxy.api.fingerprint_records import (
@@ -45,7 +46,10 @@ from proxy.errors import (
     PermissionDenied,
     StateUnavailable,
 )
+from proxy.parse_turns import parse_turn
 from proxy.state.store import RECORDS_AT_ONCE
+
+Read = TypeVar("Read")
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,8 +105,7 @@ class StoredReads:
         read = await self.store.store.get_records(wanted, max_bytes=AHEAD_BYTES)
         self._ahead.pop(response_id, None)
         self._admit(response_id, param)
-        await self._charged(read[0], param)
-        stored = usable(parsed(read[0], self.caller), self.caller)
+        stored = usable(await self._parsed(read[0], param, parsed), self.caller)
         if stored is not None:  # its output items, charged too
             charge = functools.partial(self._charge, param=param)
             stored = await self.store.with_outputs(stored, read[1:2], charge)
@@ -141,8 +144,7 @@ class StoredReads:
         """The output items of a response an item reference names."""
         self._admit(response_id, param)
         found = await self._record(response_id)
-        await self._charged(found, param)
-        outputs = usable(parsed_outputs(found, self.caller), self.caller)
+        outputs = usable(await self._parsed(found, param, parsed_outputs), self.caller)
         if outputs is not None:
             self._keep_outputs(response_id, outputs.output)
 
@@ -176,7 +178,8 @@ class StoredReads:
             found = await self.store.store.get_records(wanted, max_bytes=AHEAD_BYTES)
         except StateUnavailable:
             return None
-        outputs = parsed_outputs(found[0], self.caller)
+        async with parse_turn(len(found[0] or b"")):
+            outputs = parsed_outputs(found[0], self.caller)
         if outputs is None or not self._may_use(outputs):
             return None
         self._admit(response_id, param)
@@ -214,6 +217,14 @@ class StoredReads:
                 param=param,
             )
         self._outputs[response_id] = {}
+
+    async def _parsed(
+        self, found: bytes | None, param: str, parse: Callable[[bytes | None, Caller | None], Read]
+    ) -> Read | None:
+        """A record charged (`_charged`) and parsed by `parse` in the loop's parse turn."""
+        async with parse_turn(len(found or b"")):
+            await self._charged(found, param)
+            return parse(found, self.caller)
 
     async def _charged(self, found: bytes | None, param: str) -> None:
         """Charges a record the key made (another key's has no size for it), and gives the loop

@@ -24,6 +24,7 @@ from proxy.errors import (
     UpstreamTimeout,
     UpstreamUnavailable,
 )
+from proxy.parse_turns import parse_turn
 from proxy.throttled_log import ThrottledWarnings, described
 from proxy.upstream.error_body import ERROR_BODY_LIMIT, status_failure
 from proxy.upstream.reply import ReplyLimits, stream_head
@@ -333,7 +334,8 @@ class Upstream:
         async with self.reading(response):
             length = response.header("content-length")
             raw = await self._reader.body(response.chunks(), length)
-        return self._reader.json_object(raw)
+        async with parse_turn(len(raw)):
+            return self._reader.json_object(raw)
 
     async def _stream(self, content: bytes, on_delta: DeltaSink | None, call: _Call) -> ModelReply:
         started = time.monotonic()

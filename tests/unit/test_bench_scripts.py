@@ -3,6 +3,8 @@ checked here: speed belongs in the printed figures, not in timed tests)."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from tests.bench import (
@@ -11,6 +13,7 @@ from tests.bench import (
     mcp_cost,
     mcp_stall,
     policy_cost,
+    read_burst,
     resent_turns,
     telemetry_cost,
 )
@@ -112,3 +115,14 @@ def test_the_resent_turns_benchmark_reads_as_few_records_each_way(
         assert float(ms) > 0
         assert float(kb) > 0
         assert int(reads) <= (2 if way == "previous_response_id" else 3), (backend, way)
+
+
+def test_the_read_burst_benchmark_answers_every_continuation(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    read_burst.main(["--mib", "0.5", "--requests", "4", "--upstream-ms", "1"])
+    lines = capsys.readouterr().out.splitlines()
+    rows = dict(re.split(r"\s{2,}", line.strip(), maxsplit=1) for line in lines[1:])
+    assert rows["statuses"] == "{'completed': 4}"
+    assert float(rows["peak MB"]) > 0
+    assert float(rows["longest stall ms"]) > 0
