@@ -185,6 +185,7 @@ def create_app(
                 finally:
                     applying.cancel()
                     telemetry.metrics.tally.apply()
+                    await services.reports.drain(config.state.timeout_s)
                     await services.close_sources()
         finally:
             holder.clear()

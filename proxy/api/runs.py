@@ -36,6 +36,8 @@ class RunReports:
         caller = sv.keys.caller(bearer_token(scope))
         asked = scope["path_params"]["run_id"]
         run_id = run_id_of(asked)
+        if run_id is not None:
+            await sv.reports.written(run_id)  # a report this process is writing: read it
         found = await sv.store.get_record(RUN_RECORD, run_id) if run_id else None
         record = orjson.loads(found) if found is not None else None
         if record is None and run_id is not None:  # a stored response keeps its run's report

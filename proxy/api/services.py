@@ -13,6 +13,7 @@ import orjson
 from proxy.api import held_calls
 from proxy.api.auth import Caller, KeyRing
 from proxy.api.planning import Planner
+from proxy.api.report_writes import ReportWrites
 from proxy.callables import CallThreads
 from proxy.conditions import ConfiguredChecks
 from proxy.config import Config, ConfigError
@@ -21,7 +22,6 @@ from proxy.engine.ports import RunObserver
 from proxy.engine.run import Run
 from proxy.engine.run_spec import Deps, RunResult
 from proxy.engine.stop import StopReason
-from proxy.errors import StateUnavailable
 from proxy.pricing import PriceTable
 from proxy.state.store import Record, StateStore
 from proxy.tools.mcp_tool import CallHook
@@ -50,6 +50,10 @@ class Services:
     observers: Sequence[RunObserver] = field(default_factory=list)
     # The observers of runs started by a route, where they differ (the route's own metrics).
     route_observers: Mapping[str, Sequence[RunObserver]] = field(default_factory=dict)
+    reports: ReportWrites = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.reports = ReportWrites(self.store, self.config.state.run_ttl_s)
 
     async def remember(
         self,
@@ -61,12 +65,10 @@ class Services:
         """Keeps what later requests may ask for, for `state.run_ttl_s`: the run's report
         (`GET /v1/runs/{id}`, for the key that ran it, with the agent or model that `owner`
         names) and the server calls it held back from the client (SPEC §5.1.6), in the key's
-        own namespace. A backend that fails is logged: the run's answer does not depend on it."""
-        try:
-            records = self.run_records(result, report, owner, caller)
-            await self.store.put_records(records, self.config.state.run_ttl_s)
-        except StateUnavailable as exc:
-            log.warning("run %s was not kept: %s", result.run_id, exc.message)
+        own namespace. A backend that fails is logged: the run's answer does not depend on it,
+        and waits for it only when there are held calls (`ReportWrites`)."""
+        records = self.run_records(result, report, owner, caller)
+        await self.reports.keep(result.run_id, records, before_answer=len(records) > 1)
 
     @staticmethod
     def run_records(

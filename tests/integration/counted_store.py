@@ -1,8 +1,10 @@
-"""State backends for tests: the memory backend counting what was asked of it (CountedStore), or
-failing every record write (ForgetfulStore)."""
+"""State backends for tests: the memory backend counting what was asked of it (CountedStore),
+failing every record write (ForgetfulStore), or holding every record write until let go
+(StalledWrites)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 
 from proxy.errors import StateUnavailable
@@ -75,3 +77,27 @@ class ForgetfulStore(MemoryStore):
         keep: Sequence[tuple[str, str]] = (),
     ) -> int:
         raise StateUnavailable("the state backend is unreachable")
+
+
+class StalledWrites(MemoryStore):
+    """A backend whose record writes wait until `go` is set (a paused redis, say); `waiting`:
+    the writes waiting now."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.go = asyncio.Event()
+        self.waiting = 0
+
+    async def put_records(
+        self,
+        records: Sequence[Record],
+        ttl_s: float,
+        keep_thread: str | None = None,
+        keep: Sequence[tuple[str, str]] = (),
+    ) -> int:
+        self.waiting += 1
+        try:
+            await self.go.wait()
+        finally:
+            self.waiting -= 1
+        return await super().put_records(records, ttl_s, keep_thread, keep)

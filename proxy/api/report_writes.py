@@ -1,0 +1,61 @@
+"""Run reports are written after the run's answer has gone: a state backend that is slow or
+down delays no answer (a pass-through request waited `state.timeout_s` on a paused redis).
+
+A report this process is still writing is waited for by `GET /v1/runs/{id}` here, so a client
+that asks at once reads it. The server calls a run held back from the client (SPEC §5.1.6) are
+written before the answer: the client's next request needs them. At most `max_pending`
+reports are written at once in the background; past them, a run's answer waits for its own,
+as held calls do (a backend that does not answer cannot pile up reports without end).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+
+from proxy.errors import StateUnavailable
+from proxy.state.store import Record, StateStore
+
+log = logging.getLogger(__name__)
+
+MAX_PENDING = 1024
+
+
+class ReportWrites:
+    def __init__(self, store: StateStore, ttl_s: float, max_pending: int = MAX_PENDING) -> None:
+        self.store = store
+        self.ttl_s = ttl_s
+        self.max_pending = max_pending
+        self._pending: dict[str, asyncio.Task[None]] = {}
+
+    async def keep(self, run_id: str, records: Sequence[Record], before_answer: bool) -> None:
+        """Writes `records`, the run's: now when `before_answer` (or when too many are being
+        written), else in the background. A backend that fails is logged."""
+        if before_answer or len(self._pending) >= self.max_pending:
+            await self._write(run_id, records)
+            return
+        task = asyncio.create_task(self._write(run_id, records))
+        self._pending[run_id] = task
+        task.add_done_callback(lambda _: self._pending.pop(run_id, None))
+
+    async def written(self, run_id: str) -> None:
+        """Returns once this process has no write of `run_id`'s report under way."""
+        task = self._pending.get(run_id)
+        if task is not None:
+            await asyncio.shield(task)
+
+    async def drain(self, timeout_s: float) -> None:
+        """Waits for the reports being written, at most `timeout_s` (at shutdown)."""
+        if self._pending:
+            await asyncio.wait(list(self._pending.values()), timeout=timeout_s)
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    async def _write(self, run_id: str, records: Sequence[Record]) -> None:
+        try:
+            await self.store.put_records(records, self.ttl_s)
+        except StateUnavailable as exc:
+            log.warning("run %s was not kept: %s", run_id, exc.message)

@@ -1,0 +1,81 @@
+"""A run's report is written after its answer has gone (`proxy.api.report_writes`): a state
+backend that does not answer delays no answer, a report being written is read by
+`GET /v1/runs/{id}` once written, and the server calls a run held back from its client are
+written before the answer (the client's next request needs them)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+
+import pytest
+
+from proxy.api.report_writes import ReportWrites
+from proxy.state.store import Record
+from tests.integration.conftest import ProxyFactory
+from tests.integration.counted_store import ForgetfulStore, StalledWrites
+from tests.scripted_upstream import call, calls, say
+
+ASK_USER = {"type": "function", "function": {"name": "ask_user", "parameters": {}}}
+
+
+async def test_an_answer_does_not_wait_for_its_report_and_a_lookup_waits_for_it(
+    proxy_for: ProxyFactory,
+) -> None:
+    store = StalledWrites()
+    async with proxy_for(store=store) as proxy:
+        proxy.upstream.script(say("Hi."), say("Hi."))
+        for stream in (False, True):
+            r = await asyncio.wait_for(proxy.chat(model="scripted", stream=stream), 5)
+            assert r.status_code == 200
+        assert store.waiting == 2
+        run_id = r.headers["x-loopwarden-run-id"]
+        lookup = asyncio.create_task(proxy.client.get(f"/v1/runs/{run_id}"))
+        await asyncio.sleep(0.2)
+        assert not lookup.done()  # not a 404: its report is being written
+        store.go.set()
+        found = await asyncio.wait_for(lookup, 5)
+    assert found.status_code == 200
+    assert found.json()["run_id"] == run_id
+    assert found.json()["stop_reason"] == "completed"
+
+
+async def test_held_server_calls_are_written_before_the_answer(proxy_for: ProxyFactory) -> None:
+    store = StalledWrites()
+    async with proxy_for(store=store) as proxy:
+        proxy.upstream.script(
+            calls(call("get_weather", city="Oslo"), call("ask_user", question="Coat?"))
+        )
+        handing = asyncio.create_task(proxy.chat(model="weather", tools=[ASK_USER]))
+        await asyncio.sleep(0.3)
+        assert not handing.done()
+        assert store.waiting == 1
+        store.go.set()
+        r = await asyncio.wait_for(handing, 5)
+    assert r.json()["loop"]["stop_reason"] == "client_tool_call"
+
+
+async def test_past_its_bound_a_report_is_written_before_the_answer() -> None:
+    store = StalledWrites()
+    reports = ReportWrites(store, 60, max_pending=2)
+
+    def keep(n: int) -> Awaitable[None]:
+        return reports.keep(f"run_{n}", [Record("run", f"run_{n}", b"{}")], before_answer=False)
+
+    for n in range(2):
+        await asyncio.wait_for(keep(n), 1)
+    third = asyncio.create_task(keep(2))
+    await asyncio.sleep(0.1)
+    assert (reports.pending, third.done()) == (2, False)
+    store.go.set()
+    await asyncio.wait_for(third, 1)
+    await reports.drain(1)
+    assert reports.pending == 0
+    assert [await store.get_record("run", f"run_{n}") for n in range(3)] == [b"{}"] * 3
+
+
+async def test_a_report_the_backend_refuses_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    reports = ReportWrites(ForgetfulStore(), 60)
+    await reports.keep("run_1", [Record("run", "run_1", b"{}")], False)
+    await reports.written("run_1")
+    assert "run run_1 was not kept: the state backend is unreachable" in caplog.text
