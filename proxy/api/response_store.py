@@ -127,6 +127,9 @@ class ChainThreads:
     async def thread_counts(self, thread_id: str) -> dict[str, int]:
         return await self.store.thread_counts(thread_id)
 
+    async def release(self, thread_id: str, keys: Sequence[str]) -> None:
+        await self.store.release(thread_id, keys)
+
 
 class ConversationTooLarge(Exception):
     """A stored response whose conversation is larger than a request may be: it goes upstream

@@ -67,6 +67,12 @@ class Checkpoints:
             policy.admit(run, call)
         return None
 
+    async def unreserve(self, run: RunState, calls: Sequence[ToolCall]) -> None:
+        """Admitted calls that never ran: every policy gives back what it took for them."""
+        for call in calls:
+            for policy in self.policies:
+                await policy.unreserve(run, call)
+
     def decides_next(self, call: ToolCall) -> bool:
         """Whether some policy needs `call`'s result to review the calls after it."""
         return any(policy.decides_next(call) for policy in self.policies)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from proxy.engine.events import RunEvent
@@ -80,6 +80,11 @@ class ThreadCounters(Protocol):
 
     async def thread_counts(self, thread_id: str) -> dict[str, int]:
         """The counters as they are."""
+        ...
+
+    async def release(self, thread_id: str, keys: Sequence[str]) -> None:
+        """Takes one from each counter of `keys`, none below 0: what `reserve` took for a call
+        that never ran (SPEC §9: only executed calls count)."""
         ...
 
 

@@ -103,6 +103,8 @@ class ReplyCalls:
             await self._flush(run, calls)
         except asyncio.CancelledError:  # the run's end (its time budget): what ran is kept
             self._record(run, reply, calls)
+            if calls.batch:  # admitted, waiting for their batch: what they took goes back
+                await asyncio.shield(self.checkpoints.unreserve(run, calls.batch))
             raise
         self._record(run, reply, calls)
         stop = calls.stop

@@ -61,6 +61,12 @@ class MemoryStore:
         self._drop_if_ended(thread_id)
         return dict(self._threads.get(thread_id, {}))
 
+    async def release(self, thread_id: str, keys: Sequence[str]) -> None:
+        counts = self._threads.get(thread_id, Counter())
+        for key in keys:
+            if counts[key] > 0:
+                counts[key] -= 1
+
     def _end_thread_in(self, thread_id: str, ttl_s: float) -> None:
         self._thread_ends.pop(thread_id, None)  # ends later than any other: last
         self._thread_ends[thread_id] = time.monotonic() + check_ttl(ttl_s)

@@ -50,6 +50,16 @@ table.insert(counts, 1, ok)
 return counts
 """
 
+# KEYS[1]: the thread's hash; ARGV: the counters to take one from, none below 0.
+_RELEASE = """
+for i = 1, #ARGV do
+  if tonumber(redis.call('HGET', KEYS[1], ARGV[i]) or '0') > 0 then
+    redis.call('HINCRBY', KEYS[1], ARGV[i], -1)
+  end
+end
+return 0
+"""
+
 # A context saved by compare-and-set: 1 when saved, 0 otherwise.
 _SAVE = COMPARE_AND_SET + "return 1"
 
@@ -128,6 +138,7 @@ class RedisStore:
         self._prefix = prefix
         self._ttl = context_ttl_s
         self._reserve = self._redis.register_script(_RESERVE)
+        self._release = self._redis.register_script(_RELEASE)
         self._save = self._redis.register_script(_SAVE)
         self._put = self._redis.register_script(_PUT)
         self._get_within = self._redis.register_script(_GET_WITHIN)
@@ -156,6 +167,10 @@ class RedisStore:
         with reached():
             reply = await self._reserve(keys=[self._thread(thread_id)], args=args)
         return bool(reply[0]), {key: int(n) for key, n in zip(keys, reply[1:], strict=True)}
+
+    async def release(self, thread_id: str, keys: Sequence[str]) -> None:
+        with reached():
+            await self._release(keys=[self._thread(thread_id)], args=list(keys))
 
     async def thread_counts(self, thread_id: str) -> dict[str, int]:
         with reached():

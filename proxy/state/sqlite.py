@@ -188,6 +188,9 @@ class SqliteStore:
     async def thread_counts(self, thread_id: str) -> dict[str, int]:
         return await self._call(lambda db: threads.counts(db, thread_id))
 
+    async def release(self, thread_id: str, keys: Sequence[str]) -> None:
+        await self._call(lambda db: threads.release(db, thread_id, keys))
+
     def _ended(self) -> float:
         """When the contexts saved last before it have ended (wall-clock, shared)."""
         return -math.inf if self._context_ttl is None else time.time() - self._context_ttl

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 TABLES = [
     """CREATE TABLE IF NOT EXISTS thread_calls (
@@ -66,6 +66,15 @@ def reserve(
     )
     found = {key: count for key, count in rows}
     return added == len(keys), {key: found.get(key, 0) for key in keys}
+
+
+def release(db: sqlite3.Connection, thread_id: str, keys: Sequence[str]) -> None:
+    marks = ", ".join("?" for _ in keys)
+    db.execute(
+        f"UPDATE thread_calls SET count = count - 1 "
+        f"WHERE thread_id = ? AND key IN ({marks}) AND count > 0",
+        (thread_id, *keys),
+    )
 
 
 def keep(db: sqlite3.Connection, thread_id: str, ends_at: float) -> None:

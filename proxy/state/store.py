@@ -152,6 +152,11 @@ class StateStore(Protocol):
 
     async def thread_counts(self, thread_id: str) -> dict[str, int]: ...
 
+    async def release(self, thread_id: str, keys: Sequence[str]) -> None:
+        """Takes one from each counter of `keys`, none below 0 (a call reserved for that never
+        ran)."""
+        ...
+
     async def load_context(self, context_id: str) -> StoredContext | None: ...
 
     async def save_context(self, context: StoredContext) -> None:

@@ -66,6 +66,19 @@ async def test_reserve_adds_one_to_every_counter_or_to_none(store: StateStore) -
     assert await store.thread_counts("other") == {}
 
 
+async def test_release_takes_one_from_each_counter_none_below_zero(store: StateStore) -> None:
+    await store.reserve("t", {"search": 2, "*": 3})
+    await store.reserve("t", {"search": 2, "*": 3})
+    await store.release("t", ["search", "*"])
+    assert await store.thread_counts("t") == {"search": 1, "*": 1}
+    await store.release("t", ["search"])
+    await store.release("t", ["search", "fetch"])  # none below 0, none made
+    await store.release("other", ["search"])
+    assert (await store.thread_counts("t")).get("search", 0) == 0
+    assert (await store.thread_counts("t")).get("fetch", 0) == 0
+    assert await store.reserve("t", {"search": 1, "*": 3}) == (True, {"search": 1, "*": 2})
+
+
 async def test_a_limit_of_zero_refuses_the_first_call(store: StateStore) -> None:
     assert await store.reserve("t", {"*": 0}) == (False, {"*": 0})
     assert await store.reserve("t", {"search": 0, "*": 5}) == (False, {"search": 0, "*": 0})

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -239,6 +240,9 @@ class StallingThreads:
 
     async def thread_counts(self, thread_id: str) -> dict[str, int]:
         return {}
+
+    async def release(self, thread_id: str, keys: Sequence[str]) -> None:
+        raise AssertionError("nothing was reserved")
 
 
 async def test_a_call_the_time_budget_cuts_before_it_ran_is_answered_as_not_executed() -> None:

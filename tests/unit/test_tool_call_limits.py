@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
+from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -294,3 +297,56 @@ def test_limits_are_checked_against_the_run_tools(
     every_tool = {"tool_call_limits": [{"run_limit": 1, "exit_behavior": "end"}]}
     with pytest.raises(AssertionError, match="has no problem"):
         problem(every_tool, ("search", "fetch"))
+
+
+class StallingAfter(MemoryStore):
+    """Thread counters whose reservations past the first `answered` never answer."""
+
+    def __init__(self, answered: int) -> None:
+        super().__init__()
+        self.answered = answered
+
+    async def reserve(
+        self, thread_id: str, limits: Mapping[str, int], ttl_s: float | None = None
+    ) -> tuple[bool, dict[str, int]]:
+        if self.answered == 0:
+            await asyncio.sleep(3600)
+        self.answered -= 1
+        return await super().reserve(thread_id, limits, ttl_s)
+
+
+async def test_calls_the_run_s_end_cuts_before_they_ran_give_back_their_reservations() -> None:
+    """Parallel calls are admitted one by one, then run together: the time budget that ends
+    the run while the third is reviewed leaves the first two unrun (SPEC §9: only executed
+    calls count)."""
+    threads = StallingAfter(2)
+    h = Harness(
+        [reply("checking", calls=[("search", "{}")] * 3)],
+        {"search": lambda _: "found"},
+        parallel=True,
+        stop_when=[{"max_duration_s": 0.2}],
+        tool_call_limits=[{"tool_name": "search", "thread_limit": 5}],
+        threads=threads,
+        thread_id="t",
+    )
+    h.deps = replace(h.deps, clock=time.monotonic)
+    result = await asyncio.wait_for(h.run(), timeout=30)
+    assert result.stop.reason is StopReason.TIME_BUDGET
+    assert h.tools.calls == []
+    assert await threads.thread_counts("t") == {"search": 0}
+
+
+@pytest.mark.parametrize("caps", [(1, 5), (5, 1)])
+async def test_two_thread_limits_on_one_tool_hold_the_stricter(caps: tuple[int, int]) -> None:
+    threads = MemoryStore()
+    h = Harness(
+        [*searches(3), reply("done")],
+        TOOLS,
+        tool_call_limits=[{"tool_name": "search", "thread_limit": cap} for cap in caps],
+        threads=threads,
+        thread_id="t",
+    )
+    result = await h.run()
+    assert len(h.tools.calls) == 1
+    assert await threads.thread_counts("t") == {"search": 1}
+    assert result.stop.reason is StopReason.COMPLETED

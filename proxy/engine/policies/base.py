@@ -71,6 +71,9 @@ class Policy:
     def admit(self, run: RunState, call: ToolCall) -> None:
         """The call passed every review and will be executed."""
 
+    async def unreserve(self, run: RunState, call: ToolCall) -> None:
+        """An admitted call never ran (the run ended first): give back what `reserve` took."""
+
     def decides_next(self, call: ToolCall) -> bool:
         """Whether the review of the calls after `call` needs its result: it then runs before
         them, alone, however the run's calls run."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -13,6 +14,8 @@ from proxy.engine.state import RunState
 from proxy.engine.stop import Stop, StopReason, limit_details
 from proxy.engine.values import ToolCall, ToolOutcome
 from proxy.errors import SpecError, StateUnavailable
+
+log = logging.getLogger(__name__)
 
 ALL_TOOLS = "*"  # the counter key of a limit on every tool
 _SEVERITY = {"continue": 0, "end": 1, "error": 2}
@@ -83,6 +86,7 @@ class ToolCallLimits(Policy):
         self.limits = limits
         self.threads = threads
         self.run_counts: Counter[str] = Counter()
+        self._reserved: dict[str, list[str]] = {}  # a call's thread counters, by its id
 
     async def reserve(self, run: RunState, call: ToolCall) -> Block | None:
         limits = [lim for lim in self.limits if lim.applies_to(call.name)]
@@ -106,6 +110,8 @@ class ToolCallLimits(Policy):
                         caps.get(lim.key, lim.thread_limit or 0), lim.thread_limit or 0
                     )
                 ok, thread_counts = await self.threads.reserve(run.thread_id, caps)
+                if ok:
+                    self._reserved[call.id] = list(caps)
             if not ok:
                 hits = [
                     _Hit(lim, "thread", self.run_counts[lim.key], thread_counts[lim.key])
@@ -123,6 +129,17 @@ class ToolCallLimits(Policy):
             thread_count = await self._thread_count(run, hit.limit)
         message = limit_message(hit.limit, call.name, hit.run_count, thread_count)
         return Block(message, ToolOutcome.BLOCKED_LIMIT, self._stop(hit, call, run, message))
+
+    async def unreserve(self, run: RunState, call: ToolCall) -> None:
+        """A call that never ran: the run's counts and the thread's give back its one."""
+        for key in {lim.key for lim in self.limits if lim.applies_to(call.name)}:
+            self.run_counts[key] = max(0, self.run_counts[key] - 1)
+        keys = self._reserved.pop(call.id, None)
+        if keys and run.thread_id is not None and self.threads is not None:
+            try:
+                await self.threads.release(run.thread_id, keys)
+            except StateUnavailable as exc:
+                log.warning("the thread %s kept a call that never ran: %s", run.thread_id, exc)
 
     async def _stricter_thread_hits(
         self, run: RunState, hits: list[_Hit], thread_limits: list[ToolCallLimit]
