@@ -331,6 +331,23 @@ def message_item(item_id: str, text: str, status: str = "completed") -> dict[str
     }
 
 
+def refusal_item(item_id: str, refusal: str) -> dict[str, Any]:
+    """A message holding the model's refusal, as OpenAI's Responses API gives it."""
+    return {
+        "id": item_id,
+        "type": "message",
+        "status": "completed",
+        "role": "assistant",
+        "content": [{"type": "refusal", "refusal": refusal}],
+    }
+
+
+def refusal_of(result: RunResult) -> str | None:
+    """The run's last reply's refusal, when it has one."""
+    refusal = result.message.get("refusal")
+    return refusal if isinstance(refusal, str) and refusal else None
+
+
 def output_items(
     result: RunResult,
     prefix: str,
@@ -340,10 +357,12 @@ def output_items(
 ) -> list[dict[str, Any]]:
     """The `output` of a run that did not fail, in order: its server calls, its client calls,
     and its final message when it has text (SPEC §12.2), `incomplete` when cut at the client's
-    `max_output_tokens`."""
+    `max_output_tokens`; then a message with the model's refusal, when it refused."""
     items = [*server_calls, *client_items(result, prefix, names)]
     text = result.message.get("content")
     if isinstance(text, str) and text:
         status = "incomplete" if cut_short(result, max_output_tokens) else "completed"
         items.append(message_item(f"msg_{prefix}", text, status))
+    if (refusal := refusal_of(result)) is not None:
+        items.append(refusal_item(f"msg_{prefix}" + ("_refusal" if len(items) else ""), refusal))
     return items

@@ -33,6 +33,7 @@ from proxy.api.response_items import (
     ServerCalls,
     client_items,
     output_items,
+    refusal_of,
 )
 from proxy.api.response_store import (
     ChainThreads,
@@ -151,6 +152,7 @@ class Responses:
                 text if isinstance(text, str) else None,
                 context.client_items(result),
                 cut_short(result, context.req.max_output_tokens),
+                refusal_of(result),
             )
             body = context.response(result, writer.base["model"], writer.output, report)
             await context.keep(result, body, report)

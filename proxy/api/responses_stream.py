@@ -9,7 +9,7 @@ import orjson
 from starlette.types import Send
 
 from proxy.api.event_stream import EventStream
-from proxy.api.response_items import ServerCalls, message_item
+from proxy.api.response_items import ServerCalls, message_item, refusal_item
 from proxy.engine import events as ev
 
 DELTA = b"response.output_text.delta"
@@ -123,6 +123,23 @@ class ResponsesStream(EventStream):
         )  # fmt: skip
         return data
 
+    def _refusal_message(self, refusal: str) -> bytes:
+        """A message holding the model's refusal, added and done, as OpenAI streams one."""
+        item_id = f"msg_{self._prefix}" + ("_refusal" if self.output else "")
+        item = refusal_item(item_id, refusal)
+        index, data = self._add({**item, "status": "in_progress", "content": []})
+        where = {"item_id": item_id, "output_index": index, "content_index": 0}
+        (part,) = item["content"]
+        data += (
+            self._event("response.content_part.added", {**where, "part": {**part, "refusal": ""}})
+            + self._event("response.refusal.delta", {**where, "delta": refusal})
+            + self._event("response.refusal.done", {**where, "refusal": refusal})
+            + self._event("response.content_part.done", {**where, "part": part})
+        )
+        self.output[index] = item
+        done = {"output_index": index, "item": item}
+        return data + self._event("response.output_item.done", done)
+
     def _close_message(self, status: str = "completed") -> bytes:
         """The message open ended: `completed`, or `incomplete` when its text was cut short."""
         index = self._message_index
@@ -195,11 +212,15 @@ class ResponsesStream(EventStream):
     # -- the end ------------------------------------------------------------------------------
 
     def closing(
-        self, text: str | None, client_items: list[dict[str, Any]], cut: bool = False
+        self,
+        text: str | None,
+        client_items: list[dict[str, Any]],
+        cut: bool = False,
+        refusal: str | None = None,
     ) -> bytes:
         """The events that end the output: the message closed (with `text` sent first when
-        none was streamed; `incomplete` when `cut` short) and the client calls. `output` is
-        then whole."""
+        none was streamed; `incomplete` when `cut` short), a message with the model's
+        `refusal`, and the client calls. `output` is then whole."""
         data = self._opening() + self._end_unfinished()
         if not self._streamed and text:
             data += self._open_message()
@@ -210,6 +231,8 @@ class ResponsesStream(EventStream):
                 {**where, "content_index": 0, "delta": text, "logprobs": []},
             )
         data += self._close_message("incomplete" if cut else "completed")
+        if refusal:
+            data += self._refusal_message(refusal)
         for item in client_items:
             data += self._client_call(item)
         return data

@@ -190,3 +190,33 @@ def test_structured_output_parses_when_a_tool_step_said_something_first(
         final = stream.get_final_response()
     assert final.output_parsed == BOLTS
     assert types(final) == ["mcp_call", "message"]
+
+
+def test_a_refusal_is_a_message_of_its_own_in_json_and_in_streams(
+    client: OpenAI, upstream: ScriptedUpstream
+) -> None:
+    """The model's refusal came to nothing: `completed`, an empty `output`."""
+    refused = say("").replace(content=None, refusal="I can't help with that.")
+    upstream.script(refused, refused)
+    response = client.responses.create(model="scripted", input="Help?")
+    assert response.status == "completed"
+    (message,) = response.output
+    assert message.type == "message"
+    assert [(part.type, getattr(part, "refusal", None)) for part in message.content] == [
+        ("refusal", "I can't help with that.")
+    ]
+    with client.responses.stream(model="scripted", input="Help?") as stream:
+        events = [event.type for event in stream]
+        final = stream.get_final_response()
+    assert events[-7:] == [
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.refusal.delta",
+        "response.refusal.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    assert final.output[0].model_dump() == message.model_dump() | {"id": final.output[0].id}
+    kept = client.responses.retrieve(final.id)
+    assert [item.model_dump() for item in kept.output] == [final.output[0].model_dump()]
