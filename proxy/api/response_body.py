@@ -35,14 +35,14 @@ def response_usage(usage: Usage) -> dict[str, Any]:
 
 
 def cut_short(result: RunResult, max_output_tokens: int | None) -> bool:
-    """The last step stopped at the client's own `max_output_tokens` (status `incomplete`)."""
+    """The last step stopped at the client's own `max_output_tokens` (status `incomplete`): cut
+    for length with as many output tokens (or with none reported); an upstream that stopped
+    for length below them stopped for a reason of its own (its context window)."""
     reply = result.last_reply
-    return (
-        max_output_tokens is not None
-        and reply is not None
-        and reply.finish_reason == "length"
-        and result.stop.reason in OWN_CUT
-    )
+    if max_output_tokens is None or reply is None or result.stop.reason not in OWN_CUT:
+        return False
+    tokens = reply.usage.completion_tokens
+    return reply.finish_reason == "length" and (tokens == 0 or tokens >= max_output_tokens)
 
 
 def response_object(

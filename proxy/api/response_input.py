@@ -72,6 +72,8 @@ def checked_input(value: Any, has_previous: bool) -> list[dict[str, Any]]:
     if not isinstance(value, list):
         raise InvalidRequest("input must be a string or a list of items", param="input")
     for i, item in enumerate(value):
+        if isinstance(item, dict) and "type" not in item and "role" not in item and "id" in item:
+            item["type"] = "item_reference"  # its `type` is optional, as a message's is
         _item(item, f"input[{i}]")
     return value
 
@@ -136,3 +138,21 @@ def _content(content: Any, path: str) -> None:
             )
         if kind in TEXT_PARTS:
             string_param(part.get("text"), f"{where}.text")
+        elif kind == "input_image":
+            _image(part, where)
+
+
+def _image(part: dict[str, Any], where: str) -> None:
+    """An image goes upstream by its URL (or data URL): Chat Completions takes no file id."""
+    url = part.get("image_url")
+    if url is None and part.get("file_id") is not None:
+        raise InvalidRequest(
+            "an image by file_id cannot go to a Chat Completions upstream; send image_url "
+            "(a URL or a data URL)",
+            param=f"{where}.file_id",
+            code="unsupported_parameter",
+        )
+    if not isinstance(url, str) or not url:
+        raise InvalidRequest(
+            "must be a non-empty string (a URL or a data URL)", param=f"{where}.image_url"
+        )

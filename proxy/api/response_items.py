@@ -153,7 +153,7 @@ def _message(item: dict[str, Any]) -> dict[str, Any]:
 def _part(part: dict[str, Any]) -> dict[str, Any]:
     kind = part["type"]
     if kind == "input_image":
-        image: dict[str, Any] = {"url": part.get("image_url") or part.get("file_id") or ""}
+        image: dict[str, Any] = {"url": part.get("image_url") or ""}  # (`response_input`)
         if part.get("detail"):
             image["detail"] = part["detail"]
         return {"type": "image_url", "image_url": image}

@@ -11,6 +11,12 @@ from tests.integration.conftest import Proxy
 CALL = {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}
 OUTPUT = {"type": "function_call_output", "call_id": "c1", "output": "x"}
 
+
+def _image(fields: dict[str, Any]) -> dict[str, Any]:
+    """A user message of one `input_image` part with `fields`."""
+    return {"role": "user", "content": [{"type": "input_image", **fields}]}
+
+
 BAD: list[tuple[dict[str, Any], str]] = [
     ({"input": "hi"}, "model"),
     ({"model": "scripted"}, "input"),
@@ -181,6 +187,12 @@ BAD: list[tuple[dict[str, Any], str]] = [
         "prompt",
     ),
     ({"model": "scripted", "input": "x", "loop": {"max_steps": 0}}, "loop.max_steps"),
+    (  # it went upstream as an image URL of "file-1"
+        {"model": "scripted", "input": [_image({"file_id": "file-1"})]},
+        "input[0].content[0].file_id",
+    ),
+    ({"model": "scripted", "input": [_image({})]}, "input[0].content[0].image_url"),
+    ({"model": "scripted", "input": [_image({"image_url": 7})]}, "input[0].content[0].image_url"),
 ]
 
 

@@ -474,6 +474,17 @@ async def test_cut_at_the_clients_max_output_tokens_is_incomplete(proxy: Proxy) 
     assert message["status"] == "incomplete"  # as OpenAI marks the item cut short
 
 
+async def test_an_upstream_that_stops_for_length_below_the_clients_cap_is_not_incomplete(
+    proxy: Proxy,
+) -> None:
+    """Its context window ran out, say: not the client's `max_output_tokens`."""
+    own_limit = say("Cut by the model's own limit.", finish_reason="length")
+    proxy.upstream.script(own_limit.replace(usage={"completion_tokens": 501}))
+    body = (await respond(proxy, model="scripted", max_output_tokens=1000)).json()
+    assert (body["status"], body["incomplete_details"]) == ("completed", None)
+    assert body["output"][0]["status"] == "completed"
+
+
 async def test_stored_responses_are_read_and_deleted(proxy: Proxy) -> None:
     proxy.upstream.script(say("Kept."))
     body = (await respond(proxy, model="scripted")).json()
@@ -504,7 +515,7 @@ async def test_item_references_read_stored_items(proxy: Proxy) -> None:
     again = [
         {"role": "user", "content": "A-1?"},
         {"type": "item_reference", "id": fc["id"]},
-        {"type": "item_reference", "id": fc["id"]},
+        {"id": fc["id"]},  # a reference's `type` is optional
         {"type": "function_call_output", "call_id": fc["call_id"], "output": "shipped"},
     ]
     r = await respond(proxy, model="scripted", input=again, tools=[FUNCTION])
