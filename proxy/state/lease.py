@@ -39,3 +39,37 @@ async def renewed(
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+class LateReleases:
+    """Releases of leases that failed (the backend down for a moment), tried again in the
+    background for as long as the lease would last: the next holder, in this process or
+    another, need not wait the lease out. A release is safe to repeat: it lets go of the
+    holder's own token only."""
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def retry(self, name: str, lease_s: float, let_go: Callable[[], Awaitable[object]]) -> None:
+        task = asyncio.ensure_future(self._again(name, lease_s, let_go))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    @staticmethod
+    async def _again(name: str, lease_s: float, let_go: Callable[[], Awaitable[object]]) -> None:
+        loop = asyncio.get_running_loop()
+        until, wait = loop.time() + lease_s, 0.25
+        while loop.time() + wait < until:
+            await asyncio.sleep(wait)
+            try:
+                await let_go()
+            except Exception:  # still down: later, less often
+                wait = min(2 * wait, 2.0)
+                continue
+            log.warning("the lock on %s was let go on a later try", name)
+            return
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -322,6 +322,7 @@ class RedisStore:
             await self._redis.ping()
 
     async def close(self) -> None:
+        await self._holds.late.close()
         await self._redis.aclose()
 
 

@@ -17,7 +17,7 @@ from contextlib import AbstractAsyncContextManager
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from proxy.state.lease import renewed
+from proxy.state.lease import LateReleases, renewed
 from proxy.state.locks import LOCK_POLL_S, KeyedLocks
 from proxy.state.redis_calls import ms, reached
 from proxy.state.store import Holding, Record, StoredContext, check_put, conflict
@@ -129,6 +129,7 @@ class ContextHolds:
         self._let_go = client.register_script(_LET_GO)
         self._end_script = client.register_script(_END)
         self._locks = KeyedLocks()
+        self.late = LateReleases()
         self._id = secrets.token_hex(8)  # this store's, in the contexts' waiting marks
         # Contexts another store has the next turn of, each with when that turn is over
         # (monotonic): the next waiter of this process waits until then before it asks.
@@ -170,12 +171,17 @@ class ContextHolds:
             finally:
                 # A renewal the hold's end overtook may have taken the lock again after it.
                 if not held.ended or held.overtook:
-                    try:
+
+                    async def let_go() -> None:
                         args = [held.token, self._id]
                         others = await self._let_go(keys=[held.lock, held.mark], args=args)
                         self._after(context_id, bool(others))
-                    except RedisError as exc:  # unreachable: the lease expires on its own
+
+                    try:
+                        await let_go()
+                    except RedisError as exc:  # tried again while the lease lasts
                         log.warning("releasing the lock on context %r failed: %s", context_id, exc)
+                        self.late.retry(f"context {context_id!r}", self._lease, let_go)
 
     def _after(self, context_id: str, others_wait: bool) -> None:
         """A hold let go: the next waiter of this process gives way to another store's, for

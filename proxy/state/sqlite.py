@@ -27,7 +27,7 @@ from proxy.errors import StateUnavailable
 from proxy.state import sqlite_contexts as contexts
 from proxy.state import sqlite_records as records_sql
 from proxy.state import sqlite_threads as threads
-from proxy.state.lease import renewed
+from proxy.state.lease import LateReleases, renewed
 from proxy.state.locks import LOCK_POLL_S, KeyedLocks
 from proxy.state.sqlite_checkpoints import LOG_FILE_BYTES, Checkpointer
 from proxy.state.sqlite_file import FileIdentity, current, file_identity
@@ -86,6 +86,7 @@ class SqliteStore:
         the workers that had it open."""
         self._path = str(path)
         self._lease = lock_lease_s
+        self._late = LateReleases()
         self._timeout_s = timeout_s
         self._context_ttl = context_ttl_s
         gone = opened is not None and current(self._path) != opened
@@ -340,10 +341,15 @@ class SqliteStore:
                     yield hold
             finally:  # also when the wait was cancelled, as its last attempt took the row
                 if not hold.let_go:
-                    try:
+
+                    async def let_go() -> None:
                         await self._call(lambda db: contexts.let_go(db, context_id, token))
-                    except StateUnavailable as exc:  # the lease expires on its own
+
+                    try:
+                        await let_go()
+                    except StateUnavailable as exc:  # tried again while the lease lasts
                         log.warning("releasing the lock on context %r failed: %s", context_id, exc)
+                        self._late.retry(f"context {context_id!r}", self._lease, let_go)
 
     async def _take(self, context_id: str, token: str) -> StoredContext | None:
         """Waits until this process holds the context's lock row (free, or its lease over);
@@ -377,6 +383,7 @@ class SqliteStore:
         await self._call(work)
 
     async def close(self) -> None:
+        await self._late.close()
         # The thread stays for calls after this one, which fail as a closed database's do; it
         # ends with the store.
         await asyncio.get_running_loop().run_in_executor(self._thread, self._close)

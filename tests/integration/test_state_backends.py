@@ -636,6 +636,25 @@ async def test_sqlite_calls_queued_behind_a_lock_fail_within_their_timeout(
     await store.close()
 
 
+async def test_a_release_that_failed_is_tried_again_while_the_lease_lasts(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Another process held the write lock as a hold ended: its release failed, and the next
+    hold of the context waited the whole lease (30 s) though the lock was free again at once."""
+    path = tmp_path / "state.db"
+    store = SqliteStore(path, timeout_s=0.3, lock_lease_s=30)
+    holder = sqlite3.connect(path, isolation_level=None)
+    async with store.hold("c"):
+        holder.execute("BEGIN IMMEDIATE")
+    assert "releasing the lock on context 'c' failed" in caplog.text
+    holder.execute("ROLLBACK")
+    holder.close()
+    async with asyncio.timeout(10), store.hold("c") as held:
+        assert held.context is None
+    assert "the lock on context 'c' was let go on a later try" in caplog.text
+    await store.close()
+
+
 async def test_a_sqlite_hold_behind_a_lock_fails_within_its_timeout_once(tmp_path: Path) -> None:
     """The wait for a context fails `timeout_s` after it began: no release of a lock it never
     took waits another `timeout_s` after it (a `/chat` answered its 503 after twice as long)."""
