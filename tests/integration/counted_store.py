@@ -16,7 +16,7 @@ class CountedStore(MemoryStore):
     """`reads`: the (kind, key) pairs each read asked for; `read`: the bytes the reads found;
     `writes`: the kinds each write put, and the thread it kept; `kept`: the records each write
     kept; `written`: the bytes of the records written; `deletes`: the pairs each delete asked
-    for."""
+    for. The reads `failing` names (`get_record`, `get_records`) fail as a backend down does."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -26,6 +26,7 @@ class CountedStore(MemoryStore):
         self.kept: list[list[tuple[str, str]]] = []
         self.written = 0
         self.deletes: list[list[tuple[str, str]]] = []
+        self.failing: set[str] = set()
 
     def clear(self) -> None:
         self.reads, self.read, self.writes, self.kept, self.written = [], 0, [], [], 0
@@ -35,7 +36,12 @@ class CountedStore(MemoryStore):
         """How many records of `kind` each read that asked for one asked for."""
         return [n for pairs in self.reads if (n := sum(k == kind for k, _ in pairs))]
 
+    def _unless_failing(self, method: str) -> None:
+        if method in self.failing:
+            raise StateUnavailable("the state backend is unreachable")
+
     async def get_record(self, kind: str, key: str) -> bytes | None:
+        self._unless_failing("get_record")
         found = await super().get_record(kind, key)
         self.reads.append([(kind, key)])
         self.read += len(found or b"")
@@ -44,6 +50,7 @@ class CountedStore(MemoryStore):
     async def get_records(
         self, wanted: Sequence[tuple[str, str]], max_bytes: int | None = None
     ) -> list[bytes | None]:
+        self._unless_failing("get_records")
         found = await super().get_records(wanted, max_bytes)
         self.reads.append(list(wanted))
         self.read += sum(len(value or b"") for value in found)

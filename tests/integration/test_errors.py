@@ -732,6 +732,9 @@ async def test_a_null_functions_field_is_no_use_of_the_functions_api(proxy: Prox
     proxy.upstream.script(call("get_weather", city="Oslo"), say("Mild."))
     r = await proxy.chat(model="weather", functions=None, function_call=None)
     assert r.status_code == 200
+    assert r.json()["choices"][0]["message"]["content"] == "Mild."
+    assert r.json()["loop"]["tool_calls"] == 1  # the loop ran the server tool
+    assert [m["role"] for m in proxy.upstream.bodies[1]["messages"]][-2:] == ["assistant", "tool"]
 
 
 async def test_the_functions_api_is_relayed_when_no_loop_runs(proxy: Proxy) -> None:

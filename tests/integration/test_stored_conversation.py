@@ -4,7 +4,6 @@ are read, and read by no key but its own; and kept alike when each turn sends it
 
 from __future__ import annotations
 
-import unittest.mock
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,7 +16,6 @@ from proxy.api import input_items, stored_conversation, stored_reads
 from proxy.api.fingerprint_records import FINGERPRINT_RECORD
 from proxy.api.response_store import AHEAD_BYTES, continued_records
 from proxy.api.stored_conversation import TAIL_RECORD
-from proxy.errors import StateUnavailable
 from proxy.state.memory import MemoryStore
 from proxy.state.store import Record, StateStore
 from tests.integration.conftest import Proxy, ProxyFactory
@@ -454,9 +452,9 @@ async def test_a_turn_whose_reads_fail_is_stored_as_it_was_sent(
     async with proxy_for(store=store) as proxy:
         proxy.upstream.script(keep(say("Noted.")))
         _, items = await resend(proxy, 28, whole=True)
-        down = StateUnavailable("the state backend is unreachable")
-        with unittest.mock.patch.object(MemoryStore, failing, side_effect=down):
-            (last,), _ = await resend(proxy, 1, items, whole=True)
+        store.failing = {failing}
+        (last,), _ = await resend(proxy, 1, items, whole=True)
+        store.failing = set()
         inputs = await store.get_record("input", last)
         assert inputs is not None
         assert orjson.loads(inputs)["previous"] is None

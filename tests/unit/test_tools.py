@@ -20,11 +20,12 @@ from pydantic import BaseModel
 
 from proxy.api.app import tools_transport
 from proxy.callables import CallThreads
+from proxy.config import parse_config
 from proxy.config.tools import ToolConfig, digest_name, function_name, might_expose
 from proxy.demo.runner import free_port
 from proxy.engine.values import ToolCall, ToolContext
 from proxy.tools.base import BadArguments, Tool
-from proxy.tools.registry import ToolRegistry, build_tool
+from proxy.tools.registry import ToolRegistry, build_tool, referenced_tools
 from proxy.tools.schema import SchemaCheck, check_schema, schema_validator
 from proxy.tools.schema_budget import PATTERNS_S, WORK_S, work_limit_s
 
@@ -696,3 +697,38 @@ def test_what_an_entry_might_expose(
     prefix: str, include: list[str] | None, exclude: list[str], name: str, could: bool
 ) -> None:
     assert might_expose(prefix, include, exclude, name) is could
+
+
+def test_the_tools_an_agent_names_are_found_in_nested_conditions_and_rules() -> None:
+    """Names an MCP source may expose get a stand-in while it is down (SPEC §13): those its
+    agents name anywhere, however deep in `stop_when`."""
+    config = parse_config(
+        {
+            "upstreams": {"main": {"base_url": "http://upstream.test/v1"}},
+            "default_upstream": "main",
+            "tools": {"docs": {"kind": "mcp", "url": "http://mcp.test/mcp", "prefix": "docs_"}},
+            "agents": {
+                "a": {
+                    "model": "m",
+                    "tools": ["docs_search"],
+                    "tool_rules": [{"type": "run_first", "tool_name": "docs_plan"}],
+                    "stop_when": [
+                        {"has_tool_call": ["docs_top"]},
+                        {"any": [{"all": [{"has_tool_call": ["docs_deep"]}]}]},
+                        {"not": {"has_tool_call": ["docs_negated"]}},
+                    ],
+                    "tool_call_limits": [{"tool_name": "docs_limited", "run_limit": 1}],
+                }
+            },
+        }
+    )
+    server, named = referenced_tools(config)
+    assert server == {"docs_search", "docs_limited"}
+    assert named == {
+        "docs_search",
+        "docs_plan",
+        "docs_top",
+        "docs_deep",
+        "docs_negated",
+        "docs_limited",
+    }
