@@ -18,3 +18,8 @@ def offered(body: dict[str, Any]) -> list[str]:
 def loop_of(obj: Any) -> dict[str, Any]:
     """The `loop` report of a reply or chunk parsed by the `openai` SDK (an extra field)."""
     return dict((obj.model_extra or {})["loop"])
+
+
+def tool_results(body: dict[str, Any]) -> list[str]:
+    """The tool results an upstream request carried, in order."""
+    return [str(m["content"]) for m in body["messages"] if m["role"] == "tool"]

@@ -13,7 +13,7 @@ import orjson
 import pytest
 from openai import OpenAI
 
-from tests.bodies import loop_of
+from tests.bodies import loop_of, tool_results
 from tests.e2e.conftest import McpHttpServer, config_file, proxy_process, wait_ready
 from tests.mcp_config import http_entry, stdio_entry
 from tests.scripted_upstream import (
@@ -180,7 +180,3 @@ def test_one_call_cut_short_fails_alone_and_calls_past_the_pool_wait_their_turn(
     assert "SSE stream" in orjson.loads(cut[3])["error"]
     assert ready["status"] == "ready"
     assert answered == ["slept 1.5s"] * 110
-
-
-def tool_results(body: dict[str, Any]) -> list[str]:
-    return [m["content"] for m in body["messages"] if m["role"] == "tool"]

@@ -23,8 +23,9 @@ from openai import AsyncOpenAI
 from openai.types.responses import ResponseFunctionToolCall
 from openai.types.responses.response_output_item import McpCall
 
+from tests.bodies import tool_results
 from tests.e2e.conftest import ToolServer
-from tests.scripted_upstream import Body, ScriptedUpstream, call, say, say_tool_result
+from tests.scripted_upstream import ScriptedUpstream, call, say, say_tool_result
 
 pytestmark = pytest.mark.e2e
 
@@ -70,10 +71,6 @@ def raw_items(result: RunResult | RunResultStreaming) -> list[tuple[str, str]]:
 
 def mcp_calls(result: RunResult | RunResultStreaming) -> list[McpCall]:
     return [item.raw_item for item in result.new_items if isinstance(item.raw_item, McpCall)]
-
-
-def tool_results(body: Body) -> list[str]:
-    return [str(m["content"]) for m in body["messages"] if m["role"] == "tool"]
 
 
 CLIENT_TOOL_ITEMS = [

@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
+from tests.bodies import tool_results
 from tests.e2e.conftest import ToolServer
 from tests.e2e.node import installed, run_ai_sdk
-from tests.scripted_upstream import Body, ScriptedUpstream, call, say, say_tool_result
+from tests.scripted_upstream import ScriptedUpstream, call, say, say_tool_result
 
 pytestmark = pytest.mark.e2e
 
@@ -30,10 +31,6 @@ def inventory(tool_server: tuple[str, ToolServer]) -> ToolServer:
     _, server = tool_server
     server.calls.clear()
     return server
-
-
-def tool_results(body: Body) -> list[str]:
-    return [str(m["content"]) for m in body["messages"] if m["role"] == "tool"]
 
 
 def server_parts(step: list[dict[str, Any]]) -> list[tuple[str, str]]:

@@ -18,6 +18,7 @@ from proxy.api.response_store import continued_records
 from proxy.errors import StateUnavailable
 from proxy.state.memory import MemoryStore
 from proxy.state.store import Record, StateStore
+from tests.bodies import tool_results
 from tests.integration.conftest import Proxy, ProxyFactory, state
 from tests.integration.counted_store import CountedStore
 from tests.integration.test_key_scopes import AGENTS, key, keyed
@@ -31,10 +32,6 @@ async def respond(proxy: Proxy, as_key: str | None = None, **body: Any) -> httpx
     body.setdefault("input", "Lima?")
     headers = {"authorization": f"Bearer sk-{as_key}"} if as_key else {}
     return await proxy.client.post("/v1/responses", json=body, headers=headers)
-
-
-def tool_results(body: dict[str, Any]) -> list[str]:
-    return [m["content"] for m in body["messages"] if m["role"] == "tool"]
 
 
 async def test_stored_responses_on_every_backend(

@@ -18,10 +18,11 @@ from proxy.api.response_store import AHEAD_BYTES, continued_records
 from proxy.api.stored_conversation import TAIL_RECORD
 from proxy.state.memory import MemoryStore
 from proxy.state.store import Record, StateStore
+from tests.bodies import tool_results
 from tests.integration.conftest import Proxy, ProxyFactory
 from tests.integration.counted_store import CountedStore
 from tests.integration.test_key_scopes import AGENTS, key, keyed
-from tests.integration.test_responses_state import LIMITED, respond, tool_results
+from tests.integration.test_responses_state import LIMITED, respond
 from tests.response_events import checked, parse_events
 from tests.scripted_upstream import Call, Reply, call, keep, say, say_tool_result
 
