@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from statistics import median
 from typing import Any
 
@@ -64,10 +65,10 @@ def body(shape: str, size: int) -> bytes:
     return head + SHAPES[shape](size - len(head) - len(tail) - 200) + tail
 
 
-async def stall_of(
-    app: ASGIApp, raw: bytes, path: str = "/v1/chat/completions"
-) -> tuple[int, float, float]:
-    """The status, the request's wall time and the longest gap between ticks, in seconds."""
+@contextlib.asynccontextmanager
+async def ticking() -> AsyncIterator[list[float]]:
+    """The gaps between the ticks of a 1 ms ticker on this loop while the block runs, in
+    seconds: the longest is the stall every other request saw."""
     gaps: list[float] = []
     done = asyncio.Event()
 
@@ -79,18 +80,28 @@ async def stall_of(
             gaps.append(now - last)
             last = now
 
+    ticker = asyncio.create_task(tick())
+    await asyncio.sleep(0.01)
+    try:
+        yield gaps
+    finally:
+        done.set()
+        await ticker
+
+
+async def stall_of(
+    app: ASGIApp, raw: bytes, path: str = "/v1/chat/completions"
+) -> tuple[int, float, float]:
+    """The status, the request's wall time and the longest gap between ticks, in seconds."""
     sent: list[Message] = []
 
     async def send(message: Message) -> None:
         sent.append(message)
 
-    ticker = asyncio.create_task(tick())
-    await asyncio.sleep(0.01)
-    started = time.perf_counter()
-    await app(post_scope(path), body_then_stay(raw), send)
-    wall = time.perf_counter() - started
-    done.set()
-    await ticker
+    async with ticking() as gaps:
+        started = time.perf_counter()
+        await app(post_scope(path), body_then_stay(raw), send)
+        wall = time.perf_counter() - started
     return sent[0]["status"], wall, max(gaps)
 
 

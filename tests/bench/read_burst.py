@@ -28,7 +28,7 @@ from prometheus_client import CollectorRegistry
 from proxy.api.app import create_app
 from proxy.api.runtime import settle_runtime
 from proxy.config import parse_config
-from tests.bench.body_stall import CONFIG, PROSE, answered
+from tests.bench.body_stall import CONFIG, PROSE, answered, ticking
 from tests.bench.policy_cost import ANSWER, JSON
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -78,27 +78,14 @@ async def burst(mib: float, requests: int, upstream_ms: float) -> dict[str, Any]
         del items
         follow = orjson.dumps({"model": "m", "input": "?", "previous_response_id": first["id"]})
         await answered(app, follow, "/v1/responses")  # warmed up
-        gaps: list[float] = []
-        done = asyncio.Event()
-
-        async def tick() -> None:
-            last = time.perf_counter()
-            while not done.is_set():
-                await asyncio.sleep(0.001)
-                now = time.perf_counter()
-                gaps.append(now - last)
-                last = now
-
         before = rss()
-        ticker = asyncio.create_task(tick())
         started, cpu = time.perf_counter(), time.process_time()
-        with PeakRss() as peak:
-            replies = await asyncio.gather(
-                *(answered(app, follow, "/v1/responses") for _ in range(requests))
-            )
-        wall, cpu = time.perf_counter() - started, time.process_time() - cpu
-        done.set()
-        await ticker
+        async with ticking() as gaps:
+            with PeakRss() as peak:
+                replies = await asyncio.gather(
+                    *(answered(app, follow, "/v1/responses") for _ in range(requests))
+                )
+            wall, cpu = time.perf_counter() - started, time.process_time() - cpu
         statuses = collections.Counter(
             orjson.loads(reply).get("status", "error") for reply in replies
         )
