@@ -79,8 +79,8 @@ async def burst(mib: float, requests: int, upstream_ms: float) -> dict[str, Any]
         follow = orjson.dumps({"model": "m", "input": "?", "previous_response_id": first["id"]})
         await answered(app, follow, "/v1/responses")  # warmed up
         before = rss()
-        started, cpu = time.perf_counter(), time.process_time()
         async with ticking() as gaps:
+            started, cpu = time.perf_counter(), time.process_time()
             with PeakRss() as peak:
                 replies = await asyncio.gather(
                     *(answered(app, follow, "/v1/responses") for _ in range(requests))
