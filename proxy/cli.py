@@ -122,7 +122,7 @@ def _tools(path: str | None) -> int:
 
 async def _list_tools(config: Config) -> int:
     from proxy.callables import CallThreads
-    from proxy.tools.registry import build_registry
+    from proxy.tools.building import build_registry
 
     try:
         registry = build_registry(config, httpx.AsyncClient(), CallThreads(1))

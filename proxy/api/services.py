@@ -24,8 +24,9 @@ from proxy.engine.run_spec import Deps, RunResult
 from proxy.engine.stop import StopReason
 from proxy.pricing import PriceTable
 from proxy.state.store import Record, StateStore
+from proxy.tools.building import build_registry
 from proxy.tools.mcp_tool import CallHook
-from proxy.tools.registry import ToolRegistry, build_registry
+from proxy.tools.registry import ToolRegistry
 from proxy.upstream.client import AttemptHook, HeadersHook, Upstream
 from proxy.upstream.pool import BoundedTransport
 from proxy.upstream.reply import ReplyLimits

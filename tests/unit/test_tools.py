@@ -25,7 +25,8 @@ from proxy.config.tools import ToolConfig, digest_name, function_name, might_exp
 from proxy.demo.runner import free_port
 from proxy.engine.values import ToolCall, ToolContext
 from proxy.tools.base import BadArguments, Tool
-from proxy.tools.registry import ToolRegistry, build_tool, referenced_tools
+from proxy.tools.building import build_tool, referenced_tools
+from proxy.tools.registry import ToolRegistry
 from proxy.tools.schema import SchemaCheck, check_schema, schema_validator
 from proxy.tools.schema_budget import PATTERNS_S, WORK_S, work_limit_s
 
