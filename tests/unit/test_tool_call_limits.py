@@ -13,6 +13,7 @@ import pytest
 
 from proxy.engine import events as ev
 from proxy.engine.stop import StopReason
+from proxy.engine.values import ModelReply
 from proxy.errors import StateUnavailable
 from proxy.state.memory import MemoryStore
 from tests.fakes import reply
@@ -350,3 +351,33 @@ async def test_two_thread_limits_on_one_tool_hold_the_stricter(caps: tuple[int, 
     assert len(h.tools.calls) == 1
     assert await threads.thread_counts("t") == {"search": 1}
     assert result.stop.reason is StopReason.COMPLETED
+
+
+def with_ids(scripted: ModelReply, *ids: str) -> ModelReply:
+    """`scripted` with its calls' ids as given (upstreams repeat them across replies)."""
+    calls = [replace(c, id=i) for c, i in zip(scripted.tool_calls, ids, strict=True)]
+    message = {**scripted.message, "tool_calls": [c.to_openai() for c in calls]}
+    return replace(scripted, tool_calls=calls, message=message)
+
+
+async def test_a_call_cut_before_it_ran_gives_back_its_own_reservation_only() -> None:
+    """An earlier reply's call that ran had the same id as one cut: the reservation given
+    back was the one that ran."""
+    threads = StallingAfter(1)
+    h = Harness(
+        [
+            with_ids(reply(calls=[("search", "{}")]), "call_0"),
+            with_ids(reply(calls=[("fetch", "{}"), ("search", "{}")]), "call_0", "call_1"),
+        ],
+        TOOLS,
+        parallel=True,
+        stop_when=[{"max_duration_s": 0.3}],
+        tool_call_limits=[{"tool_name": "search", "thread_limit": 5}],
+        threads=threads,
+        thread_id="t",
+    )
+    h.deps = replace(h.deps, clock=time.monotonic)
+    result = await asyncio.wait_for(h.run(), timeout=30)
+    assert result.stop.reason is StopReason.TIME_BUDGET
+    assert [name for name, _ in h.tools.calls] == ["search"]
+    assert await threads.thread_counts("t") == {"search": 1}

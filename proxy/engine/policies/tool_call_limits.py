@@ -8,11 +8,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from proxy.engine.options import ToolCallLimitOptions
-from proxy.engine.policies.base import Block, Policy
+from proxy.engine.policies.base import Block, Policy, StepPlan
 from proxy.engine.ports import ThreadCounters
 from proxy.engine.state import RunState
 from proxy.engine.stop import Stop, StopReason, limit_details
-from proxy.engine.values import ToolCall, ToolOutcome
+from proxy.engine.values import ModelReply, ToolCall, ToolOutcome
 from proxy.errors import SpecError, StateUnavailable
 
 log = logging.getLogger(__name__)
@@ -86,7 +86,9 @@ class ToolCallLimits(Policy):
         self.limits = limits
         self.threads = threads
         self.run_counts: Counter[str] = Counter()
-        self._reserved: dict[str, list[str]] = {}  # a call's thread counters, by its id
+        # What each admitted call of the reply under way took: its run counts' keys and its
+        # thread counters' (None: the thread is the run), by the call object (ids repeat).
+        self._taken: dict[int, tuple[list[str], list[str] | None]] = {}
 
     async def reserve(self, run: RunState, call: ToolCall) -> Block | None:
         limits = [lim for lim in self.limits if lim.applies_to(call.name)]
@@ -99,6 +101,7 @@ class ToolCallLimits(Policy):
         ]
         thread_limits = [lim for lim in limits if lim.thread_limit is not None]
         thread_counts: dict[str, int] = {}
+        reserved: list[str] | None = None  # the thread's counters it took
         if not hits and thread_limits:
             if run.thread_id is None or self.threads is None:  # the thread is the run
                 thread_counts = {lim.key: self.run_counts[lim.key] for lim in thread_limits}
@@ -110,8 +113,7 @@ class ToolCallLimits(Policy):
                         caps.get(lim.key, lim.thread_limit or 0), lim.thread_limit or 0
                     )
                 ok, thread_counts = await self.threads.reserve(run.thread_id, caps)
-                if ok:
-                    self._reserved[call.id] = list(caps)
+                reserved = list(caps)
             if not ok:
                 hits = [
                     _Hit(lim, "thread", self.run_counts[lim.key], thread_counts[lim.key])
@@ -119,8 +121,10 @@ class ToolCallLimits(Policy):
                     if thread_counts[lim.key] >= (lim.thread_limit or 0)
                 ]
         if not hits:
-            for key in {lim.key for lim in limits}:
+            keys = list({lim.key for lim in limits})
+            for key in keys:
                 self.run_counts[key] += 1
+            self._taken[id(call)] = (keys, reserved)
             return None
         hits += await self._stricter_thread_hits(run, hits, thread_limits)
         hit = max(hits, key=lambda h: _SEVERITY[h.limit.exit_behavior])
@@ -130,14 +134,19 @@ class ToolCallLimits(Policy):
         message = limit_message(hit.limit, call.name, hit.run_count, thread_count)
         return Block(message, ToolOutcome.BLOCKED_LIMIT, self._stop(hit, call, run, message))
 
+    def after_reply(self, run: RunState, plan: StepPlan, reply: ModelReply) -> Stop | None:
+        self._taken.clear()  # an earlier reply's calls ran, or were given back
+        return None
+
     async def unreserve(self, run: RunState, call: ToolCall) -> None:
-        """A call that never ran: the run's counts and the thread's give back its one."""
-        for key in {lim.key for lim in self.limits if lim.applies_to(call.name)}:
-            self.run_counts[key] = max(0, self.run_counts[key] - 1)
-        keys = self._reserved.pop(call.id, None)
-        if keys and run.thread_id is not None and self.threads is not None:
+        """An admitted call of this reply that never ran: the run's counts and the thread's
+        give back what it took."""
+        keys, reserved = self._taken.pop(id(call), ([], None))
+        for key in keys:
+            self.run_counts[key] -= 1
+        if reserved and run.thread_id is not None and self.threads is not None:
             try:
-                await self.threads.release(run.thread_id, keys)
+                await self.threads.release(run.thread_id, reserved)
             except StateUnavailable as exc:
                 log.warning("the thread %s kept a call that never ran: %s", run.thread_id, exc)
 
