@@ -1,11 +1,13 @@
-"""Run reports are written after the run's answer has gone: a state backend that is slow or
-down delays no answer (a pass-through request waited `state.timeout_s` on a paused redis).
+"""A run's report is written before its answer goes, for WAIT_S at most: a state backend that
+is slow or down then delays an answer that long, no longer (a pass-through request waited
+`state.timeout_s` on a paused redis); the write goes on in the background.
 
-A report this process is still writing is waited for by `GET /v1/runs/{id}` here, so a client
-that asks at once reads it. The server calls a run held back from the client (SPEC §5.1.6) are
-written before the answer: the client's next request needs them. At most `max_pending`
-reports are written at once in the background; past them, a run's answer waits for its own,
-as held calls do (a backend that does not answer cannot pile up reports without end).
+Written first, a report is read at once from any replica; one still being written is waited
+for by `GET /v1/runs/{id}` in the process writing it. The server calls a run held back from the
+client (SPEC §5.1.6) are written before the answer whatever it takes: the client's next request
+needs them. At most `max_pending` reports are written in the background; past them, a run's
+answer waits for its own, as held calls do (a backend that does not answer cannot pile up
+reports without end).
 """
 
 from __future__ import annotations
@@ -20,24 +22,34 @@ from proxy.state.store import Record, StateStore
 log = logging.getLogger(__name__)
 
 MAX_PENDING = 1024
+WAIT_S = 0.1
 
 
 class ReportWrites:
-    def __init__(self, store: StateStore, ttl_s: float, max_pending: int = MAX_PENDING) -> None:
+    def __init__(
+        self,
+        store: StateStore,
+        ttl_s: float,
+        max_pending: int = MAX_PENDING,
+        wait_s: float = WAIT_S,
+    ) -> None:
         self.store = store
         self.ttl_s = ttl_s
         self.max_pending = max_pending
+        self.wait_s = wait_s
         self._pending: dict[str, asyncio.Task[None]] = {}
 
     async def keep(self, run_id: str, records: Sequence[Record], before_answer: bool) -> None:
-        """Writes `records`, the run's: now when `before_answer` (or when too many are being
-        written), else in the background. A backend that fails is logged."""
+        """Writes `records`, the run's: to its end when `before_answer` (or when too many are
+        being written), else for `wait_s` at most, then in the background. A backend that fails
+        is logged."""
         if before_answer or len(self._pending) >= self.max_pending:
             await self._write(run_id, records)
             return
-        task = asyncio.create_task(self._write(run_id, records))
+        task = asyncio.ensure_future(self._write(run_id, records))
         self._pending[run_id] = task
         task.add_done_callback(lambda _: self._pending.pop(run_id, None))
+        await asyncio.wait((task,), timeout=self.wait_s)
 
     async def written(self, run_id: str) -> None:
         """Returns once this process has no write of `run_id`'s report under way."""

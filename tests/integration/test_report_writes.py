@@ -1,7 +1,7 @@
-"""A run's report is written after its answer has gone (`proxy.api.report_writes`): a state
-backend that does not answer delays no answer, a report being written is read by
-`GET /v1/runs/{id}` once written, and the server calls a run held back from its client are
-written before the answer (the client's next request needs them)."""
+"""A run's report is written before its answer, for a moment at most (`proxy.api.report_writes`):
+a state backend that does not answer delays no answer longer, a report still being written is
+read by `GET /v1/runs/{id}` once written, and the server calls a run held back from its client
+are written before the answer whatever it takes (the client's next request needs them)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from collections.abc import Awaitable
 import pytest
 
 from proxy.api.report_writes import ReportWrites
+from proxy.api.services import RUN_RECORD
+from proxy.state.memory import MemoryStore
 from proxy.state.store import Record
 from tests.integration.conftest import ProxyFactory
 from tests.integration.counted_store import ForgetfulStore, StalledWrites
@@ -38,6 +40,20 @@ async def test_an_answer_does_not_wait_for_its_report_and_a_lookup_waits_for_it(
     assert found.status_code == 200
     assert found.json()["run_id"] == run_id
     assert found.json()["stop_reason"] == "completed"
+
+
+async def test_a_report_written_promptly_is_there_for_every_replica_before_the_answer(
+    proxy_for: ProxyFactory,
+) -> None:
+    """Another worker or replica reads it from the backend alone: were it written after the
+    answer, a client asking at once could get a 404 there."""
+    store = MemoryStore()
+    async with proxy_for(store=store) as proxy:
+        proxy.upstream.script(say("Hi."), say("Hi."))
+        for stream in (False, True):
+            r = await proxy.chat(model="scripted", stream=stream)
+            found = await store.get_record(RUN_RECORD, r.headers["x-loopwarden-run-id"])
+            assert found is not None
 
 
 async def test_held_server_calls_are_written_before_the_answer(proxy_for: ProxyFactory) -> None:
