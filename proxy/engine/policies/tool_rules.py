@@ -206,8 +206,15 @@ class RuleBook:
         return seen
 
 
+# An output whose JSON could hold more values than this is matched as its text: it picks no
+# child by a JSON field (the keys a rule matches are short), and is not parsed.
+MAX_MATCHED_VALUES = 10_000
+
+
 def output_value(output: str) -> str:
     """What a conditional rule matches: the JSON `message` field, a JSON scalar, or the text."""
+    if len(output) > MAX_MATCHED_VALUES and sum(map(output.count, ",:[{")) > MAX_MATCHED_VALUES:
+        return output.strip()
     try:
         value = orjson.loads(output)
     except orjson.JSONDecodeError:
@@ -269,7 +276,7 @@ class ToolRules(Policy):
         self.required = [r.tool_name for r in book.of("required_before_exit")]
         self.history: list[str] = []  # executed tool calls, in order
         self.counts: Counter[str] = Counter()
-        self.last_output: str | None = None
+        self.last_value: str | None = None  # what the last conditional tool's output matches
         self.offered: list[str] = []
         # Tools the turn ran before this run: a client's, and the server's that an earlier run
         # of the turn held back with a client call and the proxy put back (or stored).
@@ -297,9 +304,9 @@ class ToolRules(Policy):
 
     def _conditional_children(self, last: str | None) -> frozenset[str] | None:
         rule = self.conditional.get(last) if last is not None else None
-        if rule is None or self.last_output is None:
+        if rule is None or self.last_value is None:
             return None
-        value = output_value(self.last_output)
+        value = self.last_value
         for key, child in rule.child_output_mapping.items():
             if key == value:
                 return frozenset({child})
@@ -344,14 +351,14 @@ class ToolRules(Policy):
     def admit(self, run: RunState, call: ToolCall) -> None:
         self.history.append(call.name)
         self.counts[call.name] += 1
-        self.last_output = None
+        self.last_value = None
 
     def decides_next(self, call: ToolCall) -> bool:
         return call.name in self.conditional  # its output picks the next tool
 
     def after_tool(self, run: RunState, call: ToolCall, result: ToolResult) -> Stop | None:
-        if self.history and self.history[-1] == call.name:
-            self.last_output = result.output
+        if self.history and self.history[-1] == call.name and call.name in self.conditional:
+            self.last_value = output_value(result.output)  # once: every review reads it
         return None
 
     def after_reply_without_tools(self, run: RunState, reply: ModelReply) -> Nudge | Stop | None:
