@@ -17,7 +17,7 @@ import contextvars
 import weakref
 from collections.abc import AsyncIterator
 
-LARGE_TEXT = 256 * 1024
+LARGE_TEXT = 64 * 1024
 
 _TURNS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
     weakref.WeakKeyDictionary()

@@ -43,23 +43,30 @@ def listed(items: list[dict[str, Any]], response_id: str) -> list[dict[str, Any]
     with an id (its own, else `in_<response hex>_<n>`, from its place); a message with a
     status, its text content as one part."""
     prefix = INPUT_ITEM_PREFIX + response_id.removeprefix(RESPONSE_PREFIX)
-    out = []
-    for i, given in enumerate(items):
-        item = dict(given)
-        kind = item.setdefault("type", "message")
-        if not isinstance(item.get("id"), str) or not item["id"]:
-            item["id"] = f"{prefix}_{i}"
-        if kind == "message":
-            item.setdefault("status", "completed")
-            if isinstance(item.get("content"), str):
-                text = item["content"]
-                if item.get("role") == "assistant":
-                    part = {"type": "output_text", "text": text, "annotations": []}
-                else:
-                    part = {"type": "input_text", "text": text}
-                item["content"] = [part]
-        out.append(item)
-    return out
+    return [listed_item(given, item_id(given, prefix, i)) for i, given in enumerate(items)]
+
+
+def item_id(given: dict[str, Any], prefix: str, place: int) -> str:
+    """A listed input item's id: its own, else `<prefix>_<place>`."""
+    own = given.get("id")
+    return own if isinstance(own, str) and own else f"{prefix}_{place}"
+
+
+def listed_item(given: dict[str, Any], listed_id: str) -> dict[str, Any]:
+    """An input item as a listing shows it (`listed`)."""
+    item = dict(given)
+    kind = item.setdefault("type", "message")
+    item["id"] = listed_id
+    if kind == "message":
+        item.setdefault("status", "completed")
+        if isinstance(item.get("content"), str):
+            text = item["content"]
+            if item.get("role") == "assistant":
+                part = {"type": "output_text", "text": text, "annotations": []}
+            else:
+                part = {"type": "input_text", "text": text}
+            item["content"] = [part]
+    return item
 
 
 class InputItems:
@@ -77,7 +84,7 @@ class InputItems:
         async with contextlib.aclosing(_segments(store, asked, budget)) as segments:
             ordered = _newest_first if order == "desc" else _oldest_first
             page = await _page(ordered(segments), after, limit)
-        data = page[:limit]
+        data = [listed_item(item, id_) if given else item for id_, item, given in page[:limit]]
         await send_json(
             send,
             200,
@@ -109,9 +116,16 @@ def _query(raw: bytes) -> tuple[int, str, str | None]:
     return limit, order, after
 
 
+# A listing's item, read but not yet shown: its id, the item as stored, and whether it is an
+# input item as it was given (`listed_item` shows it) rather than an output item. Only the
+# page's are shown.
+Entry = tuple[Any, dict[str, Any], bool]
+YIELD_EVERY = 4096  # items a listing walks between turns of other requests
+
+
 async def _segments(
     store: ResponseStore, response_id: str, budget: ReadBudget, max_chain: int = MAX_CHAIN
-) -> AsyncGenerator[list[dict[str, Any]]]:
+) -> AsyncGenerator[list[Entry]]:
     """The chain's items, newest first in runs (a response's input items, the output of the
     response it continued, that one's input items...), each run in its own order. The walk
     stops at a response deleted or expired since."""
@@ -130,8 +144,9 @@ async def _segments(
         inputs = await store.input(current, charge)
         if inputs is None:
             return
-        yield listed(inputs.items, current)
-        yield inputs.outputs
+        prefix = INPUT_ITEM_PREFIX + current.removeprefix(RESPONSE_PREFIX)
+        yield [(item_id(given, prefix, i), given, True) for i, given in enumerate(inputs.items)]
+        yield [(item.get("id"), item, False) for item in inputs.outputs]
         if inputs.previous is None:
             return
         current = inputs.previous
@@ -143,37 +158,35 @@ async def _segments(
     )
 
 
-async def _newest_first(
-    segments: AsyncIterator[list[dict[str, Any]]],
-) -> AsyncIterator[dict[str, Any]]:
+async def _newest_first(segments: AsyncIterator[list[Entry]]) -> AsyncIterator[Entry]:
     seen: set[Any] = set()
+    walked = 0
     async for segment in segments:
-        for item in reversed(segment):
-            if item.get("id") not in seen:
-                seen.add(item.get("id"))
-                yield item
+        for entry in reversed(segment):
+            walked += 1
+            if walked % YIELD_EVERY == 0:
+                await asyncio.sleep(0)
+            if entry[0] not in seen:
+                seen.add(entry[0])
+                yield entry
 
 
-async def _oldest_first(
-    segments: AsyncIterator[list[dict[str, Any]]],
-) -> AsyncIterator[dict[str, Any]]:
-    newest_first = [item async for item in _newest_first(segments)]  # all are read
-    for item in reversed(newest_first):
-        yield item
+async def _oldest_first(segments: AsyncIterator[list[Entry]]) -> AsyncIterator[Entry]:
+    newest_first = [entry async for entry in _newest_first(segments)]  # all are read
+    for entry in reversed(newest_first):
+        yield entry
 
 
-async def _page(
-    ordered: AsyncIterator[dict[str, Any]], after: str | None, limit: int
-) -> list[dict[str, Any]]:
+async def _page(ordered: AsyncIterator[Entry], after: str | None, limit: int) -> list[Entry]:
     """Up to `limit + 1` items that follow `after` (from the first, without it): one more than
     the page, to say whether there are more."""
-    page: list[dict[str, Any]] = []
+    page: list[Entry] = []
     found = after is None
-    async for item in ordered:
+    async for entry in ordered:
         if not found:
-            found = item.get("id") == after
+            found = entry[0] == after
             continue
-        page.append(item)
+        page.append(entry)
         if len(page) > limit:
             break
     if not found:

@@ -261,7 +261,7 @@ async def test_the_walk_is_bounded_in_responses_bytes_and_values() -> None:
     store = await _stored_chain(6, 100)
     ample = ReadBudget(10_000, 10_000)
     walked = [s async for s in _segments(store, "resp_5", ample, max_chain=6)]
-    assert [s[0]["id"] for s in walked[::2]] == [f"in_{i}_0" for i in range(5, -1, -1)]
+    assert [s[0][0] for s in walked[::2]] == [f"in_{i}_0" for i in range(5, -1, -1)]
     with pytest.raises(InvalidRequest, match="more than 5 responses"):
         _ = [s async for s in _segments(store, "resp_5", ReadBudget(10_000, 10_000), 5)]
     with pytest.raises(InvalidRequest, match="more than 500 bytes"):
