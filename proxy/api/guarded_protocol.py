@@ -76,6 +76,12 @@ _HEAD_ERROR = HeadersTooLarge(
 )
 HEAD_TOO_LARGE = _refusal(b"431 Request Header Fields Too Large", _HEAD_ERROR)
 HEAD_TOO_LARGE_ANSWER = answering(_HEAD_ERROR)
+# Header fields a request may have (nginx and h11 hold about as many): each is work for the
+# parser, the ASGI scope and every layer that reads it, and 64 KiB holds 6,000 of one byte.
+MAX_HEADERS = 256
+TOO_MANY_HEADERS = answering(
+    HeadersTooLarge(f"the request has more than {MAX_HEADERS} header fields")
+)
 # The server speaks HTTP/1.1 only, and its parser stops reading a request that asks for another
 # protocol (`connection: upgrade`) where its headers end, its body unread: such a request is
 # answered 400 (WebSocket, CONNECT, h2c with a body), except an h2c one without a body, which is
@@ -233,6 +239,8 @@ class GuardedProtocol(HttpToolsProtocol):
         refusal = None
         if read > MAX_HEAD_BYTES and self._parsed_head() > MAX_HEAD_BYTES:
             refusal = HEAD_TOO_LARGE_ANSWER
+        elif self._fields > MAX_HEADERS:
+            refusal = TOO_MANY_HEADERS
         elif self.parser.should_upgrade() and not self._may_stay_http():
             refusal = NO_UPGRADE
         if refusal is None:

@@ -14,7 +14,12 @@ import uvicorn
 from starlette.types import Receive, Scope, Send
 from uvicorn.server import ServerState
 
-from proxy.api.guarded_protocol import MAX_HEAD_BYTES, MAX_PIPELINED, guarded_protocol
+from proxy.api.guarded_protocol import (
+    MAX_HEAD_BYTES,
+    MAX_HEADERS,
+    MAX_PIPELINED,
+    guarded_protocol,
+)
 
 
 async def ok(scope: Scope, receive: Receive, send: Send) -> None:
@@ -114,6 +119,19 @@ async def test_a_long_head_is_refused_whether_it_comes_in_one_read_or_many() -> 
     assert await answers([long[:-4], long[-4:]]) == [TOO_LARGE]  # completed by a second read
     pieces = [long[i : i + 1024] for i in range(0, len(long), 1024)]
     assert await answers(pieces) == [TOO_LARGE]
+
+
+async def test_a_head_of_more_fields_than_the_bound_is_refused() -> None:
+    """6,000 one-byte headers fit in 64 KiB: 100 such requests held the loop 245 ms."""
+
+    def with_fields(n: int) -> bytes:
+        fields = b"".join(b"x-%d: a\r\n" % i for i in range(n - 1))
+        return b"GET /x HTTP/1.1\r\nhost: proxy\r\n" + fields + b"\r\n"
+
+    assert await answers([with_fields(MAX_HEADERS)]) == [b"HTTP/1.1 200 OK"]
+    written = await exchange([with_fields(MAX_HEADERS + 1)])
+    assert written.startswith(TOO_LARGE)
+    assert f"more than {MAX_HEADERS} header fields".encode() in written
 
 
 async def test_a_head_under_the_bound_is_served_in_one_read() -> None:
