@@ -36,7 +36,7 @@ def saved(
     """The context to save with the run's `messages`, or why nothing is saved (over `cap`)."""
     if messages_size(messages) > cap:
         refused = BodyTooLarge(
-            f"the run's messages would make context {context.id!r} larger than {cap} "
+            f"the run's messages would make context {context.name!r} larger than {cap} "
             "bytes (state.max_context_bytes); nothing was saved",
             param="context_id",
             code="context_too_large",

@@ -4,6 +4,7 @@ with `/v1/contexts/{id}`. A context is also the thread of its tool call limits."
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -97,6 +98,25 @@ def check_context_id(context_id: str, max_chars: int) -> None:
         raise InvalidRequest("must not contain control characters", param="context_id")
 
 
+def stored_id(context_id: str, caller: Caller | None) -> str:
+    """Where a context is kept: in its key's own namespace (two keys that name one id have a
+    context each, and neither learns of the other's), without keys as it is named."""
+    return context_id if caller is None else caller.scoped(context_id)
+
+
+async def _legacy(sv: Services, context_id: str, caller: Caller | None) -> StoredContext | None:
+    """A key's context kept, before contexts had namespaces, as it is named: taken into the
+    key's namespace by its next save (the copy left behind goes with `DELETE`)."""
+    if caller is None:
+        return None
+    found = await sv.store.load_context(context_id)
+    if found is None or found.owner != caller.name:
+        return None
+    return dataclasses.replace(
+        found, id=stored_id(context_id, caller), version=0, thread=found.thread_id
+    )
+
+
 def _visible(context: StoredContext, caller: Caller | None) -> bool:
     """A context belongs to the key that created it; one created without keys, to no key (once
     keys are on, every key read and wrote those of the time before: as a stored response)."""
@@ -152,9 +172,9 @@ def _request(body: dict[str, Any], context: StoredContext, messages: list[Any]) 
 def _open(
     body: dict[str, Any], found: StoredContext | None, caller: Caller | None
 ) -> StoredContext:
-    agent, model = body.get("agent"), body.get("model")
+    agent, model, context_id = body.get("agent"), body.get("model"), body["context_id"]
     if found is not None and not _visible(found, caller):
-        raise NotFound(f"no context {found.id!r}", param="context_id")
+        raise NotFound(f"no context {context_id!r}", param="context_id")
     if found is None:
         if agent is None and model is None:
             raise InvalidRequest(
@@ -163,14 +183,15 @@ def _open(
                 param="agent",
             )
         if caller is None:
-            return StoredContext(body["context_id"], agent, model)
-        # Its thread is in its key's namespace, as a client's `thread_id` is: a key that makes
-        # a context of an id another key used (and dropped) starts from no counts.
-        thread = caller.scoped(body["context_id"])
-        return StoredContext(body["context_id"], agent, model, owner=caller.name, thread=thread)
+            return StoredContext(context_id, agent, model)
+        # It and its thread are in its key's namespace, as a client's `thread_id` is.
+        scoped = stored_id(context_id, caller)
+        return StoredContext(scoped, agent, model, owner=caller.name, thread=scoped)
     for key, value, kept in (("agent", agent, found.agent), ("model", model, found.model)):
         if value is not None and value != kept:
-            raise InvalidRequest(f"context {found.id!r} was created with {key} {kept!r}", param=key)
+            raise InvalidRequest(
+                f"context {context_id!r} was created with {key} {kept!r}", param=key
+            )
     return found
 
 
@@ -244,7 +265,7 @@ class ContextRuns:
         body = await read_json(
             receive, scope, sv.config.server, lambda raw: _body(raw, path, max_chars)
         )
-        async with held(sv.store, body["context_id"], receive) as holding:
+        async with held(sv.store, stored_id(body["context_id"], caller), receive) as holding:
             if holding is not None:
                 await self._run(sv, caller, bearer, scope, receive, send, body, holding)
 
@@ -259,7 +280,8 @@ class ContextRuns:
         body: dict[str, Any],
         holding: Holding,
     ) -> None:
-        context = _opened(sv, body, holding, caller)
+        found = holding.context or await _legacy(sv, body["context_id"], caller)
+        context = _opened(sv, body, found, caller)
         cap = sv.config.state.max_context_bytes
         messages, run_messages = _messages(body, context, cap)
         plan = _plan(sv, body, _request(body, context, run_messages), caller)
@@ -297,7 +319,7 @@ class ContextRuns:
 
 
 def _opened(
-    sv: Services, body: dict[str, Any], holding: Holding, caller: Caller | None
+    sv: Services, body: dict[str, Any], found: StoredContext | None, caller: Caller | None
 ) -> StoredContext:
     """The context the request names, as held (made anew on first use), once the caller may
     run it and its agent is still in the config."""
@@ -306,10 +328,10 @@ def _opened(
         sv.keys.check(caller, agent, "agent")
         if agent not in sv.config.agents:
             raise InvalidRequest(f"no agent named {agent!r}", param="agent")
-    context = _open(body, holding.context, caller)
+    context = _open(body, found, caller)
     if context.agent is not None and context.agent not in sv.config.agents:
         raise InvalidRequest(
-            f"context {context.id!r} was made with agent {context.agent!r}, which the "
+            f"context {body['context_id']!r} was made with agent {context.agent!r}, which the "
             "config no longer has",
             param="context_id",
             code="agent_not_found",
@@ -329,7 +351,7 @@ def _messages(
     if messages_size(messages) > cap:
         param = "message" if body.get("message") is not None else "context_id"
         raise BodyTooLarge(
-            f"context {context.id!r} would hold more than {cap} bytes of messages "
+            f"context {context.name!r} would hold more than {cap} bytes of messages "
             "(state.max_context_bytes)",
             param=param,
             code="context_too_large",
@@ -339,14 +361,17 @@ def _messages(
         run_messages.append({"role": "system", "content": body["prompt"]})
     if not run_messages:
         raise InvalidRequest(
-            f"context {context.id!r} has no messages yet; send one with POST /chat",
+            f"context {context.name!r} has no messages yet; send one with POST /chat",
             param="context_id",
         )
     return messages, run_messages
 
 
 async def read_context(sv: Services, context_id: str, caller: Caller | None) -> StoredContext:
-    return _readable(sv, context_id, await sv.store.load_context(context_id), caller)
+    found = await sv.store.load_context(stored_id(context_id, caller))
+    if found is None and caller is not None:  # kept before contexts had namespaces
+        found = await sv.store.load_context(context_id)
+    return _readable(sv, context_id, found, caller)
 
 
 def _readable(
@@ -362,7 +387,7 @@ def _readable(
 
 async def context_body(sv: Services, context: StoredContext) -> dict[str, Any]:
     return {
-        "id": context.id,
+        "id": context.name,
         "object": "loopwarden.context",
         "agent": context.agent,
         "model": context.model,
@@ -387,14 +412,22 @@ class ContextRecords:
             found = await read_context(sv, context_id, caller)
             await send_json(send, 200, await context_body(sv, found))
             return
-        async with held(sv.store, context_id, receive) as holding:  # not while a run holds it
-            if holding is None:
-                return
-            kept = holding.context
-            if kept is not None and _unowned_for(kept, caller):
-                found = kept
-            else:
-                found = _readable(sv, context_id, kept, caller)
-            await sv.store.delete_context(found.id)
-            body = {"id": found.id, "object": "loopwarden.context.deleted", "deleted": True}
-            await send_json(send, 200, body)
+        # The key's, then one kept before contexts had namespaces (a copy its runs left behind
+        # as they took it into the key's namespace, or one made while no keys were on).
+        places = [stored_id(context_id, caller)] + ([context_id] if caller is not None else [])
+        dropped = False
+        for place in places:
+            async with held(sv.store, place, receive) as holding:  # not while a run holds it
+                if holding is None:
+                    return
+                kept = holding.context
+                if kept is None or not (_visible(kept, caller) or _unowned_for(kept, caller)):
+                    continue
+                if not _unowned_for(kept, caller):
+                    sv.keys.check(caller, kept.agent or kept.model or "")
+                await sv.store.delete_context(kept.id)
+                dropped = True
+        if not dropped:
+            raise NotFound(f"no context {context_id[:256]!r}")
+        body = {"id": context_id, "object": "loopwarden.context.deleted", "deleted": True}
+        await send_json(send, 200, body)

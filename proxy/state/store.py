@@ -55,6 +55,12 @@ class StoredContext:
     def thread_id(self) -> str:
         return self.thread or self.id
 
+    @property
+    def name(self) -> str:
+        """Its id as its client names it: one kept in its key's namespace is `<key>/<name>`
+        (a name has no `/`)."""
+        return self.id.partition("/")[2] or self.id
+
     def dumps(self, version: int) -> bytes:
         """The stored form, as `version`. The version comes first, so a backend can read it
         from the first bytes (redis)."""

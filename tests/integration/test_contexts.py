@@ -442,32 +442,41 @@ KEYS = {
 }
 
 
-async def test_a_context_belongs_to_the_key_that_created_it(
+async def test_two_keys_that_name_one_context_id_have_a_context_each(
     proxy_for: ProxyFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """A key learns nothing of another's contexts, not even that an id is taken: ids are in
+    each key's namespace (one key took an id first, and another's `/chat` on it was a 404)."""
     monkeypatch.setenv("ALICE_KEY", "sk-alice")
     monkeypatch.setenv("BOB_KEY", "sk-bob")
     alice = {"authorization": "Bearer sk-alice"}
     bob = {"authorization": "Bearer sk-bob"}
     async with proxy_for({**REPORTER, "auth": KEYS}) as proxy:
-        proxy.upstream.script(say("Hi Alice."), say("Again."))
+        proxy.upstream.script(say("Hi Alice."), say("Hi Bob."), say("Again."))
         body = {"context_id": "mine", "agent": "reporter", "message": "hi"}
         created = await proxy.client.post("/chat", json=body, headers=alice)
-        others = [
-            await proxy.client.post("/chat", json=body, headers=bob),
-            await proxy.client.post("/chat", json={**body, "agent": None}, headers=bob),
-            await proxy.client.post("/chat/invoke", json={"context_id": "mine"}, headers=bob),
+        unknown = [
             await proxy.client.get("/v1/contexts/mine", headers=bob),
             await proxy.client.delete("/v1/contexts/mine", headers=bob),
         ]
+        invoked = await proxy.client.post("/chat/invoke", json={"context_id": "mine"}, headers=bob)
+        bobs = await proxy.client.post("/chat", json=body, headers=bob)
+        bob_kept = await proxy.client.get("/v1/contexts/mine", headers=bob)
+        dropped = await proxy.client.delete("/v1/contexts/mine", headers=bob)
         again = await proxy.client.post("/chat", json=body, headers=alice)
         kept = await proxy.client.get("/v1/contexts/mine", headers=alice)
     assert created.status_code == 200
-    for other in others:
+    for other in unknown:
         assert other.status_code == 404, other.text
-        assert other.json()["error"]["code"] == "not_found"
         assert other.json()["error"]["message"] == "no context 'mine'"
+    assert invoked.status_code == 400  # as for any id no context has
+    assert "does not exist" in invoked.json()["error"]["message"]
+    assert bobs.json()["response"] == "Hi Bob."
+    assert bob_kept.json()["id"] == "mine"
+    assert [m["content"] for m in bob_kept.json()["messages"]] == ["hi", "Hi Bob."]
+    assert dropped.json() == {"id": "mine", "object": "loopwarden.context.deleted", "deleted": True}
     assert again.status_code == 200
+    assert kept.json()["id"] == "mine"
     assert [m["content"] for m in kept.json()["messages"]] == ["hi", "Hi Alice.", "hi", "Again."]
 
 
@@ -515,6 +524,37 @@ async def test_a_context_stored_before_its_thread_was_kept_keeps_its_counts(
         counts = (await proxy.client.get("/v1/contexts/old", headers=alice)).json()
     assert ran.json()["loop"]["tool_calls"] == 1  # the second of its thread limit of 2
     assert counts["tool_call_counts"] == {"*": 2}
+
+
+async def test_a_key_s_context_kept_before_namespaces_is_continued_and_dropped_whole(
+    proxy_for: ProxyFactory, capped_keys: dict[str, Any]
+) -> None:
+    """Kept as it was named: its key's next run takes it into the key's namespace, another
+    key does not see it, and `DELETE` drops both copies."""
+    store = MemoryStore()
+    messages = [{"role": "user", "content": "Before."}, {"role": "assistant", "content": "Noted."}]
+    earlier = {"version": 0, "id": "old", "agent": "capped", "owner": "alice", "messages": messages}
+    await store.save_context(StoredContext.loads(orjson.dumps({**earlier, "created": 1})))
+    alice = {"authorization": "Bearer sk-alice"}
+    bob = {"authorization": "Bearer sk-bob"}
+    async with proxy_for({**REPORTER, "auth": capped_keys}, store=store) as proxy:
+        proxy.upstream.script(say("Warm."))
+        body = {"context_id": "old", "message": "More."}
+        ran = await proxy.client.post("/chat", json=body, headers=alice)
+        kept = (await proxy.client.get("/v1/contexts/old", headers=alice)).json()
+        unseen = await proxy.client.get("/v1/contexts/old", headers=bob)
+        dropped = await proxy.client.delete("/v1/contexts/old", headers=alice)
+    assert ran.status_code == 200, ran.text
+    assert [m["content"] for m in proxy.upstream.bodies[0]["messages"]][-3:] == [
+        "Before.",
+        "Noted.",
+        "More.",
+    ]
+    assert [m["content"] for m in kept["messages"]] == ["Before.", "Noted.", "More.", "Warm."]
+    assert unseen.status_code == 404
+    assert dropped.status_code == 200
+    assert await store.load_context("old") is None
+    assert await store.load_context("alice/old") is None
 
 
 @pytest.mark.parametrize(

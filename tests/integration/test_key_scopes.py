@@ -162,7 +162,8 @@ async def test_a_context_made_before_keys_were_on_is_no_key_s(proxy_for: ProxyFa
             "/chat", json={"context_id": "old", "message": "more"}, headers=headers
         )
         dropped = await proxy.client.delete("/v1/contexts/old", headers=headers)
-        assert [r.status_code for r in (read, ran, dropped)] == [404, 404, 404]
+        assert [r.status_code for r in (read, ran, dropped)] == [404, 400, 404]
+        assert "does not exist" in ran.json()["error"]["message"]  # for this key
         assert await store.load_context("old") is not None
         # A key that may use every agent drops it, so that its id can be used again.
         everyone = {"authorization": "Bearer sk-all"}
