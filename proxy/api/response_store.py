@@ -127,8 +127,8 @@ class ChainThreads:
     async def thread_counts(self, thread_id: str) -> dict[str, int]:
         return await self.store.thread_counts(thread_id)
 
-    async def release(self, thread_id: str, keys: Sequence[str]) -> None:
-        await self.store.release(thread_id, keys)
+    async def release(self, thread_id: str, counts: Mapping[str, int]) -> None:
+        await self.store.release(thread_id, counts)
 
 
 class ConversationTooLarge(Exception):

@@ -69,9 +69,8 @@ class Checkpoints:
 
     async def unreserve(self, run: RunState, calls: Sequence[ToolCall]) -> None:
         """Admitted calls that never ran: every policy gives back what it took for them."""
-        for call in calls:
-            for policy in self.policies:
-                await policy.unreserve(run, call)
+        for policy in self.policies:
+            await policy.unreserve(run, calls)
 
     def decides_next(self, call: ToolCall) -> bool:
         """Whether some policy needs `call`'s result to review the calls after it."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 from proxy.engine.events import RunEvent
@@ -82,9 +82,9 @@ class ThreadCounters(Protocol):
         """The counters as they are."""
         ...
 
-    async def release(self, thread_id: str, keys: Sequence[str]) -> None:
-        """Takes one from each counter of `keys`, none below 0: what `reserve` took for a call
-        that never ran (SPEC §9: only executed calls count)."""
+    async def release(self, thread_id: str, counts: Mapping[str, int]) -> None:
+        """Takes `counts` from the counters, none below 0: what `reserve` took for calls that
+        never ran (SPEC §9: only executed calls count)."""
         ...
 
 

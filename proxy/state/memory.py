@@ -61,11 +61,11 @@ class MemoryStore:
         self._drop_if_ended(thread_id)
         return dict(self._threads.get(thread_id, {}))
 
-    async def release(self, thread_id: str, keys: Sequence[str]) -> None:
-        counts = self._threads.get(thread_id, Counter())
-        for key in keys:
-            if counts[key] > 0:
-                counts[key] -= 1
+    async def release(self, thread_id: str, counts: Mapping[str, int]) -> None:
+        kept = self._threads.get(thread_id, Counter())
+        for key, n in counts.items():
+            if kept[key] > 0:
+                kept[key] = max(0, kept[key] - n)
 
     def _end_thread_in(self, thread_id: str, ttl_s: float) -> None:
         self._thread_ends.pop(thread_id, None)  # ends later than any other: last

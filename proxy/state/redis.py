@@ -50,11 +50,12 @@ table.insert(counts, 1, ok)
 return counts
 """
 
-# KEYS[1]: the thread's hash; ARGV: the counters to take one from, none below 0.
+# KEYS[1]: the thread's hash; ARGV: key1, n1, key2, n2...: n taken from each, none below 0.
 _RELEASE = """
-for i = 1, #ARGV do
-  if tonumber(redis.call('HGET', KEYS[1], ARGV[i]) or '0') > 0 then
-    redis.call('HINCRBY', KEYS[1], ARGV[i], -1)
+for i = 1, #ARGV, 2 do
+  local count = tonumber(redis.call('HGET', KEYS[1], ARGV[i]) or '0')
+  if count > 0 then
+    redis.call('HSET', KEYS[1], ARGV[i], math.max(0, count - tonumber(ARGV[i + 1])))
   end
 end
 return 0
@@ -168,9 +169,10 @@ class RedisStore:
             reply = await self._reserve(keys=[self._thread(thread_id)], args=args)
         return bool(reply[0]), {key: int(n) for key, n in zip(keys, reply[1:], strict=True)}
 
-    async def release(self, thread_id: str, keys: Sequence[str]) -> None:
+    async def release(self, thread_id: str, counts: Mapping[str, int]) -> None:
+        args = [v for key, n in counts.items() for v in (key, n)]
         with reached():
-            await self._release(keys=[self._thread(thread_id)], args=list(keys))
+            await self._release(keys=[self._thread(thread_id)], args=args)
 
     async def thread_counts(self, thread_id: str) -> dict[str, int]:
         with reached():

@@ -189,8 +189,8 @@ class SqliteStore:
     async def thread_counts(self, thread_id: str) -> dict[str, int]:
         return await self._call(lambda db: threads.counts(db, thread_id))
 
-    async def release(self, thread_id: str, keys: Sequence[str]) -> None:
-        await self._call(lambda db: threads.release(db, thread_id, keys))
+    async def release(self, thread_id: str, counts: Mapping[str, int]) -> None:
+        await self._call(lambda db: threads.release(db, thread_id, counts))
 
     def _ended(self) -> float:
         """When the contexts saved last before it have ended (wall-clock, shared)."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 TABLES = [
     """CREATE TABLE IF NOT EXISTS thread_calls (
@@ -68,12 +68,10 @@ def reserve(
     return added == len(keys), {key: found.get(key, 0) for key in keys}
 
 
-def release(db: sqlite3.Connection, thread_id: str, keys: Sequence[str]) -> None:
-    marks = ", ".join("?" for _ in keys)
-    db.execute(
-        f"UPDATE thread_calls SET count = count - 1 "
-        f"WHERE thread_id = ? AND key IN ({marks}) AND count > 0",
-        (thread_id, *keys),
+def release(db: sqlite3.Connection, thread_id: str, counts: Mapping[str, int]) -> None:
+    db.executemany(
+        "UPDATE thread_calls SET count = MAX(count - ?, 0) WHERE thread_id = ? AND key = ?",
+        [(n, thread_id, key) for key, n in counts.items()],
     )
 
 

@@ -158,8 +158,8 @@ class StateStore(Protocol):
 
     async def thread_counts(self, thread_id: str) -> dict[str, int]: ...
 
-    async def release(self, thread_id: str, keys: Sequence[str]) -> None:
-        """Takes one from each counter of `keys`, none below 0 (a call reserved for that never
+    async def release(self, thread_id: str, counts: Mapping[str, int]) -> None:
+        """Takes `counts` from the counters, none below 0 (calls reserved for that never
         ran)."""
         ...
 

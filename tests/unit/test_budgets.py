@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -241,7 +241,7 @@ class StallingThreads:
     async def thread_counts(self, thread_id: str) -> dict[str, int]:
         return {}
 
-    async def release(self, thread_id: str, keys: Sequence[str]) -> None:
+    async def release(self, thread_id: str, counts: Mapping[str, int]) -> None:
         raise AssertionError("nothing was reserved")
 
 

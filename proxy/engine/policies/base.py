@@ -3,6 +3,7 @@ answers combine."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,8 +72,8 @@ class Policy:
     def admit(self, run: RunState, call: ToolCall) -> None:
         """The call passed every review and will be executed."""
 
-    async def unreserve(self, run: RunState, call: ToolCall) -> None:
-        """An admitted call never ran (the run ended first): give back what `reserve` took."""
+    async def unreserve(self, run: RunState, calls: Sequence[ToolCall]) -> None:
+        """Admitted calls never ran (the run ended first): give back what `reserve` took."""
 
     def decides_next(self, call: ToolCall) -> bool:
         """Whether the review of the calls after `call` needs its result: it then runs before

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from proxy.engine.options import ToolCallLimitOptions
@@ -138,15 +138,18 @@ class ToolCallLimits(Policy):
         self._taken.clear()  # an earlier reply's calls ran, or were given back
         return None
 
-    async def unreserve(self, run: RunState, call: ToolCall) -> None:
-        """An admitted call of this reply that never ran: the run's counts and the thread's
-        give back what it took."""
-        keys, reserved = self._taken.pop(id(call), ([], None))
-        for key in keys:
-            self.run_counts[key] -= 1
-        if reserved and run.thread_id is not None and self.threads is not None:
+    async def unreserve(self, run: RunState, calls: Sequence[ToolCall]) -> None:
+        """Admitted calls of this reply that never ran: the run's counts and the thread's give
+        back what they took (the thread's in one call)."""
+        released: Counter[str] = Counter()
+        for call in calls:
+            keys, reserved = self._taken.pop(id(call), ([], None))
+            for key in keys:
+                self.run_counts[key] -= 1
+            released.update(reserved or ())
+        if released and run.thread_id is not None and self.threads is not None:
             try:
-                await self.threads.release(run.thread_id, reserved)
+                await self.threads.release(run.thread_id, released)
             except StateUnavailable as exc:
                 log.warning("the thread %s kept a call that never ran: %s", run.thread_id, exc)
 
