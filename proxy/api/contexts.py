@@ -31,6 +31,7 @@ from proxy.errors import (
     InvalidRequest,
     NotFound,
     PolicyInvalid,
+    StateUnavailable,
 )
 from proxy.json_values import nests_too_deep
 from proxy.state.store import Holding, StateStore, StoredContext
@@ -104,17 +105,21 @@ def stored_id(context_id: str, caller: Caller | None) -> str:
     return context_id if caller is None else caller.scoped(context_id)
 
 
-async def _legacy(sv: Services, context_id: str, caller: Caller | None) -> StoredContext | None:
-    """A key's context kept, before contexts had namespaces, as it is named: taken into the
-    key's namespace by its next save (the copy left behind goes with `DELETE`)."""
+async def _kept_before(sv: Services, context_id: str, caller: Caller | None) -> bool:
+    """Whether the key has a context kept, before contexts had namespaces, as it is named."""
     if caller is None:
-        return None
+        return False
     found = await sv.store.load_context(context_id)
+    return found is not None and found.owner == caller.name
+
+
+def _moved_in(found: StoredContext | None, caller: Caller) -> StoredContext | None:
+    """A key's context kept before namespaces, as its next save keeps it in the key's (its
+    thread and its counts stay); None when there is none, or it is not the key's."""
     if found is None or found.owner != caller.name:
         return None
-    return dataclasses.replace(
-        found, id=stored_id(context_id, caller), version=0, thread=found.thread_id
-    )
+    scoped = stored_id(found.id, caller)
+    return dataclasses.replace(found, id=scoped, version=0, thread=found.thread_id)
 
 
 def _visible(context: StoredContext, caller: Caller | None) -> bool:
@@ -265,9 +270,23 @@ class ContextRuns:
         body = await read_json(
             receive, scope, sv.config.server, lambda raw: _body(raw, path, max_chars)
         )
-        async with held(sv.store, stored_id(body["context_id"], caller), receive) as holding:
-            if holding is not None:
+        context_id = body["context_id"]
+        async with held(sv.store, stored_id(context_id, caller), receive) as holding:
+            if holding is None:
+                return
+            if holding.context is not None or not await _kept_before(sv, context_id, caller):
                 await self._run(sv, caller, bearer, scope, receive, send, body, holding)
+                return
+            assert caller is not None
+            # Moved in under both holds (the key's first, as `DELETE` takes them): saved in the
+            # key's namespace, it is dropped where it was.
+            async with held(sv.store, context_id, receive) as before:
+                if before is None:
+                    return
+                found = _moved_in(before.context, caller)
+                await self._run(sv, caller, bearer, scope, receive, send, body, holding, found)
+                if found is not None and found.version > 0:
+                    await _drop_quietly(sv, context_id)
 
     async def _run(
         self,
@@ -279,9 +298,9 @@ class ContextRuns:
         send: Send,
         body: dict[str, Any],
         holding: Holding,
+        moved: StoredContext | None = None,
     ) -> None:
-        found = holding.context or await _legacy(sv, body["context_id"], caller)
-        context = _opened(sv, body, found, caller)
+        context = _opened(sv, body, holding.context or moved, caller)
         cap = sv.config.state.max_context_bytes
         messages, run_messages = _messages(body, context, cap)
         plan = _plan(sv, body, _request(body, context, run_messages), caller)
@@ -398,6 +417,28 @@ async def context_body(sv: Services, context: StoredContext) -> dict[str, Any]:
     }
 
 
+async def _drop(
+    sv: Services, context_id: str, kept: StoredContext | None, caller: Caller | None
+) -> bool:
+    """Drops `kept` when it is there and the caller's to drop (404 when it is another key's,
+    403 when the key may no longer use its agent); whether it dropped one."""
+    if kept is None:
+        return False
+    if not _unowned_for(kept, caller):
+        _readable(sv, context_id, kept, caller)
+    await sv.store.delete_context(kept.id)
+    return True
+
+
+async def _drop_quietly(sv: Services, context_id: str) -> None:
+    """Drops a context moved into its key's namespace from where it was; a backend that fails
+    leaves a copy that no key reads again (its key's `DELETE` drops it)."""
+    try:
+        await sv.store.delete_context(context_id)
+    except StateUnavailable as exc:
+        log.warning("context %r was moved; its old copy was not dropped: %s", context_id, exc)
+
+
 class ContextRecords:
     """`GET` and `DELETE /v1/contexts/{id}`, as a raw ASGI app."""
 
@@ -412,21 +453,18 @@ class ContextRecords:
             found = await read_context(sv, context_id, caller)
             await send_json(send, 200, await context_body(sv, found))
             return
-        # The key's, then one kept before contexts had namespaces (a copy its runs left behind
-        # as they took it into the key's namespace, or one made while no keys were on).
-        places = [stored_id(context_id, caller)] + ([context_id] if caller is not None else [])
-        dropped = False
-        for place in places:
-            async with held(sv.store, place, receive) as holding:  # not while a run holds it
-                if holding is None:
-                    return
-                kept = holding.context
-                if kept is None or not (_visible(kept, caller) or _unowned_for(kept, caller)):
-                    continue
-                if not _unowned_for(kept, caller):
-                    sv.keys.check(caller, kept.agent or kept.model or "")
-                await sv.store.delete_context(kept.id)
-                dropped = True
+        async with held(sv.store, stored_id(context_id, caller), receive) as holding:
+            if holding is None:  # (held: not while a run holds it)
+                return
+            dropped = await _drop(sv, context_id, holding.context, caller)
+            if caller is not None:  # then the key's kept before namespaces, under both holds
+                async with held(sv.store, context_id, receive) as before:
+                    if before is None:
+                        return
+                    kept = before.context
+                    # (one made while no keys were on, only when the key has none of its own)
+                    if kept is not None and (kept.owner == caller.name or not dropped):
+                        dropped = await _drop(sv, context_id, kept, caller) or dropped
         if not dropped:
             raise NotFound(f"no context {context_id[:256]!r}")
         body = {"id": context_id, "object": "loopwarden.context.deleted", "deleted": True}

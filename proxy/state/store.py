@@ -93,8 +93,9 @@ _CONTEXT_FIELDS = tuple(f.name for f in dataclasses.fields(StoredContext))
 def conflict(context_id: str) -> StateUnavailable:
     """The error of a save that lost the race: another run saved the context since it was read
     (this run's hold on it was lost, e.g. its lease expired), or it was deleted."""
+    name = context_id.partition("/")[2] or context_id  # as its client names it
     return StateUnavailable(
-        f"context {context_id!r} was changed or deleted by another request while this run held "
+        f"context {name!r} was changed or deleted by another request while this run held "
         "it (its lock was lost); this run's messages were not saved"
     )
 

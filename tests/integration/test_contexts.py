@@ -508,6 +508,56 @@ async def test_a_context_id_another_key_dropped_starts_with_no_tool_call_counts(
     assert bobs["tool_call_counts"] == {"*": 1}
 
 
+async def test_a_delete_racing_the_run_that_moves_a_context_leaves_none(
+    proxy_for: ProxyFactory, capped_keys: dict[str, Any], backend: StateStore
+) -> None:
+    """The run read the old copy without holding it: a `DELETE` between its holds answered
+    200 and the run saved the context back (1 in 10 on redis)."""
+    messages = [{"role": "user", "content": "Before."}, {"role": "assistant", "content": "Noted."}]
+    alice = {"authorization": "Bearer sk-alice"}
+    async with proxy_for({**REPORTER, "auth": capped_keys}, store=backend) as proxy:
+        proxy.upstream.script(keep(say("Warm.")))
+        for n in range(40):
+            earlier = {"version": 0, "id": f"old{n}", "agent": "capped", "owner": "alice"}
+            await backend.save_context(
+                StoredContext.loads(orjson.dumps({**earlier, "messages": messages}))
+            )
+            body = {"context_id": f"old{n}", "message": "More."}
+            dropped, ran = await asyncio.gather(
+                proxy.client.delete(f"/v1/contexts/old{n}", headers=alice),
+                proxy.client.post("/chat", json=body, headers=alice),
+            )
+            after = await proxy.client.get(f"/v1/contexts/old{n}", headers=alice)
+            assert dropped.status_code == 200
+            if ran.status_code == 200:  # it ran first: the delete came after it
+                assert after.status_code == 404, (n, after.text)
+            else:  # the delete came first: nothing to run
+                assert ran.status_code == 400
+                assert after.status_code == 404
+
+
+async def test_a_key_s_delete_drops_a_context_made_before_keys_only_when_it_has_none(
+    proxy_for: ProxyFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A key that may use every agent drops one made while no keys were on (so that its id
+    can be used again), but not with its own of that id."""
+    monkeypatch.setenv("ADMIN_KEY", "sk-admin")
+    store = MemoryStore()
+    before_keys = {"version": 0, "id": "shared", "agent": "reporter", "owner": None}
+    await store.save_context(StoredContext.loads(orjson.dumps({**before_keys, "created": 1})))
+    admin = {"authorization": "Bearer sk-admin"}
+    auth = {"keys": [{"name": "admin", "key_env": "ADMIN_KEY", "agents": ["*"]}]}
+    async with proxy_for({**REPORTER, "auth": auth}, store=store) as proxy:
+        proxy.upstream.script(say("Hi."))
+        body = {"context_id": "shared", "agent": "reporter", "message": "hi"}
+        assert (await proxy.client.post("/chat", json=body, headers=admin)).status_code == 200
+        own = await proxy.client.delete("/v1/contexts/shared", headers=admin)
+        assert await store.load_context("shared") is not None  # not the key's own
+        then = await proxy.client.delete("/v1/contexts/shared", headers=admin)
+    assert (own.status_code, then.status_code) == (200, 200)
+    assert await store.load_context("shared") is None
+
+
 async def test_a_context_stored_before_its_thread_was_kept_keeps_its_counts(
     proxy_for: ProxyFactory, capped_keys: dict[str, Any]
 ) -> None:
@@ -526,11 +576,11 @@ async def test_a_context_stored_before_its_thread_was_kept_keeps_its_counts(
     assert counts["tool_call_counts"] == {"*": 2}
 
 
-async def test_a_key_s_context_kept_before_namespaces_is_continued_and_dropped_whole(
+async def test_a_key_s_context_kept_before_namespaces_is_moved_into_its_namespace(
     proxy_for: ProxyFactory, capped_keys: dict[str, Any]
 ) -> None:
-    """Kept as it was named: its key's next run takes it into the key's namespace, another
-    key does not see it, and `DELETE` drops both copies."""
+    """Kept as it was named: its key's next run moves it into the key's namespace, and another
+    key does not see it."""
     store = MemoryStore()
     messages = [{"role": "user", "content": "Before."}, {"role": "assistant", "content": "Noted."}]
     earlier = {"version": 0, "id": "old", "agent": "capped", "owner": "alice", "messages": messages}
@@ -541,6 +591,7 @@ async def test_a_key_s_context_kept_before_namespaces_is_continued_and_dropped_w
         proxy.upstream.script(say("Warm."))
         body = {"context_id": "old", "message": "More."}
         ran = await proxy.client.post("/chat", json=body, headers=alice)
+        moved = await store.load_context("old")
         kept = (await proxy.client.get("/v1/contexts/old", headers=alice)).json()
         unseen = await proxy.client.get("/v1/contexts/old", headers=bob)
         dropped = await proxy.client.delete("/v1/contexts/old", headers=alice)
@@ -550,6 +601,7 @@ async def test_a_key_s_context_kept_before_namespaces_is_continued_and_dropped_w
         "Noted.",
         "More.",
     ]
+    assert moved is None  # moved, not copied: a version without namespaces finds none
     assert [m["content"] for m in kept["messages"]] == ["Before.", "Noted.", "More.", "Warm."]
     assert unseen.status_code == 404
     assert dropped.status_code == 200

@@ -29,7 +29,7 @@ from proxy.state.memory import SWEEP_AFTER, MemoryStore
 from proxy.state.redis import RedisStore
 from proxy.state.sqlite import SqliteStore
 from proxy.state.sqlite_file import file_identity
-from proxy.state.store import RECORDS_AT_ONCE, Record, StateStore, StoredContext
+from proxy.state.store import RECORDS_AT_ONCE, Record, StateStore, StoredContext, conflict
 from tests.records import delete_record, put_record
 from tests.servers import free_port, redis_server
 
@@ -893,3 +893,9 @@ def test_a_context_stored_by_a_later_version_is_read_without_its_new_fields() ->
     read = StoredContext.loads(orjson.dumps(later))
     assert (read.id, read.owner, read.version) == ("c", "a", 3)
     assert b'"thread"' not in StoredContext("c").dumps(1)  # written only when it has one
+
+
+def test_a_lost_save_names_the_context_as_its_client_does() -> None:
+    """Kept as `<key>/<id>`: the key's name is not the client's to read in its error."""
+    assert conflict("alice/x").message.startswith("context 'x' was changed or deleted")
+    assert conflict("x").message.startswith("context 'x' was changed or deleted")

@@ -9,7 +9,7 @@ import pytest
 
 from proxy.engine import events as ev
 from proxy.engine.options import PolicyOptions
-from proxy.engine.policies.tool_rules import MAX_MATCHED_VALUES, output_value
+from proxy.engine.policies.tool_rules import output_value
 from proxy.engine.policy import Catalog, check_references, compile_policy
 from proxy.engine.stop import StopReason
 from proxy.engine.values import ModelRequest
@@ -168,11 +168,11 @@ async def test_a_conditional_tool_s_output_nested_too_deep_to_write_is_matched_a
     assert offered(h.model.requests[1]) == ["fetch"]
 
 
-async def test_a_conditional_tool_s_output_of_many_values_is_matched_as_text() -> None:
-    """Such an output was parsed again for every call reviewed after it (128 blocked calls of
-    a 1 MiB output held the event loop 13 s): past MAX_MATCHED_VALUES it picks by its text."""
-    many = '{"message": "found", "pad": [' + "0," * MAX_MATCHED_VALUES + "0]}"
-    tools = dict(TOOLS, plan=lambda _: many)
+async def test_a_conditional_tool_s_large_output_is_matched_by_its_message() -> None:
+    """A short `message` beside a large payload (read once, when the output comes: every call
+    reviewed after it parsed it again, and 128 blocked calls of 1 MiB held the loop 13 s)."""
+    large = '{"message": "found", "rows": [' + "0," * 20_000 + "0]}"
+    tools = dict(TOOLS, plan=lambda _: large)
     rule = {
         "type": "conditional",
         "tool_name": "plan",
@@ -181,7 +181,7 @@ async def test_a_conditional_tool_s_output_of_many_values_is_matched_as_text() -
     }
     h = Harness([reply(calls=[("plan", "{}")]), reply("done")], tools, tool_rules=[rule])
     await h.run()
-    assert offered(h.model.requests[1]) == ["search"]
+    assert offered(h.model.requests[1]) == ["fetch"]
 
 
 @pytest.mark.parametrize("parallel", [False, True])

@@ -206,15 +206,8 @@ class RuleBook:
         return seen
 
 
-# An output whose JSON could hold more values than this is matched as its text: it picks no
-# child by a JSON field (the keys a rule matches are short), and is not parsed.
-MAX_MATCHED_VALUES = 10_000
-
-
 def output_value(output: str) -> str:
     """What a conditional rule matches: the JSON `message` field, a JSON scalar, or the text."""
-    if len(output) > MAX_MATCHED_VALUES and sum(map(output.count, ",:[{")) > MAX_MATCHED_VALUES:
-        return output.strip()
     try:
         value = orjson.loads(output)
     except orjson.JSONDecodeError:
