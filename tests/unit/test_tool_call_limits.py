@@ -316,16 +316,14 @@ class StallingAfter(MemoryStore):
         return await super().reserve(thread_id, limits, ttl_s)
 
 
-async def test_calls_the_run_s_end_cuts_before_they_ran_give_back_their_reservations() -> None:
-    """Parallel calls are admitted one by one, then run together: the time budget that ends
-    the run while the third is reviewed leaves the first two unrun (SPEC §9: only executed
-    calls count)."""
-    threads = StallingAfter(2)
+async def cut_by_the_time_budget(script: list[ModelReply], threads: StallingAfter) -> Harness:
+    """A run of parallel calls with a thread limit on `search`, on thread "t", that its time
+    budget of 0.3 s ends."""
     h = Harness(
-        [reply("checking", calls=[("search", "{}")] * 3)],
-        {"search": lambda _: "found"},
+        script,
+        TOOLS,
         parallel=True,
-        stop_when=[{"max_duration_s": 0.2}],
+        stop_when=[{"max_duration_s": 0.3}],
         tool_call_limits=[{"tool_name": "search", "thread_limit": 5}],
         threads=threads,
         thread_id="t",
@@ -333,6 +331,15 @@ async def test_calls_the_run_s_end_cuts_before_they_ran_give_back_their_reservat
     h.deps = replace(h.deps, clock=time.monotonic)
     result = await asyncio.wait_for(h.run(), timeout=30)
     assert result.stop.reason is StopReason.TIME_BUDGET
+    return h
+
+
+async def test_calls_the_run_s_end_cuts_before_they_ran_give_back_their_reservations() -> None:
+    """Parallel calls are admitted one by one, then run together: the time budget that ends
+    the run while the third is reviewed leaves the first two unrun (SPEC §9: only executed
+    calls count)."""
+    threads = StallingAfter(2)
+    h = await cut_by_the_time_budget([reply("checking", calls=[("search", "{}")] * 3)], threads)
     assert h.tools.calls == []
     assert await threads.thread_counts("t") == {"search": 0}
 
@@ -364,20 +371,10 @@ async def test_a_call_cut_before_it_ran_gives_back_its_own_reservation_only() ->
     """An earlier reply's call that ran had the same id as one cut: the reservation given
     back was the one that ran."""
     threads = StallingAfter(1)
-    h = Harness(
-        [
-            with_ids(reply(calls=[("search", "{}")]), "call_0"),
-            with_ids(reply(calls=[("fetch", "{}"), ("search", "{}")]), "call_0", "call_1"),
-        ],
-        TOOLS,
-        parallel=True,
-        stop_when=[{"max_duration_s": 0.3}],
-        tool_call_limits=[{"tool_name": "search", "thread_limit": 5}],
-        threads=threads,
-        thread_id="t",
-    )
-    h.deps = replace(h.deps, clock=time.monotonic)
-    result = await asyncio.wait_for(h.run(), timeout=30)
-    assert result.stop.reason is StopReason.TIME_BUDGET
+    script = [
+        with_ids(reply(calls=[("search", "{}")]), "call_0"),
+        with_ids(reply(calls=[("fetch", "{}"), ("search", "{}")]), "call_0", "call_1"),
+    ]
+    h = await cut_by_the_time_budget(script, threads)
     assert [name for name, _ in h.tools.calls] == ["search"]
     assert await threads.thread_counts("t") == {"search": 1}
