@@ -19,7 +19,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from proxy.api.admission import Admission
 from proxy.api.asgi import ErrorBoundary
 from proxy.api.chat import ChatCompletions
-from proxy.api.contexts import ContextRecords, ContextRuns
+from proxy.api.context_records import ContextRecords
+from proxy.api.contexts import ContextRuns
 from proxy.api.input_items import InputItems
 from proxy.api.models import ModelList
 from proxy.api.passthrough import METHODS, Passthrough

@@ -1,12 +1,11 @@
-"""Stored contexts (SPEC §10): server-side conversations run with `/chat*`, read and dropped
-with `/v1/contexts/{id}`. A context is also the thread of its tool call limits."""
+"""Stored contexts (SPEC §10): server-side conversations run with `/chat*` (read and dropped
+with `/v1/contexts/{id}`: `context_records`). A context is also the thread of its tool call
+limits."""
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -18,6 +17,14 @@ from proxy.api.auth import Caller
 from proxy.api.chat_request import name
 from proxy.api.completion import loop_report
 from proxy.api.context_end import ContextEnd, kept_messages, messages_size
+from proxy.api.context_owners import (
+    drop_quietly,
+    held,
+    kept_before,
+    moved_in,
+    stored_id,
+    visible,
+)
 from proxy.api.failures import failed, send_failure
 from proxy.api.headers import not_replayed, run_headers, stopped
 from proxy.api.json_body import json_object, read_json
@@ -31,10 +38,9 @@ from proxy.errors import (
     InvalidRequest,
     NotFound,
     PolicyInvalid,
-    StateUnavailable,
 )
 from proxy.json_values import nests_too_deep
-from proxy.state.store import Holding, StateStore, StoredContext
+from proxy.state.store import Holding, StoredContext
 
 log = logging.getLogger(__name__)
 
@@ -99,41 +105,6 @@ def check_context_id(context_id: str, max_chars: int) -> None:
         raise InvalidRequest("must not contain control characters", param="context_id")
 
 
-def stored_id(context_id: str, caller: Caller | None) -> str:
-    """Where a context is kept: in its key's own namespace (two keys that name one id have a
-    context each, and neither learns of the other's), without keys as it is named."""
-    return context_id if caller is None else caller.scoped(context_id)
-
-
-async def _kept_before(sv: Services, context_id: str, caller: Caller | None) -> bool:
-    """Whether the key has a context kept, before contexts had namespaces, as it is named."""
-    if caller is None:
-        return False
-    found = await sv.store.load_context(context_id)
-    return found is not None and found.owner == caller.name
-
-
-def _moved_in(found: StoredContext | None, caller: Caller) -> StoredContext | None:
-    """A key's context kept before namespaces, as its next save keeps it in the key's (its
-    thread and its counts stay); None when there is none, or it is not the key's."""
-    if found is None or found.owner != caller.name:
-        return None
-    scoped = stored_id(found.id, caller)
-    return dataclasses.replace(found, id=scoped, version=0, thread=found.thread_id)
-
-
-def _visible(context: StoredContext, caller: Caller | None) -> bool:
-    """A context belongs to the key that created it; one created without keys, to no key (once
-    keys are on, every key read and wrote those of the time before: as a stored response)."""
-    return caller is None or context.owner == caller.name
-
-
-def _unowned_for(context: StoredContext, caller: Caller | None) -> bool:
-    """A context made while no keys were on, which a key that may use every agent may drop (no
-    key may read or run it)."""
-    return context.owner is None and caller is not None and caller.unrestricted
-
-
 def _plan(sv: Services, body: dict[str, Any], req: RunRequest, caller: Caller | None) -> Plan:
     """The run's plan; a problem in a top-level `terminating_config`, which goes into the run's
     `loop`, is reported where the client put it."""
@@ -178,7 +149,7 @@ def _open(
     body: dict[str, Any], found: StoredContext | None, caller: Caller | None
 ) -> StoredContext:
     agent, model, context_id = body.get("agent"), body.get("model"), body["context_id"]
-    if found is not None and not _visible(found, caller):
+    if found is not None and not visible(found, caller):
         raise NotFound(f"no context {context_id!r}", param="context_id")
     if found is None:
         if agent is None and model is None:
@@ -242,20 +213,6 @@ def _arguments(raw: Any) -> Any:
     return raw if nests_too_deep(raw, parsed) else parsed
 
 
-@contextlib.asynccontextmanager
-async def held(
-    store: StateStore, context_id: str, receive: Receive
-) -> AsyncIterator[Holding | None]:
-    """Holds a context for a request, waiting behind the run that holds it for as long as the
-    client stays: None when it left first (nothing is to be done, or sent)."""
-    async with contextlib.AsyncExitStack() as stack:
-
-        async def take() -> Holding:
-            return await stack.enter_async_context(store.hold(context_id))
-
-        yield await run_or_cancel(take, receive)
-
-
 class ContextRuns:
     """`POST /chat`, `/chat/invoke` and `/chat/add-ai-message` as one raw ASGI app."""
 
@@ -274,7 +231,7 @@ class ContextRuns:
         async with held(sv.store, stored_id(context_id, caller), receive) as holding:
             if holding is None:
                 return
-            if holding.context is not None or not await _kept_before(sv, context_id, caller):
+            if holding.context is not None or not await kept_before(sv, context_id, caller):
                 await self._run(sv, caller, bearer, scope, receive, send, body, holding)
                 return
             assert caller is not None
@@ -283,10 +240,10 @@ class ContextRuns:
             async with held(sv.store, context_id, receive) as before:
                 if before is None:
                     return
-                found = _moved_in(before.context, caller)
+                found = moved_in(before.context, caller)
                 await self._run(sv, caller, bearer, scope, receive, send, body, holding, found)
                 if found is not None and found.version > 0:
-                    await _drop_quietly(sv, context_id)
+                    await drop_quietly(sv, context_id)
 
     async def _run(
         self,
@@ -384,88 +341,3 @@ def _messages(
             param="context_id",
         )
     return messages, run_messages
-
-
-async def read_context(sv: Services, context_id: str, caller: Caller | None) -> StoredContext:
-    found = await sv.store.load_context(stored_id(context_id, caller))
-    if found is None and caller is not None:  # kept before contexts had namespaces
-        found = await sv.store.load_context(context_id)
-    return _readable(sv, context_id, found, caller)
-
-
-def _readable(
-    sv: Services, context_id: str, context: StoredContext | None, caller: Caller | None
-) -> StoredContext:
-    """The context, when it exists, is the caller's (another key's is not found: a 403 would
-    tell that it exists) and the caller may use its agent or model."""
-    if context is None or not _visible(context, caller):
-        raise NotFound(f"no context {context_id[:256]!r}")
-    sv.keys.check(caller, context.agent or context.model or "")
-    return context
-
-
-async def context_body(sv: Services, context: StoredContext) -> dict[str, Any]:
-    return {
-        "id": context.name,
-        "object": "loopwarden.context",
-        "agent": context.agent,
-        "model": context.model,
-        "created": context.created,
-        "updated": context.updated,
-        "messages": context.messages,
-        "tool_call_counts": await sv.store.thread_counts(context.thread_id),
-    }
-
-
-async def _drop(
-    sv: Services, context_id: str, kept: StoredContext | None, caller: Caller | None
-) -> bool:
-    """Drops `kept` when it is there and the caller's to drop (404 when it is another key's,
-    403 when the key may no longer use its agent); whether it dropped one."""
-    if kept is None:
-        return False
-    if not _unowned_for(kept, caller):
-        _readable(sv, context_id, kept, caller)
-    await sv.store.delete_context(kept.id)
-    return True
-
-
-async def _drop_quietly(sv: Services, context_id: str) -> None:
-    """Drops a context moved into its key's namespace from where it was; a backend that fails
-    leaves a copy that no key reads again (its key's `DELETE` drops it)."""
-    try:
-        await sv.store.delete_context(context_id)
-    except StateUnavailable as exc:
-        log.warning("context %r was moved; its old copy was not dropped: %s", context_id, exc)
-
-
-class ContextRecords:
-    """`GET` and `DELETE /v1/contexts/{id}`, as a raw ASGI app."""
-
-    def __init__(self, services: Callable[[], Services]) -> None:
-        self.services = services
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        sv = self.services()
-        context_id = scope["path_params"]["context_id"]
-        caller = sv.keys.caller(bearer_token(scope))
-        if scope["method"] == "GET":  # as last saved: a run that holds it is not in it yet
-            found = await read_context(sv, context_id, caller)
-            await send_json(send, 200, await context_body(sv, found))
-            return
-        async with held(sv.store, stored_id(context_id, caller), receive) as holding:
-            if holding is None:  # (held: not while a run holds it)
-                return
-            dropped = await _drop(sv, context_id, holding.context, caller)
-            if caller is not None:  # then the key's kept before namespaces, under both holds
-                async with held(sv.store, context_id, receive) as before:
-                    if before is None:
-                        return
-                    kept = before.context
-                    # (one made while no keys were on, only when the key has none of its own)
-                    if kept is not None and (kept.owner == caller.name or not dropped):
-                        dropped = await _drop(sv, context_id, kept, caller) or dropped
-        if not dropped:
-            raise NotFound(f"no context {context_id[:256]!r}")
-        body = {"id": context_id, "object": "loopwarden.context.deleted", "deleted": True}
-        await send_json(send, 200, body)
