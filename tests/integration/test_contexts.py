@@ -577,11 +577,11 @@ async def test_a_context_stored_before_its_thread_was_kept_keeps_its_counts(
 
 
 async def test_a_key_s_context_kept_before_namespaces_is_moved_into_its_namespace(
-    proxy_for: ProxyFactory, capped_keys: dict[str, Any]
+    proxy_for: ProxyFactory, capped_keys: dict[str, Any], backend: StateStore
 ) -> None:
     """Kept as it was named: its key's next run moves it into the key's namespace, and another
     key does not see it."""
-    store = MemoryStore()
+    store = backend
     messages = [{"role": "user", "content": "Before."}, {"role": "assistant", "content": "Noted."}]
     earlier = {"version": 0, "id": "old", "agent": "capped", "owner": "alice", "messages": messages}
     await store.save_context(StoredContext.loads(orjson.dumps({**earlier, "created": 1})))
