@@ -71,7 +71,8 @@ async def held(
 
 async def drop_quietly(sv: Services, context_id: str) -> None:
     """Drops a context moved into its key's namespace from where it was; a backend that fails
-    leaves a copy that no key reads again (its key's `DELETE` drops it)."""
+    leaves a copy, read again only once the moved one is gone (its key's `DELETE` drops both
+    at once)."""
     try:
         await sv.store.delete_context(context_id)
     except StateUnavailable as exc:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -62,18 +63,20 @@ class ContextRecords:
             found = await read_context(sv, context_id, caller)
             await send_json(send, 200, await context_body(sv, found))
             return
-        async with held(sv.store, stored_id(context_id, caller), receive) as holding:
-            if holding is None:  # (held: not while a run holds it)
-                return
-            dropped = await _drop(sv, context_id, holding.context, caller)
-            if caller is not None:  # then the key's kept before namespaces, under both holds
-                async with held(sv.store, context_id, receive) as before:
-                    if before is None:
-                        return
-                    kept = before.context
-                    # (one made while no keys were on, only when the key has none of its own)
-                    if kept is not None and (kept.owner == caller.name or not dropped):
-                        dropped = await _drop(sv, context_id, kept, caller) or dropped
+        # Held (not while a run holds it): the key's, and the one kept under its id before
+        # namespaces, both held before either is dropped (as `/chat` holds them to move it).
+        async with contextlib.AsyncExitStack() as holds:
+            contexts: list[StoredContext | None] = []
+            for place in [stored_id(context_id, caller), *([context_id] if caller else [])]:
+                holding = await holds.enter_async_context(held(sv.store, place, receive))
+                if holding is None:  # the client left
+                    return
+                contexts.append(holding.context)
+            dropped = await _drop(sv, context_id, contexts[0], caller)
+            kept = contexts[1] if len(contexts) > 1 else None
+            # (one made while no keys were on only when the key has none of its own)
+            if kept is not None and caller and (kept.owner == caller.name or not dropped):
+                dropped = await _drop(sv, context_id, kept, caller) or dropped
         if not dropped:
             raise NotFound(f"no context {context_id[:256]!r}")
         body = {"id": context_id, "object": "loopwarden.context.deleted", "deleted": True}

@@ -47,12 +47,11 @@ class ReportWrites:
             await self._write(run_id, records)
             return
         task = asyncio.ensure_future(self._write(run_id, records))
-        await asyncio.sleep(0)  # its first turn: a backend in memory is done with it then
-        if task.done():
-            return
         self._pending[run_id] = task
         task.add_done_callback(lambda _: self._pending.pop(run_id, None))
-        await asyncio.wait((task,), timeout=self.wait_s)
+        await asyncio.sleep(0)  # its first turn: a backend in memory is done with it then
+        if not task.done():
+            await asyncio.wait((task,), timeout=self.wait_s)
 
     async def written(self, run_id: str) -> None:
         """Returns once this process has no write of `run_id`'s report under way."""

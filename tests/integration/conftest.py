@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -90,6 +90,7 @@ class Proxy:
         after_s: float,
         path: str = "/v1/chat/completions",
         method: str = "POST",
+        headers: Sequence[tuple[bytes, bytes]] = (),
     ) -> list[Message]:
         """Posts a chat completion (or `body` to `path`, or makes a `method` request there) and
         disconnects `after_s` later; gives what the app sent.
@@ -112,7 +113,7 @@ class Proxy:
             "type": "http",
             "method": method,
             "path": path,
-            "headers": [(b"content-type", b"application/json")],
+            "headers": [(b"content-type", b"application/json"), *headers],
             "query_string": b"",
             "root_path": "",
             "scheme": "http",

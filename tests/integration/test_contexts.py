@@ -536,6 +536,24 @@ async def test_a_delete_racing_the_run_that_moves_a_context_leaves_none(
                 assert after.status_code == 404
 
 
+async def test_a_delete_whose_client_leaves_before_it_holds_both_copies_drops_neither(
+    proxy_for: ProxyFactory, capped_keys: dict[str, Any]
+) -> None:
+    """It dropped the key's own at once and then waited for the old copy: left then, the old
+    copy came back as the context at the key's next run."""
+    store = MemoryStore()
+    for stored in ("alice/x", "x"):  # moved, and a copy left where it was
+        fields = {"version": 0, "id": stored, "agent": "capped", "owner": "alice"}
+        await store.save_context(StoredContext.loads(orjson.dumps(fields)))
+    async with proxy_for({**REPORTER, "auth": capped_keys}, store=store) as proxy:
+        alice = [(b"authorization", b"Bearer sk-alice")]
+        async with store.hold("x"):  # a run of another replica holds the old copy
+            sent = await proxy.leaving({}, 0.2, "/v1/contexts/x", "DELETE", headers=alice)
+    assert sent == []
+    assert await store.load_context("alice/x") is not None
+    assert await store.load_context("x") is not None
+
+
 async def test_a_key_s_delete_drops_a_context_made_before_keys_only_when_it_has_none(
     proxy_for: ProxyFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
