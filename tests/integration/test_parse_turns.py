@@ -45,7 +45,7 @@ async def waits_for_the_turn(large: Awaitable[httpx.Response], small: Proxy) -> 
     async with turn_held():
         pending = asyncio.ensure_future(large)
         assert (await small.chat(model="scripted")).status_code == 200
-        await asyncio.sleep(0.3)  # ample for a parse of 256 KiB that did not wait
+        await asyncio.sleep(0.3)  # ample for a parse of LARGE_TEXT that did not wait
         assert not pending.done()
     return await asyncio.wait_for(pending, 10)
 
