@@ -899,3 +899,26 @@ def test_a_lost_save_names_the_context_as_its_client_does() -> None:
     """Kept as `<key>/<id>`: the key's name is not the client's to read in its error."""
     assert conflict("alice/x").message.startswith("context 'x' was changed or deleted")
     assert conflict("x").message.startswith("context 'x' was changed or deleted")
+
+
+async def test_a_redis_call_fails_within_its_timeout_however_many_wait(tmp_path: Path) -> None:
+    """A server that does not answer: each call fails within its `timeout_s`, also one that
+    waited for a pooled connection first (130 calls on 100 connections)."""
+    with redis_server(tmp_path) as url:
+        store = RedisStore(url, timeout_s=1.0)
+        assert await store.reserve("t", {"x": 5}) == (True, {"x": 1})  # connected
+        pauser = redis.Redis.from_url(url)
+        pauser.execute_command("CLIENT", "PAUSE", 4000, "ALL")
+        loop = asyncio.get_running_loop()
+
+        async def timed() -> float:
+            started = loop.time()
+            with pytest.raises(StateUnavailable):
+                await store.reserve("t", {"x": 5})
+            return loop.time() - started
+
+        took = await asyncio.gather(*(timed() for _ in range(130)))  # past its 100 connections
+        pauser.execute_command("CLIENT", "UNPAUSE")
+        pauser.close()
+        assert max(took) < 1.7, max(took)
+        await store.close()
