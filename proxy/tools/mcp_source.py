@@ -39,6 +39,9 @@ log = logging.getLogger(__name__)
 RELIST_INTERVAL_S = 1.0  # the least time between two reads of a changing tool list
 FIRST_RETRY_S = 0.5  # the first wait before a reconnect; it doubles up to reconnect_max_s
 MAX_LIST_PAGES = 64  # of one tools/list walk
+# The tools one walk reads: past them it stops (each is held, named and checked at every change
+# of the list; 224,000 tiny ones kept a proxy from answering for minutes).
+MAX_LISTED_TOOLS = 10_000
 CLOSE_TIMEOUT_S = 10.0  # for a session to end on shutdown (a stdio child gets 4 s to exit)
 # Errors after which the session is taken for dropped: the SDK's own for a closed connection,
 # and what a streamable HTTP server's 404 for a session it no longer knows (a restarted server)
@@ -292,8 +295,16 @@ class McpSource:
         cursor: str | None = None
         for _ in range(MAX_LIST_PAGES):
             page = await client.list_tools(cursor=cursor, cache_mode="bypass")
-            tools.extend(page.tools)
+            room = MAX_LISTED_TOOLS - len(tools)
+            tools.extend(page.tools[:room])
             cursor = page.next_cursor
+            if len(page.tools) > room or (cursor is not None and len(tools) == MAX_LISTED_TOOLS):
+                log.warning(
+                    "%s lists more than %d tools: the rest are not read",
+                    self.located(),
+                    MAX_LISTED_TOOLS,
+                )
+                break
             if cursor is None:
                 break
         self.tools = tuple(tools)

@@ -116,8 +116,9 @@ class ToolRegistry:
                 tools[exposed] = exposed_tool(
                     source, listed, exposed, self.default_max_output_bytes, self.on_call
                 )
-            except ValueError as exc:
-                problems.append(f"tools.{source.name}: tool {listed.name!r}: {exc}; it is left out")
+            except (ValueError, RecursionError) as exc:  # (one tool: the others stay)
+                why = exc if isinstance(exc, ValueError) else "nested too deeply"
+                problems.append(f"tools.{source.name}: tool {listed.name!r}: {why}; it is left out")
                 continue
             taken.add(id(listed))
             exposing[source.name] += 1
@@ -133,8 +134,9 @@ class ToolRegistry:
                 if not claimant.listed:  # the entry may stand for it: nothing says otherwise yet
                     groups[claimant.name].append(name)
                 stand_ins.add(name)
+        told = set(self.problems)
         for problem in problems:
-            if problem not in self.problems:
+            if problem not in told:
                 log.error("%s", problem)
         self.tools = tools
         self.groups = {name: tuple(names) for name, names in groups.items()}
@@ -286,7 +288,7 @@ def _offers(source: McpSource, problems: list[str]) -> list[tuple[McpSource, Any
     # Names a server's tools are offered under as they are (after the prefix): a name made of
     # another (`a.b` as `a_b`) never takes one of them, nor one another made name took.
     own = {name for listed, name in offered if name is not None and _as_is(start, listed, name)}
-    names: list[str] = []
+    names: set[str] = set()
     offers: list[tuple[McpSource, Any, str]] = []
     for listed, exposed in offered:
         if exposed is None:
@@ -298,7 +300,7 @@ def _offers(source: McpSource, problems: list[str]) -> list[tuple[McpSource, Any
                 f"tools.{source.name}: {exposed!r} is listed twice; the second is left out"
             )
             continue
-        names.append(exposed)
+        names.add(exposed)
         offers.append((source, listed, exposed))
     return offers
 

@@ -87,6 +87,8 @@ def check_schema(schema: dict[str, Any]) -> None:
         _draft(schema).check_schema(schema)
     except SchemaError as exc:
         raise ValueError(f"not a valid JSON schema: {exc.message}") from None
+    except RecursionError:  # nested deeper than the checker goes (150 `not`s do)
+        raise ValueError("not a JSON schema that can be checked: nested too deeply") from None
 
 
 class SchemaCheck:

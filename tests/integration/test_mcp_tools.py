@@ -18,6 +18,7 @@ import pytest
 
 from proxy.config.tools import digest_name, function_name
 from proxy.demo.runner import free_port
+from proxy.tools import mcp_source
 from proxy.tools.registry import SourcesUnavailable
 from tests.bodies import offered, user
 from tests.e2e.conftest import wait_healthy
@@ -474,6 +475,18 @@ async def test_a_tool_a_server_adds_never_takes_a_name_another_server_has(
         response = await proxy.chat(model="both", messages=user("extra"))
     assert response.json()["choices"][0]["message"]["content"] == "extra of the other: hi"
     assert "tools.first: 't_extra' is also a tool of MCP server 'other'" in caplog.text
+
+
+async def test_a_tool_list_is_read_no_further_than_its_bound(
+    proxy_for: ProxyFactory, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server listing hundreds of thousands of tools held the event loop minutes: a walk
+    reads MAX_LISTED_TOOLS of them (10,000) and no more."""
+    monkeypatch.setattr(mcp_source, "MAX_LISTED_TOOLS", 2)
+    async with proxy_for(config()) as proxy:
+        assert len(proxy_source(proxy).tools) == 2
+        assert len(proxy_registry(proxy).groups["srv"]) == 2
+    assert "lists more than 2 tools: the rest are not read" in caplog.text
 
 
 def proxy_registry(proxy: Proxy) -> Any:

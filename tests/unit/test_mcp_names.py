@@ -52,3 +52,18 @@ def test_why_a_source_is_not_connected_is_told_without_its_url() -> None:
     # Another URL, or the server's own host, in a reason is no secret: kept for the operator.
     source.error = "see https://docs.vendor.test/auth (mcp.example.test said 401)"
     assert source.error in source.not_connected()
+
+
+def test_a_tool_whose_schema_nests_too_deeply_is_left_out_alone() -> None:
+    """The schema check overflowed the stack: the error escaped the registry's refresh, and
+    every tool of the server went (its calls handed to the client as client calls)."""
+    source: Any = ListingSource("srv", ["fine", "deep"])
+    deep: dict[str, Any] = {"type": "object"}
+    for _ in range(3000):
+        deep = {"not": deep}
+    source.tools = (source.tools[0], source.tools[1].model_copy(update={"input_schema": deep}))
+    registry = ToolRegistry({}, sources=[source])
+    assert registry.groups["srv"] == ("fine",)
+    (problem,) = registry.problems
+    assert problem.startswith("tools.srv: tool 'deep': ")
+    assert problem.endswith("nested too deeply; it is left out")
