@@ -9,6 +9,7 @@ import mcp_types
 
 from proxy.config.tools import ToolConfig
 from proxy.tools.mcp_source import McpSource
+from proxy.tools.mcp_tool import MAX_DESCRIPTION_CHARS, MAX_SCHEMA_VALUES
 from proxy.tools.registry import ToolRegistry
 from tests.unit.test_tools import THREADS, build_tool
 
@@ -67,3 +68,21 @@ def test_a_tool_whose_schema_nests_too_deeply_is_left_out_alone() -> None:
     (problem,) = registry.problems
     assert problem.startswith("tools.srv: tool 'deep': ")
     assert problem.endswith("nested too deeply; it is left out")
+
+
+def test_a_tool_whose_schema_is_too_large_is_left_out_and_a_long_description_cut() -> None:
+    """Its schema was checked on the event loop at every change of the list (15,000 properties
+    took 3.3 s), and its description went upstream with every step (15 MB each)."""
+    source: Any = ListingSource("srv", ["fine", "large"])
+    properties = {f"p{i}": {"type": "string"} for i in range(MAX_SCHEMA_VALUES)}
+    large = {"type": "object", "properties": properties}
+    fine = source.tools[0].model_copy(update={"description": "x" * (MAX_DESCRIPTION_CHARS + 9)})
+    source.tools = (fine, source.tools[1].model_copy(update={"input_schema": large}))
+    registry = ToolRegistry({}, sources=[source])
+    assert registry.groups["srv"] == ("fine",)
+    assert registry.problems == [
+        f"tools.srv: tool 'large': its input schema holds more than {MAX_SCHEMA_VALUES} JSON "
+        "values; it is left out"
+    ]
+    (offered,) = registry.specs().values()
+    assert offered.definition["function"]["description"] == "x" * MAX_DESCRIPTION_CHARS
