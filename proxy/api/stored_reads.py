@@ -220,7 +220,7 @@ class StoredReads:
 
     async def _parsed(
         self, found: bytes | None, param: str, parse: Callable[[bytes | None, Caller | None], Read]
-    ) -> Read | None:
+    ) -> Read:
         """A record charged (`_charged`) and parsed by `parse` in the loop's parse turn."""
         async with parse_turn(len(found or b"")):
             await self._charged(found, param)
