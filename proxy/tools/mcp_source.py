@@ -231,7 +231,12 @@ class McpSource:
         self.session_id = None
         with anyio.CancelScope(deadline=anyio.current_time() + self.cfg.connect_timeout_s) as scope:
             transport = open_transport(
-                self.cfg, self._secrets, self._on_end, self._on_session, self.max_values
+                self.cfg,
+                self._secrets,
+                self._on_end,
+                self._on_session,
+                self.max_values,
+                self.located(),
             )
             client = Client(
                 transport,

@@ -12,6 +12,7 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import urlsplit
 
+import anyio
 import httpx2
 from httpx2 import ServerSentEvent
 from httpx2._sse import _SSEParser  # what the SDK's EventSource parses with: the same events
@@ -22,6 +23,7 @@ from proxy.config.tools import ToolConfig
 from proxy.egress import Egress
 from proxy.json_values import holds_over
 from proxy.tools.base import TOOL_KEEPALIVE_S
+from proxy.tools.mcp_asked import AnswerWrites, AskedRequests
 from proxy.tools.mcp_stdio import stdio_client, too_large, too_many_values
 
 SESSION_HEADER = "mcp-session-id"
@@ -66,11 +68,13 @@ def endpoint(cfg: ToolConfig) -> Endpoint:
 
 class WatchedStream:
     """A transport's read stream that calls `on_end` once when the server's side ends (a stdio
-    child that exits, a transport torn down), so that a dropped session is noticed while idle."""
+    child that exits, a transport torn down), so that a dropped session is noticed while idle,
+    and that drops the server's requests past those `asked` admits."""
 
-    def __init__(self, inner: Any, on_end: Callable[[str], None]) -> None:
+    def __init__(self, inner: Any, on_end: Callable[[str], None], asked: AskedRequests) -> None:
         self.inner = inner
         self.on_end = on_end
+        self.asked = asked
 
     @property
     def last_context(self) -> Any:
@@ -79,6 +83,8 @@ class WatchedStream:
     async def receive(self) -> SessionMessage | Exception:
         try:
             item: SessionMessage | Exception = await self.inner.receive()
+            while not self.asked.admit(item):
+                item = await self.inner.receive()
             return item
         except BaseException:
             self.on_end(CONNECTION_ENDED)
@@ -92,11 +98,9 @@ class WatchedStream:
 
     async def __anext__(self) -> SessionMessage | Exception:
         try:
-            item: SessionMessage | Exception = await self.inner.__anext__()
-            return item
-        except BaseException:
-            self.on_end(CONNECTION_ENDED)
-            raise
+            return await self.receive()
+        except anyio.EndOfStream:
+            raise StopAsyncIteration from None
 
     async def __aenter__(self) -> WatchedStream:
         await self.inner.__aenter__()
@@ -120,16 +124,34 @@ async def open_transport(
     on_end: Callable[[str], None],
     on_session: Callable[[str], None],
     max_values: int,
+    server: str,
 ) -> AsyncIterator[tuple[Any, Any]]:
     """The transport for `cfg`: a stdio child with `secrets` as its extra environment, or
     streamable HTTP with `secrets` as headers (through the environment's web proxy, if it names
     one for the URL's host). `on_session` gets the HTTP session id the server
     assigns; `on_end` is told why the connection ended, when it does. A message the server
-    sends holds at most `max_values` JSON values, and `cfg.max_message_bytes`."""
+    sends holds at most `max_values` JSON values, and `cfg.max_message_bytes`; its requests
+    are bounded (`mcp_asked`), told in the log as `server`'s."""
+    asked = AskedRequests(server)
+    try:
+        async with _transport(cfg, secrets, on_end, on_session, max_values) as (read, write):
+            yield WatchedStream(read, on_end, asked), AnswerWrites(write, asked)
+    finally:
+        asked.close()
+
+
+@contextlib.asynccontextmanager
+async def _transport(
+    cfg: ToolConfig,
+    secrets: Mapping[str, str],
+    on_end: Callable[[str], None],
+    on_session: Callable[[str], None],
+    max_values: int,
+) -> AsyncIterator[tuple[Any, Any]]:
     if cfg.command is not None:
         child = stdio_client(cfg.command, secrets, cfg.max_message_bytes, max_values, on_end)
         async with child as (read, write):
-            yield WatchedStream(read, on_end), write
+            yield read, write
         return
     assert cfg.url is not None
 
@@ -152,7 +174,7 @@ async def open_transport(
     )
     session = streamable_http_client(cfg.url, http_client=http, max_sse_event_size=limit)
     async with http, session as (read, write):
-        yield WatchedStream(read, on_end), write
+        yield read, write
 
 
 class BodyTooLarge(httpx2.StreamError):

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -19,6 +20,7 @@ import pytest
 from proxy.config.tools import digest_name, function_name
 from proxy.demo.runner import free_port
 from proxy.tools import mcp_source
+from proxy.tools.mcp_asked import MAX_ASKED
 from proxy.tools.registry import SourcesUnavailable
 from tests.bodies import offered, user
 from tests.e2e.conftest import wait_healthy
@@ -665,3 +667,25 @@ async def test_structured_content_is_checked_off_the_event_loop_within_bounds(
     assert (health.status_code, response.status_code) == (200, 200)
     assert tool_messages(proxy, 1) == ['{"word":"' + "a" * 28 + 'b"}']
     assert took < 5
+
+
+ASKING = str(Path(__file__).parents[1] / "mcp_asking_server.py")
+
+
+@pytest.mark.parametrize("method", ["roots/list", "sampling/createMessage", "ping"])
+async def test_a_server_asking_more_than_it_reads_holds_a_few_of_its_requests(
+    proxy_for: ProxyFactory, method: str
+) -> None:
+    """Each request a server sends the client waits in a task of its own until its answer is
+    written: a server that asks 20,000 times and reads none of the answers made 20,000 tasks
+    (60,000: 928 MB). Past a few unanswered, its requests are dropped; its call goes on."""
+    entry = {"kind": "mcp", "command": [sys.executable, ASKING, method], "timeout_s": 5}
+    agents = {"asking": {"model": "scripted", "tools": ["ask"]}}
+    async with proxy_for({"tools": {"srv": entry}, "agents": agents}) as proxy:
+        before = len(asyncio.all_tasks())
+        proxy.upstream.script(call("ask", count=20_000), say_tool_result())
+        asked = await proxy.chat(model="asking", messages=user("ask"))
+        await asyncio.sleep(0.2)  # the requests after the answer, if any, are read by now
+        held = len(asyncio.all_tasks()) - before
+    assert asked.json()["choices"][0]["message"]["content"] == "asked 20000"
+    assert held <= 2 * MAX_ASKED
