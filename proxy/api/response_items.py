@@ -65,16 +65,19 @@ def server_label(spec: ToolSpec | None) -> str:
 def items_to_messages(items: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """Chat Completions messages for validated input items: consecutive calls become one
     assistant message with `tool_calls`, joined to the assistant text right before them, or
-    right after client calls (a JSON response lists its client calls before its text: the
-    text must not come between the calls and their outputs); an `mcp_call`'s result follows
+    right after calls among which a client call is (a JSON response lists its server and
+    client calls before its text: the text must not come between the calls and their
+    outputs; after server calls alone it is the next step's); an `mcp_call`'s result follows
     that message, outputs become `tool` messages, `developer` becomes `system`. Items that have
     no upstream meaning (`reasoning`, hosted calls) are left out."""
     messages: list[dict[str, Any]] = []
     calls: list[dict[str, Any]] = []
     results: list[dict[str, Any]] = []
     said: list[Any] = []  # the assistant text after client calls, which it goes with
+    client_called = False  # a client call is among `calls`
 
     def flush() -> None:
+        nonlocal client_called
         last = messages[-1] if messages else None
         if (
             not said
@@ -90,6 +93,7 @@ def items_to_messages(items: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
         calls.clear()
         results.clear()
         said.clear()
+        client_called = False
 
     for item in items:
         kind = item.get("type", "message")
@@ -97,13 +101,14 @@ def items_to_messages(items: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
             if said:
                 flush()
             call, result = _call(item, kind)
+            client_called = client_called or kind in CLIENT_CALLS
             calls.append(call)
             if result is not None:
                 results.append(result)
             continue
         if kind == "message":
             message = _message(item)
-            if calls and not results and not said and message["role"] == "assistant":
+            if client_called and not said and message["role"] == "assistant":
                 said.append(message["content"])
                 continue
             if calls:

@@ -61,22 +61,67 @@ def restore_held_calls(
     by the run's earlier steps and the reply it came from, followed by the server calls'
     results, so the model sees everything that ran. `held` maps the index of such a message
     to what `held_calls` kept for it. A history that already holds those results (a stored
-    conversation, or a client that sent the server calls back) is left as it is."""
+    conversation, or a client that sent the server calls back: by their ids, or, as Responses
+    `mcp_call` items under ids of their own, by their names and arguments in the same turn) is
+    left as it is. The earlier steps' texts a client kept without their calls (a Responses
+    client that leaves out the `mcp_call` items) give way to the steps they came from."""
     answered = {m.get("tool_call_id") for m in messages if m.get("role") == "tool"}
     restored: list[dict[str, Any]] = []
+    turn_calls: set[tuple[Any, Any]] = set()  # the calls sent since the last user message
     for at, message in enumerate(messages):
+        if message.get("role") == "user":
+            turn_calls.clear()
+        turn_calls.update(_named(message))
         kept = held.get(at)
         if (
             kept is None
             or not _same_client_calls(message, kept["message"])
             or not answered.isdisjoint(_results_of(kept))
+            or not turn_calls.isdisjoint(_server_calls_of(kept))
         ):
             restored.append(message)
             continue
-        restored.extend(kept.get("earlier", ()))
+        earlier = kept.get("earlier", ())
+        texts = {_said(m) for m in earlier if m.get("role") == "assistant"} - {""}
+        while restored and not _named(restored[-1]) and _said(restored[-1]) in texts:
+            restored.pop()  # a text-only copy of an earlier step, now put back whole
+        restored.extend(earlier)
         restored.append(kept["message"])
         restored.extend(kept["results"])
     return restored
+
+
+def _named(message: Mapping[str, Any]) -> set[tuple[Any, Any]]:
+    """The names and arguments of an assistant message's calls."""
+    if message.get("role") != "assistant":
+        return set()
+    calls = message.get("tool_calls")
+    if not isinstance(calls, list):
+        return set()
+    return {
+        (f.get("name"), f.get("arguments"))
+        for c in calls
+        if isinstance(c, dict) and isinstance(f := c.get("function"), dict)
+    }
+
+
+def _server_calls_of(kept: Mapping[str, Any]) -> set[tuple[Any, Any]]:
+    """The names and arguments of the server calls a held record brings back."""
+    ran = _results_of(kept)
+    messages = [*kept.get("earlier", ()), kept["message"]]
+    calls = [c for m in messages if m.get("role") == "assistant" for c in m.get("tool_calls") or ()]
+    return {
+        (c["function"].get("name"), c["function"].get("arguments"))
+        for c in calls
+        if c.get("id") in ran
+    }
+
+
+def _said(message: Mapping[str, Any]) -> str:
+    """An assistant message's text, without the blank lines a stream parts steps with."""
+    if message.get("role") != "assistant" or not isinstance(message.get("content"), str):
+        return ""
+    return str(message["content"]).strip()
 
 
 def _results_of(kept: Mapping[str, Any]) -> set[str]:

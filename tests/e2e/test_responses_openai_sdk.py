@@ -14,7 +14,7 @@ from openai import AsyncOpenAI, OpenAI
 from tests.bodies import loop_of
 from tests.e2e.conftest import ToolServer
 from tests.e2e.structured import BOLTS, Stock, looked_then_answered
-from tests.scripted_upstream import ScriptedUpstream, call, say, say_tool_result
+from tests.scripted_upstream import Call, Reply, ScriptedUpstream, call, say, say_tool_result
 
 pytestmark = pytest.mark.e2e
 
@@ -220,3 +220,82 @@ def test_a_refusal_is_a_message_of_its_own_in_json_and_in_streams(
     assert final.output[0].model_dump() == message.model_dump() | {"id": final.output[0].id}
     kept = client.responses.retrieve(final.id)
     assert [item.model_dump() for item in kept.output] == [final.output[0].model_dump()]
+
+
+ASK = {
+    "type": "function",
+    "name": "ask_user",
+    "description": "Ask the user.",
+    "parameters": {
+        "type": "object",
+        "properties": {"question": {"type": "string"}},
+        "required": ["question"],
+    },
+}
+
+
+def history_problems(messages: list[dict[str, Any]]) -> list[str]:
+    """What OpenAI refuses in a Chat Completions history (a message other than a tool result
+    between calls and their results, a result of no call), or what makes the model read a
+    call or a text twice."""
+    problems, pending, seen = [], set(), set()
+    for message in messages:
+        if message["role"] == "tool":
+            if message["tool_call_id"] not in pending:
+                problems.append(f"a result of no call: {message['tool_call_id']}")
+            pending.discard(message["tool_call_id"])
+            continue
+        if pending:
+            problems.append(f"a {message['role']} message before the results of {pending}")
+        calls = message.get("tool_calls") or []
+        pending = {c["id"] for c in calls}
+        said = [(message["role"], (message.get("content") or "").strip())]
+        for key in [(c["function"]["name"], c["function"]["arguments"]) for c in calls] + said:
+            if key in seen and key[1]:
+                problems.append(f"twice: {key}")
+            seen.add(key)
+    return problems
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+@pytest.mark.parametrize("layout", ["whole", "without mcp_call"])
+def test_a_history_sent_back_whole_without_storing_reaches_the_model_once_and_valid(
+    client: OpenAI,
+    upstream: ScriptedUpstream,
+    tool_server: tuple[str, ToolServer],
+    stream: bool,
+    layout: str,
+) -> None:
+    """`store=False` and the SDK's `input += response.output` (as the Agents SDK and Codex
+    do): a server call, then a client call, each after a text. Sent back whole, the JSON
+    layout put its text between the calls and their results (OpenAI: 400), the stream's had
+    the server call twice; without the `mcp_call` items (Codex) the first text was twice."""
+    upstream.script(
+        Reply(content="Checking.", calls=(Call("check_inventory", {"item": "bolts"}),)),
+        Reply(content="Asking.", calls=(Call("ask_user", {"question": "ok?"}),)),
+        say_tool_result("Answer: {}"),
+    )
+    history: list[Any] = [{"role": "user", "content": "How many bolts?"}]
+    if stream:
+        with client.responses.stream(
+            model="stock",
+            input=history,
+            tools=[ASK],
+            store=False,  # type: ignore[list-item]
+        ) as events:
+            first = events.get_final_response()
+    else:
+        first = client.responses.create(model="stock", input=history, tools=[ASK], store=False)  # type: ignore[list-item]
+    output = [o for o in first.output if layout == "whole" or o.type != "mcp_call"]
+    history += [o.model_dump(exclude_none=True) for o in output]
+    asked = [o.call_id for o in first.output if o.type == "function_call"]
+    history += [{"type": "function_call_output", "call_id": c, "output": "yes"} for c in asked]
+    second = client.responses.create(model="stock", input=history, tools=[ASK], store=False)  # type: ignore[list-item]
+    assert second.output_text == "Answer: yes"
+    messages = upstream.bodies[-1]["messages"]
+    assert history_problems(messages) == []
+    said = [m.get("content") for m in messages if m["role"] == "assistant"]
+    assert any("Checking." in (s or "") for s in said)  # each step's text reaches it once
+    assert any("Asking." in (s or "") for s in said)
+    results = [m["content"] for m in messages if m["role"] == "tool"]
+    assert results == ['{"item":"bolts","in_stock":7}', "yes"]  # each call's result, once

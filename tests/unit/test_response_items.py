@@ -121,6 +121,20 @@ def test_assistant_text_after_client_calls_goes_with_them_before_their_outputs()
     answered = items_to_messages([server, {"role": "assistant", "content": "Done."}])
     assert [m["role"] for m in answered] == ["assistant", "tool", "assistant"]
     assert answered[-1] == {"role": "assistant", "content": "Done."}
+    both = items_to_messages(  # a JSON response's server and client calls, then its text
+        [
+            server,
+            fn_call("c1", "a"),
+            {"type": "message", "role": "assistant", "content": "Looked, asking."},
+            {"type": "function_call_output", "call_id": "c1", "output": "one"},
+        ]
+    )
+    assert [(m["role"], m.get("content")) for m in both] == [
+        ("assistant", "Looked, asking."),
+        ("tool", "ok"),
+        ("tool", "one"),
+    ]
+    assert [c["id"] for c in both[0]["tool_calls"]] == ["mcp_1", "c1"]
 
 
 def test_reasoning_and_hosted_items_are_left_out_without_splitting_calls() -> None:
