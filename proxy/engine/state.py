@@ -48,6 +48,9 @@ class RunState:
     invocations: int = 0
     tool_calls: int = 0
     tools_ran: bool = False
+    # The tools a tool call limit blocked in this run: their calls are blocked from then on
+    # (counts only grow), so no rule forces them or holds the run's end for them.
+    limited: set[str] = field(default_factory=set)
     upstream_s: float = 0.0
     tools_s: float = 0.0
     # The server calls of a reply that also called client tools, kept for the client's next

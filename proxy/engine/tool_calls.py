@@ -156,6 +156,8 @@ class ReplyCalls:
         block = block or await self._review(run, call, calls.checked)
         if block is not None:
             calls.outputs[call.id] = error_content(block.message)
+            if block.outcome is ToolOutcome.BLOCKED_LIMIT:
+                run.limited.add(call.name)
             await self.emit(
                 ev.CallBlocked(run.run_id, run.step_count, call, block.outcome, block.message)
             )

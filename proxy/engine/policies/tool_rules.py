@@ -8,7 +8,7 @@ rules of different types intersect.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Set
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -255,6 +255,23 @@ def answered_in_turn(messages: list[dict[str, Any]]) -> frozenset[str]:
     return frozenset(answered)
 
 
+def last_answered(messages: list[dict[str, Any]]) -> str | None:
+    """The tool whose result ends the messages (a client tool's, between two runs of a turn):
+    the tool the run's first step comes after."""
+    last = messages[-1] if messages else None
+    if last is None or last.get("role") != "tool":
+        return None
+    for message in reversed(messages):
+        calls = message.get("tool_calls") if message.get("role") == "assistant" else None
+        if isinstance(calls, list):
+            for call in calls:
+                function = call.get("function") if isinstance(call, dict) else None
+                if isinstance(function, dict) and call.get("id") == last.get("tool_call_id"):
+                    return str(function.get("name"))
+            return None
+    return None
+
+
 def forced_choice(allowed: list[str]) -> Any:
     """`tool_choice` for a forced call: a single allowed tool is named explicitly."""
     if len(allowed) == 1:
@@ -279,15 +296,19 @@ class ToolRules(Policy):
         self.last_value: str | None = None  # what the last conditional tool's output matches
         self.offered: list[str] = []
         # Tools the turn ran before this run: a client's, and the server's that an earlier run
-        # of the turn held back with a client call and the proxy put back (or stored).
+        # of the turn held back with a client call and the proxy put back (or stored); and
+        # the one whose result the run comes after.
         self.answered: frozenset[str] = frozenset()
+        self.before: str | None = None
+        self.nudged_after = 0  # the calls the run had made when it was last told to continue
 
-    def allowed(self, names: Iterable[str]) -> tuple[list[str], bool]:
-        """Of `names`, those the rules allow next, and whether a call is forced."""
+    def allowed(self, names: Iterable[str], limited: Set[str]) -> tuple[list[str], bool]:
+        """Of `names`, those the rules allow next, and whether a call is forced (not when
+        every tool allowed is one a limit blocks: forcing it again would take every step)."""
         allowed = list(names)
         forced = False
-        last = self.history[-1] if self.history else None
-        if last is None and self.run_first:
+        last = self.history[-1] if self.history else self.before
+        if last is None and self.run_first and not self.answered:
             allowed, forced = [n for n in allowed if n in self.run_first], True
         if last in self.children:
             allowed, forced = [n for n in allowed if n in self.children[last]], True
@@ -300,7 +321,7 @@ class ToolRules(Policy):
             if all(n not in kids or parent == last for parent, kids in self.guarded.items())
             and self.counts[n] < self.max_counts.get(n, self.counts[n] + 1)
         ]
-        return allowed, forced
+        return allowed, forced and not all(n in limited for n in allowed)
 
     def _conditional_children(self, last: str | None) -> frozenset[str] | None:
         rule = self.conditional.get(last) if last is not None else None
@@ -317,10 +338,11 @@ class ToolRules(Policy):
         return None
 
     def before_step(self, run: RunState, plan: StepPlan) -> Stop | None:
-        if self.required and run.step_count == 0:
+        if run.step_count == 0:
             self.answered = answered_in_turn(run.messages)
+            self.before = last_answered(run.messages)
         names = [t["function"]["name"] for t in plan.tools]
-        allowed, forced = self.allowed(names)
+        allowed, forced = self.allowed(names, run.limited)
         self.offered = allowed
         if len(allowed) == len(names) and not forced:
             return None
@@ -339,10 +361,10 @@ class ToolRules(Policy):
         return None
 
     async def review_call(self, run: RunState, call: ToolCall) -> Block | None:
-        allowed, _ = self.allowed([call.name])
+        allowed, _ = self.allowed([call.name], run.limited)
         if allowed:
             return None
-        now, _ = self.allowed(self.offered)
+        now, _ = self.allowed(self.offered, run.limited)
         listed = ", ".join(now) if now else "none; answer without tools"
         return Block(
             f"Tool '{call.name}' is not allowed now by the tool rules. Allowed tools: {listed}."
@@ -362,11 +384,18 @@ class ToolRules(Policy):
         return None
 
     def after_reply_without_tools(self, run: RunState, reply: ModelReply) -> Nudge | Stop | None:
-        missing = [n for n in self.required if not self.counts[n] and n not in self.answered]
+        missing = [
+            n
+            for n in self.required
+            if not self.counts[n] and n not in self.answered and n not in run.limited
+        ]
         if missing:
             listed = ", ".join(f"'{name}'" for name in missing)
             return Nudge(f"You may not finish yet: first call {listed}.")
         if self.history and self.history[-1] in self.continuing:
+            if self.nudged_after == len(self.history):  # told once after this call: it ends
+                return None
+            self.nudged_after = len(self.history)
             return Nudge(
                 f"You must continue after '{self.history[-1]}': call a tool before you answer."
             )
