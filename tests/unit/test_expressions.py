@@ -481,6 +481,24 @@ def test_a_chain_of_list_concatenations_costs_the_list_it_makes() -> None:
     assert compile_condition("size(steps + steps) < 0").evaluate(snapshot(*steps)) is False
 
 
+def test_a_comprehension_over_each_steps_calls_costs_the_calls_not_the_widest_squared() -> None:
+    """Every step's calls, all steps together, are at most the values given: a reply of 100
+    parallel calls made this ~300,000 units (the widest list at each level) and the run ended
+    `condition_error`, a model's output deciding it."""
+    steps = [step(i, calls=("a",) * (100 if i == 3 else 1)) for i in range(8)]
+    nested = "size(steps) >= 8 && steps.exists(s, s.tool_calls.exists(c, c.name == 'x'))"
+    assert compile_condition(nested).evaluate(snapshot(*steps)) is False
+    calls = "steps.map(s, s.tool_calls).exists(l, l.exists(c, c.name == 'a'))"
+    assert compile_condition(calls).evaluate(snapshot(*steps)) is True
+
+
+def test_comprehensions_over_lists_of_their_own_cost_each_list_at_each_level() -> None:
+    steps = [step(i, calls=("a",)) for i in range(60)]
+    crossed = "steps.exists(s, steps.exists(t, steps.exists(u, u.index + t.index < s.index)))"
+    with pytest.raises(ExpressionTooCostly):  # 60 x 60 x 60 iterations
+        compile_condition(crossed).evaluate(snapshot(*steps))
+
+
 def test_a_whole_list_compared_costs_its_conversion_though_nothing_iterates_it() -> None:
     """`steps == []` has no comprehension, but the library converts every value it is given."""
     expression = compile_condition("steps == []")

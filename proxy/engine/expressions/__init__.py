@@ -110,7 +110,7 @@ class Expression:
     terms: int = 1  # tokens: what one pass over the expression costs
     patterns: int = 0  # what compiling its `matches()` patterns costs, once each
     walks: int = 0  # operations that may touch every value given (`==` on lists, `in`, ...)
-    depth: int = 0  # how deep its comprehensions nest
+    nests: tuple[tuple[bool, ...], ...] = ()  # its comprehensions' (`Checker.nests`)
     concats: int = 0  # concatenations: each may make a larger value to work on
     # The snapshot's variables it uses: only these are sized and handed to the library, whose
     # conversion of its input is most of an evaluation's cost (1-2 µs a value).
@@ -135,7 +135,8 @@ class Expression:
         # a pass over a string, they made costs that many times more.
         grown = self.concats + 1
         each = self.terms + self.patterns + self.walks * values * grown  # one pass over it
-        work = each * widest**self.depth * (1 + longest * grown // 1024)
+        passes = max((iterations(nest, widest, values) for nest in self.nests), default=1)
+        work = each * passes * (1 + longest * grown // 1024)
         cost = work + values * CONVERSION_COST
         if cost > MAX_EVALUATION_COST or (budget is not None and cost > budget.left):
             limit = (
@@ -171,7 +172,7 @@ def compile_condition(source: str) -> Expression:
     valid regular expression literal; a comprehension over anything but the run's data, or a
     `map()` that builds values; and a result that cannot be a boolean.
     """
-    tokens, depth = scan(source)
+    tokens, _ = scan(source)
     try:
         program = cel.compile(source)
     except ValueError as exc:
@@ -197,11 +198,25 @@ def compile_condition(source: str) -> Expression:
         len(tokens),
         patterns,
         checker.walks,
-        depth,
+        tuple(checker.nests),
         checker.concats,
         frozenset(named & set(VARIABLES)),
         projection if projection.drops else None,
     )
+
+
+def iterations(nest: tuple[bool, ...], widest: int, values: int) -> int:
+    """How often the innermost level of a nest of comprehensions runs, at most, over data of
+    lists of at most `widest` items and `values` values: each level `widest` times for each
+    run of the level around it, or, one that ranges over a part of that level's element, at
+    most `values` times for each run of the level around that one."""
+    outer, around = 1, 1  # the runs of the level two out, and of the level around
+    for descends in nest:
+        runs = around * widest
+        if descends:
+            runs = min(runs, outer * values)
+        outer, around = around, runs
+    return around
 
 
 def extent(value: Any) -> tuple[int, int, int]:

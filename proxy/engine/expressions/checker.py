@@ -64,6 +64,15 @@ def _from_run(node: Node) -> bool:
     return True
 
 
+def _root(node: Node) -> str | None:
+    """The variable a comprehension's range is picked from (`s` of `s.tool_calls`)."""
+    while not isinstance(node, Ident):
+        if not isinstance(node, Select | Index | Comprehension):
+            return None
+        node = node.target
+    return node.name
+
+
 # Kinds whose comparison, membership test or concatenation walks every value inside.
 _WHOLE = frozenset({"list", "map", "object", "dyn"})
 
@@ -88,6 +97,11 @@ class Checker:
         # Concatenations (of strings, bytes or lists): n of them may make a value n + 1 times
         # the largest given, and every operation on it costs that much more.
         self.concats = 0
+        # Each nest of comprehensions, outermost first: whether a level ranges over a part of
+        # the element of the level around it (`steps.exists(s, s.tool_calls.exists(...))`),
+        # so that its iterations, all of the outer's together, are at most the values given.
+        self.nest: list[bool] = []
+        self.nests: set[tuple[bool, ...]] = set()
 
     def fail(self, pos: int, problem: str) -> ValueError:
         return ValueError(f"{problem} (at {where(self.source, pos)})")
@@ -265,11 +279,14 @@ class Checker:
         else:
             raise self.fail(node.pos, f"{node.macro}() cannot range over {range_}")
         self.bound.add(node.var)
+        self.nest.append(bool(self.scope) and _root(node.target) == self.scope[-1][0])
+        self.nests.add(tuple(self.nest))
         self.scope.append((node.var, var))
         try:
             types = [self.check(arg) for arg in node.args]
         finally:
             self.scope.pop()
+            self.nest.pop()
         predicates = types[:-1] if node.macro == "map" else types
         for predicate in predicates:
             if predicate.kind not in ("bool", "dyn"):
