@@ -131,3 +131,25 @@ async def test_a_rule_on_a_client_tool_holds_for_the_run_after_it(
         after = proxy.upstream.bodies[1]
     assert offered(after) == ["search_notes"]
     assert after["tool_choice"] == {"type": "function", "function": {"name": "search_notes"}}
+
+
+async def test_the_model_is_told_only_of_server_tools_whose_output_ends_the_run(
+    proxy_for: ProxyFactory,
+) -> None:
+    """An `exit_loop` rule on a client tool told the model its output would be the reply: the
+    client's call ends the run, its output unseen by the proxy."""
+    rules = [
+        {"type": "exit_loop", "tool_name": "ask_user"},
+        {"type": "exit_loop", "tool_name": "search_notes"},
+    ]
+    async with proxy_for(AGENTS) as proxy:
+        proxy.upstream.script(call("ask_user"))
+        r = await proxy.chat(
+            model="one", tools=[ASK], messages=user("Hi"), loop={"tool_rules": rules}
+        )
+        system = proxy.upstream.bodies[0]["messages"][0]
+    assert r.json()["loop"]["stop_reason"] == "client_tool_call"
+    assert system == {
+        "role": "system",
+        "content": "Calling `search_notes` ends your turn; its output is your reply.",
+    }
