@@ -4,7 +4,7 @@ state backend for `state.response_ttl_s`, readable only by the key that created 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -108,27 +108,6 @@ class StoredInput:
         return orjson.dumps(
             {"previous": self.previous, "items": self.items, "outputs": self.outputs}
         )
-
-
-@dataclass(frozen=True, slots=True)
-class ChainThreads:
-    """The counters of a chain's thread, named by a response id (SPEC §9, §12.4): they are
-    dropped `ttl_s` after the chain's last reservation or stored response (kept with it),
-    once no response of the chain is left to continue it."""
-
-    store: StateStore
-    ttl_s: float
-
-    async def reserve(
-        self, thread_id: str, limits: Mapping[str, int]
-    ) -> tuple[bool, dict[str, int]]:
-        return await self.store.reserve(thread_id, limits, ttl_s=self.ttl_s)
-
-    async def thread_counts(self, thread_id: str) -> dict[str, int]:
-        return await self.store.thread_counts(thread_id)
-
-    async def release(self, thread_id: str, counts: Mapping[str, int]) -> None:
-        await self.store.release(thread_id, counts)
 
 
 class ConversationTooLarge(Exception):

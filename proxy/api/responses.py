@@ -36,7 +36,6 @@ from proxy.api.response_items import (
     refusal_of,
 )
 from proxy.api.response_store import (
-    ChainThreads,
     ResponseStore,
     StoredResponse,
     asked_for,
@@ -54,6 +53,7 @@ from proxy.errors import (
     InvalidRequest,
     StateUnavailable,
 )
+from proxy.state.expiring_threads import ExpiringThreads
 
 log = logging.getLogger(__name__)
 _THREAD_HEADER = THREAD_HEADER.encode()
@@ -89,7 +89,7 @@ class Responses:
         deps = sv.deps(plan.upstream, bearer, scope["path"])
         chain = spec.thread_id if chain_thread(thread) else None
         if chain is not None:
-            deps.threads = ChainThreads(sv.store, sv.config.state.response_ttl_s)
+            deps.threads = ExpiringThreads(sv.store, sv.config.state.response_ttl_s)
         shown = sv.config.server.responses_server_calls == "mcp_call"
         if spec.policy.tools:  # server calls a client did not send back are put back (§5.1.6)
             spec.messages = await sv.restore(spec.messages, caller)

@@ -18,11 +18,12 @@ from proxy.callables import CallThreads
 from proxy.conditions import ConfiguredChecks
 from proxy.config import Config, ConfigError
 from proxy.config.environment import setting
-from proxy.engine.ports import RunObserver
+from proxy.engine.ports import RunObserver, ThreadCounters
 from proxy.engine.run import Run
 from proxy.engine.run_spec import Deps, RunResult
 from proxy.engine.stop import StopReason
 from proxy.pricing import PriceTable
+from proxy.state.expiring_threads import ExpiringThreads
 from proxy.state.store import Record, StateStore
 from proxy.tools.building import build_registry
 from proxy.tools.mcp_tool import CallHook
@@ -52,9 +53,12 @@ class Services:
     # The observers of runs started by a route, where they differ (the route's own metrics).
     route_observers: Mapping[str, Sequence[RunObserver]] = field(default_factory=dict)
     reports: ReportWrites = field(init=False)
+    threads: ThreadCounters = field(init=False)  # the store's, ending `state.thread_ttl_s`
 
     def __post_init__(self) -> None:
         self.reports = ReportWrites(self.store, self.config.state.run_ttl_s)
+        ttl = self.config.state.thread_ttl_s
+        self.threads = self.store if ttl is None else ExpiringThreads(self.store, ttl)
 
     async def remember(
         self,
@@ -148,7 +152,7 @@ class Services:
         """What a run on `upstream` started by `route` needs."""
         model = self.upstream(upstream, bearer)
         observers = self.route_observers.get(route, self.observers)
-        return Deps(model, self.registry, self.prices, observers, self.checks, threads=self.store)
+        return Deps(model, self.registry, self.prices, observers, self.checks, threads=self.threads)
 
 
 def build_services(

@@ -17,6 +17,9 @@ class StateConfig(ConfigModel):
     key_prefix: str = "loopwarden:"  # redis
     # A context ends this long after it was last saved (None: never).
     context_ttl_s: float | None = Field(None, gt=0, allow_inf_nan=False)
+    # A thread's tool call counts (SPEC §9) end this long after its last counted call (None:
+    # never); a chain of stored responses keeps its thread's as long as its responses.
+    thread_ttl_s: float | None = Field(30 * 86400.0, gt=0, allow_inf_nan=False)
     # Run reports (GET /v1/runs/{id}) and held server calls (SPEC §5.1.6) are kept this long.
     run_ttl_s: float = Field(86400.0, gt=0, allow_inf_nan=False)
     # Stored responses (`/v1/responses` with `store`, SPEC §12.4) are kept this long.

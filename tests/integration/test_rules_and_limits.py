@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import replace
 from typing import Annotated, Any
@@ -16,6 +17,7 @@ from proxy.engine import events as ev
 from proxy.engine.options import MAX_NAME_CHARS
 from proxy.engine.policy import DEFAULT_MAX_STEPS
 from proxy.state.memory import MemoryStore
+from proxy.state.store import StateStore
 from tests.bodies import offered, user
 from tests.integration.conftest import BASE_CONFIG, ProxyFactory
 from tests.integration.test_chat_stream import content, events
@@ -558,6 +560,30 @@ async def test_thread_limits_count_across_requests_by_header_or_loop_thread_id(
         fresh = await proxy.chat(model="capped", messages=user("Lima?"), loop={"thread_id": "t-2"})
     assert executed == [3, 0]
     assert fresh.json()["loop"]["tool_calls"] == 3
+
+
+async def test_a_threads_counts_end_thread_ttl_s_after_its_last_counted_call(
+    proxy_for: ProxyFactory, backend: StateStore
+) -> None:
+    """A client names any thread it likes: counters kept for good grew every backend by an
+    entry a name (45,000 threads: 15 MB on memory; redis hashes without a TTL)."""
+    capped = {
+        "model": "scripted",
+        "tools": ["get_weather"],
+        "tool_call_limits": [{"tool_name": "get_weather", "thread_limit": 1}],
+    }
+    overrides = {"agents": {"capped": capped}, "state": {"thread_ttl_s": 0.5}}
+    once = [call("get_weather", city="Lima"), say("Done.")]
+    async with proxy_for(overrides, store=backend) as proxy:
+        proxy.upstream.script(*once, *once, *once)
+        runs = []
+        for pause in (0, 0, 1.0):
+            await asyncio.sleep(pause)
+            r = await proxy.chat(model="capped", messages=user("Lima?"), loop={"thread_id": "t"})
+            runs.append(r.json()["loop"]["tool_calls"])
+        left = await backend.thread_counts("t")
+    assert runs == [1, 0, 1]  # the limit within the thread's life; anew once it ended
+    assert left == {"get_weather": 1}
 
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/responses"])
