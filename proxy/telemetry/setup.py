@@ -100,6 +100,8 @@ def tracer_provider_from_env(config: Config, env: Mapping[str, str]) -> AnyTrace
 
 # The most names MCP sources' lists add to the `tool` label in a process's life.
 MAX_LISTED_TOOL_LABELS = 512
+# The price data's model names a process labels series with, beyond the config's own.
+MAX_CATALOGUED_LABELS = 64
 
 
 @dataclass(slots=True)
@@ -148,10 +150,21 @@ def build_telemetry(
     configured_models = {a.model for a in config.models.values()} | set(config.pricing)
     configured_models |= set(agent_models.values())
 
+    named: set[str] = set()  # the price data's names given as labels
+
     def model_label(model: str) -> str | None:
         """A model the config names is its own label; another, the price data's name of it (a
-        client's names are unbounded, the price data's not)."""
-        return model if model in configured_models else catalogued(model)
+        client's names are unbounded, the price data's not: but 1,925 of them made 45,000
+        series), for the first MAX_CATALOGUED_LABELS such names."""
+        if model in configured_models:
+            return model
+        name = catalogued(model)
+        if name is None or name in named:
+            return name
+        if len(named) >= MAX_CATALOGUED_LABELS:
+            return None
+        named.add(name)
+        return name
 
     labels = Labels(
         agents=frozenset(config.agents),
