@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 from proxy.errors import StateUnavailable
 from proxy.state.store import Record, StateStore
+from proxy.throttled_log import ThrottledWarnings
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,7 @@ class ReportWrites:
         self.max_pending = max_pending
         self.wait_s = wait_s
         self._pending: dict[str, asyncio.Task[None]] = {}
+        self._unkept = ThrottledWarnings(log)  # a backend down fails every run's: once a second
 
     async def keep(self, run_id: str, records: Sequence[Record], before_answer: bool) -> None:
         """Writes `records`, the run's: to its end when `before_answer` (or when too many are
@@ -72,4 +74,4 @@ class ReportWrites:
         try:
             await self.store.put_records(records, self.ttl_s)
         except StateUnavailable as exc:
-            log.warning("run %s was not kept: %s", run_id, exc.message)
+            self._unkept.warning("run %s was not kept: %s", run_id, exc.message)

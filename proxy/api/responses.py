@@ -54,8 +54,10 @@ from proxy.errors import (
     StateUnavailable,
 )
 from proxy.state.expiring_threads import ExpiringThreads
+from proxy.throttled_log import ThrottledWarnings
 
 log = logging.getLogger(__name__)
+unstored = ThrottledWarnings(log)  # a backend down fails every response's: once a second
 _THREAD_HEADER = THREAD_HEADER.encode()
 
 
@@ -239,7 +241,7 @@ class _Context:
                     history.lineage,
                 )
             except StateUnavailable as exc:
-                log.warning("response %s was not stored: %s", body["id"], exc.message)
+                unstored.warning("response %s was not stored: %s", body["id"], exc.message)
             else:
                 state = self.sv.config.state
                 if result.held is None and state.response_ttl_s >= state.run_ttl_s:

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import socket
+import time
 from typing import Any
 
 import uvicorn
@@ -107,6 +109,35 @@ class _UnfinishedOnPurpose(logging.Filter):
 UNFINISHED_ON_PURPOSE = _UnfinishedOnPurpose()
 
 
+class _UnreadOnceASecond(logging.Filter):
+    """uvicorn tells each request it cannot read (`Invalid HTTP request received.`, with its
+    traceback): a client sending garbage made a line a request. Told once a second, with the
+    count of those not told since."""
+
+    MESSAGE = "Invalid HTTP request received."
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.told_at = -math.inf
+        self.untold = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg != self.MESSAGE:
+            return True
+        now = time.monotonic()
+        if now - self.told_at < 1.0:
+            self.untold += 1
+            return False
+        self.told_at = now
+        if self.untold:
+            record.msg = f"{self.MESSAGE} ({self.untold} more since the last told)"
+            self.untold = 0
+        return True
+
+
+UNREAD_ONCE_A_SECOND = _UnreadOnceASecond()
+
+
 def serve(
     app: ASGIApp,
     server: ServerConfig,
@@ -133,7 +164,8 @@ def serve(
         "ws": "none",
     }
     config = uvicorn.Config(app, **options)  # (which sets up uvicorn's loggers)
-    logging.getLogger("uvicorn.error").addFilter(UNFINISHED_ON_PURPOSE)  # once: same object
+    for told in (UNFINISHED_ON_PURPOSE, UNREAD_ONCE_A_SECOND):
+        logging.getLogger("uvicorn.error").addFilter(told)  # once: the same objects
     served = _Server(config, probes, server.header_timeout_s, announce)
     try:
         served.run(sockets=[sock] if sock else None)

@@ -11,8 +11,11 @@ from redis.exceptions import RedisError
 
 from proxy.errors import StateUnavailable
 from proxy.state.store import check_ttl
+from proxy.throttled_log import ThrottledWarnings
 
 log = logging.getLogger(__name__)
+# An outage fails every request's calls: told once a second, with the count of the others.
+failures = ThrottledWarnings(log)
 
 
 @contextlib.contextmanager
@@ -30,7 +33,7 @@ def reached() -> Iterator[None]:
     except RedisError as exc:
         if task is not None and task.cancelling() > asked:
             raise asyncio.CancelledError from None  # what made the call fail, most likely
-        log.warning("the redis state backend failed: %s: %s", type(exc).__name__, exc)
+        failures.warning("the redis state backend failed: %s: %s", type(exc).__name__, exc)
         raise StateUnavailable(
             f"the state backend (redis) is unavailable: {type(exc).__name__}"
         ) from None

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -103,3 +105,44 @@ def test_only_an_answer_left_unfinished_on_purpose_goes_untold() -> None:
         assert not UNFINISHED_ON_PURPOSE.filter(record)
     finally:
         CUT_ON_PURPOSE.reset(token)
+
+
+async def test_requests_that_cannot_be_read_are_told_once_a_second(tmp_path: Path) -> None:
+    """uvicorn told each one, with its traceback: 6,000 bad requests made 1,200 lines."""
+    config = {
+        "upstreams": {"main": {"base_url": "http://127.0.0.1:9/v1"}},
+        "default_upstream": "main",
+        "state": {"backend": "memory"},
+    }
+    (tmp_path / "loopwarden.yaml").write_text(yaml.safe_dump(config))
+    port, log = free_port(), tmp_path / "serve.log"
+    args = ["-m", "proxy", "serve", "--config", str(tmp_path / "loopwarden.yaml")]
+    with log.open("wb") as out:
+        proc = await asyncio.to_thread(
+            subprocess.Popen,
+            [sys.executable, *args, "--port", str(port)],
+            env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+            stderr=out,
+        )
+    try:
+        await asyncio.to_thread(wait_healthy, f"http://127.0.0.1:{port}/healthz", proc)
+        started = time.monotonic()
+        for _ in range(40):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"G\x00T / HTTP/1.1\r\n\r\n")
+            assert (await reader.read(1024)).startswith(b"HTTP/1.1 400")
+            writer.close()
+        took = time.monotonic() - started
+        await asyncio.sleep(1.1)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"G\x00T / HTTP/1.1\r\n\r\n")
+        await reader.read(1024)
+        writer.close()
+    finally:
+        proc.terminate()
+        await asyncio.to_thread(proc.wait, 15)
+    text = log.read_text()
+    told = [line for line in text.splitlines() if "Invalid HTTP request received." in line]
+    untold = [int(n) for n in re.findall(r"\((\d+) more since the last told\)", text)]
+    assert len(told) + sum(untold) == 41, text  # every one counted, in a line or in a count
+    assert 2 <= len(told) <= took + 2  # one a second at most, and the last, after a pause
