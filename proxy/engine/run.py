@@ -176,8 +176,9 @@ class Run:
     def _first_messages(self) -> list[dict[str, Any]]:
         parts = [self.spec.system_prompt] if self.spec.system_prompt else []
         policy = self.spec.policy  # (a client tool's call ends the run anyway, its output unseen)
-        terminal = [name for name in policy.terminal_tools if name in policy.tools]
-        if terminal:
+        if policy.terminal_tools and (
+            terminal := [name for name in policy.terminal_tools if name in policy.tools]
+        ):
             parts.append(terminal_hint(terminal))
         messages = list(self.spec.messages)
         if parts:
