@@ -17,6 +17,15 @@ from proxy.demo.runner import free_port
 def redis_server(workdir: Path, port: int | None = None) -> Iterator[str]:
     """A throwaway redis-server (Debian's `redis-server`), on `port` or a free one; yields its
     URL. Started again on the same port, a client of the first finds the second."""
+    with redis_process(workdir, port) as (url, _):
+        yield url
+
+
+@contextlib.contextmanager
+def redis_process(
+    workdir: Path, port: int | None = None
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """`redis_server`, with its process (to pause it, say)."""
     binary = shutil.which("redis-server")
     if binary is None:
         raise RuntimeError("redis-server is not installed (apt-get install -y redis-server)")
@@ -38,7 +47,7 @@ def redis_server(workdir: Path, port: int | None = None) -> Iterator[str]:
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError("redis-server did not start")
             time.sleep(0.05)
-        yield f"redis://127.0.0.1:{port}/0"
+        yield f"redis://127.0.0.1:{port}/0", proc
     finally:
         proc.terminate()
         proc.wait(timeout=10)

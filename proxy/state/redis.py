@@ -144,7 +144,13 @@ class RedisStore:
         self._put = self._redis.register_script(_PUT)
         self._get_within = self._redis.register_script(_GET_WITHIN)
         self._holds = ContextHolds(
-            self._redis, prefix, lock_lease_s, self._context_ttl_ms(), self._context, self._record
+            self._redis,
+            prefix,
+            lock_lease_s,
+            self._context_ttl_ms(),
+            self._context,
+            self._record,
+            timeout_s,
         )
         # Whether a write is on its way; the writes put meanwhile, each with the future its
         # put awaits; the task that sends them.

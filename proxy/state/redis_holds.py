@@ -17,6 +17,7 @@ from contextlib import AbstractAsyncContextManager
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from proxy.errors import StateUnavailable
 from proxy.state.lease import LateReleases, renewed
 from proxy.state.locks import LOCK_POLL_S, KeyedLocks
 from proxy.state.redis_calls import ms, reached
@@ -82,21 +83,27 @@ return 0
 """
 # A hold's end: KEYS[1] the context, KEYS[2] its lock, KEYS[3] its waiting mark, then the
 # records to set; ARGV[1..3] as COMPARE_AND_SET's (ARGV[1] '': nothing to save), ARGV[4] the
-# token, ARGV[5] the records' TTL in ms, ARGV[6] the store's id, then the records' values. A
-# context that ended (its TTL) while the hold had it is saved all the same. Returns 0, having
-# set nothing, when the save was refused or another token holds the lock (the lease was lost);
-# else 2 when another store waits for the context, 1 when none does.
+# token, ARGV[5] the records' TTL in ms, ARGV[6] the store's id, ARGV[7] the least the lock's
+# lease may have left (ms) when the script runs in time, then the records' values. A context
+# that ended (its TTL) while the hold had it is saved all the same. Returns 0, having set
+# nothing, when the save was refused or another token holds the lock (the lease was lost); -1,
+# having set nothing, when it runs too late (redis held it past half the store's timeout: the
+# store may have told its run that the save failed); else 2 when another store waits for the
+# context, 1 when none does.
 _END = (
     """local holder = redis.call('GET', KEYS[2])
 if holder and holder ~= ARGV[4] then return 0 end
-if ARGV[1] ~= '' then
-if not holder or redis.call('EXISTS', KEYS[1]) == 1 then
+if ARGV[1] ~= '' and (not holder or redis.call('EXISTS', KEYS[1]) == 1) then
 """
     + _SAME_VERSION
-    + "end\n"
+    + """end
+local late = tonumber(ARGV[7])
+if late > 0 and (not holder or redis.call('PTTL', KEYS[2]) < late) then return -1 end
+if ARGV[1] ~= '' then
+"""
     + _SET_CONTEXT
     + """end
-for i = 4, #KEYS do redis.call('SET', KEYS[i], ARGV[i + 3], 'PX', ARGV[5]) end
+for i = 4, #KEYS do redis.call('SET', KEYS[i], ARGV[i + 4], 'PX', ARGV[5]) end
 if holder then redis.call('DEL', KEYS[2]) end
 local waiting = redis.call('GET', KEYS[3])
 if waiting and waiting ~= ARGV[6] then return 2 end
@@ -118,9 +125,11 @@ class ContextHolds:
         context_ttl_ms: str | int,
         context_key: Callable[[str], str],
         record_key: Callable[[str, str], str],
+        timeout_s: float,
     ) -> None:
         self.prefix = prefix
         self._lease = lease_s
+        self._timeout_s = timeout_s
         self._context_ttl_ms = context_ttl_ms
         self._context_key = context_key
         self._record_key = record_key
@@ -153,11 +162,14 @@ class ContextHolds:
                     return True
                 args: list[str | int] = [held.token, ms(self._lease)]
                 held.renewing = True
+                sent = time.monotonic()
                 try:
                     with reached():
                         kept = await self._renew(keys=[held.lock], args=args)
                 finally:
                     held.renewing = False
+                if kept:
+                    held.renewed_at = max(held.renewed_at, sent)
                 if kept == 2 and not held.ended:
                     log.warning(
                         "the lease on context %r had run out; no one had taken it: taken again",
@@ -203,9 +215,11 @@ class ContextHolds:
             # One attempt at a time, each checked for the cancellation the client may drop
             # (`_reached`).
             while True:
+                sent = time.monotonic()
                 with reached():
                     taken = await self._take(keys=keys, args=args)
                 if taken[0]:
+                    held.renewed_at = sent
                     break
                 await asyncio.sleep(wait)
                 wait = min(wait * 2, longest)
@@ -224,7 +238,11 @@ class ContextHolds:
         args: list[str | int | bytes] = ["", "", ""]
         if save is not None:
             args = [save.version, save.dumps(save.version + 1), self._context_ttl_ms]
-        args += [held.token, ttl_ms, self._id, *(record.value for record in records)]
+        # Run in time (within half the timeout of now), the script finds the lease renewed
+        # since `renewed_at` with at least this much of it left.
+        in_time = self._lease - (time.monotonic() - held.renewed_at) - self._timeout_s / 2
+        late = max(0, int(in_time * 1000))
+        args += [held.token, ttl_ms, self._id, late, *(record.value for record in records)]
         keys = [self._context_key(held.context_id), held.lock, held.mark]
         keys += [self._record_key(kind, key) for kind, key, _ in records]
         held.ended = True  # a renewal meanwhile is no lost lease
@@ -235,6 +253,11 @@ class ContextHolds:
         except BaseException:
             held.ended = False  # let go, or tried, as the block ends
             raise
+        if ended == -1:
+            held.ended = False
+            raise StateUnavailable(
+                "the state backend (redis) ran the context's save too late: nothing was saved"
+            )
         if not ended:
             held.ended = False
             raise conflict(held.context_id)
@@ -255,6 +278,7 @@ class _Held:
         self.context: StoredContext | None = None
         self.ended = False  # its last write let it go
         self.renewing = False  # a renewal is on its way
+        self.renewed_at = 0.0  # when the last take or renewal that held it was sent
         self.overtook = False  # the last write went while a renewal was on its way
 
     async def end(

@@ -4,10 +4,12 @@ a sqlite file deleted or made unwritable under the proxy. Each is an OpenAI-shap
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
 import secrets
+import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,12 +20,14 @@ import pytest
 
 from proxy.demo.runner import free_port
 from proxy.engine.events import RunFinished
+from proxy.errors import StateUnavailable
 from proxy.state import redis_calls
 from proxy.state.redis import RedisStore
 from proxy.state.sqlite import SqliteStore
+from proxy.state.store import Record, StoredContext
 from tests.integration.conftest import Proxy, ProxyFactory
 from tests.scripted_upstream import call, say
-from tests.servers import redis_server
+from tests.servers import redis_process, redis_server
 
 CONFIG: dict[str, Any] = {
     "agents": {
@@ -221,3 +225,34 @@ async def test_a_redis_outage_is_told_in_the_log_once_a_second_not_once_a_call(
     told = [r for r in caplog.records if r.getMessage().startswith("the redis state backend")]
     assert len(told) <= 1
     assert redis_calls.failures.untold >= 29 - len(told)
+
+
+async def test_a_save_a_paused_redis_runs_after_the_run_was_told_it_failed_saves_nothing(
+    tmp_path: Path,
+) -> None:
+    """redis runs what was sent to it once it resumes: a run's last save, which had timed out
+    (its client told 503 `state_unavailable`), saved its messages all the same."""
+    with redis_process(tmp_path) as (url, server):
+        store = RedisStore(url, prefix="late:", timeout_s=0.5, lock_lease_s=10)
+        try:
+            await store.save_context(StoredContext("c", agent="a"))
+            async with store.hold("c") as holding:  # (redis knows the scripts from now on)
+                assert holding.context is not None
+                await holding.end(holding.context, [], 60)
+            async with store.hold("c") as holding:
+                context = holding.context
+                assert context is not None
+                context.messages = [{"role": "user", "content": "told it failed"}]
+                server.send_signal(signal.SIGSTOP)
+                try:
+                    with pytest.raises(StateUnavailable):
+                        await holding.end(context, [Record("run", "r1", b"{}")], 60)
+                finally:
+                    server.send_signal(signal.SIGCONT)
+            await asyncio.sleep(0.2)  # what it held, run by now
+            stored = await store.load_context("c")
+            report = await store.get_record("run", "r1")
+        finally:
+            await store.close()
+    assert stored is not None
+    assert (stored.messages, stored.version, report) == ([], 2, None)
