@@ -147,7 +147,12 @@ def create_app(
         )
         tools_network = transport or tools_transport(config.server.tool_connections)
         timeout = httpx.Timeout(120.0, connect=10.0)
-        state = store or open_store(config.state, state_file)
+        try:
+            state = store or open_store(config.state, state_file)
+        except ValueError as exc:  # (a sqlite file another process keeps in another mode)
+            log.error("start-up failed:\n%s", exc)
+            app.start_up_told = True  # type: ignore[attr-defined]
+            raise
         try:
             async with (
                 httpx.AsyncClient(transport=tools_network, timeout=timeout) as client,

@@ -107,9 +107,17 @@ class SqliteStore:
         # (WAL's `-shm` file is mapped all the same: the `rollback` journal maps nothing.)
         self._db.execute("PRAGMA mmap_size=0")
         wanted = "wal" if journal == "wal" else "delete"
-        (mode,) = _while_locked(
-            lambda: self._db.execute(f"PRAGMA journal_mode={wanted}").fetchone(), timeout_s
-        )
+        try:
+            (mode,) = _while_locked(
+                lambda: self._db.execute(f"PRAGMA journal_mode={wanted}").fetchone(), timeout_s
+            )
+        except sqlite3.OperationalError as exc:  # another process kept it in the other mode
+            self._db.close()
+            raise ValueError(
+                f"cannot use the {journal} journal: {exc} (another process has the file open, "
+                "in the other journal mode if its state.sqlite_journal differs: it must be the "
+                "same for every process)"
+            ) from None
         if mode != wanted and not gone:
             self._db.close()
             raise ValueError(

@@ -146,3 +146,55 @@ async def test_requests_that_cannot_be_read_are_told_once_a_second(tmp_path: Pat
     untold = [int(n) for n in re.findall(r"\((\d+) more since the last told\)", text)]
     assert len(told) + sum(untold) == 41, text  # every one counted, in a line or in a count
     assert 2 <= len(told) <= took + 2  # one a second at most, and the last, after a pause
+
+
+async def test_a_sqlite_file_another_process_keeps_in_the_other_journal_says_so_and_exits_1(
+    tmp_path: Path,
+) -> None:
+    """A second proxy on one file with another `sqlite_journal` exited with a traceback whose
+    last line said only `database is locked`."""
+    path = tmp_path / "state.db"
+
+    def config(journal: str) -> Path:
+        state = {"backend": "sqlite", "path": str(path), "sqlite_journal": journal}
+        written = tmp_path / f"{journal}.yaml"
+        written.write_text(
+            yaml.safe_dump(
+                {
+                    "upstreams": {"main": {"base_url": "http://127.0.0.1:9/v1"}},
+                    "default_upstream": "main",
+                    "state": {**state, "timeout_s": 0.5},
+                }
+            )
+        )
+        return written
+
+    def serve(journal: str, port: int) -> list[str]:
+        where = ["--config", str(config(journal)), "--port", str(port)]
+        return [sys.executable, "-m", "proxy", "serve", *where]
+
+    port = free_port()
+    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
+    first = await asyncio.to_thread(
+        subprocess.Popen,
+        serve("wal", port),
+        env=env,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        await asyncio.to_thread(wait_healthy, f"http://127.0.0.1:{port}/healthz", first)
+        second = await asyncio.to_thread(
+            subprocess.run,
+            serve("rollback", free_port()),
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        first.terminate()
+        await asyncio.to_thread(first.wait, 15)
+    assert second.returncode == 1, second.stderr
+    assert "cannot use the rollback journal" in second.stderr
+    assert "state.sqlite_journal differs: it must be the same" in second.stderr
+    assert "Traceback" not in second.stderr
