@@ -17,12 +17,21 @@ class ThrottledWarnings:
         self.untold = 0
 
     def warning(self, message: str, *args: object) -> None:
+        if self.due():
+            self.log.warning(message + "%s", *args, self.told())
+
+    def due(self) -> bool:
+        """Whether one is told now (then with `told()`), else counted as not told."""
         now = time.monotonic()
         if now - self.told_at < self.interval_s:
             self.untold += 1
-            return
+            return False
         self.told_at = now
-        self.log.warning(message + "%s", *args, self._untold())
+        return True
+
+    def told(self) -> str:
+        """What follows the one told: the count of those not told since the last."""
+        return self._untold()
 
     def close(self, message: str, *args: object) -> None:
         """The count of the warnings not told yet, if any, told with `message`."""

@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import socket
-import time
 from typing import Any
 
 import uvicorn
@@ -33,6 +31,7 @@ from proxy.api.asgi import CUT_ON_PURPOSE
 from proxy.api.guarded_protocol import guarded_protocol
 from proxy.api.runtime import settle_runtime
 from proxy.config.server import ServerConfig, raise_descriptor_limit
+from proxy.throttled_log import ThrottledWarnings
 
 log = logging.getLogger(__name__)
 
@@ -118,20 +117,14 @@ class _UnreadOnceASecond(logging.Filter):
 
     def __init__(self) -> None:
         super().__init__()
-        self.told_at = -math.inf
-        self.untold = 0
+        self.throttle = ThrottledWarnings(log)
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.msg != self.MESSAGE:
             return True
-        now = time.monotonic()
-        if now - self.told_at < 1.0:
-            self.untold += 1
+        if not self.throttle.due():
             return False
-        self.told_at = now
-        if self.untold:
-            record.msg = f"{self.MESSAGE} ({self.untold} more since the last told)"
-            self.untold = 0
+        record.msg = self.MESSAGE + self.throttle.told()
         return True
 
 

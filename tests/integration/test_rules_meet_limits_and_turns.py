@@ -153,3 +153,71 @@ async def test_the_model_is_told_only_of_server_tools_whose_output_ends_the_run(
         "role": "system",
         "content": "Calling `search_notes` ends your turn; its output is your reply.",
     }
+
+
+async def test_run_first_holds_again_in_a_run_no_client_tool_parted_from_the_one_before(
+    proxy_for: ProxyFactory,
+) -> None:
+    """`/chat/invoke` after a run that used tools, and a history whose turn used tools and
+    ends with the model's text and an instruction: new runs, which `run_first` holds for."""
+    ruled = {
+        **AGENTS["agents"]["one"],
+        "tool_rules": [{"type": "run_first", "tool_name": "get_weather"}],
+    }
+    history = [
+        *user("Oslo?"),
+        {"role": "assistant", "content": None, "tool_calls": [ask_call("c1", "search_notes")]},
+        {"role": "tool", "tool_call_id": "c1", "content": "nothing"},
+        {"role": "assistant", "content": "No notes."},
+        {"role": "system", "content": "Now check the weather."},
+    ]
+    async with proxy_for({"agents": {"ruled": ruled}}) as proxy:
+        proxy.upstream.script(keep(obeying))
+        started = await proxy.client.post(
+            "/chat", json={"context_id": "c", "agent": "ruled", "message": "Oslo?"}
+        )
+        before = len(proxy.upstream.bodies)
+        invoked = await proxy.client.post("/chat/invoke", json={"context_id": "c"})
+        again = proxy.upstream.bodies[before]
+        before = len(proxy.upstream.bodies)
+        await proxy.chat(model="ruled", messages=history)
+        resent = proxy.upstream.bodies[before]
+    assert (started.status_code, invoked.status_code) == (200, 200)
+    assert proxy.upstream.bodies[0]["tool_choice"] == FORCED
+    assert again["tool_choice"] == FORCED
+    assert resent["tool_choice"] == FORCED
+
+
+async def test_a_forced_choice_leaves_out_the_tools_a_limit_blocks(
+    proxy_for: ProxyFactory,
+) -> None:
+    """Two `run_first` tools, one blocked by a limit: `required` over both let a model pick the
+    blocked one at every step, to `max_steps`."""
+    loop = {
+        "tool_rules": [
+            {"type": "run_first", "tool_name": "get_weather"},
+            {"type": "run_first", "tool_name": "search_notes"},
+        ],
+        "tool_call_limits": [{"tool_name": "get_weather", "run_limit": 0}],
+    }
+
+    def picking_weather(body: Body) -> Reply:
+        choice = body.get("tool_choice")
+        if choice == "required":
+            return call("get_weather", city="Oslo")
+        if isinstance(choice, dict):
+            return call(choice["function"]["name"], query="Oslo")
+        return say("Answered.")
+
+    async with proxy_for(AGENTS) as proxy:
+        proxy.upstream.script(keep(picking_weather))
+        r = await proxy.chat(model="one", messages=user("Weather?"), loop=loop)
+        sent = proxy.upstream.bodies
+    choices = [b.get("tool_choice") for b in sent]
+    assert choices == ["required", {"type": "function", "function": {"name": "search_notes"}}, None]
+    assert offered(sent[1]) == ["search_notes"]
+    assert r.json()["loop"]["stop_reason"] == "completed"
+
+
+def ask_call(call_id: str, name: str) -> dict[str, Any]:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": "{}"}}

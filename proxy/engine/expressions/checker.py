@@ -73,6 +73,23 @@ def _root(node: Node) -> str | None:
     return node.name
 
 
+def _distinct(node: Node) -> bool:
+    """Whether a comprehension's range holds distinct parts of the run's data: no `map()` on
+    the way to it but one that picks a part of each element (`steps.map(s, s.tool_calls)`),
+    not one value for every element (`steps.map(s, steps)`)."""
+    while not isinstance(node, Ident):
+        if (
+            isinstance(node, Comprehension)
+            and node.macro == "map"
+            and _root(node.args[-1]) != node.var
+        ):
+            return False
+        if not isinstance(node, Select | Index | Comprehension):
+            return False
+        node = node.target
+    return True
+
+
 # Kinds whose comparison, membership test or concatenation walks every value inside.
 _WHOLE = frozenset({"list", "map", "object", "dyn"})
 
@@ -99,9 +116,11 @@ class Checker:
         self.concats = 0
         # Each nest of comprehensions, outermost first: whether a level ranges over a part of
         # the element of the level around it (`steps.exists(s, s.tool_calls.exists(...))`),
-        # so that its iterations, all of the outer's together, are at most the values given.
+        # whose elements are distinct parts of the data, so that its iterations, all of the
+        # outer's together, are at most the values given.
         self.nest: list[bool] = []
         self.nests: set[tuple[bool, ...]] = set()
+        self.distinct: list[bool] = []  # whether each level's range is (`_distinct`)
 
     def fail(self, pos: int, problem: str) -> ValueError:
         return ValueError(f"{problem} (at {where(self.source, pos)})")
@@ -279,14 +298,17 @@ class Checker:
         else:
             raise self.fail(node.pos, f"{node.macro}() cannot range over {range_}")
         self.bound.add(node.var)
-        self.nest.append(bool(self.scope) and _root(node.target) == self.scope[-1][0])
+        descends = bool(self.scope) and _root(node.target) == self.scope[-1][0]
+        self.nest.append(descends and self.distinct[-1])
         self.nests.add(tuple(self.nest))
+        self.distinct.append(_distinct(node.target))
         self.scope.append((node.var, var))
         try:
             types = [self.check(arg) for arg in node.args]
         finally:
             self.scope.pop()
             self.nest.pop()
+            self.distinct.pop()
         predicates = types[:-1] if node.macro == "map" else types
         for predicate in predicates:
             if predicate.kind not in ("bool", "dyn"):

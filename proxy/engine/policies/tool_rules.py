@@ -8,7 +8,7 @@ rules of different types intersect.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping, Set
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -297,18 +297,18 @@ class ToolRules(Policy):
         self.offered: list[str] = []
         # Tools the turn ran before this run: a client's, and the server's that an earlier run
         # of the turn held back with a client call and the proxy put back (or stored); and
-        # the one whose result the run comes after.
+        # the one whose result the run begins after (a client tool's, which parted this run
+        # from the turn's run before: `run_first` held there).
         self.answered: frozenset[str] = frozenset()
         self.before: str | None = None
         self.nudged_after = 0  # the calls the run had made when it was last told to continue
 
-    def allowed(self, names: Iterable[str], limited: Set[str]) -> tuple[list[str], bool]:
-        """Of `names`, those the rules allow next, and whether a call is forced (not when
-        every tool allowed is one a limit blocks: forcing it again would take every step)."""
+    def allowed(self, names: Iterable[str]) -> tuple[list[str], bool]:
+        """Of `names`, those the rules allow next, and whether a call is forced."""
         allowed = list(names)
         forced = False
         last = self.history[-1] if self.history else self.before
-        if last is None and self.run_first and not self.answered:
+        if last is None and self.run_first:
             allowed, forced = [n for n in allowed if n in self.run_first], True
         if last in self.children:
             allowed, forced = [n for n in allowed if n in self.children[last]], True
@@ -321,7 +321,7 @@ class ToolRules(Policy):
             if all(n not in kids or parent == last for parent, kids in self.guarded.items())
             and self.counts[n] < self.max_counts.get(n, self.counts[n] + 1)
         ]
-        return allowed, forced and not all(n in limited for n in allowed)
+        return allowed, forced
 
     def _conditional_children(self, last: str | None) -> frozenset[str] | None:
         rule = self.conditional.get(last) if last is not None else None
@@ -339,10 +339,14 @@ class ToolRules(Policy):
 
     def before_step(self, run: RunState, plan: StepPlan) -> Stop | None:
         if run.step_count == 0:
-            self.answered = answered_in_turn(run.messages)
+            if self.required:
+                self.answered = answered_in_turn(run.messages)
             self.before = last_answered(run.messages)
         names = [t["function"]["name"] for t in plan.tools]
-        allowed, forced = self.allowed(names, run.limited)
+        allowed, forced = self.allowed(names)
+        if forced and run.limited:  # forcing a call a limit blocks would take every step
+            allowed = [n for n in allowed if n not in run.limited]
+            forced = bool(allowed)
         self.offered = allowed
         if len(allowed) == len(names) and not forced:
             return None
@@ -361,10 +365,10 @@ class ToolRules(Policy):
         return None
 
     async def review_call(self, run: RunState, call: ToolCall) -> Block | None:
-        allowed, _ = self.allowed([call.name], run.limited)
+        allowed, _ = self.allowed([call.name])
         if allowed:
             return None
-        now, _ = self.allowed(self.offered, run.limited)
+        now, _ = self.allowed(self.offered)
         listed = ", ".join(now) if now else "none; answer without tools"
         return Block(
             f"Tool '{call.name}' is not allowed now by the tool rules. Allowed tools: {listed}."
