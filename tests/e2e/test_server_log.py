@@ -5,12 +5,15 @@ only on purpose: the connection is closed and the client sees the answer cut).""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -23,6 +26,7 @@ from tests.e2e.conftest import ROOT, wait_healthy
 from tests.faulty_upstream import FaultyUpstream, drip, stream
 
 UNFINISHED = "ASGI callable returned without completing response."
+ENV = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
 CUTS = {
     "trickles past the step timeout": (
         drip(b'{"data": []}', every_s=0.05),
@@ -33,6 +37,33 @@ CUTS = {
         "upstream main: the relayed answer was cut: upstream main failed mid-answer",
     ),
 }
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    tmp_path: Path, config: dict[str, Any], name: str = "loopwarden", log: Path | None = None
+) -> AsyncIterator[int]:
+    """`loopwarden serve` with `config` on a free port (given), its log to `log`, stopped after."""
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    port = free_port()
+    args = [sys.executable, "-m", "proxy", "serve", "--config", str(path), "--port", str(port)]
+    with (log or Path("/dev/null")).open("wb") as out:
+        proc = await asyncio.to_thread(subprocess.Popen, args, env=ENV, stderr=out)
+    try:
+        await asyncio.to_thread(wait_healthy, f"http://127.0.0.1:{port}/healthz", proc)
+        yield port
+    finally:
+        proc.terminate()
+        await asyncio.to_thread(proc.wait, 15)
+
+
+def failed_start(tmp_path: Path, config: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+    """`loopwarden serve` with `config`, run to its end (one that does not start)."""
+    path = tmp_path / "failing.yaml"
+    path.write_text(yaml.safe_dump(config))
+    args = [sys.executable, "-m", "proxy", "serve", "--config", str(path), "--port", "0"]
+    return subprocess.run(args, env=ENV, capture_output=True, text=True, timeout=60)
 
 
 @pytest.mark.parametrize("cut", CUTS)
@@ -47,25 +78,12 @@ async def test_a_relayed_answer_cut_after_it_began_is_logged_once_with_its_cause
             "default_upstream": "main",
             "state": {"backend": "memory"},
         }
-        (tmp_path / "loopwarden.yaml").write_text(yaml.safe_dump(config))
-        port, log = free_port(), tmp_path / "serve.log"
-        args = ["-m", "proxy", "serve", "--config", str(tmp_path / "loopwarden.yaml")]
-        with log.open("wb") as out:
-            proc = await asyncio.to_thread(
-                subprocess.Popen,
-                [sys.executable, *args, "--port", str(port)],
-                env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
-                stderr=out,
-            )
-        try:
-            await asyncio.to_thread(wait_healthy, f"http://127.0.0.1:{port}/healthz", proc)
+        log = tmp_path / "serve.log"
+        async with serving(tmp_path, config, log=log) as port:
             body = {"model": "e", "input": "x"}
             async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
                 with pytest.raises(httpx.RemoteProtocolError):  # the answer ends cut short
                     await client.post("/v1/embeddings", json=body, timeout=10)
-        finally:
-            proc.terminate()
-            await asyncio.to_thread(proc.wait, 15)
     text = log.read_text()
     assert text.count(cause) == 1, text
     assert "ASGI callable" not in text, text
@@ -80,15 +98,7 @@ def test_a_start_up_that_fails_says_why_once_and_exits_1(tmp_path: Path) -> None
         "default_upstream": "main",
         "tools": {"gone": {"kind": "mcp", "command": never, "required": True}},
     }
-    (tmp_path / "loopwarden.yaml").write_text(yaml.safe_dump(config))
-    args = ["-m", "proxy", "serve", "--config", str(tmp_path / "loopwarden.yaml")]
-    done = subprocess.run(
-        [sys.executable, *args, "--port", str(free_port())],
-        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = failed_start(tmp_path, config)
     assert done.returncode == 1, done.stderr
     assert "tools.gone: required MCP server 'gone' (python" in done.stderr
     assert "Traceback" not in done.stderr
@@ -114,18 +124,8 @@ async def test_requests_that_cannot_be_read_are_told_once_a_second(tmp_path: Pat
         "default_upstream": "main",
         "state": {"backend": "memory"},
     }
-    (tmp_path / "loopwarden.yaml").write_text(yaml.safe_dump(config))
-    port, log = free_port(), tmp_path / "serve.log"
-    args = ["-m", "proxy", "serve", "--config", str(tmp_path / "loopwarden.yaml")]
-    with log.open("wb") as out:
-        proc = await asyncio.to_thread(
-            subprocess.Popen,
-            [sys.executable, *args, "--port", str(port)],
-            env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
-            stderr=out,
-        )
-    try:
-        await asyncio.to_thread(wait_healthy, f"http://127.0.0.1:{port}/healthz", proc)
+    log = tmp_path / "serve.log"
+    async with serving(tmp_path, config, log=log) as port:
         started = time.monotonic()
         for _ in range(40):
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -138,9 +138,6 @@ async def test_requests_that_cannot_be_read_are_told_once_a_second(tmp_path: Pat
         writer.write(b"G\x00T / HTTP/1.1\r\n\r\n")
         await reader.read(1024)
         writer.close()
-    finally:
-        proc.terminate()
-        await asyncio.to_thread(proc.wait, 15)
     text = log.read_text()
     told = [line for line in text.splitlines() if "Invalid HTTP request received." in line]
     untold = [int(n) for n in re.findall(r"\((\d+) more since the last told\)", text)]
@@ -155,45 +152,20 @@ async def test_a_sqlite_file_another_process_keeps_in_the_other_journal_says_so_
     last line said only `database is locked`."""
     path = tmp_path / "state.db"
 
-    def config(journal: str) -> Path:
-        state = {"backend": "sqlite", "path": str(path), "sqlite_journal": journal}
-        written = tmp_path / f"{journal}.yaml"
-        written.write_text(
-            yaml.safe_dump(
-                {
-                    "upstreams": {"main": {"base_url": "http://127.0.0.1:9/v1"}},
-                    "default_upstream": "main",
-                    "state": {**state, "timeout_s": 0.5},
-                }
-            )
-        )
-        return written
+    def config(journal: str) -> dict[str, Any]:
+        return {
+            "upstreams": {"main": {"base_url": "http://127.0.0.1:9/v1"}},
+            "default_upstream": "main",
+            "state": {
+                "backend": "sqlite",
+                "path": str(path),
+                "sqlite_journal": journal,
+                "timeout_s": 0.5,
+            },
+        }
 
-    def serve(journal: str, port: int) -> list[str]:
-        where = ["--config", str(config(journal)), "--port", str(port)]
-        return [sys.executable, "-m", "proxy", "serve", *where]
-
-    port = free_port()
-    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
-    first = await asyncio.to_thread(
-        subprocess.Popen,
-        serve("wal", port),
-        env=env,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        await asyncio.to_thread(wait_healthy, f"http://127.0.0.1:{port}/healthz", first)
-        second = await asyncio.to_thread(
-            subprocess.run,
-            serve("rollback", free_port()),
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-    finally:
-        first.terminate()
-        await asyncio.to_thread(first.wait, 15)
+    async with serving(tmp_path, config("wal"), "wal"):
+        second = await asyncio.to_thread(failed_start, tmp_path, config("rollback"))
     assert second.returncode == 1, second.stderr
     assert "cannot use the rollback journal" in second.stderr
     assert "state.sqlite_journal differs: it must be the same" in second.stderr
