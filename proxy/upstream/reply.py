@@ -20,8 +20,14 @@ from typing import Any
 from proxy.engine.usage import Usage
 from proxy.engine.values import ModelReply, ToolCall
 from proxy.json_values import MAX_DEPTH, too_deep
+from proxy.throttled_log import ThrottledWarnings
 
 log = logging.getLogger(__name__)
+# An upstream that sends a strange reply sends it for every request: each kind told once a
+# second.
+doubted_counts = ThrottledWarnings(log)
+doubted_costs = ThrottledWarnings(log)
+repeated_ids = ThrottledWarnings(log)
 
 
 class MalformedReply(ValueError):
@@ -42,6 +48,10 @@ class ReplyLimits:
 # The most one reply may cost: a larger `usage.cost` is no cost an upstream can mean (added up,
 # it would soon make the cost counters infinite).
 MAX_REPORTED_COST_USD = 10_000.0
+# The most tokens one count of a reply's usage may hold: no model reads or writes a billion in
+# one reply; a count past it is taken as this many (2**63 in two steps overflowed every writer
+# of the run's usage: a 500, a stream cut short, a cost counter at 3e13 dollars).
+MAX_REPORTED_TOKENS = 1_000_000_000
 
 
 def reply_from_body(body: dict[str, Any], limits: ReplyLimits = ReplyLimits()) -> ModelReply:
@@ -254,20 +264,24 @@ def reported_usage(raw: Any, path: str) -> tuple[Usage, float | None]:
     if cost is not None and not (
         _number(cost) and _finite_and_not_negative(cost) and cost <= MAX_REPORTED_COST_USD
     ):
-        log.warning("upstream reported %s.cost = %r; not believed", path, cost)
+        doubted_costs.warning("upstream reported %s.cost = %r; not believed", path, cost)
         cost = None
     return Usage(prompt, completion, total, details), float(cost) if cost is not None else None
 
 
 def _tokens(usage: dict[str, Any], name: str, path: str) -> int:
     """A token count of `usage`: 0 for one below zero (logged), and for any value that is not
-    an integer (a float, a string, none)."""
+    an integer (a float, a string, none); MAX_REPORTED_TOKENS for one above it (logged)."""
     value = usage.get(name)
     if isinstance(value, bool) or not isinstance(value, int | float):
         return 0
     if value < 0:
-        log.warning("upstream reported %s.%s = %s; counted as 0", path, name, value)
+        doubted_counts.warning("upstream reported %s.%s = %s; counted as 0", path, name, value)
         return 0
+    if value > MAX_REPORTED_TOKENS:
+        said = "upstream reported %s.%s = %s; counted as %d"
+        doubted_counts.warning(said, path, name, value, MAX_REPORTED_TOKENS)
+        return MAX_REPORTED_TOKENS
     return value if isinstance(value, int) else 0
 
 
@@ -278,7 +292,8 @@ def unique_ids(calls: Iterable[ToolCall]) -> list[ToolCall]:
     for call in calls:
         if not call.id or call.id in seen:
             fresh = f"call_{uuid.uuid4().hex[:24]}"
-            log.warning("upstream repeated tool call id %r; the call is now %s", call.id, fresh)
+            said = "upstream repeated tool call id %r; the call is now %s"
+            repeated_ids.warning(said, call.id, fresh)
             call = ToolCall(fresh, call.name, call.arguments)
         seen.add(call.id)
         out.append(call)
@@ -322,8 +337,10 @@ def _sane_details(details: dict[str, Any], path: str) -> dict[str, Any]:
     for key, value in details.items():
         if isinstance(value, dict):
             sane[key] = _sane_details(value, f"{path}.{key}")
-        elif _number(value) and not _finite_and_not_negative(value):
-            log.warning("upstream reported %s.%s = %s; dropped", path, key, value)
+        elif _number(value) and not (
+            _finite_and_not_negative(value) and value <= MAX_REPORTED_TOKENS
+        ):
+            doubted_counts.warning("upstream reported %s.%s = %s; dropped", path, key, value)
         else:
             sane[key] = value
     return sane

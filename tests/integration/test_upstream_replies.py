@@ -11,9 +11,11 @@ import httpx
 import orjson
 import pytest
 
+from proxy.upstream.reply import MAX_REPORTED_TOKENS
 from tests.bodies import user
 from tests.integration.conftest import UPSTREAM, Proxy, ProxyFactory
 from tests.integration.test_chat_stream import content, events
+from tests.response_events import parse_events
 from tests.scripted_upstream import Call, Reply, calls, fail, say, say_tool_result
 
 WEATHER = user("Weather in Oslo and Paris?")
@@ -216,6 +218,42 @@ async def test_a_negative_cost_is_not_believed(
         cost = proxy.metric("loopwarden_cost_usd_total", agent="none", model="scripted")
         assert cost == pytest.approx(report["cost_usd"])
     assert any("usage.cost = -1000.0" in rec.getMessage() for rec in caplog.records)
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/responses"])
+@pytest.mark.parametrize("stream", [False, True])
+async def test_token_counts_past_any_reply_s_are_counted_as_the_bound(
+    proxy_for: ProxyFactory, path: str, stream: bool
+) -> None:
+    """2**63 prompt tokens in each of two steps added up past 64 bits: a 500, or a stream cut
+    short without an error event, and a cost counter at 3e13 dollars."""
+    absurd = {"prompt_tokens": 2**63, "completion_tokens": 2**63, "total_tokens": 2**64 - 1}
+    body: dict[str, Any] = {"model": "scripted", "loop": {"tools": ["get_weather"]}}
+    body |= {"messages": WEATHER} if path.endswith("completions") else {"input": "Oslo?"}
+    if stream:
+        body |= {"stream": True}
+        if path.endswith("completions"):
+            body |= {"stream_options": {"include_usage": True}}
+    async with proxy_for() as proxy:
+        proxy.upstream.script(
+            Reply(calls=(Call("get_weather", {"city": "Oslo"}),), usage=absurd),
+            say("It is 4 degrees.").replace(usage=absurd),
+        )
+        r = await proxy.client.post(path, json=body)
+        cost = proxy.metric("loopwarden_cost_usd_total", agent="none", model="scripted")
+    assert r.status_code == 200, r.text
+    if not stream:
+        usage = r.json()["usage"]
+    elif path.endswith("completions"):
+        assert "error" not in r.text
+        usage = [e for e in events(r.text) if isinstance(e, dict) and e.get("usage")][-1]["usage"]
+    else:
+        assert "response.completed" in r.text, r.text
+        [done] = [e for e in parse_events(r.text) if e["type"] == "response.completed"]
+        usage = done["response"]["usage"]
+    counted = MAX_REPORTED_TOKENS * 2
+    assert counted in (usage.get("prompt_tokens"), usage.get("input_tokens"))
+    assert 0 < cost < 1e6
 
 
 @pytest.mark.parametrize("retry_after", ["nan", "-5", "inf", "1e12", "soon", "Wed, 21 Oct 2999"])
