@@ -199,6 +199,7 @@ class Planner:
             max_completion_tokens=req.max_completion_tokens,
             params=req.params,
             thread_id=thread_id,
+            max_tool_output=self.config.server.max_run_tool_output_bytes,
         )
         return Plan(spec, target.upstream, name)
 

@@ -68,6 +68,9 @@ class ServerConfig(ConfigModel):
     upstream_connections: int = Field(1000, ge=1)  # the upstreams' connection pool
     upstream_pool_timeout_s: float = Field(5.0, gt=0, allow_inf_nan=False)
     max_tool_output_bytes: int = Field(1024 * 1024, ge=1)  # each tool's own cap overrides
+    # What the tool calls of one run may give the model together; past it a call's output is a
+    # tool error (128 parallel calls of 1 MiB each sent the upstream a body of 131 MB).
+    max_run_tool_output_bytes: int = Field(16 * 1024 * 1024, ge=1)
     workers: int = Field(1, ge=1, le=256)  # processes behind one port (`serve --workers`)
     # How `/v1/responses` shows the server tool calls that ran: as `mcp_call` output items, or
     # not at all (for a client that cannot read them).

@@ -72,6 +72,7 @@ class Run:
             bool(policy.parallel_tool_calls),
             deps.clock,
             self.voice.emit,
+            spec.max_tool_output,
         )
 
     async def execute(self) -> RunResult:

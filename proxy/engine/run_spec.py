@@ -38,6 +38,8 @@ class RunSpec:
     max_completion_tokens: int | None = None
     params: dict[str, Any] = field(default_factory=dict)
     thread_id: str | None = None
+    # What the run's tool calls may give the model together (None: no bound).
+    max_tool_output: int | None = None
 
     @property
     def one_document(self) -> bool:

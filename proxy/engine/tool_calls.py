@@ -73,6 +73,7 @@ class ReplyCalls:
         parallel: bool,
         clock: Callable[[], float],
         emit: Callable[[ev.RunEvent], Awaitable[None]],
+        max_output: int | None = None,
     ) -> None:
         self.tools = tools
         self.checkpoints = checkpoints
@@ -80,6 +81,8 @@ class ReplyCalls:
         self.client = client
         self.terminal = terminal
         self.parallel = parallel
+        self.max_output = max_output  # what the run's calls may give the model together
+        self.output_left = max_output
         self.clock = clock
         self.emit = emit
 
@@ -249,6 +252,21 @@ class ReplyCalls:
         checked[id(call)] = arguments
         return await self.checkpoints.admit(run, call)
 
+    def _within_the_run_s_output(self, result: ToolResult) -> ToolResult:
+        """`result`, or, when its output would pass what the run's calls may still give the
+        model, a tool error saying so (the outputs of the calls before it are kept)."""
+        assert self.output_left is not None
+        size = len(result.output.encode("utf-8", "replace"))
+        if size <= self.output_left:
+            self.output_left -= size
+            return result
+        return ToolResult(
+            f"the output ({size} bytes) was left out: the tool calls of a run may give the "
+            f"model {self.max_output} bytes together (server.max_run_tool_output_bytes), and "
+            f"{self.output_left} are left",
+            ToolOutcome.ERROR,
+        )
+
     async def _run(
         self, run: RunState, call: ToolCall, arguments: dict[str, Any] | None
     ) -> ToolResult:
@@ -262,6 +280,8 @@ class ReplyCalls:
         except Exception as exc:  # an executor bug is still only a tool error for the model
             log.exception("tool %s raised", call.name)
             result = ToolResult(f"tool failed: {type(exc).__name__}", ToolOutcome.ERROR)
+        if self.output_left is not None:
+            result = self._within_the_run_s_output(result)
         elapsed = self.clock() - started
         run.tools_s += elapsed
         run.steps[-1].tool_results.append(

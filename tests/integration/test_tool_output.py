@@ -8,9 +8,9 @@ from typing import Any
 
 import orjson
 
-from tests.bodies import user
+from tests.bodies import tool_results, user
 from tests.integration.conftest import ProxyFactory
-from tests.scripted_upstream import call, last_tool_result, say_tool_result
+from tests.scripted_upstream import call, calls, last_tool_result, say_tool_result
 from tests.tools import TOOLS
 
 CAPPED = {
@@ -101,3 +101,30 @@ async def test_a_tool_s_error_text_leaves_out_what_looks_like_a_credential(
     assert error == (
         "RuntimeError: db connect failed: postgres://[redacted]@db:5432/app, [redacted]"
     )
+
+
+async def test_the_outputs_of_a_run_s_calls_together_are_bounded_too(
+    proxy_for: ProxyFactory,
+) -> None:
+    """Each output within its cap, 128 parallel calls of 1 MiB sent the upstream a body of
+    131 MB (and a Responses run stored it, read whole at every look): past
+    `server.max_run_tool_output_bytes` a call's output is a tool error, in the next step's
+    calls too."""
+    config = {
+        "server": {"max_run_tool_output_bytes": 2500},
+        "agents": {"a": {"model": "scripted", "tools": ["search_notes"]}},
+    }
+    notes = [call("search_notes", query=f"{n}" * 1000) for n in range(3)]
+    async with proxy_for(config) as proxy:
+        proxy.upstream.script(
+            calls(*notes), call("search_notes", query="short"), say_tool_result("last: {}")
+        )
+        r = await proxy.chat(model="a", messages=user("notes"))
+        sent = proxy.upstream.bodies
+    assert r.status_code == 200
+    first, second, third = tool_results(sent[1])
+    assert (first.count("0"), second.count("1")) == (1000, 1000)  # 2 x ~1,040 bytes
+    assert "was left out" in orjson.loads(third)["error"]
+    assert "(server.max_run_tool_output_bytes)" in orjson.loads(third)["error"]
+    later = tool_results(sent[2])[-1]
+    assert "none settles it" in later  # a short one still fits what is left
