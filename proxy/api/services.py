@@ -194,6 +194,7 @@ def build_services(
                 cfg.max_event_bytes,
                 cfg.max_tool_calls_per_reply,
                 cfg.reports_cost,
+                cfg.max_response_values,
             ),
             on_attempt=on_attempt,
             inject_headers=inject_headers,

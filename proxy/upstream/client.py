@@ -24,6 +24,7 @@ from proxy.errors import (
     UpstreamTimeout,
     UpstreamUnavailable,
 )
+from proxy.json_values import holds_over
 from proxy.parse_turns import parse_turn
 from proxy.throttled_log import ThrottledWarnings, described
 from proxy.upstream.error_body import ERROR_BODY_LIMIT, status_failure
@@ -335,6 +336,11 @@ class Upstream:
             length = response.header("content-length")
             raw = await self._reader.body(response.chunks(), length)
         async with parse_turn(len(raw)):
+            if await holds_over(raw, self.limits.max_values):
+                raise UpstreamBadReply(
+                    f"upstream {self.name} sent a body of more than {self.limits.max_values} "
+                    "JSON values (max_response_values)"
+                )
             return self._reader.json_object(raw)
 
     async def _stream(self, content: bytes, on_delta: DeltaSink | None, call: _Call) -> ModelReply:
