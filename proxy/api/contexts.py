@@ -14,7 +14,7 @@ from starlette.types import Receive, Scope, Send
 
 from proxy.api.asgi import bearer_token, run_or_cancel, send_error, send_json
 from proxy.api.auth import Caller
-from proxy.api.chat_request import name
+from proxy.api.chat_request import UNSAFE_NAME, name
 from proxy.api.completion import loop_report
 from proxy.api.context_end import ContextEnd, kept_messages, messages_size
 from proxy.api.context_owners import (
@@ -101,8 +101,10 @@ def check_context_id(context_id: str, max_chars: int) -> None:
             "must not contain '/' or be '.' or '..': GET /v1/contexts/{id} could not name it",
             param="context_id",
         )
-    if any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in context_id):
-        raise InvalidRequest("must not contain control characters", param="context_id")
+    if UNSAFE_NAME.search(context_id):
+        raise InvalidRequest(
+            "must not contain control or text direction characters", param="context_id"
+        )
 
 
 def _plan(sv: Services, body: dict[str, Any], req: RunRequest, caller: Caller | None) -> Plan:

@@ -10,13 +10,20 @@ from typing import Annotated, Any
 from pydantic import Field, StrictBool, ValidationError
 
 from proxy.api.headers import THREAD_HEADER
-from proxy.engine.options import MAX_ENTRIES, MAX_NAME_CHARS, Name, PolicyOptions, problems
+from proxy.engine.options import (
+    MAX_ENTRIES,
+    MAX_NAME_CHARS,
+    UNSAFE_IN_NAMES,
+    Name,
+    PolicyOptions,
+    problems,
+)
 from proxy.errors import InvalidRequest, PolicyInvalid
 
 # The most server tools a request's `loop.tools` may name (an MCP source may expose 4,096).
 MAX_LOOP_TOOLS = 4096
-# A thread's name, as it is stored, logged and put on spans: no control characters.
-THREAD_NAME = r"^[^\x00-\x1f\x7f-\x9f]+$"
+# A thread's name, as it is stored, logged and put on spans: nothing `UNSAFE_IN_NAMES`.
+THREAD_NAME = f"^[^{UNSAFE_IN_NAMES}]+$"
 ThreadName = Annotated[Name, Field(pattern=THREAD_NAME)]
 
 
@@ -114,7 +121,7 @@ def header_thread(value: str | None) -> str | None:
     if len(value) > MAX_NAME_CHARS or not _THREAD_NAME.match(value):
         raise InvalidRequest(
             f"{THREAD_HEADER} must be at most {MAX_NAME_CHARS} characters, none of them a "
-            "control character",
+            "control or text direction character",
             param=THREAD_HEADER,
         )
     return value

@@ -573,3 +573,18 @@ async def test_health_and_readiness(proxy: Proxy) -> None:
     r = await proxy.client.get("/nope")
     assert r.status_code == 404
     assert r.json()["error"]["code"] == "not_found"
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/responses"])
+@pytest.mark.parametrize("model", ["a\n\x1b[31m", "gpt\u202e4o"])
+async def test_a_model_name_with_control_or_direction_characters_is_refused(
+    proxy: Proxy, path: str, model: str
+) -> None:
+    """A model's name goes upstream, into the log and onto spans: one holding a terminal's
+    escape or a direction override was taken (and echoed)."""
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "input": "hi"}
+    body.pop("input" if path.endswith("completions") else "messages")
+    r = await proxy.client.post(path, json=body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "model"
+    assert proxy.upstream.requests == []

@@ -587,17 +587,18 @@ async def test_a_threads_counts_end_thread_ttl_s_after_its_last_counted_call(
 
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/responses"])
-@pytest.mark.parametrize("thread", ["a\x85b", "a\x9b[2Jb", "t" * (MAX_NAME_CHARS + 1)])
+@pytest.mark.parametrize("thread", ["a\x85b", "a\x9b[2Jb", "a\u2066b", "t" * (MAX_NAME_CHARS + 1)])
 async def test_a_thread_header_is_checked_as_loop_thread_id_is(
     proxy_for: ProxyFactory, path: str, thread: str
 ) -> None:
     """A thread's name is stored, logged and put on spans: a header naming one with a control
-    character (here C1: NEL, CSI) is refused as the same name in `loop.thread_id` is."""
+    character (here C1: NEL, CSI) or a text direction one is refused as the same name in
+    `loop.thread_id` is."""
     body = {"model": "weather", "messages": user("hi"), "input": "hi"}
     body.pop("input" if path.endswith("completions") else "messages")
     async with proxy_for() as proxy:
         sent = await proxy.client.post(
-            path, json=body, headers={"x-loopwarden-thread-id": thread.encode("latin-1")}
+            path, json=body, headers={"x-loopwarden-thread-id": thread.encode()}
         )
         in_loop = await proxy.client.post(path, json={**body, "loop": {"thread_id": thread}})
     assert (sent.status_code, in_loop.status_code) == (400, 400), sent.text
