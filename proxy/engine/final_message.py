@@ -40,8 +40,12 @@ def stated_stop(stop: Stop) -> str:
         return f"Stopped: the run called {called}."
     if reason is StopReason.CONDITION_ERROR:
         return f"Stopped: the stop condition {details.get('condition')} could not be evaluated."
-    if reason is StopReason.TOOL_CALL_LIMIT:
-        return str(details.get("message") or "Stopped: a tool call limit was reached.")
+    if reason is StopReason.TOOL_CALL_LIMIT:  # (the model read its own message: not for users)
+        scope = "thread" if details.get("kind") == "thread_limit" else "run"
+        observed = details.get("observed")
+        counted = f"{scope}: {observed}/{threshold}" if observed is not None else scope
+        tool = details.get("tool")
+        return f"Stopped: the run reached a tool call limit ({counted}) calling {tool}."
     return f"Stopped: the stop condition {details.get('condition')} held."
 
 

@@ -166,7 +166,7 @@ def test_limit_behaviours_through_the_sdk(
     assert err.value.code == "tool_call_limit_exceeded"
     assert err.value.response.headers["x-should-retry"] == "false"
     assert ended.choices[0].message.content == (
-        "Tool call limit exceeded (run: 2/2). Do not call any tool again."
+        "Stopped: the run reached a tool call limit (run: 2/2) calling get_weather."
     )
     assert loop_of(ended)["stop_reason"] == "tool_call_limit"
     assert bad.value.param == "loop.tool_rules[0].tool_name"

@@ -513,7 +513,7 @@ async def test_a_limit_with_end_stops_with_a_message_stating_it(proxy_for: Proxy
     """After the text so far, in the JSON reply as in the stream (SPEC §4.3, §5.3)."""
     looking = replace(call("get_weather", city="Lima"), content="Looking.")
     limits = {"tool_call_limits": [{"run_limit": 3, "exit_behavior": "end"}]}
-    stated = "Tool call limit exceeded (run: 3/3). Do not call any tool again."
+    stated = "Stopped: the run reached a tool call limit (run: 3/3) calling get_weather."
     async with proxy_for() as proxy:
         proxy.upstream.script(keep(call("get_weather", city="Lima")))
         r = await proxy.chat(model="weather", messages=user("Lima?"), loop=limits)

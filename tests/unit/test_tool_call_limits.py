@@ -78,7 +78,10 @@ async def test_end_stops_the_run_with_a_message_stating_the_limit() -> None:
     assert result.stop.reason is StopReason.TOOL_CALL_LIMIT
     assert not result.stop.is_failure
     assert result.finish_reason == "stop"
-    assert result.message["content"] == (
+    assert result.message["content"] == (  # for the user: the model's message is its own
+        "Stopped: the run reached a tool call limit (run: 2/2) calling search."
+    )
+    assert result.stop.details["message"] == (
         "Tool call limit exceeded (run: 2/2). Do not call 'search' again."
     )
     assert result.stop.details["condition"] == "tool_call_limits[0]"
