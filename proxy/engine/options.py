@@ -34,9 +34,10 @@ Count = Annotated[int, Field(ge=0, le=MAX_COUNT, strict=True)]
 PositiveNumber = Annotated[float, Field(gt=0, strict=True, allow_inf_nan=False)]
 MAX_NAME_CHARS = 256  # names of models, agents, tools, threads and contexts
 Name = Annotated[str, StringConstraints(min_length=1, max_length=MAX_NAME_CHARS)]
-# What a name that is stored, logged or put on spans may not hold: control characters, and the
-# ones that turn the direction of the text around it (a log line or a label read backwards).
-UNSAFE_IN_NAMES = "\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069"
+# What a name that is stored, logged or put on spans may not hold: control characters, line
+# and paragraph separators, and the marks that turn the direction of the text around them (a
+# log line or a label read backwards).
+UNSAFE_IN_NAMES = r"\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069"
 NonEmptyNames = Annotated[list[Name], Field(min_length=1, max_length=256)]
 
 DEFAULT_NUDGE = (

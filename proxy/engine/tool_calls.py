@@ -25,10 +25,12 @@ from proxy.engine.values import (
     ToolResult,
     ToolSpec,
     error_content,
+    listed_names,
     tool_content,
 )
 
 log = logging.getLogger(__name__)
+MAX_NAME_SHOWN = 64  # of a tool name the model made up, in the message that says so
 
 NOT_EXECUTED = "Not executed: the run has stopped."
 CUT_SHORT = "Cut short: the run stopped while this call was under way; it may have had effects."
@@ -241,8 +243,8 @@ class ReplyCalls:
         let through to fail at once as a tool error, with no limit counting it (SPEC §9: only
         executed calls count); the arguments of one it takes are kept in `checked`."""
         if call.name not in self.server:
-            allowed = ", ".join(sorted(self.server))
-            return Block(f"Unknown tool '{call.name}'. Tools: {allowed}.", ToolOutcome.ERROR)
+            named, tools = call.name[:MAX_NAME_SHOWN], listed_names(sorted(self.server))
+            return Block(f"Unknown tool '{named}'. Tools: {tools}.", ToolOutcome.ERROR)
         block = await self.checkpoints.refusal(run, call)
         if block is not None:
             return block
@@ -280,8 +282,8 @@ class ReplyCalls:
         except Exception as exc:  # an executor bug is still only a tool error for the model
             log.exception("tool %s raised", call.name)
             result = ToolResult(f"tool failed: {type(exc).__name__}", ToolOutcome.ERROR)
-        if self.output_left is not None:
-            result = self._within_the_run_s_output(result)
+        if self.output_left is not None and call.name not in self.terminal:
+            result = self._within_the_run_s_output(result)  # (a terminal one's ends the run)
         elapsed = self.clock() - started
         run.tools_s += elapsed
         run.steps[-1].tool_results.append(

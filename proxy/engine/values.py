@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
@@ -124,6 +124,18 @@ class Prices:
 
     input: float
     output: float
+
+
+# The most tool names a message for the model lists (an MCP source may expose 4,096: listed in
+# full, 128 calls of unknown tools a reply made megabytes of messages).
+MAX_LISTED_NAMES = 32
+
+
+def listed_names(names: Sequence[str]) -> str:
+    """`names` for a message to the model: at most MAX_LISTED_NAMES, then how many more."""
+    shown = ", ".join(names[:MAX_LISTED_NAMES])
+    more = len(names) - MAX_LISTED_NAMES
+    return f"{shown} and {more} more" if more > 0 else shown
 
 
 def error_content(message: str) -> str:

@@ -25,6 +25,10 @@ from proxy.state.store import Holding, Record, StoredContext, check_put, conflic
 
 log = logging.getLogger(__name__)
 
+# A hold's last save is refused when redis runs it past this share of the store's `timeout_s`
+# after it was sent (a paused server runs what it was sent once it resumes: a run told 503 was
+# saved all the same); what is left of the timeout is for its answer to come back.
+IN_TIME = 0.8
 # A store that waits for a context marks it so for this long after each try: longer than its
 # tries are apart (LOCK_POLL_S).
 WAITING_MARK_S = 4 * LOCK_POLL_S[1]
@@ -57,7 +61,7 @@ _HOLD = """
 if redis.call('GET', KEYS[1]) == ARGV[1]
     or redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   if redis.call('GET', KEYS[3]) == ARGV[3] then redis.call('DEL', KEYS[3]) end
-  return {1, redis.call('GET', KEYS[2])}
+  return {1, redis.call('GET', KEYS[2]), redis.call('TIME')}
 end
 redis.call('SET', KEYS[3], ARGV[3], 'PX', ARGV[4])
 return {0}
@@ -83,13 +87,12 @@ return 0
 """
 # A hold's end: KEYS[1] the context, KEYS[2] its lock, KEYS[3] its waiting mark, then the
 # records to set; ARGV[1..3] as COMPARE_AND_SET's (ARGV[1] '': nothing to save), ARGV[4] the
-# token, ARGV[5] the records' TTL in ms, ARGV[6] the store's id, ARGV[7] the least the lock's
-# lease may have left (ms) when the script runs in time, then the records' values. A context
-# that ended (its TTL) while the hold had it is saved all the same. Returns 0, having set
-# nothing, when the save was refused or another token holds the lock (the lease was lost); -1,
-# having set nothing, when it runs too late (redis held it past half the store's timeout: the
-# store may have told its run that the save failed); else 2 when another store waits for the
-# context, 1 when none does.
+# token, ARGV[5] the records' TTL in ms, ARGV[6] the store's id, ARGV[7] the server's time (unix
+# ms) by which it runs in time, then the records' values. A context that ended (its TTL) while
+# the hold had it is saved all the same. Returns 0, having set nothing, when the save was
+# refused or another token holds the lock (the lease was lost); -1, having set nothing, when it
+# runs too late (redis held it past most of the store's timeout: the store may have told its
+# run that the save failed); else 2 when another store waits for the context, 1 when none does.
 _END = (
     """local holder = redis.call('GET', KEYS[2])
 if holder and holder ~= ARGV[4] then return 0 end
@@ -97,8 +100,10 @@ if ARGV[1] ~= '' and (not holder or redis.call('EXISTS', KEYS[1]) == 1) then
 """
     + _SAME_VERSION
     + """end
-local late = tonumber(ARGV[7])
-if late > 0 and (not holder or redis.call('PTTL', KEYS[2]) < late) then return -1 end
+local now = redis.call('TIME')
+if tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000) > tonumber(ARGV[7]) then
+  return -1
+end
 if ARGV[1] ~= '' then
 """
     + _SET_CONTEXT
@@ -162,14 +167,11 @@ class ContextHolds:
                     return True
                 args: list[str | int] = [held.token, ms(self._lease)]
                 held.renewing = True
-                sent = time.monotonic()
                 try:
                     with reached():
                         kept = await self._renew(keys=[held.lock], args=args)
                 finally:
                     held.renewing = False
-                if kept:
-                    held.renewed_at = max(held.renewed_at, sent)
                 if kept == 2 and not held.ended:
                     log.warning(
                         "the lease on context %r had run out; no one had taken it: taken again",
@@ -215,11 +217,12 @@ class ContextHolds:
             # One attempt at a time, each checked for the cancellation the client may drop
             # (`_reached`).
             while True:
-                sent = time.monotonic()
+                sent = time.time()
                 with reached():
                     taken = await self._take(keys=keys, args=args)
                 if taken[0]:
-                    held.renewed_at = sent
+                    server_s = int(taken[2][0]) + int(taken[2][1]) / 1e6
+                    held.clock_offset_s = server_s - (sent + time.time()) / 2
                     break
                 await asyncio.sleep(wait)
                 wait = min(wait * 2, longest)
@@ -238,11 +241,10 @@ class ContextHolds:
         args: list[str | int | bytes] = ["", "", ""]
         if save is not None:
             args = [save.version, save.dumps(save.version + 1), self._context_ttl_ms]
-        # Run in time (within half the timeout of now), the script finds the lease renewed
-        # since `renewed_at` with at least this much of it left.
-        in_time = self._lease - (time.monotonic() - held.renewed_at) - self._timeout_s / 2
-        late = max(0, int(in_time * 1000))
-        args += [held.token, ttl_ms, self._id, late, *(record.value for record in records)]
+        # In time: run before the store could have given up on it (`timeout_s` from now at the
+        # soonest), by the server's clock as the hold's take read it.
+        by = time.time() + held.clock_offset_s + IN_TIME * self._timeout_s
+        args += [held.token, ttl_ms, self._id, int(by * 1000), *(r.value for r in records)]
         keys = [self._context_key(held.context_id), held.lock, held.mark]
         keys += [self._record_key(kind, key) for kind, key, _ in records]
         held.ended = True  # a renewal meanwhile is no lost lease
@@ -278,7 +280,7 @@ class _Held:
         self.context: StoredContext | None = None
         self.ended = False  # its last write let it go
         self.renewing = False  # a renewal is on its way
-        self.renewed_at = 0.0  # when the last take or renewal that held it was sent
+        self.clock_offset_s = 0.0  # the server's clock less this process's, as the take read it
         self.overtook = False  # the last write went while a renewal was on its way
 
     async def end(

@@ -111,9 +111,11 @@ class SqliteStore:
             (mode,) = _while_locked(
                 lambda: self._db.execute(f"PRAGMA journal_mode={wanted}").fetchone(), timeout_s
             )
-        except sqlite3.OperationalError as exc:  # another process kept it in the other mode
+        except sqlite3.OperationalError as exc:
             self._db.close()
-            raise ValueError(
+            if "locked" not in str(exc) and "busy" not in str(exc):
+                raise
+            raise ValueError(  # another process kept it in the other mode, likely
                 f"cannot use the {journal} journal: {exc} (another process has the file open, "
                 "in the other journal mode if its state.sqlite_journal differs: it must be the "
                 "same for every process)"

@@ -274,7 +274,7 @@ def _tokens(usage: dict[str, Any], name: str, path: str) -> int:
     """A token count of `usage`: 0 for one below zero (logged), and for any value that is not
     an integer (a float, a string, none); MAX_REPORTED_TOKENS for one above it (logged)."""
     value = usage.get(name)
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if isinstance(value, bool) or not isinstance(value, int):
         return 0
     if value < 0:
         doubted_counts.warning("upstream reported %s.%s = %s; counted as 0", path, name, value)
@@ -283,7 +283,7 @@ def _tokens(usage: dict[str, Any], name: str, path: str) -> int:
         said = "upstream reported %s.%s = %s; counted as %d"
         doubted_counts.warning(said, path, name, value, MAX_REPORTED_TOKENS)
         return MAX_REPORTED_TOKENS
-    return value if isinstance(value, int) else 0
+    return value
 
 
 def unique_ids(calls: Iterable[ToolCall]) -> list[ToolCall]:

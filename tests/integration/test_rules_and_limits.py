@@ -596,10 +596,10 @@ async def test_a_thread_header_is_checked_as_loop_thread_id_is(
     `loop.thread_id` is."""
     body = {"model": "weather", "messages": user("hi"), "input": "hi"}
     body.pop("input" if path.endswith("completions") else "messages")
+    latin = all(ord(c) < 256 for c in thread)  # a raw C1 byte, as a client may send
+    raw = thread.encode("latin-1") if latin else thread.encode()
     async with proxy_for() as proxy:
-        sent = await proxy.client.post(
-            path, json=body, headers={"x-loopwarden-thread-id": thread.encode()}
-        )
+        sent = await proxy.client.post(path, json=body, headers={"x-loopwarden-thread-id": raw})
         in_loop = await proxy.client.post(path, json={**body, "loop": {"thread_id": thread}})
     assert (sent.status_code, in_loop.status_code) == (400, 400), sent.text
     assert sent.json()["error"]["param"] == "x-loopwarden-thread-id"

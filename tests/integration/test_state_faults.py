@@ -227,13 +227,15 @@ async def test_a_redis_outage_is_told_in_the_log_once_a_second_not_once_a_call(
     assert redis_calls.failures.untold >= 29 - len(told)
 
 
+@pytest.mark.parametrize(("timeout_s", "lease_s"), [(0.5, 10), (2.0, 1)])
 async def test_a_save_a_paused_redis_runs_after_the_run_was_told_it_failed_saves_nothing(
-    tmp_path: Path,
+    tmp_path: Path, timeout_s: float, lease_s: float
 ) -> None:
     """redis runs what was sent to it once it resumes: a run's last save, which had timed out
-    (its client told 503 `state_unavailable`), saved its messages all the same."""
+    (its client told 503 `state_unavailable`), saved its messages all the same (and, measured
+    by the lock's lease, still did with a lease shorter than the timeout)."""
     with redis_process(tmp_path) as (url, server):
-        store = RedisStore(url, prefix="late:", timeout_s=0.5, lock_lease_s=10)
+        store = RedisStore(url, prefix="late:", timeout_s=timeout_s, lock_lease_s=lease_s)
         try:
             await store.save_context(StoredContext("c", agent="a"))
             async with store.hold("c") as holding:  # (redis knows the scripts from now on)

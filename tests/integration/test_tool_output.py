@@ -128,3 +128,37 @@ async def test_the_outputs_of_a_run_s_calls_together_are_bounded_too(
     assert "(server.max_run_tool_output_bytes)" in orjson.loads(third)["error"]
     later = tool_results(sent[2])[-1]
     assert "none settles it" in later  # a short one still fits what is left
+
+
+async def test_a_terminal_tool_ends_the_run_whatever_the_run_s_output_left(
+    proxy_for: ProxyFactory,
+) -> None:
+    """`final_answer`'s output is the answer: counted, it was a tool error once earlier calls
+    had given the model what the run may, and the run went on to `max_steps`."""
+    config = {
+        "server": {"max_run_tool_output_bytes": 1500},
+        "agents": {"a": {"model": "scripted", "tools": ["search_notes", "final_answer"]}},
+    }
+    async with proxy_for(config) as proxy:
+        proxy.upstream.script(
+            call("search_notes", query="q" * 1400), call("final_answer", answer="A" * 1000)
+        )
+        r = await proxy.chat(model="a", messages=user("notes"))
+    assert r.json()["loop"]["stop_reason"] == "terminal_tool"
+    assert r.json()["choices"][0]["message"]["content"] == "A" * 1000
+
+
+async def test_a_message_naming_tools_lists_a_few_of_them(proxy_for: ProxyFactory) -> None:
+    """An unknown tool's message listed every server tool (an MCP source may expose 4,096),
+    uncounted by any bound: 128 such calls a reply made megabytes."""
+    many = {f"tool_{n:03}": TOOLS["search_notes"] for n in range(100)}
+    config = {
+        "tools": {**TOOLS, **many},
+        "agents": {"a": {"model": "scripted", "tools": sorted(many)}},
+    }
+    async with proxy_for(config) as proxy:
+        proxy.upstream.script(call("nope" * 100), say_tool_result("{}"))
+        await proxy.chat(model="a", messages=user("hi"))
+        told = orjson.loads(tool_results(proxy.upstream.bodies[1])[0])["error"]
+    assert told.startswith("Unknown tool '" + "nope" * 16 + "'. Tools: tool_000, tool_001")
+    assert told.endswith("tool_031 and 68 more.")

@@ -24,7 +24,7 @@ from proxy.engine.options import (
 from proxy.engine.policies.base import Block, Nudge, Policy, StepPlan
 from proxy.engine.state import RunState
 from proxy.engine.stop import Stop
-from proxy.engine.values import ModelReply, ToolCall, ToolResult
+from proxy.engine.values import ModelReply, ToolCall, ToolResult, listed_names
 
 
 @dataclass(frozen=True, slots=True)
@@ -369,7 +369,7 @@ class ToolRules(Policy):
         if allowed:
             return None
         now, _ = self.allowed(self.offered)
-        listed = ", ".join(now) if now else "none; answer without tools"
+        listed = listed_names(now) if now else "none; answer without tools"
         return Block(
             f"Tool '{call.name}' is not allowed now by the tool rules. Allowed tools: {listed}."
         )
