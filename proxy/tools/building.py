@@ -19,8 +19,9 @@ from proxy.engine.values import ToolSpec
 from proxy.tools.base import Tool, definition
 from proxy.tools.builtin import BUILTINS, builtin_invoke
 from proxy.tools.http_tool import http_invoke
+from proxy.tools.mcp_schemas import OPEN_SCHEMA
 from proxy.tools.mcp_source import McpSource
-from proxy.tools.mcp_tool import OPEN_SCHEMA, CallHook
+from proxy.tools.mcp_tool import CallHook
 from proxy.tools.python_tool import python_tool
 from proxy.tools.registry import ToolRegistry
 from proxy.tools.schema import check_schema, schema_validator

@@ -25,6 +25,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from proxy.config.tools import ToolConfig
 from proxy.redaction import REDACTED, origin, redacted
 from proxy.tools.base import ToolFailed
+from proxy.tools.mcp_schemas import Schemas, checked_listing
 from proxy.tools.mcp_transport import (
     CONNECTION_ENDED,
     MAX_HTTP_CALLS,
@@ -100,6 +101,8 @@ class McpSource:
         self.state: State = "disconnected"
         self.error: str | None = None  # why the last attempt failed or the session dropped
         self.tools: tuple[mcp_types.Tool, ...] = ()
+        # The schemas of `tools`, checked in a thread as they were read, by tool name.
+        self.schemas: dict[str, Schemas | str] = {}
         self.listed = False  # a list was ever read
         self.session_id: str | None = None
         self.listeners: list[Listener] = []
@@ -312,6 +315,7 @@ class McpSource:
                 break
             if cursor is None:
                 break
+        self.schemas = await asyncio.to_thread(checked_listing, tools)
         self.tools = tuple(tools)
         self.listed = True
         self._relisted = _now()

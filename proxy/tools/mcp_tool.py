@@ -7,24 +7,20 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import mcp_types
-import orjson
 
 from proxy import exact_json
 from proxy.engine.values import ToolContext, ToolSpec
-from proxy.json_values import values_in
 from proxy.tools.base import Invoke, Tool, ToolFailed, definition
+from proxy.tools.mcp_schemas import OPEN_SCHEMA, checked_schemas
 from proxy.tools.mcp_source import McpSource
-from proxy.tools.schema import SchemaCheck, check_schema, schema_validator
+from proxy.tools.schema import SchemaCheck, schema_validator
 
 # Called as a call starts, with the span attributes of SPEC §13 (the current span is the call's
 # `execute_tool` span).
 CallHook = Callable[[Mapping[str, Any]], None]
 
-# What a server's tool may bring: the schemas are checked on the event loop at every change of
-# its list (15,000 properties took 3.3 s), and its description goes upstream with every step.
-MAX_SCHEMA_VALUES = 5_000
+# What a server's tool's description may bring: it goes upstream with every step.
 MAX_DESCRIPTION_CHARS = 16_384
-OPEN_SCHEMA: dict[str, Any] = {"type": "object", "properties": {}}
 
 
 def result_text(result: mcp_types.CallToolResult) -> str:
@@ -78,30 +74,6 @@ def mcp_invoke(
     return invoke
 
 
-def output_check(listed: mcp_types.Tool) -> SchemaCheck | None:
-    """The check of a tool's structured content, if it has an output schema that is one."""
-    if not listed.output_schema:
-        return None
-    schema = dict(listed.output_schema)
-    try:
-        _bounded(schema, "output")
-        check_schema(schema)
-    except ValueError:
-        return None  # nothing to check against: its results go to the model as they are
-    return SchemaCheck(schema, "structured content")
-
-
-def _bounded(schema: dict[str, Any], which: str) -> None:
-    """Raises ValueError for a schema of more than MAX_SCHEMA_VALUES JSON values, or nested
-    deeper than JSON is written."""
-    try:
-        text = orjson.dumps(schema)
-    except orjson.JSONEncodeError:
-        raise ValueError(f"its {which} schema is nested too deeply") from None
-    if values_in(text, MAX_SCHEMA_VALUES) > MAX_SCHEMA_VALUES:
-        raise ValueError(f"its {which} schema holds more than {MAX_SCHEMA_VALUES} JSON values")
-
-
 def exposed_tool(
     source: McpSource,
     listed: mcp_types.Tool,
@@ -110,11 +82,12 @@ def exposed_tool(
     on_call: CallHook | None = None,
 ) -> Tool:
     """`listed` as the server tool `exposed`. Raises ValueError for an input schema that is not
-    valid JSON Schema."""
+    valid JSON Schema (as its source checked it when it read its list, off the event loop)."""
     cfg = source.cfg
-    parameters = dict(listed.input_schema) if listed.input_schema else dict(OPEN_SCHEMA)
-    _bounded(parameters, "input")
-    check_schema(parameters)
+    schemas = source.schemas.get(listed.name) or checked_schemas(listed)
+    if isinstance(schemas, str):
+        raise ValueError(schemas)
+    parameters = schemas.parameters
     description = (listed.description or listed.title or "")[:MAX_DESCRIPTION_CHARS] or None
     spec = ToolSpec(
         exposed,
@@ -122,7 +95,7 @@ def exposed_tool(
         cfg.is_terminal(listed.name, exposed),
         source=source.name,
     )
-    invoke = mcp_invoke(source, listed.name, on_call, output_check(listed))
+    invoke = mcp_invoke(source, listed.name, on_call, schemas.output)
     max_output = cfg.max_output_bytes or default_max_output_bytes
     return Tool(spec, invoke, cfg.timeout_s, schema_validator(parameters), max_output)
 

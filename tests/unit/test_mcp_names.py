@@ -8,8 +8,9 @@ import httpx
 import mcp_types
 
 from proxy.config.tools import ToolConfig
+from proxy.tools.mcp_schemas import MAX_SCHEMA_VALUES
 from proxy.tools.mcp_source import McpSource
-from proxy.tools.mcp_tool import MAX_DESCRIPTION_CHARS, MAX_SCHEMA_VALUES
+from proxy.tools.mcp_tool import MAX_DESCRIPTION_CHARS
 from proxy.tools.registry import ToolRegistry
 from tests.unit.test_tools import THREADS, build_tool
 
@@ -23,6 +24,7 @@ class ListingSource:
         self.tools = tuple(
             mcp_types.Tool(name=tool, input_schema={"type": "object"}) for tool in tools
         )
+        self.schemas: dict[str, Any] = {}  # none checked as listed: checked as they are built
         self.listeners: list[Any] = []
         self.listed = self.connected = True
 

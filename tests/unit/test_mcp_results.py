@@ -10,7 +10,8 @@ import pytest
 
 from proxy.engine.values import ToolContext
 from proxy.tools.base import ToolFailed
-from proxy.tools.mcp_tool import mcp_invoke, output_check
+from proxy.tools.mcp_schemas import output_check
+from proxy.tools.mcp_tool import mcp_invoke
 
 CTX = ToolContext("run_1", None, 1, "call_1")
 SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}

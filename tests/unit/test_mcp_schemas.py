@@ -1,0 +1,35 @@
+"""An MCP server's tool list checked as it is read (`proxy/tools/mcp_schemas.py`)."""
+
+from __future__ import annotations
+
+import mcp_types
+
+from proxy.tools.mcp_schemas import MAX_SCHEMA_VALUES, Schemas, checked_listing
+
+
+def tool(name: str, input_schema: dict[str, object], **more: object) -> mcp_types.Tool:
+    return mcp_types.Tool(name=name, input_schema=input_schema, **more)  # type: ignore[arg-type]
+
+
+def test_each_tool_s_schemas_are_checked_or_why_not_said() -> None:
+    wide = {f"p{i}": {"type": "string"} for i in range(MAX_SCHEMA_VALUES)}
+    deep: dict[str, object] = {"type": "object"}
+    for _ in range(400):
+        deep = {"type": "object", "properties": {"in": deep}}
+    output = {"type": "object", "properties": {"n": {"type": "integer"}}}
+    checked = checked_listing(
+        [
+            tool("plain", {"type": "object"}, outputSchema=output),
+            tool("wide", {"type": "object", "properties": wide}),
+            tool("deep", deep),
+            tool("wrong", {"type": "object", "properties": 7}),
+        ]
+    )
+    plain = checked["plain"]
+    assert isinstance(plain, Schemas)
+    assert plain.parameters == {"type": "object"}
+    assert plain.output is not None
+    assert plain.output({"n": 1}) == {"n": 1}
+    assert checked["wide"] == f"its input schema holds more than {MAX_SCHEMA_VALUES} JSON values"
+    assert "nested too deeply" in str(checked["deep"])
+    assert isinstance(checked["wrong"], str)
