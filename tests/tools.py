@@ -47,6 +47,11 @@ async def meet(group: str, parties: int, timeout_s: float) -> str:
     return f"{gathering.most} of {parties} inside at once"
 
 
+def broken(reason: str) -> str:
+    """Always fails, saying `reason`."""
+    raise ValueError(reason)
+
+
 def _python(name: str, module: str = "tests.tools") -> dict[str, Any]:
     return {"kind": "python", "callable": f"{module}:{name}"}
 
@@ -57,5 +62,6 @@ TOOLS: dict[str, dict[str, Any]] = {
     "search_notes": _python("search_notes"),
     "sleep": _python("sleep"),
     "meet": _python("meet"),
+    "broken": _python("broken"),
     "final_answer": {"kind": "builtin"},
 }

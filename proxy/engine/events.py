@@ -57,8 +57,15 @@ class ToolExecuted:
     run_id: str
     step: int
     call: ToolCall
-    result: ToolResult
+    result: ToolResult  # what the model reads
     duration_s: float
+    # How the call itself ended, where the model reads otherwise (an output the run's bound
+    # left out): what telemetry counts, the tool's health.
+    ended: ToolOutcome | None = None
+
+    @property
+    def outcome(self) -> ToolOutcome:
+        return self.ended or self.result.outcome
 
 
 @dataclass(frozen=True, slots=True)

@@ -282,12 +282,14 @@ class ReplyCalls:
         except Exception as exc:  # an executor bug is still only a tool error for the model
             log.exception("tool %s raised", call.name)
             result = ToolResult(f"tool failed: {type(exc).__name__}", ToolOutcome.ERROR)
+        given = result  # what the model reads: the call counts as it ended (its tool's health)
         if self.output_left is not None and call.name not in self.terminal:
-            result = self._within_the_run_s_output(result)  # (a terminal one's ends the run)
+            given = self._within_the_run_s_output(result)  # (a terminal one's ends the run)
         elapsed = self.clock() - started
         run.tools_s += elapsed
         run.steps[-1].tool_results.append(
-            {"name": call.name, "output": result.output, "is_error": result.is_error}
+            {"name": call.name, "output": given.output, "is_error": given.is_error}
         )
-        await self.emit(ev.ToolExecuted(run.run_id, run.step_count, call, result, elapsed))
-        return result
+        ended = result.outcome if given is not result else None
+        await self.emit(ev.ToolExecuted(run.run_id, run.step_count, call, given, elapsed, ended))
+        return given

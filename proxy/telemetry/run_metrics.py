@@ -141,7 +141,7 @@ class MetricsObserver:
     def _executed(self, event: ev.ToolExecuted) -> None:
         started = self._running.get(event.run_id, {}).pop(event.call.id, None)
         tool = started[0] if started is not None else self.labels.tool(event.call.name)
-        self._tool_ended(tool, event.result.outcome, event.duration_s)
+        self._tool_ended(tool, event.outcome, event.duration_s)
 
     def _tool_ended(self, tool: str, outcome: ToolOutcome, duration_s: float) -> None:
         m = self.metrics

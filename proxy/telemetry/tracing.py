@@ -209,11 +209,11 @@ class TracingObserver:
         else:
             span, token, _ = started
             otel_context.detach(token)  # type: ignore[arg-type]
-        span.set_attribute("loopwarden.tool.outcome", event.result.outcome)
+        span.set_attribute("loopwarden.tool.outcome", event.outcome)
         if self.capture_content:
             span.set_attribute("gen_ai.tool.call.result", event.result.output)
-        if event.result.is_error:
-            kind = "timeout" if event.result.outcome == ToolOutcome.TIMEOUT else "tool_error"
+        if event.outcome != ToolOutcome.OK:
+            kind = "timeout" if event.outcome == ToolOutcome.TIMEOUT else "tool_error"
             # The output is the tool's (an MCP server's `isError` text): content, on a span
             # only when `capture_content` says so.
             said = event.result.output[:200] if self.capture_content else kind

@@ -22,6 +22,7 @@ from proxy.deadline import within
 from proxy.engine.values import ToolCall, ToolContext, ToolOutcome, ToolResult, ToolSpec
 from proxy.json_values import MAX_DEPTH, holds_over, nests_too_deep
 from proxy.redaction import redacted
+from proxy.throttled_log import ThrottledWarnings
 from proxy.tools.base import Tool, ToolFailed, as_text, output_too_large
 from proxy.tools.mcp_source import McpSource
 from proxy.tools.mcp_tool import CallHook, exposed_tool, unavailable_tool
@@ -66,6 +67,8 @@ class ToolRegistry:
         self.max_argument_values = max_argument_values
         self.listeners: list[Callable[[], None]] = []
         self.tools: dict[str, Tool] = dict(tools)
+        # Each tool's failures, told in the log once a second (the model reads each one).
+        self._failures: dict[str, ThrottledWarnings] = {}
         self.groups: dict[str, tuple[str, ...]] = {}
         self.stand_ins: frozenset[str] = frozenset()
         # What the last lists did not fit: tools left out (over `max_tools`, a schema that is
@@ -210,17 +213,28 @@ class ToolRegistry:
             output = await within(tool.invoke(checked, ctx), tool.timeout_s + tool.grace_s)
             text = as_text(output)
         except TimeoutError:
-            return ToolResult(f"tool timed out after {tool.timeout_s:g}s", ToolOutcome.TIMEOUT)
+            result = ToolResult(f"tool timed out after {tool.timeout_s:g}s", ToolOutcome.TIMEOUT)
+            return self._told(call.name, result)
         except (ToolFailed, NoWorkerFree, CallRaised) as exc:
-            return _failed(str(exc), tool.max_output_bytes)
+            return self._told(call.name, _failed(str(exc), tool.max_output_bytes))
         except Exception as exc:
-            return _failed(f"{type(exc).__name__}: {exc}", tool.max_output_bytes)
+            failed = _failed(f"{type(exc).__name__}: {exc}", tool.max_output_bytes)
+            return self._told(call.name, failed)
         if not text.isascii():
             text = _encodable(text)
         # Characters are at most 4 bytes: only a long text needs encoding to be measured.
         if len(text) * 4 > tool.max_output_bytes and len(text.encode()) > tool.max_output_bytes:
             return ToolResult(str(output_too_large(tool.max_output_bytes)), ToolOutcome.ERROR)
         return ToolResult(text)
+
+    def _told(self, name: str, result: ToolResult) -> ToolResult:
+        """`result`, a failure, told in the log: once a second a tool, with a count of the
+        others (an operator's only record of why a tool fails, its spans saying `tool_error`)."""
+        told = self._failures.get(name)
+        if told is None:
+            told = self._failures[name] = ThrottledWarnings(log)
+        told.warning("tool %s failed: %s", name, result.output[:300].replace("\n", " "))
+        return result
 
 
 # The most characters a call's arguments may hold: more than any model writes in one reply

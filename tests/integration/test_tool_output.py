@@ -3,10 +3,12 @@ is a tool error the model reads (SPEC §5.4), never an HTTP error."""
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
 import orjson
+import pytest
 
 from tests.bodies import tool_results, user
 from tests.integration.conftest import ProxyFactory
@@ -121,7 +123,12 @@ async def test_the_outputs_of_a_run_s_calls_together_are_bounded_too(
         )
         r = await proxy.chat(model="a", messages=user("notes"))
         sent = proxy.upstream.bodies
+        outcomes = {
+            o: proxy.metric("loopwarden_tool_calls_total", tool="search_notes", outcome=o)
+            for o in ("ok", "error")
+        }
     assert r.status_code == 200
+    assert outcomes == {"ok": 4, "error": 0}  # the tool's health: each call succeeded
     first, second, third = tool_results(sent[1])
     assert (first.count("0"), second.count("1")) == (1000, 1000)  # 2 x ~1,040 bytes
     assert "was left out" in orjson.loads(third)["error"]
@@ -162,3 +169,21 @@ async def test_a_message_naming_tools_lists_a_few_of_them(proxy_for: ProxyFactor
         told = orjson.loads(tool_results(proxy.upstream.bodies[1])[0])["error"]
     assert told.startswith("Unknown tool '" + "nope" * 16 + "'. Tools: tool_000, tool_001")
     assert told.endswith("tool_031 and 68 more.")
+
+
+async def test_a_tool_s_failures_are_told_in_the_log_once_a_second(
+    proxy_for: ProxyFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The model read why a tool failed, the span said `tool_error`: the log said nothing, the
+    operator's only place for the reason."""
+    config = {"agents": {"a": {"model": "scripted", "tools": ["broken"]}}}
+    async with proxy_for(config) as proxy:
+        proxy.upstream.script(
+            calls(call("broken", reason="disk full"), call("broken", reason="disk full")),
+            say_tool_result(),
+        )
+        with caplog.at_level(logging.WARNING, logger="proxy.tools"):
+            r = await proxy.chat(model="a", messages=user("go"))
+    assert r.status_code == 200
+    told = [rec.getMessage() for rec in caplog.records if "tool broken failed" in rec.getMessage()]
+    assert told == ["tool broken failed: ValueError: disk full"]  # the second: within a second
