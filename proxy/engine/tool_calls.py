@@ -283,8 +283,9 @@ class ReplyCalls:
             log.exception("tool %s raised", call.name)
             result = ToolResult(f"tool failed: {type(exc).__name__}", ToolOutcome.ERROR)
         given = result  # what the model reads: the call counts as it ended (its tool's health)
-        if self.output_left is not None and call.name not in self.terminal:
-            given = self._within_the_run_s_output(result)  # (a terminal one's ends the run)
+        ends_run = call.name in self.terminal and not result.is_error
+        if self.output_left is not None and not ends_run:
+            given = self._within_the_run_s_output(result)
         elapsed = self.clock() - started
         run.tools_s += elapsed
         run.steps[-1].tool_results.append(

@@ -94,7 +94,8 @@ return 0
 # runs too late (redis held it past most of the store's timeout: the store may have told its
 # run that the save failed); else 2 when another store waits for the context, 1 when none does.
 _END = (
-    """local holder = redis.call('GET', KEYS[2])
+    """redis.replicate_commands()
+local holder = redis.call('GET', KEYS[2])
 if holder and holder ~= ARGV[4] then return 0 end
 if ARGV[1] ~= '' and (not holder or redis.call('EXISTS', KEYS[1]) == 1) then
 """
@@ -217,12 +218,13 @@ class ContextHolds:
             # One attempt at a time, each checked for the cancellation the client may drop
             # (`_reached`).
             while True:
-                sent = time.time()
                 with reached():
                     taken = await self._take(keys=keys, args=args)
                 if taken[0]:
-                    server_s = int(taken[2][0]) + int(taken[2][1]) / 1e6
-                    held.clock_offset_s = server_s - (sent + time.time()) / 2
+                    # The server's clock when it took it, and this process's as the answer
+                    # came (a wait for a connection before the take does not count).
+                    held.server_s = int(taken[2][0]) + int(taken[2][1]) / 1e6
+                    held.taken_at = time.monotonic()
                     break
                 await asyncio.sleep(wait)
                 wait = min(wait * 2, longest)
@@ -242,8 +244,11 @@ class ContextHolds:
         if save is not None:
             args = [save.version, save.dumps(save.version + 1), self._context_ttl_ms]
         # In time: run before the store could have given up on it (`timeout_s` from now at the
-        # soonest), by the server's clock as the hold's take read it.
-        by = time.time() + held.clock_offset_s + IN_TIME * self._timeout_s
+        # soonest), by the server's clock: as the hold's take read it, and as much later as
+        # this process's steady clock says passed since (the waits and stalls around the take
+        # make it seem earlier than it is: a save refused sooner, never a late one let in).
+        now = held.server_s + (time.monotonic() - held.taken_at)
+        by = now + IN_TIME * self._timeout_s
         args += [held.token, ttl_ms, self._id, int(by * 1000), *(r.value for r in records)]
         keys = [self._context_key(held.context_id), held.lock, held.mark]
         keys += [self._record_key(kind, key) for kind, key, _ in records]
@@ -280,7 +285,8 @@ class _Held:
         self.context: StoredContext | None = None
         self.ended = False  # its last write let it go
         self.renewing = False  # a renewal is on its way
-        self.clock_offset_s = 0.0  # the server's clock less this process's, as the take read it
+        self.server_s = 0.0  # the server's clock (unix seconds) as it took the hold
+        self.taken_at = 0.0  # this process's steady clock as the take's answer came
         self.overtook = False  # the last write went while a renewal was on its way
 
     async def end(

@@ -5,7 +5,7 @@ list may hold 100,000 values): the whole list is checked in a thread, off the ev
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,13 +35,25 @@ def checked_schemas(listed: mcp_types.Tool) -> Schemas:
         check_schema(parameters)
     except RecursionError:
         raise ValueError("its input schema is nested too deeply") from None
+    except ValueError:
+        raise
+    except Exception as exc:  # a pattern the `re` module refuses (`a{4294967296}`), say
+        raise ValueError(f"its input schema cannot be checked: {type(exc).__name__}") from None
     return Schemas(parameters, output_check(listed))
 
 
-def checked_listing(tools: Iterable[mcp_types.Tool]) -> dict[str, Schemas | str]:
-    """Each tool's schemas, or why its input schema is none (by the tool's name)."""
+def checked_listing(
+    tools: Iterable[mcp_types.Tool], wanted: Callable[[str], bool], most: int
+) -> dict[str, Schemas | str]:
+    """The schemas of the first `most` tools whose names are `wanted`, or why a tool's input
+    schema is none, by name (the first of a name listed twice: the one exposed). A tool left
+    out here that is exposed all the same is checked as it is (`exposed_tool`)."""
     checked: dict[str, Schemas | str] = {}
     for tool in tools:
+        if len(checked) >= most:
+            break
+        if tool.name in checked or not wanted(tool.name):
+            continue
         try:
             checked[tool.name] = checked_schemas(tool)
         except ValueError as exc:
@@ -57,7 +69,7 @@ def output_check(listed: mcp_types.Tool) -> SchemaCheck | None:
     try:
         _bounded(schema, "output")
         check_schema(schema)
-    except (ValueError, RecursionError):
+    except Exception:  # (a RecursionError, or what else a schema's check raises)
         return None  # nothing to check against: its results go to the model as they are
     return SchemaCheck(schema, "structured content")
 

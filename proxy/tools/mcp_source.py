@@ -249,8 +249,9 @@ class McpSource:
                 client_info=CLIENT_INFO,
             )
             async with client, anyio.create_task_group() as group:
-                await self._list(client)
+                listed = await self._list(client)
                 scope.deadline = math.inf  # connected: no deadline but the session's own end
+                await self._take(listed)
                 self._client = client
                 self.state = "connected"
                 self.error = None
@@ -283,7 +284,8 @@ class McpSource:
             self._relist.clear()
             try:
                 with anyio.fail_after(self.cfg.connect_timeout_s):
-                    await self._list(client)
+                    listed = await self._list(client)
+                await self._take(listed)
             except Exception as exc:
                 if self._ended or self._dropped.is_set():  # the session's end: that is why
                     self.error = self._ended or self.error
@@ -298,7 +300,8 @@ class McpSource:
             log.info("%s changed its tools: %d tools", self.located(), len(self.tools))
             self._published()
 
-    async def _list(self, client: Client) -> None:
+    async def _list(self, client: Client) -> list[mcp_types.Tool]:
+        """The server's tools, MAX_LISTED_TOOLS at most."""
         tools: list[mcp_types.Tool] = []
         cursor: str | None = None
         for _ in range(MAX_LIST_PAGES):
@@ -315,10 +318,6 @@ class McpSource:
                 break
             if cursor is None:
                 break
-        self.schemas = await asyncio.to_thread(checked_listing, tools)
-        self.tools = tuple(tools)
-        self.listed = True
-        self._relisted = _now()
         # The tools' output schemas are checked by their tools (`mcp_tool`), off the event
         # loop and bounded: the SDK, which would check them on it, is given none.
         schemas = getattr(client.session, "_tool_output_schemas", None)
@@ -326,6 +325,18 @@ class McpSource:
             schemas.update(dict.fromkeys((tool.name for tool in tools), None))
         else:  # an `mcp` whose session keeps them otherwise: it checks them too, on the loop
             log.warning("the mcp SDK's output schemas were not found: it checks results too")
+        return tools
+
+    async def _take(self, tools: list[mcp_types.Tool]) -> None:
+        """`tools` as the source's, with the schemas of those it may expose checked in a
+        thread (seconds for a large list: after the connect deadline, off the event loop)."""
+        cfg = self.cfg
+        self.schemas = await asyncio.to_thread(
+            checked_listing, tools, lambda name: cfg.exposed_name(name) is not None, cfg.max_tools
+        )
+        self.tools = tuple(tools)
+        self.listed = True
+        self._relisted = _now()
 
     async def _listen(self, client: Client) -> None:
         """A 2026-era server sends its change events on a `subscriptions/listen` stream; the

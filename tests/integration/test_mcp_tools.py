@@ -689,3 +689,18 @@ async def test_a_server_asking_more_than_it_reads_holds_a_few_of_its_requests(
         held = len(asyncio.all_tasks()) - before
     assert asked.json()["choices"][0]["message"]["content"] == "asked 20000"
     assert held <= 2 * MAX_ASKED
+
+
+async def test_a_listed_tool_s_schemas_are_checked_as_the_list_is_read(
+    proxy_for: ProxyFactory,
+) -> None:
+    """Checked as the registry built each tool, they held the event loop (20 tools of ~4,850
+    values: 3.4 s): the source checks what it may expose as it reads its list, in a thread."""
+    async with proxy_for(config(exclude=["large"])) as proxy:
+        source = proxy_source(proxy)
+        echo = proxy_registry(proxy).tools["t_echo"]
+    checked = source.schemas
+    assert "large" not in checked  # left out by the config: not checked
+    assert {"echo", "forecast", "numbers"} <= set(checked)
+    assert echo.spec.definition["function"]["parameters"] == checked["echo"].parameters
+    assert checked["forecast"].output is not None  # its results are checked against it

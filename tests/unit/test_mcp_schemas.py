@@ -23,7 +23,9 @@ def test_each_tool_s_schemas_are_checked_or_why_not_said() -> None:
             tool("wide", {"type": "object", "properties": wide}),
             tool("deep", deep),
             tool("wrong", {"type": "object", "properties": 7}),
-        ]
+        ],
+        lambda name: True,
+        10,
     )
     plain = checked["plain"]
     assert isinstance(plain, Schemas)
@@ -33,3 +35,20 @@ def test_each_tool_s_schemas_are_checked_or_why_not_said() -> None:
     assert checked["wide"] == f"its input schema holds more than {MAX_SCHEMA_VALUES} JSON values"
     assert "nested too deeply" in str(checked["deep"])
     assert isinstance(checked["wrong"], str)
+
+
+def test_only_the_tools_a_source_may_expose_are_checked_the_first_of_a_name() -> None:
+    """Tools its config leaves out, past `max_tools`, or listed again were checked too (1,280
+    large schemas: 194 s, past the connect deadline); a pattern `re` refuses failed the list."""
+    listing = [
+        tool("left_out", {"type": "object", "properties": 7}),
+        tool("a", {"type": "object", "properties": {"x": {"type": "string"}}}),
+        tool("a", {"type": "object", "properties": 7}),  # listed again: the first is exposed
+        tool("odd", {"type": "object", "properties": {"x": {"pattern": "a{4294967296}"}}}),
+        tool("b", {"type": "object"}),
+        tool("past_most", {"type": "object"}),
+    ]
+    checked = checked_listing(listing, lambda name: name != "left_out", 3)
+    assert list(checked) == ["a", "odd", "b"]
+    assert isinstance(checked["a"], Schemas)
+    assert checked["odd"] == "its input schema cannot be checked: OverflowError"
