@@ -43,6 +43,8 @@ def test_every_panel_has_a_unit_a_description_and_rate_intervals(name: str, pane
         for window in re.findall(r"\b(?:rate|increase)\([^\[]*\[([^\]]+)\]", expr):
             assert window in ("$__rate_interval", "$__range"), expr
         assert 'namespace=~"$namespace", job=~"$job"' in expr
+        if "[$__range]" in expr:  # one value for the range: a range query computed it each step
+            assert (target.get("instant"), target.get("range")) == (True, False), expr
 
 
 def test_runs_dashboard_has_the_panels_operators_ask_for() -> None:
