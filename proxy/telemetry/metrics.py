@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, multiprocess
 
 from proxy import __version__
@@ -55,6 +56,9 @@ class Metrics:
     """Every metric of SPEC §11.2, registered on one registry, updated through its `tally`."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
+        # No `_created` series: one more for every counter and histogram series (the
+        # stop-reason series at 0 among them), which multi-worker `/metrics` has not either.
+        prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = registry
         self.tally = Tally()
         registry.register(self.tally)  # first: collecting the registry applies it first

@@ -88,3 +88,11 @@ def test_the_provisioning_files_point_grafana_at_the_dashboards() -> None:
     assert provider["providers"][0]["type"] == "file"
     datasource = yaml.safe_load((DASHBOARDS / "provisioning" / "datasources.yaml").read_text())
     assert datasource["datasources"][0]["type"] == "prometheus"
+
+
+async def test_metrics_carry_no_created_series(proxy: Proxy) -> None:
+    """Every counter and histogram series had a `_created` twin (twice the series a scrape
+    reads), which `/metrics` of several workers has not."""
+    text = await exposition(proxy)
+    assert "loopwarden_runs_total{" in text
+    assert "_created" not in text
