@@ -309,3 +309,15 @@ def test_a_model_call_cut_short_by_the_run_is_an_error_of_what_cut_it(
     name = "gen_ai_client_operation_duration_seconds_count"
     assert registry.get_sample_value(name, {**OPERATION, "error_type": cut_by}) == 1
     assert registry.get_sample_value(name, {**OPERATION, "error_type": "CancelledError"}) is None
+
+
+def test_the_proxy_overhead_is_told_up_to_seconds() -> None:
+    """Its buckets stopped at 0.25 s: a run held by a state backend's timeouts was `+Inf`,
+    and the p99 panel read 0.25 s."""
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    metrics.overhead.labels("/v1/chat/completions").observe(2.0)
+    name, route = "loopwarden_proxy_overhead_seconds_bucket", "/v1/chat/completions"
+    below = registry.get_sample_value(name, {"route": route, "le": "1.0"})
+    within = registry.get_sample_value(name, {"route": route, "le": "2.5"})
+    assert (below, within) == (0.0, 1.0)
