@@ -258,7 +258,8 @@ class ReplyCalls:
         """`result`, or, when its output would pass what the run's calls may still give the
         model, a tool error saying so (the outputs of the calls before it are kept)."""
         assert self.output_left is not None
-        size = len(result.output.encode("utf-8", "replace"))
+        output = result.output  # (an ASCII text's length is its size: no copy to measure it)
+        size = len(output) if output.isascii() else len(output.encode("utf-8", "replace"))
         if size <= self.output_left:
             self.output_left -= size
             return result
