@@ -905,10 +905,10 @@ async def test_a_redis_call_fails_within_its_timeout_however_many_wait(tmp_path:
     """A server that does not answer: each call fails within its `timeout_s`, also one that
     waited for a pooled connection first (130 calls on 100 connections)."""
     with redis_server(tmp_path) as url:
-        store = RedisStore(url, timeout_s=1.0)
+        store = RedisStore(url, timeout_s=2.0)
         assert await store.reserve("t", {"x": 5}) == (True, {"x": 1})  # connected
         pauser = redis.Redis.from_url(url)
-        pauser.execute_command("CLIENT", "PAUSE", 4000, "ALL")
+        pauser.execute_command("CLIENT", "PAUSE", 7000, "ALL")
         loop = asyncio.get_running_loop()
 
         async def timed() -> float:
@@ -920,5 +920,6 @@ async def test_a_redis_call_fails_within_its_timeout_however_many_wait(tmp_path:
         took = await asyncio.gather(*(timed() for _ in range(130)))  # past its 100 connections
         pauser.execute_command("CLIENT", "UNPAUSE")
         pauser.close()
-        assert max(took) < 1.7, max(took)
+        # Its timeout and some, never twice it (a busy host once added 0.75 s to every call).
+        assert max(took) < 3.5, max(took)
         await store.close()
