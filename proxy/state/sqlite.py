@@ -11,7 +11,6 @@ import functools
 import logging
 import math
 import os
-import random
 import secrets
 import sqlite3
 import threading
@@ -30,7 +29,13 @@ from proxy.state import sqlite_threads as threads
 from proxy.state.lease import LateReleases, renewed
 from proxy.state.locks import LOCK_POLL_S, KeyedLocks
 from proxy.state.sqlite_checkpoints import LOG_FILE_BYTES, Checkpointer
-from proxy.state.sqlite_file import FileIdentity, current, file_identity
+from proxy.state.sqlite_file import (
+    FileIdentity,
+    current,
+    file_identity,
+    use_journal,
+    while_locked,
+)
 from proxy.state.store import (
     Holding,
     Record,
@@ -51,21 +56,6 @@ _TABLES = [
     # Written by the readiness check.
     "CREATE TABLE IF NOT EXISTS probe (id INTEGER PRIMARY KEY, at REAL NOT NULL)",
 ]
-
-
-def _while_locked(step: Callable[[], T], timeout_s: float) -> T:
-    """`step`, tried again while another process holds the file: workers that start together
-    open one new file together, and a journal mode change does not wait on sqlite's busy
-    timeout, it fails at once."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            return step()
-        except sqlite3.OperationalError as exc:
-            busy = "locked" in str(exc) or "busy" in str(exc)
-            if not busy or time.monotonic() >= deadline:
-                raise
-        time.sleep(0.01 + random.random() * 0.04)
 
 
 class SqliteStore:
@@ -106,34 +96,15 @@ class SqliteStore:
         # immutable, truncated) would kill the process with SIGBUS instead of failing a call.
         # (WAL's `-shm` file is mapped all the same: the `rollback` journal maps nothing.)
         self._db.execute("PRAGMA mmap_size=0")
-        wanted = "wal" if journal == "wal" else "delete"
-        try:
-            (mode,) = _while_locked(
-                lambda: self._db.execute(f"PRAGMA journal_mode={wanted}").fetchone(), timeout_s
-            )
-        except sqlite3.OperationalError as exc:
-            self._db.close()
-            if "locked" not in str(exc) and "busy" not in str(exc):
-                raise
-            raise ValueError(  # another process kept it in the other mode, likely
-                f"cannot use the {journal} journal: {exc} (another process has the file open, "
-                "in the other journal mode if its state.sqlite_journal differs: it must be the "
-                "same for every process)"
-            ) from None
-        if mode != wanted and not gone:
-            self._db.close()
-            raise ValueError(
-                f"cannot use the {journal} journal: the file is in {mode} mode and open in "
-                "another process (state.sqlite_journal must be the same for every process)"
-            )
+        use_journal(self._db, journal, timeout_s, gone)
         self._db.execute("PRAGMA synchronous=NORMAL")
-        _while_locked(lambda: _create_schema(self._db), timeout_s)
+        while_locked(lambda: _create_schema(self._db), timeout_s)
         # The file this connection has open: one deleted or replaced under it is noticed.
         self._identity = opened if gone else None if in_memory else file_identity(self._path)
         # The log is copied into the file by a checkpointer (see sqlite_checkpoints), not in
         # the commit that makes it long.
         self._checkpoints: Checkpointer | None = None
-        if not in_memory and wanted == "wal":
+        if not in_memory and journal == "wal":
             self._db.execute("PRAGMA wal_autocheckpoint=0")
             self._db.execute(f"PRAGMA journal_size_limit={LOG_FILE_BYTES}")
             self._checkpoints = Checkpointer(self._path, timeout_s)
