@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
 from proxy.api.json_body import json_object, positive_int
-from proxy.api.run_request import NO_LOOP, RunRequest, header_thread, parse_loop
-from proxy.engine.options import MAX_NAME_CHARS, UNSAFE_IN_NAMES
+from proxy.api.run_request import NO_LOOP, UNSAFE_NAME, RunRequest, header_thread, parse_loop
+from proxy.engine.options import MAX_NAME_CHARS
 from proxy.errors import InvalidRequest
 
 # Body fields the proxy owns; every other field goes upstream as the client sent it.
@@ -87,9 +86,6 @@ def name(value: Any, param: str) -> str:
             f"{param} must not contain control or text direction characters", param=param
         )
     return value
-
-
-UNSAFE_NAME = re.compile(f"[{UNSAFE_IN_NAMES}]")
 
 
 def boolean(value: Any, param: str) -> bool:

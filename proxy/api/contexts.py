@@ -14,7 +14,7 @@ from starlette.types import Receive, Scope, Send
 
 from proxy.api.asgi import bearer_token, run_or_cancel, send_error, send_json
 from proxy.api.auth import Caller
-from proxy.api.chat_request import UNSAFE_NAME, name
+from proxy.api.chat_request import name
 from proxy.api.completion import loop_report
 from proxy.api.context_end import ContextEnd, kept_messages, messages_size
 from proxy.api.context_owners import (
@@ -29,7 +29,7 @@ from proxy.api.failures import failed, send_failure
 from proxy.api.headers import not_replayed, run_headers, stopped
 from proxy.api.json_body import json_object, read_json
 from proxy.api.planning import Plan
-from proxy.api.run_request import RunRequest, parse_loop
+from proxy.api.run_request import UNSAFE_NAME, RunRequest, parse_loop
 from proxy.api.services import Services
 from proxy.engine.options import TerminatingOptions, problems
 from proxy.engine.run import Run
