@@ -11,6 +11,7 @@ from starlette.types import Send
 from proxy.api.event_stream import EventStream
 from proxy.api.response_items import ServerCalls, message_item, refusal_item
 from proxy.engine import events as ev
+from proxy.engine.values import PART_BREAK
 
 DELTA = b"response.output_text.delta"
 
@@ -22,7 +23,10 @@ class ResponsesStream(EventStream):
     item, and each server call that runs an `mcp_call` item (when `calls` records them); one
     item is open at a time, as OpenAI streams them (Codex drops a text delta that comes while
     another item is open), so a server call closes the message before it and the text after
-    it is a message of its own. A client reading every message's text reads the final text."""
+    it is a message of its own. The blank line that parts two steps' texts (SPEC §4.3) ends
+    the message before the call, so the message after it begins with its step's text (the
+    Agents SDK answers with the last message's) and a client reading every message's text
+    still reads the final text."""
 
     def __init__(
         self,
@@ -44,6 +48,7 @@ class ResponsesStream(EventStream):
         self._message_index: int | None = None  # of the message open, if one is
         self._text: list[str] = []  # of the message open
         self._streamed = False  # text went out
+        self._parted = False  # the message closed last ended with the break the next text has
         self._indexes: dict[str, int] = {}  # item id -> output_index
         self._delta_head = b""
         # Server calls run side by side (`parallel_tool_calls`) are shown one after another:
@@ -90,18 +95,19 @@ class ResponsesStream(EventStream):
         data = self._opening()
         if self._message_index is None:  # a call still open was cut short: text comes after
             data += self._end_unfinished() + self._open_message()  # the calls of a step only
+            if self._parted and text.startswith(PART_BREAK):
+                text = text[len(PART_BREAK) :]
         self._text.append(text)
         self._streamed = True
-        number = self._sequence
+        await self._write(data + self._delta(text))
+
+    def _delta(self, text: str) -> bytes:
+        """An `output_text.delta` of the message open."""
+        number = str(self._sequence).encode()
         self._sequence += 1
-        data += (
-            self._delta_head
-            + str(number).encode()
-            + b',"delta":'
-            + orjson.dumps(text)
-            + b',"logprobs":[]}\n\n'
+        return (
+            self._delta_head + number + b',"delta":' + orjson.dumps(text) + b',"logprobs":[]}\n\n'
         )
-        await self._write(data)
 
     def _open_message(self) -> bytes:
         self._messages += 1
@@ -140,19 +146,26 @@ class ResponsesStream(EventStream):
         done = {"output_index": index, "item": item}
         return data + self._event("response.output_item.done", done)
 
-    def _close_message(self, status: str = "completed") -> bytes:
-        """The message open ended: `completed`, or `incomplete` when its text was cut short."""
+    def _close_message(self, status: str = "completed", parted: bool = False) -> bytes:
+        """The message open ended: `completed`, or `incomplete` when its text was cut short;
+        `parted` by a server call, its text ends with the break the next step's would begin
+        with."""
         index = self._message_index
         if index is None:
             return b""
-        text = "".join(self._text)
         where = {"item_id": self._message_id, "output_index": index, "content_index": 0}
+        self._parted = parted
+        data = self._delta(PART_BREAK) if parted else b""
+        if parted:
+            self._text.append(PART_BREAK)
+        text = "".join(self._text)
         part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
         item = message_item(self._message_id, text, status)
         self.output[index] = item
         self._message_index, self._text = None, []
         return (
-            self._event("response.output_text.done", {**where, "text": text, "logprobs": []})
+            data
+            + self._event("response.output_text.done", {**where, "text": text, "logprobs": []})
             + self._event("response.content_part.done", {**where, "part": part})
             + self._event("response.output_item.done", {"output_index": index, "item": item})
         )
@@ -165,7 +178,7 @@ class ResponsesStream(EventStream):
             return
         if isinstance(event, ev.ToolStarted):
             item = calls.started(event)
-            data = self._opening() + self._close_message()
+            data = self._opening() + self._close_message(parted=True)
             if self._shown is not None:  # another call runs beside it: shown after it
                 self._waiting.append(item)
                 return

@@ -6,6 +6,7 @@ an `McpCall`, does not run it, and sends it back in the `input` of its next requ
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -20,7 +21,11 @@ from agents import (
     set_tracing_disabled,
 )
 from openai import AsyncOpenAI
-from openai.types.responses import ResponseFunctionToolCall
+from openai.types.responses import (
+    ResponseFunctionToolCall,
+    ResponseOutputMessage,
+    ResponseOutputText,
+)
 from openai.types.responses.response_output_item import McpCall
 
 from tests.bodies import tool_results
@@ -139,6 +144,30 @@ async def test_runner_run_streamed_with_server_tools(upstream: ScriptedUpstream)
     assert "get_weather" in [c.name for c in mcp_calls(result)]
     assert named[-1] == "message_output_created"
     assert "function_call" not in [t for _, t in raw_items(result)]
+
+
+async def test_runner_run_streamed_answers_the_last_steps_text_as_it_is(
+    upstream: ScriptedUpstream,
+) -> None:
+    """The SDK answers with the last message item's text: the step after a server call says it
+    without the blank line that parts it from the step before."""
+    upstream.script(
+        replace(call("get_weather", city="Oslo"), content="Checking."),
+        say("4 °C and clear in Oslo."),
+    )
+    agent = Agent(name="reporter", model="reporter")
+    result = Runner.run_streamed(agent, "Oslo?")
+    async for _ in result.stream_events():
+        pass
+    assert result.final_output == "4 °C and clear in Oslo."
+    texts = [
+        part.text
+        for item in result.new_items
+        if isinstance(item.raw_item, ResponseOutputMessage)
+        for part in item.raw_item.content
+        if isinstance(part, ResponseOutputText)
+    ]
+    assert "".join(texts) == "Checking.\n\n4 °C and clear in Oslo."
 
 
 async def test_runner_run_streamed_with_a_client_function_tool(

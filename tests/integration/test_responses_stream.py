@@ -53,8 +53,9 @@ async def test_text_around_server_calls_is_a_message_item_before_and_one_after(
     proxy: Proxy,
 ) -> None:
     """One item open at a time: the message is done before the server call is added, and
-    the text after the call is a message of its own. Every message's text, in order, is the
-    final text."""
+    the text after the call is a message of its own, its step's text alone (the blank line
+    between the steps ends the one before). Every message's text, in order, is the final
+    text."""
     proxy.upstream.script(
         replace(call("get_weather", city="Paris"), content="Looking."), say_tool_result("Found: {}")
     )
@@ -64,8 +65,8 @@ async def test_text_around_server_calls_is_a_message_item_before_and_one_after(
     assert (first["type"], mcp["type"], second["type"]) == ("message", "mcp_call", "message")
     assert first["id"] != second["id"]
     texts = [item["content"][0]["text"] for item in (first, second)]
-    assert texts[0] == "Looking."
-    assert texts[1].startswith("\n\nFound: {")
+    assert texts[0] == "Looking.\n\n"
+    assert texts[1].startswith("Found: {")
     assert "".join(texts) == stream_text(events)
     stored = (await proxy.client.get(f"/v1/responses/{final['id']}")).json()
     assert [i["id"] for i in stored["output"]] == [first["id"], mcp["id"], second["id"]]
@@ -171,8 +172,8 @@ async def test_a_failure_after_text_keeps_the_text_streamed_in_the_failed_respon
     events = parse_events((await stream(proxy, model="weather")).text)
     final = checked(events)  # every item added is done, at its index
     assert events[-1]["type"] == "response.failed"
-    message, mcp = final["output"]
-    assert (message["content"][0]["text"], mcp["type"]) == ("Looking.", "mcp_call")
+    message, mcp = final["output"]  # the message ended with the break a next step begins with
+    assert (message["content"][0]["text"], mcp["type"]) == ("Looking.\n\n", "mcp_call")
 
 
 async def test_an_upstream_failure_before_any_output_keeps_its_status(proxy: Proxy) -> None:
