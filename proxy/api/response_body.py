@@ -27,7 +27,10 @@ def response_usage(usage: Usage) -> dict[str, Any]:
     completion = usage.details.get("completion_tokens_details") or {}
     return {
         "input_tokens": usage.prompt_tokens,
-        "input_tokens_details": {"cached_tokens": prompt.get("cached_tokens", 0)},
+        "input_tokens_details": {
+            "cached_tokens": prompt.get("cached_tokens", 0),
+            "cache_write_tokens": prompt.get("cache_write_tokens", 0),
+        },
         "output_tokens": usage.completion_tokens,
         "output_tokens_details": {"reasoning_tokens": completion.get("reasoning_tokens", 0)},
         "total_tokens": usage.total_tokens,

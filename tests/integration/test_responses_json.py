@@ -62,7 +62,7 @@ async def test_pass_through_answers_with_a_response_object(proxy: Proxy) -> None
     assert body["store"] is True
     usage = body["usage"]
     assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"] > 0
-    assert usage["input_tokens_details"] == {"cached_tokens": 0}
+    assert usage["input_tokens_details"] == {"cached_tokens": 0, "cache_write_tokens": 0}
     assert usage["output_tokens_details"] == {"reasoning_tokens": 0}
     assert r.headers["x-loopwarden-stop-reason"] == "completed"
     assert r.headers["x-loopwarden-run-id"] == body["loop"]["run_id"]
@@ -87,7 +87,7 @@ async def test_the_path_without_v1_is_the_same_route(proxy: Proxy) -> None:
 async def test_server_calls_are_mcp_call_items_and_usage_sums_every_step(proxy: Proxy) -> None:
     proxy.upstream.script(
         call("get_weather", city="Paris").replace(usage=usage(10, 2, cached=4)),
-        call("to_fahrenheit", celsius=18.0).replace(usage=usage(20, 3)),
+        call("to_fahrenheit", celsius=18.0).replace(usage=usage(20, 3, written=6)),
         say("It is 64.4°F in Paris.").replace(usage=usage(30, 5, reasoning=1)),
     )
     r = await respond(proxy, model="weather", input=WEATHER)
@@ -106,7 +106,7 @@ async def test_server_calls_are_mcp_call_items_and_usage_sums_every_step(proxy: 
     assert (body["loop"]["steps"], body["loop"]["tool_calls"]) == (3, 2)
     assert body["usage"] == {
         "input_tokens": 60,
-        "input_tokens_details": {"cached_tokens": 4},
+        "input_tokens_details": {"cached_tokens": 4, "cache_write_tokens": 6},
         "output_tokens": 10,
         "output_tokens_details": {"reasoning_tokens": 1},
         "total_tokens": 70,
@@ -114,11 +114,13 @@ async def test_server_calls_are_mcp_call_items_and_usage_sums_every_step(proxy: 
     assert len(proxy.observer.of(ev.ToolExecuted)) == 2
 
 
-def usage(prompt: int, completion: int, cached: int = 0, reasoning: int = 0) -> dict[str, Any]:
+def usage(
+    prompt: int, completion: int, cached: int = 0, reasoning: int = 0, written: int = 0
+) -> dict[str, Any]:
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
-        "prompt_tokens_details": {"cached_tokens": cached},
+        "prompt_tokens_details": {"cached_tokens": cached, "cache_write_tokens": written},
         "completion_tokens_details": {"reasoning_tokens": reasoning},
     }
 
