@@ -18,8 +18,7 @@ from proxy.config import Config, ConfigError, load_config
 from proxy.config.environment import environment_problems, unset_keys, unset_variables
 
 if TYPE_CHECKING:
-    from starlette.types import ASGIApp
-
+    from proxy.api.app import ProxyApp
     from proxy.state.sqlite_file import FileIdentity
 
 
@@ -225,7 +224,7 @@ def _bind(
         raise
 
 
-def _app(config: Config, state_file: FileIdentity | None = None) -> ASGIApp:
+def _app(config: Config, state_file: FileIdentity | None = None) -> ProxyApp:
     from proxy.api.app import create_app
 
     return create_app(config, state_file=state_file)

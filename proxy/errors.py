@@ -181,6 +181,23 @@ class ServerBusy(ProxyError):
     code = "server_busy"
 
 
+class ShuttingDown(ProxyError):
+    """The server shut down (SIGTERM) and its run was still going at the end of the drain
+    (`server.shutdown_timeout_s`); the run's stop reason is `cancelled`."""
+
+    status = 503
+    code = "shutting_down"
+
+    def __init__(self) -> None:
+        super().__init__("the server shut down before the run ended")
+
+
+class ShuttingDownAfterTools(ShuttingDown):
+    """`ShuttingDown`, for a run whose server tools ran: not to be sent again as it was."""
+
+    headers: ClassVar[dict[str, str]] = {"x-should-retry": "false"}
+
+
 class RequestTimeout(InvalidRequest):
     """The client did not send its whole request body within `server.body_timeout_s`."""
 

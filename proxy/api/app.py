@@ -17,7 +17,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from proxy.api.admission import Admission
-from proxy.api.asgi import ErrorBoundary
+from proxy.api.asgi import ErrorBoundary, Shutdown
 from proxy.api.chat import ChatCompletions
 from proxy.api.context_records import ContextRecords
 from proxy.api.contexts import ContextRuns
@@ -67,6 +67,12 @@ class ProxyApp(Starlette):
     services: Callable[[], Services]  # while the lifespan runs: the wired services
 
     start_up_told = False  # a start-up that failed for a reason the log has said already
+    shutdown: Shutdown  # the server's, once it begins
+
+    def shutting_down(self) -> None:
+        """The server began to shut down: requests cancelled from now on are answered
+        `shutting_down` (`server.shutdown_timeout_s`)."""
+        self.shutdown.begin()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -119,11 +125,12 @@ def create_app(
     registry: CollectorRegistry | None = None,
     tracer_provider: TracerProvider | None = None,
     state_file: FileIdentity | None = None,
-) -> Starlette:
+) -> ProxyApp:
     """The proxy as an ASGI app. `transport` replaces the network, `store` the configured
     state backend, `registry` and `tracer_provider` the metrics and trace sinks (tests);
     `state_file`: the sqlite file a server's workers open (one gone is not made anew)."""
     holder: dict[str, Services] = {}
+    shutdown = Shutdown()
     registry = registry if registry is not None else CollectorRegistry()
     own_tracing = tracer_provider is None
     tracing = tracer_provider or tracer_provider_from_env(config, os.environ)
@@ -172,6 +179,7 @@ def create_app(
                     inject_headers=inject_trace_headers if traced else None,
                     prices=prices,
                     on_tool_call=annotate_tool_span if traced else None,
+                    shutdown=shutdown,
                 )
                 registry = services.registry
                 registry.listeners.append(lambda: telemetry.label_tools(registry.tools))
@@ -243,6 +251,7 @@ def create_app(
     app.responses = responses
     app.services = services
     tracer = tracing.get_tracer("loopwarden") if traced else None
-    admitted = Admission(ErrorBoundary(app.route), config.server, RUN_ROUTES)
+    app.shutdown = shutdown
+    admitted = Admission(ErrorBoundary(app.route, shutdown), config.server, RUN_ROUTES)
     app.served = HttpTelemetry(admitted, telemetry.metrics, tracer, routes)
     return app

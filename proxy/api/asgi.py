@@ -17,6 +17,7 @@ from proxy.errors import (
     ClientDisconnected,
     InternalError,
     ProxyError,
+    ShuttingDown,
     UnsupportedEncoding,
 )
 
@@ -32,6 +33,25 @@ JSON = b"application/json"
 # costs more than many a whole run against a fast upstream, and a client that left within
 # this time still stops its run, this much later.
 WATCH_AFTER_S = 0.05
+
+
+class Shutdown:
+    """Whether the server has begun to shut down (SIGTERM): from then on, a request's task that
+    is cancelled was stopped by the end of the drain (`server.shutdown_timeout_s`), not by its
+    client, and is answered `ShuttingDown` when its answer has not begun."""
+
+    __slots__ = ("begun",)
+
+    def __init__(self) -> None:
+        self.begun = False
+
+    def begin(self) -> None:
+        self.begun = True
+
+    def stopped(self, task: asyncio.Task[Any] | None) -> bool:
+        """`task`, cancelled, was stopped by the drain's end: it is no longer cancelled then,
+        and goes on to answer."""
+        return self.begun and task is not None and task.uncancel() == 0
 
 
 def header_list(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
@@ -176,8 +196,9 @@ class ErrorBoundary:
     `ProxyError` as itself, anything else as a logged 500 `internal_error`. Once a response
     has started, nothing more can be said and the error is only logged."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, shutdown: Shutdown) -> None:
         self.app = app
+        self.shutdown = shutdown
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -194,15 +215,23 @@ class ErrorBoundary:
             await self.app(scope, receive, tracking_send)
         except ClientDisconnected:
             return
+        except asyncio.CancelledError:
+            if not self.shutdown.stopped(asyncio.current_task()):
+                raise
+            await self._told(scope, send, ShuttingDown(), started)
         except ProxyError as exc:
-            if not started:
-                await send_error(send, exc, exc.headers or None)
-            else:  # the server closes the connection: the client sees an answer cut short
-                log.warning("%s %s cut short: %s", scope.get("method"), scope.get("path"), exc)
-                CUT_ON_PURPOSE.set(True)
+            await self._told(scope, send, exc, started)
         except Exception:
             log.exception("%s %s failed", scope.get("method"), scope.get("path"))
             if not started:
                 await send_error(send, InternalError())
             else:
                 CUT_ON_PURPOSE.set(True)  # (told above, traceback and all)
+
+    @staticmethod
+    async def _told(scope: Scope, send: Send, exc: ProxyError, started: bool) -> None:
+        if not started:
+            await send_error(send, exc, exc.headers or None)
+        else:  # the server closes the connection: the client sees an answer cut short
+            log.warning("%s %s cut short: %s", scope.get("method"), scope.get("path"), exc)
+            CUT_ON_PURPOSE.set(True)

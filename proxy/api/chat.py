@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from starlette.types import Receive, Scope, Send
 
-from proxy.api.asgi import bearer_token, header, run_or_cancel, send_json
+from proxy.api.asgi import bearer_token, header, send_json
 from proxy.api.auth import Caller
 from proxy.api.chat_request import ChatRequest, parse_chat_request
 from proxy.api.completion import completion_body, completion_id, loop_report
@@ -19,7 +19,7 @@ from proxy.api.sse import SSEWriter
 from proxy.api.upstream_param import ClientTerms
 from proxy.engine.run import Run
 from proxy.engine.stop import StopReason
-from proxy.errors import ClientDisconnected
+from proxy.errors import ClientDisconnected, ShuttingDown
 
 _THREAD_HEADER = THREAD_HEADER.encode()
 
@@ -55,7 +55,7 @@ class ChatCompletions:
             await self._stream(Run(spec, deps, writer), writer, req, receive, sv, owner, caller)
             return
         run = Run(spec, deps)
-        ended = await run_or_cancel(run.execute, receive)
+        ended = await sv.execute(run, receive)
         result = await sv.unless_left(run, ended, lambda r: loop_report(r, include), owner, caller)
         if result is None:
             return
@@ -80,9 +80,15 @@ class ChatCompletions:
         owner: str,
         caller: Caller | None,
     ) -> None:
-        with writer.kept_alive(sv.config.server.keepalive_interval_s):
-            ended = await run_or_cancel(run.execute, receive)
         include = req.run.loop.include_messages
+        try:
+            with writer.kept_alive(sv.config.server.keepalive_interval_s):
+                ended = await sv.execute(run, receive)
+        except ShuttingDown as exc:
+            if not writer.started or run.result is None:
+                raise
+            await writer.fail(exc.body(), loop_report(run.result, include))
+            return
         result = await sv.unless_left(run, ended, lambda r: loop_report(r, include), owner, caller)
         if result is None:
             return

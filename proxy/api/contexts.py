@@ -12,7 +12,7 @@ import orjson
 from pydantic import ValidationError
 from starlette.types import Receive, Scope, Send
 
-from proxy.api.asgi import bearer_token, run_or_cancel, send_error, send_json
+from proxy.api.asgi import bearer_token, send_error, send_json
 from proxy.api.auth import Caller
 from proxy.api.chat_request import name
 from proxy.api.completion import loop_report
@@ -267,7 +267,7 @@ class ContextRuns:
         owner = plan.agent or context.model or ""
         end = ContextEnd(sv, holding, context, messages, owner, caller)
         run = Run(plan.spec, deps, keep=end.save)
-        ended = await run_or_cancel(run.execute, receive)
+        ended = await sv.execute(run, receive)
         result = await sv.unless_left(run, ended, lambda r: loop_report(r, False), owner, caller)
         if result is None:
             return

@@ -13,7 +13,7 @@ from urllib.parse import parse_qsl
 
 from starlette.types import Receive, Scope, Send
 
-from proxy.api.asgi import bearer_token, header, run_or_cancel, send_json
+from proxy.api.asgi import bearer_token, header, send_json
 from proxy.api.auth import Caller
 from proxy.api.completion import loop_report
 from proxy.api.failures import failed, failure_error, send_failure
@@ -51,6 +51,8 @@ from proxy.engine.run_spec import RunResult
 from proxy.errors import (
     ClientDisconnected,
     InvalidRequest,
+    ProxyError,
+    ShuttingDown,
     StateUnavailable,
 )
 from proxy.state.expiring_threads import ExpiringThreads
@@ -111,7 +113,7 @@ class Responses:
         if calls is not None:
             deps.observers = [*deps.observers, calls]
         running = Run(spec, deps)
-        ended = await run_or_cancel(running.execute, receive)
+        ended = await sv.execute(running, receive)
         result = await sv.unless_left(running, ended, context.report, owner, caller)
         if result is None:
             return
@@ -134,8 +136,15 @@ class Responses:
         self, run: Run, writer: ResponsesStream, context: _Context, receive: Receive
     ) -> None:
         sv = context.sv
-        with writer.kept_alive(sv.config.server.keepalive_interval_s):
-            ended = await run_or_cancel(run.execute, receive)
+        try:
+            with writer.kept_alive(sv.config.server.keepalive_interval_s):
+                ended = await sv.execute(run, receive)
+        except ShuttingDown as exc:
+            if not writer.started or run.result is None:
+                raise
+            report = context.report(run.result)
+            await writer.fail(context.failed_response(run.result, writer.base, report, exc))
+            return
         result = await sv.unless_left(run, ended, context.report, context.owner, context.caller)
         if result is None:
             return
@@ -207,9 +216,14 @@ class _Context:
         )
 
     def failed_response(
-        self, result: RunResult, base: dict[str, Any], report: dict[str, Any]
+        self,
+        result: RunResult,
+        base: dict[str, Any],
+        report: dict[str, Any],
+        error: ProxyError | None = None,
     ) -> dict[str, Any]:
-        error = failure_error(result, self.terms)
+        """The `response.failed` event's response: the run's failure, or `error`."""
+        error = error or failure_error(result, self.terms)
         body = {**base, "status": "failed", "usage": response_usage(result.usage)}
         body["error"] = {"code": error.code or error.type, "message": error.message}
         body["loop"] = report

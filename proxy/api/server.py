@@ -21,12 +21,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+from collections.abc import Callable
 from typing import Any
 
 import uvicorn
-from starlette.types import ASGIApp
 from uvicorn.server import ServerState
 
+from proxy.api.app import ProxyApp
 from proxy.api.asgi import CUT_ON_PURPOSE
 from proxy.api.guarded_protocol import guarded_protocol
 from proxy.api.runtime import settle_runtime
@@ -52,9 +53,11 @@ class _Server(uvicorn.Server):
         probes: socket.socket | None,
         header_timeout_s: float,
         announce: bool,
+        on_shutdown: Callable[[], None] | None,
     ) -> None:
         super().__init__(config)
         self.probes = probes
+        self.on_shutdown = on_shutdown
         self.announce = announce
         self.probe_state = ServerState()
         self.probe_protocol = guarded_protocol(PROBE_CONNECTIONS, header_timeout_s, probes=True)
@@ -79,6 +82,11 @@ class _Server(uvicorn.Server):
         self.servers.append(await loop.create_server(connect, sock=sock, backlog=PROBE_BACKLOG))
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        """uvicorn's: no new connections, the requests in flight given the graceful timeout
+        (`server.shutdown_timeout_s`), then those left cancelled, which the app, told first,
+        answers `shutting_down`."""
+        if self.on_shutdown is not None:
+            self.on_shutdown()
         for connection in list(self.probe_state.connections):
             connection.shutdown()
         await super().shutdown(sockets)
@@ -132,7 +140,7 @@ UNREAD_ONCE_A_SECOND = _UnreadOnceASecond()
 
 
 def serve(
-    app: ASGIApp,
+    app: ProxyApp,
     server: ServerConfig,
     sock: socket.socket | None = None,
     probes: socket.socket | None = None,
@@ -151,7 +159,7 @@ def serve(
         "access_log": False,
         "proxy_headers": False,  # the client's address is never used: no layer to rewrite it
         "server_header": False,  # `server: uvicorn`: nothing a client needs, checked per answer
-        "timeout_graceful_shutdown": 30,
+        "timeout_graceful_shutdown": server.shutdown_timeout_s,
         "timeout_keep_alive": server.keep_alive_timeout_s,
         "http": guarded_protocol(server.connection_limit(), server.header_timeout_s),
         "ws": "none",
@@ -159,7 +167,7 @@ def serve(
     config = uvicorn.Config(app, **options)  # (which sets up uvicorn's loggers)
     for told in (UNFINISHED_ON_PURPOSE, UNREAD_ONCE_A_SECOND):
         logging.getLogger("uvicorn.error").addFilter(told)  # once: the same objects
-    served = _Server(config, probes, server.header_timeout_s, announce)
+    served = _Server(config, probes, server.header_timeout_s, announce, app.shutting_down)
     try:
         served.run(sockets=[sock] if sock else None)
     except SystemExit:  # uvicorn's answer to a lifespan that failed: told, and not started

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -9,8 +10,10 @@ from typing import Any
 
 import httpx
 import orjson
+from starlette.types import Receive
 
 from proxy.api import held_calls
+from proxy.api.asgi import Shutdown, run_or_cancel
 from proxy.api.auth import Caller, KeyRing
 from proxy.api.planning import Planner
 from proxy.api.report_writes import ReportWrites
@@ -22,6 +25,7 @@ from proxy.engine.ports import RunObserver, ThreadCounters
 from proxy.engine.run import Run
 from proxy.engine.run_spec import Deps, RunResult
 from proxy.engine.stop import StopReason
+from proxy.errors import ShuttingDown, ShuttingDownAfterTools
 from proxy.pricing import PriceTable
 from proxy.state.expiring_threads import ExpiringThreads
 from proxy.state.store import Record, StateStore
@@ -52,6 +56,7 @@ class Services:
     observers: Sequence[RunObserver] = field(default_factory=list)
     # The observers of runs started by a route, where they differ (the route's own metrics).
     route_observers: Mapping[str, Sequence[RunObserver]] = field(default_factory=dict)
+    shutdown: Shutdown = field(default_factory=Shutdown)  # the server's, once it begins
     reports: ReportWrites = field(init=False)
     threads: ThreadCounters = field(init=False)  # the store's, ending `state.thread_ttl_s`
 
@@ -86,6 +91,18 @@ class Services:
         if (held := held_calls.record(result, caller)) is not None:
             records.append(held)
         return records
+
+    async def execute(self, run: Run, receive: Receive) -> RunResult | None:
+        """`run` to its end; None when its client went away first (`run_or_cancel`). Stopped at
+        the end of the server's drain: `ShuttingDown`, which asks the client not to send it
+        again when its tools ran."""
+        try:
+            return await run_or_cancel(run.execute, receive)
+        except asyncio.CancelledError:
+            if not self.shutdown.stopped(asyncio.current_task()):
+                raise
+            ran = run.result is not None and run.result.tools_ran
+            raise (ShuttingDownAfterTools() if ran else ShuttingDown()) from None
 
     async def unless_left(
         self,
@@ -166,13 +183,14 @@ def build_services(
     inject_headers: HeadersHook | None = None,
     prices: PriceTable | None = None,
     on_tool_call: CallHook | None = None,
+    shutdown: Shutdown | None = None,
 ) -> Services:
     """Raises ConfigError for agents whose policy does not compile, ValueError for anything
     else that cannot be wired. `client` is for http tools and webhooks, `transport` for the
     upstreams (bounded here by `server.upstream_connections`): separate pools, so that a
     thousand open streams do not hold up a tool call. `prices` shares a price table (and its
-    cache) the caller already has; `on_tool_call` is told of each MCP call as it starts. The MCP
-    sources are connected by `open_sources`."""
+    cache) the caller already has; `on_tool_call` is told of each MCP call as it starts;
+    `shutdown`, the server's, once it begins. The MCP sources are connected by `open_sources`."""
     server = config.server
     bounded = BoundedTransport(
         transport, server.upstream_connections, server.upstream_pool_timeout_s
@@ -215,4 +233,5 @@ def build_services(
         store=store,
         observers=list(observers),
         route_observers=dict(route_observers or {}),
+        shutdown=shutdown or Shutdown(),
     )

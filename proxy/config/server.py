@@ -62,6 +62,9 @@ class ServerConfig(ConfigModel):
     header_timeout_s: float = Field(10.0, gt=0, allow_inf_nan=False)  # request line + headers
     body_timeout_s: float = Field(30.0, gt=0, allow_inf_nan=False)  # the whole request body
     keep_alive_timeout_s: int = Field(5, ge=1)  # an idle connection between requests
+    # After SIGTERM: how long the runs in flight get to end; one still going then is stopped
+    # (503 `shutting_down`, or its stream cut short).
+    shutdown_timeout_s: float = Field(30.0, ge=0, le=86400, allow_inf_nan=False)
     max_concurrent_runs: int = Field(1000, ge=1)  # runs in flight; more answer 503
     tool_threads: int = Field(16, ge=1)  # threads for sync python tools and conditions
     tool_connections: int = Field(100, ge=1)  # http tools' and webhooks' connection pool

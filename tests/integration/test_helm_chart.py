@@ -280,3 +280,22 @@ def test_the_image_matches_what_the_pod_expects() -> None:
     assert f"WORKDIR {main['workingDir']}\n" in dockerfile
     assert 'ENTRYPOINT ["loopwarden"]' in dockerfile
     assert PROJECT["scripts"]["loopwarden"] == "proxy.cli:main"
+
+
+def test_a_stopping_pod_is_let_go_by_the_service_then_drains_its_runs() -> None:
+    """The preStop delay serves the connections that still come, the server's drain follows:
+    the grace period holds both, and 10 s more to exit."""
+    manifests = render()
+    assert container(manifests)["lifecycle"] == {"preStop": {"exec": {"command": ["sleep", "5"]}}}
+    pod = one(manifests, "Deployment")["spec"]["template"]["spec"]
+    assert pod["terminationGracePeriodSeconds"] == 5 + 30 + 10
+    longer = render(
+        {"config": {"server": {"shutdown_timeout_s": 600.5}}, "shutdownDelaySeconds": 0}
+    )
+    assert "lifecycle" not in container(longer)
+    pod = one(longer, "Deployment")["spec"]["template"]["spec"]
+    assert pod["terminationGracePeriodSeconds"] == 601 + 10
+    pod = one(render({"terminationGracePeriodSeconds": 100}), "Deployment")["spec"]["template"]
+    assert pod["spec"]["terminationGracePeriodSeconds"] == 100
+    with pytest.raises(helm.HelmRenderError, match=r"terminationGracePeriodSeconds: 20 is less"):
+        render({"terminationGracePeriodSeconds": 20})

@@ -65,3 +65,16 @@ container has no root and no capabilities to bind one). */}}
 {{- fail (printf "service.probePort: must differ from the port the container listens on (%d): the probes and scrapes have a listener of their own" (int (include "loopwarden.containerPort" .))) -}}
 {{- end -}}
 {{- end -}}
+
+{{/* The pod's grace period: the preStop delay and the server's drain, plus 10 s to exit; one
+set must hold the two. */}}
+{{- define "loopwarden.gracePeriod" -}}
+{{- $drain := int (ceil (dig "server" "shutdown_timeout_s" 30 .Values.config)) -}}
+{{- $needed := add .Values.shutdownDelaySeconds $drain -}}
+{{- $set := .Values.terminationGracePeriodSeconds -}}
+{{- if kindIs "invalid" $set -}}{{ add $needed 10 }}
+{{- else if lt (int $set) (int $needed) -}}
+{{- fail (printf "terminationGracePeriodSeconds: %d is less than shutdownDelaySeconds and config.server.shutdown_timeout_s together (%d): runs would be killed, not answered" (int $set) (int $needed)) -}}
+{{- else -}}{{ $set }}
+{{- end -}}
+{{- end -}}

@@ -1,0 +1,161 @@
+"""`loopwarden serve` told to stop (SIGTERM) with runs in flight: it takes no new connection, the
+runs get `server.shutdown_timeout_s` to end, and a run still going then is answered 503
+`shutting_down` (a stream: its failure event), with `x-should-retry: false` once its tools ran,
+not the ASGI server's bare text 500."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import TypeVar
+
+import httpx
+import openai
+import orjson
+import pytest
+
+from proxy.demo.runner import free_port
+from tests.e2e.conftest import ROOT, config_file, wait_healthy
+from tests.scripted_upstream import ScriptedUpstream, call, say, say_tool_result
+from tests.tools import TOOLS
+
+pytestmark = pytest.mark.e2e
+T = TypeVar("T")
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    tmp_path: Path, upstream_url: str, drain_s: float
+) -> AsyncIterator[tuple[str, subprocess.Popen[bytes]]]:
+    """The proxy with an agent whose `sleep` tool runs as long as a test asks, draining for
+    `drain_s` on SIGTERM; its base URL and process."""
+    config = {
+        "server": {"shutdown_timeout_s": drain_s},
+        "upstreams": {"main": {"base_url": upstream_url}},
+        "default_upstream": "main",
+        "tools": {"sleep": TOOLS["sleep"]},
+        "agents": {"sleeper": {"model": "gpt-4o-mini", "tools": ["sleep"]}},
+        "state": {"backend": "memory"},
+    }
+    port = free_port()
+    path = config_file(tmp_path, config)
+    args = [sys.executable, "-m", "proxy", "serve", "--config", str(path), "--port", str(port)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = await asyncio.to_thread(subprocess.Popen, args, env=env, stderr=subprocess.PIPE)
+    try:
+        await asyncio.to_thread(wait_healthy, f"http://127.0.0.1:{port}/readyz", proc)
+        yield f"http://127.0.0.1:{port}", proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        await asyncio.to_thread(proc.wait, 15)
+        assert proc.stderr is not None
+        proc.stderr.close()
+
+
+async def stopped_while(
+    proc: subprocess.Popen[bytes], upstream: ScriptedUpstream, asked: int, request: asyncio.Task[T]
+) -> T:
+    """`request`'s outcome, the server told to stop once the upstream was asked `asked` times
+    (a tool call then runs); the server exits, its log without a traceback."""
+    # (the upstream records its requests in a thread of its own: polled)
+    while len(upstream.bodies) < asked and not request.done():  # noqa: ASYNC110
+        await asyncio.sleep(0.02)
+    await asyncio.sleep(0.3)  # the tool call begins
+    proc.send_signal(signal.SIGTERM)
+    outcome = await request
+    assert await asyncio.to_thread(proc.wait, 15) in (0, -signal.SIGTERM)  # (uvicorn: either)
+    assert proc.stderr is not None
+    log = proc.stderr.read().decode()
+    assert "Exception in ASGI application" not in log, log
+    return outcome
+
+
+async def test_a_run_past_the_drain_is_answered_shutting_down_and_not_sent_again(
+    tmp_path: Path, upstream: ScriptedUpstream, upstream_url: str
+) -> None:
+    upstream.script(call("sleep", seconds=60))
+    async with serving(tmp_path, upstream_url, drain_s=0.5) as (base, proc):
+        client = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="sk-none", max_retries=2)
+        asking = asyncio.create_task(
+            client.chat.completions.create(
+                model="sleeper", messages=[{"role": "user", "content": "wait"}]
+            )
+        )
+        with pytest.raises(openai.InternalServerError) as raised:
+            await stopped_while(proc, upstream, 1, asking)
+    answer = raised.value.response
+    assert answer.status_code == 503
+    assert answer.headers["x-should-retry"] == "false"  # its tool ran: not sent again
+    assert answer.json()["error"]["code"] == "shutting_down"
+    assert len(upstream.bodies) == 1
+
+
+async def test_a_run_past_the_drain_before_any_tool_may_be_sent_again(
+    tmp_path: Path, upstream: ScriptedUpstream, upstream_url: str
+) -> None:
+    upstream.script(say("late").replace(after_s=60))
+    async with (
+        serving(tmp_path, upstream_url, drain_s=0.5) as (base, proc),
+        httpx.AsyncClient(base_url=base, timeout=30) as client,
+    ):
+        body = {"model": "sleeper", "messages": [{"role": "user", "content": "hi"}]}
+        asking = asyncio.create_task(client.post("/v1/chat/completions", json=body))
+        answer = await stopped_while(proc, upstream, 1, asking)
+    assert answer.status_code == 503
+    assert answer.headers["content-type"] == "application/json"
+    assert answer.json()["error"]["code"] == "shutting_down"
+    assert "x-should-retry" not in answer.headers
+
+
+async def test_a_run_that_ends_within_the_drain_is_answered(
+    tmp_path: Path, upstream: ScriptedUpstream, upstream_url: str
+) -> None:
+    upstream.script(call("sleep", seconds=1), say_tool_result("Done: {}"))
+    async with serving(tmp_path, upstream_url, drain_s=20) as (base, proc):
+        client = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="sk-none")
+        asking = asyncio.create_task(
+            client.chat.completions.create(
+                model="sleeper", messages=[{"role": "user", "content": "wait"}]
+            )
+        )
+        completion = await stopped_while(proc, upstream, 1, asking)
+    assert completion.choices[0].message.content == "Done: slept 1s"
+
+
+@pytest.mark.parametrize("route", ["/v1/chat/completions", "/v1/responses"])
+async def test_a_stream_past_the_drain_ends_with_its_failure(
+    tmp_path: Path, upstream: ScriptedUpstream, upstream_url: str, route: str
+) -> None:
+    upstream.script(call("sleep", seconds=60))
+    async with (
+        serving(tmp_path, upstream_url, drain_s=0.5) as (base, proc),
+        httpx.AsyncClient(base_url=base, timeout=30) as client,
+    ):
+        body = (
+            {"model": "sleeper", "input": "wait", "stream": True}
+            if route == "/v1/responses"
+            else {"model": "sleeper", "messages": [{"role": "user", "content": "wait"}],
+                  "stream": True, "loop": {"include_loop_events": True}}
+        )  # fmt: skip
+        asking = asyncio.create_task(client.post(route, json=body))
+        answer = await stopped_while(proc, upstream, 1, asking)
+    assert answer.status_code == 200  # the stream had begun: the tool's call was shown
+    events = [
+        orjson.loads(line[6:]) for line in answer.text.splitlines() if line.startswith("data: {")
+    ]
+    last = events[-1]
+    if route == "/v1/responses":
+        assert last["type"] == "response.failed"
+        assert last["response"]["error"]["code"] == "shutting_down"
+        assert last["response"]["loop"]["stop_reason"] == "cancelled"
+    else:
+        assert last["error"]["code"] == "shutting_down"
+        assert last["loop"]["stop_reason"] == "cancelled"
+        assert answer.text.endswith("data: [DONE]\n\n")
