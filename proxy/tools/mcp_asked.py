@@ -10,7 +10,6 @@ the log once a second with their count."""
 from __future__ import annotations
 
 import logging
-from collections import Counter
 from types import TracebackType
 from typing import Any
 
@@ -27,46 +26,59 @@ CANCELLED = "notifications/cancelled"
 
 
 class AskedRequests:
-    """The requests of one session's server that are not answered yet, by id (one id may be
-    asked more than once)."""
+    """The requests of one session's server whose tasks may still live: admitted and neither
+    answered nor given up, by id. A request whose id is open already is dropped (JSON-RPC: ids
+    of requests in flight are unique; the SDK's cancel finds only the newest of a reused id,
+    and the others' answers would wait uncounted). A cancelled one is given up, its task ending
+    unanswered, unless its answer is being written: the SDK then writes it all the same, and it
+    is settled when written."""
 
     def __init__(self, server: str) -> None:
         self.server = server
-        self.open: Counter[int | str] = Counter()
+        self.open: set[int | str] = set()
+        self.writing: set[int | str] = set()  # open ones whose answer is being written
         self.warnings = ThrottledWarnings(log)
 
     def admit(self, item: SessionMessage | Exception) -> bool:
-        """Whether the session reads `item`: not a request past the bound."""
+        """Whether the session reads `item`: not a request past the bound, nor one whose id is
+        open."""
         if not isinstance(item, SessionMessage):
             return True
         message = item.message
         if isinstance(message, JSONRPCRequest):
-            if self.open.total() >= MAX_ASKED:
+            key = coerce_request_id(message.id)
+            if key in self.open or len(self.open) >= MAX_ASKED:
                 self.warnings.warning(
-                    "MCP server %s asked more than %d requests at once; %r is dropped",
+                    "MCP server %s asked more than %d requests at once, or one id twice; %r is "
+                    "dropped",
                     self.server,
                     MAX_ASKED,
                     message.method[:80],
                 )
                 return False
-            self.open[coerce_request_id(message.id)] += 1
+            self.open.add(key)
         elif isinstance(message, JSONRPCNotification) and message.method == CANCELLED:
-            asked = (message.params or {}).get("requestId")  # its handler ends unanswered
+            asked = (message.params or {}).get("requestId")
             if isinstance(asked, int | str) and not isinstance(asked, bool):
-                self._settle(asked)
+                key = coerce_request_id(asked)
+                if key not in self.writing:  # its handler ends unanswered
+                    self.open.discard(key)
         return True
 
-    def answered(self, item: SessionMessage) -> None:
+    def writes(self, item: SessionMessage) -> int | str | None:
+        """The id of the request `item` answers, marked as being written; None for any other
+        message."""
         message = item.message
-        if isinstance(message, JSONRPCResponse | JSONRPCError) and message.id is not None:
-            self._settle(message.id)
+        if not isinstance(message, JSONRPCResponse | JSONRPCError) or message.id is None:
+            return None
+        key = coerce_request_id(message.id)
+        self.writing.add(key)
+        return key
 
-    def _settle(self, request: int | str) -> None:
-        key = coerce_request_id(request)
-        if self.open[key] > 0:
-            self.open[key] -= 1
-        if not self.open[key]:
-            del self.open[key]
+    def answered(self, key: int | str) -> None:
+        """The answer to `key` is written, or never will be: its task ends."""
+        self.writing.discard(key)
+        self.open.discard(key)
 
     def close(self) -> None:
         self.warnings.close("MCP server %s asked more than it read", self.server)
@@ -80,10 +92,12 @@ class AnswerWrites:
         self.asked = asked
 
     async def send(self, item: SessionMessage, /) -> None:
+        key = self.asked.writes(item)
         try:
             await self.inner.send(item)
         finally:  # written, or never to be: its task ends either way
-            self.asked.answered(item)
+            if key is not None:
+                self.asked.answered(key)
 
     async def aclose(self) -> None:
         await self.inner.aclose()
