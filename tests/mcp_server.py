@@ -2,7 +2,8 @@
 
     python tests/mcp_server.py stdio [wordy] [dotted] [extra] [slow-relist]  # the proxy's child
     python tests/mcp_server.py http PORT [legacy] [gzip | gzip-always] [outside] [cutting]
-                                                   [patterned]
+                                                   [patterned] [hostile [retry-0]
+                                                   [mute-cancels]]
                                                    # streamable HTTP on 127.0.0.1:PORT/mcp
 
 `legacy` refuses the 2026 `server/discover` probe, so that clients fall back to the handshake
@@ -18,12 +19,19 @@ tests/web_proxy.py) where the SDK's guard against DNS rebinding answers only tho
 names. `cutting` adds a tool `cut` whose call's answer (an event stream) is cut off after its
 first bytes, as a balancer ending a long call would. `patterned` adds a tool `word` whose
 output schema has a pattern that a backtracking matcher takes exponential time to search its
-result with (the server's own check, Rust's `regex`, is linear).
+result with (the server's own check, Rust's `regex`, is linear). `hostile` adds tools whose
+calls the server answers as no server should: `endless` with an event stream of notifications
+that never ends, whatever the client says (one every `every_s`, 0.02 s unless given); `weird`
+with 5,000 content parts of no known type; `loop` with a redirect to itself; and `tally` to
+tell what it saw (`streams`: endless streams still open, `posts`: calls of `loop` received,
+`gets`: event streams asked for). With `retry-0`, the event stream asks to be opened again at
+once and ends; with `mute-cancels`, a `notifications/cancelled` is never acknowledged.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
 from typing import Any, TypedDict
@@ -217,6 +225,11 @@ def main(argv: list[str]) -> None:
             return Word(word="a" * length + "b")
 
         server.add_tool(word, structured_output=True)
+    if "hostile" in argv[2:]:
+        for name in ("endless", "weird", "loop"):
+            server.add_tool(lambda: "never", name=name, description="Answered as no server should.")
+        server.add_tool(tally)
+        app = hostile(app, retry_0="retry-0" in argv[2:], mute_cancels="mute-cancels" in argv[2:])
     if "cutting" in argv[2:]:
         server.add_tool(lambda: "never", name="cut", description="Its answer is cut off.")
         app = cutting_calls(app)
@@ -224,7 +237,10 @@ def main(argv: list[str]) -> None:
         app = GZipMiddleware(app)
     if "gzip-always" in argv[2:]:
         app = accepting_gzip(GZipMiddleware(app))
-    uvicorn.run(app, host="127.0.0.1", port=int(argv[1]), log_level="warning")
+    # (its streams that never end are cut at once when it is stopped)
+    uvicorn.run(
+        app, host="127.0.0.1", port=int(argv[1]), log_level="warning", timeout_graceful_shutdown=1
+    )
 
 
 def cutting_calls(app: ASGIApp) -> ASGIApp:
@@ -255,6 +271,108 @@ def cutting_calls(app: ASGIApp) -> ASGIApp:
         await app(scope, replay, send)
 
     return wrapped
+
+
+TALLY = {"streams": 0, "posts": 0, "gets": 0}
+
+
+def tally(what: str) -> str:
+    """What the server saw: `streams`, `posts` or `gets`."""
+    return str(TALLY[what])
+
+
+def hostile(app: ASGIApp, retry_0: bool, mute_cancels: bool) -> ASGIApp:
+    """`app`, with the answers `hostile` (and `retry-0`, `mute-cancels`) make."""
+
+    async def wrapped(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+        if scope["method"] == "GET":
+            TALLY["gets"] += 1
+            if retry_0:
+                headers = [(b"content-type", b"text/event-stream")]
+                await send({"type": "http.response.start", "status": 200, "headers": headers})
+                await send({"type": "http.response.body", "body": b"retry: 0\n\n"})
+                return
+        if scope["method"] != "POST":
+            await app(scope, receive, send)
+            return
+        body, more = b"", True
+        while more:
+            message = await receive()
+            body, more = body + message.get("body", b""), message.get("more_body", False)
+        request = json.loads(body)
+        params = request.get("params") or {}
+        if request.get("method") == "tools/call" and params.get("name") in HOSTILE:
+            arguments = params.get("arguments") or {}
+            await HOSTILE[params["name"]](arguments, request["id"], scope, receive, send)
+            return
+        if mute_cancels and request.get("method") == "notifications/cancelled":
+            await anyio.sleep_forever()
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await app(scope, replay, send)
+
+    return wrapped
+
+
+async def _endless(
+    arguments: Any, request_id: Any, scope: Scope, receive: Receive, send: Send
+) -> None:
+    headers = [(b"content-type", b"text/event-stream"), *_session(scope)]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    note = {"jsonrpc": "2.0", "method": "notifications/message",
+            "params": {"level": "info", "data": "still going"}}  # fmt: skip
+    event = b"event: message\ndata: " + json.dumps(note).encode() + b"\n\n"
+    TALLY["streams"] += 1
+    try:
+        async with anyio.create_task_group() as streaming:
+
+            async def until_closed() -> None:
+                while (await receive())["type"] != "http.disconnect":
+                    pass
+                streaming.cancel_scope.cancel()
+
+            streaming.start_soon(until_closed)
+            while True:
+                await send({"type": "http.response.body", "body": event, "more_body": True})
+                await anyio.sleep(arguments.get("every_s", 0.02))
+    finally:  # the client closed it
+        TALLY["streams"] -= 1
+
+
+async def _weird(
+    arguments: Any, request_id: Any, scope: Scope, receive: Receive, send: Send
+) -> None:
+    result = {"content": [{"type": "weird", "n": n} for n in range(5000)]}
+    body = json.dumps({"jsonrpc": "2.0", "id": request_id, "result": result}).encode()
+    headers = [(b"content-type", b"application/json"), *_session(scope)]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _loop(
+    arguments: Any, request_id: Any, scope: Scope, receive: Receive, send: Send
+) -> None:
+    TALLY["posts"] += 1
+    headers = [(b"location", scope["path"].encode()), (b"content-length", b"0")]
+    await send({"type": "http.response.start", "status": 307, "headers": headers})
+    await send({"type": "http.response.body", "body": b""})
+
+
+def _session(scope: Scope) -> list[tuple[bytes, bytes]]:
+    return [(k, v) for k, v in scope["headers"] if k == b"mcp-session-id"]
+
+
+HOSTILE = {"endless": _endless, "weird": _weird, "loop": _loop}
 
 
 def accepting_gzip(app: ASGIApp) -> ASGIApp:

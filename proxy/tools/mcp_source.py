@@ -21,6 +21,7 @@ from mcp import Client
 from mcp.client.subscriptions import ListenNotSupportedError, SubscriptionLost
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import ValidationError
 
 from proxy.config.tools import ToolConfig
 from proxy.redaction import REDACTED, origin, redacted
@@ -39,6 +40,10 @@ log = logging.getLogger(__name__)
 
 RELIST_INTERVAL_S = 1.0  # the least time between two reads of a changing tool list
 FIRST_RETRY_S = 0.5  # the first wait before a reconnect; it doubles up to reconnect_max_s
+# A session that lasted this long waits FIRST_RETRY_S again once dropped; a shorter one does
+# not (a server dropping each session at once made one, its tools listed, every second).
+STEADY_S = 30.0
+MAX_LOC_CHARS = 200  # of where an invalid message went wrong, in a tool error
 MAX_LIST_PAGES = 64  # of one tools/list walk
 # The tools one walk reads: past them it stops (each is held, named and checked at every change
 # of the list; 224,000 tiny ones kept a proxy from answering for minutes).
@@ -111,6 +116,7 @@ class McpSource:
         self._dropped = asyncio.Event()
         self._relist = asyncio.Event()
         self._relisted = -math.inf  # when the tools were last listed (`_now`)
+        self._connected_at = -math.inf  # when the session last got connected (`_now`)
         self._closing = asyncio.Event()
         self._attempted = asyncio.Event()  # the first connect attempt has ended
         # Calls at once: over HTTP each holds a connection of the session's pool, and one that
@@ -194,6 +200,8 @@ class McpSource:
         except DROPPED_ERRORS as exc:
             self._drop(f"the connection failed during the call: {type(exc).__name__}")
             raise ToolFailed(f"{self.describe()} is unreachable: {type(exc).__name__}") from None
+        except ValidationError as exc:
+            raise ToolFailed(f"{self.describe()} answered: {_invalid(exc)}") from None
 
     def _drop(self, reason: str) -> None:
         """Ends the session; the first reason given is the one kept."""
@@ -217,7 +225,8 @@ class McpSource:
             if self._closing.is_set():
                 break
             if was_connected:
-                delay = FIRST_RETRY_S
+                if _now() - self._connected_at >= STEADY_S:
+                    delay = FIRST_RETRY_S  # (a session dropped at once waits longer each time)
                 log.warning("%s disconnected: %s; reconnecting", self.located(), self.error)
             else:
                 log.warning("%s: cannot connect: %s", self.located(), self.error)
@@ -254,6 +263,7 @@ class McpSource:
                 await self._take(listed)
                 self._client = client
                 self.state = "connected"
+                self._connected_at = _now()
                 self.error = None
                 self._attempted.set()
                 log.info("%s connected: %d tools", self.located(), len(self.tools))
@@ -397,8 +407,20 @@ async def _first(waits: Sequence[Awaitable[Any]]) -> None:
 def _reason(exc: BaseException) -> str:
     if isinstance(exc, MCPError):
         return exc.error.message
+    if isinstance(exc, ValidationError):
+        return _invalid(exc)
     text = str(exc)
     name = type(exc).__name__
     if isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         return _reason(exc.exceptions[0])
     return f"{name}: {text}" if text else name
+
+
+def _invalid(exc: ValidationError) -> str:
+    """What a message the SDK could not read as MCP got wrong, in a line: pydantic's own text
+    holds every error (65,000 of them: 66 KB for the model), with links and the values sent."""
+    first = exc.errors(include_url=False, include_input=False)[0]
+    where = ".".join(str(part) for part in first["loc"])[:MAX_LOC_CHARS]
+    count = exc.error_count()
+    more = f" (and {count - 1} more)" if count > 1 else ""
+    return f"not a valid MCP {exc.title[:64]}: {where}: {first['msg'][:200]}{more}"

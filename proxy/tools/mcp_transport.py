@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from itertools import chain
@@ -24,6 +25,7 @@ from proxy.egress import Egress
 from proxy.json_values import holds_over
 from proxy.tools.base import TOOL_KEEPALIVE_S
 from proxy.tools.mcp_asked import AnswerWrites, AskedRequests
+from proxy.tools.mcp_exchanges import TimedExchanges
 from proxy.tools.mcp_stdio import stdio_client, too_large, too_many_values
 
 SESSION_HEADER = "mcp-session-id"
@@ -36,6 +38,15 @@ _LIMITS = httpx2.Limits(
 )
 # Calls at once on one HTTP session: its pool less the event stream and a listing or two.
 MAX_HTTP_CALLS = 96
+# What a request's exchange may take past its call's time (`mcp_exchanges`).
+ANSWER_GRACE_S = 1.0
+# Redirects within the server's origin followed for one message (a trailing slash's): each
+# sends the message again (a loop sent a tool call 21 times).
+MAX_REDIRECTS = 2
+# Events of one stream: at most this many a second, after a burst of EVENT_BURST (a server
+# sending notifications without end held a core).
+EVENTS_PER_S = 200
+EVENT_BURST = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,11 +177,15 @@ async def _transport(
     web = Egress().proxy_for(where.scheme, where.hostname or "")
     proxy = None if web is None else httpx2.Proxy(web.url, auth=web.auth)
     pool = httpx2.AsyncHTTPTransport(limits=_LIMITS, proxy=proxy)
+    answer_s = max(cfg.timeout_s, cfg.connect_timeout_s) + ANSWER_GRACE_S
     http = httpx2.AsyncClient(
         headers={**secrets, "accept-encoding": "identity"},  # the bounds count what is read
         timeout=timeout,
         event_hooks={"response": [seen]},
-        transport=BoundedBodies(pool, limit, max_values),
+        transport=TimedExchanges(
+            BoundedBodies(pool, limit, max_values), answer_s, cfg.connect_timeout_s
+        ),
+        max_redirects=MAX_REDIRECTS,
     )
     session = streamable_http_client(cfg.url, http_client=http, max_sse_event_size=limit)
     async with http, session as (read, write):
@@ -272,6 +287,8 @@ class _BoundedEvents(httpx2.AsyncByteStream):
         self.limit = limit
         self.values = values
         self.encoding = encoding
+        self.allowed = float(EVENT_BURST)  # events it may send now
+        self.at = time.monotonic()
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         text = codecs.getincrementaldecoder(self.encoding)(errors="replace")
@@ -287,6 +304,13 @@ class _BoundedEvents(httpx2.AsyncByteStream):
             parsed = list(events)
         except httpx2.SSEError:
             raise EventTooLarge(too_large(self.limit)) from None
+        if parsed:
+            now = time.monotonic()
+            self.allowed = min(EVENT_BURST, self.allowed + (now - self.at) * EVENTS_PER_S)
+            self.at = now
+            self.allowed -= len(parsed)
+            if self.allowed < 0:
+                raise EventTooLarge(f"the server sent more than {EVENTS_PER_S} events a second")
         for event in parsed:
             if await holds_over(event.data.encode(), self.values):
                 raise EventTooLarge(too_many_values(self.values))

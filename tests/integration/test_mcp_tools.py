@@ -10,7 +10,7 @@ import logging
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -717,3 +717,116 @@ async def test_a_listed_tool_s_schemas_are_checked_as_the_list_is_read(
     assert {"echo", "forecast", "numbers"} <= set(checked)
     assert echo.spec.definition["function"]["parameters"] == checked["echo"].parameters
     assert checked["forecast"].output is not None  # its results are checked against it
+
+
+@contextlib.asynccontextmanager
+async def hostile_source(
+    proxy_for: ProxyFactory, *options: str, **entry: Any
+) -> AsyncIterator[Proxy]:
+    """The proxy with the tests' handshake-era server answering as `hostile` says (tools
+    `t_endless`, `t_weird`, `t_loop`, `t_tally`, `t_echo`)."""
+    with serving_mcp(True, "hostile", *options) as url:
+        source = http_entry(url, prefix="t_", **entry)
+        async with proxy_for({"tools": {"srv": source}, "agents": AGENTS}) as proxy:
+            yield proxy
+
+
+async def tally(proxy: Proxy, what: str) -> int:
+    """What the hostile server saw, asked through the proxy."""
+    proxy.upstream.script(call("t_tally", what=what), say_tool_result())
+    await proxy.chat(model="mcp", messages=user(what))
+    (told,) = tool_messages(proxy, len(proxy.upstream.bodies) - 1)
+    return int(orjson.loads(told)["result"])
+
+
+async def test_a_timed_out_call_s_answer_stream_ends_with_its_time(
+    proxy_for: ProxyFactory,
+) -> None:
+    """The SDK gives up a handshake-era server's call with a `notifications/cancelled` and
+    read on: a server ignoring it kept the call's event stream going (ten of them: 96 % of a
+    core). The exchange ends with the call's time (and a second)."""
+    async with hostile_source(proxy_for, timeout_s=1, connect_timeout_s=1) as proxy:
+        proxy.upstream.script(call("t_endless"), say_tool_result())
+        await proxy.chat(model="mcp", messages=user("endless"))
+        (timed_out,) = tool_messages(proxy, 1)
+        await asyncio.sleep(1.5)  # the exchange's end: 2 s after the call began
+        open_streams = await tally(proxy, "streams")
+    assert "timed out after 1s" in timed_out
+    assert open_streams == 0
+
+
+async def test_a_stream_flooding_events_ends_its_call(proxy_for: ProxyFactory) -> None:
+    async with hostile_source(proxy_for) as proxy:
+        proxy.upstream.script(call("t_endless", every_s=0), say_tool_result())
+        started = time.monotonic()
+        await proxy.chat(model="mcp", messages=user("flood"))
+        took = time.monotonic() - started
+        (flooded,) = tool_messages(proxy, 1)
+        echoed = await tally(proxy, "streams")
+    assert "the server sent more than 200 events a second" in flooded
+    assert took < 4  # not its timeout_s (5 s)
+    assert echoed == 0
+
+
+async def test_an_answer_that_is_not_mcp_is_told_in_a_line(proxy_for: ProxyFactory) -> None:
+    """pydantic's text of 5,000 invalid parts was 66 KB of the model's context."""
+    async with hostile_source(proxy_for) as proxy:
+        proxy.upstream.script(call("t_weird"), say_tool_result())
+        await proxy.chat(model="mcp", messages=user("weird"))
+    (weird,) = tool_messages(proxy, 1)
+    error = orjson.loads(weird)["error"]
+    assert "answered: not a valid MCP" in error
+    assert "more)" in error
+    assert len(error) < 600
+
+
+async def test_a_redirect_to_itself_sends_the_call_a_few_times_at_most(
+    proxy_for: ProxyFactory,
+) -> None:
+    """Each redirect sends the call again: a loop sent a tool call 21 times."""
+    async with hostile_source(proxy_for) as proxy:
+        proxy.upstream.script(call("t_loop"), say_tool_result())
+        await proxy.chat(model="mcp", messages=user("loop"))
+        sent = await tally(proxy, "posts")
+    assert "Redirect" in tool_messages(proxy, 1)[0]
+    assert sent == 3  # the call and two redirects
+
+
+async def test_the_event_stream_is_opened_at_most_once_a_second(proxy_for: ProxyFactory) -> None:
+    """A server's `retry: 0` had the SDK open it again at once: 10,000 times in 10 s."""
+    async with hostile_source(proxy_for, "retry-0") as proxy:
+        await asyncio.sleep(2.5)
+        opened = await tally(proxy, "gets")
+    assert 1 <= opened <= 4
+
+
+async def test_a_notification_never_acknowledged_makes_the_session_anew(
+    proxy_for: ProxyFactory,
+) -> None:
+    """The SDK sends a session's notifications one after another, each awaited: a cancel the
+    server never acknowledged held every later message of the session (its calls timed out)
+    for the 300 s read timeout. Past `connect_timeout_s`, the session is made anew."""
+    async with hostile_source(proxy_for, "mute-cancels", timeout_s=1, connect_timeout_s=1) as proxy:
+        source = proxy_source(proxy)
+        first = source.session_id
+        proxy.upstream.script(call("t_endless", every_s=0.5), say_tool_result())
+        await proxy.chat(model="mcp", messages=user("endless"))
+        await wait_for(lambda: source.connected and source.session_id != first, timeout_s=10)
+        proxy.upstream.script(call("t_echo", text="again"), say_tool_result())
+        await proxy.chat(model="mcp", messages=user("echo"))
+    assert "timed out after 1s" in tool_messages(proxy, 1)[0]
+    assert tool_messages(proxy, 3) == ["echo: again"]
+
+
+async def test_a_session_that_ends_at_once_is_made_anew_later_each_time(
+    proxy_for: ProxyFactory, tmp_path: Path
+) -> None:
+    """A server dropping each session as soon as it began had one made (its tools listed and
+    checked) every half second: only a session that lasted waits the first delay again."""
+    starts = tmp_path / "starts"
+    brief = str(Path(__file__).parents[1] / "mcp_brief_server.py")
+    entry = {"kind": "mcp", "command": [sys.executable, brief, str(starts)], "required": False}
+    async with proxy_for({"tools": {"srv": entry}}):
+        await asyncio.sleep(4)
+    # started at about 0 s, then after waits of 0.5, 1 and 2 s (each half a second: 7 or 8)
+    assert 3 <= len(starts.read_text().splitlines()) <= 4
