@@ -232,6 +232,14 @@ class ContextHolds:
             with contextlib.suppress(RedisError):
                 await self._let_go(keys=[held.lock, held.mark], args=[held.token, self._id])
             raise
+        except StateUnavailable:  # a paused redis runs the last attempt once it resumes: it
+            # would hold the context, for no one, for the whole lease
+
+            async def let_go() -> None:
+                await self._let_go(keys=[held.lock, held.mark], args=[held.token, self._id])
+
+            self.late.retry(f"context {context_id!r}", self._lease, let_go)
+            raise
         if taken[1] is not None:
             held.context = StoredContext.loads(taken[1])
         return held

@@ -258,3 +258,27 @@ async def test_a_save_a_paused_redis_runs_after_the_run_was_told_it_failed_saves
             await store.close()
     assert stored is not None
     assert (stored.messages, stored.version, report) == ([], 2, None)
+
+
+async def test_a_hold_a_paused_redis_takes_after_it_timed_out_is_let_go(tmp_path: Path) -> None:
+    """redis runs what was sent to it once it resumes: a take that had timed out (its run told
+    503) took the context's lock then, for no one, until its 30 s lease ran out."""
+    with redis_process(tmp_path) as (url, server):
+        store = RedisStore(url, prefix="late:", timeout_s=0.5, lock_lease_s=30)
+        try:
+            await store.save_context(StoredContext("c", agent="a"))
+            async with store.hold("c") as holding:  # (redis knows the scripts from now on)
+                assert holding.context is not None
+                await holding.end(holding.context, [], 60)
+            server.send_signal(signal.SIGSTOP)
+            try:
+                with pytest.raises(StateUnavailable):
+                    async with store.hold("c"):
+                        pass
+            finally:
+                server.send_signal(signal.SIGCONT)
+            async with asyncio.timeout(10):  # not the lease's 30 s
+                async with store.hold("c") as holding:
+                    assert holding.context is not None
+        finally:
+            await store.close()
