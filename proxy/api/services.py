@@ -63,7 +63,7 @@ class Services:
     def __post_init__(self) -> None:
         self.reports = ReportWrites(self.store, self.config.state.run_ttl_s)
         ttl = self.config.state.thread_ttl_s
-        self.threads = self.store if ttl is None else ExpiringThreads(self.store, ttl)
+        self.threads = ExpiringThreads(self.store, ttl)
 
     async def remember(
         self,

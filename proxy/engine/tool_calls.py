@@ -273,7 +273,11 @@ class ReplyCalls:
     async def _run(
         self, run: RunState, call: ToolCall, arguments: dict[str, Any] | None
     ) -> ToolResult:
-        await self.emit(ev.ToolStarted(run.run_id, run.step_count, call))
+        try:
+            await self.emit(ev.ToolStarted(run.run_id, run.step_count, call))
+        except asyncio.CancelledError:  # (a stream that showed it was cut): it never ran
+            await asyncio.shield(self.checkpoints.unreserve(run, [call]))
+            raise
         run.tool_calls += 1  # as it starts: a call cut short (the run cancelled or out of time) ran
         run.tools_ran = True
         started = self.clock()

@@ -17,6 +17,10 @@ from proxy.tools.schema import SchemaCheck, check_schema
 
 # What a server's tool may bring: a larger schema leaves the tool out.
 MAX_SCHEMA_VALUES = 5_000
+# What the schemas of one list's tools may hold together (~2 s of a thread's checking): the
+# tools past it are left out (128 tools of two 4,200-value schemas each held the start-up 45 s,
+# and its thread cannot be cancelled).
+MAX_LISTING_VALUES = 50_000
 OPEN_SCHEMA: dict[str, Any] = {"type": "object", "properties": {}}
 
 
@@ -49,16 +53,36 @@ def checked_listing(
     schema is none, by name (the first of a name listed twice: the one exposed). A tool left
     out here that is exposed all the same is checked as it is (`exposed_tool`)."""
     checked: dict[str, Schemas | str] = {}
+    spent = 0
     for tool in tools:
         if len(checked) >= most:
             break
         if tool.name in checked or not wanted(tool.name):
             continue
+        values = _values(tool.input_schema) + _values(tool.output_schema)
+        if spent + values > MAX_LISTING_VALUES:
+            checked[tool.name] = (
+                f"the schemas of the tools listed with it hold more than {MAX_LISTING_VALUES} "
+                "JSON values together"
+            )
+            continue
+        spent += values
         try:
             checked[tool.name] = checked_schemas(tool)
         except ValueError as exc:
             checked[tool.name] = str(exc)
     return checked
+
+
+def _values(schema: dict[str, Any] | None) -> int:
+    """The JSON values of a schema, counted up to one past MAX_SCHEMA_VALUES (a larger one is
+    not checked: it leaves its tool out); one too deep to write, as one."""
+    if not schema:
+        return 0
+    try:
+        return values_in(orjson.dumps(schema), MAX_SCHEMA_VALUES)
+    except orjson.JSONEncodeError:
+        return 1
 
 
 def output_check(listed: mcp_types.Tool) -> SchemaCheck | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import mcp_types
 
-from proxy.tools.mcp_schemas import MAX_SCHEMA_VALUES, Schemas, checked_listing
+from proxy.tools.mcp_schemas import MAX_LISTING_VALUES, MAX_SCHEMA_VALUES, Schemas, checked_listing
 
 
 def tool(name: str, input_schema: dict[str, object], **more: object) -> mcp_types.Tool:
@@ -52,3 +52,17 @@ def test_only_the_tools_a_source_may_expose_are_checked_the_first_of_a_name() ->
     assert list(checked) == ["a", "odd", "b"]
     assert isinstance(checked["a"], Schemas)
     assert checked["odd"] == "its input schema cannot be checked: OverflowError"
+
+
+def test_the_schemas_of_one_list_are_checked_up_to_a_bound_together() -> None:
+    """128 tools of two 4,200-value schemas each held start-up 45 s (a thread's checking,
+    which cannot be cancelled): past MAX_LISTING_VALUES together, the tools are left out."""
+    wide = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(1000)}}
+    listing = [tool(f"t{n}", wide) for n in range(20)]  # 4,004 values each
+    checked = checked_listing(listing, lambda name: True, 128)
+    kept = [name for name, schemas in checked.items() if isinstance(schemas, Schemas)]
+    assert kept == [f"t{n}" for n in range(MAX_LISTING_VALUES // 4004)]
+    assert checked["t19"] == (
+        f"the schemas of the tools listed with it hold more than {MAX_LISTING_VALUES} JSON "
+        "values together"
+    )

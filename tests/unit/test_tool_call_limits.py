@@ -381,3 +381,37 @@ async def test_a_call_cut_before_it_ran_gives_back_its_own_reservation_only() ->
     h = await cut_by_the_time_budget(script, threads)
     assert [name for name, _ in h.tools.calls] == ["search"]
     assert await threads.thread_counts("t") == {"search": 1}
+
+
+class SlowToShowCalls:
+    """A client's stream that takes a second to show each call as it starts."""
+
+    def heard(self, head: Mapping[str, str]) -> None:
+        pass
+
+    async def begin(self) -> None:
+        pass
+
+    async def content(self, text: str) -> None:
+        pass
+
+    async def progress(self, event: ev.RunEvent) -> None:
+        if isinstance(event, ev.ToolStarted):
+            await asyncio.sleep(1)
+
+
+async def test_a_call_cut_as_its_start_was_shown_gives_back_its_reservation() -> None:
+    threads = MemoryStore()
+    h = Harness(
+        [reply(calls=[("search", "{}")])],
+        TOOLS,
+        stop_when=[{"max_duration_s": 0.3}],
+        tool_call_limits=[{"tool_name": "search", "thread_limit": 5}],
+        threads=threads,
+        thread_id="t",
+    )
+    h.deps = replace(h.deps, clock=time.monotonic)
+    result = await asyncio.wait_for(h.run(stream=SlowToShowCalls()), timeout=30)
+    assert result.stop.reason is StopReason.TIME_BUDGET
+    assert h.tools.calls == []
+    assert await threads.thread_counts("t") == {"search": 0}
