@@ -62,9 +62,17 @@ class ReportWrites:
             await asyncio.shield(task)
 
     async def drain(self, timeout_s: float) -> None:
-        """Waits for the reports being written, at most `timeout_s` (at shutdown)."""
+        """Waits for the reports being written, at most `timeout_s` (at shutdown); those left
+        are told in the log with the count, as are the failures not told yet."""
         if self._pending:
             await asyncio.wait(list(self._pending.values()), timeout=timeout_s)
+        left = list(self._pending.values())
+        for task in left:
+            task.cancel()
+        await asyncio.gather(*left, return_exceptions=True)
+        if left:
+            log.warning("%d run reports were not kept: still being written at shutdown", len(left))
+        self._unkept.close("runs were not kept")
 
     @property
     def pending(self) -> int:

@@ -17,6 +17,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as ConnectionLost
 
 from proxy.errors import StateUnavailable
+from proxy.state import redis_calls
 from proxy.state.redis_calls import ms, reached
 from proxy.state.redis_holds import COMPARE_AND_SET, ContextHolds
 from proxy.state.store import (
@@ -332,6 +333,7 @@ class RedisStore:
     async def close(self) -> None:
         await self._holds.late.close()
         await self._redis.aclose()
+        redis_calls.failures.close("the redis state backend failed")  # the count not told yet
 
 
 class _Write(NamedTuple):

@@ -95,3 +95,16 @@ async def test_a_report_the_backend_refuses_is_logged(caplog: pytest.LogCaptureF
     await reports.keep("run_1", [Record("run", "run_1", b"{}")], False)
     await reports.written("run_1")
     assert "run run_1 was not kept: the state backend is unreachable" in caplog.text
+
+
+async def test_reports_left_unwritten_at_shutdown_are_counted_in_the_log(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A backend that does not answer: the reports still being written when the drain ends
+    were lost with a single line for the first of them."""
+    reports = ReportWrites(StalledWrites(), 60, wait_s=0)
+    for n in range(20):
+        await reports.keep(f"run_{n}", [Record("run", f"run_{n}", b"{}")], before_answer=False)
+    await reports.drain(0.1)
+    assert "20 run reports were not kept: still being written at shutdown" in caplog.text
+    assert reports.pending == 0
