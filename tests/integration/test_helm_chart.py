@@ -299,3 +299,28 @@ def test_a_stopping_pod_is_let_go_by_the_service_then_drains_its_runs() -> None:
     assert pod["spec"]["terminationGracePeriodSeconds"] == 100
     with pytest.raises(helm.HelmRenderError, match=r"terminationGracePeriodSeconds: 20 is less"):
         render({"terminationGracePeriodSeconds": 20})
+
+
+@pytest.mark.parametrize("release", ["on", "yes", "123"])
+def test_a_release_name_yaml_reads_as_another_type_stays_a_label(release: str) -> None:
+    for manifest in render(release=release):
+        kubernetes_validate.validate(manifest, KUBERNETES, strict=True)
+        assert manifest["metadata"]["labels"]["app.kubernetes.io/instance"] == release
+
+
+def test_the_pod_has_no_api_token_and_probes_that_wait_for_the_state_backend() -> None:
+    manifests = render({"config": {"state": {"timeout_s": 7.5}}})
+    pod = one(manifests, "Deployment")["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False
+    main = container(manifests)
+    assert main["readinessProbe"]["timeoutSeconds"] == 9  # the backend's 7.5 s, and a second
+    assert main["livenessProbe"]["timeoutSeconds"] == 5
+
+
+def test_bounds_the_api_server_would_refuse_are_refused_as_the_chart_renders() -> None:
+    with pytest.raises(helm.HelmRenderError, match=r"autoscaling\.minReplicas: 5 is above"):
+        render(
+            {"autoscaling": {"enabled": True, "minReplicas": 5, "maxReplicas": 2}, "config": REDIS}
+        )
+    with pytest.raises(helm.HelmValuesError, match="/service/probePort"):
+        render({"service": {"probePort": 81}})  # no root to bind it

@@ -12,7 +12,7 @@
 
 {{- define "loopwarden.selectorLabels" -}}
 app.kubernetes.io/name: {{ include "loopwarden.name" . }}
-app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/instance: {{ .Release.Name | quote }}
 {{- end -}}
 
 {{- define "loopwarden.labels" -}}
@@ -56,6 +56,13 @@ container has no root and no capabilities to bind one). */}}
 {{- if .Values.service.containerPort -}}{{ .Values.service.containerPort }}
 {{- else if lt (int .Values.service.port) 1024 -}}8080
 {{- else -}}{{ .Values.service.port }}
+{{- end -}}
+{{- end -}}
+
+{{/* The autoscaler's bounds in order. */}}
+{{- define "loopwarden.checkAutoscaling" -}}
+{{- if and .Values.autoscaling.enabled (gt (int .Values.autoscaling.minReplicas) (int .Values.autoscaling.maxReplicas)) -}}
+{{- fail (printf "autoscaling.minReplicas: %d is above autoscaling.maxReplicas (%d)" (int .Values.autoscaling.minReplicas) (int .Values.autoscaling.maxReplicas)) -}}
 {{- end -}}
 {{- end -}}
 
