@@ -324,3 +324,25 @@ def test_bounds_the_api_server_would_refuse_are_refused_as_the_chart_renders() -
         )
     with pytest.raises(helm.HelmValuesError, match="/service/probePort"):
         render({"service": {"probePort": 81}})  # no root to bind it
+
+
+def test_sqlite_s_file_may_outlive_its_pod_on_a_claim() -> None:
+    """On the emptyDir, every rollout started the default backend empty (stored contexts,
+    responses, thread counts): on a claim, the pod is replaced, never run beside its successor
+    on one file."""
+    manifests = render({"persistence": {"enabled": True, "size": "5Gi"}})
+    for manifest in manifests:
+        kubernetes_validate.validate(manifest, KUBERNETES, strict=True)
+    claim = one(manifests, "PersistentVolumeClaim")
+    assert claim["spec"]["resources"]["requests"]["storage"] == "5Gi"
+    deployment = one(manifests, "Deployment")
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["data"]["persistentVolumeClaim"] == {"claimName": claim["metadata"]["name"]}
+    mine = render({"persistence": {"enabled": True, "existingClaim": "mine"}})
+    assert "PersistentVolumeClaim" not in kinds(mine)
+    volumes = {v["name"]: v for v in one(mine, "Deployment")["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["data"]["persistentVolumeClaim"] == {"claimName": "mine"}
+    assert "strategy" not in one(render(), "Deployment")["spec"]
+    with pytest.raises(helm.HelmRenderError, match=r"persistence\.enabled: one claim is for one"):
+        render({"persistence": {"enabled": True}, "replicaCount": 2, "config": REDIS})

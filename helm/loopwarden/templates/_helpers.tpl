@@ -33,6 +33,9 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- if and (include "loopwarden.manyPods" .) (ne $backend "redis") -}}
 {{- fail (printf "config.state.backend: must be redis when more than one pod serves (replicaCount or autoscaling), so that thread counts and stored contexts are shared; it is %s" $backend) -}}
 {{- end -}}
+{{- if and .Values.persistence.enabled (include "loopwarden.manyPods" .) -}}
+{{- fail "persistence.enabled: one claim is for one pod's sqlite file; several pods share redis instead" -}}
+{{- end -}}
 {{- if and (gt (int .Values.workers) 1) (eq $backend "memory") -}}
 {{- fail "config.state.backend: memory is per process: with workers above 1, use sqlite or redis" -}}
 {{- end -}}
