@@ -346,3 +346,44 @@ def test_sqlite_s_file_may_outlive_its_pod_on_a_claim() -> None:
     assert "strategy" not in one(render(), "Deployment")["spec"]
     with pytest.raises(helm.HelmRenderError, match=r"persistence\.enabled: one claim is for one"):
         render({"persistence": {"enabled": True}, "replicaCount": 2, "config": REDIS})
+
+
+def test_the_chart_takes_volumes_names_annotations_and_an_ipv6_address() -> None:
+    """Python tools' code and CA bundles needed an image of one's own."""
+    values = {
+        "fullnameOverride": "gateway",
+        "extraVolumes": [{"name": "tools", "configMap": {"name": "my-tools"}}],
+        "extraVolumeMounts": [{"name": "tools", "mountPath": "/opt/tools", "readOnly": True}],
+        "service": {"annotations": {"team": "agents"}, "listenAddress": "::"},
+    }
+    manifests = render(values)
+    for manifest in manifests:
+        kubernetes_validate.validate(manifest, KUBERNETES, strict=True)
+        assert manifest["metadata"]["name"].startswith("gateway")
+    main = container(manifests)
+    assert main["args"][main["args"].index("--host") + 1] == "::"
+    assert {"name": "tools", "mountPath": "/opt/tools", "readOnly": True} in main["volumeMounts"]
+    pod = one(manifests, "Deployment")["spec"]["template"]["spec"]
+    assert {"name": "tools", "configMap": {"name": "my-tools"}} in pod["volumes"]
+    assert one(manifests, "Service")["metadata"]["annotations"] == {"team": "agents"}
+
+
+@pytest.mark.parametrize(
+    ("values", "warned"),
+    [
+        ({"service": {"type": "LoadBalancer"}}, True),
+        (
+            {"service": {"type": "NodePort"}, "config": {"auth": {"keys": [{"key_env": "K"}]}}},
+            False,
+        ),
+        ({}, False),
+    ],
+)
+def test_notes_warn_of_a_service_beyond_the_cluster_without_keys(
+    values: dict[str, Any], warned: bool
+) -> None:
+    with helm.Chart.load(CHART) as chart:
+        notes = chart.render(values, name="lw", namespace="agents")[
+            "loopwarden/templates/NOTES.txt"
+        ]
+    assert ("WARNING: service.type is" in notes) is warned
