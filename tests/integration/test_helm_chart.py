@@ -312,6 +312,7 @@ def test_the_pod_has_no_api_token_and_probes_that_wait_for_the_state_backend() -
     manifests = render({"config": {"state": {"timeout_s": 7.5}}})
     pod = one(manifests, "Deployment")["spec"]["template"]["spec"]
     assert pod["automountServiceAccountToken"] is False
+    assert pod["shareProcessNamespace"] is True  # orphans are reaped
     main = container(manifests)
     assert main["readinessProbe"]["timeoutSeconds"] == 9  # the backend's 7.5 s, and a second
     assert main["livenessProbe"]["timeoutSeconds"] == 5
