@@ -188,8 +188,8 @@ class ShuttingDown(ProxyError):
     status = 503
     code = "shutting_down"
 
-    def __init__(self) -> None:
-        super().__init__("the server shut down before the run ended")
+    def __init__(self, message: str = "the server shut down before the run ended") -> None:
+        super().__init__(message)
 
 
 class ShuttingDownAfterTools(ShuttingDown):

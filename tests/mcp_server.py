@@ -22,7 +22,8 @@ output schema has a pattern that a backtracking matcher takes exponential time t
 result with (the server's own check, Rust's `regex`, is linear). `hostile` adds tools whose
 calls the server answers as no server should: `endless` with an event stream of notifications
 that never ends, whatever the client says (one every `every_s`, 0.02 s unless given); `weird`
-with 5,000 content parts of no known type; `loop` with a redirect to itself; and `tally` to
+with 5,000 content parts of no known type; `loop` with a redirect to itself; `held` in JSON,
+its headers and all, after `seconds` (10 unless given); and `tally` to
 tell what it saw (`streams`: endless streams still open, `posts`: calls of `loop` received,
 `gets`: event streams asked for). With `retry-0`, the event stream asks to be opened again at
 once and ends; with `mute-cancels`, a `notifications/cancelled` is never acknowledged.
@@ -226,7 +227,7 @@ def main(argv: list[str]) -> None:
 
         server.add_tool(word, structured_output=True)
     if "hostile" in argv[2:]:
-        for name in ("endless", "weird", "loop"):
+        for name in HOSTILE:
             server.add_tool(lambda: "never", name=name, description="Answered as no server should.")
         server.add_tool(tally)
         app = hostile(app, retry_0="retry-0" in argv[2:], mute_cancels="mute-cancels" in argv[2:])
@@ -372,7 +373,18 @@ def _session(scope: Scope) -> list[tuple[bytes, bytes]]:
     return [(k, v) for k, v in scope["headers"] if k == b"mcp-session-id"]
 
 
-HOSTILE = {"endless": _endless, "weird": _weird, "loop": _loop}
+async def _held(
+    arguments: Any, request_id: Any, scope: Scope, receive: Receive, send: Send
+) -> None:
+    await anyio.sleep(arguments.get("seconds", 10))
+    result = {"content": [{"type": "text", "text": "held"}]}
+    body = json.dumps({"jsonrpc": "2.0", "id": request_id, "result": result}).encode()
+    headers = [(b"content-type", b"application/json"), *_session(scope)]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+HOSTILE = {"endless": _endless, "weird": _weird, "loop": _loop, "held": _held}
 
 
 def accepting_gzip(app: ASGIApp) -> ASGIApp:

@@ -12,12 +12,14 @@ from typing import Any, TypeVar
 import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from proxy.engine.run_spec import RunResult
 from proxy.errors import (
     BodyTooLarge,
     ClientDisconnected,
     InternalError,
     ProxyError,
     ShuttingDown,
+    ShuttingDownAfterTools,
     UnsupportedEncoding,
 )
 
@@ -27,6 +29,9 @@ T = TypeVar("T")
 # Set in a request's task when the app leaves its answer unfinished on purpose, having logged
 # why (an answer cut after it began): the server's own error for it is then not logged again.
 CUT_ON_PURPOSE: ContextVar[bool] = ContextVar("loopwarden_cut_on_purpose", default=False)
+# Set in a request's task as its run ends: what the drain's end says of a request it stops
+# while the answer is made.
+RUN_ENDED: ContextVar[RunResult | None] = ContextVar("loopwarden_run_ended", default=None)
 
 JSON = b"application/json"
 # How long a run goes before a task watches for its client's disconnect: a task per request
@@ -52,6 +57,17 @@ class Shutdown:
         """`task`, cancelled, was stopped by the drain's end: it is no longer cancelled then,
         and goes on to answer."""
         return self.begun and task is not None and task.uncancel() == 0
+
+
+def shutting_down(ended: RunResult | None, running: bool = False) -> ShuttingDown:
+    """The drain's end, told to a request whose run is `running` or `ended` (None: it had
+    none): not to be sent again as it was once its tools ran."""
+    if ended is None or not ended.tools_ran:
+        return ShuttingDown() if running or ended is None else ShuttingDown(ANSWER_UNSENT)
+    return ShuttingDownAfterTools() if running else ShuttingDownAfterTools(ANSWER_UNSENT)
+
+
+ANSWER_UNSENT = "the server shut down before the run's answer was sent"
 
 
 def header_list(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
@@ -218,7 +234,7 @@ class ErrorBoundary:
         except asyncio.CancelledError:
             if not self.shutdown.stopped(asyncio.current_task()):
                 raise
-            await self._told(scope, send, ShuttingDown(), started)
+            await self._told(scope, send, shutting_down(RUN_ENDED.get()), started)
         except ProxyError as exc:
             await self._told(scope, send, exc, started)
         except Exception:

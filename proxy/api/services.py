@@ -13,7 +13,7 @@ import orjson
 from starlette.types import Receive
 
 from proxy.api import held_calls
-from proxy.api.asgi import Shutdown, run_or_cancel
+from proxy.api.asgi import RUN_ENDED, Shutdown, run_or_cancel, shutting_down
 from proxy.api.auth import Caller, KeyRing
 from proxy.api.planning import Planner
 from proxy.api.report_writes import ReportWrites
@@ -25,7 +25,6 @@ from proxy.engine.ports import RunObserver, ThreadCounters
 from proxy.engine.run import Run
 from proxy.engine.run_spec import Deps, RunResult
 from proxy.engine.stop import StopReason
-from proxy.errors import ShuttingDown, ShuttingDownAfterTools
 from proxy.pricing import PriceTable
 from proxy.state.expiring_threads import ExpiringThreads
 from proxy.state.store import Record, StateStore
@@ -101,8 +100,9 @@ class Services:
         except asyncio.CancelledError:
             if not self.shutdown.stopped(asyncio.current_task()):
                 raise
-            ran = run.result is not None and run.result.tools_ran
-            raise (ShuttingDownAfterTools() if ran else ShuttingDown()) from None
+            raise shutting_down(run.result, running=True) from None
+        finally:
+            RUN_ENDED.set(run.result)
 
     async def unless_left(
         self,

@@ -10,8 +10,10 @@ server's event stream again as soon as the server says (`retry: 0`: 10,000 times
 
 So: a request's exchange, its answer stream too, ends when its call's time is up (`answer_s`),
 but for `subscriptions/listen`, which lasts as long as the session; a notification's, an
-answer's or the session's end must be acknowledged within `ack_s` (else the SDK's writer fails
-and the session is made anew); and a GET (the event stream) is sent at most once a second."""
+answer's or the session's end must be acknowledged within `ack_s` (else it is given up and the
+writer goes on); and a GET (the event stream) is sent at most once a second. An exchange given
+up before its answer began is answered 504 here, which the SDK takes as the server's failure of
+that one message."""
 
 from __future__ import annotations
 
@@ -61,7 +63,9 @@ class TimedExchanges(httpx2.AsyncBaseTransport):
             with anyio.fail_after(within):
                 response = await self.inner.handle_async_request(request)
         except TimeoutError:
-            raise httpx2.ReadTimeout(outlived(within), request=request) from None
+            # An answer of the proxy's own: the SDK fails the request it carried (an error
+            # raised here would end the whole session), or goes on to the next message.
+            return httpx2.Response(504, text=outlived(within), request=request)
         events = response.headers.get("content-type", "").lower().startswith("text/event-stream")
         assert isinstance(response.stream, httpx2.AsyncByteStream)
         return httpx2.Response(

@@ -75,14 +75,15 @@ def checked_listing(
 
 
 def _values(schema: dict[str, Any] | None) -> int:
-    """The JSON values of a schema, counted up to one past MAX_SCHEMA_VALUES (a larger one is
-    not checked: it leaves its tool out); one too deep to write, as one."""
+    """The JSON values of a schema its check goes through: none for one over MAX_SCHEMA_VALUES
+    or too deep to write (refused unchecked)."""
     if not schema:
         return 0
     try:
-        return values_in(orjson.dumps(schema), MAX_SCHEMA_VALUES)
+        values = values_in(orjson.dumps(schema), MAX_SCHEMA_VALUES)
     except orjson.JSONEncodeError:
-        return 1
+        return 0
+    return values if values <= MAX_SCHEMA_VALUES else 0
 
 
 def output_check(listed: mcp_types.Tool) -> SchemaCheck | None:

@@ -212,10 +212,10 @@ class McpSource:
     async def _supervise(self) -> None:
         delay = FIRST_RETRY_S
         while not self._closing.is_set():
-            was_connected = False
+            began = _now()
             try:
-                was_connected = await self._session()
-            except Exception as exc:  # any failure to connect is retried
+                await self._session()
+            except Exception as exc:  # any failure (to connect, or of the session) is retried
                 self.error = self._ended or _reason(exc)
             finally:
                 self._client = None
@@ -224,7 +224,7 @@ class McpSource:
                 self._attempted.set()
             if self._closing.is_set():
                 break
-            if was_connected:
+            if self._connected_at >= began:  # it got connected, then dropped
                 if _now() - self._connected_at >= STEADY_S:
                     delay = FIRST_RETRY_S  # (a session dropped at once waits longer each time)
                 log.warning("%s disconnected: %s; reconnecting", self.located(), self.error)
@@ -234,8 +234,9 @@ class McpSource:
                 await asyncio.wait_for(self._closing.wait(), delay)
             delay = min(delay * 2, self.cfg.reconnect_max_s)
 
-    async def _session(self) -> bool:
-        """One session, from connect to drop or close; True when it got connected."""
+    async def _session(self) -> None:
+        """One session, from connect to drop or close (`_connected_at` says whether it got
+        connected)."""
         self.state = "connecting"
         self._ended = None
         self._dropped.clear()
@@ -272,11 +273,10 @@ class McpSource:
                     group.start_soon(self._listen, client)
                 await self._serve(client)
                 group.cancel_scope.cancel()
-                return True
+                return
         if scope.cancelled_caught:
             limit = self.cfg.connect_timeout_s
             raise TimeoutError(f"no answer within connect_timeout_s ({limit:g}s)")
-        return False
 
     async def _serve(self, client: Client) -> None:
         """Waits for the session's end, re-listing the tools whenever they change: at most once

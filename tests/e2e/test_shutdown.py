@@ -13,7 +13,7 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import httpx
 import openai
@@ -23,6 +23,7 @@ import pytest
 from proxy.demo.runner import free_port
 from tests.e2e.conftest import ROOT, config_file, wait_healthy
 from tests.scripted_upstream import ScriptedUpstream, call, say, say_tool_result
+from tests.servers import redis_process
 from tests.tools import TOOLS
 
 pytestmark = pytest.mark.e2e
@@ -31,7 +32,7 @@ T = TypeVar("T")
 
 @contextlib.asynccontextmanager
 async def serving(
-    tmp_path: Path, upstream_url: str, drain_s: float
+    tmp_path: Path, upstream_url: str, drain_s: float, state: dict[str, Any] | None = None
 ) -> AsyncIterator[tuple[str, subprocess.Popen[bytes]]]:
     """The proxy with an agent whose `sleep` tool runs as long as a test asks, draining for
     `drain_s` on SIGTERM; its base URL and process."""
@@ -41,7 +42,7 @@ async def serving(
         "default_upstream": "main",
         "tools": {"sleep": TOOLS["sleep"]},
         "agents": {"sleeper": {"model": "gpt-4o-mini", "tools": ["sleep"]}},
-        "state": {"backend": "memory"},
+        "state": state or {"backend": "memory"},
     }
     port = free_port()
     path = config_file(tmp_path, config)
@@ -159,3 +160,34 @@ async def test_a_stream_past_the_drain_ends_with_its_failure(
         assert last["error"]["code"] == "shutting_down"
         assert last["loop"]["stop_reason"] == "cancelled"
         assert answer.text.endswith("data: [DONE]\n\n")
+
+
+async def test_a_run_ended_but_not_yet_answered_at_the_drain_s_end_is_not_sent_again(
+    tmp_path: Path, upstream: ScriptedUpstream, upstream_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its tools ran and its answer was being kept (the state backend slow) as the drain
+    ended: the 503 said nothing of the tools, and the SDK sent the run again."""
+    upstream.script(call("sleep", seconds=0.1), say("done").replace(after_s=0.3))
+    with redis_process(tmp_path) as (url, redis):
+        monkeypatch.setenv("LW_TEST_REDIS", url)
+        state = {"backend": "redis", "url_env": "LW_TEST_REDIS", "timeout_s": 10}
+        async with (
+            serving(tmp_path, upstream_url, drain_s=1, state=state) as (base, proc),
+            httpx.AsyncClient(base_url=base, timeout=30) as client,
+        ):
+            body = {"model": "sleeper", "input": "wait"}
+            asking = asyncio.create_task(client.post("/v1/responses", json=body))
+            while len(upstream.bodies) < 2:  # noqa: ASYNC110 (recorded in a thread)
+                await asyncio.sleep(0.02)
+            redis.send_signal(signal.SIGSTOP)  # the answer's keeping waits
+            try:
+                answer = await stopped_while(proc, upstream, 2, asking)
+            finally:
+                redis.send_signal(signal.SIGCONT)
+    assert answer.status_code == 503
+    assert answer.headers["x-should-retry"] == "false"
+    error = answer.json()["error"]
+    assert (error["code"], error["message"]) == (
+        "shutting_down",
+        "the server shut down before the run's answer was sent",
+    )

@@ -388,3 +388,18 @@ def test_notes_warn_of_a_service_beyond_the_cluster_without_keys(
             "loopwarden/templates/NOTES.txt"
         ]
     assert ("WARNING: service.type is" in notes) is warned
+
+
+@pytest.mark.parametrize(
+    ("values", "grace"),
+    [
+        ({"config": {"server": None}}, 45),  # a section left empty in YAML
+        ({"config": {"server": {"shutdown_timeout_s": 0}}}, 15),  # no drain: not the default
+        ({"terminationGracePeriodSeconds": 100_000_000}, 100_000_000),  # not `1e+08`
+    ],
+)
+def test_the_grace_period_of_values_yaml_may_hold(values: dict[str, Any], grace: int) -> None:
+    manifests = render(values)
+    pod = one(manifests, "Deployment")["spec"]["template"]["spec"]
+    assert pod["terminationGracePeriodSeconds"] == grace
+    kubernetes_validate.validate(one(manifests, "Deployment"), KUBERNETES, strict=True)

@@ -800,22 +800,24 @@ async def test_the_event_stream_is_opened_at_most_once_a_second(proxy_for: Proxy
     assert 1 <= opened <= 4
 
 
-async def test_a_notification_never_acknowledged_makes_the_session_anew(
+async def test_a_notification_never_acknowledged_holds_the_session_a_moment_only(
     proxy_for: ProxyFactory,
 ) -> None:
     """The SDK sends a session's notifications one after another, each awaited: a cancel the
     server never acknowledged held every later message of the session (its calls timed out)
-    for the 300 s read timeout. Past `connect_timeout_s`, the session is made anew."""
+    for the 300 s read timeout. Past `connect_timeout_s`, it is given up, and the session goes
+    on."""
     async with hostile_source(proxy_for, "mute-cancels", timeout_s=1, connect_timeout_s=1) as proxy:
         source = proxy_source(proxy)
-        first = source.session_id
+        session = source.session_id
         proxy.upstream.script(call("t_endless", every_s=0.5), say_tool_result())
-        await proxy.chat(model="mcp", messages=user("endless"))
-        await wait_for(lambda: source.connected and source.session_id != first, timeout_s=10)
+        await proxy.chat(model="mcp", messages=user("endless"))  # its cancel is never taken
+        await asyncio.sleep(1.2)
         proxy.upstream.script(call("t_echo", text="again"), say_tool_result())
         await proxy.chat(model="mcp", messages=user("echo"))
     assert "timed out after 1s" in tool_messages(proxy, 1)[0]
     assert tool_messages(proxy, 3) == ["echo: again"]
+    assert source.session_id == session
 
 
 async def test_a_session_that_ends_at_once_is_made_anew_later_each_time(
@@ -830,3 +832,22 @@ async def test_a_session_that_ends_at_once_is_made_anew_later_each_time(
         await asyncio.sleep(6)
     # started at about 0 s, then after waits of 0.5, 1, 2 and 4 s (each half a second: 7 to 12)
     assert 1 <= len(starts.read_text().splitlines()) <= 4
+
+
+async def test_a_call_whose_answer_never_begins_is_given_up_alone(
+    proxy_for: ProxyFactory,
+) -> None:
+    """A handshake-era server answering in JSON sends its headers with the result: a call
+    past its time was given up by an error that ended the whole session (every call beside
+    it: `Connection closed`)."""
+    async with hostile_source(proxy_for, timeout_s=1, connect_timeout_s=1) as proxy:
+        source = proxy_source(proxy)
+        session = source.session_id
+        proxy.upstream.script(call("t_held", seconds=6), say_tool_result())
+        await proxy.chat(model="mcp", messages=user("held"))
+        await asyncio.sleep(1.5)  # the exchange given up, 2 s after the call began
+        proxy.upstream.script(call("t_echo", text="still here"), say_tool_result())
+        await proxy.chat(model="mcp", messages=user("echo"))
+    assert "timed out after 1s" in tool_messages(proxy, 1)[0]
+    assert tool_messages(proxy, 3) == ["echo: still here"]
+    assert source.session_id == session

@@ -66,3 +66,13 @@ def test_the_schemas_of_one_list_are_checked_up_to_a_bound_together() -> None:
         f"the schemas of the tools listed with it hold more than {MAX_LISTING_VALUES} JSON "
         "values together"
     )
+
+
+def test_a_schema_refused_unchecked_spends_nothing_of_the_list_s_bound() -> None:
+    over = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(2000)}}
+    wide = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(1000)}}
+    listing = [tool(f"over{n}", over) for n in range(20)] + [tool(f"kept{n}", wide) for n in (1, 2)]
+    checked = checked_listing(listing, lambda name: True, 128)
+    assert isinstance(checked["kept1"], Schemas)
+    assert isinstance(checked["kept2"], Schemas)
+    assert checked["over0"] == f"its input schema holds more than {MAX_SCHEMA_VALUES} JSON values"

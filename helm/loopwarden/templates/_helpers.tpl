@@ -81,12 +81,21 @@ container has no root and no capabilities to bind one). */}}
 {{/* The pod's grace period: the preStop delay and the server's drain, plus 10 s to exit; one
 set must hold the two. */}}
 {{- define "loopwarden.gracePeriod" -}}
-{{- $drain := int (ceil (dig "server" "shutdown_timeout_s" 30 .Values.config)) -}}
+{{- $drain := int (ceil (include "loopwarden.setting" (list .Values.config "server" "shutdown_timeout_s" 30))) -}}
 {{- $needed := add .Values.shutdownDelaySeconds $drain -}}
 {{- $set := .Values.terminationGracePeriodSeconds -}}
 {{- if kindIs "invalid" $set -}}{{ add $needed 10 }}
-{{- else if lt (int $set) (int $needed) -}}
-{{- fail (printf "terminationGracePeriodSeconds: %d is less than shutdownDelaySeconds and config.server.shutdown_timeout_s together (%d): runs would be killed, not answered" (int $set) (int $needed)) -}}
-{{- else -}}{{ $set }}
+{{- else if lt (int64 $set) (int64 $needed) -}}
+{{- fail (printf "terminationGracePeriodSeconds: %d is less than shutdownDelaySeconds and config.server.shutdown_timeout_s together (%d): runs would be killed, not answered" (int64 $set) (int64 $needed)) -}}
+{{- else -}}{{ int64 $set }}
 {{- end -}}
+{{- end -}}
+
+{{/* A setting of the config's section (list config section name default): the default when
+the section or the setting is missing or null. */}}
+{{- define "loopwarden.setting" -}}
+{{- $section := index . 0 | default dict -}}
+{{- $values := get $section (index . 1) | default dict -}}
+{{- $value := index $values (index . 2) -}}
+{{- if kindIs "invalid" $value -}}{{ index . 3 }}{{- else -}}{{ $value }}{{- end -}}
 {{- end -}}
