@@ -60,14 +60,14 @@ class Shutdown:
 
 
 def shutting_down(ended: RunResult | None, running: bool = False) -> ShuttingDown:
-    """The drain's end, told to a request whose run is `running` or `ended` (None: it had
-    none): not to be sent again as it was once its tools ran."""
-    if ended is None or not ended.tools_ran:
-        return ShuttingDown() if running or ended is None else ShuttingDown(ANSWER_UNSENT)
-    return ShuttingDownAfterTools() if running else ShuttingDownAfterTools(ANSWER_UNSENT)
-
-
-ANSWER_UNSENT = "the server shut down before the run's answer was sent"
+    """The drain's end, told to a request whose run is `running` (its result so far: `ended`),
+    had ended (`ended`), or that had none: not to be sent again as it was once tools ran."""
+    error = ShuttingDownAfterTools if ended is not None and ended.tools_ran else ShuttingDown
+    if running:
+        return error()
+    if ended is None:
+        return error("the server shut down before the request was answered")
+    return error("the server shut down before the run's answer was sent")
 
 
 def header_list(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
