@@ -251,27 +251,37 @@ def cutting_calls(app: ASGIApp) -> ASGIApp:
         if scope["type"] != "http" or scope["method"] != "POST":
             await app(scope, receive, send)
             return
-        body, more = b"", True
-        while more:
-            message = await receive()
-            body, more = body + message.get("body", b""), message.get("more_body", False)
+        body = await _body(receive)
         if b'"name":"cut"' in body.replace(b" ", b""):
             headers = [(b"content-type", b"text/event-stream")]
             await send({"type": "http.response.start", "status": 200, "headers": headers})
             await send({"type": "http.response.body", "body": b": begun\n\n", "more_body": True})
             raise ConnectionResetError("the connection dropped mid-answer")
-        replayed = False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if replayed:
-                return await receive()
-            replayed = True
-            return {"type": "http.request", "body": body, "more_body": False}
-
-        await app(scope, replay, send)
+        await app(scope, _replaying(body, receive), send)
 
     return wrapped
+
+
+async def _body(receive: Receive) -> bytes:
+    body, more = b"", True
+    while more:
+        message = await receive()
+        body, more = body + message.get("body", b""), message.get("more_body", False)
+    return body
+
+
+def _replaying(body: bytes, receive: Receive) -> Receive:
+    """`receive` for the app, after a wrapper read the request's `body`: that body first."""
+    replayed = False
+
+    async def replay() -> Message:
+        nonlocal replayed
+        if replayed:
+            return await receive()
+        replayed = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return replay
 
 
 TALLY = {"streams": 0, "posts": 0, "gets": 0}
@@ -299,10 +309,7 @@ def hostile(app: ASGIApp, retry_0: bool, mute_cancels: bool) -> ASGIApp:
         if scope["method"] != "POST":
             await app(scope, receive, send)
             return
-        body, more = b"", True
-        while more:
-            message = await receive()
-            body, more = body + message.get("body", b""), message.get("more_body", False)
+        body = await _body(receive)
         request = json.loads(body)
         params = request.get("params") or {}
         if request.get("method") == "tools/call" and params.get("name") in HOSTILE:
@@ -311,16 +318,7 @@ def hostile(app: ASGIApp, retry_0: bool, mute_cancels: bool) -> ASGIApp:
             return
         if mute_cancels and request.get("method") == "notifications/cancelled":
             await anyio.sleep_forever()
-        replayed = False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if replayed:
-                return await receive()
-            replayed = True
-            return {"type": "http.request", "body": body, "more_body": False}
-
-        await app(scope, replay, send)
+        await app(scope, _replaying(body, receive), send)
 
     return wrapped
 

@@ -18,6 +18,7 @@ from proxy.api.services import Services
 from proxy.api.sse import SSEWriter
 from proxy.api.upstream_param import ClientTerms
 from proxy.engine.run import Run
+from proxy.engine.run_spec import RunResult
 from proxy.engine.stop import StopReason
 from proxy.errors import ClientDisconnected, ShuttingDown
 
@@ -81,14 +82,11 @@ class ChatCompletions:
         caller: Caller | None,
     ) -> None:
         include = req.run.loop.include_messages
-        try:
-            with writer.kept_alive(sv.config.server.keepalive_interval_s):
-                ended = await sv.execute(run, receive)
-        except ShuttingDown as exc:
-            if not writer.started or run.result is None:
-                raise
-            await writer.fail(exc.body(), loop_report(run.result, include))
-            return
+
+        async def fail(error: ShuttingDown, ended: RunResult) -> None:
+            await writer.fail(error.body(), loop_report(ended, include))
+
+        ended = await sv.execute_streamed(run, writer, receive, fail)
         result = await sv.unless_left(run, ended, lambda r: loop_report(r, include), owner, caller)
         if result is None:
             return

@@ -136,15 +136,12 @@ class Responses:
         self, run: Run, writer: ResponsesStream, context: _Context, receive: Receive
     ) -> None:
         sv = context.sv
-        try:
-            with writer.kept_alive(sv.config.server.keepalive_interval_s):
-                ended = await sv.execute(run, receive)
-        except ShuttingDown as exc:
-            if not writer.started or run.result is None:
-                raise
-            report = context.report(run.result)
-            await writer.fail(context.failed_response(run.result, writer.base, report, exc))
-            return
+
+        async def fail(error: ShuttingDown, ended: RunResult) -> None:
+            report = context.report(ended)
+            await writer.fail(context.failed_response(ended, writer.base, report, error))
+
+        ended = await sv.execute_streamed(run, writer, receive, fail)
         result = await sv.unless_left(run, ended, context.report, context.owner, context.caller)
         if result is None:
             return

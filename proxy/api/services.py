@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,6 +15,7 @@ from starlette.types import Receive
 from proxy.api import held_calls
 from proxy.api.asgi import RUN_ENDED, Shutdown, run_or_cancel, shutting_down
 from proxy.api.auth import Caller, KeyRing
+from proxy.api.event_stream import EventStream
 from proxy.api.planning import Planner
 from proxy.api.report_writes import ReportWrites
 from proxy.callables import CallThreads
@@ -25,6 +26,7 @@ from proxy.engine.ports import RunObserver, ThreadCounters
 from proxy.engine.run import Run
 from proxy.engine.run_spec import Deps, RunResult
 from proxy.engine.stop import StopReason
+from proxy.errors import ShuttingDown
 from proxy.pricing import PriceTable
 from proxy.state.expiring_threads import ExpiringThreads
 from proxy.state.store import Record, StateStore
@@ -103,6 +105,24 @@ class Services:
             raise shutting_down(run.result, running=True) from None
         finally:
             RUN_ENDED.set(run.result)
+
+    async def execute_streamed(
+        self,
+        run: Run,
+        writer: EventStream,
+        receive: Receive,
+        fail: Callable[[ShuttingDown, RunResult], Awaitable[None]],
+    ) -> RunResult | None:
+        """`execute`, `writer` kept alive meanwhile; a stream that began and that the drain's
+        end stops ends with `fail`'s event (then None, as for a client gone: `unless_left`)."""
+        try:
+            with writer.kept_alive(self.config.server.keepalive_interval_s):
+                return await self.execute(run, receive)
+        except ShuttingDown as exc:
+            if not writer.started or run.result is None:
+                raise
+            await fail(exc, run.result)
+            return None
 
     async def unless_left(
         self,
