@@ -28,9 +28,9 @@ def stated_stop(stop: Stop) -> str:
     threshold = details.get("threshold")
     reason = stop.reason
     if reason is StopReason.MAX_STEPS:
-        return f"Stopped: the run reached its step limit ({threshold} steps)."
+        return f"Stopped: the run reached its step limit ({_counted(threshold, 'step')})."
     if reason is StopReason.TOKEN_BUDGET:
-        return f"Stopped: the run reached its token budget ({threshold} tokens)."
+        return f"Stopped: the run reached its token budget ({_counted(threshold, 'token')})."
     if reason is StopReason.COST_BUDGET:
         return f"Stopped: the run reached its cost budget ({threshold} USD)."
     if reason is StopReason.TIME_BUDGET:
@@ -47,6 +47,10 @@ def stated_stop(stop: Stop) -> str:
         tool = details.get("tool")
         return f"Stopped: the run reached a tool call limit ({counted}) calling {tool}."
     return f"Stopped: the stop condition {details.get('condition')} held."
+
+
+def _counted(count: object, unit: str) -> str:
+    return f"{count} {unit}" if count == 1 else f"{count} {unit}s"
 
 
 def without_tool_calls(message: dict[str, Any]) -> dict[str, Any]:

@@ -402,3 +402,10 @@ async def test_a_finish_reason_stop_after_a_tool_step_is_no_function_call_item(
         "/v1/responses", json={"model": "weather", "input": "Oslo?", "loop": loop}
     )
     assert [item["type"] for item in r.json()["output"]] == ["mcp_call", "message"]
+
+
+async def test_a_limit_of_one_states_it_in_the_singular(proxy: Proxy) -> None:
+    proxy.upstream.script(call("get_weather", city="Oslo"))
+    r = await proxy.chat(model="weather", loop={"max_steps": 1})
+    content = r.json()["choices"][0]["message"]["content"]
+    assert content == "Stopped: the run reached its step limit (1 step)."
