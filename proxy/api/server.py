@@ -25,9 +25,9 @@ from collections.abc import Callable
 from typing import Any
 
 import uvicorn
+from starlette.types import ASGIApp
 from uvicorn.server import ServerState
 
-from proxy.api.app import ProxyApp
 from proxy.api.asgi import CUT_ON_PURPOSE
 from proxy.api.guarded_protocol import guarded_protocol
 from proxy.api.runtime import settle_runtime
@@ -140,17 +140,18 @@ UNREAD_ONCE_A_SECOND = _UnreadOnceASecond()
 
 
 def serve(
-    app: ProxyApp,
+    app: ASGIApp,
     server: ServerConfig,
     sock: socket.socket | None = None,
     probes: socket.socket | None = None,
     announce: bool = True,
+    on_shutdown: Callable[[], None] | None = None,
 ) -> bool:
     """Serves `app` until the process is told to stop, on `sock` when given (a worker's share
     of the supervisor's socket), else on `server.host` and `server.port`; and its probe routes
     on `probes`, when given. False when it did not start (its lifespan failed: a required MCP
     server did not connect, say). `announce`: log the address once started (a worker does
-    not: its supervisor did)."""
+    not: its supervisor did); `on_shutdown` is told as the server begins to shut down."""
     raise_descriptor_limit()  # (before the connection limit is read of it)
     options: dict[str, Any] = {
         "host": server.host,
@@ -167,7 +168,7 @@ def serve(
     config = uvicorn.Config(app, **options)  # (which sets up uvicorn's loggers)
     for told in (UNFINISHED_ON_PURPOSE, UNREAD_ONCE_A_SECOND):
         logging.getLogger("uvicorn.error").addFilter(told)  # once: the same objects
-    served = _Server(config, probes, server.header_timeout_s, announce, app.shutting_down)
+    served = _Server(config, probes, server.header_timeout_s, announce, on_shutdown)
     try:
         served.run(sockets=[sock] if sock else None)
     except SystemExit:  # uvicorn's answer to a lifespan that failed: told, and not started
