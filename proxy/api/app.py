@@ -199,6 +199,7 @@ def create_app(
                 finally:
                     applying.cancel()
                     telemetry.metrics.tally.apply()
+                    await services.threads.settle(config.state.timeout_s)
                     await services.reports.drain(config.state.timeout_s)
                     await services.close_sources()
         finally:

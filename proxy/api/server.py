@@ -41,6 +41,9 @@ log = logging.getLogger(__name__)
 # connections not yet accepted.
 PROBE_CONNECTIONS = 32
 PROBE_BACKLOG = 64
+# What the requests the drain's end stopped get to let go of what they hold, before the app's
+# services are closed.
+SETTLE_S = 5.0
 
 
 class _Server(uvicorn.Server):
@@ -64,6 +67,9 @@ class _Server(uvicorn.Server):
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)  # (SystemExit when the app did not start)
+        self.lifespan = _AfterStopped(
+            self.lifespan, lambda: [*self.server_state.tasks, *self.probe_state.tasks]
+        )
         if self.probes is not None:
             await self._serve_probes(self.probes)
         settle_runtime()
@@ -100,6 +106,27 @@ class _Server(uvicorn.Server):
         # Polled, as uvicorn waits for its own: its server state has no event to wait on.
         while (probes.connections or probes.tasks) and not self.force_exit:  # noqa: ASYNC110
             await asyncio.sleep(0.1)
+
+
+class _AfterStopped:
+    """The app's lifespan, whose shutdown first gives the requests the drain's end cancelled
+    SETTLE_S to finish (their answer, the context locks and reservations they let go of):
+    uvicorn goes straight on from cancelling them to the lifespan's shutdown, which closes the
+    state store under them, and the process ends (a `/chat` run's lock was kept for its whole
+    lease, its client sent no answer)."""
+
+    def __init__(self, lifespan: Any, requests: Callable[[], list[asyncio.Task[Any]]]) -> None:
+        self.lifespan = lifespan
+        self.requests = requests
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.lifespan, name)
+
+    async def shutdown(self) -> None:
+        stopped = [task for task in self.requests() if not task.done()]
+        if stopped:
+            await asyncio.wait(stopped, timeout=SETTLE_S)
+        await self.lifespan.shutdown()
 
 
 class _UnfinishedOnPurpose(logging.Filter):

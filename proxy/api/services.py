@@ -22,7 +22,7 @@ from proxy.callables import CallThreads
 from proxy.conditions import ConfiguredChecks
 from proxy.config import Config, ConfigError
 from proxy.config.environment import setting
-from proxy.engine.ports import RunObserver, ThreadCounters
+from proxy.engine.ports import RunObserver
 from proxy.engine.run import Run
 from proxy.engine.run_spec import Deps, RunResult
 from proxy.engine.stop import StopReason
@@ -59,7 +59,7 @@ class Services:
     route_observers: Mapping[str, Sequence[RunObserver]] = field(default_factory=dict)
     shutdown: Shutdown = field(default_factory=Shutdown)  # the server's, once it begins
     reports: ReportWrites = field(init=False)
-    threads: ThreadCounters = field(init=False)  # the store's, ending `state.thread_ttl_s`
+    threads: ExpiringThreads = field(init=False)  # the store's, ending `state.thread_ttl_s`
 
     def __post_init__(self) -> None:
         self.reports = ReportWrites(self.store, self.config.state.run_ttl_s)

@@ -47,10 +47,18 @@ class ExpiringThreads:
     ) -> None:
         try:
             reserved, _ = await reserving
-            if reserved:
+        except Exception:  # (the store's failures are StateUnavailable): nothing reserved
+            return
+        if reserved:
+            try:
                 await self.store.release(thread_id, dict.fromkeys(limits, 1))
-        except Exception as exc:  # (the store's failures are StateUnavailable)
-            log.warning("the thread %s kept a call that never ran: %s", thread_id, exc)
+            except Exception as exc:
+                log.warning("the thread %s kept a call that never ran: %s", thread_id, exc)
+
+    async def settle(self, timeout_s: float) -> None:
+        """Waits, at most `timeout_s`, for the reservations being given back (at shutdown)."""
+        if self._giving_back:
+            await asyncio.wait(list(self._giving_back), timeout=timeout_s)
 
     async def thread_counts(self, thread_id: str) -> dict[str, int]:
         return await self.store.thread_counts(thread_id)

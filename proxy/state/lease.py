@@ -41,6 +41,10 @@ async def renewed(
             await task
 
 
+# Releases tried again at once, at most (each tries for as long as its lease lasts).
+MAX_LATE_RELEASES = 128
+
+
 class LateReleases:
     """Releases of leases that failed (the backend down for a moment), tried again in the
     background for as long as the lease would last: the next holder, in this process or
@@ -51,6 +55,8 @@ class LateReleases:
         self._tasks: set[asyncio.Task[None]] = set()
 
     def retry(self, name: str, lease_s: float, let_go: Callable[[], Awaitable[object]]) -> None:
+        if len(self._tasks) >= MAX_LATE_RELEASES:  # a backend down fails every take and release:
+            return  # its leases run out, as they would have without a later try
         task = asyncio.ensure_future(self._again(name, lease_s, let_go))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

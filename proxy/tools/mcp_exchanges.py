@@ -49,11 +49,11 @@ class TimedExchanges(httpx2.AsyncBaseTransport):
         self._last_get = -GET_EVERY_S
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
-        if request.method == "GET":
-            wait = self._last_get + GET_EVERY_S - anyio.current_time()
-            if wait > 0:
-                await anyio.sleep(wait)
-            self._last_get = anyio.current_time()
+        if request.method == "GET":  # each its own turn, a second after the one before
+            now = anyio.current_time()
+            turn = self._last_get = max(now, self._last_get + GET_EVERY_S)
+            if turn > now:
+                await anyio.sleep(turn - now)
             return await self.inner.handle_async_request(request)
         within = self._within(await _body(request) if request.method == "POST" else b"")
         if within is None:

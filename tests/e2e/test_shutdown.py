@@ -68,7 +68,7 @@ async def stopped_while(
     # (the upstream records its requests in a thread of its own: polled)
     while len(upstream.bodies) < asked and not request.done():  # noqa: ASYNC110
         await asyncio.sleep(0.02)
-    await asyncio.sleep(0.3)  # the tool call begins
+    await asyncio.sleep(1.0)  # the tool call begins (a busy host takes its time)
     proc.send_signal(signal.SIGTERM)
     outcome = await request
     assert await asyncio.to_thread(proc.wait, 15) in (0, -signal.SIGTERM)  # (uvicorn: either)
@@ -82,8 +82,10 @@ async def test_a_run_past_the_drain_is_answered_shutting_down_and_not_sent_again
     tmp_path: Path, upstream: ScriptedUpstream, upstream_url: str
 ) -> None:
     upstream.script(call("sleep", seconds=60))
-    async with serving(tmp_path, upstream_url, drain_s=0.5) as (base, proc):
-        client = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="sk-none", max_retries=2)
+    async with (
+        serving(tmp_path, upstream_url, drain_s=0.5) as (base, proc),
+        openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="sk-none", max_retries=2) as client,
+    ):
         asking = asyncio.create_task(
             client.chat.completions.create(
                 model="sleeper", messages=[{"role": "user", "content": "wait"}]
@@ -119,8 +121,10 @@ async def test_a_run_that_ends_within_the_drain_is_answered(
     tmp_path: Path, upstream: ScriptedUpstream, upstream_url: str
 ) -> None:
     upstream.script(call("sleep", seconds=1), say_tool_result("Done: {}"))
-    async with serving(tmp_path, upstream_url, drain_s=20) as (base, proc):
-        client = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="sk-none")
+    async with (
+        serving(tmp_path, upstream_url, drain_s=20) as (base, proc),
+        openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="sk-none") as client,
+    ):
         asking = asyncio.create_task(
             client.chat.completions.create(
                 model="sleeper", messages=[{"role": "user", "content": "wait"}]
@@ -191,3 +195,33 @@ async def test_a_run_ended_but_not_yet_answered_at_the_drain_s_end_is_not_sent_a
         "shutting_down",
         "the server shut down before the run's answer was sent",
     )
+
+
+async def test_a_context_s_run_past_the_drain_lets_go_of_its_lock(
+    tmp_path: Path, upstream: ScriptedUpstream, upstream_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The requests the drain's end stopped were not waited for: the state store was closed
+    under them and the process ended, a `/chat` run answered nothing and kept its context's
+    lock for the lease (the next run on it waited 27 s)."""
+    upstream.script(call("sleep", seconds=60))
+    with redis_process(tmp_path) as (url, _):
+        monkeypatch.setenv("LW_TEST_REDIS", url)
+        state = {"backend": "redis", "url_env": "LW_TEST_REDIS", "lock_lease_s": 30}
+        async with (
+            serving(tmp_path, upstream_url, drain_s=0.5, state=state) as (base, proc),
+            httpx.AsyncClient(base_url=base, timeout=30) as client,
+        ):
+            body = {"context_id": "c1", "agent": "sleeper", "message": "wait"}
+            asking = asyncio.create_task(client.post("/chat", json=body))
+            answer = await stopped_while(proc, upstream, 1, asking)
+        assert answer.status_code == 503
+        assert answer.json()["error"]["code"] == "shutting_down"
+        upstream.script(say("back"))
+        async with (
+            serving(tmp_path, upstream_url, drain_s=0.5, state=state) as (base, proc),
+            httpx.AsyncClient(base_url=base, timeout=30) as client,
+        ):
+            again = await asyncio.wait_for(
+                client.post("/chat", json={**body, "message": "again"}), 10
+            )
+    assert again.status_code == 200, again.text

@@ -185,6 +185,7 @@ def test_several_pods_get_a_disruption_budget_and_the_autoscaler_owns_replicas()
         ({"service": {"port": "8080"}}, "/service/port"),
         ({"config": {"state": {"backend": "postgres"}}}, "/config/state/backend"),
         ({"metrics": {"serviceMonitor": {"enable": True}}}, "'enable'"),
+        ({"config": {"server": None}}, "/config/server"),  # the proxy refuses it: a crash loop
     ],
 )
 def test_bad_values_are_refused_with_their_path(values: dict[str, Any], where: str) -> None:
@@ -393,7 +394,7 @@ def test_notes_warn_of_a_service_beyond_the_cluster_without_keys(
 @pytest.mark.parametrize(
     ("values", "grace"),
     [
-        ({"config": {"server": None}}, 45),  # a section left empty in YAML
+        ({"config": {"server": {"keep_alive_timeout_s": 5}}}, 45),  # the default drain
         ({"config": {"server": {"shutdown_timeout_s": 0}}}, 15),  # no drain: not the default
         ({"terminationGracePeriodSeconds": 100_000_000}, 100_000_000),  # not `1e+08`
     ],

@@ -750,7 +750,7 @@ async def test_a_timed_out_call_s_answer_stream_ends_with_its_time(
         proxy.upstream.script(call("t_endless"), say_tool_result())
         await proxy.chat(model="mcp", messages=user("endless"))
         (timed_out,) = tool_messages(proxy, 1)
-        await asyncio.sleep(1.5)  # the exchange's end: 2 s after the call began
+        await asyncio.sleep(2.5)  # the exchange's end: 2 s after the call began
         open_streams = await tally(proxy, "streams")
     assert "timed out after 1s" in timed_out
     assert open_streams == 0
@@ -796,9 +796,11 @@ async def test_a_redirect_to_itself_sends_the_call_a_few_times_at_most(
 async def test_the_event_stream_is_opened_at_most_once_a_second(proxy_for: ProxyFactory) -> None:
     """A server's `retry: 0` had the SDK open it again at once: 10,000 times in 10 s."""
     async with hostile_source(proxy_for, "retry-0") as proxy:
+        began = time.monotonic()
         await asyncio.sleep(2.5)
         opened = await tally(proxy, "gets")
-    assert 1 <= opened <= 4
+        took = time.monotonic() - began
+    assert 1 <= opened <= took + 2  # (the first went before `began`)
 
 
 async def test_a_notification_never_acknowledged_holds_the_session_a_moment_only(

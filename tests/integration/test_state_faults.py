@@ -22,6 +22,7 @@ from proxy.demo.runner import free_port
 from proxy.engine.events import RunFinished
 from proxy.errors import StateUnavailable
 from proxy.state import redis_calls
+from proxy.state.lease import MAX_LATE_RELEASES
 from proxy.state.redis import RedisStore
 from proxy.state.sqlite import SqliteStore
 from proxy.state.store import Record, StoredContext
@@ -286,3 +287,19 @@ async def test_a_hold_a_paused_redis_takes_after_it_timed_out_is_let_go(tmp_path
                     assert holding.context is not None
         finally:
             await store.close()
+
+
+async def test_takes_that_fail_while_redis_is_down_leave_a_bounded_number_of_retries() -> None:
+    """Each take that failed tried its let-go again for the whole lease: 2,000 requests during
+    an outage left 2,000 tasks reconnecting for 30 s."""
+    store = RedisStore(f"redis://127.0.0.1:{free_port()}/0", prefix="down:", timeout_s=0.5)
+    try:
+        before = len(asyncio.all_tasks())
+        for _ in range(300):
+            with pytest.raises(StateUnavailable):
+                async with store.hold("c"):
+                    pass
+        left = len(asyncio.all_tasks()) - before
+    finally:
+        await store.close()
+    assert left <= MAX_LATE_RELEASES

@@ -3,11 +3,14 @@ is counted before the chunk that completes it (or the stream's end) reaches the 
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import AsyncIterator
 
+import anyio
 import httpx2
 import pytest
 
+from proxy.tools import mcp_exchanges
 from proxy.tools.mcp_transport import BoundedBodies, EventTooLarge, _BoundedEvents
 
 SMALL = b'event: message\ndata: {"jsonrpc":"2.0","id":1,"result":{"a":[1,2]}}\n\n'
@@ -121,3 +124,24 @@ async def test_an_event_stream_is_known_however_its_type_is_spelled() -> None:
         [SMALL.split(b"data: ")[1].strip().decode()],
         TOO_MANY,
     )
+
+
+async def test_event_streams_asked_for_at_once_are_opened_a_turn_apart(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each GET read the last one's time before its wait and wrote it after: GETs sent at
+    once all went at once after one wait."""
+    monkeypatch.setattr(mcp_exchanges, "GET_EVERY_S", 0.2)
+    opened: list[float] = []
+
+    def answer(request: httpx2.Request) -> httpx2.Response:
+        opened.append(anyio.current_time())
+        return httpx2.Response(200, headers={"content-type": "text/event-stream"}, content=b"")
+
+    timed = mcp_exchanges.TimedExchanges(httpx2.MockTransport(answer), 5, 5)
+    async with httpx2.AsyncClient(transport=timed) as client, anyio.create_task_group() as tg:
+        for _ in range(4):
+            tg.start_soon(client.get, "http://mcp.test/mcp")
+    gaps = [later - earlier for earlier, later in itertools.pairwise(sorted(opened))]
+    assert len(opened) == 4
+    assert min(gaps) >= 0.19, gaps
