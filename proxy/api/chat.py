@@ -37,7 +37,7 @@ class ChatCompletions:
         req = await read_json(
             receive, scope, sv.config.server, lambda raw: parse_chat_request(raw, thread)
         )
-        plan = sv.planner.plan(req.run, caller)
+        plan = await sv.plan(req.run, caller)
         deps = sv.deps(plan.upstream, bearer, scope["path"])
         spec = plan.spec
         if spec.policy.tools:

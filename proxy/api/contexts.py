@@ -107,11 +107,11 @@ def check_context_id(context_id: str, max_chars: int) -> None:
         )
 
 
-def _plan(sv: Services, body: dict[str, Any], req: RunRequest, caller: Caller | None) -> Plan:
+async def _plan(sv: Services, body: dict[str, Any], req: RunRequest, caller: Caller | None) -> Plan:
     """The run's plan; a problem in a top-level `terminating_config`, which goes into the run's
     `loop`, is reported where the client put it."""
     try:
-        return sv.planner.plan(req, caller)
+        return await sv.plan(req, caller)
     except PolicyInvalid as exc:
         if body.get("terminating_config") is None:
             raise
@@ -262,7 +262,7 @@ class ContextRuns:
         context = _opened(sv, body, holding.context or moved, caller)
         cap = sv.config.state.max_context_bytes
         messages, run_messages = _messages(body, context, cap)
-        plan = _plan(sv, body, _request(body, context, run_messages), caller)
+        plan = await _plan(sv, body, _request(body, context, run_messages), caller)
         deps = sv.deps(plan.upstream, bearer, scope["path"])
         owner = plan.agent or context.model or ""
         end = ContextEnd(sv, holding, context, messages, owner, caller)

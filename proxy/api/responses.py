@@ -87,7 +87,7 @@ class Responses:
             if req.instructions
             else history.messages
         )
-        plan = sv.planner.plan(run, caller)
+        plan = await sv.plan(run, caller)
         spec = plan.spec
         thread = _thread(req, plan, caller)
         deps = sv.deps(plan.upstream, bearer, scope["path"])

@@ -16,12 +16,14 @@ from proxy.api import held_calls
 from proxy.api.asgi import RUN_ENDED, Shutdown, run_or_cancel, shutting_down
 from proxy.api.auth import Caller, KeyRing
 from proxy.api.event_stream import EventStream
-from proxy.api.planning import Planner
+from proxy.api.planning import Plan, Planner
 from proxy.api.report_writes import ReportWrites
+from proxy.api.run_request import RunRequest
 from proxy.callables import CallThreads
 from proxy.conditions import ConfiguredChecks
 from proxy.config import Config, ConfigError
 from proxy.config.environment import setting
+from proxy.engine.policy import compile_expressions, expressions
 from proxy.engine.ports import RunObserver
 from proxy.engine.run import Run
 from proxy.engine.run_spec import Deps, RunResult
@@ -41,6 +43,8 @@ from proxy.upstream.transport import Transport
 log = logging.getLogger(__name__)
 
 RUN_RECORD = "run"  # a finished run's report, by run id
+# A request's `expr` conditions longer than this together are compiled in a thread.
+COMPILE_IN_TURN_CHARS = 256
 
 
 @dataclass(slots=True)
@@ -92,6 +96,15 @@ class Services:
         if (held := held_calls.record(result, caller)) is not None:
             records.append(held)
         return records
+
+    async def plan(self, req: RunRequest, caller: Caller | None) -> Plan:
+        """The planner's plan of `req`; the `expr` conditions of its `loop`, when they are
+        more than a few, compiled in a thread first (a few milliseconds of Python each)."""
+        if req.has_loop:
+            sources = expressions(req.loop)
+            if sum(map(len, sources)) > COMPILE_IN_TURN_CHARS:
+                await asyncio.to_thread(compile_expressions, sources)
+        return self.planner.plan(req, caller)
 
     async def execute(self, run: Run, receive: Receive) -> RunResult | None:
         """`run` to its end; None when its client went away first (`run_or_cancel`). Stopped at

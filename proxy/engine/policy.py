@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from proxy.engine.expressions import compile_in_turn
 from proxy.engine.options import PolicyOptions
 from proxy.engine.policies.base import Policy
 from proxy.engine.policies.budgets import Budgets
@@ -19,6 +20,7 @@ from proxy.engine.policies.stop_conditions import (
     FailureSink,
     StopConditions,
     compile_conditions,
+    expressions_of,
     walk,
 )
 from proxy.engine.policies.terminal import TerminalTools, TerminatingConfig
@@ -206,6 +208,17 @@ def compile_policy(
         final_answer=bool(options.final_answer),
         parallel_tool_calls=options.parallel_tool_calls,
     )
+
+
+def expressions(options: PolicyOptions) -> list[str]:
+    """The sources of the `expr` conditions `compile_policy` would compile."""
+    return expressions_of(options.stop_when)
+
+
+def compile_expressions(sources: list[str]) -> None:
+    """Compiles `sources` ahead of `compile_policy`, which then finds them compiled: meant for
+    a thread, the event loop going on meanwhile."""
+    compile_in_turn(sources)
 
 
 def tighten(agent: LoopPolicy, request: LoopPolicy) -> LoopPolicy:

@@ -218,6 +218,26 @@ def compile_conditions(
     return tuple(compiler.compile(entry, f"{path}[{i}]") for i, entry in enumerate(options))
 
 
+def expressions_of(options: Sequence[ConditionOptions]) -> list[str]:
+    """The sources of the `expr` conditions of `stop_when` entries, in order, up to what one
+    policy may hold (MAX_POLICY_EXPR_CHARS: past it, no more are compiled)."""
+    found: list[str] = []
+    left = MAX_POLICY_EXPR_CHARS
+    entries = list(options)
+    while entries and left > 0:
+        entry = entries.pop(0)
+        kind = kind_of(entry)
+        value: Any = getattr(entry, "not_" if kind == "not" else kind)
+        if kind in ("any", "all"):
+            entries[:0] = value
+        elif kind == "not":
+            entries.insert(0, value)
+        elif kind == "expr":
+            found.append(value)
+            left -= len(value)
+    return found
+
+
 @dataclass(slots=True)
 class _Compiler:
     problems: list[tuple[str, str]]
