@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from proxy.api.chat_params import check_params
 from proxy.api.json_body import json_object, positive_int
 from proxy.api.run_request import NO_LOOP, UNSAFE_NAME, RunRequest, header_thread, parse_loop
 from proxy.engine.options import MAX_NAME_CHARS
@@ -57,6 +58,7 @@ def parse_chat_request(raw: bytes, thread_header: str | None = None) -> ChatRequ
             param="logprobs",
             code="unsupported_parameter",
         )
+    check_params(body)
     params = {k: v for k, v in body.items() if k not in OWN_FIELDS}
     has_loop = body.get("loop") is not None
     loop = parse_loop(body["loop"]) if has_loop else NO_LOOP

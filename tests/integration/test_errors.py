@@ -744,3 +744,49 @@ async def test_the_functions_api_is_relayed_when_no_loop_runs(proxy: Proxy) -> N
     r = await proxy.chat(model="scripted", functions=functions, function_call="auto")
     assert r.status_code == 200
     assert proxy.upstream.bodies[0]["functions"] == functions
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("temperature", "x"),
+        ("top_p", []),
+        ("presence_penalty", True),
+        ("seed", "x"),
+        ("seed", 1.5),
+        ("top_logprobs", "3"),
+        ("logprobs", "x"),
+        ("parallel_tool_calls", "x"),
+        ("store", 1),
+        ("user", 5),
+        ("response_format", 5),
+        ("metadata", 5),
+        ("logit_bias", []),
+        ("modalities", "text"),
+        ("stop", 5),
+        ("stop", ["a", 5]),
+    ],
+)
+async def test_an_openai_field_of_the_wrong_type_is_a_400_not_forwarded(
+    proxy: Proxy, field: str, value: Any
+) -> None:
+    """They went to the upstream as they came: a lenient one took them silently."""
+    body = {"model": "scripted", "messages": USER, field: value}
+    r = await proxy.client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == field
+    assert proxy.upstream.requests == []
+
+
+async def test_openai_fields_of_the_right_type_or_null_go_upstream(proxy: Proxy) -> None:
+    proxy.upstream.script(say("ok"))
+    fields = {"temperature": 0, "top_p": 0.5, "seed": 7, "stop": ["x"], "user": "u",
+              "logit_bias": {"50256": -100}, "metadata": {"a": "b"}, "store": None}  # fmt: skip
+    r = await proxy.client.post(
+        "/v1/chat/completions", json={"model": "scripted", "messages": USER, **fields}
+    )
+    assert r.status_code == 200, r.text
+    sent = proxy.upstream.bodies[0]
+    assert {k: sent.get(k) for k in fields if k != "store"} == {
+        k: v for k, v in fields.items() if k != "store"
+    }
