@@ -141,8 +141,8 @@ def _message(message: Any, path: str) -> None:
             raise InvalidRequest(
                 "each part must be an object with a type", param=f"{path}.content[{k}]"
             )
-    if role == "tool" and not isinstance(message.get("tool_call_id"), str):
-        raise InvalidRequest("a tool message needs tool_call_id", param=f"{path}.tool_call_id")
+    if role == "tool":
+        name(message.get("tool_call_id"), f"{path}.tool_call_id")
     calls = message.get("tool_calls")
     if calls is None:
         return
@@ -155,9 +155,12 @@ def _message(message: Any, path: str) -> None:
         function = call.get("function") if isinstance(call, dict) else None
         if not isinstance(function, dict) or not isinstance(call.get("id"), str):
             raise InvalidRequest("a tool call needs an id and a function", param=where)
-        for key in ("name", "arguments"):
-            if not isinstance(function.get(key), str):
-                raise InvalidRequest("must be a string", param=f"{where}.function.{key}")
+        name(call["id"], f"{where}.id")  # (as the Responses API's `call_id`)
+        if not isinstance(function.get("name"), str):
+            raise InvalidRequest("must be a string", param=f"{where}.function.name")
+        name(function["name"], f"{where}.function.name")
+        if not isinstance(function.get("arguments"), str):
+            raise InvalidRequest("must be a string", param=f"{where}.function.arguments")
 
 
 def _tools(value: Any) -> list[dict[str, Any]]:

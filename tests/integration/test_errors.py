@@ -790,3 +790,32 @@ async def test_openai_fields_of_the_right_type_or_null_go_upstream(proxy: Proxy)
     assert {k: sent.get(k) for k in fields if k != "store"} == {
         k: v for k, v in fields.items() if k != "store"
     }
+
+
+@pytest.mark.parametrize(
+    ("message", "param"),
+    [
+        ({"role": "tool", "tool_call_id": "c" * 300, "content": "x"}, "messages[0].tool_call_id"),
+        ({"role": "tool", "tool_call_id": "c\u202e", "content": "x"}, "messages[0].tool_call_id"),
+        (
+            {"role": "assistant", "tool_calls": [
+                {"id": "i" * 300, "type": "function", "function": {"name": "f", "arguments": "{}"}}
+            ]},
+            "messages[0].tool_calls[0].id",
+        ),
+        (
+            {"role": "assistant", "tool_calls": [
+                {"id": "c", "type": "function", "function": {"name": "f\u0000", "arguments": "{}"}}
+            ]},
+            "messages[0].tool_calls[0].function.name",
+        ),
+    ],
+)  # fmt: skip
+async def test_ids_and_names_of_earlier_calls_are_bounded_as_the_responses_api_s(
+    proxy: Proxy, message: dict[str, Any], param: str
+) -> None:
+    body = {"model": "scripted", "messages": [message, *USER]}
+    r = await proxy.client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param
+    assert proxy.upstream.requests == []
