@@ -7,7 +7,7 @@ from typing import Any
 
 from proxy.api.chat_params import check_params
 from proxy.api.json_body import json_object, positive_int
-from proxy.api.run_request import NO_LOOP, UNSAFE_NAME, RunRequest, header_thread, parse_loop
+from proxy.api.run_request import NO_LOOP, UNSAFE_NAME, RunRequest, parse_loop, thread_of
 from proxy.engine.options import MAX_NAME_CHARS
 from proxy.errors import InvalidRequest
 
@@ -71,7 +71,7 @@ def parse_chat_request(raw: bytes, thread_header: str | None = None) -> ChatRequ
         _tool_choice(body.get("tool_choice")),
         cap,
         params,
-        loop.thread_id or header_thread(thread_header),
+        thread_of(loop, thread_header),
         client_thread=True,
     )
     return ChatRequest(run, stream, include_usage)

@@ -12,7 +12,7 @@ from proxy.api.chat_request import MAX_CLIENT_TOOLS, boolean, name
 from proxy.api.json_body import json_object, positive_int
 from proxy.api.response_input import checked_input, json_object_param, string_param
 from proxy.api.response_items import CUSTOM_PARAMETERS, ClientTool, upstream_name
-from proxy.api.run_request import NO_LOOP, LoopOptions, RunRequest, header_thread, parse_loop
+from proxy.api.run_request import NO_LOOP, LoopOptions, RunRequest, parse_loop, thread_of
 from proxy.engine.options import ToolCallLimitOptions
 from proxy.errors import InvalidRequest
 
@@ -65,7 +65,7 @@ def parse_responses_request(raw: bytes, thread_header: str | None = None) -> Res
     if max_tool_calls is not None:
         loop = _with_call_limit(loop, max_tool_calls)
         has_loop = True
-    thread = loop.thread_id or header_thread(thread_header)
+    thread = thread_of(loop, thread_header)
     run = RunRequest(
         model,
         [],

@@ -114,6 +114,18 @@ class RunRequest:
     choice_param: str | None = None
 
 
+def thread_of(loop: LoopOptions, header: str | None) -> str | None:
+    """The thread a request names, by `loop.thread_id` or the header; both, naming two threads,
+    are a 400 (one was silently dropped)."""
+    named = header_thread(header)
+    if named is not None and loop.thread_id is not None and named != loop.thread_id:
+        raise InvalidRequest(
+            f"names another thread than the {THREAD_HEADER} header: give one of them",
+            param="loop.thread_id",
+        )
+    return loop.thread_id or named
+
+
 def header_thread(value: str | None) -> str | None:
     """The thread the `x-loopwarden-thread-id` header names, checked as `loop.thread_id` is."""
     if not value:  # none, or empty: none

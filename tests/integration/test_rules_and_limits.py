@@ -607,6 +607,26 @@ async def test_a_thread_header_is_checked_as_loop_thread_id_is(
     assert proxy.upstream.requests == []
 
 
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/responses"])
+async def test_a_header_and_loop_thread_id_naming_two_threads_are_a_400(
+    proxy_for: ProxyFactory, path: str
+) -> None:
+    """One of them was dropped silently (the body's won); the same name twice is one."""
+    body = {"model": "weather", "messages": user("hi"), "input": "hi"}
+    body.pop("input" if path.endswith("completions") else "messages")
+    async with proxy_for() as proxy:
+        proxy.upstream.script(say("one thread"))
+        two = await proxy.client.post(
+            path, json={**body, "loop": {"thread_id": "a"}}, headers={"x-loopwarden-thread-id": "b"}
+        )
+        one = await proxy.client.post(
+            path, json={**body, "loop": {"thread_id": "a"}}, headers={"x-loopwarden-thread-id": "a"}
+        )
+    assert two.status_code == 400
+    assert two.json()["error"]["param"] == "loop.thread_id"
+    assert one.status_code == 200, one.text
+
+
 async def test_a_thread_header_in_utf_8_names_the_thread_loop_thread_id_names(
     proxy_for: ProxyFactory,
 ) -> None:
