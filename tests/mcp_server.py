@@ -23,7 +23,9 @@ result with (the server's own check, Rust's `regex`, is linear). `hostile` adds 
 calls the server answers as no server should: `endless` with an event stream of notifications
 that never ends, whatever the client says (one every `every_s`, 0.02 s unless given); `weird`
 with 5,000 content parts of no known type; `loop` with a redirect to itself; `held` in JSON,
-its headers and all, after `seconds` (10 unless given); and `tally` to
+its headers and all, after `seconds` (10 unless given); `resumable` with an event stream that
+ends after its first event's id, to be resumed (a GET naming it) as one that never ends; and
+`tally` to
 tell what it saw (`streams`: endless streams still open, `posts`: calls of `loop` received,
 `gets`: event streams asked for). With `retry-0`, the event stream asks to be opened again at
 once and ends; with `mute-cancels`, a `notifications/cancelled` is never acknowledged.
@@ -301,6 +303,10 @@ def hostile(app: ASGIApp, retry_0: bool, mute_cancels: bool) -> ASGIApp:
             return
         if scope["method"] == "GET":
             TALLY["gets"] += 1
+            resumed = dict(scope["headers"]).get(b"last-event-id", b"")
+            if resumed.startswith(b"resume-"):  # `resumable`'s answer, resumed: without end
+                await _endless({}, None, scope, receive, send)
+                return
             if retry_0:
                 headers = [(b"content-type", b"text/event-stream")]
                 await send({"type": "http.response.start", "status": 200, "headers": headers})
@@ -382,7 +388,21 @@ async def _held(
     await send({"type": "http.response.body", "body": body})
 
 
-HOSTILE = {"endless": _endless, "weird": _weird, "loop": _loop, "held": _held}
+async def _resumable(
+    arguments: Any, request_id: Any, scope: Scope, receive: Receive, send: Send
+) -> None:
+    headers = [(b"content-type", b"text/event-stream"), *_session(scope)]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": b"id: resume-0\nretry: 100\ndata: \n\n"})
+
+
+HOSTILE = {
+    "endless": _endless,
+    "weird": _weird,
+    "loop": _loop,
+    "held": _held,
+    "resumable": _resumable,
+}
 
 
 def accepting_gzip(app: ASGIApp) -> ASGIApp:

@@ -9,15 +9,19 @@ later message of the session (its calls timed out) for the 300 s read timeout. A
 server's event stream again as soon as the server says (`retry: 0`: 10,000 times in 10 s).
 
 So: a request's exchange, its answer stream too, ends when its call's time is up (`answer_s`),
-but for `subscriptions/listen`, which lasts as long as the session; a notification's, an
-answer's or the session's end must be acknowledged within `ack_s` (else it is given up and the
-writer goes on); and a GET (the event stream) is sent at most once a second. An exchange given
+but for `subscriptions/listen`, which lasts as long as the session, and so does a GET resuming
+that answer (one naming the id of an event of it: the SDK resumes a stream that ended before
+its answer came, and a server could have it resumed for as long as the session lasted); a
+notification's, an answer's or the session's end must be acknowledged within `ack_s` (else it
+is given up and the writer goes on); and a GET of the event stream is sent at most once a
+second. An exchange given
 up before its answer began is answered 504 here, which the SDK takes as the server's failure of
 that one message."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable
 
 import anyio
 import httpx2
@@ -26,6 +30,10 @@ import orjson
 # A request that lives as long as its session (2026-era servers' change events).
 LASTING = frozenset({"subscriptions/listen"})
 GET_EVERY_S = 1.0  # the least time between two opens of the server's event stream
+# The request extension by which the transport below tells the ids of a request's answer's
+# events (a GET naming one resumes that answer, within its time).
+EVENT_IDS = "loopwarden.event_ids"
+RESUMABLE_KEPT = 256  # answers' event ids kept, the latest
 
 
 class AnswerOutlived(httpx2.StreamError):
@@ -47,10 +55,16 @@ class TimedExchanges(httpx2.AsyncBaseTransport):
         self.answer_s = answer_s
         self.ack_s = ack_s
         self._last_get = -GET_EVERY_S
+        # The event ids of requests' answers, each with the time its request's exchange ends.
+        self._resumable: OrderedDict[str, float] = OrderedDict()
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
-        if request.method == "GET":  # each its own turn, a second after the one before
-            now = anyio.current_time()
+        if request.method == "GET":
+            resumed = self._resumable.get(request.headers.get("last-event-id", ""))
+            if resumed is not None:  # a request's answer, resumed: within its time
+                request.extensions = {**request.extensions, EVENT_IDS: self._resuming(resumed)}
+                return await self._within_time(request, resumed)
+            now = anyio.current_time()  # the event stream: a turn a second after the last
             turn = self._last_get = max(now, self._last_get + GET_EVERY_S)
             if turn > now:
                 await anyio.sleep(turn - now)
@@ -59,6 +73,21 @@ class TimedExchanges(httpx2.AsyncBaseTransport):
         if within is None:
             return await self.inner.handle_async_request(request)
         until = anyio.current_time() + within
+        request.extensions = {**request.extensions, EVENT_IDS: self._resuming(until)}
+        return await self._within_time(request, until)
+
+    def _resuming(self, until: float) -> Callable[[str], None]:
+        """What keeps the event ids of an answer whose exchange ends at `until`."""
+
+        def seen(event_id: str) -> None:
+            self._resumable[event_id] = until
+            while len(self._resumable) > RESUMABLE_KEPT:
+                self._resumable.popitem(last=False)
+
+        return seen
+
+    async def _within_time(self, request: httpx2.Request, until: float) -> httpx2.Response:
+        within = max(until - anyio.current_time(), 0)
         try:
             with anyio.fail_after(within):
                 response = await self.inner.handle_async_request(request)

@@ -25,7 +25,7 @@ from proxy.egress import Egress
 from proxy.json_values import holds_over
 from proxy.tools.base import TOOL_KEEPALIVE_S
 from proxy.tools.mcp_asked import AnswerWrites, AskedRequests
-from proxy.tools.mcp_exchanges import TimedExchanges
+from proxy.tools.mcp_exchanges import EVENT_IDS, TimedExchanges
 from proxy.tools.mcp_stdio import stdio_client, too_large, too_many_values
 
 SESSION_HEADER = "mcp-session-id"
@@ -229,7 +229,13 @@ class BoundedBodies(httpx2.AsyncBaseTransport):
         stream: httpx2.AsyncByteStream
         if response.headers.get("content-type", "").lower().startswith("text/event-stream"):
             encoding = response.encoding or "utf-8"  # as the SDK's `aiter_text` will decode it
-            stream = _BoundedEvents(response.stream, self.limit, self.values, encoding)
+            stream = _BoundedEvents(
+                response.stream,
+                self.limit,
+                self.values,
+                encoding,
+                request.extensions.get(EVENT_IDS),
+            )
         else:
             declared = response.headers.get("content-length", "")
             length = int(declared) if declared.isdigit() else 0
@@ -281,12 +287,18 @@ class _BoundedEvents(httpx2.AsyncByteStream):
     the stream's end, which may complete one) is let through."""
 
     def __init__(
-        self, inner: httpx2.AsyncByteStream, limit: int, values: int, encoding: str = "utf-8"
+        self,
+        inner: httpx2.AsyncByteStream,
+        limit: int,
+        values: int,
+        encoding: str = "utf-8",
+        on_id: Callable[[str], None] | None = None,
     ) -> None:
         self.inner = inner
         self.limit = limit
         self.values = values
         self.encoding = encoding
+        self.on_id = on_id  # told each event's id
         self.allowed = float(EVENT_BURST)  # events it may send now
         self.at = time.monotonic()
 
@@ -314,6 +326,8 @@ class _BoundedEvents(httpx2.AsyncByteStream):
         for event in parsed:
             if await holds_over(event.data.encode(), self.values):
                 raise EventTooLarge(too_many_values(self.values))
+            if event.id and self.on_id is not None:
+                self.on_id(event.id)
 
     async def aclose(self) -> None:
         await self.inner.aclose()

@@ -854,3 +854,21 @@ async def test_a_call_whose_answer_never_begins_is_given_up_alone(
     assert "timed out after 1s" in tool_messages(proxy, 1)[0]
     assert tool_messages(proxy, 3) == ["echo: still here"]
     assert source.session_id == session
+
+
+async def test_a_timed_out_call_s_answer_resumed_ends_with_its_time(
+    proxy_for: ProxyFactory,
+) -> None:
+    """The SDK resumes an answer stream that ended before its answer with a GET naming the
+    last event's id: no deadline bounded those, and a server kept each going for the
+    session's life (about 100 filled the session's pool)."""
+    async with hostile_source(proxy_for, timeout_s=1, connect_timeout_s=1) as proxy:
+        proxy.upstream.script(call("t_resumable"), say_tool_result())
+        await proxy.chat(model="mcp", messages=user("resumable"))
+        (timed_out,) = tool_messages(proxy, 1)
+        await asyncio.sleep(2.5)  # the exchange's end: 2 s after the call began
+        open_streams = await tally(proxy, "streams")
+        resumed = await tally(proxy, "gets")
+    assert "timed out after 1s" in timed_out
+    assert resumed >= 1  # (the session's own event stream too)
+    assert open_streams == 0
