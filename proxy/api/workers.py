@@ -91,6 +91,10 @@ def supervise(workers: int, sock: socket.socket, work: Callable[[socket.socket],
     def stop(signum: int, _frame: object) -> None:
         nonlocal stopping
         stopping = True
+        # The workers close their copies of the socket as they begin to drain: the port then
+        # refuses connections, unless this one, left open, let the kernel take them for no
+        # one (each hung until the drain ended).
+        sock.close()
         for pid in children:
             _signal(pid, signal.SIGTERM)
 

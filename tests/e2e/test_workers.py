@@ -4,6 +4,7 @@ exact thread limits between them, a dead worker replaced, a clean stop."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import os
 import signal
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -278,3 +280,30 @@ def test_serve_says_the_address_it_serves_on(tmp_path: Path) -> None:
         finally:
             process.terminate()
             process.wait(timeout=30)
+
+
+def test_a_stopping_server_takes_no_connection_while_its_workers_drain(
+    tmp_path: Path, upstream: ScriptedUpstream, upstream_url: str
+) -> None:
+    """The supervisor kept the port's socket open: the kernel took new connections for no
+    one, each left hanging until the drain ended."""
+    state = {"backend": "sqlite", "path": str(tmp_path / "state.db")}
+    settings = {**config(upstream_url, state), "server": {"shutdown_timeout_s": 10}}
+    path = tmp_path / "loopwarden.yaml"
+    path.write_text(yaml.safe_dump(settings))
+    upstream.script(say("late").replace(after_s=4))
+    port = free_port()
+    body = {"model": "scripted", "messages": [{"role": "user", "content": "hi"}]}
+    with serving(path, port, workers=2) as proc, httpx.Client(timeout=30) as client:
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            asking = pool.submit(
+                client.post, f"http://127.0.0.1:{port}/v1/chat/completions", json=body
+            )
+            until(lambda: len(upstream.bodies) == 1)
+            proc.send_signal(signal.SIGTERM)
+            time.sleep(0.5)
+            with pytest.raises(httpx.ConnectError):  # refused at once, not left hanging
+                httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2)
+            answered = asking.result(timeout=30)
+        assert proc.wait(timeout=30) == 0
+    assert answered.status_code == 200  # the run in flight drained
