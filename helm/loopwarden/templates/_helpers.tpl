@@ -78,15 +78,15 @@ container has no root and no capabilities to bind one). */}}
 {{- end -}}
 {{- end -}}
 
-{{/* The pod's grace period: the preStop delay and the server's drain, plus 10 s to exit; one
-set must hold the two. */}}
+{{/* The pod's grace period: the preStop delay, the server's drain and the 5 s the runs it
+stops get to let go of their locks, plus 5 s to exit; one set must hold the first three. */}}
 {{- define "loopwarden.gracePeriod" -}}
 {{- $drain := int (ceil (include "loopwarden.setting" (list .Values.config "server" "shutdown_timeout_s" 30))) -}}
-{{- $needed := add .Values.shutdownDelaySeconds $drain -}}
+{{- $needed := add .Values.shutdownDelaySeconds $drain 5 -}}
 {{- $set := .Values.terminationGracePeriodSeconds -}}
-{{- if kindIs "invalid" $set -}}{{ add $needed 10 }}
+{{- if kindIs "invalid" $set -}}{{ add $needed 5 }}
 {{- else if lt (int64 $set) (int64 $needed) -}}
-{{- fail (printf "terminationGracePeriodSeconds: %d is less than shutdownDelaySeconds and config.server.shutdown_timeout_s together (%d): runs would be killed, not answered" (int64 $set) (int64 $needed)) -}}
+{{- fail (printf "terminationGracePeriodSeconds: %d is less than shutdownDelaySeconds, config.server.shutdown_timeout_s and the 5 s the runs they stop get to let go, together (%d): runs would be killed, not answered" (int64 $set) (int64 $needed)) -}}
 {{- else -}}{{ int64 $set }}
 {{- end -}}
 {{- end -}}
