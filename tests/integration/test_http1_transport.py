@@ -404,15 +404,16 @@ async def test_a_request_cancelled_while_waiting_closes_its_connection_and_frees
         await read_request(reader)
         await reader.read()
 
+    patient = Timeouts(connect_s=5.0, read_s=60.0)  # (cancelled first, on a busy host too)
     async with serving(silent) as server:
         transport = Http1Transport(connections=1)
-        waiting = asyncio.ensure_future(transport.send("GET", server.url, {}, None, TIMEOUTS))
+        waiting = asyncio.ensure_future(transport.send("GET", server.url, {}, None, patient))
         await eventually(lambda: server.opened == 1)
         waiting.cancel()
         with pytest.raises(asyncio.CancelledError):
             await waiting
         await eventually(lambda: server.closed == 1)
-        waiting = asyncio.ensure_future(transport.send("GET", server.url, {}, None, TIMEOUTS))
+        waiting = asyncio.ensure_future(transport.send("GET", server.url, {}, None, patient))
         await eventually(lambda: server.opened == 2)  # the one place is free again
         waiting.cancel()
         await transport.aclose()
