@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -13,6 +12,7 @@ import orjson
 from proxy.callables import CallThreads, call, load_callable
 from proxy.config.agents import ConditionConfig
 from proxy.config.environment import setting
+from proxy.deadline import within
 from proxy.http_body import read_up_to
 
 log = logging.getLogger(__name__)
@@ -44,9 +44,9 @@ class ConfiguredChecks:
     async def check(self, kind: str, name: str, snapshot: Mapping[str, Any]) -> bool | None:
         cfg = self.conditions[name]
         try:  # within `timeout_s` as a whole (a webhook that trickles its answer included)
-            if kind == "python":
-                return await asyncio.wait_for(self._python(name, snapshot), cfg.timeout_s)
-            return await asyncio.wait_for(self._webhook(cfg, snapshot), cfg.timeout_s)
+            if kind == "python":  # (`within`: a run cancelled meanwhile is cancelled)
+                return await within(self._python(name, snapshot), cfg.timeout_s)
+            return await within(self._webhook(cfg, snapshot), cfg.timeout_s)
         except Exception as exc:
             log.warning("stop condition %s %r failed: %s", kind, name, exc)
             return None

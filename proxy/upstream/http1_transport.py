@@ -18,6 +18,7 @@ from collections.abc import AsyncIterable, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from proxy.deadline import within
 from proxy.egress import Egress
 from proxy.upstream.http1_connection import (
     Answer,
@@ -166,7 +167,7 @@ class Http1Transport:
                     port,
                     ssl=self._tls_context() if scheme == "https" else None,
                 )
-            _, connection = await asyncio.wait_for(made, connect_s)
+            _, connection = await within(made, connect_s)  # (a cancel as it connects raised)
         except TimeoutError:
             raise ConnectTimeout(f"no connection to {host}:{port} within {connect_s:g} s") from None
         except OSError as exc:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import socket
 
+from proxy.deadline import within
 from proxy.egress import WebProxy
 from proxy.upstream.http1_connection import ConnectTimeout, Unreachable
 
@@ -16,7 +17,7 @@ async def tunnel(proxy: WebProxy, host: str, port: int, connect_s: float) -> soc
     """A socket to `host:port` through `proxy`, its `CONNECT` answered 200, within
     `connect_s`."""
     try:
-        return await asyncio.wait_for(_tunnel(proxy, host, port), connect_s)
+        return await within(_tunnel(proxy, host, port), connect_s)
     except TimeoutError:
         raise ConnectTimeout(
             f"no tunnel to {host}:{port} through the proxy {proxy.name} in time"

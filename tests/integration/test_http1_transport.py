@@ -556,3 +556,25 @@ async def test_a_proxy_not_spoken_over_http_is_logged_and_not_used(
         assert await get(transport, server.url) == b"direct"
         await transport.aclose()
     assert "the http proxy 'socks5://127.0.0.1' is not an http:// proxy URL" in caplog.text
+
+
+async def test_a_request_cancelled_as_its_connection_is_made_is_cancelled() -> None:
+    """`asyncio.wait_for` on Python 3.11 returns the connection as if nothing happened when the
+    cancel comes as it is made: the request went on, and waited out its read timeout."""
+    tasks: list[asyncio.Task[object]] = []
+
+    async def cancelling(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        tasks[-1].cancel()  # as the client's connection is made
+        await reader.read()
+
+    async with serving(cancelling) as server:
+        transport = Http1Transport()
+        for _ in range(20):
+            tasks.append(
+                asyncio.ensure_future(
+                    transport.send("GET", server.url, {}, None, Timeouts(5.0, 60.0))
+                )
+            )
+            with pytest.raises(asyncio.CancelledError):
+                await asyncio.wait_for(tasks[-1], 10)
+        await transport.aclose()
