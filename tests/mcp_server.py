@@ -358,10 +358,7 @@ async def _weird(
     arguments: Any, request_id: Any, scope: Scope, receive: Receive, send: Send
 ) -> None:
     result = {"content": [{"type": "weird", "n": n} for n in range(5000)]}
-    body = json.dumps({"jsonrpc": "2.0", "id": request_id, "result": result}).encode()
-    headers = [(b"content-type", b"application/json"), *_session(scope)]
-    await send({"type": "http.response.start", "status": 200, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+    await _json_result(request_id, result, scope, send)
 
 
 async def _loop(
@@ -373,6 +370,14 @@ async def _loop(
     await send({"type": "http.response.body", "body": b""})
 
 
+async def _json_result(request_id: Any, result: Any, scope: Scope, send: Send) -> None:
+    """A call's `result`, answered as JSON in the call's session."""
+    body = json.dumps({"jsonrpc": "2.0", "id": request_id, "result": result}).encode()
+    headers = [(b"content-type", b"application/json"), *_session(scope)]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
 def _session(scope: Scope) -> list[tuple[bytes, bytes]]:
     return [(k, v) for k, v in scope["headers"] if k == b"mcp-session-id"]
 
@@ -381,11 +386,7 @@ async def _held(
     arguments: Any, request_id: Any, scope: Scope, receive: Receive, send: Send
 ) -> None:
     await anyio.sleep(arguments.get("seconds", 10))
-    result = {"content": [{"type": "text", "text": "held"}]}
-    body = json.dumps({"jsonrpc": "2.0", "id": request_id, "result": result}).encode()
-    headers = [(b"content-type", b"application/json"), *_session(scope)]
-    await send({"type": "http.response.start", "status": 200, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+    await _json_result(request_id, {"content": [{"type": "text", "text": "held"}]}, scope, send)
 
 
 async def _resumable(

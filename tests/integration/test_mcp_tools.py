@@ -26,7 +26,7 @@ from tests.bodies import offered, user
 from tests.e2e.conftest import wait_healthy
 from tests.integration.conftest import Proxy, ProxyFactory
 from tests.mcp_config import http_entry, http_server_args, stdio_entry
-from tests.scripted_upstream import call, calls, say, say_tool_result
+from tests.scripted_upstream import Reply, call, calls, say, say_tool_result
 
 AGENTS = {
     "mcp": {"model": "scripted", "tools": ["srv"]},  # the entry: every tool it exposes
@@ -803,6 +803,25 @@ async def test_the_event_stream_is_opened_at_most_once_a_second(proxy_for: Proxy
     assert 1 <= opened <= took + 2  # (the first went before `began`)
 
 
+async def echoed_after_a_timeout(
+    proxy_for: ProxyFactory, options: tuple[str, ...], first: Reply, pause_s: float
+) -> tuple[str, str, bool]:
+    """A hostile source (1 s calls and connects) asked `first`, which times out, then, after
+    `pause_s`, `t_echo`: the first's tool message, the echo's, and whether one session
+    answered both."""
+    async with hostile_source(proxy_for, *options, timeout_s=1, connect_timeout_s=1) as proxy:
+        source = proxy_source(proxy)
+        session = source.session_id
+        proxy.upstream.script(first, say_tool_result())
+        await proxy.chat(model="mcp", messages=user("first"))
+        await asyncio.sleep(pause_s)
+        proxy.upstream.script(call("t_echo", text="again"), say_tool_result())
+        await proxy.chat(model="mcp", messages=user("echo"))
+    (timed_out,) = tool_messages(proxy, 1)
+    (echoed,) = tool_messages(proxy, 3)
+    return timed_out, echoed, source.session_id == session
+
+
 async def test_a_notification_never_acknowledged_holds_the_session_a_moment_only(
     proxy_for: ProxyFactory,
 ) -> None:
@@ -810,17 +829,15 @@ async def test_a_notification_never_acknowledged_holds_the_session_a_moment_only
     server never acknowledged held every later message of the session (its calls timed out)
     for the 300 s read timeout. Past `connect_timeout_s`, it is given up, and the session goes
     on."""
-    async with hostile_source(proxy_for, "mute-cancels", timeout_s=1, connect_timeout_s=1) as proxy:
-        source = proxy_source(proxy)
-        session = source.session_id
-        proxy.upstream.script(call("t_endless", every_s=0.5), say_tool_result())
-        await proxy.chat(model="mcp", messages=user("endless"))  # its cancel is never taken
-        await asyncio.sleep(1.2)
-        proxy.upstream.script(call("t_echo", text="again"), say_tool_result())
-        await proxy.chat(model="mcp", messages=user("echo"))
-    assert "timed out after 1s" in tool_messages(proxy, 1)[0]
-    assert tool_messages(proxy, 3) == ["echo: again"]
-    assert source.session_id == session
+    timed_out, echoed, one_session = await echoed_after_a_timeout(
+        proxy_for,
+        ("mute-cancels",),
+        call("t_endless", every_s=0.5),
+        1.2,  # cancel never taken
+    )
+    assert "timed out after 1s" in timed_out
+    assert echoed == "echo: again"
+    assert one_session
 
 
 async def test_a_session_that_ends_at_once_is_made_anew_later_each_time(
@@ -843,17 +860,15 @@ async def test_a_call_whose_answer_never_begins_is_given_up_alone(
     """A handshake-era server answering in JSON sends its headers with the result: a call
     past its time was given up by an error that ended the whole session (every call beside
     it: `Connection closed`)."""
-    async with hostile_source(proxy_for, timeout_s=1, connect_timeout_s=1) as proxy:
-        source = proxy_source(proxy)
-        session = source.session_id
-        proxy.upstream.script(call("t_held", seconds=6), say_tool_result())
-        await proxy.chat(model="mcp", messages=user("held"))
-        await asyncio.sleep(1.5)  # the exchange given up, 2 s after the call began
-        proxy.upstream.script(call("t_echo", text="still here"), say_tool_result())
-        await proxy.chat(model="mcp", messages=user("echo"))
-    assert "timed out after 1s" in tool_messages(proxy, 1)[0]
-    assert tool_messages(proxy, 3) == ["echo: still here"]
-    assert source.session_id == session
+    timed_out, echoed, one_session = await echoed_after_a_timeout(
+        proxy_for,
+        (),
+        call("t_held", seconds=6),
+        1.5,  # given up 2 s after the call began
+    )
+    assert "timed out after 1s" in timed_out
+    assert echoed == "echo: again"
+    assert one_session
 
 
 async def test_a_timed_out_call_s_answer_resumed_ends_with_its_time(
