@@ -192,8 +192,9 @@ class ShuttingDown(ProxyError):
         super().__init__(message)
 
 
-class ShuttingDownAfterTools(ShuttingDown):
-    """`ShuttingDown`, for a run whose server tools ran: not to be sent again as it was."""
+class ShuttingDownActed(ShuttingDown):
+    """`ShuttingDown`, for a request that may have acted already (its run's server tools ran,
+    or it was relayed to its upstream): not to be sent again as it was."""
 
     headers: ClassVar[dict[str, str]] = {"x-should-retry": "false"}
 

@@ -19,7 +19,7 @@ from proxy.errors import (
     InternalError,
     ProxyError,
     ShuttingDown,
-    ShuttingDownAfterTools,
+    ShuttingDownActed,
     UnsupportedEncoding,
 )
 
@@ -62,7 +62,7 @@ class Shutdown:
 def shutting_down(ended: RunResult | None, running: bool = False) -> ShuttingDown:
     """The drain's end, told to a request whose run is `running` (its result so far: `ended`),
     had ended (`ended`), or that had none: not to be sent again as it was once tools ran."""
-    error = ShuttingDownAfterTools if ended is not None and ended.tools_ran else ShuttingDown
+    error = ShuttingDownActed if ended is not None and ended.tools_ran else ShuttingDown
     if running:
         return error()
     if ended is None:

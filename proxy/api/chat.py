@@ -4,6 +4,7 @@ rendered by the app's `ErrorBoundary`."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 from starlette.types import Receive, Scope, Send
 
@@ -11,7 +12,7 @@ from proxy.api.asgi import bearer_token, header, send_json
 from proxy.api.auth import Caller
 from proxy.api.chat_request import ChatRequest, parse_chat_request
 from proxy.api.completion import completion_body, completion_id, loop_report
-from proxy.api.failures import failed, failure_error, send_failure
+from proxy.api.failures import failed, failure_error, send_failure, stopped_answer
 from proxy.api.headers import THREAD_HEADER, run_headers, stopped
 from proxy.api.json_body import read_json
 from proxy.api.services import Services
@@ -56,8 +57,9 @@ class ChatCompletions:
             await self._stream(Run(spec, deps, writer), writer, req, receive, sv, owner, caller)
             return
         run = Run(spec, deps)
-        ended = await sv.execute(run, receive)
-        result = await sv.unless_left(run, ended, lambda r: loop_report(r, include), owner, caller)
+        reported = partial(loop_report, include_messages=include)
+        ended = await sv.execute(run, receive, stopped_answer(send, headers, reported))
+        result = await sv.unless_left(run, ended, reported, owner, caller)
         if result is None:
             return
         stopped(headers, result)
@@ -82,12 +84,14 @@ class ChatCompletions:
         caller: Caller | None,
     ) -> None:
         include = req.run.loop.include_messages
+        reported = partial(loop_report, include_messages=include)
 
         async def fail(error: ShuttingDown, ended: RunResult) -> None:
-            await writer.fail(error.body(), loop_report(ended, include))
+            await writer.fail(error.body(), reported(ended))
 
-        ended = await sv.execute_streamed(run, writer, receive, fail)
-        result = await sv.unless_left(run, ended, lambda r: loop_report(r, include), owner, caller)
+        unstarted = stopped_answer(writer.send, writer.headers, reported)
+        ended = await sv.execute_streamed(run, writer, receive, fail, unstarted)
+        result = await sv.unless_left(run, ended, reported, owner, caller)
         if result is None:
             return
         stopped(writer.headers, result)

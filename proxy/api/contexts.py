@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import orjson
@@ -25,7 +26,7 @@ from proxy.api.context_owners import (
     stored_id,
     visible,
 )
-from proxy.api.failures import failed, send_failure
+from proxy.api.failures import failed, send_failure, stopped_answer
 from proxy.api.headers import not_replayed, run_headers, stopped
 from proxy.api.json_body import json_object, read_json
 from proxy.api.planning import Plan
@@ -267,11 +268,13 @@ class ContextRuns:
         owner = plan.agent or context.model or ""
         end = ContextEnd(sv, holding, context, messages, owner, caller)
         run = Run(plan.spec, deps, keep=end.save)
-        ended = await sv.execute(run, receive)
-        result = await sv.unless_left(run, ended, lambda r: loop_report(r, False), owner, caller)
+        reported = partial(loop_report, include_messages=False)
+        answer = stopped_answer(send, run_headers(plan.spec.run_id), reported)
+        ended = await sv.execute(run, receive, answer)
+        result = await sv.unless_left(run, ended, reported, owner, caller)
         if result is None:
             return
-        report = loop_report(result, False)
+        report = reported(result)
         if not end.tried:  # a failed run: kept alone, as the hold is let go
             await end.records(result, report)
         elif failed(result):  # its save refused: the hold is gone

@@ -4,12 +4,13 @@ and its own error (scrubbed of secrets when it was read, `proxy.upstream.error_b
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from starlette.types import Send
 
 from proxy.api.asgi import send_error
-from proxy.api.headers import not_replayed
+from proxy.api.headers import not_replayed, stopped
 from proxy.api.upstream_param import ClientTerms, client_message, client_param
 from proxy.engine.run_spec import RunResult
 from proxy.engine.stop import ERROR_STOPS
@@ -17,11 +18,15 @@ from proxy.errors import (
     InternalError,
     LoopFailed,
     ProxyError,
+    ShuttingDown,
     StateUnavailable,
     UpstreamFailure,
     UpstreamStatusError,
     UpstreamUnavailable,
 )
+
+# How a route answers a run the end of the server's drain stopped (`Services.execute`).
+Failing = Callable[[ShuttingDown, RunResult], Awaitable[None]]
 
 
 def failed(result: RunResult) -> bool:
@@ -73,3 +78,17 @@ async def send_failure(
     if isinstance(error, UpstreamStatusError) and error.retry_headers:
         headers = {**error.retry_headers, **headers}
     await send_error(send, error, headers, {"loop": report})
+
+
+def stopped_answer(
+    send: Send, headers: dict[str, str], report: Callable[[RunResult], dict[str, Any]]
+) -> Failing:
+    """How a run the end of the server's drain stopped is answered before any of it was sent:
+    the error (503 `shutting_down`, not to be sent again once tools ran) with the `loop`
+    report."""
+
+    async def answer(error: ShuttingDown, result: RunResult) -> None:
+        stopped(headers, result)
+        await send_error(send, error, {**headers, **error.headers}, {"loop": report(result)})
+
+    return answer

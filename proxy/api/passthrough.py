@@ -21,6 +21,7 @@ from proxy.errors import (
     NotFound,
     PermissionDenied,
     ProxyError,
+    ShuttingDownActed,
     UpstreamTimeout,
 )
 from proxy.upstream.client import Upstream
@@ -127,6 +128,13 @@ class Passthrough:
                 headers = [(k, v) for k, v in headers if k not in ACCOUNT_HEADERS]
             path = raw_path.decode("latin-1")
             await self._relay(target, scope, path, headers, body, send)
+        except asyncio.CancelledError:
+            if scope["method"] == "GET" or not sv.shutdown.stopped(asyncio.current_task()):
+                raise
+            raise ShuttingDownActed(
+                "the server shut down before the upstream's answer was relayed (the upstream "
+                "may have acted on the request)"
+            ) from None
         except AmbiguousModel:  # a second `model` in a form, found as it was sent
             raise self._unread(caller) from None
         except ValueError as exc:  # a path the relay refuses to send on

@@ -16,7 +16,7 @@ from starlette.types import Receive, Scope, Send
 from proxy.api.asgi import bearer_token, header, send_json
 from proxy.api.auth import Caller
 from proxy.api.completion import loop_report
-from proxy.api.failures import failed, failure_error, send_failure
+from proxy.api.failures import failed, failure_error, send_failure, stopped_answer
 from proxy.api.headers import THREAD_HEADER, run_headers, stopped
 from proxy.api.json_body import read_json
 from proxy.api.planning import Plan
@@ -113,7 +113,7 @@ class Responses:
         if calls is not None:
             deps.observers = [*deps.observers, calls]
         running = Run(spec, deps)
-        ended = await sv.execute(running, receive)
+        ended = await sv.execute(running, receive, stopped_answer(send, headers, context.report))
         result = await sv.unless_left(running, ended, context.report, owner, caller)
         if result is None:
             return
@@ -141,7 +141,8 @@ class Responses:
             report = context.report(ended)
             await writer.fail(context.failed_response(ended, writer.base, report, error))
 
-        ended = await sv.execute_streamed(run, writer, receive, fail)
+        unstarted = stopped_answer(writer.send, writer.headers, context.report)
+        ended = await sv.execute_streamed(run, writer, receive, fail, unstarted)
         result = await sv.unless_left(run, ended, context.report, context.owner, context.caller)
         if result is None:
             return

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +16,7 @@ from proxy.api import held_calls
 from proxy.api.asgi import RUN_ENDED, Shutdown, run_or_cancel, shutting_down
 from proxy.api.auth import Caller, KeyRing
 from proxy.api.event_stream import EventStream
+from proxy.api.failures import Failing
 from proxy.api.planning import Plan, Planner
 from proxy.api.report_writes import ReportWrites
 from proxy.api.run_request import RunRequest
@@ -106,35 +107,39 @@ class Services:
                 await asyncio.to_thread(compile_expressions, sources)
         return self.planner.plan(req, caller)
 
-    async def execute(self, run: Run, receive: Receive) -> RunResult | None:
+    async def execute(
+        self, run: Run, receive: Receive, fail: Failing | None = None
+    ) -> RunResult | None:
         """`run` to its end; None when its client went away first (`run_or_cancel`). Stopped at
-        the end of the server's drain: `ShuttingDown`, which asks the client not to send it
-        again when its tools ran."""
+        the end of the server's drain: `fail`'s answer (then None, as for a client gone:
+        `unless_left` keeps the run), else `ShuttingDown` raised, which asks the client not to
+        send it again when its tools ran."""
         try:
             return await run_or_cancel(run.execute, receive)
         except asyncio.CancelledError:
             if not self.shutdown.stopped(asyncio.current_task()):
                 raise
-            raise shutting_down(run.result, running=True) from None
+            error = shutting_down(run.result, running=True)
+            if fail is None or run.result is None:
+                raise error from None
+            await fail(error, run.result)
+            return None
         finally:
             RUN_ENDED.set(run.result)
 
     async def execute_streamed(
-        self,
-        run: Run,
-        writer: EventStream,
-        receive: Receive,
-        fail: Callable[[ShuttingDown, RunResult], Awaitable[None]],
+        self, run: Run, writer: EventStream, receive: Receive, fail: Failing, unstarted: Failing
     ) -> RunResult | None:
-        """`execute`, `writer` kept alive meanwhile; a stream that began and that the drain's
-        end stops ends with `fail`'s event (then None, as for a client gone: `unless_left`)."""
+        """`execute`, `writer` kept alive meanwhile; a stream the drain's end stops ends with
+        `fail`'s event, or is answered `unstarted` when it had not begun (then None, as for a
+        client gone: `unless_left`)."""
         try:
             with writer.kept_alive(self.config.server.keepalive_interval_s):
                 return await self.execute(run, receive)
         except ShuttingDown as exc:
-            if not writer.started or run.result is None:
+            if run.result is None:
                 raise
-            await fail(exc, run.result)
+            await (fail if writer.started else unstarted)(exc, run.result)
             return None
 
     async def unless_left(

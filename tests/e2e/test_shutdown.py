@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -19,8 +20,12 @@ import httpx
 import openai
 import orjson
 import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
 
-from proxy.demo.runner import free_port
+from proxy.demo.runner import free_port, serve_in_thread
 from tests.e2e.conftest import ROOT, config_file, wait_healthy
 from tests.scripted_upstream import ScriptedUpstream, call, say, say_tool_result
 from tests.servers import redis_process
@@ -225,3 +230,85 @@ async def test_a_context_s_run_past_the_drain_lets_go_of_its_lock(
                 client.post("/chat", json={**body, "message": "again"}), 10
             )
     assert again.status_code == 200, again.text
+
+
+@pytest.mark.parametrize(
+    ("route", "stream"),
+    [("/v1/chat/completions", False), ("/v1/chat/completions", True), ("/v1/responses", False),
+     ("/chat", False)],
+)  # fmt: skip
+async def test_a_run_past_the_drain_is_answered_with_its_report_and_kept(
+    tmp_path: Path,
+    upstream: ScriptedUpstream,
+    upstream_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    route: str,
+    stream: bool,
+) -> None:
+    """A run the drain's end stopped before any of its answer was sent is answered with its
+    `loop` report, as a failed run is, and kept: another replica finds it by its id (it was a
+    bare error, found by none). A chat stream begins with the upstream's answer: here the
+    upstream has not answered yet, and no tool ran."""
+    if stream:
+        upstream.script(say("late").replace(after_s=60))
+    else:
+        upstream.script(call("sleep", seconds=60))
+    bodies = {
+        "/v1/chat/completions": {"model": "sleeper", "stream": stream,
+                                 "messages": [{"role": "user", "content": "wait"}]},
+        "/v1/responses": {"model": "sleeper", "input": "wait"},
+        "/chat": {"context_id": "c1", "agent": "sleeper", "message": "wait"},
+    }  # fmt: skip
+    with redis_process(tmp_path) as (url, _):
+        monkeypatch.setenv("LW_TEST_REDIS", url)
+        state = {"backend": "redis", "url_env": "LW_TEST_REDIS"}
+        async with (
+            serving(tmp_path, upstream_url, drain_s=0.5, state=state) as (base, proc),
+            httpx.AsyncClient(base_url=base, timeout=30) as client,
+        ):
+            asking = asyncio.create_task(client.post(route, json=bodies[route]))
+            answer = await stopped_while(proc, upstream, 1, asking)
+        assert answer.status_code == 503
+        assert answer.headers["content-type"] == "application/json"
+        assert answer.headers.get("x-should-retry") == (None if stream else "false")
+        assert answer.headers["x-loopwarden-stop-reason"] == "cancelled"
+        body = answer.json()
+        assert body["error"]["code"] == "shutting_down"
+        report = body["loop"]
+        assert report["stop_reason"] == "cancelled"
+        assert answer.headers["x-loopwarden-run-id"] == report["run_id"]
+        async with (
+            serving(tmp_path, upstream_url, drain_s=0.5, state=state) as (base, proc),
+            httpx.AsyncClient(base_url=base, timeout=30) as client,
+        ):
+            found = await client.get(f"/v1/runs/{report['run_id']}")
+    assert found.status_code == 200, found.text
+    assert found.json()["stop_reason"] == "cancelled"
+
+
+@pytest.mark.parametrize("method", ["POST", "GET"])
+async def test_a_relayed_request_past_the_drain_is_not_sent_again_once_it_may_have_acted(
+    tmp_path: Path, method: str
+) -> None:
+    """A relayed request the drain's end stopped had reached its upstream, which may have
+    acted on it (a file uploaded, an image made): the SDK, told nothing, sent it again. A GET
+    may be sent again."""
+    arrived = threading.Event()
+
+    async def slow(request: Request) -> JSONResponse:
+        arrived.set()
+        await asyncio.sleep(60)
+        return JSONResponse({"object": "list", "data": []})
+
+    app = Starlette(routes=[Route("/v1/files", slow, methods=["GET", "POST"])])
+    with serve_in_thread(app, free_port()) as upstream_url:
+        async with (
+            serving(tmp_path, f"{upstream_url}/v1", drain_s=0.5) as (base, proc),
+            httpx.AsyncClient(base_url=base, timeout=30) as client,
+        ):
+            asking = asyncio.create_task(client.request(method, "/v1/files", content=b"x"))
+            await asyncio.to_thread(arrived.wait, 10)
+            answer = await stopped_while(proc, ScriptedUpstream(), 0, asking)
+    assert answer.status_code == 503
+    assert answer.json()["error"]["code"] == "shutting_down"
+    assert answer.headers.get("x-should-retry") == ("false" if method == "POST" else None)
