@@ -52,7 +52,9 @@ class RunState:
     # (counts only grow), so no rule forces them or holds the run's end for them.
     limited: set[str] = field(default_factory=set)
     upstream_s: float = 0.0
-    tools_s: float = 0.0
+    tools_s: float = 0.0  # the time some tool ran (calls run together count their span once)
+    tools_running: int = 0
+    tools_since: float = 0.0
     # The server calls of a reply that also called client tools, kept for the client's next
     # request (SPEC §5.1.6).
     held: dict[str, Any] | None = None
@@ -75,6 +77,17 @@ class RunState:
         if self.one_document:
             return next((step.text for step in reversed(self.steps) if step.text), "")
         return PART_BREAK.join(step.text for step in self.steps if step.text)
+
+    def tool_began(self, now: float) -> None:
+        if self.tools_running == 0:
+            self.tools_since = now
+        self.tools_running += 1
+
+    def tool_ended(self, now: float) -> None:
+        """A call began with `tool_began` ended (however: cut short too)."""
+        self.tools_running -= 1
+        if self.tools_running == 0:
+            self.tools_s += now - self.tools_since
 
     def called_tools(self) -> set[str]:
         """The tools whose calls ran (SPEC §9: a blocked call did not)."""

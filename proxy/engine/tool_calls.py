@@ -281,18 +281,20 @@ class ReplyCalls:
         run.tool_calls += 1  # as it starts: a call cut short (the run cancelled or out of time) ran
         run.tools_ran = True
         started = self.clock()
+        run.tool_began(started)
         try:
             context = ToolContext(run.run_id, run.thread_id, run.step_count, call.id)
             result = await self.tools.execute(call, context, arguments)
         except Exception as exc:  # an executor bug is still only a tool error for the model
             log.exception("tool %s raised", call.name)
             result = ToolResult(f"tool failed: {type(exc).__name__}", ToolOutcome.ERROR)
+        finally:
+            run.tool_ended(self.clock())
         given = result  # what the model reads: the call counts as it ended (its tool's health)
         ends_run = call.name in self.terminal and not result.is_error
         if self.output_left is not None and not ends_run:
             given = self._within_the_run_s_output(result)
         elapsed = self.clock() - started
-        run.tools_s += elapsed
         run.steps[-1].tool_results.append(
             {"name": call.name, "output": given.output, "is_error": given.is_error}
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import json
 from collections.abc import Mapping
@@ -11,8 +12,9 @@ import pytest
 
 from proxy.engine import events as ev
 from proxy.engine.stop import StopReason
+from proxy.engine.values import ToolCall, ToolContext, ToolResult
 from proxy.errors import UpstreamUnavailable
-from tests.fakes import reply
+from tests.fakes import FakeTools, ManualClock, reply
 from tests.unit.harness import Harness
 
 
@@ -242,3 +244,53 @@ async def test_a_finished_run_is_freed_by_reference_counting() -> None:
         gc.garbage.clear()
         gc.enable()
     assert leaked == []
+
+
+TWO_TOOLS = {"a": lambda _: "A", "b": lambda _: "B"}
+
+
+class _GatedTools(FakeTools):
+    """Each call waits at a gate that the second call to start opens an hour later (on the
+    harness's clock); with `cut`, calls wait there for good."""
+
+    def __init__(self, clock: ManualClock, *, cut: bool = False) -> None:
+        super().__init__(TWO_TOOLS)
+        self.clock, self.cut = clock, cut
+        self.started = 0
+        self.gate = asyncio.Event()
+
+    async def execute(
+        self, call: ToolCall, ctx: ToolContext, arguments: dict[str, Any] | None = None
+    ) -> ToolResult:
+        self.started += 1
+        if self.started == 2 or self.cut:
+            self.clock.now += 3600
+            self.gate.set()
+        if self.cut:
+            await asyncio.Event().wait()
+        await self.gate.wait()
+        return await super().execute(call, ctx, arguments)
+
+
+async def test_calls_run_together_count_their_time_once() -> None:
+    """The run's tool time (what the proxy's overhead leaves out) counted each of parallel
+    calls whole: two calls of an hour together made two hours, and the overhead 0."""
+    h = Harness([reply(calls=[("a", "{}"), ("b", "{}")]), reply("done")], TWO_TOOLS, parallel=True)
+    h.deps.tools = h.tools = _GatedTools(h.clock)
+    await h.run()
+    (finished,) = h.observer.of(ev.RunFinished)
+    assert finished.tools_s == 3600
+
+
+async def test_a_call_cut_short_counts_its_time() -> None:
+    """A call the run's end cut short counted nothing: its time was the proxy's overhead."""
+    h = Harness([reply(calls=[("a", "{}")]), reply("done")], TWO_TOOLS)
+    h.deps.tools = h.tools = _GatedTools(h.clock, cut=True)
+    running = asyncio.create_task(h.run())
+    while not h.tools.started:  # noqa: ASYNC110
+        await asyncio.sleep(0)
+    running.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await running
+    (finished,) = h.observer.of(ev.RunFinished)
+    assert finished.tools_s == 3600
