@@ -26,8 +26,8 @@ from urllib.parse import unquote
 
 import orjson
 
-from proxy.errors import UpstreamBadReply, UpstreamStatusError
-from proxy.json_values import holds_over
+from proxy.errors import InvalidRequest, UpstreamBadReply, UpstreamStatusError
+from proxy.json_values import MAX_DEPTH, holds_over, nests_too_deep
 from proxy.upstream.client import Upstream
 from proxy.upstream.form_model import FormModel, form_boundary
 from proxy.upstream.transport import Answer
@@ -207,6 +207,8 @@ async def sniff_model(
     named = [key for key in parsed or () if key.lower() == "model"]
     if parsed is None or named != ["model"] or not isinstance(parsed["model"], str):
         return None, _prepend(head, chunks)
+    if nests_too_deep(head, parsed):  # (written again below, which orjson refuses past 254)
+        raise InvalidRequest(f"the body nests deeper than {MAX_DEPTH} levels")
     return parsed["model"], _prepend(orjson.dumps(parsed), chunks)
 
 

@@ -394,13 +394,16 @@ async def test_bad_context_requests_are_a_400_naming_the_field(
     assert message in r.json()["error"]["message"]
 
 
-async def test_a_context_keeps_its_agent(proxy_for: ProxyFactory) -> None:
+@pytest.mark.parametrize("other", [{"agent": "capped"}, {"model": "gpt-4o"}])
+async def test_a_context_keeps_its_agent(proxy_for: ProxyFactory, other: dict[str, str]) -> None:
     async with proxy_for(REPORTER) as proxy:
         proxy.upstream.script(say("Hi."))
         await post(proxy, "/chat", context_id="c10", agent="reporter", message="hi")
-        r = await post(proxy, "/chat", context_id="c10", agent="capped", message="hi")
+        r = await post(proxy, "/chat", context_id="c10", message="hi", **other)
     assert r.status_code == 400
-    assert r.json()["error"]["param"] == "agent"
+    error = r.json()["error"]
+    assert error["param"] == next(iter(other))
+    assert error["message"] == "context 'c10' was created with agent 'reporter'"  # (not model None)
 
 
 async def test_a_context_whose_agent_the_config_no_longer_has_runs_nothing(

@@ -615,6 +615,28 @@ async def test_a_limited_key_s_body_goes_upstream_as_the_proxy_read_it(
     assert relayed == [b'{"model":"gpt-4o-mini","input":"x"}']
 
 
+@pytest.mark.parametrize(("depth", "status"), [(240, 200), (300, 400), (1000, 400)])
+async def test_a_limited_key_s_deeply_nested_body_is_a_400(
+    proxy_for: ProxyFactory, depth: int, status: int
+) -> None:
+    """A body read to check its model is written again for the upstream: past orjson's 254
+    levels that failed, a 500."""
+
+    async def upstream(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json={"object": "list"})
+
+    deep = b'{"model": "gpt-4o-mini", "input": ' + b"[" * depth + b"]" * depth + b"}"
+    async with proxy_for(keyed(key("a", agents=["gpt-4o-mini"])), handler=upstream) as proxy:
+        r = await proxy.client.post(
+            "/v1/embeddings",
+            content=deep,
+            headers={"authorization": "Bearer sk-a", "content-type": "application/json"},
+        )
+    assert r.status_code == status, r.text
+    if status == 400:
+        assert r.json()["error"]["message"] == "the body nests deeper than 246 levels"
+
+
 async def test_a_limited_key_uploads_audio_only_for_a_model_it_may_use(
     proxy_for: ProxyFactory,
 ) -> None:
