@@ -170,7 +170,9 @@ def _serve(path: str | None, overrides: dict[str, Any]) -> int:
             print(line, file=sys.stderr)
         return 1
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per upstream call is noise
+    # One line per upstream or MCP exchange is noise, and an MCP server's URL may hold a token.
+    for noisy in ("httpx", "httpx2"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     server = config.server
     with contextlib.ExitStack() as sockets:
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from mcp.shared.message import SessionMessage
 from proxy.config.tools import ToolConfig
 from proxy.egress import Egress
 from proxy.json_values import holds_over
+from proxy.throttled_log import ThrottledWarnings, described
 from proxy.tools.base import TOOL_KEEPALIVE_S
 from proxy.tools.mcp_asked import AnswerWrites, AskedRequests
 from proxy.tools.mcp_exchanges import EVENT_IDS, TimedExchanges
@@ -207,6 +209,26 @@ def encoded(encoding: str) -> str:
 
 class EventTooLarge(httpx2.SSEError):
     """An event of a stream over a bound: the SDK fails the request the stream answers."""
+
+
+OWN_BOUNDS = (BodyTooLarge, AnswerRefused, EventTooLarge)
+refused_answers = ThrottledWarnings(logging.getLogger(__name__))
+
+
+class _BoundsTold(logging.Filter):
+    """The SDK logs an answer the proxy's bounds refused (`OWN_BOUNDS`) with its traceback, at
+    ERROR, each time (a server answering too much filled the log); the call fails with the
+    bound named all the same. Told here in a line, once a second."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        refused = record.exc_info[1] if record.exc_info else None
+        if not isinstance(refused, OWN_BOUNDS):
+            return True
+        refused_answers.warning("an MCP server's answer was refused: %s", described(refused))
+        return False
+
+
+logging.getLogger("mcp.client.streamable_http").addFilter(_BoundsTold())
 
 
 class BoundedBodies(httpx2.AsyncBaseTransport):

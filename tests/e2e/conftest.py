@@ -177,14 +177,15 @@ class McpHttpServer:
     """The tests' MCP server on 127.0.0.1:port/mcp, in the handshake era (session ids), as a
     process that a test may stop and start again on the same port."""
 
-    def __init__(self, *options: str) -> None:
+    def __init__(self, *options: str, legacy: bool = True) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/mcp"
         self.options = options  # more of tests/mcp_server.py's
+        self.legacy = legacy  # else of the 2026 era: no session, JSON answers
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        args = http_server_args(self.port, True, *self.options)
+        args = http_server_args(self.port, self.legacy, *self.options)
         self.proc = subprocess.Popen([sys.executable, *args])
         wait_healthy(self.url, self.proc)  # any HTTP answer (a 4xx without a session) will do
 

@@ -16,14 +16,17 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
 import yaml
 
 from proxy.api.asgi import CUT_ON_PURPOSE
 from proxy.api.server import UNFINISHED_ON_PURPOSE
 from proxy.demo.runner import free_port
-from tests.e2e.conftest import ROOT, wait_healthy
+from tests.e2e.conftest import ROOT, McpHttpServer, wait_healthy, wait_ready
 from tests.faulty_upstream import FaultyUpstream, drip, stream
+from tests.mcp_config import http_entry
+from tests.scripted_upstream import ScriptedUpstream, call, say_tool_result
 
 UNFINISHED = "ASGI callable returned without completing response."
 ENV = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
@@ -170,3 +173,40 @@ async def test_a_sqlite_file_another_process_keeps_in_the_other_journal_says_so_
     assert "cannot use the rollback journal" in second.stderr
     assert "state.sqlite_journal differs: it must be the same" in second.stderr
     assert "Traceback" not in second.stderr
+
+
+async def test_an_mcp_server_s_url_and_refused_answers_are_told_without_token_or_traceback(
+    tmp_path: Path, upstream: ScriptedUpstream, upstream_url: str
+) -> None:
+    """httpx2 told every MCP exchange at INFO with the server's URL, token and all, and the
+    SDK an answer over `max_message_bytes` with a 30-line traceback at ERROR, each time."""
+    server = McpHttpServer(legacy=False)
+    server.start()
+    try:
+        mcp = http_entry(f"{server.url}?token=s3cr3t", prefix="w_", max_message_bytes=65536)
+        config = {
+            "upstreams": {"main": {"base_url": upstream_url, "max_retries": 0}},
+            "default_upstream": "main",
+            "state": {"backend": "memory"},
+            "tools": {"web": mcp},
+            "agents": {"bot": {"model": "m", "tools": ["web"]}},
+        }
+        log = tmp_path / "serve.log"
+        async with serving(tmp_path, config, log=log) as port:
+            base = f"http://127.0.0.1:{port}"
+            await asyncio.to_thread(wait_ready, base)
+            async with openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="x") as client:
+                for _ in range(3):
+                    upstream.script(call("w_large", kib=100), say_tool_result())
+                    reply = await client.chat.completions.create(
+                        model="bot", messages=[{"role": "user", "content": "big"}]
+                    )
+                    assert "max_message_bytes" in (reply.choices[0].message.content or "")
+    finally:
+        server.stop()
+    text = log.read_text()
+    assert "s3cr3t" not in text, text
+    assert "Traceback" not in text, text
+    told = [line for line in text.splitlines() if "answer was refused" in line]
+    assert len(told) in (1, 2), text  # once a second
+    assert "max_message_bytes" in told[0]
