@@ -28,9 +28,9 @@ def checked(events: list[dict[str, Any]]) -> dict[str, Any]:
     """The final response of a well-formed stream: `sequence_number` rises from 0, it opens
     with `response.created` and `response.in_progress` and ends with one terminal event, one
     item is open at a time (added when all others are done, and done before the next is added:
-    OpenAI's order, without which Codex drops a message's text), every item
-    added is done, deltas add up to what is done, and the final `output` holds every item as
-    done, at the index it was streamed at."""
+    OpenAI's order, without which Codex drops a message's text), every item added is done (a
+    server call's end told before), deltas add up to what is done, and the final `output`
+    holds every item as done, at the index it was streamed at."""
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
     kinds = [e["type"] for e in events]
     assert kinds[:2] == ["response.created", "response.in_progress"], kinds
@@ -40,6 +40,7 @@ def checked(events: list[dict[str, Any]]) -> dict[str, Any]:
     added: dict[int, dict[str, Any]] = {}
     done: dict[int, dict[str, Any]] = {}
     deltas: dict[str, str] = {}
+    ends: dict[str, str] = {}  # an mcp_call's id: how it ended
     for event in events:
         kind = event["type"]
         if "response" in event:
@@ -52,7 +53,12 @@ def checked(events: list[dict[str, Any]]) -> dict[str, Any]:
         elif kind == "response.output_item.done":
             index = event["output_index"]
             assert added[index]["id"] == event["item"]["id"]
+            if event["item"]["type"] == "mcp_call":  # its end told first (SPEC §12.3)
+                ended = "failed" if event["item"]["error"] else "completed"
+                assert ends.get(event["item"]["id"]) == ended, event
             done[index] = event["item"]
+        elif kind in ("response.mcp_call.completed", "response.mcp_call.failed"):
+            ends[event["item_id"]] = kind.rpartition(".")[2]
         elif kind.endswith(".delta"):
             assert event["output_index"] in added
             assert event["output_index"] not in done

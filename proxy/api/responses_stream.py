@@ -261,11 +261,7 @@ class ResponsesStream(EventStream):
             if self._shown is None:
                 data += self._show_waiting()
                 continue
-            item = ended.pop(self._shown)  # shown, not done: it never finished
-            index = self._indexes[item["id"]]
-            self.output[index] = item
-            self._shown = None
-            data += self._event("response.output_item.done", {"output_index": index, "item": item})
+            data += self._finish_call(ended.pop(self._shown))  # shown, never finished: failed
         return data
 
     async def finish(self, closing: bytes, response: dict[str, Any]) -> None:

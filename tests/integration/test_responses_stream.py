@@ -136,6 +136,13 @@ async def test_server_calls_run_side_by_side_are_shown_one_after_another(
     assert [(i["status"], i["output"], i["error"]) for i in added if i["type"] == "mcp_call"] == [
         ("in_progress", None, None)
     ] * 3
+    ends = {  # (a call cut short by the stop was done without its `failed` event)
+        e["item_id"]: e["type"].rpartition(".")[2]
+        for e in events
+        if e["type"] in ("response.mcp_call.completed", "response.mcp_call.failed")
+    }
+    outcomes = [ends[i["id"]] for i in final["output"] if i["type"] == "mcp_call"]
+    assert outcomes == (["failed", "completed", "failed"] if stopped else ["completed"] * 3)
     if stopped:
         assert final["loop"]["stop_reason"] == "time_budget"
         assert names == [
