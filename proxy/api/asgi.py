@@ -22,13 +22,11 @@ from proxy.errors import (
     ShuttingDownActed,
     UnsupportedEncoding,
 )
+from proxy.telemetry.http import CUT_ON_PURPOSE
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-# Set in a request's task when the app leaves its answer unfinished on purpose, having logged
-# why (an answer cut after it began): the server's own error for it is then not logged again.
-CUT_ON_PURPOSE: ContextVar[bool] = ContextVar("loopwarden_cut_on_purpose", default=False)
 # Set in a request's task as its run ends: what the drain's end says of a request it stops
 # while the answer is made.
 RUN_ENDED: ContextVar[RunResult | None] = ContextVar("loopwarden_run_ended", default=None)

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Callable, Collection
 
 from starlette.types import Receive, Scope, Send
 
-from proxy.api.asgi import CUT_ON_PURPOSE, bearer_token
+from proxy.api.asgi import bearer_token
 from proxy.api.auth import Caller
 from proxy.api.services import Services
 from proxy.deadline import Deadline
@@ -24,6 +24,7 @@ from proxy.errors import (
     ShuttingDownActed,
     UpstreamTimeout,
 )
+from proxy.telemetry.http import CUT_ON_PURPOSE
 from proxy.upstream.client import Upstream
 from proxy.upstream.form_model import AmbiguousModel
 from proxy.upstream.relay import FORM_MODEL_WITHIN, relay, sniff_model

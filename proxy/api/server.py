@@ -28,10 +28,10 @@ import uvicorn
 from starlette.types import ASGIApp
 from uvicorn.server import ServerState
 
-from proxy.api.asgi import CUT_ON_PURPOSE
 from proxy.api.guarded_protocol import guarded_protocol
 from proxy.api.runtime import settle_runtime
 from proxy.config.server import ServerConfig, raise_descriptor_limit
+from proxy.telemetry.http import CUT_ON_PURPOSE
 from proxy.throttled_log import ThrottledWarnings
 
 log = logging.getLogger(__name__)

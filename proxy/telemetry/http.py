@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from contextvars import Token
+from contextvars import ContextVar, Token
 
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
@@ -15,6 +15,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from proxy.telemetry.metrics import OTHER, Metrics
 
+# Set in a request's task when the app leaves its answer unfinished on purpose, having logged
+# why (an answer cut after it began): its span is failed (`error.type` CUT_SHORT), and the
+# server's own error for it is not logged again.
+CUT_ON_PURPOSE: ContextVar[bool] = ContextVar("loopwarden_cut_on_purpose", default=False)
+CUT_SHORT = "cut_short"
 UNTRACED = frozenset({"/metrics", "/healthz", "/readyz"})  # probes and scrapes: no spans
 # The app returned without starting a response: the client went away first (nginx's code).
 CLIENT_CLOSED = 499
@@ -78,9 +83,10 @@ class HttpTelemetry:
                 span, token = opened
                 otel_context.detach(token)
                 span.set_attribute("http.response.status_code", status)
-                if status >= 500:
+                failure = str(status) if status >= 500 else CUT_ON_PURPOSE.get() and CUT_SHORT
+                if failure:
                     span.set_status(Status(StatusCode.ERROR))
-                    span.set_attribute("error.type", str(status))
+                    span.set_attribute("error.type", failure)
                 span.end()
             self._count(route, method, status, started)
 

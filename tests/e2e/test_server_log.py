@@ -20,9 +20,9 @@ import openai
 import pytest
 import yaml
 
-from proxy.api.asgi import CUT_ON_PURPOSE
 from proxy.api.server import UNFINISHED_ON_PURPOSE
 from proxy.demo.runner import free_port
+from proxy.telemetry.http import CUT_ON_PURPOSE
 from tests.e2e.conftest import ROOT, McpHttpServer, wait_healthy, wait_ready
 from tests.faulty_upstream import FaultyUpstream, drip, stream
 from tests.mcp_config import http_entry

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 import genai_prices.data
@@ -425,3 +426,29 @@ async def test_http_metrics_label_routes_by_their_template_and_fold_the_rest(
         for sample in family.samples
     }
     assert methods == {"GET", "_OTHER"}  # so label values stay bounded
+
+
+class _CutShort(httpx.AsyncByteStream):
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        yield b'{"data": ['
+        raise httpx.ReadError("reset")
+
+
+@pytest.mark.parametrize("cut", [False, True])
+async def test_a_relayed_answer_cut_short_fails_its_span(
+    proxy_for: ProxyFactory, cut: bool
+) -> None:
+    """An upstream that failed mid-answer left the relayed answer cut, and its span OK."""
+
+    def upstream(request: httpx.Request) -> httpx.Response:
+        if cut:
+            return httpx.Response(200, stream=_CutShort())
+        return httpx.Response(200, json={"data": []})
+
+    async with proxy_for(handler=upstream) as proxy:
+        body, parent = {"model": "m", "input": "x"}, [(b"traceparent", TRACEPARENT.encode())]
+        sent = await proxy.leaving(body, 5, "/v1/embeddings", headers=parent)
+        assert sent[-1].get("more_body") is cut  # (cut: the answer never ended)
+        (server,) = by_name(proxy.spans(), "POST ")  # (a relayed route: `other`)
+    assert server.status.status_code is (StatusCode.ERROR if cut else StatusCode.UNSET)
+    assert dict(server.attributes or {}).get("error.type") == ("cut_short" if cut else None)
