@@ -93,6 +93,13 @@ class _Server(uvicorn.Server):
         answers `shutting_down`."""
         if self.on_shutdown is not None:
             self.on_shutdown()
+        running = sum(not task.done() for task in self.server_state.tasks)
+        log.info(
+            "shutting down: %d request%s in flight get %g s to end (server.shutdown_timeout_s)",
+            running,
+            "" if running == 1 else "s",
+            self.config.timeout_graceful_shutdown,
+        )
         for connection in list(self.probe_state.connections):
             connection.shutdown()
         await super().shutdown(sockets)
@@ -166,6 +173,25 @@ class _UnreadOnceASecond(logging.Filter):
 UNREAD_ONCE_A_SECOND = _UnreadOnceASecond()
 
 
+class _DrainEndTold(logging.Filter):
+    """uvicorn tells the drain's end as an error in its own format; it is a configured end
+    (`server.shutdown_timeout_s`): told as a warning of the proxy's, saying what the stopped
+    requests are answered."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not str(record.msg).startswith("Cancel %s running task(s), timeout graceful"):
+            return True
+        log.warning(
+            "the drain ended (server.shutdown_timeout_s): %s request(s) still going stopped, "
+            "answered 503 shutting_down",
+            *record.args if isinstance(record.args, tuple) else (),
+        )
+        return False
+
+
+DRAIN_END_TOLD = _DrainEndTold()
+
+
 def serve(
     app: ASGIApp,
     server: ServerConfig,
@@ -193,7 +219,7 @@ def serve(
         "ws": "none",
     }
     config = uvicorn.Config(app, **options)  # (which sets up uvicorn's loggers)
-    for told in (UNFINISHED_ON_PURPOSE, UNREAD_ONCE_A_SECOND):
+    for told in (UNFINISHED_ON_PURPOSE, UNREAD_ONCE_A_SECOND, DRAIN_END_TOLD):
         logging.getLogger("uvicorn.error").addFilter(told)  # once: the same objects
     served = _Server(config, probes, server.header_timeout_s, announce, on_shutdown)
     try:

@@ -66,10 +66,15 @@ async def serving(
 
 
 async def stopped_while(
-    proc: subprocess.Popen[bytes], upstream: ScriptedUpstream, asked: int, request: asyncio.Task[T]
+    proc: subprocess.Popen[bytes],
+    upstream: ScriptedUpstream,
+    asked: int,
+    request: asyncio.Task[T],
+    drained: bool = True,
 ) -> T:
     """`request`'s outcome, the server told to stop once the upstream was asked `asked` times
-    (a tool call then runs); the server exits, its log without a traceback."""
+    (a tool call then runs); the server exits, its log without a traceback, saying the drain
+    stopped the request (`drained`) or not."""
     # (the upstream records its requests in a thread of its own: polled)
     while len(upstream.bodies) < asked and not request.done():  # noqa: ASYNC110
         await asyncio.sleep(0.02)
@@ -80,6 +85,11 @@ async def stopped_while(
     assert proc.stderr is not None
     log = proc.stderr.read().decode()
     assert "Exception in ASGI application" not in log, log
+    assert "shutting down: 1 request in flight get" in log, log
+    # The drain's end told in the proxy's words, as a warning (uvicorn's was an error).
+    assert "timeout graceful shutdown exceeded" not in log, log
+    ended = "the drain ended (server.shutdown_timeout_s): 1 request(s) still going stopped"
+    assert (ended in log) is drained, log
     return outcome
 
 
@@ -135,7 +145,7 @@ async def test_a_run_that_ends_within_the_drain_is_answered(
                 model="sleeper", messages=[{"role": "user", "content": "wait"}]
             )
         )
-        completion = await stopped_while(proc, upstream, 1, asking)
+        completion = await stopped_while(proc, upstream, 1, asking, drained=False)
     assert completion.choices[0].message.content == "Done: slept 1s"
 
 
