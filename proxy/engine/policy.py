@@ -236,6 +236,11 @@ def tighten(agent: LoopPolicy, request: LoopPolicy) -> LoopPolicy:
             + tuple(t for t in base.tool_ids if t not in request.terminating.tool_ids),
             consecutive_nudges=min(request.terminating.consecutive_nudges, base.consecutive_nudges),
             max_invocations=min(request.terminating.max_invocations, base.max_invocations),
+            given_at=tuple(
+                (name, base.path)
+                for name in ("consecutive_nudges", "max_invocations")
+                if getattr(base, name) < getattr(request.terminating, name)
+            ),
         )
     max_steps = agent.max_steps
     if request.max_steps is not None:  # an agent without a cap of its own has the default

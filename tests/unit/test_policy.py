@@ -52,6 +52,13 @@ def test_a_request_tightens_numbers_and_adds_its_rules() -> None:
     assert [c.path for c in merged.stop_when] == ["stop_when[0]", "loop.stop_when[0]"]
     assert merged.terminating is not None
     assert merged.terminating.consecutive_nudges == 2
+    # The number that holds is named where it was given (the request's path named it: 5).
+    assert merged.terminating.path_of("consecutive_nudges") == (
+        "terminating_config.consecutive_nudges"
+    )
+    assert merged.terminating.path_of("max_invocations") == (
+        "loop.terminating_config.max_invocations"  # (both 64: the request's)
+    )
     assert merged.terminating.tool_ids == ("submit",)
     assert [lim.path for lim in merged.tool_call_limits] == [
         "tool_call_limits[0]",

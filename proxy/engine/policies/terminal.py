@@ -19,6 +19,13 @@ class TerminatingConfig:
     nudge_message: str = DEFAULT_NUDGE
     max_invocations: int = 64
     path: str = "terminating_config"
+    # Where a number was given when not at `path`: an agent's, a request's looser one tightened
+    # to it (`tighten`).
+    given_at: tuple[tuple[str, str], ...] = ()
+
+    def path_of(self, name: str) -> str:
+        """The config path of the number `name` as it holds."""
+        return f"{dict(self.given_at).get(name, self.path)}.{name}"
 
     @classmethod
     def of(cls, options: TerminatingOptions, path: str) -> TerminatingConfig:
@@ -49,7 +56,7 @@ class TerminalTools(Policy):
     def before_step(self, run: RunState, plan: StepPlan) -> Stop | None:
         if self.config is not None and run.invocations >= self.config.max_invocations:
             details = limit_details(
-                f"{self.config.path}.max_invocations",
+                self.config.path_of("max_invocations"),
                 "max_invocations",
                 run.step_count,
                 threshold=self.config.max_invocations,
@@ -90,7 +97,7 @@ class TerminalTools(Policy):
         if self.nudges <= self.config.consecutive_nudges:
             return Nudge(self.config.nudge_message)
         details = limit_details(
-            f"{self.config.path}.consecutive_nudges",
+            self.config.path_of("consecutive_nudges"),
             "consecutive_nudges",
             run.step_count,
             threshold=self.config.consecutive_nudges,
