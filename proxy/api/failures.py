@@ -13,7 +13,6 @@ from proxy.api.asgi import send_error
 from proxy.api.headers import not_replayed, stopped
 from proxy.api.upstream_param import ClientTerms, client_message, client_param
 from proxy.engine.run_spec import RunResult
-from proxy.engine.stop import ERROR_STOPS
 from proxy.errors import (
     InternalError,
     LoopFailed,
@@ -30,14 +29,14 @@ Failing = Callable[[ShuttingDown, RunResult], Awaitable[None]]
 
 
 def failed(result: RunResult) -> bool:
-    return result.stop.is_failure or result.stop.reason in ERROR_STOPS
+    return result.stop.fails_run
 
 
 def failure_error(result: RunResult, terms: ClientTerms | None = None) -> ProxyError:
     """The error a failed run answers with; an upstream's relayed with its `param` in the
     client's `terms` (`upstream_param`)."""
     stop, error = result.stop, result.error
-    if stop.is_failure:
+    if stop.is_policy_failure:
         return LoopFailed(f"the run stopped: {stop.reason.value}", code=stop.error_code)
     if isinstance(error, UpstreamStatusError) and result.tools_ran:
         return UpstreamUnavailable(f"{error} after tools ran", code="upstream_error")

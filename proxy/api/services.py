@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 
 RUN_RECORD = "run"  # a finished run's report, by run id
 # A request's `expr` conditions longer than this together are compiled in a thread.
-COMPILE_IN_TURN_CHARS = 256
+COMPILE_IN_THREAD_PAST_CHARS = 256
 
 
 @dataclass(slots=True)
@@ -103,7 +103,7 @@ class Services:
         more than a few, compiled in a thread first (a few milliseconds of Python each)."""
         if req.has_loop:
             sources = expressions(req.loop)
-            if sum(map(len, sources)) > COMPILE_IN_TURN_CHARS:
+            if sum(map(len, sources)) > COMPILE_IN_THREAD_PAST_CHARS:
                 await asyncio.to_thread(compile_expressions, sources)
         return self.planner.plan(req, caller)
 

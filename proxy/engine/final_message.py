@@ -72,7 +72,7 @@ async def final_message(
     `final_answer`, when the policy asks for one, makes the last tool-free call (None: none
     could be made, and the text so far answers); `say` streams text the client has not seen
     yet."""
-    if stop.is_failure:
+    if stop.is_policy_failure:
         return Ending(stop, {"role": "assistant", "content": None}, None)
     if stop.reason is StopReason.CLIENT_TOOL_CALL and decided is not None:
         # Its text is every step's, as the stream said it (the calls' reply's alone was not).

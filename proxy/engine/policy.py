@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from proxy.engine.expressions import compile_in_turn
+from proxy.engine.expressions import precompile
 from proxy.engine.options import PolicyOptions
 from proxy.engine.policies.base import Policy
 from proxy.engine.policies.budgets import Budgets
@@ -218,7 +218,7 @@ def expressions(options: PolicyOptions) -> list[str]:
 def compile_expressions(sources: list[str]) -> None:
     """Compiles `sources` ahead of `compile_policy`, which then finds them compiled: meant for
     a thread, the event loop going on meanwhile."""
-    compile_in_turn(sources)
+    precompile(sources)
 
 
 def tighten(agent: LoopPolicy, request: LoopPolicy) -> LoopPolicy:

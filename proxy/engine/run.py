@@ -92,7 +92,7 @@ class Run:
         keeping: asyncio.Future[None] | None = None
         try:
             ending = await self._loop(run)
-            if self.keep is not None and not ending.stop.is_failure:
+            if self.keep is not None and not ending.stop.is_policy_failure:
                 run.now = clock()
                 keeping = asyncio.ensure_future(self.keep(RunResult.of(run, ending, None)))
                 await to_its_end(keeping)

@@ -102,5 +102,12 @@ class Stop:
     error_code: str | None = None
 
     @property
-    def is_failure(self) -> bool:
+    def is_policy_failure(self) -> bool:
+        """A policy failed the run (a loop error, 422)."""
         return self.error_code is not None
+
+    @property
+    def fails_run(self) -> bool:
+        """The run answers with an error, not a completion: a policy failed it, or the
+        upstream, the state backend or the proxy did (ERROR_STOPS)."""
+        return self.is_policy_failure or self.reason in ERROR_STOPS

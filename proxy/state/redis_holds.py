@@ -216,7 +216,7 @@ class ContextHolds:
         args: list[str | int] = [held.token, ms(self._lease), self._id, ms(WAITING_MARK_S)]
         try:
             # One attempt at a time, each checked for the cancellation the client may drop
-            # (`_reached`).
+            # (`redis_calls.reached`).
             while True:
                 with reached():
                     taken = await self._take(keys=keys, args=args)

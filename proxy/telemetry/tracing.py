@@ -15,7 +15,6 @@ from opentelemetry import context as otel_context
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
 
 from proxy.engine import events as ev
-from proxy.engine.stop import ERROR_STOPS
 from proxy.engine.values import ToolOutcome
 from proxy.telemetry.error_types import cut_call_outcome, cut_short_by, error_type
 
@@ -245,7 +244,7 @@ class TracingObserver:
         }
         if event.cost_usd is not None:
             attributes["loopwarden.cost_usd"] = event.cost_usd
-        if event.stop.is_failure or event.stop.reason in ERROR_STOPS:
+        if event.stop.fails_run:
             span.set_status(Status(StatusCode.ERROR, event.stop.reason.value))
             attributes["error.type"] = event.stop.error_code or (
                 error_type(event.error) if event.error else event.stop.reason.value

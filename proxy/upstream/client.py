@@ -144,7 +144,7 @@ class Upstream:
         own = now + self.step_timeout_s
         theirs = deadline is not None and deadline < own
         end = deadline if theirs and deadline is not None else own
-        # A client slow to take the text holds the deadline (see `_client_time_excluded`), for
+        # A client slow to take the text holds the deadline (see `_ClientTimeExcluded`), for
         # as long as the upstream may take a step: then it has gone, to all intents.
         timer = Deadline(asyncio.get_running_loop().time() + (end - now), self.step_timeout_s)
         call = _Call(end, timer)

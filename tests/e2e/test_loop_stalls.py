@@ -49,8 +49,9 @@ def dense_policy(n: int) -> list[dict[str, str]]:
 async def test_expressions_are_compiled_off_the_event_loop(
     proxy_url: str, upstream: ScriptedUpstream
 ) -> None:
-    """Eight requests of such policies at once held `/healthz` ~480 ms (32: 2.6 s)."""
-    upstream.script(*[say("ok") for _ in range(8)])
+    """Twenty-four requests of such policies at once held `/healthz` 2.2-2.5 s; compiled in
+    threads, 0.1-0.6 s on a busy host of two cores."""
+    upstream.script(*[say("ok") for _ in range(24)])
     base = proxy_url.removesuffix("/v1")
     async with httpx.AsyncClient(base_url=base, timeout=60) as client:
 
@@ -65,8 +66,8 @@ async def test_expressions_are_compiled_off_the_event_loop(
         answers: list[httpx.Response] = []
 
         async def all_of_them() -> None:
-            answers.extend(await asyncio.gather(*(ask(n) for n in range(8))))
+            answers.extend(await asyncio.gather(*(ask(n) for n in range(24))))
 
         gap = await longest_gap(base, all_of_them())
-    assert [a.status_code for a in answers] == [200] * 8, answers[0].text
-    assert gap < 0.25, f"/healthz waited {gap * 1000:.0f} ms"
+    assert [a.status_code for a in answers] == [200] * 24, answers[0].text
+    assert gap < 1.0, f"/healthz waited {gap * 1000:.0f} ms"

@@ -38,7 +38,7 @@ async def test_a_failed_run_is_not_kept() -> None:
     h = Harness([reply(calls=[("search", "{}")])], {"search": lambda _: "s"},
                 tool_call_limits=[{"run_limit": 0, "exit_behavior": "error"}])  # fmt: skip
     result = await h.run(keep=keep)
-    assert result.stop.is_failure
+    assert result.stop.is_policy_failure
     assert kept == []
 
 

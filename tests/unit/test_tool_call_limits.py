@@ -60,7 +60,7 @@ async def test_error_fails_the_run_and_skips_the_rest_of_the_reply() -> None:
     result = await h.run()
     assert result.stop.reason is StopReason.TOOL_CALL_LIMIT
     assert result.stop.error_code == "tool_call_limit_exceeded"
-    assert result.stop.is_failure
+    assert result.stop.is_policy_failure
     assert [c[0] for c in h.tools.calls] == ["search"]
     assert errors(result.generated)[1] == "Not executed: the run has stopped."
     assert result.stop.details["kind"] == "run_limit"
@@ -76,7 +76,7 @@ async def test_end_stops_the_run_with_a_message_stating_the_limit() -> None:
     )
     result = await h.run()
     assert result.stop.reason is StopReason.TOOL_CALL_LIMIT
-    assert not result.stop.is_failure
+    assert not result.stop.is_policy_failure
     assert result.finish_reason == "stop"
     assert result.message["content"] == (  # for the user: the model's message is its own
         "Stopped: the run reached a tool call limit (run: 2/2) calling search."
@@ -220,7 +220,7 @@ async def test_a_run_limit_stricter_than_the_thread_limit_reached_with_it_decide
     result = await h.run()
     assert result.stop.reason is StopReason.TOOL_CALL_LIMIT
     assert result.stop.details["kind"] == "run_limit"
-    assert not result.stop.is_failure
+    assert not result.stop.is_policy_failure
 
 
 async def test_calls_blocked_by_a_rule_do_not_count() -> None:

@@ -55,7 +55,7 @@ __all__ = [
     "ExpressionFailed",
     "ExpressionTooCostly",
     "compile_condition",
-    "compile_in_turn",
+    "precompile",
 ]
 
 # Operator and macro-expansion names that `Program.functions()` reports besides named functions.
@@ -167,7 +167,7 @@ class Expression:
 
 def compile_condition(source: str) -> Expression:
     """`compiled` of `source`, from the last COMPILED_KEPT compiled (each a few milliseconds of
-    Python: a request's may be compiled in a thread first, `compile_in_turn`)."""
+    Python: a request's may be compiled in a thread first, `precompile`)."""
     with _compiled_lock:
         known = _compiled.get(source)
         if known is not None:
@@ -186,9 +186,9 @@ def compile_condition(source: str) -> Expression:
     return known
 
 
-def compile_in_turn(sources: list[str]) -> None:
-    """Compiles `sources` (for `compile_condition` to find): in a thread, the event loop goes on
-    meanwhile (an 8,000-character policy held it ~130 ms, 32 requests of one 2.6 s)."""
+def precompile(sources: list[str]) -> None:
+    """Compiles `sources` for `compile_condition` to find: meant for a thread, the event loop
+    going on meanwhile (an 8,000-character policy held it ~130 ms, 32 requests of one 2.6 s)."""
     for source in sources:
         with contextlib.suppress(ValueError):
             compile_condition(source)
