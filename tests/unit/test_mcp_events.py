@@ -11,7 +11,7 @@ import httpx2
 import pytest
 
 from proxy.tools import mcp_exchanges
-from proxy.tools.mcp_transport import BoundedBodies, EventTooLarge, _BoundedEvents
+from proxy.tools.mcp_bounds import BoundedBodies, EventTooLarge, _BoundedEvents
 
 SMALL = b'event: message\ndata: {"jsonrpc":"2.0","id":1,"result":{"a":[1,2]}}\n\n'
 LARGE = b"data: [" + b"0," * 40 + b"0]\n\n"  # 41 numbers and the array: 42 values, 1 colon
