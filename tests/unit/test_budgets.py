@@ -163,7 +163,11 @@ async def test_budget_inside_all_is_not_a_hard_cap() -> None:
 class Stalling:
     """A model that never answers: an upstream that keeps the connection open."""
 
+    def __init__(self) -> None:
+        self.asked = asyncio.Event()
+
     async def complete(self, request: ModelRequest, on_delta: DeltaSink | None) -> ModelReply:
+        self.asked.set()
         await asyncio.sleep(3600)
         raise AssertionError("unreachable")
 
@@ -172,9 +176,10 @@ async def test_a_cancelled_run_with_a_time_budget_is_cancelled_not_out_of_time()
     """Cancelling a run (its client left) while a budgeted step waits is not the budget: the
     cancellation goes on."""
     h = Harness([], TOOLS, stop_when=[{"max_duration_s": 30}])  # (armed, far from over)
-    h.deps = replace(h.deps, model=Stalling(), clock=time.monotonic)
+    stalling = Stalling()
+    h.deps = replace(h.deps, model=stalling, clock=time.monotonic)
     run = asyncio.create_task(h.run())
-    await asyncio.sleep(0.05)
+    await stalling.asked.wait()  # the budgeted step waits on the upstream
     run.cancel()
     with pytest.raises(asyncio.CancelledError):  # not a result: the run did not return
         await run
