@@ -12,8 +12,8 @@ from proxy.api.asgi import bearer_token, header, send_json
 from proxy.api.auth import Caller
 from proxy.api.chat_request import ChatRequest, parse_chat_request
 from proxy.api.completion import completion_body, completion_id, loop_report
-from proxy.api.failures import failed, failure_error, send_failure, stopped_answer
-from proxy.api.headers import THREAD_HEADER, run_headers, stopped
+from proxy.api.failures import drain_end_answer, failed, failure_error, send_failure
+from proxy.api.headers import THREAD_HEADER, run_headers, with_stop_reason
 from proxy.api.json_body import read_json
 from proxy.api.services import Services
 from proxy.api.sse import SSEWriter
@@ -58,11 +58,11 @@ class ChatCompletions:
             return
         run = Run(spec, deps)
         reported = partial(loop_report, include_messages=include)
-        ended = await sv.execute(run, receive, stopped_answer(send, headers, reported))
-        result = await sv.unless_left(run, ended, reported, owner, caller)
+        ended = await sv.execute(run, receive, drain_end_answer(send, headers, reported))
+        result = await sv.answerable(run, ended, reported, owner, caller)
         if result is None:
             return
-        stopped(headers, result)
+        with_stop_reason(headers, result)
         report = loop_report(result, include)
         await sv.remember(result, report, owner, caller)
         if failed(result):
@@ -89,12 +89,12 @@ class ChatCompletions:
         async def fail(error: ShuttingDown, ended: RunResult) -> None:
             await writer.fail(error.body(), reported(ended))
 
-        unstarted = stopped_answer(writer.send, writer.headers, reported)
+        unstarted = drain_end_answer(writer.send, writer.headers, reported)
         ended = await sv.execute_streamed(run, writer, receive, fail, unstarted)
-        result = await sv.unless_left(run, ended, reported, owner, caller)
+        result = await sv.answerable(run, ended, reported, owner, caller)
         if result is None:
             return
-        stopped(writer.headers, result)
+        with_stop_reason(writer.headers, result)
         report = loop_report(result, include)
         await sv.remember(result, report, owner, caller)
         try:

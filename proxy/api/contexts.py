@@ -26,8 +26,8 @@ from proxy.api.context_owners import (
     stored_id,
     visible,
 )
-from proxy.api.failures import failed, send_failure, stopped_answer
-from proxy.api.headers import not_replayed, run_headers, stopped
+from proxy.api.failures import drain_end_answer, failed, send_failure
+from proxy.api.headers import not_replayed, run_headers, with_stop_reason
 from proxy.api.json_body import json_object, read_json
 from proxy.api.planning import Plan
 from proxy.api.run_request import UNSAFE_NAME, RunRequest, parse_loop
@@ -269,9 +269,9 @@ class ContextRuns:
         end = ContextEnd(sv, holding, context, messages, owner, caller)
         run = Run(plan.spec, deps, keep=end.save)
         reported = partial(loop_report, include_messages=False)
-        answer = stopped_answer(send, run_headers(plan.spec.run_id), reported)
+        answer = drain_end_answer(send, run_headers(plan.spec.run_id), reported)
         ended = await sv.execute(run, receive, answer)
-        result = await sv.unless_left(run, ended, reported, owner, caller)
+        result = await sv.answerable(run, ended, reported, owner, caller)
         if result is None:
             return
         report = reported(result)
@@ -281,7 +281,7 @@ class ContextRuns:
             await sv.remember(result, report, owner, caller)
         refused, added = end.refused, kept_messages(result)
         headers = run_headers(result.run_id)
-        stopped(headers, result)
+        with_stop_reason(headers, result)
         if failed(result):
             await send_failure(send, result, report, headers)
             return

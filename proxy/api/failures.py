@@ -10,7 +10,7 @@ from typing import Any
 from starlette.types import Send
 
 from proxy.api.asgi import send_error
-from proxy.api.headers import not_replayed, stopped
+from proxy.api.headers import not_replayed, with_stop_reason
 from proxy.api.upstream_param import ClientTerms, client_message, client_param
 from proxy.engine.run_spec import RunResult
 from proxy.errors import (
@@ -79,7 +79,7 @@ async def send_failure(
     await send_error(send, error, headers, {"loop": report})
 
 
-def stopped_answer(
+def drain_end_answer(
     send: Send, headers: dict[str, str], report: Callable[[RunResult], dict[str, Any]]
 ) -> Failing:
     """How a run the end of the server's drain stopped is answered before any of it was sent:
@@ -87,7 +87,7 @@ def stopped_answer(
     report."""
 
     async def answer(error: ShuttingDown, result: RunResult) -> None:
-        stopped(headers, result)
+        with_stop_reason(headers, result)
         await send_error(send, error, {**headers, **error.headers}, {"loop": report(result)})
 
     return answer

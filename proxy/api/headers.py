@@ -17,7 +17,7 @@ def run_headers(run_id: str) -> dict[str, str]:
     return {RUN_ID_HEADER: run_id}
 
 
-def stopped(headers: dict[str, str], result: RunResult) -> None:
+def with_stop_reason(headers: dict[str, str], result: RunResult) -> None:
     """Adds the run's stop reason to an answer's `headers`."""
     headers[STOP_REASON_HEADER] = result.stop.reason.value
 

@@ -16,8 +16,8 @@ from starlette.types import Receive, Scope, Send
 from proxy.api.asgi import bearer_token, header, send_json
 from proxy.api.auth import Caller
 from proxy.api.completion import loop_report
-from proxy.api.failures import failed, failure_error, send_failure, stopped_answer
-from proxy.api.headers import THREAD_HEADER, run_headers, stopped
+from proxy.api.failures import drain_end_answer, failed, failure_error, send_failure
+from proxy.api.headers import THREAD_HEADER, run_headers, with_stop_reason
 from proxy.api.json_body import read_json
 from proxy.api.planning import Plan
 from proxy.api.response_body import (
@@ -113,11 +113,11 @@ class Responses:
         if calls is not None:
             deps.observers = [*deps.observers, calls]
         running = Run(spec, deps)
-        ended = await sv.execute(running, receive, stopped_answer(send, headers, context.report))
-        result = await sv.unless_left(running, ended, context.report, owner, caller)
+        ended = await sv.execute(running, receive, drain_end_answer(send, headers, context.report))
+        result = await sv.answerable(running, ended, context.report, owner, caller)
         if result is None:
             return
-        stopped(headers, result)
+        with_stop_reason(headers, result)
         report = context.report(result)
         if failed(result):
             await sv.remember(result, report, owner, caller)
@@ -141,12 +141,12 @@ class Responses:
             report = context.report(ended)
             await writer.fail(context.failed_response(ended, writer.base, report, error))
 
-        unstarted = stopped_answer(writer.send, writer.headers, context.report)
+        unstarted = drain_end_answer(writer.send, writer.headers, context.report)
         ended = await sv.execute_streamed(run, writer, receive, fail, unstarted)
-        result = await sv.unless_left(run, ended, context.report, context.owner, context.caller)
+        result = await sv.answerable(run, ended, context.report, context.owner, context.caller)
         if result is None:
             return
-        stopped(writer.headers, result)
+        with_stop_reason(writer.headers, result)
         report = context.report(result)
         try:
             if failed(result):

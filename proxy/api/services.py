@@ -112,7 +112,7 @@ class Services:
     ) -> RunResult | None:
         """`run` to its end; None when its client went away first (`run_or_cancel`). Stopped at
         the end of the server's drain: `fail`'s answer (then None, as for a client gone:
-        `unless_left` keeps the run), else `ShuttingDown` raised, which asks the client not to
+        `answerable` keeps the run), else `ShuttingDown` raised, which asks the client not to
         send it again when its tools ran."""
         try:
             return await run_or_cancel(run.execute, receive)
@@ -132,7 +132,7 @@ class Services:
     ) -> RunResult | None:
         """`execute`, `writer` kept alive meanwhile; a stream the drain's end stops ends with
         `fail`'s event, or is answered `unstarted` when it had not begun (then None, as for a
-        client gone: `unless_left`)."""
+        client gone: `answerable`)."""
         try:
             with writer.kept_alive(self.config.server.keepalive_interval_s):
                 return await self.execute(run, receive)
@@ -142,7 +142,7 @@ class Services:
             await (fail if writer.started else unstarted)(exc, run.result)
             return None
 
-    async def unless_left(
+    async def answerable(
         self,
         run: Run,
         result: RunResult | None,
