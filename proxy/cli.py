@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from proxy import __version__
 from proxy.config import Config, ConfigError, load_config
 from proxy.config.environment import environment_problems, unset_keys, unset_variables
 
@@ -244,19 +245,42 @@ def importable_here() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="loopwarden")
+    parser = argparse.ArgumentParser(
+        prog="loopwarden",
+        description="An OpenAI-compatible gateway that runs the tool loop on the server "
+        "(see README.md).",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="serve the proxy")
-    serve.add_argument("--config")
-    serve.add_argument("--host")
-    serve.add_argument("--port", type=int)
+    config_help = (
+        "the YAML config (default: $LOOPWARDEN_CONFIG, else the built-in default: OpenAI keyed "
+        "by $OPENAI_API_KEY, no server tools)"
+    )
+    serve = sub.add_parser("serve", help="serve the proxy", description="Serve the proxy.")
+    serve.add_argument("--config", metavar="PATH", help=config_help)
+    serve.add_argument("--host", help="the address to listen on (default: server.host)")
+    serve.add_argument("--port", type=int, help="the port to listen on (default: server.port)")
     serve.add_argument("--workers", type=int, help="worker processes (default: server.workers)")
     serve.add_argument("--probe-port", type=int, help="a listener for probes and scrapes only")
-    check = sub.add_parser("check", help="validate a config file")
-    check.add_argument("--config")
-    tools = sub.add_parser("tools", help="connect the MCP sources and list every server tool")
-    tools.add_argument("--config")
-    sub.add_parser("demo", help="run sample runs against a scripted model, offline")
+    check = sub.add_parser(
+        "check",
+        help="validate a config file",
+        description="Validate a config: every error with its path; exit 1 if any.",
+    )
+    check.add_argument("--config", metavar="PATH", help=config_help)
+    tools = sub.add_parser(
+        "tools",
+        help="connect the MCP sources and list every server tool",
+        description="Connect the config's MCP sources and list every server tool.",
+    )
+    tools.add_argument("--config", metavar="PATH", help=config_help)
+    sub.add_parser(
+        "demo",
+        help="run sample runs against a scripted model, offline",
+        description="Start the proxy with an embedded config, a scripted model, example tools "
+        "and an MCP server (no keys, no network), make nine sample runs, and print each one's "
+        "set-up, answer, stop reason and span tree, then the metrics that changed.",
+    )
     args = parser.parse_args(argv)
     importable_here()
     if args.command == "serve":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import socket
 import threading
 import time
@@ -75,6 +76,7 @@ def describe(scene: Scene, data: dict[str, Any]) -> str:
     lines = [
         f"── {scene.title} " + "─" * max(0, 60 - len(scene.title)),
         f"  model/agent : {scene.model}",
+        setup(scene),
         f"  prompt      : {scene.prompt}",
         f"  answer      : {answer}",
         f"  stop_reason : {loop.get('stop_reason')}   steps: {loop.get('steps')}   "
@@ -86,8 +88,18 @@ def describe(scene: Scene, data: dict[str, Any]) -> str:
             lines.append(f"  blocked     : {content}")
     details = loop.get("stop_details")
     if details:
-        lines.append(f"  stop_details: {details}")
+        lines.append(f"  stop_details: {json.dumps(details)}")
     return "\n".join(lines)
+
+
+def setup(scene: Scene) -> str:
+    """What set the run up to stop as it does: the request's `loop`, else the agent's config
+    (its tools, rules, limits and conditions)."""
+    if scene.loop:
+        return f"  loop        : {json.dumps(scene.loop)}"
+    agent = {k: v for k, v in DEMO_CONFIG["agents"][scene.model].items() if k != "system_prompt"}
+    agent.pop("model")
+    return f"  agent config: {json.dumps(agent)}"
 
 
 def main() -> int:
@@ -102,7 +114,9 @@ def main() -> int:
             serve_in_thread(app, free_port()) as proxy,
             httpx.Client(base_url=proxy, timeout=30, trust_env=False) as client,
         ):
-            print(f"Loopwarden demo: proxy at {proxy}, scripted model at {upstream}\n")
+            print(
+                f"Loopwarden demo: proxy at {proxy}, scripted model at {upstream} (until it ends)\n"
+            )
             before = samples(client.get("/metrics").text)
             ran = [(scene, run_scene(client, scene)) for scene in SCENES]
             after = samples(client.get("/metrics").text)

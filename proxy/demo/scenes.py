@@ -81,7 +81,7 @@ SCENES = [
         "A terminal tool", "reporter", "Check get_weather in Oslo and give it with final_answer."
     ),
     Scene(
-        "A budget stop (max_cost)",
+        "A budget stop (max_cost: the next step's estimated cost would pass it)",
         "researcher",
         "Settle the question: keep calling search_notes until sure.",
     ),
@@ -92,7 +92,7 @@ SCENES = [
         {"tools": ["search_notes"], "max_steps": 3},
     ),
     Scene(
-        "A rule violation: the call is blocked, the run goes on",
+        "A rule violation: the model calls to_fahrenheit first (`!`), blocked; the run goes on",
         "planner",
         "!to_fahrenheit at once, then get_weather in Lima.",
     ),
@@ -112,7 +112,7 @@ SCENES = [
         {"tools": ["final_answer"], "terminating_config": {"tool_ids": ["final_answer"]}},
     ),
     Scene(
-        "Nudges exhausted (422)",
+        "Nudges exhausted (422): no nudge allowed, the model answers without search_notes",
         "scripted",
         "Just say hello.",
         {

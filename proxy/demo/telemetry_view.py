@@ -35,16 +35,16 @@ def span_tree(spans: Sequence[ReadableSpan], run_id: str) -> list[str]:
     def walk(span: ReadableSpan, depth: int) -> None:
         attributes = span.attributes or {}
         shown = ", ".join(
-            f"{key.split('.', 1)[1]}={_value(attributes[key])}"
-            for key in _SHOWN_ATTRIBUTES
-            if key in attributes
+            f"{key}={_value(attributes[key])}" for key in _SHOWN_ATTRIBUTES if key in attributes
         )
         ms = ((span.end_time or 0) - (span.start_time or 0)) / 1e6
         lines.append(f"{'   ' * depth}{span.name}  [{ms:.1f} ms] {shown}")
-        for event in span.events:
-            lines.append(f"{'   ' * (depth + 1)}• event {event.name}")
         for child in children.get(span.context.span_id, []):
             walk(child, depth + 1)
+        for event in span.events:  # (after the steps: most come as the run ends)
+            step = (event.attributes or {}).get("loopwarden.step")
+            at = f" (step {step})" if step is not None else ""
+            lines.append(f"{'   ' * (depth + 1)}• event {event.name}{at}")
 
     for root in children.get(None, []):
         walk(root, 0)

@@ -382,6 +382,12 @@ def test_demo_shows_each_stop_reason(
     assert 'loopwarden_tool_calls_total{outcome="blocked_rule",tool="to_fahrenheit"} 1' in out
     assert "is not allowed now by the tool rules. Allowed tools: get_weather." in out
     assert "Here is what I found: 69.8°F" in out
+    # What set each run up, the stop's details as JSON, and attributes by their real names.
+    assert '  agent config: {"tools": ["search_notes"], "stop_when": [{"max_cost": 0.004}]}' in out
+    assert '  loop        : {"tools": ["search_notes"], "max_steps": 3}' in out
+    assert '"kind": "max_cost", "threshold": 0.004' in out
+    assert "loopwarden.stop_reason=completed, loopwarden.steps=3" in first
+    assert "• event loopwarden.nudge (step 1)" in out
 
 
 def test_the_readme_config_example_is_valid() -> None:
@@ -452,3 +458,20 @@ def test_serve_says_which_port_it_cannot_listen_on(
     unknown = ["serve", "--config", str(config), "--host", "no-such-host.invalid"]
     assert main([*unknown, "--port", str(free_port())]) == 1
     assert "server.port: cannot listen on no-such-host.invalid:" in capsys.readouterr().err
+
+
+def test_the_cli_says_its_version_and_what_each_command_does(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from proxy import __version__
+
+    with pytest.raises(SystemExit) as ended:
+        main(["--version"])
+    assert ended.value.code == 0
+    assert capsys.readouterr().out == f"loopwarden {__version__}\n"
+    with pytest.raises(SystemExit):
+        main(["demo", "--help"])
+    assert "(no keys, no network)" in " ".join(capsys.readouterr().out.split())  # (wrapped)
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    assert "(default: $LOOPWARDEN_CONFIG, else" in " ".join(capsys.readouterr().out.split())
