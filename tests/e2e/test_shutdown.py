@@ -85,7 +85,9 @@ async def stopped_while(
     assert proc.stderr is not None
     log = proc.stderr.read().decode()
     assert "Exception in ASGI application" not in log, log
-    assert "shutting down: 1 request in flight get" in log, log
+    assert "shutting down: " in log, log
+    if drained:  # (a run that ends within the drain may have ended before it began)
+        assert "shutting down: 1 request in flight get" in log, log
     # The drain's end told in the proxy's words, as a warning (uvicorn's was an error).
     assert "timeout graceful shutdown exceeded" not in log, log
     ended = "the drain ended (server.shutdown_timeout_s): 1 request(s) still going stopped"
