@@ -12,7 +12,13 @@ from proxy.api.asgi import bearer_token, header, send_json
 from proxy.api.auth import Caller
 from proxy.api.chat_request import ChatRequest, parse_chat_request
 from proxy.api.completion import completion_body, completion_id, loop_report
-from proxy.api.failures import drain_end_answer, failed, failure_error, send_failure
+from proxy.api.failures import (
+    drain_end_answer,
+    failed,
+    failure_error,
+    send_failure,
+    stream_drain_end,
+)
 from proxy.api.headers import THREAD_HEADER, run_headers, with_stop_reason
 from proxy.api.json_body import read_json
 from proxy.api.services import Services
@@ -58,8 +64,9 @@ class ChatCompletions:
             return
         run = Run(spec, deps)
         reported = partial(loop_report, include_messages=include)
-        ended = await sv.execute(run, receive, drain_end_answer(send, headers, reported))
-        result = await sv.answerable(run, ended, reported, owner, caller)
+        ended = await sv.execute(run, receive)
+        drain_end = drain_end_answer(send, headers, reported)
+        result = await sv.answerable(run, ended, reported, owner, caller, drain_end=drain_end)
         if result is None:
             return
         with_stop_reason(headers, result)
@@ -89,9 +96,9 @@ class ChatCompletions:
         async def fail(error: ShuttingDown, ended: RunResult) -> None:
             await writer.fail(error.body(), reported(ended))
 
-        unstarted = drain_end_answer(writer.send, writer.headers, reported)
-        ended = await sv.execute_streamed(run, writer, receive, fail, unstarted)
-        result = await sv.answerable(run, ended, reported, owner, caller)
+        ended = await sv.execute_streamed(run, writer, receive)
+        drain_end = stream_drain_end(writer, fail, reported)
+        result = await sv.answerable(run, ended, reported, owner, caller, drain_end=drain_end)
         if result is None:
             return
         with_stop_reason(writer.headers, result)

@@ -269,9 +269,9 @@ class ContextRuns:
         end = ContextEnd(sv, holding, context, messages, owner, caller)
         run = Run(plan.spec, deps, keep=end.save)
         reported = partial(loop_report, include_messages=False)
-        answer = drain_end_answer(send, run_headers(plan.spec.run_id), reported)
-        ended = await sv.execute(run, receive, answer)
-        result = await sv.answerable(run, ended, reported, owner, caller)
+        ended = await sv.execute(run, receive)
+        drain_end = drain_end_answer(send, run_headers(plan.spec.run_id), reported)
+        result = await sv.answerable(run, ended, reported, owner, caller, drain_end=drain_end)
         if result is None:
             return
         report = reported(result)

@@ -10,6 +10,7 @@ from typing import Any
 from starlette.types import Send
 
 from proxy.api.asgi import send_error
+from proxy.api.event_stream import EventStream
 from proxy.api.headers import not_replayed, with_stop_reason
 from proxy.api.upstream_param import ClientTerms, client_message, client_param
 from proxy.engine.run_spec import RunResult
@@ -89,5 +90,17 @@ def drain_end_answer(
     async def answer(error: ShuttingDown, result: RunResult) -> None:
         with_stop_reason(headers, result)
         await send_error(send, error, {**headers, **error.headers}, {"loop": report(result)})
+
+    return answer
+
+
+def stream_drain_end(
+    writer: EventStream, event: Failing, report: Callable[[RunResult], dict[str, Any]]
+) -> Failing:
+    """`drain_end_answer` for a stream: one that began ends with `event`'s failure event."""
+    unstarted = drain_end_answer(writer.send, writer.headers, report)
+
+    async def answer(error: ShuttingDown, result: RunResult) -> None:
+        await (event if writer.started else unstarted)(error, result)
 
     return answer

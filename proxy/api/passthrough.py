@@ -32,6 +32,7 @@ from proxy.upstream.relay import FORM_MODEL_WITHIN, relay, sniff_model
 log = logging.getLogger(__name__)
 
 METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 # A client's headers that pick the account billed, or carry a key of its own: not sent beside
 # the proxy's key (a key of several organisations or projects would bill the client's choice).
 ACCOUNT_HEADERS = frozenset({b"openai-organization", b"openai-project", b"x-api-key", b"api-key"})
@@ -130,7 +131,8 @@ class Passthrough:
             path = raw_path.decode("latin-1")
             await self._relay(target, scope, path, headers, body, send)
         except asyncio.CancelledError:
-            if scope["method"] == "GET" or not sv.shutdown.stopped(asyncio.current_task()):
+            safe = scope["method"] in SAFE_METHODS  # (the upstream acted on nothing)
+            if safe or not sv.shutdown.stopped(asyncio.current_task()):
                 raise
             raise ShuttingDownActed(
                 "the server shut down before the upstream's answer was relayed (the upstream "

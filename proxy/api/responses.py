@@ -16,7 +16,13 @@ from starlette.types import Receive, Scope, Send
 from proxy.api.asgi import bearer_token, header, send_json
 from proxy.api.auth import Caller
 from proxy.api.completion import loop_report
-from proxy.api.failures import drain_end_answer, failed, failure_error, send_failure
+from proxy.api.failures import (
+    drain_end_answer,
+    failed,
+    failure_error,
+    send_failure,
+    stream_drain_end,
+)
 from proxy.api.headers import THREAD_HEADER, run_headers, with_stop_reason
 from proxy.api.json_body import read_json
 from proxy.api.planning import Plan
@@ -113,8 +119,11 @@ class Responses:
         if calls is not None:
             deps.observers = [*deps.observers, calls]
         running = Run(spec, deps)
-        ended = await sv.execute(running, receive, drain_end_answer(send, headers, context.report))
-        result = await sv.answerable(running, ended, context.report, owner, caller)
+        ended = await sv.execute(running, receive)
+        drain_end = drain_end_answer(send, headers, context.report)
+        result = await sv.answerable(
+            running, ended, context.report, owner, caller, drain_end=drain_end
+        )
         if result is None:
             return
         with_stop_reason(headers, result)
@@ -141,9 +150,11 @@ class Responses:
             report = context.report(ended)
             await writer.fail(context.failed_response(ended, writer.base, report, error))
 
-        unstarted = drain_end_answer(writer.send, writer.headers, context.report)
-        ended = await sv.execute_streamed(run, writer, receive, fail, unstarted)
-        result = await sv.answerable(run, ended, context.report, context.owner, context.caller)
+        ended = await sv.execute_streamed(run, writer, receive)
+        drain_end = stream_drain_end(writer, fail, context.report)
+        result = await sv.answerable(
+            run, ended, context.report, context.owner, context.caller, drain_end=drain_end
+        )
         if result is None:
             return
         with_stop_reason(writer.headers, result)

@@ -183,7 +183,7 @@ class _DrainEndTold(logging.Filter):
             return True
         log.warning(
             "the drain ended (server.shutdown_timeout_s): %s request(s) still going stopped, "
-            "answered 503 shutting_down",
+            "answered 503 shutting_down (a stream that began: its failure event)",
             *record.args if isinstance(record.args, tuple) else (),
         )
         return False

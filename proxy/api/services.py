@@ -42,6 +42,8 @@ from proxy.upstream.reply import ReplyLimits
 from proxy.upstream.transport import Transport
 
 log = logging.getLogger(__name__)
+# What `Services.execute` gives: the run's result, the drain's end, or None (the client left).
+Ended = RunResult | ShuttingDown | None
 
 RUN_RECORD = "run"  # a finished run's report, by run id
 # A request's `expr` conditions longer than this together are compiled in a thread.
@@ -107,56 +109,52 @@ class Services:
                 await asyncio.to_thread(compile_expressions, sources)
         return self.planner.plan(req, caller)
 
-    async def execute(
-        self, run: Run, receive: Receive, fail: Failing | None = None
-    ) -> RunResult | None:
-        """`run` to its end; None when its client went away first (`run_or_cancel`). Stopped at
-        the end of the server's drain: `fail`'s answer (then None, as for a client gone:
-        `answerable` keeps the run), else `ShuttingDown` raised, which asks the client not to
-        send it again when its tools ran."""
+    async def execute(self, run: Run, receive: Receive) -> Ended:
+        """`run` to its end; None when its client went away first (`run_or_cancel`). Stopped
+        at the end of the server's drain: its result when it had ended then (its answer kept:
+        answered as it is), else `ShuttingDown` (answered by `answerable`, once the run is
+        kept), raised when the run had not begun; `ShuttingDown` asks the client not to send
+        it again when its tools ran."""
         try:
             return await run_or_cancel(run.execute, receive)
         except asyncio.CancelledError:
             if not self.shutdown.stopped(asyncio.current_task()):
                 raise
-            error = shutting_down(run.result, running=True)
-            if fail is None or run.result is None:
+            ended = run.result
+            if ended is not None and ended.stop.reason is not StopReason.CANCELLED:
+                return ended
+            error = shutting_down(ended, running=True)
+            if ended is None:
                 raise error from None
-            await fail(error, run.result)
-            return None
+            return error
         finally:
             RUN_ENDED.set(run.result)
 
-    async def execute_streamed(
-        self, run: Run, writer: EventStream, receive: Receive, fail: Failing, unstarted: Failing
-    ) -> RunResult | None:
-        """`execute`, `writer` kept alive meanwhile; a stream the drain's end stops ends with
-        `fail`'s event, or is answered `unstarted` when it had not begun (then None, as for a
-        client gone: `answerable`)."""
-        try:
-            with writer.kept_alive(self.config.server.keepalive_interval_s):
-                return await self.execute(run, receive)
-        except ShuttingDown as exc:
-            if run.result is None:
-                raise
-            await (fail if writer.started else unstarted)(exc, run.result)
-            return None
+    async def execute_streamed(self, run: Run, writer: EventStream, receive: Receive) -> Ended:
+        """`execute`, `writer` kept alive meanwhile."""
+        with writer.kept_alive(self.config.server.keepalive_interval_s):
+            return await self.execute(run, receive)
 
     async def answerable(
         self,
         run: Run,
-        result: RunResult | None,
+        ended: Ended,
         report: Callable[[RunResult], dict[str, Any]],
         owner: str,
-        caller: Caller | None = None,
+        caller: Caller | None,
+        *,
+        drain_end: Failing,
     ) -> RunResult | None:
-        """`result` to answer with; None when the client went away before its run ended
-        (nothing more is sent then), the run kept all the same (`remember`, with its `report`),
-        to be looked up by its id."""
-        if result is not None and result.stop.reason is not StopReason.CANCELLED:
-            return result
+        """The result to answer with; None when the run's answer is sent or never will be: the
+        client went away before the run ended (nothing more is sent), or the drain's end
+        stopped it (`drain_end`'s answer). The run is kept all the same (`remember`, with its
+        `report`), to be looked up by its id, before that answer."""
+        if isinstance(ended, RunResult) and ended.stop.reason is not StopReason.CANCELLED:
+            return ended
         if run.result is not None:
             await self.remember(run.result, report(run.result), owner, caller)
+            if isinstance(ended, ShuttingDown):
+                await drain_end(ended, run.result)
         return None
 
     async def restore(

@@ -131,7 +131,7 @@ class RunFinished:
             run.cost_usd,
             run.elapsed_s,
             run.upstream_s,
-            run.tools_s,
+            run.tool_time_s,
             error,
         )
 

@@ -78,6 +78,13 @@ class RunState:
             return next((step.text for step in reversed(self.steps) if step.text), "")
         return PART_BREAK.join(step.text for step in self.steps if step.text)
 
+    @property
+    def tool_time_s(self) -> float:
+        """The time some tool ran, through `now`: calls still running count to then (a run cut
+        short ends before the calls it cancelled have let go)."""
+        running = self.now - self.tools_since if self.tools_running else 0.0
+        return self.tools_s + max(0.0, running)
+
     def tool_began(self, now: float) -> None:
         if self.tools_running == 0:
             self.tools_since = now

@@ -294,3 +294,45 @@ async def test_a_call_cut_short_counts_its_time() -> None:
         await running
     (finished,) = h.observer.of(ev.RunFinished)
     assert finished.tools_s == 3600
+
+
+class _SlowToLetGo(FakeTools):
+    """`a` takes an hour (on the harness's clock) and ends; `b` runs until cut, then, asked
+    `slow`, takes some turns of the loop to let go (an http tool closing its answer)."""
+
+    def __init__(self, clock: ManualClock) -> None:
+        super().__init__(TWO_TOOLS)
+        self.clock = clock
+        self.a_done = asyncio.Event()
+
+    async def execute(
+        self, call: ToolCall, ctx: ToolContext, arguments: dict[str, Any] | None = None
+    ) -> ToolResult:
+        if call.name == "a":
+            await asyncio.sleep(0)  # (b begins meanwhile)
+            self.clock.now += 3600
+            self.a_done.set()
+            return ToolResult("A")
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            for _ in range(20 if (arguments or {}).get("slow") else 0):
+                await asyncio.sleep(0)
+            raise
+        raise AssertionError("unreachable")
+
+
+async def test_a_batch_cut_short_counts_its_time_while_a_call_lets_go() -> None:
+    """The run ended as a cut call ended (gather ends with the first) while another still let
+    go: the batch's hour counted nothing."""
+    batch = [("a", "{}"), ("b", "{}"), ("b", '{"slow": true}')]
+    h = Harness([reply(calls=batch), reply("done")], TWO_TOOLS, parallel=True)
+    tools = _SlowToLetGo(h.clock)
+    h.deps.tools = h.tools = tools
+    running = asyncio.create_task(h.run())
+    await tools.a_done.wait()
+    running.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await running
+    (finished,) = h.observer.of(ev.RunFinished)
+    assert finished.tools_s == 3600
