@@ -108,81 +108,81 @@ class Responses:
         created = int(time.time())
         owner = plan.agent or run.model
         headers = run_headers(spec.run_id)
-        context = _Context(
+        creation = _ResponseCreation(
             sv, req, store, caller, history, thread, chain, owner, created, prefix, calls
         )
         if req.stream:
             base = response_object(spec.run_id, created, spec.model, req.echo, "in_progress", [])
             writer = ResponsesStream(send, base, headers, calls, prefix)
-            await self._stream(Run(spec, deps, writer), writer, context, receive)
+            await self._stream(Run(spec, deps, writer), writer, creation, receive)
             return
         if calls is not None:
             deps.observers = [*deps.observers, calls]
         running = Run(spec, deps)
         ended = await sv.execute(running, receive)
-        drain_end = drain_end_answer(send, headers, context.report)
+        drain_end = drain_end_answer(send, headers, creation.report)
         result = await sv.answerable(
-            running, ended, context.report, owner, caller, drain_end=drain_end
+            running, ended, creation.report, owner, caller, drain_end=drain_end
         )
         if result is None:
             return
         with_stop_reason(headers, result)
-        report = context.report(result)
+        report = creation.report(result)
         if failed(result):
             await sv.remember(result, report, owner, caller)
-            await send_failure(send, result, report, headers, context.terms)
+            await send_failure(send, result, report, headers, creation.terms)
             return
         if calls is not None:
             calls.unfinished()
         output = output_items(
             result, prefix, req.names, calls.items if calls else [], req.max_output_tokens
         )
-        body = context.response(result, spec.model, output, report)
-        await context.keep(result, body, report)
+        body = creation.response(result, spec.model, output, report)
+        await creation.store_response(result, body, report)
         await send_json(send, 200, body, headers)
 
     async def _stream(
-        self, run: Run, writer: ResponsesStream, context: _Context, receive: Receive
+        self, run: Run, writer: ResponsesStream, creation: _ResponseCreation, receive: Receive
     ) -> None:
-        sv = context.sv
+        sv = creation.sv
 
         async def fail(error: ShuttingDown, ended: RunResult) -> None:
-            report = context.report(ended)
-            await writer.fail(context.failed_response(ended, writer.base, report, error))
+            report = creation.report(ended)
+            await writer.fail(creation.failed_response(ended, writer.base, report, error))
 
         ended = await sv.execute_streamed(run, writer, receive)
-        drain_end = stream_drain_end(writer, fail, context.report)
+        drain_end = stream_drain_end(writer, fail, creation.report)
         result = await sv.answerable(
-            run, ended, context.report, context.owner, context.caller, drain_end=drain_end
+            run, ended, creation.report, creation.owner, creation.caller, drain_end=drain_end
         )
         if result is None:
             return
         with_stop_reason(writer.headers, result)
-        report = context.report(result)
+        report = creation.report(result)
         try:
             if failed(result):
-                await sv.remember(result, report, context.owner, context.caller)
+                await sv.remember(result, report, creation.owner, creation.caller)
                 if not writer.started:
-                    await send_failure(writer.send, result, report, writer.headers, context.terms)
+                    await send_failure(writer.send, result, report, writer.headers, creation.terms)
                     return
-                await writer.fail(context.failed_response(result, writer.base, report))
+                await writer.fail(creation.failed_response(result, writer.base, report))
                 return
             text = result.message.get("content")
             data = writer.closing(
                 text if isinstance(text, str) else None,
-                context.client_items(result),
-                cut_short(result, context.req.max_output_tokens),
+                creation.client_items(result),
+                cut_short(result, creation.req.max_output_tokens),
                 refusal_of(result),
             )
-            body = context.response(result, writer.base["model"], writer.output, report)
-            await context.keep(result, body, report)
+            body = creation.response(result, writer.base["model"], writer.output, report)
+            await creation.store_response(result, body, report)
             await writer.finish(data, body)
         except ClientDisconnected:
             return
 
 
 @dataclass(slots=True)
-class _Context:
+class _ResponseCreation:
     """What a create request carries from its parse to its answer."""
 
     sv: Services
@@ -238,7 +238,9 @@ class _Context:
         body["loop"] = report
         return body
 
-    async def keep(self, result: RunResult, body: dict[str, Any], report: dict[str, Any]) -> None:
+    async def store_response(
+        self, result: RunResult, body: dict[str, Any], report: dict[str, Any]
+    ) -> None:
         """Stores the response when asked (`store`, the default): its body, the conversation
         through it for `previous_response_id` and its input items (SPEC §12.4). That record also
         answers `GET /v1/runs/{id}`, so the run's own is written only without it, for the
