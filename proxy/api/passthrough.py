@@ -32,7 +32,7 @@ from proxy.upstream.relay import FORM_MODEL_WITHIN, relay, sniff_model
 log = logging.getLogger(__name__)
 
 METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
-SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+SAFE_METHODS = frozenset({"GET", "HEAD"})
 # A client's headers that pick the account billed, or carry a key of its own: not sent beside
 # the proxy's key (a key of several organisations or projects would bill the client's choice).
 ACCOUNT_HEADERS = frozenset({b"openai-organization", b"openai-project", b"x-api-key", b"api-key"})

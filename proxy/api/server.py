@@ -183,7 +183,8 @@ class _DrainEndTold(logging.Filter):
             return True
         log.warning(
             "the drain ended (server.shutdown_timeout_s): %s request(s) still going stopped, "
-            "answered 503 shutting_down (a stream that began: its failure event)",
+            "answered 503 shutting_down (a stream that began: its failure event, or cut if "
+            "its run had ended)",
             *record.args if isinstance(record.args, tuple) else (),
         )
         return False

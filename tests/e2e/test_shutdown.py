@@ -324,3 +324,41 @@ async def test_a_relayed_request_past_the_drain_is_not_sent_again_once_it_may_ha
     assert answer.status_code == 503
     assert answer.json()["error"]["code"] == "shutting_down"
     assert answer.headers.get("x-should-retry") == ("false" if method == "POST" else None)
+
+
+async def test_a_context_s_run_whose_save_ends_after_the_drain_is_answered_as_it_ended(
+    tmp_path: Path, upstream: ScriptedUpstream, upstream_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its save (redis paused) was in flight as the drain ended and then went through: the
+    context has the run's messages, so its answer is the run's (it was a 503 saying
+    `completed`, and a client sending it again added the message twice)."""
+    upstream.script(say("done").replace(after_s=0.5))
+    with redis_process(tmp_path) as (url, redis):
+        monkeypatch.setenv("LW_TEST_REDIS", url)
+        state = {"backend": "redis", "url_env": "LW_TEST_REDIS", "timeout_s": 20}
+        body = {"context_id": "c1", "agent": "sleeper", "message": "wait"}
+        async with (
+            serving(tmp_path, upstream_url, drain_s=3, state=state) as (base, proc),
+            httpx.AsyncClient(base_url=base, timeout=30) as client,
+        ):
+            asking = asyncio.create_task(client.post("/chat", json=body))
+            while not upstream.bodies:  # noqa: ASYNC110 (recorded in a thread)
+                await asyncio.sleep(0.01)
+            redis.send_signal(signal.SIGSTOP)  # the reply comes at 0.5 s: its save waits
+            proc.send_signal(signal.SIGTERM)
+            await asyncio.sleep(5)  # the drain ends at 3 s, the save still waiting
+            redis.send_signal(signal.SIGCONT)
+            answer = await asking
+            assert await asyncio.to_thread(proc.wait, 15) in (0, -signal.SIGTERM)
+        assert answer.status_code == 200, answer.text
+        assert answer.headers["x-loopwarden-stop-reason"] == "completed"
+        assert answer.json()["response"] == "done"
+        upstream.script(say("back"))
+        async with (
+            serving(tmp_path, upstream_url, drain_s=0.5, state=state) as (base, proc),
+            httpx.AsyncClient(base_url=base, timeout=30) as client,
+        ):
+            again = await client.post("/chat", json={**body, "message": "again"})
+    assert again.status_code == 200, again.text
+    sent = [m["content"] for m in upstream.bodies[-1]["messages"] if m["role"] != "system"]
+    assert sent == ["wait", "done", "again"]
