@@ -257,12 +257,14 @@ class _GatedTools(FakeTools):
         super().__init__(TWO_TOOLS)
         self.clock, self.cut = clock, cut
         self.started = 0
+        self.began = asyncio.Event()
         self.gate = asyncio.Event()
 
     async def execute(
         self, call: ToolCall, ctx: ToolContext, arguments: dict[str, Any] | None = None
     ) -> ToolResult:
         self.started += 1
+        self.began.set()
         if self.started == 2 or self.cut:
             self.clock.now += 3600
             self.gate.set()
@@ -287,8 +289,7 @@ async def test_a_call_cut_short_counts_its_time() -> None:
     h = Harness([reply(calls=[("a", "{}")]), reply("done")], TWO_TOOLS)
     h.deps.tools = h.tools = _GatedTools(h.clock, cut=True)
     running = asyncio.create_task(h.run())
-    while not h.tools.started:  # noqa: ASYNC110
-        await asyncio.sleep(0)
+    await asyncio.wait_for(h.tools.began.wait(), 10)  # (a run that never calls it: fails)
     running.cancel()
     with pytest.raises(asyncio.CancelledError):
         await running
