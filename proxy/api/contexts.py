@@ -166,10 +166,10 @@ def _open(
         # It and its thread are in its key's namespace, as a client's `thread_id` is.
         scoped = stored_id(context_id, caller)
         return StoredContext(scoped, agent, model, owner=caller.name, thread=scoped)
-    made = (("agent", found.agent), ("model", found.model))
+    made = {"agent": found.agent, "model": found.model}
     for key, value in (("agent", agent), ("model", model)):
-        if value is not None and value != dict(made)[key]:
-            given = " and ".join(f"{name} {kept!r}" for name, kept in made if kept is not None)
+        if value is not None and value != made[key]:
+            given = " and ".join(f"{k} {kept!r}" for k, kept in made.items() if kept is not None)
             raise InvalidRequest(f"context {context_id!r} was created with {given}", param=key)
     return found
 

@@ -83,7 +83,8 @@ class HttpTelemetry:
                 span, token = opened
                 otel_context.detach(token)
                 span.set_attribute("http.response.status_code", status)
-                failure = str(status) if status >= 500 else CUT_ON_PURPOSE.get() and CUT_SHORT
+                cut = CUT_SHORT if CUT_ON_PURPOSE.get() else None
+                failure = str(status) if status >= 500 else cut
                 if failure:
                     span.set_status(Status(StatusCode.ERROR))
                     span.set_attribute("error.type", failure)
