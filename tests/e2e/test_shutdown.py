@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -63,6 +63,16 @@ async def serving(
         await asyncio.to_thread(proc.wait, 15)
         assert proc.stderr is not None
         proc.stderr.close()
+
+
+@contextlib.contextmanager
+def redis_state(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **settings: object
+) -> Iterator[tuple[dict[str, Any], subprocess.Popen[bytes]]]:
+    """A redis of the test's own (its process, to pause it), and the proxy's `state` on it."""
+    with redis_process(tmp_path) as (url, redis):
+        monkeypatch.setenv("LW_TEST_REDIS", url)
+        yield {"backend": "redis", "url_env": "LW_TEST_REDIS", **settings}, redis
 
 
 async def stopped_while(
@@ -189,9 +199,7 @@ async def test_a_run_ended_but_not_yet_answered_at_the_drain_s_end_is_not_sent_a
     """Its tools ran and its answer was being kept (the state backend slow) as the drain
     ended: the 503 said nothing of the tools, and the SDK sent the run again."""
     upstream.script(call("sleep", seconds=0.1), say("done").replace(after_s=0.3))
-    with redis_process(tmp_path) as (url, redis):
-        monkeypatch.setenv("LW_TEST_REDIS", url)
-        state = {"backend": "redis", "url_env": "LW_TEST_REDIS", "timeout_s": 10}
+    with redis_state(tmp_path, monkeypatch, timeout_s=10) as (state, redis):
         async with (
             serving(tmp_path, upstream_url, drain_s=1, state=state) as (base, proc),
             httpx.AsyncClient(base_url=base, timeout=30) as client,
@@ -221,9 +229,7 @@ async def test_a_context_s_run_past_the_drain_lets_go_of_its_lock(
     under them and the process ended, a `/chat` run answered nothing and kept its context's
     lock for the lease (the next run on it waited 27 s)."""
     upstream.script(call("sleep", seconds=60))
-    with redis_process(tmp_path) as (url, _):
-        monkeypatch.setenv("LW_TEST_REDIS", url)
-        state = {"backend": "redis", "url_env": "LW_TEST_REDIS", "lock_lease_s": 30}
+    with redis_state(tmp_path, monkeypatch, lock_lease_s=30) as (state, _):
         async with (
             serving(tmp_path, upstream_url, drain_s=0.5, state=state) as (base, proc),
             httpx.AsyncClient(base_url=base, timeout=30) as client,
@@ -271,9 +277,7 @@ async def test_a_run_past_the_drain_is_answered_with_its_report_and_kept(
         "/v1/responses": {"model": "sleeper", "input": "wait"},
         "/chat": {"context_id": "c1", "agent": "sleeper", "message": "wait"},
     }  # fmt: skip
-    with redis_process(tmp_path) as (url, _):
-        monkeypatch.setenv("LW_TEST_REDIS", url)
-        state = {"backend": "redis", "url_env": "LW_TEST_REDIS"}
+    with redis_state(tmp_path, monkeypatch) as (state, _):
         async with (
             serving(tmp_path, upstream_url, drain_s=0.5, state=state) as (base, proc),
             httpx.AsyncClient(base_url=base, timeout=30) as client,
@@ -333,9 +337,7 @@ async def test_a_context_s_run_whose_save_ends_after_the_drain_is_answered_as_it
     context has the run's messages, so its answer is the run's (it was a 503 saying
     `completed`, and a client sending it again added the message twice)."""
     upstream.script(say("done").replace(after_s=0.5))
-    with redis_process(tmp_path) as (url, redis):
-        monkeypatch.setenv("LW_TEST_REDIS", url)
-        state = {"backend": "redis", "url_env": "LW_TEST_REDIS", "timeout_s": 20}
+    with redis_state(tmp_path, monkeypatch, timeout_s=20) as (state, redis):
         body = {"context_id": "c1", "agent": "sleeper", "message": "wait"}
         async with (
             serving(tmp_path, upstream_url, drain_s=3, state=state) as (base, proc),
