@@ -26,7 +26,9 @@ async def test_a_forced_call_a_thread_limit_blocks_is_not_forced_again(
     proxy_for: ProxyFactory,
 ) -> None:
     """`run_first` forced a tool whose thread had spent its calls: every step, to `max_steps`
-    (25 upstream calls a run, once a thread reached its limit)."""
+    (25 upstream calls a run, once a thread reached its limit). Once the limit blocked it, the
+    rule stands aside: the run's later steps are offered the agent's tools (they were offered
+    none, every later run of the thread)."""
     loop = {
         "thread_id": "spent",
         "tool_rules": [{"type": "run_first", "tool_name": "get_weather"}],
@@ -46,6 +48,8 @@ async def test_a_forced_call_a_thread_limit_blocks_is_not_forced_again(
     assert (report["stop_reason"], report["steps"]) == ("completed", 2)
     assert [b.get("tool_choice") for b in sent] == [FORCED, None]  # the rule, then the limit
     assert "Tool call limit exceeded" in sent[1]["messages"][-1]["content"]
+    assert offered(sent[0]) == ["get_weather"]
+    assert offered(sent[1]) == ["get_weather", "search_notes"]
 
 
 async def test_a_tool_required_before_exit_that_a_limit_blocks_does_not_hold_the_end(

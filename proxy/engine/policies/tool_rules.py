@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -303,12 +304,16 @@ class ToolRules(Policy):
         self.before: str | None = None
         self.nudged_after = 0  # the calls the run had made when it was last told to continue
 
-    def allowed(self, names: Iterable[str]) -> tuple[list[str], bool]:
-        """Of `names`, those the rules allow next, and whether a call is forced."""
+    def allowed(
+        self, names: Iterable[str], limited: AbstractSet[str] = frozenset()
+    ) -> tuple[list[str], bool]:
+        """Of `names`, those the rules allow next, and whether a call is forced. `run_first`
+        stands aside once a tool call limit has blocked each of its tools in the run: its
+        first call was made, and no later step could call a tool at all."""
         allowed = list(names)
         forced = False
         last = self.history[-1] if self.history else self.before
-        if last is None and self.run_first:
+        if last is None and self.run_first and not self.run_first <= limited:
             allowed, forced = [n for n in allowed if n in self.run_first], True
         if last in self.children:
             allowed, forced = [n for n in allowed if n in self.children[last]], True
@@ -343,7 +348,7 @@ class ToolRules(Policy):
                 self.answered = answered_in_turn(run.messages)
             self.before = last_answered(run.messages)
         names = [t["function"]["name"] for t in plan.tools]
-        allowed, forced = self.allowed(names)
+        allowed, forced = self.allowed(names, run.limited)
         if forced and run.limited:  # forcing a call a limit blocks would take every step
             allowed = [n for n in allowed if n not in run.limited]
             forced = bool(allowed)
@@ -365,10 +370,10 @@ class ToolRules(Policy):
         return None
 
     async def review_call(self, run: RunState, call: ToolCall) -> Block | None:
-        allowed, _ = self.allowed([call.name])
+        allowed, _ = self.allowed([call.name], run.limited)
         if allowed:
             return None
-        now, _ = self.allowed(self.offered)
+        now, _ = self.allowed(self.offered, run.limited)
         listed = listed_names(now) if now else "none; answer without tools"
         return Block(
             f"Tool '{call.name}' is not allowed now by the tool rules. Allowed tools: {listed}."
