@@ -44,7 +44,10 @@ class ReportWrites:
     async def keep(self, run_id: str, records: Sequence[Record], before_answer: bool) -> None:
         """Writes `records`, the run's: to its end when `before_answer` (or when too many are
         being written), else for `wait_s` at most, then in the background. A backend that fails
-        is logged."""
+        is logged. A run's write asked for again while its first goes on in the background
+        is that one."""
+        if run_id in self._pending:
+            return
         if before_answer or len(self._pending) >= self.max_pending:
             await self._write(run_id, records)
             return

@@ -256,7 +256,9 @@ class _ResponseCreation:
                 # (whether this run counted calls in it or not).
                 history = self.history
                 messages = history.messages + generated
-                await self.store.save(
+                await self.sv.answer_write(
+                    self.store.save,
+                    result,
                     body["id"],
                     stored,
                     messages,

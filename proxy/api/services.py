@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ParamSpec
 
 import httpx
 import orjson
@@ -24,6 +24,7 @@ from proxy.callables import CallThreads
 from proxy.conditions import ConfiguredChecks
 from proxy.config import Config, ConfigError
 from proxy.config.environment import setting
+from proxy.deadline import within
 from proxy.engine.policy import compile_expressions, expressions
 from proxy.engine.ports import RunObserver
 from proxy.engine.run import Run
@@ -48,6 +49,11 @@ Ended = RunResult | ShuttingDown | None
 RUN_RECORD = "run"  # a finished run's report, by run id
 # A request's `expr` conditions longer than this together are compiled in a thread.
 COMPILE_IN_THREAD_PAST_CHARS = 256
+# What a write of a run's answer (its report, its stored response) that the drain's end cut is
+# given to be done again: within the time the server gives the requests it stopped
+# (`server.SETTLE_S`).
+WRITE_AGAIN_S = 3.0
+P = ParamSpec("P")
 
 
 @dataclass(slots=True)
@@ -86,7 +92,31 @@ class Services:
         own namespace. A backend that fails is logged: the run's answer does not depend on it,
         and waits for it only when there are held calls (`ReportWrites`)."""
         records = self.run_records(result, report, owner, caller)
-        await self.reports.keep(result.run_id, records, before_answer=len(records) > 1)
+        keep = self.reports.keep
+        await self.answer_write(
+            keep, result, result.run_id, records, before_answer=len(records) > 1
+        )
+
+    async def answer_write(
+        self,
+        write: Callable[P, Awaitable[None]],
+        result: RunResult,
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> None:
+        """`write(...)`, a write the answer of `result`, a run that ended, waits for. The
+        drain's end stops runs, not the answers of runs that ended: a write it cuts is done
+        again, within WRITE_AGAIN_S; past that, the request is answered `ShuttingDown`."""
+        try:
+            await write(*args, **kwargs)
+            return
+        except asyncio.CancelledError:
+            if not self.shutdown.stopped(asyncio.current_task()):
+                raise
+        try:
+            await within(write(*args, **kwargs), WRITE_AGAIN_S)
+        except TimeoutError:
+            raise shutting_down(result) from None
 
     @staticmethod
     def run_records(

@@ -364,3 +364,49 @@ async def test_a_context_s_run_whose_save_ends_after_the_drain_is_answered_as_it
     assert again.status_code == 200, again.text
     sent = [m["content"] for m in upstream.bodies[-1]["messages"] if m["role"] != "system"]
     assert sent == ["wait", "done", "again"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_run_whose_answer_s_write_the_drain_cut_is_answered_once_written_again(
+    tmp_path: Path,
+    upstream: ScriptedUpstream,
+    upstream_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    stream: bool,
+) -> None:
+    """The run had ended and its response was being stored (redis paused) as the drain ended;
+    redis came back within the time a cut write gets to be done again. The answer is the run's
+    and the response is stored: it was a 503 (a stream: cut short), with the response lost."""
+    upstream.script(call("sleep", seconds=0.1), say("done").replace(after_s=0.3))
+    with redis_state(tmp_path, monkeypatch, timeout_s=10) as (state, redis):
+        async with (
+            serving(tmp_path, upstream_url, drain_s=1, state=state) as (base, proc),
+            httpx.AsyncClient(base_url=base, timeout=30) as client,
+        ):
+            body = {"model": "sleeper", "input": "wait", "stream": stream}
+            asking = asyncio.create_task(client.post("/v1/responses", json=body))
+            while len(upstream.bodies) < 2:  # noqa: ASYNC110 (recorded in a thread)
+                await asyncio.sleep(0.02)
+            redis.send_signal(signal.SIGSTOP)  # the reply comes at 0.3 s: its storing waits
+            try:
+                proc.send_signal(signal.SIGTERM)
+                await asyncio.sleep(2)  # the drain ends at 1 s, the write cut, then again
+            finally:
+                redis.send_signal(signal.SIGCONT)
+            answer = await asyncio.wait_for(asking, 10)
+            assert await asyncio.to_thread(proc.wait, 15) in (0, -signal.SIGTERM)
+        assert answer.status_code == 200, answer.text
+        if stream:  # (its headers went before the stop was known)
+            assert "event: response.completed" in answer.text
+            done = answer.text.split("event: response.completed\ndata: ")[1]
+            response_id = orjson.loads(done.split("\n")[0])["response"]["id"]
+        else:
+            assert answer.headers["x-loopwarden-stop-reason"] == "completed"
+            response_id = answer.json()["id"]
+        async with (
+            serving(tmp_path, upstream_url, drain_s=0.5, state=state) as (base, proc),
+            httpx.AsyncClient(base_url=base, timeout=30) as client,
+        ):
+            found = await client.get(f"/v1/responses/{response_id}")
+    assert found.status_code == 200, found.text
+    assert found.json()["output"][-1]["content"][0]["text"] == "done"
