@@ -271,10 +271,17 @@ def reported_usage(raw: Any, path: str) -> tuple[Usage, float | None]:
 
 
 def _tokens(usage: dict[str, Any], name: str, path: str) -> int:
-    """A token count of `usage`: 0 for one below zero (logged), and for any value that is not
-    an integer (a float, a string, none); MAX_REPORTED_TOKENS for one above it (logged)."""
+    """A token count of `usage`: a whole number, written as an integer or a float (`50000.0`);
+    0 for none, and for one below zero or any other value (a fraction, a string: logged), which
+    the budgets then count by estimate; MAX_REPORTED_TOKENS for one above it (logged)."""
     value = usage.get(name)
+    if value is None:
+        return 0
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # (finite: `is_integer` is false for inf and nan)
     if isinstance(value, bool) or not isinstance(value, int):
+        said = "upstream reported %s.%s = %.64r; not a count of tokens: counted as 0"
+        doubted_counts.warning(said, path, name, value)
         return 0
     if value < 0:
         doubted_counts.warning("upstream reported %s.%s = %s; counted as 0", path, name, value)

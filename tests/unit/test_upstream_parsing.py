@@ -4,6 +4,7 @@ body sent upstream."""
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 from datetime import UTC, datetime
 from typing import Any
@@ -322,6 +323,11 @@ def test_a_repaired_id_keeps_the_rest_of_its_entry() -> None:
         ({"cost": 10**400}, (0, 0, 0), None),
         ({"cost": 1e308}, (0, 0, 0), None),  # finite, and no reply's cost: counters would overflow
         ({"cost": 9_999.0}, (0, 0, 0), 9_999.0),
+        # Whole numbers written as floats are counts (they counted as 0: budgets never held).
+        ({"prompt_tokens": 50_000.0, "completion_tokens": 7.0}, (50_000, 7, 50_007), None),
+        ({"prompt_tokens": 1e308, "completion_tokens": 1}, (10**9, 1, 10**9 + 1), None),
+        ({"prompt_tokens": 2.5, "completion_tokens": "9"}, (0, 0, 0), None),
+        ({"prompt_tokens": math.inf, "completion_tokens": math.nan}, (0, 0, 0), None),
     ],
 )
 def test_usage_no_upstream_can_mean_is_not_believed(
@@ -527,3 +533,10 @@ def test_a_reported_cost_is_read_only_from_an_upstream_that_reports_costs(
     acc.add({"choices": [{"delta": {"content": "Hi"}, "finish_reason": "stop"}]})
     acc.add({"choices": [], "usage": body["usage"]})
     assert acc.reply().reported_cost_usd == (0.25 if reports_cost else None)
+
+
+def test_a_token_count_that_is_no_count_is_told(caplog: pytest.LogCaptureFixture) -> None:
+    """It counted as 0 without a word (the budgets count such a step by estimate)."""
+    with caplog.at_level(logging.WARNING, logger="proxy.upstream.reply"):
+        reported_usage({"prompt_tokens": "12", "completion_tokens": 2}, "usage")
+    assert "upstream reported usage.prompt_tokens = '12'; not a count of tokens" in caplog.text
