@@ -111,13 +111,19 @@ class _UniqueKeys(_Loader):  # type: ignore[misc, valid-type]
         node = self.get_single_node()
         if node is None:
             return None
-        _refuse_repeated_keys(node)  # before merge keys are flattened into their mappings
+        merging = _refuse_repeated_keys(node)  # before merges are flattened into mappings
+        _check_merges(merging)
         return self.construct_document(node)
 
 
-def _refuse_repeated_keys(root: yaml.Node) -> None:
-    """Every mapping of the node graph names a scalar key once (merge keys, `<<`, aside)."""
+_MERGE = "tag:yaml.org,2002:merge"
+
+
+def _refuse_repeated_keys(root: yaml.Node) -> list[yaml.MappingNode]:
+    """Every mapping of the node graph names a scalar key once (merge keys, `<<`, aside).
+    Returns the mappings with merge keys."""
     seen_nodes: set[int] = set()
+    merging: list[yaml.MappingNode] = []
     pending = [root]
     while pending:
         node = pending.pop()
@@ -128,9 +134,11 @@ def _refuse_repeated_keys(root: yaml.Node) -> None:
             keys: set[tuple[str, str]] = set()
             for key_node, value_node in node.value:
                 pending.extend((key_node, value_node))
-                if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(
-                    key_node, yaml.ScalarNode
-                ):
+                if key_node.tag == _MERGE:
+                    if not merging or merging[-1] is not node:
+                        merging.append(node)
+                    continue
+                if not isinstance(key_node, yaml.ScalarNode):
                     continue
                 key = (key_node.tag, key_node.value)
                 if key in keys:
@@ -143,6 +151,54 @@ def _refuse_repeated_keys(root: yaml.Node) -> None:
                 keys.add(key)
         elif isinstance(node, yaml.SequenceNode):
             pending.extend(node.value)
+    return merging
+
+
+def _merged(node: yaml.MappingNode) -> list[yaml.MappingNode]:
+    """The mappings `node`'s merge keys name."""
+    found: list[yaml.MappingNode] = []
+    for key_node, value_node in node.value:
+        if key_node.tag != _MERGE:
+            continue
+        named = value_node.value if isinstance(value_node, yaml.SequenceNode) else [value_node]
+        found += [n for n in named if isinstance(n, yaml.MappingNode)]
+    return found
+
+
+def _check_merges(merging: list[yaml.MappingNode]) -> None:
+    """The pairs merge keys copy at most MAX_CONFIG_VALUES: PyYAML copies every pair of each
+    mapping merged (its own merges flattened first) into the mapping that merges it, each
+    time, before repeated keys are dropped (100,000 merges of one 4,000-key mapping took
+    100 s; a chain of 3,000 mappings each merging the one before, 14 s)."""
+    flat: dict[int, int] = {}  # a mapping's pairs, its merges flattened
+    work = 0
+    for mapping in merging:
+        for merged in _merged(mapping):
+            work += _flat_size(merged, flat)
+            if work > MAX_CONFIG_VALUES:
+                raise BadDocument(f"its merge keys (<<) copy more than {MAX_CONFIG_VALUES:,} pairs")
+
+
+def _flat_size(root: yaml.MappingNode, flat: dict[int, int]) -> int:
+    """The pairs of `root` with its merges flattened, without recursion (a mapping met again
+    inside itself counts none: PyYAML refuses it)."""
+    stack: list[tuple[yaml.MappingNode, bool]] = [(root, False)]
+    open_ids: set[int] = set()
+    while stack:
+        node, merges_done = stack.pop()
+        if id(node) in flat:
+            continue
+        merged = _merged(node)
+        if not merges_done:
+            if id(node) in open_ids:
+                continue
+            open_ids.add(id(node))
+            stack.append((node, True))
+            stack.extend((m, False) for m in merged)
+            continue
+        own = sum(key.tag != _MERGE for key, _ in node.value)
+        flat[id(node)] = min(own + sum(flat.get(id(m), 0) for m in merged), MAX_CONFIG_VALUES + 1)
+    return flat[id(root)]
 
 
 _UniqueKeys.add_implicit_resolver(

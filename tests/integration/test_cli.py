@@ -98,6 +98,21 @@ def alias_bomb(levels: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+def merge_bomb(keys: int, merges: int) -> str:
+    """A mapping of `keys` keys merged `merges` times into another: each merge copies every
+    pair (100,000 merges of 4,000 keys, 439 KB: 100 s of CPU)."""
+    one = "x0: &a {" + ", ".join(f"k{i}: 1" for i in range(keys)) + "}\n"
+    return one + "x1: {<<: [" + ", ".join(["*a"] * merges) + "]}\n"
+
+
+def merge_chain(length: int) -> str:
+    """Mappings each merging the one before: their pairs copied length²/2 times (3,000: 14 s)."""
+    lines = ["a0: &a0 {k0: 1}"] + [
+        f"a{i}: &a{i} {{<<: *a{i - 1}, k{i}: 1}}" for i in range(1, length)
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def aliased_depth(levels: int) -> str:
     """A short document nested `levels` deep through aliases, each level one line."""
     lines = ["defs:", "  - &a0 []"]
@@ -118,6 +133,8 @@ def aliased_depth(levels: int) -> str:
         (aliased_depth(100), "nested more than 64 levels deep, with aliases"),
         (aliased_depth(100).replace("defs:", "defs: !!pairs").replace("- &a", "- k: &a"), "deep"),
         ("a: &a [1, *a]\n", "a value holds itself"),
+        (merge_bomb(4000, 100_000), "its merge keys (<<) copy more than 1,000,000 pairs"),
+        (merge_chain(3000), "its merge keys (<<) copy more than 1,000,000 pairs"),
     ],
 )
 def test_check_refuses_what_yaml_would_take_but_the_config_should_not(
@@ -475,3 +492,13 @@ def test_the_cli_says_its_version_and_what_each_command_does(
     with pytest.raises(SystemExit):
         main(["serve", "--help"])
     assert "(default: $LOOPWARDEN_CONFIG, else" in " ".join(capsys.readouterr().out.split())
+
+
+def test_check_takes_merge_keys_within_their_bound(check_config: CheckConfig) -> None:
+    text = (
+        "upstreams:\n"
+        "  a: &up {base_url: 'http://127.0.0.1:9/v1', timeout_s: 5}\n"
+        "  b: {<<: [" + ", ".join(["*up"] * 1000) + "], timeout_s: 9}\n"
+        "default_upstream: b\n"
+    )
+    assert check_config(text) == (0, "config OK\n", "")
