@@ -9,13 +9,16 @@ from typing import Any
 import orjson
 
 from proxy.api.auth import Caller
-from proxy.engine.held_calls import first_call_id, restore_held_calls
+from proxy.engine.held_calls import call_ids, first_call_id, restore_held_calls
 from proxy.engine.run_spec import RunResult
 from proxy.state.store import Record, StateStore
 
 HELD_RECORD = "held"
-# How many of a history's assistant messages with tool calls a request looks up held calls for.
+# How many of a history's assistant messages with tool calls a request looks up held calls for,
+# and how many of their calls' ids at most (a client that sends server calls back as Responses
+# items has them in one message with its own: each of a message's calls is looked up).
 HELD_LOOKUPS = 16
+HELD_LOOKUP_IDS = 64
 
 
 def record(result: RunResult, caller: Caller | None) -> Record | None:
@@ -30,15 +33,18 @@ async def restore(
     store: StateStore, messages: list[dict[str, Any]], caller: Caller | None
 ) -> list[dict[str, Any]]:
     """`messages` with the server calls held back from the client put back in place; the
-    latest HELD_LOOKUPS assistant messages with tool calls are looked up."""
-    asked = [(i, c) for i, m in enumerate(messages) if (c := first_call_id(m)) is not None]
-    asked = asked[-HELD_LOOKUPS:]
+    calls of the latest HELD_LOOKUPS assistant messages with tool calls are looked up."""
+    calling = [i for i, m in enumerate(messages) if first_call_id(m) is not None]
+    asked = [(i, c) for i in calling[-HELD_LOOKUPS:] for c in call_ids(messages[i])]
+    asked = asked[-HELD_LOOKUP_IDS:]
     if not asked:
         return messages
     keys = [_key(caller, call_id) for _, call_id in asked]
     found = await store.get_records([(HELD_RECORD, key) for key in keys])
-    pairs = zip(asked, found, strict=True)
-    held = {at: orjson.loads(value) for (at, _), value in pairs if value is not None}
+    held: dict[int, dict[str, Any]] = {}
+    for (at, _), value in zip(asked, found, strict=True):
+        if value is not None and at not in held:
+            held[at] = orjson.loads(value)
     return restore_held_calls(messages, held) if held else messages
 
 

@@ -57,38 +57,95 @@ def held_calls(
 def restore_held_calls(
     messages: list[dict[str, Any]], held: Mapping[int, dict[str, Any]]
 ) -> list[dict[str, Any]]:
-    """`messages` with each assistant message the client got back with only its calls replaced
+    """`messages` with each assistant message the client got back with its calls replaced
     by the run's earlier steps and the reply it came from, followed by the server calls'
-    results, so the model sees everything that ran. `held` maps the index of such a message
-    to what `held_calls` kept for it. A history that already holds those results (a stored
-    conversation, or a client that sent the server calls back: by their ids, or, as Responses
-    `mcp_call` items under ids of their own, by their names and arguments in the same turn) is
-    left as it is. The earlier steps' texts a client kept without their calls (a Responses
-    client that leaves out the `mcp_call` items) give way to the steps they came from."""
+    results, so the model sees everything that ran, as it ran. `held` maps the index of such a
+    message to what `held_calls` kept for it. A history that already holds those results under
+    their ids (a stored conversation) is left as it is. A client that sent the server calls
+    back as Responses `mcp_call` items (under ids of their own; found by their names and
+    arguments in the same turn) had them joined to its calls in one step, or parted from them,
+    as the items read: they give way to the steps they came from, as do the earlier steps'
+    texts a client kept without their calls."""
     answered = {m.get("tool_call_id") for m in messages if m.get("role") == "tool"}
     restored: list[dict[str, Any]] = []
+    turn = 0  # where the turn (since the last user message) begins in `restored`
     turn_calls: set[tuple[Any, Any]] = set()  # the calls sent since the last user message
+    replaced: set[Any] = set()  # ids of sent-back calls put back as they ran: their results go
     for at, message in enumerate(messages):
+        if message.get("role") == "tool" and message.get("tool_call_id") in replaced:
+            continue
         if message.get("role") == "user":
             turn_calls.clear()
+            turn = len(restored) + 1
         turn_calls.update(_named(message))
         kept = held.get(at)
+        server = _server_calls_of(kept) if kept is not None else set()
         if (
             kept is None
-            or not _same_client_calls(message, kept["message"])
+            or not _client_calls_of(message, kept["message"], server)
             or not answered.isdisjoint(_results_of(kept))
-            or not turn_calls.isdisjoint(_server_calls_of(kept))
         ):
             restored.append(message)
             continue
-        earlier = kept.get("earlier", ())
-        texts = {_said(m) for m in earlier if m.get("role") == "assistant"} - {""}
-        while restored and not _named(restored[-1]) and _said(restored[-1]) in texts:
-            restored.pop()  # a text-only copy of an earlier step, now put back whole
-        restored.extend(earlier)
+        texts = {_said(m) for m in [*kept.get("earlier", ()), kept["message"]]} - {""}
+        if turn_calls.isdisjoint(server):  # left out: the steps' texts alone may be there
+            while restored and not _named(restored[-1]) and _said(restored[-1]) in texts:
+                restored.pop()  # a text-only copy of an earlier step, now put back whole
+        else:
+            replaced |= _drop_sent_back(restored, turn, message, server, texts)
+        restored.extend(kept.get("earlier", ()))
         restored.append(kept["message"])
         restored.extend(kept["results"])
     return restored
+
+
+def _client_calls_of(
+    message: dict[str, Any], original: dict[str, Any], server: set[tuple[Any, Any]]
+) -> bool:
+    """The client's message holds client calls of the original reply, and else only server
+    calls of the run, sent back (by their names and arguments)."""
+    calls = [c for c in message.get("tool_calls") or [] if isinstance(c, dict)]
+    known = {c.get("id") for c in original.get("tool_calls") or []}
+    return any(c.get("id") in known for c in calls) and all(
+        c.get("id") in known or _name_and_arguments(c) in server for c in calls
+    )
+
+
+def _drop_sent_back(
+    restored: list[dict[str, Any]],
+    turn: int,
+    message: dict[str, Any],
+    server: set[tuple[Any, Any]],
+    texts: set[str],
+) -> set[Any]:
+    """Drops from the turn in `restored` the steps a client made of the run's server calls it
+    sent back (assistant messages of those calls alone, or of the steps' texts alone, and the
+    calls' results); returns the ids of the sent-back calls of `message`, whose results, after
+    it, go too."""
+    gone: set[Any] = set()
+    kept_here: list[dict[str, Any]] = []
+    for earlier in restored[turn:]:
+        calls = [c for c in earlier.get("tool_calls") or [] if isinstance(c, dict)]
+        if earlier.get("role") == "assistant" and (
+            (calls and all(_name_and_arguments(c) in server for c in calls))
+            or (not calls and _said(earlier) in texts)
+        ):
+            gone.update(c.get("id") for c in calls)
+        elif not (earlier.get("role") == "tool" and earlier.get("tool_call_id") in gone):
+            kept_here.append(earlier)
+    restored[turn:] = kept_here
+    return {
+        c.get("id")
+        for c in message.get("tool_calls") or []
+        if isinstance(c, dict) and _name_and_arguments(c) in server
+    }
+
+
+def _name_and_arguments(call: Mapping[str, Any]) -> tuple[Any, Any]:
+    function = call.get("function")
+    if not isinstance(function, dict):
+        return (None, None)
+    return (function.get("name"), function.get("arguments"))
 
 
 def _named(message: Mapping[str, Any]) -> set[tuple[Any, Any]]:
@@ -140,8 +197,9 @@ def first_call_id(message: dict[str, Any]) -> str | None:
     return call_id if isinstance(call_id, str) else None
 
 
-def _same_client_calls(message: dict[str, Any], original: dict[str, Any]) -> bool:
-    """The client's message holds exactly the client calls of the original reply."""
-    ids = [c.get("id") for c in message.get("tool_calls") or [] if isinstance(c, dict)]
-    known = {c.get("id") for c in original.get("tool_calls") or []}
-    return bool(ids) and set(ids) <= known
+def call_ids(message: dict[str, Any]) -> list[str]:
+    """The ids of an assistant message's tool calls."""
+    calls = message.get("tool_calls") if message.get("role") == "assistant" else None
+    if not isinstance(calls, list):
+        return []
+    return [i for c in calls if isinstance(c, dict) and isinstance(i := c.get("id"), str)]

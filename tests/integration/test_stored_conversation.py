@@ -561,6 +561,41 @@ async def test_a_server_call_then_a_client_call_sent_back_go_upstream_as_two_ste
     ]
 
 
+@pytest.mark.parametrize("parallel", [False, True], ids=["two steps", "one step"])
+async def test_server_calls_sent_back_without_storing_go_upstream_as_the_steps_they_were(
+    proxy_for: ProxyFactory, parallel: bool
+) -> None:
+    """With `store: false` (the Agents SDK's `to_input_list()`), `[mcp_call, function_call]`
+    sent back was read as one step of two calls: a server call then a client call were sent
+    upstream as one assistant message (a model that counts its steps called the client's tool
+    again). The calls held back with the client's call put the steps back as they were: two,
+    or one of two parallel calls."""
+    ask = Call("ask_user", {"question": "Go?"})
+    weather = Call("get_weather", {"city": "Lima"})
+    async with proxy_for() as proxy:
+        if parallel:
+            proxy.upstream.script(Reply(calls=(weather, ask)), say("Done."))
+        else:
+            proxy.upstream.script(Reply(calls=(weather,)), Reply(calls=(ask,)), say("Done."))
+        items: list[dict[str, Any]] = [{"role": "user", "content": "Lima?"}]
+        made = await respond(proxy, model="weather", input=items, tools=[ASK], store=False)
+        output = made.json()["output"]
+        assert [item["type"] for item in output] == ["mcp_call", "function_call"]
+        asked = proxy.upstream.bodies[-1]["messages"]  # through the client call's step, as run
+        items += output
+        items.append(
+            {"type": "function_call_output", "call_id": output[1]["call_id"], "output": "yes"}
+        )
+        done = await respond(proxy, model="weather", input=items, tools=[ASK], store=False)
+        assert done.status_code == 200, done.text
+    sent = proxy.upstream.bodies[-1]["messages"]
+    steps = [[c["function"]["name"] for c in m["tool_calls"]] for m in sent if m.get("tool_calls")]
+    assert steps == ([["get_weather", "ask_user"]] if parallel else [["get_weather"], ["ask_user"]])
+    after = ["assistant", "tool", "tool"] if parallel else ["assistant", "tool"]
+    assert [m["role"] for m in sent] == [m["role"] for m in asked] + after
+    assert sent[-1] == {"role": "tool", "tool_call_id": output[1]["call_id"], "content": "yes"}
+
+
 @pytest.mark.parametrize("streamed", [False, True], ids=["json", "stream"])
 async def test_a_client_call_sent_back_whole_without_its_id_continues_its_response(
     proxy_for: ProxyFactory, streamed: bool
