@@ -59,13 +59,10 @@ from proxy.errors import (
     InvalidRequest,
     ProxyError,
     ShuttingDown,
-    StateUnavailable,
 )
 from proxy.state.expiring_threads import ExpiringThreads
-from proxy.throttled_log import ThrottledWarnings
 
 log = logging.getLogger(__name__)
-unstored = ThrottledWarnings(log)  # a backend down fails every response's: once a second
 _THREAD_HEADER = THREAD_HEADER.encode()
 
 
@@ -109,16 +106,29 @@ class Responses:
         owner = plan.agent or run.model
         headers = run_headers(spec.run_id)
         creation = _ResponseCreation(
-            sv, req, store, caller, history, thread, chain, owner, created, prefix, calls
+            sv,
+            req,
+            store,
+            caller,
+            history,
+            thread,
+            chain,
+            owner,
+            created,
+            prefix,
+            calls,
+            spec.model,
         )
         if req.stream:
             base = response_object(spec.run_id, created, spec.model, req.echo, "in_progress", [])
             writer = ResponsesStream(send, base, headers, calls, prefix)
-            await self._stream(Run(spec, deps, writer), writer, creation, receive)
+            creation.writer = writer
+            keep = creation.keep if req.store else None
+            await self._stream(Run(spec, deps, writer, keep=keep), writer, creation, receive)
             return
         if calls is not None:
             deps.observers = [*deps.observers, calls]
-        running = Run(spec, deps)
+        running = Run(spec, deps, keep=creation.keep if req.store else None)
         ended = await sv.execute(running, receive)
         drain_end = drain_end_answer(send, headers, creation.report)
         result = await sv.answerable(
@@ -132,13 +142,7 @@ class Responses:
             await sv.remember(result, report, owner, caller)
             await send_failure(send, result, report, headers, creation.terms)
             return
-        if calls is not None:
-            calls.unfinished()
-        output = output_items(
-            result, prefix, req.names, calls.items if calls else [], req.max_output_tokens
-        )
-        body = creation.response(result, spec.model, output, report)
-        await creation.store_response(result, body, report)
+        body = await creation.answered(result, report)
         await send_json(send, 200, body, headers)
 
     async def _stream(
@@ -165,18 +169,11 @@ class Responses:
                 if not writer.started:
                     await send_failure(writer.send, result, report, writer.headers, creation.terms)
                     return
-                await writer.fail(creation.failed_response(result, writer.base, report))
+                failure = creation.failed_response(result, writer.base, report)
+                await writer.fail(failure, creation.closing)
                 return
-            text = result.message.get("content")
-            data = writer.closing(
-                text if isinstance(text, str) else None,
-                creation.client_items(result),
-                cut_short(result, creation.req.max_output_tokens),
-                refusal_of(result),
-            )
-            body = creation.response(result, writer.base["model"], writer.output, report)
-            await creation.store_response(result, body, report)
-            await writer.finish(data, body)
+            body = await creation.answered(result, report)
+            await writer.finish(creation.closing, body)
         except ClientDisconnected:
             return
 
@@ -196,6 +193,10 @@ class _ResponseCreation:
     created: int
     prefix: str
     calls: ServerCalls | None  # the server calls shown as items
+    model: str
+    writer: ResponsesStream | None = None  # a stream's: its closing events made with the answer
+    closing: bytes = b""
+    kept: dict[str, Any] | None = None  # the response as stored as its run ended (`keep`)
 
     @property
     def terms(self) -> ClientTerms:
@@ -238,41 +239,72 @@ class _ResponseCreation:
         body["loop"] = report
         return body
 
+    async def keep(self, result: RunResult) -> None:
+        """The run's `keep` when the response is stored (`store`, the default): the response
+        made and stored as the run ends. A backend that fails ends the run
+        `state_unavailable` (answered 200, the response was lost)."""
+        if result.stop.fails_run:
+            return
+        report = self.report(result)
+        body = self._made(result, report)
+        await self.store_response(result, body, report)
+        self.kept = body
+
+    async def answered(self, result: RunResult, report: dict[str, Any]) -> dict[str, Any]:
+        """The response a run that ended answers with: as kept, else made now (the run's own
+        record kept)."""
+        if self.kept is not None:
+            return self.kept
+        body = self._made(result, report)
+        await self.store_response(result, body, report)
+        return body
+
+    def _made(self, result: RunResult, report: dict[str, Any]) -> dict[str, Any]:
+        """The response of a run that ended; a stream's closing events made with it."""
+        writer, req = self.writer, self.req
+        if writer is None:
+            calls = self.calls
+            if calls is not None:
+                calls.unfinished()
+            items = calls.items if calls else []
+            output = output_items(result, self.prefix, req.names, items, req.max_output_tokens)
+            return self.response(result, self.model, output, report)
+        text = result.message.get("content")
+        self.closing = writer.closing(
+            text if isinstance(text, str) else None,
+            self.client_items(result),
+            cut_short(result, req.max_output_tokens),
+            refusal_of(result),
+        )
+        return self.response(result, writer.base["model"], writer.output, report)
+
     async def store_response(
         self, result: RunResult, body: dict[str, Any], report: dict[str, Any]
     ) -> None:
-        """Stores the response when asked (`store`, the default): its body, the conversation
-        through it for `previous_response_id` and its input items (SPEC §12.4). That record also
-        answers `GET /v1/runs/{id}`, so the run's own is written only without it, for the
-        server calls it held back (`Services.remember`), or when responses are kept for less
-        than `run_ttl_s`. A backend that fails is logged: the
-        answer does not depend on it."""
+        """Stores the response when asked (`store`): its body, the conversation through it
+        for `previous_response_id` and its input items (SPEC §12.4). That record also answers
+        `GET /v1/runs/{id}`, so the run's own is written only without it, for the server calls
+        it held back (`Services.remember`), or when responses are kept for less than
+        `run_ttl_s`. Raises StateUnavailable when the backend fails to store it."""
         if self.req.store:
             generated = [m for m in result.generated if m.get("role") != "system"]
             key = self.caller.name if self.caller is not None else None
             stored = StoredResponse(body, self.thread, self.owner, key)
-            try:
-                # The chain's thread lasts as long as the chain: as long as this response
-                # (whether this run counted calls in it or not).
-                history = self.history
-                messages = history.messages + generated
-                await self.sv.answer_write(
-                    self.store.save,
-                    result,
-                    body["id"],
-                    stored,
-                    messages,
-                    history.inputs,
-                    self.chain,
-                    history.continued,
-                    history.lineage,
-                )
-            except StateUnavailable as exc:
-                unstored.warning("response %s was not stored: %s", body["id"], exc.message)
-            else:
-                state = self.sv.config.state
-                if result.held is None and state.response_ttl_s >= state.run_ttl_s:
-                    return
+            # The chain's thread lasts as long as the chain: as long as this response
+            # (whether this run counted calls in it or not).
+            history = self.history
+            await self.store.save(
+                body["id"],
+                stored,
+                history.messages + generated,
+                history.inputs,
+                self.chain,
+                history.continued,
+                history.lineage,
+            )
+            state = self.sv.config.state
+            if result.held is None and state.response_ttl_s >= state.run_ttl_s:
+                return
         await self.sv.remember(result, report, self.owner, self.caller)
 
 

@@ -290,11 +290,14 @@ class ResponsesStream(EventStream):
             + self._event("response.output_item.done", {"output_index": index, "item": item})
         )
 
-    async def fail(self, response: dict[str, Any]) -> None:
+    async def fail(self, response: dict[str, Any], closing: bytes = b"") -> None:
         """A failure after the first byte: the items open ended (the text so far, calls cut
-        short), then `response.failed` with the error, the `loop` report and every item at the
-        index it was streamed at, in `response` (SPEC §12.3)."""
-        data = self._opening() + self._close_message("incomplete") + self._end_unfinished()
+        short; or as `closing`, made and not sent, ended them), then `response.failed` with
+        the error, the `loop` report and every item at the index it was streamed at, in
+        `response` (SPEC §12.3)."""
+        data = closing or (
+            self._opening() + self._close_message("incomplete") + self._end_unfinished()
+        )
         response["output"] = self.output
         data += self._event("response.failed", {"response": response})
         await self._write(data, last=True)

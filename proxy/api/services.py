@@ -25,6 +25,7 @@ from proxy.conditions import ConfiguredChecks
 from proxy.config import Config, ConfigError
 from proxy.config.environment import setting
 from proxy.deadline import within
+from proxy.engine.keeping import GRACE_S
 from proxy.engine.policy import compile_expressions, expressions
 from proxy.engine.ports import RunObserver
 from proxy.engine.run import Run
@@ -49,10 +50,6 @@ Ended = RunResult | ShuttingDown | None
 RUN_RECORD = "run"  # a finished run's report, by run id
 # A request's `expr` conditions longer than this together are compiled in a thread.
 COMPILE_IN_THREAD_PAST_CHARS = 256
-# What a write of a run's answer (its report, its stored response) that the drain's end cut is
-# given to be done again: within the time the server gives the requests it stopped
-# (`server.SETTLE_S`).
-WRITE_AGAIN_S = 3.0
 P = ParamSpec("P")
 
 
@@ -106,7 +103,8 @@ class Services:
     ) -> None:
         """`write(...)`, a write the answer of `result`, a run that ended, waits for. The
         drain's end stops runs, not the answers of runs that ended: a write it cuts is done
-        again, within WRITE_AGAIN_S; past that, the request is answered `ShuttingDown`."""
+        again, within GRACE_S (as a run's `keep` is finished); past that, the request is
+        answered `ShuttingDown`."""
         try:
             await write(*args, **kwargs)
             return
@@ -114,7 +112,7 @@ class Services:
             if not self.shutdown.stopped(asyncio.current_task()):
                 raise
         try:
-            await within(write(*args, **kwargs), WRITE_AGAIN_S)
+            await within(write(*args, **kwargs), GRACE_S)
         except TimeoutError:
             raise shutting_down(result) from None
 

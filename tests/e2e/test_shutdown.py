@@ -196,8 +196,10 @@ async def test_a_stream_past_the_drain_ends_with_its_failure(
 async def test_a_run_ended_but_not_yet_answered_at_the_drain_s_end_is_not_sent_again(
     tmp_path: Path, upstream: ScriptedUpstream, upstream_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Its tools ran and its answer was being kept (the state backend slow) as the drain
-    ended: the 503 said nothing of the tools, and the SDK sent the run again."""
+    """Its tools ran and its response was being stored (the state backend slow) as the drain
+    ended, and still was past the time that is given (a run's keep, to its end as a rule): the
+    503 said nothing of the tools, and the SDK sent the run again. (It had no answer at all
+    once stored responses were kept as their runs end, past SETTLE_S.)"""
     upstream.script(call("sleep", seconds=0.1), say("done").replace(after_s=0.3))
     with redis_state(tmp_path, monkeypatch, timeout_s=10) as (state, redis):
         async with (
@@ -218,8 +220,9 @@ async def test_a_run_ended_but_not_yet_answered_at_the_drain_s_end_is_not_sent_a
     error = answer.json()["error"]
     assert (error["code"], error["message"]) == (
         "shutting_down",
-        "the server shut down before the run's answer was sent",
+        "the server shut down before the run ended",
     )
+    assert answer.json()["loop"]["stop_reason"] == "cancelled"
 
 
 async def test_a_context_s_run_past_the_drain_lets_go_of_its_lock(

@@ -14,6 +14,7 @@ import orjson
 import pytest
 
 from proxy.api import stored_reads
+from proxy.api.response_body import response_id as response_id_of
 from proxy.api.response_store import continued_records
 from proxy.errors import StateUnavailable
 from proxy.state.memory import MemoryStore
@@ -23,6 +24,7 @@ from tests.integration.conftest import Proxy, ProxyFactory, state
 from tests.integration.counted_store import CountedStore
 from tests.integration.test_key_scopes import AGENTS, key, keyed
 from tests.records import delete_record, put_record
+from tests.response_events import parse_events
 from tests.scripted_upstream import Call, Reply, call, keep, say
 
 LIMITED = "Tool call limit exceeded"
@@ -687,21 +689,39 @@ class ChainsNotKept(MemoryStore):
         return await super().put_records(records, ttl_s, keep=keep)
 
 
-async def test_a_response_that_cannot_be_stored_still_answers_its_client(
-    proxy_for: ProxyFactory,
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_response_that_cannot_be_stored_fails_its_run_state_unavailable(
+    proxy_for: ProxyFactory, stream: bool
 ) -> None:
+    """It was answered 200 (`response.completed`) with `store: true`, and then not found: not
+    by `previous_response_id`, not by `GET`. Its run ends `state_unavailable`, as a `/chat` run
+    whose save fails does, on every surface; its tool ran: not to be sent again."""
     store = ChainsNotKept()
     async with proxy_for({"agents": AGENTS}, store=store) as proxy:
         proxy.upstream.script(call("get_weather", city="Lima"), say("Sunny."))
-        first = await respond(proxy, model="capped")
-        assert first.status_code == 200
-        assert first.json()["output"][-1]["content"][0]["text"] == "Sunny."
-        again = await respond(proxy, model="capped", previous_response_id=first.json()["id"])
+        first = await respond(proxy, model="capped", stream=stream)
+        if stream:
+            events = parse_events(first.text)
+            assert [e["type"] for e in events][-1] == "response.failed"
+            failed = events[-1]["response"]
+            assert failed["error"]["code"] == "state_unavailable"
+            assert failed["loop"]["stop_reason"] == "state_unavailable"
+            response_id = failed["id"]
+        else:
+            assert first.status_code == 503, first.text
+            assert first.headers["x-should-retry"] == "false"
+            assert first.headers["x-loopwarden-stop-reason"] == "state_unavailable"
+            assert first.json()["error"]["code"] == "state_unavailable"
+            assert first.json()["loop"]["stop_reason"] == "state_unavailable"
+            response_id = response_id_of(first.headers["x-loopwarden-run-id"])
+        again = await respond(proxy, model="capped", previous_response_id=response_id)
         assert (again.status_code, again.json()["error"]["param"]) == (
             404,
             "previous_response_id",
         )
-        # Nothing of it was written: not the response, not its conversation or input items.
-        assert await store.get_record("response", first.json()["id"]) is None
-        assert await store.get_record("conversation", first.json()["id"]) is None
-        assert await store.get_record("input", first.json()["id"]) is None
+        scraped = (await proxy.client.get("/metrics")).text
+    assert 'stop_reason="state_unavailable"' in scraped
+    # Nothing of it was written: not the response, not its conversation or input items.
+    assert await store.get_record("response", response_id) is None
+    assert await store.get_record("conversation", response_id) is None
+    assert await store.get_record("input", response_id) is None
