@@ -8,6 +8,8 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
+from proxy.throttled_log import ThrottledWarnings
+
 log = logging.getLogger(__name__)
 
 
@@ -53,6 +55,8 @@ class LateReleases:
 
     def __init__(self) -> None:
         self._tasks: set[asyncio.Task[None]] = set()
+        # A backend back after an outage lets go of every lock held then: once a second.
+        self._let_go = ThrottledWarnings(log)
 
     def retry(self, name: str, lease_s: float, let_go: Callable[[], Awaitable[object]]) -> None:
         if len(self._tasks) >= MAX_LATE_RELEASES:  # a backend down fails every take and release:
@@ -61,8 +65,9 @@ class LateReleases:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    @staticmethod
-    async def _again(name: str, lease_s: float, let_go: Callable[[], Awaitable[object]]) -> None:
+    async def _again(
+        self, name: str, lease_s: float, let_go: Callable[[], Awaitable[object]]
+    ) -> None:
         loop = asyncio.get_running_loop()
         until, wait = loop.time() + lease_s, 0.25
         while loop.time() + wait < until:
@@ -72,7 +77,7 @@ class LateReleases:
             except Exception:  # still down: later, less often
                 wait = min(2 * wait, 2.0)
                 continue
-            log.warning("the lock on %s was let go on a later try", name)
+            self._let_go.warning("the lock on %s was let go on a later try", name)
             return
 
     async def close(self) -> None:

@@ -47,6 +47,7 @@ from proxy.state.store import (
     conflict,
     settle,
 )
+from proxy.throttled_log import ThrottledWarnings
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -77,6 +78,7 @@ class SqliteStore:
         self._path = str(path)
         self._lease = lock_lease_s
         self._late = LateReleases()
+        self._failures = ThrottledWarnings(log)  # a file that takes no writes fails every call
         self._timeout_s = timeout_s
         self._context_ttl = context_ttl_s
         gone = opened is not None and current(self._path) != opened
@@ -144,7 +146,7 @@ class SqliteStore:
                 self._checkpoints.wrote(db)
             return result
         except (sqlite3.Error, OSError) as exc:
-            log.warning("the sqlite state backend failed: %s", exc)
+            self._failures.warning("the sqlite state backend failed: %s", exc)
             _abandon(self._db)
             reason = f"the state backend (sqlite) is unavailable: {exc}"
             raise StateUnavailable(reason) from None
