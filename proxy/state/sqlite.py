@@ -156,7 +156,7 @@ class SqliteStore:
         (for every call: the checkpointer sets its own)."""
         left_ms = round((deadline - time.monotonic()) * 1000)
         if left_ms <= 0:
-            log.warning("a sqlite state call waited its timeout_s behind others")
+            self._failures.warning("a sqlite state call waited its timeout_s behind others")
             raise StateUnavailable(
                 f"the state backend (sqlite) is unavailable: the call waited its timeout_s "
                 f"({self._timeout_s:g} s) for calls before it"
