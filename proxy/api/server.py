@@ -227,4 +227,6 @@ def serve(
         served.run(sockets=[sock] if sock else None)
     except SystemExit:  # uvicorn's answer to a lifespan that failed: told, and not started
         return False
+    except KeyboardInterrupt:  # SIGINT (Ctrl-C), raised again by uvicorn once it has shut down
+        pass
     return served.started

@@ -413,3 +413,33 @@ async def test_a_run_whose_answer_s_write_the_drain_cut_is_answered_once_written
             found = await client.get(f"/v1/responses/{response_id}")
     assert found.status_code == 200, found.text
     assert found.json()["output"][-1]["content"][0]["text"] == "done"
+
+
+def test_ctrl_c_stops_the_server_as_sigterm_does(tmp_path: Path) -> None:
+    """SIGINT (Ctrl-C in a terminal) drained and stopped the server, then ended it with a
+    KeyboardInterrupt traceback and status -2 (uvicorn raises it again once it has shut down)."""
+    upstreams = {"main": {"base_url": "http://127.0.0.1:9/v1"}}
+    path = config_file(tmp_path, {"upstreams": upstreams, "default_upstream": "main"})
+    port = free_port()
+    args = [sys.executable, "-m", "proxy", "serve", "--config", str(path), "--port", str(port)]
+    proc = subprocess.Popen(
+        args,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stderr=subprocess.PIPE,
+        # (as a terminal's shell starts it: a test runner's background job ignores SIGINT)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}/readyz", proc)
+        proc.send_signal(signal.SIGINT)
+        status = proc.wait(15)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(15)
+    assert proc.stderr is not None
+    log = proc.stderr.read().decode()
+    proc.stderr.close()
+    assert status == 0, log
+    assert "Traceback" not in log, log
+    assert "shutting down: 0 requests in flight" in log, log
