@@ -159,6 +159,12 @@ async def request_history(req: ResponsesRequest, reads: StoredReads) -> History:
         req.run.thread_id = at.thread
     items = await _new_items(req, at, reads)
     messages = [*at.conversation, *items_to_messages(items)]
+    if not messages:  # (what OpenAI answers too; the upstream's own error was relayed)
+        raise InvalidRequest(
+            "input holds no item a model reads (reasoning, hosted tool calls and approvals are "
+            "left out): send a message",
+            param="input",
+        )
     if req.previous_response_id is not None:
         inputs = StoredInput(req.previous_response_id, items, at.outputs)
         return History(messages, inputs, at.continued, None)

@@ -193,6 +193,10 @@ BAD: list[tuple[dict[str, Any], str]] = [
     ),
     ({"model": "scripted", "input": [_image({})]}, "input[0].content[0].image_url"),
     ({"model": "scripted", "input": [_image({"image_url": 7})]}, "input[0].content[0].image_url"),
+    (  # nothing a model reads: it went upstream as `messages: []` (the upstream's error relayed)
+        {"model": "scripted", "input": [{"type": "reasoning", "id": "rs_1", "summary": []}]},
+        "input",
+    ),
 ]
 
 
