@@ -33,6 +33,7 @@ from proxy.state.sqlite_file import (
     FileIdentity,
     current,
     file_identity,
+    read_only,
     use_journal,
     while_locked,
 )
@@ -88,16 +89,7 @@ class SqliteStore:
         in_memory = self._path == ":memory:" or gone
         if not in_memory:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(
-            ":memory:" if gone else path,
-            timeout=timeout_s,
-            isolation_level=None,
-            check_same_thread=False,
-        )
-        # The database file is never memory-mapped: a file that changes under a mapping (made
-        # immutable, truncated) would kill the process with SIGBUS instead of failing a call.
-        # (WAL's `-shm` file is mapped all the same: the `rollback` journal maps nothing.)
-        self._db.execute("PRAGMA mmap_size=0")
+        self._db = self._connect(":memory:" if gone else self._path)
         use_journal(self._db, journal, timeout_s, gone)
         self._db.execute("PRAGMA synchronous=NORMAL")
         while_locked(lambda: _create_schema(self._db), timeout_s)
@@ -106,9 +98,9 @@ class SqliteStore:
         # The log is copied into the file by a checkpointer (see sqlite_checkpoints), not in
         # the commit that makes it long.
         self._checkpoints: Checkpointer | None = None
-        if not in_memory and journal == "wal":
-            self._db.execute("PRAGMA wal_autocheckpoint=0")
-            self._db.execute(f"PRAGMA journal_size_limit={LOG_FILE_BYTES}")
+        self._wal = not in_memory and journal == "wal"
+        if self._wal:
+            self._logged(self._db)
             self._checkpoints = Checkpointer(self._path, timeout_s)
         # The connection's one thread: every call after start-up is made on it, in order, so
         # no two touch the connection at once (a thread per call, each waiting for the
@@ -120,6 +112,37 @@ class SqliteStore:
         self._puts_lock = threading.Lock()  # the loop adds to the list, the thread takes it
         self._puts_deadline = math.inf  # when the first of them was put, plus timeout_s
         self._locks = KeyedLocks()
+
+    def _connect(self, path: str) -> sqlite3.Connection:
+        db = sqlite3.connect(
+            path, timeout=self._timeout_s, isolation_level=None, check_same_thread=False
+        )
+        # The database file is never memory-mapped: a file that changes under a mapping (made
+        # immutable, truncated) would kill the process with SIGBUS instead of failing a call.
+        # (WAL's `-shm` file is mapped all the same: the `rollback` journal maps nothing.)
+        db.execute("PRAGMA mmap_size=0")
+        return db
+
+    @staticmethod
+    def _logged(db: sqlite3.Connection) -> None:
+        """`db` leaves copying the log into the file to the checkpointer."""
+        db.execute("PRAGMA wal_autocheckpoint=0")
+        db.execute(f"PRAGMA journal_size_limit={LOG_FILE_BYTES}")
+
+    def _reopen(self) -> None:
+        """A new connection in place of one sqlite opened read-only: the file took no writes
+        as it was opened (immutable, a read-only mount), and the connection stays read-only
+        once it takes them again (a replaced worker answered 503 until restarted). On the
+        store's thread; one that fails leaves the old one."""
+        try:
+            db = self._connect(self._path)
+            db.execute("PRAGMA synchronous=NORMAL")
+            if self._wal:
+                self._logged(db)
+        except sqlite3.Error:
+            return
+        old, self._db = self._db, db
+        old.close()
 
     def _check_file(self) -> None:
         if self._gone or (self._identity is not None and current(self._path) != self._identity):
@@ -148,6 +171,8 @@ class SqliteStore:
         except (sqlite3.Error, OSError) as exc:
             self._failures.warning("the sqlite state backend failed: %s", exc)
             _abandon(self._db)
+            if read_only(exc):
+                self._reopen()
             reason = f"the state backend (sqlite) is unavailable: {exc}"
             raise StateUnavailable(reason) from None
 

@@ -17,11 +17,14 @@ is cut)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sqlite3
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+
+from proxy.state.sqlite_file import read_only
 
 log = logging.getLogger(__name__)
 EVERY_S = 0.1  # the most often the log is copied while writes go on
@@ -42,9 +45,8 @@ class Checkpointer:
 
     def __init__(self, path: str, timeout_s: float) -> None:
         self._timeout_ms = int(timeout_s * 1000)  # the store's busy timeout, as sqlite3 sets it
-        # Passive copies wait for no lock: no busy timeout.
-        self._db = sqlite3.connect(path, timeout=0, isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA mmap_size=0")  # as the store's: never a mapped file
+        self._path = path
+        self._db = self._connect()
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="loopwarden-sqlite-checkpoint")
         self._due = False  # a copy is asked for and not yet begun
         self._last = -EVERY_S  # monotonic: when the last copy began
@@ -53,6 +55,12 @@ class Checkpointer:
         self._restart: int | None = None
         self._closed = threading.Event()
         self._failing = False  # the last copy failed (logged once until one succeeds)
+
+    def _connect(self) -> sqlite3.Connection:
+        # Passive copies wait for no lock: no busy timeout.
+        db = sqlite3.connect(self._path, timeout=0, isolation_level=None, check_same_thread=False)
+        db.execute("PRAGMA mmap_size=0")  # as the store's: never a mapped file
+        return db
 
     def wrote(self, db: sqlite3.Connection) -> None:
         """After a write on `db`, the store's connection. The restarting copy is made on it,
@@ -97,6 +105,10 @@ class Checkpointer:
             if not self._failing:
                 log.warning("checkpointing the sqlite state file failed: %s", exc)
             self._failing = True
+            if read_only(exc):  # opened as the file took no writes: it may take them again
+                with contextlib.suppress(sqlite3.Error):
+                    old, self._db = self._db, self._connect()
+                    old.close()
 
     def _passive(self) -> tuple[int, int]:
         """Frames in the log, and frames copied from it (of this log, by any connection)."""

@@ -72,3 +72,9 @@ def use_journal(db: sqlite3.Connection, journal: str, timeout_s: float, gone: bo
 
 def _locked(error: sqlite3.OperationalError) -> bool:
     return "locked" in str(error) or "busy" in str(error)
+
+
+def read_only(error: BaseException) -> bool:
+    """`error` is sqlite's refusal to write with a connection it opened read-only."""
+    code = getattr(error, "sqlite_errorcode", 0)
+    return isinstance(error, sqlite3.Error) and code & 0xFF == sqlite3.SQLITE_READONLY

@@ -636,6 +636,38 @@ async def test_sqlite_calls_queued_behind_a_lock_fail_within_their_timeout(
     await store.close()
 
 
+def _immutable(files: list[str], on: bool) -> bool:
+    """Whether the immutable flag of `files` could be set (`on`) or cleared."""
+    flag = "+i" if on else "-i"
+    return subprocess.run(["chattr", flag, *files], capture_output=True).returncode == 0
+
+
+@pytest.mark.parametrize("journal", ["wal", "rollback"])
+async def test_a_sqlite_store_opened_as_its_file_took_no_writes_takes_them_once_it_does(
+    tmp_path: Path, journal: str
+) -> None:
+    """A worker that replaced another while the file was immutable had it opened read-only by
+    sqlite, for good: 503 until restarted, the file writable again."""
+    path = tmp_path / "state.db"
+    first = SqliteStore(path, timeout_s=0.5, journal=journal)
+    await first.reserve("t", {"x": 5})
+    files = [str(path), f"{path}-wal", f"{path}-shm"] if journal == "wal" else [str(path)]
+    if not await asyncio.to_thread(_immutable, files, True):
+        await first.close()
+        pytest.skip("this file system takes no immutable flag (chattr +i)")
+    try:
+        second = SqliteStore(path, timeout_s=0.5, journal=journal, opened=file_identity(str(path)))
+        with pytest.raises(StateUnavailable, match="readonly"):
+            await second.reserve("t", {"x": 5})
+    finally:
+        await asyncio.to_thread(_immutable, files, False)
+    with pytest.raises(StateUnavailable, match="readonly"):  # (the one that finds it out)
+        await second.reserve("t", {"x": 5})
+    assert await second.reserve("t", {"x": 5}) == (True, {"x": 2})
+    await second.close()
+    await first.close()
+
+
 async def test_sqlite_failures_are_told_once_a_second_with_their_count(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
