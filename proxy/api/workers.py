@@ -4,7 +4,9 @@ The supervisor binds the socket, points prometheus-client's multiprocess mode at
 of its own (emptied at start, removed at exit), then forks the workers; each builds its own app
 after the fork and serves the shared socket, so the kernel spreads connections over them. A
 worker that dies is replaced (its live gauges are dropped from `/metrics`); one that cannot
-start (its lifespan failed) stops them all, since the next would fail the same way. SIGTERM or
+start (its lifespan failed) stops them all, since the next would fail the same way, unless it
+had served: a replacement that cannot start (its state file unwritable for now, say) is tried
+again, each time later, while the others serve. SIGTERM or
 SIGINT stops every worker gracefully.
 
 State that runs share must be shared by the workers: the config check refuses the memory
@@ -22,7 +24,8 @@ import signal
 import socket
 import sys
 import tempfile
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from proxy.telemetry.metrics import MULTIPROC_ENV
@@ -30,6 +33,9 @@ from proxy.telemetry.metrics import MULTIPROC_ENV
 log = logging.getLogger(__name__)
 
 NOT_STARTED = 3  # a worker's exit status when its app did not start
+STOPS = {signal.SIGTERM, signal.SIGINT}
+# The longest a worker that replaced another and could not start waits before the next try.
+MAX_RESTART_WAIT_S = 30.0
 PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
 
 
@@ -71,15 +77,20 @@ def supervise(workers: int, sock: socket.socket, work: Callable[[socket.socket],
     stopping = False
     failed = False
 
-    def start(number: int) -> None:
+    def start(number: int, after_s: float = 0.0) -> None:
+        """Forks worker `number`, which starts after `after_s`. Called with SIGTERM and SIGINT
+        held (`_signals_held`): a stop told between the check of `stopping` and the fork
+        closed the socket the worker was given."""
         pid = os.fork()
         if pid == 0:  # the worker
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)
             _stop_with(supervisor)
             _use_multiprocess_values()
             code = 1
             try:
+                time.sleep(after_s)
                 code = 0 if work(sock) else NOT_STARTED
             except SystemExit:  # uvicorn's answer to a lifespan that failed
                 code = NOT_STARTED
@@ -100,9 +111,13 @@ def supervise(workers: int, sock: socket.socket, work: Callable[[socket.socket],
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    for number in range(workers):
-        start(number)
-    log.info("serving with %d workers on %s", workers, sock.getsockname())
+    address = sock.getsockname()
+    with _signals_held():
+        for number in range(workers):
+            start(number)
+    log.info("serving with %d workers on %s", workers, address)
+    served: set[int] = set()  # the workers that started once: a replacement may not, for now
+    unstarted: dict[int, int] = {}  # replacements of a worker in a row that did not start
     try:
         while children:
             try:
@@ -115,11 +130,24 @@ def supervise(workers: int, sock: socket.socket, work: Callable[[socket.socket],
                 continue
             number = children.pop(pid)
             _mark_dead(pid)
-            if os.waitstatus_to_exitcode(status) == NOT_STARTED and not stopping:
-                log.error("worker %d could not start; stopping", number)
-                failed = True
-                stop(signal.SIGTERM, None)
-            if not stopping:
+            code = os.waitstatus_to_exitcode(status)
+            with _signals_held():
+                if stopping:
+                    continue
+                if code == NOT_STARTED and number not in served:
+                    log.error("worker %d could not start; stopping", number)
+                    failed = True
+                    stop(signal.SIGTERM, None)
+                    continue
+                if code == NOT_STARTED:  # the others serve: it is tried again, less often
+                    tries = unstarted[number] = unstarted.get(number, 0) + 1
+                    after_s = min(2.0**tries, MAX_RESTART_WAIT_S)
+                    said = "worker %d could not start again; another tries in %g s"
+                    log.error(said, number, after_s)
+                    start(number, after_s)
+                    continue
+                served.add(number)
+                unstarted.pop(number, None)
                 log.error(
                     "worker %d (pid %d) exited with %d; starting another", number, pid, status
                 )
@@ -129,6 +157,16 @@ def supervise(workers: int, sock: socket.socket, work: Callable[[socket.socket],
         if os.environ.get(MULTIPROC_ENV) == str(folder) and folder.name.startswith("loopwarden-"):
             shutil.rmtree(folder, ignore_errors=True)
     return 1 if failed else 0
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """SIGTERM and SIGINT wait until the block ends (then `stop` runs)."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)
 
 
 def _stop_with(supervisor: int) -> None:

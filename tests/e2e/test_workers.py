@@ -22,7 +22,8 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.demo.runner import free_port
-from tests.e2e.conftest import ROOT, wait_healthy
+from tests.e2e.conftest import ROOT, McpHttpServer, wait_healthy
+from tests.mcp_config import http_entry
 from tests.scripted_upstream import ScriptedUpstream, call, each_run, keep, say
 from tests.tools import TOOLS
 
@@ -262,6 +263,44 @@ def test_workers_that_cannot_start_stop_the_server(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 1, done.stderr
     assert "could not start" in done.stderr
+
+
+def test_a_worker_that_replaces_another_and_cannot_start_is_tried_again(
+    tmp_path: Path,
+) -> None:
+    """A required MCP source was up as the server started and down as a dead worker was
+    replaced: the replacement could not start, and the supervisor stopped the worker still
+    serving and exited. It tries the replacement again, later each time, and the server
+    serves meanwhile."""
+    mcp = McpHttpServer()
+    mcp.start()
+    path = tmp_path / "loopwarden.yaml"
+    document = config("http://127.0.0.1:9/v1", {"backend": "sqlite", "path": str(tmp_path / "s")})
+    document["tools"]["web"] = http_entry(mcp.url, required=True, connect_timeout_s=1)
+    path.write_text(yaml.safe_dump(document))
+    port = free_port()
+    try:
+        with serving(path, port, workers=2) as proc:
+            until(lambda: len(workers_of(proc.pid)) == 2)
+            mcp.stop()
+            victim = min(workers_of(proc.pid))
+            os.kill(victim, signal.SIGKILL)
+            time.sleep(4)  # the replacement fails (1 s), and is tried again in 2 s (1 s more)
+            assert proc.poll() is None
+            assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200
+            mcp.start()
+            until(lambda: _settled(proc.pid), timeout_s=40)  # tried again in 4 s at most
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=30) == 0
+    finally:
+        mcp.stop()
+
+
+def _settled(supervisor: int) -> bool:
+    """Two workers, the same for 3 s: a replacement that cannot start exits within 1 s."""
+    before = workers_of(supervisor)
+    time.sleep(3)
+    return len(before) == 2 and workers_of(supervisor) == before
 
 
 def test_serve_says_the_address_it_serves_on(tmp_path: Path) -> None:
