@@ -43,10 +43,12 @@ class Probes:
 
     async def readyz(self, request: Request) -> Response:
         """Ready when the state backend is reachable, still the one opened and takes writes,
-        and every required MCP source is connected."""
+        and every required MCP source is connected; not once the server shuts down."""
         services = self.current()
         if services is None:
             return JSONResponse({"status": "starting"}, status_code=503)
+        if services.shutdown.begun:  # (the probe port serves on through the drain)
+            return JSONResponse({"status": "shutting_down"}, status_code=503)
         try:
             await asyncio.wait_for(services.store.ping(), self.config.state.timeout_s)
         except StateUnavailable as exc:

@@ -64,11 +64,14 @@ class _Server(uvicorn.Server):
         self.announce = announce
         self.probe_state = ServerState()
         self.probe_protocol = guarded_protocol(PROBE_CONNECTIONS, header_timeout_s, probes=True)
+        self.probe_server: asyncio.Server | None = None
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)  # (SystemExit when the app did not start)
         self.lifespan = _AfterStopped(
-            self.lifespan, lambda: [*self.server_state.tasks, *self.probe_state.tasks]
+            self.lifespan,
+            lambda: [*self.server_state.tasks, *self.probe_state.tasks],
+            self._close_probes,
         )
         if self.probes is not None:
             await self._serve_probes(self.probes)
@@ -85,12 +88,13 @@ class _Server(uvicorn.Server):
             )
 
         loop = asyncio.get_running_loop()
-        self.servers.append(await loop.create_server(connect, sock=sock, backlog=PROBE_BACKLOG))
+        self.probe_server = await loop.create_server(connect, sock=sock, backlog=PROBE_BACKLOG)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         """uvicorn's: no new connections, the requests in flight given the graceful timeout
         (`server.shutdown_timeout_s`), then those left cancelled, which the app, told first,
-        answers `shutting_down`."""
+        answers `shutting_down`. The probe listener serves on through the drain (a scrape
+        then counts the runs it ends: none did once the signal came), and is closed after."""
         if self.on_shutdown is not None:
             self.on_shutdown()
         running = sum(not task.done() for task in self.server_state.tasks)
@@ -100,15 +104,22 @@ class _Server(uvicorn.Server):
             "" if running == 1 else "s",
             self.config.timeout_graceful_shutdown,
         )
-        for connection in list(self.probe_state.connections):
-            connection.shutdown()
         await super().shutdown(sockets)
+
+    def _close_probes(self) -> None:
+        """The probe listener closed, and its connections told to end after their answer."""
+        if self.probe_server is not None:
+            self.probe_server.close()
+            self.probe_server = None
+            for connection in list(self.probe_state.connections):
+                connection.shutdown()
 
     async def _wait_tasks_to_complete(self) -> None:
         """uvicorn's wait for the requests in flight, within its graceful timeout, before the
-        app's shutdown: the probe listener's too (a readiness check or a scrape answered as
+        app's shutdown; then the probe listener's (a readiness check or a scrape answered as
         the app's services were taken down was a 500)."""
         await super()._wait_tasks_to_complete()
+        self._close_probes()
         probes = self.probe_state
         # Polled, as uvicorn waits for its own: its server state has no event to wait on.
         while (probes.connections or probes.tasks) and not self.force_exit:  # noqa: ASYNC110
@@ -122,14 +133,21 @@ class _AfterStopped:
     state store under them, and the process ends (a `/chat` run's lock was kept for its whole
     lease, its client sent no answer)."""
 
-    def __init__(self, lifespan: Any, requests: Callable[[], list[asyncio.Task[Any]]]) -> None:
+    def __init__(
+        self,
+        lifespan: Any,
+        requests: Callable[[], list[asyncio.Task[Any]]],
+        close_probes: Callable[[], None],
+    ) -> None:
         self.lifespan = lifespan
         self.requests = requests
+        self.close_probes = close_probes
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.lifespan, name)
 
     async def shutdown(self) -> None:
+        self.close_probes()  # (the drain's end came: they were not closed after it)
         stopped = [task for task in self.requests() if not task.done()]
         if stopped:
             await asyncio.wait(stopped, timeout=SETTLE_S)

@@ -37,12 +37,16 @@ T = TypeVar("T")
 
 @contextlib.asynccontextmanager
 async def serving(
-    tmp_path: Path, upstream_url: str, drain_s: float, state: dict[str, Any] | None = None
+    tmp_path: Path,
+    upstream_url: str,
+    drain_s: float,
+    state: dict[str, Any] | None = None,
+    probe_port: int | None = None,
 ) -> AsyncIterator[tuple[str, subprocess.Popen[bytes]]]:
     """The proxy with an agent whose `sleep` tool runs as long as a test asks, draining for
     `drain_s` on SIGTERM; its base URL and process."""
     config = {
-        "server": {"shutdown_timeout_s": drain_s},
+        "server": {"shutdown_timeout_s": drain_s, "probe_port": probe_port},
         "upstreams": {"main": {"base_url": upstream_url}},
         "default_upstream": "main",
         "tools": {"sleep": TOOLS["sleep"]},
@@ -443,3 +447,38 @@ def test_ctrl_c_stops_the_server_as_sigterm_does(tmp_path: Path) -> None:
     assert status == 0, log
     assert "Traceback" not in log, log
     assert "shutting down: 0 requests in flight" in log, log
+
+
+async def test_the_probe_port_serves_through_the_drain(
+    tmp_path: Path, upstream: ScriptedUpstream, upstream_url: str
+) -> None:
+    """Both ports refused connections from the signal on: no scrape saw the runs the drain
+    ended, completed or stopped. The probe port serves until the drain is over; `/readyz` says
+    the server is shutting down."""
+    upstream.script(call("sleep", seconds=2), say("done"))
+    probes = free_port()
+    async with (
+        serving(tmp_path, upstream_url, drain_s=10, probe_port=probes) as (base, proc),
+        httpx.AsyncClient(base_url=base, timeout=30) as client,
+        httpx.AsyncClient(base_url=f"http://127.0.0.1:{probes}", timeout=5) as prober,
+    ):
+        body = {"model": "sleeper", "messages": [{"role": "user", "content": "wait"}]}
+        asking = asyncio.create_task(client.post("/v1/chat/completions", json=body))
+        while not upstream.bodies:  # noqa: ASYNC110 (recorded in a thread)
+            await asyncio.sleep(0.02)
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.sleep(0.5)
+        ready = await prober.get("/readyz")
+        answer = await asyncio.wait_for(asking, 20)
+        scraped = (await prober.get("/metrics")).text
+        assert await asyncio.to_thread(proc.wait, 15) in (0, -signal.SIGTERM)
+    assert (ready.status_code, ready.json()) == (503, {"status": "shutting_down"})
+    assert answer.status_code == 200, answer.text
+    runs = [
+        line
+        for line in scraped.splitlines()
+        if line.startswith('loopwarden_runs_total{agent="sleeper"') and not line.endswith(" 0.0")
+    ]
+    assert runs == [
+        'loopwarden_runs_total{agent="sleeper",model="gpt-4o-mini",stop_reason="completed"} 1.0'
+    ]
