@@ -19,6 +19,7 @@ from redis.exceptions import ConnectionError as ConnectionLost
 from proxy.errors import StateUnavailable
 from proxy.state import redis_calls
 from proxy.state.redis_calls import ms, reached
+from proxy.state.redis_epoch import Epoch
 from proxy.state.redis_holds import COMPARE_AND_SET, ContextHolds
 from proxy.state.store import (
     Holding,
@@ -158,6 +159,7 @@ class RedisStore:
         self._sending = False
         self._puts: list[tuple[_Write, asyncio.Future[int]]] = []
         self._writer: asyncio.Task[None] | None = None
+        self._epoch = Epoch(self._redis, f"{prefix}epoch")  # redis losing its data is told
 
     def _thread(self, thread_id: str) -> str:
         return f"{self._prefix}thread:{thread_id}"
@@ -172,6 +174,7 @@ class RedisStore:
         args: list[str | int] = ["" if ttl_s is None else ms(ttl_s)]
         for key in keys:
             args += [key, limits[key]]
+        self._epoch.watch()
         with reached():
             reply = await self._reserve(keys=[self._thread(thread_id)], args=args)
         return bool(reply[0]), {key: int(n) for key, n in zip(keys, reply[1:], strict=True)}
@@ -327,11 +330,16 @@ class RedisStore:
         return self._holds.hold(context_id)
 
     async def ping(self) -> None:
+        """Redis answers and takes a write (one at its memory limit, `noeviction`, refuses
+        every write and answers pings), and still holds what the proxy wrote (`Epoch`)."""
         with reached():
-            await self._redis.ping()
+            await self._redis.set(f"{self._prefix}ready", b"1", px=60_000)
+            await self._epoch.check()
 
     async def close(self) -> None:
         await self._holds.late.close()
+        if self._epoch.checking is not None:
+            self._epoch.checking.cancel()
         await self._redis.aclose()
         redis_calls.failures.close("the redis state backend failed")  # the count not told yet
 

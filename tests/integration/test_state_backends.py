@@ -20,11 +20,12 @@ from typing import Any
 import orjson
 import pytest
 import redis
+import redis.asyncio as aioredis
 
 from proxy.config.state import StateConfig
 from proxy.errors import StateUnavailable
+from proxy.state import redis_epoch, sqlite_records
 from proxy.state import sqlite as sqlite_state
-from proxy.state import sqlite_records
 from proxy.state.backend import open_store
 from proxy.state.memory import SWEEP_AFTER, MemoryStore
 from proxy.state.redis import RedisStore
@@ -32,7 +33,7 @@ from proxy.state.sqlite import SqliteStore
 from proxy.state.sqlite_file import file_identity
 from proxy.state.store import RECORDS_AT_ONCE, Record, StateStore, StoredContext, conflict
 from tests.records import delete_record, put_record
-from tests.servers import free_port, redis_server
+from tests.servers import free_port, redis_process, redis_server
 
 
 @pytest.fixture(params=["memory", "sqlite", "redis"])
@@ -634,6 +635,43 @@ async def test_sqlite_calls_queued_behind_a_lock_fail_within_their_timeout(
     assert await store.reserve("t0", {"x": 5}) == (True, {"x": 1})  # the lock was let go
     holder.close()
     await store.close()
+
+
+async def test_redis_losing_the_proxy_s_data_is_told(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A redis restarted empty (or flushed, or evicting keys) let every thread run its tools
+    again from zero, with `/readyz` 200 and nothing in the log. Now a readiness check, or a
+    call (at most every 5 s), tells it; an evicting `maxmemory-policy` is told at the first;
+    and a redis at its memory limit, which answers pings and refuses writes, is not ready."""
+    monkeypatch.setattr(redis_epoch, "CHECK_S", 0.0)
+    with redis_process(tmp_path) as (url, _):
+        admin = aioredis.Redis.from_url(url)
+        await admin.config_set("maxmemory-policy", "allkeys-lru")
+        store = RedisStore(url, prefix="lost:")
+        with caplog.at_level(logging.WARNING, logger="proxy.state.redis_epoch"):
+            await store.ping()
+            assert "maxmemory-policy allkeys-lru" in caplog.text
+            assert "lost" not in caplog.text
+            await admin.flushall()
+            await store.ping()
+            assert caplog.text.count("redis lost the proxy's data") == 1
+            await admin.flushall()
+            await store.reserve("t", {"x": 5})  # (its check, in the background)
+            await asyncio.wait_for(_told_twice(caplog), 5)
+        await admin.config_set("maxmemory-policy", "noeviction")
+        await admin.config_set("maxmemory", "1")
+        with pytest.raises(StateUnavailable):
+            await store.ping()
+        await admin.config_set("maxmemory", "0")
+        await store.ping()
+        await store.close()
+        await admin.aclose()
+
+
+async def _told_twice(caplog: pytest.LogCaptureFixture) -> None:
+    while caplog.text.count("redis lost the proxy's data") < 2:  # noqa: ASYNC110 (a task told it)
+        await asyncio.sleep(0.02)
 
 
 def _immutable(files: list[str], on: bool) -> bool:
