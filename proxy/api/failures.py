@@ -13,6 +13,7 @@ from proxy.api.asgi import send_error
 from proxy.api.event_stream import EventStream
 from proxy.api.headers import not_replayed, with_stop_reason
 from proxy.api.upstream_param import ClientTerms, client_message, client_param
+from proxy.engine.final_message import stated_stop
 from proxy.engine.run_spec import RunResult
 from proxy.errors import (
     InternalError,
@@ -38,7 +39,8 @@ def failure_error(result: RunResult, terms: ClientTerms | None = None) -> ProxyE
     client's `terms` (`upstream_param`)."""
     stop, error = result.stop, result.error
     if stop.is_policy_failure:
-        return LoopFailed(f"the run stopped: {stop.reason.value}", code=stop.error_code)
+        said = stated_stop(stop).removeprefix("Stopped: ").rstrip(".")
+        return LoopFailed(f"the run stopped ({stop.reason.value}): {said}", code=stop.error_code)
     if isinstance(error, UpstreamStatusError) and result.tools_ran:
         return UpstreamUnavailable(f"{error} after tools ran", code="upstream_error")
     if isinstance(error, UpstreamStatusError) and error.param is not None:

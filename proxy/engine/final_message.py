@@ -40,6 +40,13 @@ def stated_stop(stop: Stop) -> str:
         return f"Stopped: the run called {called}."
     if reason is StopReason.CONDITION_ERROR:
         return f"Stopped: the stop condition {details.get('condition')} could not be evaluated."
+    if reason is StopReason.MAX_INVOCATIONS:
+        return f"Stopped: the run reached its limit of model calls (max_invocations: {threshold})."
+    if reason is StopReason.NUDGES_EXHAUSTED:
+        return (
+            "Stopped: the model answered without calling a terminating tool after "
+            f"{_counted(threshold, 'nudge')} (consecutive_nudges)."
+        )
     if reason is StopReason.TOOL_CALL_LIMIT:  # (the model read its own message: not for users)
         scope = "thread" if details.get("kind") == "thread_limit" else "run"
         observed = details.get("observed")

@@ -112,6 +112,10 @@ async def test_nudges_exhausted_is_a_422_with_the_loop_report(proxy: Proxy) -> N
     body = r.json()
     assert body["error"]["code"] == "max_consecutive_nudges_exceeded"
     assert body["error"]["type"] == "loop_error"
+    assert body["error"]["message"] == (
+        "the run stopped (nudges_exhausted): the model answered without calling a terminating "
+        "tool after 0 nudges (consecutive_nudges)"
+    )
     assert body["loop"]["stop_reason"] == "nudges_exhausted"
     assert r.headers["x-loopwarden-stop-reason"] == "nudges_exhausted"
 
@@ -128,6 +132,10 @@ async def test_max_invocations_is_a_422(proxy: Proxy) -> None:
     )
     assert r.status_code == 422
     assert r.json()["error"]["code"] == "max_invocations_exceeded"
+    assert r.json()["error"]["message"] == (
+        "the run stopped (max_invocations): the run reached its limit of model calls "
+        "(max_invocations: 2)"
+    )
     assert r.headers["x-should-retry"] == "false"
     assert len(proxy.upstream.requests) == 2
 

@@ -480,6 +480,11 @@ async def test_a_limit_with_error_is_a_422_with_the_loop_report(proxy_for: Proxy
     body = r.json()
     assert body["error"]["code"] == "tool_call_limit_exceeded"
     assert body["error"]["type"] == "loop_error"
+    # Which limit, and its count (it said "the run stopped: tool_call_limit" alone).
+    assert body["error"]["message"] == (
+        "the run stopped (tool_call_limit): the run reached a tool call limit (run: 2/2) "
+        "calling get_weather"
+    )
     assert body["loop"]["stop_reason"] == "tool_call_limit"
     assert body["loop"]["tool_calls"] == 2
     assert r.headers["x-should-retry"] == "false"
