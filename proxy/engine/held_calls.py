@@ -118,27 +118,41 @@ def _drop_sent_back(
     server: set[tuple[Any, Any]],
     texts: set[str],
 ) -> set[Any]:
-    """Drops from the turn in `restored` the steps a client made of the run's server calls it
-    sent back (assistant messages of those calls alone, or of the steps' texts alone, and the
-    calls' results); returns the ids of the sent-back calls of `message`, whose results, after
-    it, go too."""
+    """Drops from the end of `restored` (within the turn) the steps a client made of the run's
+    server calls it sent back: assistant messages of those calls alone, or of the steps'
+    texts alone, and the calls' results, as far back as they go (an earlier run's steps
+    before them stay, whatever it called). Returns the ids of the sent-back calls of
+    `message`, whose results, after it, go too."""
+    begins = len(restored)
+    while begins > turn:
+        earlier = restored[begins - 1]
+        if earlier.get("role") != "tool" and not _sent_back(earlier, server, texts):
+            break
+        begins -= 1
     gone: set[Any] = set()
-    kept_here: list[dict[str, Any]] = []
-    for earlier in restored[turn:]:
-        calls = [c for c in earlier.get("tool_calls") or [] if isinstance(c, dict)]
-        if earlier.get("role") == "assistant" and (
-            (calls and all(_name_and_arguments(c) in server for c in calls))
-            or (not calls and _said(earlier) in texts)
-        ):
-            gone.update(c.get("id") for c in calls)
-        elif not (earlier.get("role") == "tool" and earlier.get("tool_call_id") in gone):
-            kept_here.append(earlier)
-    restored[turn:] = kept_here
+    for earlier in restored[begins:]:
+        if earlier.get("role") == "assistant":
+            gone.update(c.get("id") for c in earlier.get("tool_calls") or ())
+    restored[begins:] = [
+        m
+        for m in restored[begins:]
+        if m.get("role") == "tool" and m.get("tool_call_id") not in gone
+    ]
     return {
         c.get("id")
         for c in message.get("tool_calls") or []
         if isinstance(c, dict) and _name_and_arguments(c) in server
     }
+
+
+def _sent_back(message: dict[str, Any], server: set[tuple[Any, Any]], texts: set[str]) -> bool:
+    """An assistant message a client made of a run's server calls or of its steps' texts."""
+    if message.get("role") != "assistant":
+        return False
+    calls = [c for c in message.get("tool_calls") or [] if isinstance(c, dict)]
+    if calls:
+        return all(_name_and_arguments(c) in server for c in calls)
+    return _said(message) in texts
 
 
 def _name_and_arguments(call: Mapping[str, Any]) -> tuple[Any, Any]:

@@ -596,6 +596,40 @@ async def test_server_calls_sent_back_without_storing_go_upstream_as_the_steps_t
     assert sent[-1] == {"role": "tool", "tool_call_id": output[1]["call_id"], "content": "yes"}
 
 
+async def test_an_earlier_run_s_steps_stay_when_a_later_one_s_are_put_back(
+    proxy_for: ProxyFactory,
+) -> None:
+    """Two runs of one turn, each a server call then a client call, the same server call both
+    times, sent back without storing: putting the second run's steps back dropped the first
+    run's server step too (it matched by name and arguments)."""
+    weather = Call("get_weather", {"city": "Lima"})
+    asks = [Call("ask_user", {"question": q}) for q in ("Go?", "Sure?")]
+    async with proxy_for() as proxy:
+        proxy.upstream.script(
+            Reply(calls=(weather,)),
+            Reply(calls=(asks[0],)),
+            Reply(calls=(weather,)),
+            Reply(calls=(asks[1],)),
+            say("Done."),
+        )
+        items: list[dict[str, Any]] = [{"role": "user", "content": "Lima?"}]
+        for _ in asks:
+            made = await respond(proxy, model="weather", input=items, tools=[ASK], store=False)
+            output = made.json()["output"]
+            assert [item["type"] for item in output] == ["mcp_call", "function_call"]
+            items += output
+            items.append(
+                {"type": "function_call_output", "call_id": output[1]["call_id"], "output": "yes"}
+            )
+        asked = proxy.upstream.bodies[-1]["messages"]  # the second run, as it ran
+        done = await respond(proxy, model="weather", input=items, tools=[ASK], store=False)
+        assert done.status_code == 200, done.text
+    sent = proxy.upstream.bodies[-1]["messages"]
+    steps = [[c["function"]["name"] for c in m["tool_calls"]] for m in sent if m.get("tool_calls")]
+    assert steps == [["get_weather"], ["ask_user"], ["get_weather"], ["ask_user"]]
+    assert sent[: len(asked)] == asked
+
+
 @pytest.mark.parametrize("streamed", [False, True], ids=["json", "stream"])
 async def test_a_client_call_sent_back_whole_without_its_id_continues_its_response(
     proxy_for: ProxyFactory, streamed: bool
