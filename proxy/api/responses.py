@@ -152,7 +152,8 @@ class Responses:
 
         async def fail(error: ShuttingDown, ended: RunResult) -> None:
             report = creation.report(ended)
-            await writer.fail(creation.failed_response(ended, writer.base, report, error))
+            failure = creation.failed_response(ended, writer.base, report, error)
+            await writer.fail(failure, creation.closing)  # (made, if its keep was cut)
 
         ended = await sv.execute_streamed(run, writer, receive)
         drain_end = stream_drain_end(writer, fail, creation.report)
@@ -247,7 +248,7 @@ class _ResponseCreation:
             return
         report = self.report(result)
         body = self._made(result, report)
-        await self.store_response(result, body, report)
+        await self.store_response(result, body, report, in_keep=True)
         self.kept = body
 
     async def answered(self, result: RunResult, report: dict[str, Any]) -> dict[str, Any]:
@@ -279,7 +280,12 @@ class _ResponseCreation:
         return self.response(result, writer.base["model"], writer.output, report)
 
     async def store_response(
-        self, result: RunResult, body: dict[str, Any], report: dict[str, Any]
+        self,
+        result: RunResult,
+        body: dict[str, Any],
+        report: dict[str, Any],
+        *,
+        in_keep: bool = False,
     ) -> None:
         """Stores the response when asked (`store`): its body, the conversation through it
         for `previous_response_id` and its input items (SPEC §12.4). That record also answers
@@ -305,7 +311,7 @@ class _ResponseCreation:
             state = self.sv.config.state
             if result.held is None and state.response_ttl_s >= state.run_ttl_s:
                 return
-        await self.sv.remember(result, report, self.owner, self.caller)
+        await self.sv.remember(result, report, self.owner, self.caller, in_keep=in_keep)
 
 
 def _thread(req: ResponsesRequest, plan: Plan, caller: Caller | None) -> str | None:

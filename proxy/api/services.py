@@ -25,7 +25,6 @@ from proxy.conditions import ConfiguredChecks
 from proxy.config import Config, ConfigError
 from proxy.config.environment import setting
 from proxy.deadline import within
-from proxy.engine.keeping import GRACE_S
 from proxy.engine.policy import compile_expressions, expressions
 from proxy.engine.ports import RunObserver
 from proxy.engine.run import Run
@@ -50,6 +49,10 @@ Ended = RunResult | ShuttingDown | None
 RUN_RECORD = "run"  # a finished run's report, by run id
 # A request's `expr` conditions longer than this together are compiled in a thread.
 COMPILE_IN_THREAD_PAST_CHARS = 256
+# What a run's answer's writes get once the drain's end came: a run's keep under way is waited
+# for this long, a write of its answer it cut is done again within it; within the time the
+# server gives the requests it stopped (`server.SETTLE_S`).
+GRACE_S = 3.0
 P = ParamSpec("P")
 
 
@@ -82,17 +85,23 @@ class Services:
         report: dict[str, Any],
         owner: str,
         caller: Caller | None = None,
+        *,
+        in_keep: bool = False,
     ) -> None:
         """Keeps what later requests may ask for, for `state.run_ttl_s`: the run's report
         (`GET /v1/runs/{id}`, for the key that ran it, with the agent or model that `owner`
         names) and the server calls it held back from the client (SPEC §5.1.6), in the key's
         own namespace. A backend that fails is logged: the run's answer does not depend on it,
-        and waits for it only when there are held calls (`ReportWrites`)."""
+        and waits for it only when there are held calls (`ReportWrites`). `in_keep`: in a run's
+        keep (its own time given at the drain's end), not its answer (`answer_write`)."""
         records = self.run_records(result, report, owner, caller)
-        keep = self.reports.keep
-        await self.answer_write(
-            keep, result, result.run_id, records, before_answer=len(records) > 1
-        )
+        keep, before_answer = self.reports.keep, len(records) > 1
+        if in_keep:
+            await keep(result.run_id, records, before_answer=before_answer)
+        else:
+            await self.answer_write(
+                keep, result, result.run_id, records, before_answer=before_answer
+            )
 
     async def answer_write(
         self,
@@ -233,7 +242,19 @@ class Services:
         """What a run on `upstream` started by `route` needs."""
         model = self.upstream(upstream, bearer)
         observers = self.route_observers.get(route, self.observers)
-        return Deps(model, self.registry, self.prices, observers, self.checks, threads=self.threads)
+        return Deps(
+            model,
+            self.registry,
+            self.prices,
+            observers,
+            self.checks,
+            threads=self.threads,
+            keep_grace_s=self._keep_grace_s,
+        )
+
+    def _keep_grace_s(self) -> float | None:
+        """A run's keep is finished, unless the drain's end stopped the run: then GRACE_S."""
+        return GRACE_S if self.shutdown.begun else None
 
 
 def build_services(

@@ -1,36 +1,38 @@
-"""A run's `keep` (a stored context's save), awaited to its end whatever happens to the run
-meanwhile: a save begun is finished, and the run is told as it ended."""
+"""A run's `keep` (a stored context's save, a stored response), awaited to its end whatever
+happens to the run meanwhile (a save begun is finished, and the run is told as it ended), but
+for the time its caller gives once the run is cancelled (the server's drain ending)."""
 
 from __future__ import annotations
 
 import asyncio
-
-# How long a keep under way is waited for once its run is cancelled: within the time the server
-# gives the requests its drain's end stopped (`server.SETTLE_S`).
-GRACE_S = 3.0
+from collections.abc import Callable
 
 
-async def to_its_end(task: asyncio.Future[None], grace_s: float = GRACE_S) -> None:
+async def to_its_end(
+    task: asyncio.Future[None], grace_s: Callable[[], float | None] | None = None
+) -> None:
     """Awaits `task` to its end, however often the run is cancelled meanwhile (a save begun is
-    finished: cut, its run was told as cancelled while the backend kept it, or not), for
-    `grace_s` at most once the run is cancelled (then it is cut: a backend that does not
-    answer would hold the request past the time a server's drain gives it); then a
-    cancellation goes on (the task's failure, if any, read by `ended_well`), else the task's
-    failure is raised."""
+    finished: cut, its run was told as cancelled while the backend kept it, or not); but for
+    `grace_s()` at most once the run is cancelled, when that says a time (then it is cut: the
+    server's drain gives the requests it stops a few seconds, and a backend that does not
+    answer would hold one past them); then a cancellation goes on (the task's failure, if
+    any, read by `ended_well`), else the task's failure is raised."""
     loop = asyncio.get_running_loop()
-    cancelled = cut = False
-    deadline = 0.0
+    cancelled = False
+    deadline: float | None = None  # when the task is cut, once the run is cancelled
     while not task.done():
-        wait_s = max(deadline - loop.time(), 0.0) if cancelled and not cut else None
+        wait_s = None if deadline is None else max(deadline - loop.time(), 0.0)
         try:
             await asyncio.wait({task}, timeout=wait_s)  # (cancelled, it lets the task go on)
         except asyncio.CancelledError:
             if not cancelled:
-                cancelled, deadline = True, loop.time() + grace_s
+                cancelled = True
+                grace = grace_s() if grace_s is not None else None
+                deadline = None if grace is None else loop.time() + grace
             continue
-        if cancelled and not cut and not task.done() and loop.time() >= deadline:
+        if deadline is not None and not task.done() and loop.time() >= deadline:
             task.cancel()
-            cut = True
+            deadline = None  # (then waited for: it lets go at once)
     if cancelled:
         raise asyncio.CancelledError
     task.result()

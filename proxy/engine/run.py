@@ -95,7 +95,7 @@ class Run:
             if self.keep is not None and not ending.stop.is_policy_failure:
                 run.now = clock()
                 keeping = asyncio.ensure_future(self.keep(RunResult.of(run, ending, None)))
-                await to_its_end(keeping)
+                await to_its_end(keeping, self.deps.keep_grace_s)
         except asyncio.CancelledError:
             if not ended_well(keeping):  # (kept as the client left: the run ended as it did)
                 ending = Ending(Stop(StopReason.CANCELLED, {"step": run.step_count}), {}, None)

@@ -64,6 +64,9 @@ class Deps:
     checks: ConditionChecks | None = None
     clock: Callable[[], float] = time.monotonic
     threads: ThreadCounters | None = None
+    # How long a run's keep under way is waited for once the run is cancelled (None: to its
+    # end), asked as the cancellation comes.
+    keep_grace_s: Callable[[], float | None] | None = None
 
 
 @dataclass(slots=True)

@@ -27,6 +27,7 @@ from starlette.routing import Route
 
 from proxy.demo.runner import free_port, serve_in_thread
 from tests.e2e.conftest import ROOT, config_file, wait_healthy
+from tests.response_events import checked, parse_events
 from tests.scripted_upstream import ScriptedUpstream, call, say, say_tool_result
 from tests.servers import redis_process
 from tests.tools import TOOLS
@@ -197,20 +198,26 @@ async def test_a_stream_past_the_drain_ends_with_its_failure(
         assert answer.text.endswith("data: [DONE]\n\n")
 
 
+@pytest.mark.parametrize("stream", [False, True])
 async def test_a_run_ended_but_not_yet_answered_at_the_drain_s_end_is_not_sent_again(
-    tmp_path: Path, upstream: ScriptedUpstream, upstream_url: str, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    upstream: ScriptedUpstream,
+    upstream_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    stream: bool,
 ) -> None:
     """Its tools ran and its response was being stored (the state backend slow) as the drain
     ended, and still was past the time that is given (a run's keep, to its end as a rule): the
     503 said nothing of the tools, and the SDK sent the run again. (It had no answer at all
-    once stored responses were kept as their runs end, past SETTLE_S.)"""
+    once stored responses were kept as their runs end, past SETTLE_S; a stream's failure
+    skipped the events its closing had numbered, and its message was left open.)"""
     upstream.script(call("sleep", seconds=0.1), say("done").replace(after_s=0.3))
     with redis_state(tmp_path, monkeypatch, timeout_s=10) as (state, redis):
         async with (
             serving(tmp_path, upstream_url, drain_s=1, state=state) as (base, proc),
             httpx.AsyncClient(base_url=base, timeout=30) as client,
         ):
-            body = {"model": "sleeper", "input": "wait"}
+            body = {"model": "sleeper", "input": "wait", "stream": stream}
             asking = asyncio.create_task(client.post("/v1/responses", json=body))
             while len(upstream.bodies) < 2:  # noqa: ASYNC110 (recorded in a thread)
                 await asyncio.sleep(0.02)
@@ -219,6 +226,13 @@ async def test_a_run_ended_but_not_yet_answered_at_the_drain_s_end_is_not_sent_a
                 answer = await stopped_while(proc, upstream, 2, asking)
             finally:
                 redis.send_signal(signal.SIGCONT)
+    if stream:
+        events = parse_events(answer.text)
+        failed = checked(events)  # (numbered in turn, every item done)
+        assert events[-1]["type"] == "response.failed"
+        assert failed["error"]["code"] == "shutting_down"
+        assert failed["loop"]["stop_reason"] == "cancelled"
+        return
     assert answer.status_code == 503
     assert answer.headers["x-should-retry"] == "false"
     error = answer.json()["error"]

@@ -680,16 +680,17 @@ def _immutable(files: list[str], on: bool) -> bool:
     return subprocess.run(["chattr", flag, *files], capture_output=True).returncode == 0
 
 
-@pytest.mark.parametrize("journal", ["wal", "rollback"])
 async def test_a_sqlite_store_opened_as_its_file_took_no_writes_takes_them_once_it_does(
-    tmp_path: Path, journal: str
+    tmp_path: Path,
 ) -> None:
     """A worker that replaced another while the file was immutable had it opened read-only by
-    sqlite, for good: 503 until restarted, the file writable again."""
+    sqlite, for good: 503 until restarted, the file writable again. (The rollback journal: with
+    WAL, an immutable `-shm` file may fault the process, SIGBUS, as the README says.)"""
     path = tmp_path / "state.db"
+    journal = "rollback"
     first = SqliteStore(path, timeout_s=0.5, journal=journal)
     await first.reserve("t", {"x": 5})
-    files = [str(path), f"{path}-wal", f"{path}-shm"] if journal == "wal" else [str(path)]
+    files = [str(path)]
     if not await asyncio.to_thread(_immutable, files, True):
         await first.close()
         pytest.skip("this file system takes no immutable flag (chattr +i)")
