@@ -16,6 +16,8 @@ MAX_CONFIG_DEPTH = 64
 # Values of the document with its aliases expanded: what the proxy will walk and send (a tool's
 # `parameters` goes upstream with every request that offers the tool).
 MAX_CONFIG_VALUES = 1_000_000
+# Pairs merge keys (`<<`) may copy: each is two values (a key and its value) to construct.
+MAX_MERGED_PAIRS = MAX_CONFIG_VALUES // 2
 
 _Loader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # C when built
 
@@ -166,7 +168,7 @@ def _merged(node: yaml.MappingNode) -> list[yaml.MappingNode]:
 
 
 def _check_merges(merging: list[yaml.MappingNode]) -> None:
-    """The pairs merge keys copy at most MAX_CONFIG_VALUES: PyYAML copies every pair of each
+    """The pairs merge keys copy at most MAX_MERGED_PAIRS: PyYAML copies every pair of each
     mapping merged (its own merges flattened first) into the mapping that merges it, each
     time, before repeated keys are dropped (100,000 merges of one 4,000-key mapping took
     100 s; a chain of 3,000 mappings each merging the one before, 14 s)."""
@@ -175,8 +177,8 @@ def _check_merges(merging: list[yaml.MappingNode]) -> None:
     for mapping in merging:
         for merged in _merged(mapping):
             work += _flat_size(merged, flat)
-            if work > MAX_CONFIG_VALUES:
-                raise BadDocument(f"its merge keys (<<) copy more than {MAX_CONFIG_VALUES:,} pairs")
+            if work > MAX_MERGED_PAIRS:
+                raise BadDocument(f"its merge keys (<<) copy more than {MAX_MERGED_PAIRS:,} pairs")
 
 
 def _flat_size(root: yaml.MappingNode, flat: dict[int, int]) -> int:
@@ -197,7 +199,7 @@ def _flat_size(root: yaml.MappingNode, flat: dict[int, int]) -> int:
             stack.extend((m, False) for m in merged)
             continue
         own = sum(key.tag != _MERGE for key, _ in node.value)
-        flat[id(node)] = min(own + sum(flat.get(id(m), 0) for m in merged), MAX_CONFIG_VALUES + 1)
+        flat[id(node)] = min(own + sum(flat.get(id(m), 0) for m in merged), MAX_MERGED_PAIRS + 1)
     return flat[id(root)]
 
 
