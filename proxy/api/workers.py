@@ -6,7 +6,7 @@ after the fork and serves the shared socket, so the kernel spreads connections o
 worker that dies is replaced (its live gauges are dropped from `/metrics`); one that cannot
 start (its lifespan failed) stops them all, since the next would fail the same way, unless it
 had served: a replacement that cannot start (its state file unwritable for now, say) is tried
-again, each time later, while the others serve. SIGTERM or
+again, each time later (at most six times in a row, then the server stops). SIGTERM or
 SIGINT stops every worker gracefully.
 
 State that runs share must be shared by the workers: the config check refuses the memory
@@ -34,8 +34,10 @@ log = logging.getLogger(__name__)
 
 NOT_STARTED = 3  # a worker's exit status when its app did not start
 STOPS = {signal.SIGTERM, signal.SIGINT}
-# The longest a worker that replaced another and could not start waits before the next try.
+# The longest a worker that replaced another and could not start waits before the next try,
+# and the tries in a row before the server stops (2 + 4 + 8 + 16 + 30 + 30 s: 90 s).
 MAX_RESTART_WAIT_S = 30.0
+MAX_START_TRIES = 6
 PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
 
 
@@ -139,15 +141,21 @@ def supervise(workers: int, sock: socket.socket, work: Callable[[socket.socket],
                     failed = True
                     stop(signal.SIGTERM, None)
                     continue
+                tries = unstarted[number] = (
+                    unstarted.get(number, 0) + 1 if code == NOT_STARTED else 0
+                )
+                if tries > MAX_START_TRIES:  # down for minutes: the orchestrator is told
+                    log.error("worker %d could not start %d times; stopping", number, tries)
+                    failed = True
+                    stop(signal.SIGTERM, None)
+                    continue
                 if code == NOT_STARTED:  # the others serve: it is tried again, less often
-                    tries = unstarted[number] = unstarted.get(number, 0) + 1
                     after_s = min(2.0**tries, MAX_RESTART_WAIT_S)
                     said = "worker %d could not start again; another tries in %g s"
                     log.error(said, number, after_s)
                     start(number, after_s)
                     continue
                 served.add(number)
-                unstarted.pop(number, None)
                 log.error(
                     "worker %d (pid %d) exited with %d; starting another", number, pid, status
                 )
