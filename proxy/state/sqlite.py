@@ -79,7 +79,10 @@ class SqliteStore:
         self._path = str(path)
         self._lease = lock_lease_s
         self._late = LateReleases()
-        self._failures = ThrottledWarnings(log)  # a file that takes no writes fails every call
+        # A file that takes no writes fails every call, a lock held fails every one behind it.
+        self._failures = ThrottledWarnings(log)
+        self._late_calls = ThrottledWarnings(log)
+        self._reopened_at = -math.inf  # monotonic
         self._timeout_s = timeout_s
         self._context_ttl = context_ttl_s
         gone = opened is not None and current(self._path) != opened
@@ -133,7 +136,11 @@ class SqliteStore:
         """A new connection in place of one sqlite opened read-only: the file took no writes
         as it was opened (immutable, a read-only mount), and the connection stays read-only
         once it takes them again (a replaced worker answered 503 until restarted). On the
-        store's thread; one that fails leaves the old one."""
+        store's thread, once a second at most; one that fails leaves the old one."""
+        now = time.monotonic()
+        if now - self._reopened_at < 1.0:
+            return
+        self._reopened_at = now
         try:
             db = self._connect(self._path)
             db.execute("PRAGMA synchronous=NORMAL")
@@ -181,7 +188,7 @@ class SqliteStore:
         (for every call: the checkpointer sets its own)."""
         left_ms = round((deadline - time.monotonic()) * 1000)
         if left_ms <= 0:
-            self._failures.warning("a sqlite state call waited its timeout_s behind others")
+            self._late_calls.warning("a sqlite state call waited its timeout_s behind others")
             raise StateUnavailable(
                 f"the state backend (sqlite) is unavailable: the call waited its timeout_s "
                 f"({self._timeout_s:g} s) for calls before it"
@@ -397,6 +404,8 @@ class SqliteStore:
         await asyncio.get_running_loop().run_in_executor(self._thread, self._close)
 
     def _close(self) -> None:
+        self._failures.close("the sqlite state backend failed")  # the count not told yet
+        self._late_calls.close("sqlite state calls waited their timeout_s behind others")
         if self._checkpoints is not None:
             self._checkpoints.close()
         self._db.close()
