@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ParamSpec
+from typing import Any
 
 import httpx
 import orjson
@@ -53,7 +53,6 @@ COMPILE_IN_THREAD_PAST_CHARS = 256
 # for this long, a write of its answer it cut is done again within it; within the time the
 # server gives the requests it stopped (`server.SETTLE_S`).
 GRACE_S = 3.0
-P = ParamSpec("P")
 
 
 @dataclass(slots=True)
@@ -93,37 +92,21 @@ class Services:
         names) and the server calls it held back from the client (SPEC §5.1.6), in the key's
         own namespace. A backend that fails is logged: the run's answer does not depend on it,
         and waits for it only when there are held calls (`ReportWrites`). `in_keep`: in a run's
-        keep (its own time given at the drain's end), not its answer (`answer_write`)."""
+        keep (its own time given at the drain's end), not its answer."""
         records = self.run_records(result, report, owner, caller)
-        keep, before_answer = self.reports.keep, len(records) > 1
-        if in_keep:
-            await keep(result.run_id, records, before_answer=before_answer)
-        else:
-            await self.answer_write(
-                keep, result, result.run_id, records, before_answer=before_answer
-            )
-
-    async def answer_write(
-        self,
-        write: Callable[P, Awaitable[None]],
-        result: RunResult,
-        *args: P.args,
-        **kwargs: P.kwargs,
-    ) -> None:
-        """`write(...)`, a write the answer of `result`, a run that ended, waits for. The
-        drain's end stops runs, not the answers of runs that ended: a write it cuts is done
-        again, within GRACE_S (as a run's `keep` is finished); past that, the request is
-        answered `ShuttingDown`."""
+        run_id, held = result.run_id, len(records) > 1
         try:
-            await write(*args, **kwargs)
-            return
+            await self.reports.keep(run_id, records, before_answer=held)
         except asyncio.CancelledError:
-            if not self.shutdown.stopped(asyncio.current_task()):
+            # The drain's end stops runs, not the answers of runs that ended: a write it cut
+            # is done again, within GRACE_S, past which the request is answered `ShuttingDown`
+            # (in a run's keep, given its own time, it is not).
+            if in_keep or not self.shutdown.stopped(asyncio.current_task()):
                 raise
-        try:
-            await within(write(*args, **kwargs), GRACE_S)
-        except TimeoutError:
-            raise shutting_down(result) from None
+            try:
+                await within(self.reports.keep(run_id, records, before_answer=held), GRACE_S)
+            except TimeoutError:
+                raise shutting_down(result) from None
 
     @staticmethod
     def run_records(

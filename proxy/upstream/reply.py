@@ -275,14 +275,14 @@ def _tokens(usage: dict[str, Any], name: str, path: str) -> int:
     0 for none, and for one below zero or any other value (a fraction, a string: logged), which
     the budgets then count by estimate; MAX_REPORTED_TOKENS for one above it (logged)."""
     value = usage.get(name)
-    if value is None:
-        return 0
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)  # (finite: `is_integer` is false for inf and nan)
-    if isinstance(value, bool) or not isinstance(value, int):
-        said = "upstream reported %s.%s = %.64r; not a count of tokens: counted as 0"
-        doubted_counts.warning(said, path, name, value)
-        return 0
+    if type(value) is not int:  # (a bool is no count either)
+        if value is None:
+            return 0
+        if not (type(value) is float and value.is_integer()):  # (inf and nan are not)
+            said = "upstream reported %s.%s = %.64r; not a count of tokens: counted as 0"
+            doubted_counts.warning(said, path, name, value)
+            return 0
+        value = int(value)
     if value < 0:
         doubted_counts.warning("upstream reported %s.%s = %s; counted as 0", path, name, value)
         return 0
