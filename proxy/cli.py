@@ -194,7 +194,7 @@ def _serve(path: str | None, overrides: dict[str, Any]) -> int:
                 except ValueError as exc:  # did not start: no worker is started again
                     print(str(exc), file=sys.stderr)
                     return False
-                return serve(app, server, sock, probes, False, app.shutting_down)
+                return serve(app, server, sock, probes, False, app.shutdown)
 
             return supervise(server.workers, listening, work)
         from proxy.api.workers import metrics_directory
@@ -207,7 +207,7 @@ def _serve(path: str | None, overrides: dict[str, Any]) -> int:
         except ValueError as exc:  # telemetry settings from the environment
             print(str(exc), file=sys.stderr)
             return 1
-        return 0 if serve(app, server, listening, probes, on_shutdown=app.shutting_down) else 1
+        return 0 if serve(app, server, listening, probes, shutdown=app.shutdown) else 1
 
 
 def _bind(

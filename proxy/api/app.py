@@ -69,11 +69,6 @@ class ProxyApp(Starlette):
     start_up_told = False  # a start-up that failed for a reason the log has said already
     shutdown: Shutdown  # the server's, once it begins
 
-    def shutting_down(self) -> None:
-        """The server began to shut down: requests cancelled from now on are answered
-        `shutting_down` (`server.shutdown_timeout_s`)."""
-        self.shutdown.begin()
-
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
             await self.served(scope, receive, self._told_once(send))

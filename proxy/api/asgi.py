@@ -39,22 +39,28 @@ WATCH_AFTER_S = 0.05
 
 
 class Shutdown:
-    """Whether the server has begun to shut down (SIGTERM): from then on, a request's task that
-    is cancelled was stopped by the end of the drain (`server.shutdown_timeout_s`), not by its
-    client, and is answered `ShuttingDown` when its answer has not begun."""
+    """Whether the server has begun to shut down (SIGTERM), and whether its drain ended
+    (`server.shutdown_timeout_s`): from then on, a request's task that is cancelled was
+    stopped by the drain's end, not by its client, and is answered `ShuttingDown` when its
+    answer has not begun."""
 
-    __slots__ = ("begun",)
+    __slots__ = ("begun", "ended")
 
     def __init__(self) -> None:
         self.begun = False
+        self.ended = False
 
     def begin(self) -> None:
         self.begun = True
 
+    def end(self) -> None:
+        """The drain ended: the requests still going are cancelled next."""
+        self.begun = self.ended = True
+
     def stopped(self, task: asyncio.Task[Any] | None) -> bool:
         """`task`, cancelled, was stopped by the drain's end: it is no longer cancelled then,
         and goes on to answer."""
-        return self.begun and task is not None and task.uncancel() == 0
+        return self.ended and task is not None and task.uncancel() == 0
 
 
 def shutting_down(ended: RunResult | None, running: bool = False) -> ShuttingDown:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
+from functools import partial
 
 from proxy.errors import StateUnavailable
 from proxy.state.store import Record, StateStore
@@ -39,24 +40,31 @@ class ReportWrites:
         self.max_pending = max_pending
         self.wait_s = wait_s
         self._pending: dict[str, asyncio.Task[None]] = {}
+        self._records: dict[str, Sequence[Record]] = {}  # what each pending write writes
         self._unkept = ThrottledWarnings(log)  # a backend down fails every run's: once a second
 
     async def keep(self, run_id: str, records: Sequence[Record], before_answer: bool) -> None:
         """Writes `records`, the run's: to its end when `before_answer` (or when too many are
         being written), else for `wait_s` at most, then in the background. A backend that fails
-        is logged. A run's write asked for again while its first goes on in the background
-        is that one."""
-        if run_id in self._pending:
+        is logged. A write of the run still going on in the background is the one asked for
+        again (its first try cut short), or goes first (an earlier report: this one is last)."""
+        earlier = self._pending.get(run_id)
+        if earlier is not None and self._records.get(run_id) == records:
             return
+        write = self._write(run_id, records, earlier)
         if before_answer or len(self._pending) >= self.max_pending:
-            await self._write(run_id, records)
+            await write
             return
-        task = asyncio.ensure_future(self._write(run_id, records))
-        self._pending[run_id] = task
-        task.add_done_callback(lambda _: self._pending.pop(run_id, None))
+        task = asyncio.ensure_future(write)
+        self._pending[run_id], self._records[run_id] = task, records
+        task.add_done_callback(partial(self._written, run_id))
         await asyncio.sleep(0)  # its first turn: a backend in memory is done with it then
         if not task.done():
             await asyncio.wait((task,), timeout=self.wait_s)
+
+    def _written(self, run_id: str, task: asyncio.Task[None]) -> None:
+        if self._pending.get(run_id) is task:  # (not a later write of the run)
+            del self._pending[run_id], self._records[run_id]
 
     async def written(self, run_id: str) -> None:
         """Returns once this process has no write of `run_id`'s report under way."""
@@ -81,7 +89,11 @@ class ReportWrites:
     def pending(self) -> int:
         return len(self._pending)
 
-    async def _write(self, run_id: str, records: Sequence[Record]) -> None:
+    async def _write(
+        self, run_id: str, records: Sequence[Record], after: asyncio.Task[None] | None = None
+    ) -> None:
+        if after is not None:
+            await asyncio.wait((after,))
         try:
             await self.store.put_records(records, self.ttl_s)
         except StateUnavailable as exc:

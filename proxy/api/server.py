@@ -28,6 +28,7 @@ import uvicorn
 from starlette.types import ASGIApp
 from uvicorn.server import ServerState
 
+from proxy.api.asgi import Shutdown
 from proxy.api.guarded_protocol import guarded_protocol
 from proxy.api.runtime import settle_runtime
 from proxy.config.server import ServerConfig, raise_descriptor_limit
@@ -56,11 +57,11 @@ class _Server(uvicorn.Server):
         probes: socket.socket | None,
         header_timeout_s: float,
         announce: bool,
-        on_shutdown: Callable[[], None] | None,
+        shutdown: Shutdown | None,
     ) -> None:
         super().__init__(config)
         self.probes = probes
-        self.on_shutdown = on_shutdown
+        self.app_shutdown = shutdown
         self.announce = announce
         self.probe_state = ServerState()
         self.probe_protocol = guarded_protocol(PROBE_CONNECTIONS, header_timeout_s, probes=True)
@@ -95,8 +96,10 @@ class _Server(uvicorn.Server):
         (`server.shutdown_timeout_s`), then those left cancelled, which the app, told first,
         answers `shutting_down`. The probe listener serves on through the drain (a scrape
         then counts the runs it ends: none did once the signal came), and is closed after."""
-        if self.on_shutdown is not None:
-            self.on_shutdown()
+        if self.app_shutdown is not None:
+            self.app_shutdown.begin()
+            if self.config.timeout_graceful_shutdown == 0:  # (no wait runs to be cut short)
+                self.app_shutdown.end()
         running = sum(not task.done() for task in self.server_state.tasks)
         log.info(
             "shutting down: %d request%s in flight get %g s to end (server.shutdown_timeout_s)",
@@ -118,7 +121,12 @@ class _Server(uvicorn.Server):
         """uvicorn's wait for the requests in flight, within its graceful timeout, before the
         app's shutdown; then the probe listener's (a readiness check or a scrape answered as
         the app's services were taken down was a 500)."""
-        await super()._wait_tasks_to_complete()
+        try:
+            await super()._wait_tasks_to_complete()
+        except asyncio.CancelledError:  # uvicorn's graceful timeout: it cancels the requests next
+            if self.app_shutdown is not None:
+                self.app_shutdown.end()
+            raise
         self._close_probes()
         probes = self.probe_state
         # Polled, as uvicorn waits for its own: its server state has no event to wait on.
@@ -217,13 +225,14 @@ def serve(
     sock: socket.socket | None = None,
     probes: socket.socket | None = None,
     announce: bool = True,
-    on_shutdown: Callable[[], None] | None = None,
+    shutdown: Shutdown | None = None,
 ) -> bool:
     """Serves `app` until the process is told to stop, on `sock` when given (a worker's share
     of the supervisor's socket), else on `server.host` and `server.port`; and its probe routes
     on `probes`, when given. False when it did not start (its lifespan failed: a required MCP
     server did not connect, say). `announce`: log the address once started (a worker does
-    not: its supervisor did); `on_shutdown` is told as the server begins to shut down."""
+    not: its supervisor did); `shutdown`, the app's, is told as the server begins to shut down
+    and as its drain ends."""
     raise_descriptor_limit()  # (before the connection limit is read of it)
     options: dict[str, Any] = {
         "host": server.host,
@@ -240,7 +249,7 @@ def serve(
     config = uvicorn.Config(app, **options)  # (which sets up uvicorn's loggers)
     for told in (UNFINISHED_ON_PURPOSE, UNREAD_ONCE_A_SECOND, DRAIN_END_TOLD):
         logging.getLogger("uvicorn.error").addFilter(told)  # once: the same objects
-    served = _Server(config, probes, server.header_timeout_s, announce, on_shutdown)
+    served = _Server(config, probes, server.header_timeout_s, announce, shutdown)
     try:
         served.run(sockets=[sock] if sock else None)
     except SystemExit:  # uvicorn's answer to a lifespan that failed: told, and not started

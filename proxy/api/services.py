@@ -237,7 +237,7 @@ class Services:
 
     def _keep_grace_s(self) -> float | None:
         """A run's keep is finished, unless the drain's end stopped the run: then GRACE_S."""
-        return GRACE_S if self.shutdown.begun else None
+        return GRACE_S if self.shutdown.ended else None
 
 
 def build_services(

@@ -24,15 +24,16 @@ async def to_its_end(
         wait_s = None if deadline is None else max(deadline - loop.time(), 0.0)
         try:
             await asyncio.wait({task}, timeout=wait_s)  # (cancelled, it lets the task go on)
-        except asyncio.CancelledError:
-            if not cancelled:
-                cancelled = True
-                grace = grace_s() if grace_s is not None else None
-                deadline = None if grace is None else loop.time() + grace
+        except asyncio.CancelledError:  # (asked each time: the client left, then the drain ended)
+            cancelled = True
+            grace = grace_s() if grace_s is not None and deadline is None else None
+            if grace is not None:
+                deadline = loop.time() + grace
             continue
         if deadline is not None and not task.done() and loop.time() >= deadline:
             task.cancel()
-            deadline = None  # (then waited for: it lets go at once)
+            grace_s = None  # (then waited for: it lets go at once)
+            deadline = None
     if cancelled:
         raise asyncio.CancelledError
     task.result()

@@ -75,6 +75,11 @@ def _locked(error: sqlite3.OperationalError) -> bool:
 
 
 def read_only(error: BaseException) -> bool:
-    """`error` is sqlite's refusal to write with a connection it opened read-only."""
+    """`error` is sqlite's refusal to write with a connection it opened read-only (not with
+    one whose file was deleted or replaced under it: opened again, it would make a new one)."""
     code = getattr(error, "sqlite_errorcode", 0)
-    return isinstance(error, sqlite3.Error) and code & 0xFF == sqlite3.SQLITE_READONLY
+    return (
+        isinstance(error, sqlite3.Error)
+        and code & 0xFF == sqlite3.SQLITE_READONLY
+        and code != sqlite3.SQLITE_READONLY_DBMOVED
+    )

@@ -80,6 +80,33 @@ def redis_state(
         yield {"backend": "redis", "url_env": "LW_TEST_REDIS", **settings}, redis
 
 
+@contextlib.asynccontextmanager
+async def storing_paused(
+    tmp_path: Path,
+    upstream: ScriptedUpstream,
+    upstream_url: str,
+    state: dict[str, Any],
+    redis: subprocess.Popen[bytes],
+    stream: bool,
+) -> AsyncIterator[tuple[subprocess.Popen[bytes], asyncio.Task[httpx.Response]]]:
+    """The proxy (a drain of 1 s) asked for a Responses run whose answer comes at 0.3 s, after
+    a tool: `redis` paused as its response is about to be stored, resumed at the end."""
+    upstream.script(call("sleep", seconds=0.1), say("done").replace(after_s=0.3))
+    async with (
+        serving(tmp_path, upstream_url, drain_s=1, state=state) as (base, proc),
+        httpx.AsyncClient(base_url=base, timeout=30) as client,
+    ):
+        body = {"model": "sleeper", "input": "wait", "stream": stream}
+        asking = asyncio.create_task(client.post("/v1/responses", json=body))
+        while len(upstream.bodies) < 2:  # noqa: ASYNC110 (recorded in a thread)
+            await asyncio.sleep(0.02)
+        redis.send_signal(signal.SIGSTOP)
+        try:
+            yield proc, asking
+        finally:
+            redis.send_signal(signal.SIGCONT)
+
+
 async def stopped_while(
     proc: subprocess.Popen[bytes],
     upstream: ScriptedUpstream,
@@ -211,21 +238,12 @@ async def test_a_run_ended_but_not_yet_answered_at_the_drain_s_end_is_not_sent_a
     503 said nothing of the tools, and the SDK sent the run again. (It had no answer at all
     once stored responses were kept as their runs end, past SETTLE_S; a stream's failure
     skipped the events its closing had numbered, and its message was left open.)"""
-    upstream.script(call("sleep", seconds=0.1), say("done").replace(after_s=0.3))
     with redis_state(tmp_path, monkeypatch, timeout_s=10) as (state, redis):
-        async with (
-            serving(tmp_path, upstream_url, drain_s=1, state=state) as (base, proc),
-            httpx.AsyncClient(base_url=base, timeout=30) as client,
+        async with storing_paused(tmp_path, upstream, upstream_url, state, redis, stream) as (
+            proc,
+            asking,
         ):
-            body = {"model": "sleeper", "input": "wait", "stream": stream}
-            asking = asyncio.create_task(client.post("/v1/responses", json=body))
-            while len(upstream.bodies) < 2:  # noqa: ASYNC110 (recorded in a thread)
-                await asyncio.sleep(0.02)
-            redis.send_signal(signal.SIGSTOP)  # the answer's keeping waits
-            try:
-                answer = await stopped_while(proc, upstream, 2, asking)
-            finally:
-                redis.send_signal(signal.SIGCONT)
+            answer = await stopped_while(proc, upstream, 2, asking)
     if stream:
         events = parse_events(answer.text)
         failed = checked(events)  # (numbered in turn, every item done)
@@ -388,7 +406,7 @@ async def test_a_context_s_run_whose_save_ends_after_the_drain_is_answered_as_it
 
 
 @pytest.mark.parametrize("stream", [False, True])
-async def test_a_run_whose_answer_s_write_the_drain_cut_is_answered_once_written_again(
+async def test_a_run_whose_response_was_being_stored_at_the_drain_s_end_is_answered_once_stored(
     tmp_path: Path,
     upstream: ScriptedUpstream,
     upstream_url: str,
@@ -396,24 +414,16 @@ async def test_a_run_whose_answer_s_write_the_drain_cut_is_answered_once_written
     stream: bool,
 ) -> None:
     """The run had ended and its response was being stored (redis paused) as the drain ended;
-    redis came back within the time a cut write gets to be done again. The answer is the run's
-    and the response is stored: it was a 503 (a stream: cut short), with the response lost."""
-    upstream.script(call("sleep", seconds=0.1), say("done").replace(after_s=0.3))
+    redis came back within the time its keep is given then. The answer is the run's and the
+    response is stored: it was a 503 (a stream: cut short), with the response lost."""
     with redis_state(tmp_path, monkeypatch, timeout_s=10) as (state, redis):
-        async with (
-            serving(tmp_path, upstream_url, drain_s=1, state=state) as (base, proc),
-            httpx.AsyncClient(base_url=base, timeout=30) as client,
+        async with storing_paused(tmp_path, upstream, upstream_url, state, redis, stream) as (
+            proc,
+            asking,
         ):
-            body = {"model": "sleeper", "input": "wait", "stream": stream}
-            asking = asyncio.create_task(client.post("/v1/responses", json=body))
-            while len(upstream.bodies) < 2:  # noqa: ASYNC110 (recorded in a thread)
-                await asyncio.sleep(0.02)
-            redis.send_signal(signal.SIGSTOP)  # the reply comes at 0.3 s: its storing waits
-            try:
-                proc.send_signal(signal.SIGTERM)
-                await asyncio.sleep(2)  # the drain ends at 1 s, the write cut, then again
-            finally:
-                redis.send_signal(signal.SIGCONT)
+            proc.send_signal(signal.SIGTERM)
+            await asyncio.sleep(2)  # the drain ends at 1 s, the keep given 3 s more
+            redis.send_signal(signal.SIGCONT)
             answer = await asyncio.wait_for(asking, 10)
             assert await asyncio.to_thread(proc.wait, 15) in (0, -signal.SIGTERM)
         assert answer.status_code == 200, answer.text

@@ -108,3 +108,20 @@ async def test_reports_left_unwritten_at_shutdown_are_counted_in_the_log(
     await reports.drain(0.1)
     assert "20 run reports were not kept: still being written at shutdown" in caplog.text
     assert reports.pending == 0
+
+
+async def test_a_run_s_later_report_is_written_last_and_one_asked_again_once() -> None:
+    """A run's report written again as the drain's end cut its first try is that write; a
+    later report of the run (its keep cut: `cancelled`) was dropped while the first
+    (`completed`) was being written, and `GET /v1/runs/{id}` said `completed`."""
+    store = StalledWrites()
+    writes = ReportWrites(store, 60, wait_s=0.01)
+    first = [Record(RUN_RECORD, "r1", b"completed")]
+    await writes.keep("r1", first, before_answer=False)
+    await writes.keep("r1", list(first), before_answer=False)
+    assert store.waiting == 1
+    await writes.keep("r1", [Record(RUN_RECORD, "r1", b"cancelled")], before_answer=False)
+    store.go.set()
+    await asyncio.wait_for(writes.written("r1"), 5)
+    assert await store.get_record(RUN_RECORD, "r1") == b"cancelled"
+    assert writes.pending == 0
