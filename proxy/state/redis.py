@@ -225,6 +225,7 @@ class RedisStore:
         """Sent at once when no other write is on its way, else with every write put
         meanwhile, in one call after it (group commit): it returns once the server has taken
         its records."""
+        self._epoch.watch()
         ttl_ms = ms(check_put(records, ttl_s, keep))
         named = [(self._record(kind, key), value) for kind, key, value in records]
         kept = [self._record(kind, key) for kind, key in keep]
@@ -327,6 +328,7 @@ class RedisStore:
             return int(await self._redis.delete(*(self._record(k, key) for k, key in wanted)))
 
     def hold(self, context_id: str) -> AbstractAsyncContextManager[Holding]:
+        self._epoch.watch()
         return self._holds.hold(context_id)
 
     async def ping(self) -> None:
