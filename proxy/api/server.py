@@ -22,6 +22,7 @@ import asyncio
 import logging
 import socket
 from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
 import uvicorn
@@ -108,6 +109,13 @@ class _Server(uvicorn.Server):
             self.config.timeout_graceful_shutdown,
         )
         await super().shutdown(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        """uvicorn's: a second SIGINT forces the exit, and every request still going is
+        cancelled at once: the drain has ended for them."""
+        super().handle_exit(sig, frame)
+        if self.force_exit and self.app_shutdown is not None:
+            self.app_shutdown.end()
 
     def _close_probes(self) -> None:
         """The probe listener closed, and its connections told to end after their answer."""

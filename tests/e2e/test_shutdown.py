@@ -58,7 +58,9 @@ async def serving(
     path = config_file(tmp_path, config)
     args = [sys.executable, "-m", "proxy", "serve", "--config", str(path), "--port", str(port)]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = await asyncio.to_thread(subprocess.Popen, args, env=env, stderr=subprocess.PIPE)
+    proc = await asyncio.to_thread(
+        subprocess.Popen, args, env=env, stderr=subprocess.PIPE, preexec_fn=as_from_a_terminal
+    )
     try:
         await asyncio.to_thread(wait_healthy, f"http://127.0.0.1:{port}/readyz", proc)
         yield f"http://127.0.0.1:{port}", proc
@@ -68,6 +70,12 @@ async def serving(
         await asyncio.to_thread(proc.wait, 15)
         assert proc.stderr is not None
         proc.stderr.close()
+
+
+def as_from_a_terminal() -> None:
+    """SIGINT as a terminal's shell leaves it to the proxy it starts (a test runner's
+    background job ignores it, and so would the proxy)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 @contextlib.contextmanager
@@ -454,8 +462,7 @@ def test_ctrl_c_stops_the_server_as_sigterm_does(tmp_path: Path) -> None:
         args,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
         stderr=subprocess.PIPE,
-        # (as a terminal's shell starts it: a test runner's background job ignores SIGINT)
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        preexec_fn=as_from_a_terminal,
     )
     try:
         wait_healthy(f"http://127.0.0.1:{port}/readyz", proc)
@@ -506,3 +513,31 @@ async def test_the_probe_port_serves_through_the_drain(
     assert runs == [
         'loopwarden_runs_total{agent="sleeper",model="gpt-4o-mini",stop_reason="completed"} 1.0'
     ]
+
+
+async def test_ctrl_c_twice_answers_the_runs_in_flight_and_exits_at_once(
+    tmp_path: Path, upstream: ScriptedUpstream, upstream_url: str
+) -> None:
+    """A second SIGINT forces the exit: the runs still going were cancelled with the drain's
+    end never told, and answered bare 500s (`Exception in ASGI application` each in the log)."""
+    upstream.script(call("sleep", seconds=60))
+    async with (
+        serving(tmp_path, upstream_url, drain_s=30) as (base, proc),
+        httpx.AsyncClient(base_url=base, timeout=30) as client,
+    ):
+        body = {"model": "sleeper", "messages": [{"role": "user", "content": "wait"}]}
+        asking = asyncio.create_task(client.post("/v1/chat/completions", json=body))
+        while not upstream.bodies:  # noqa: ASYNC110 (recorded in a thread)
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.5)  # the tool runs
+        proc.send_signal(signal.SIGINT)
+        await asyncio.sleep(1)
+        proc.send_signal(signal.SIGINT)
+        answer = await asyncio.wait_for(asking, 15)
+        await asyncio.to_thread(proc.wait, 15)
+        assert proc.stderr is not None
+        log = proc.stderr.read().decode()
+    assert answer.status_code == 503, answer.text
+    assert answer.json()["error"]["code"] == "shutting_down"
+    assert answer.json()["loop"]["stop_reason"] == "cancelled"
+    assert "Exception in ASGI application" not in log, log
