@@ -28,9 +28,10 @@ from proxy.state import sqlite_records as records_sql
 from proxy.state import sqlite_threads as threads
 from proxy.state.lease import LateReleases, renewed
 from proxy.state.locks import LOCK_POLL_S, KeyedLocks
-from proxy.state.sqlite_checkpoints import LOG_FILE_BYTES, Checkpointer
+from proxy.state.sqlite_checkpoints import Checkpointer, leave_log_copies
 from proxy.state.sqlite_file import (
     FileIdentity,
+    connect,
     current,
     file_identity,
     read_only,
@@ -92,7 +93,7 @@ class SqliteStore:
         in_memory = self._path == ":memory:" or gone
         if not in_memory:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
-        self._db = self._connect(":memory:" if gone else self._path)
+        self._db = connect(":memory:" if gone else self._path, timeout_s)
         use_journal(self._db, journal, timeout_s, gone)
         self._db.execute("PRAGMA synchronous=NORMAL")
         while_locked(lambda: _create_schema(self._db), timeout_s)
@@ -103,7 +104,7 @@ class SqliteStore:
         self._checkpoints: Checkpointer | None = None
         self._wal = not in_memory and journal == "wal"
         if self._wal:
-            self._logged(self._db)
+            leave_log_copies(self._db)
             self._checkpoints = Checkpointer(self._path, timeout_s)
         # The connection's one thread: every call after start-up is made on it, in order, so
         # no two touch the connection at once (a thread per call, each waiting for the
@@ -116,22 +117,6 @@ class SqliteStore:
         self._puts_deadline = math.inf  # when the first of them was put, plus timeout_s
         self._locks = KeyedLocks()
 
-    def _connect(self, path: str) -> sqlite3.Connection:
-        db = sqlite3.connect(
-            path, timeout=self._timeout_s, isolation_level=None, check_same_thread=False
-        )
-        # The database file is never memory-mapped: a file that changes under a mapping (made
-        # immutable, truncated) would kill the process with SIGBUS instead of failing a call.
-        # (WAL's `-shm` file is mapped all the same: the `rollback` journal maps nothing.)
-        db.execute("PRAGMA mmap_size=0")
-        return db
-
-    @staticmethod
-    def _logged(db: sqlite3.Connection) -> None:
-        """`db` leaves copying the log into the file to the checkpointer."""
-        db.execute("PRAGMA wal_autocheckpoint=0")
-        db.execute(f"PRAGMA journal_size_limit={LOG_FILE_BYTES}")
-
     def _reopen(self) -> None:
         """A new connection in place of one sqlite opened read-only: the file took no writes
         as it was opened (immutable, a read-only mount), and the connection stays read-only
@@ -142,10 +127,10 @@ class SqliteStore:
             return
         self._reopened_at = now
         try:
-            db = self._connect(self._path)
+            db = connect(self._path, self._timeout_s)
             db.execute("PRAGMA synchronous=NORMAL")
             if self._wal:
-                self._logged(db)
+                leave_log_copies(db)
         except sqlite3.Error:
             return
         old, self._db = self._db, db

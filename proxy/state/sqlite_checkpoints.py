@@ -24,7 +24,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from proxy.state.sqlite_file import read_only
+from proxy.state.sqlite_file import connect, read_only
 
 log = logging.getLogger(__name__)
 EVERY_S = 0.1  # the most often the log is copied while writes go on
@@ -39,6 +39,12 @@ RESTART_WAIT_MS = 10
 LONG_LOG_FRAMES = 4 * RESTART_FRAMES
 
 
+def leave_log_copies(db: sqlite3.Connection) -> None:
+    """`db`, a store's connection, leaves copying the log into the file to the checkpointer."""
+    db.execute("PRAGMA wal_autocheckpoint=0")
+    db.execute(f"PRAGMA journal_size_limit={LOG_FILE_BYTES}")
+
+
 class Checkpointer:
     """Copies the log of the sqlite file at `path` after writes. `wrote` and `close` are called
     on the store's thread."""
@@ -46,7 +52,7 @@ class Checkpointer:
     def __init__(self, path: str, timeout_s: float) -> None:
         self._timeout_ms = int(timeout_s * 1000)  # the store's busy timeout, as sqlite3 sets it
         self._path = path
-        self._db = self._connect()
+        self._db = connect(self._path, 0)  # passive copies wait for no lock
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="loopwarden-sqlite-checkpoint")
         self._due = False  # a copy is asked for and not yet begun
         self._last = -EVERY_S  # monotonic: when the last copy began
@@ -55,12 +61,6 @@ class Checkpointer:
         self._restart: int | None = None
         self._closed = threading.Event()
         self._failing = False  # the last copy failed (logged once until one succeeds)
-
-    def _connect(self) -> sqlite3.Connection:
-        # Passive copies wait for no lock: no busy timeout.
-        db = sqlite3.connect(self._path, timeout=0, isolation_level=None, check_same_thread=False)
-        db.execute("PRAGMA mmap_size=0")  # as the store's: never a mapped file
-        return db
 
     def wrote(self, db: sqlite3.Connection) -> None:
         """After a write on `db`, the store's connection. The restarting copy is made on it,
@@ -107,7 +107,7 @@ class Checkpointer:
             self._failing = True
             if read_only(exc):  # opened as the file took no writes: it may take them again
                 with contextlib.suppress(sqlite3.Error):
-                    old, self._db = self._db, self._connect()
+                    old, self._db = self._db, connect(self._path, 0)
                     old.close()
 
     def _passive(self) -> tuple[int, int]:

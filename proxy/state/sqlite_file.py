@@ -83,3 +83,14 @@ def read_only(error: BaseException) -> bool:
         and code & 0xFF == sqlite3.SQLITE_READONLY
         and code != sqlite3.SQLITE_READONLY_DBMOVED
     )
+
+
+def connect(path: str, timeout_s: float) -> sqlite3.Connection:
+    """A connection to the file at `path` (or `:memory:`), waiting `timeout_s` at most for
+    another's lock, in autocommit, usable from any one thread at a time. The file is never
+    memory-mapped: one that changes under a mapping (made immutable, truncated) would kill the
+    process with SIGBUS instead of failing a call. (WAL's `-shm` file is mapped all the same:
+    the `rollback` journal maps nothing.)"""
+    db = sqlite3.connect(path, timeout=timeout_s, isolation_level=None, check_same_thread=False)
+    db.execute("PRAGMA mmap_size=0")
+    return db
