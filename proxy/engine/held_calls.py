@@ -169,11 +169,7 @@ def _named(message: Mapping[str, Any]) -> set[tuple[Any, Any]]:
     calls = message.get("tool_calls")
     if not isinstance(calls, list):
         return set()
-    return {
-        (f.get("name"), f.get("arguments"))
-        for c in calls
-        if isinstance(c, dict) and isinstance(f := c.get("function"), dict)
-    }
+    return {_name_and_arguments(c) for c in calls if isinstance(c, dict)}
 
 
 def _server_calls_of(kept: Mapping[str, Any]) -> set[tuple[Any, Any]]:
