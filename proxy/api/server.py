@@ -96,7 +96,8 @@ class _Server(uvicorn.Server):
         """uvicorn's: no new connections, the requests in flight given the graceful timeout
         (`server.shutdown_timeout_s`), then those left cancelled, which the app, told first,
         answers `shutting_down`. The probe listener serves on through the drain (a scrape
-        then counts the runs it ends: none did once the signal came), and is closed after."""
+        then counts the runs that end during it: none did once the signal came), and is
+        closed after."""
         if self.app_shutdown is not None:
             self.app_shutdown.begin()
             if self.config.timeout_graceful_shutdown == 0:  # (no wait runs to be cut short)

@@ -136,20 +136,17 @@ def supervise(workers: int, sock: socket.socket, work: Callable[[socket.socket],
             with _signals_held():
                 if stopping:
                     continue
-                if code == NOT_STARTED and number not in served:
-                    log.error("worker %d could not start; stopping", number)
-                    failed = True
-                    stop(signal.SIGTERM, None)
-                    continue
                 tries = unstarted[number] = (
                     unstarted.get(number, 0) + 1 if code == NOT_STARTED else 0
                 )
-                if tries > MAX_START_TRIES:  # down for minutes: the orchestrator is told
-                    log.error("worker %d could not start %d times; stopping", number, tries)
+                # At the server's start the next would fail the same way; past MAX_START_TRIES
+                # it has been down for minutes: the orchestrator is told.
+                if tries and (number not in served or tries > MAX_START_TRIES):
+                    log.error("worker %d could not start (%d in a row); stopping", number, tries)
                     failed = True
                     stop(signal.SIGTERM, None)
                     continue
-                if code == NOT_STARTED:  # the others serve: it is tried again, less often
+                if tries:  # the others serve: it is tried again, less often
                     after_s = min(2.0**tries, MAX_RESTART_WAIT_S)
                     said = "worker %d could not start again; another tries in %g s"
                     log.error(said, number, after_s)
