@@ -340,8 +340,7 @@ class RedisStore:
 
     async def close(self) -> None:
         await self._holds.late.close()
-        if self._epoch.checking is not None:
-            self._epoch.checking.cancel()
+        self._epoch.close()
         await self._redis.aclose()
         redis_calls.failures.close("the redis state backend failed")  # the count not told yet
 

@@ -47,6 +47,10 @@ class Epoch:
         with contextlib.suppress(RedisError):  # (the calls themselves tell a backend down)
             await self.check()
 
+    def close(self) -> None:
+        if self.checking is not None:
+            self.checking.cancel()
+
     async def check(self) -> None:
         """Reads the epoch (sets one when there is none) and tells one gone or changed."""
         found = await self.redis.get(self.key)
