@@ -48,7 +48,7 @@ def test_every_builtin_manifest_matches_the_kubernetes_schema(values: dict[str, 
 
 def test_the_defaults_run_one_replica_with_one_process() -> None:
     manifests = render()
-    assert kinds(manifests) == ["ConfigMap", "Deployment", "Service"]
+    assert kinds(manifests) == ["ConfigMap", "Deployment", "Service", "ServiceAccount"]
     assert one(manifests, "Deployment")["spec"]["replicas"] == 1
     main = container(manifests)
     assert main["command"] == ["loopwarden", "serve"]

@@ -12,6 +12,16 @@
 {{- end -}}
 {{- end -}}
 
+{{/* The pods' ServiceAccount: the chart's (named as its other objects unless
+`serviceAccount.name`), or an existing one, by default the namespace's "default". */}}
+{{- define "loopwarden.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- .Values.serviceAccount.name | default (include "loopwarden.fullname" .) -}}
+{{- else -}}
+{{- .Values.serviceAccount.name | default "default" -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "loopwarden.selectorLabels" -}}
 app.kubernetes.io/name: {{ include "loopwarden.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name | quote }}
