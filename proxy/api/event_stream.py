@@ -15,6 +15,7 @@ from proxy.api.asgi import header_list
 from proxy.errors import ClientDisconnected
 
 KEEPALIVE = b": keep-alive\n\n"
+WRITE_SLICE = 1 << 20
 
 
 class EventStream:
@@ -24,8 +25,10 @@ class EventStream:
         self.started = False  # the HTTP response has begun
         self.last_write = time.monotonic()
 
-    async def _write(self, data: bytes, *, last: bool = False) -> None:
-        """Sends `data`; `last`: as the response's end, in the same message."""
+    async def _write(self, *parts: bytes, last: bool = False) -> None:
+        """Sends `parts`; `last`: as the response's end, in the same message. A part longer
+        than WRITE_SLICE (a long text's events) goes in slices, each of them a turn for the
+        others: the server copies what it sends, and waits between them for a slow reader."""
         try:
             if not self.started:
                 self.started = True
@@ -36,10 +39,27 @@ class EventStream:
                     *header_list(self.headers),
                 ]
                 await self.send({"type": "http.response.start", "status": 200, "headers": raw})
+            data = parts[0] if len(parts) == 1 else b""
+            if len(parts) > 1 or len(data) > WRITE_SLICE:
+                data = await self._send_long(parts)
             await self.send({"type": "http.response.body", "body": data, "more_body": not last})
         except OSError as exc:
             raise ClientDisconnected(str(exc)) from None
         self.last_write = time.monotonic()
+
+    async def _send_long(self, parts: tuple[bytes, ...]) -> bytes:
+        """Sends `parts` but what follows the last long one, which it returns."""
+        short: list[bytes] = []
+        for part in parts:
+            if len(part) <= WRITE_SLICE:
+                short.append(part)
+                continue
+            for at in range(0, len(part), WRITE_SLICE):
+                body = b"".join((*short, part[at : at + WRITE_SLICE]))
+                short = []
+                await self.send({"type": "http.response.body", "body": body, "more_body": True})
+                await asyncio.sleep(0)
+        return b"".join(short)
 
     def heard(self, head: Mapping[str, str]) -> None:
         """What an upstream's answer carries beside its text: a stream may show it."""

@@ -3,6 +3,7 @@ state backend for `state.response_ttl_s`, readable only by the key that created 
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -206,6 +207,7 @@ class ResponseStore:
         if self.earlier_form:  # each conversation whole, and no outputs record
             continued = None
         conversation, parts = stored_form(response_id, messages, continued)
+        await asyncio.sleep(0)  # each long record made in a turn of its own, others' between
         marked: StoredFingerprint | None = None
         calls: list[Record] = []
         records = [conversation, Record(INPUT_RECORD, response_id, inputs.dumps())]
@@ -213,6 +215,7 @@ class ResponseStore:
             output = stored.response.get("output") or []
             outputs = StoredOutputs(output, stored.owner, stored.key)
             records.append(Record(OUTPUTS_RECORD, response_id, outputs.dumps()))
+            await asyncio.sleep(0)
             if lineage is not None:
                 made = await fingerprint(response_id, conversation, parts, messages, continued)
                 marked = StoredFingerprint(made, lineage, stored.thread, stored.key)

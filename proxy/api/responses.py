@@ -174,7 +174,7 @@ class Responses:
                 await writer.fail(failure, creation.closing)
                 return
             body = await creation.answered(result, report)
-            await writer.finish(creation.closing, body)
+            await writer.finish(creation.closing or [], body)
         except ClientDisconnected:
             return
 
@@ -196,7 +196,7 @@ class _ResponseCreation:
     calls: ServerCalls | None  # the server calls shown as items
     model: str
     writer: ResponsesStream | None = None  # a stream's: its closing events made with the answer
-    closing: bytes = b""
+    closing: list[bytes] | None = None
     kept: dict[str, Any] | None = None  # the response as stored as its run ended (`keep`)
 
     @property

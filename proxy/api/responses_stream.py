@@ -3,6 +3,7 @@ to ASGI `send`, every event with a rising `sequence_number`."""
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import orjson
@@ -14,6 +15,8 @@ from proxy.engine import events as ev
 from proxy.engine.values import PART_BREAK
 
 DELTA = b"response.output_text.delta"
+TEXT = f"\x00text {uuid.uuid4()}\x00"  # stands for a message's text in an event being made
+TEXT_JSON = orjson.dumps(TEXT)
 
 
 class ResponsesStream(EventStream):
@@ -146,29 +149,40 @@ class ResponsesStream(EventStream):
         done = {"output_index": index, "item": item}
         return data + self._event("response.output_item.done", done)
 
-    def _close_message(self, status: str = "completed", parted: bool = False) -> bytes:
+    def _close_message(self, status: str = "completed", parted: bool = False) -> list[bytes]:
         """The message open ended: `completed`, or `incomplete` when its text was cut short;
         `parted` by a server call, its text ends with the break the next step's would begin
         with."""
         index = self._message_index
         if index is None:
-            return b""
+            return []
         where = {"item_id": self._message_id, "output_index": index, "content_index": 0}
         self._parted = parted
         data = self._delta(PART_BREAK) if parted else b""
         if parted:
             self._text.append(PART_BREAK)
         text = "".join(self._text)
-        part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-        item = message_item(self._message_id, text, status)
-        self.output[index] = item
+        self.output[index] = message_item(self._message_id, text, status)
         self._message_index, self._text = None, []
-        return (
-            data
-            + self._event("response.output_text.done", {**where, "text": text, "logprobs": []})
-            + self._event("response.content_part.done", {**where, "part": part})
-            + self._event("response.output_item.done", {"output_index": index, "item": item})
-        )
+        # Three events carry the whole text: it is encoded once, and sent between their heads
+        # and tails, each copied no more (a long text's events would hold the loop a while).
+        encoded = orjson.dumps(text)
+        part = {"type": "output_text", "text": TEXT, "annotations": [], "logprobs": []}
+        item = message_item(self._message_id, TEXT, status)
+        done = {"output_index": index, "item": item}
+        return [
+            data,
+            *self._around(
+                encoded, "response.output_text.done", {**where, "text": TEXT, "logprobs": []}
+            ),
+            *self._around(encoded, "response.content_part.done", {**where, "part": part}),
+            *self._around(encoded, "response.output_item.done", done),
+        ]
+
+    def _around(self, encoded: bytes, kind: str, fields: dict[str, Any]) -> tuple[bytes, ...]:
+        """The event of `fields`, the text in them (`TEXT`) given `encoded`: its parts."""
+        head, tail = self._event(kind, fields).split(TEXT_JSON)
+        return head, encoded, tail
 
     # -- server calls -------------------------------------------------------------------------
 
@@ -178,11 +192,11 @@ class ResponsesStream(EventStream):
             return
         if isinstance(event, ev.ToolStarted):
             item = calls.started(event)
-            data = self._opening() + self._close_message(parted=True)
+            parts = [self._opening(), *self._close_message(parted=True)]
             if self._shown is not None:  # another call runs beside it: shown after it
                 self._waiting.append(item)
                 return
-            await self._write(data + self._show(item))
+            await self._write(*parts, self._show(item))
         elif isinstance(event, ev.ToolExecuted):
             done = calls.executed(event)
             if done is None:
@@ -230,25 +244,20 @@ class ResponsesStream(EventStream):
         client_items: list[dict[str, Any]],
         cut: bool = False,
         refusal: str | None = None,
-    ) -> bytes:
+    ) -> list[bytes]:
         """The events that end the output: the message closed (with `text` sent first when
         none was streamed; `incomplete` when `cut` short), a message with the model's
         `refusal`, and the client calls. `output` is then whole."""
-        data = self._opening() + self._end_unfinished()
+        parts = [self._opening(), self._end_unfinished()]
         if not self._streamed and text:
-            data += self._open_message()
+            parts.append(self._open_message())
             self._text.append(text)
-            where = {"item_id": self._message_id, "output_index": self._message_index}
-            data += self._event(
-                "response.output_text.delta",
-                {**where, "content_index": 0, "delta": text, "logprobs": []},
-            )
-        data += self._close_message("incomplete" if cut else "completed")
+            parts.append(self._delta(text))
+        parts += self._close_message("incomplete" if cut else "completed")
         if refusal:
-            data += self._refusal_message(refusal)
-        for item in client_items:
-            data += self._client_call(item)
-        return data
+            parts.append(self._refusal_message(refusal))
+        parts.extend(self._client_call(item) for item in client_items)
+        return parts
 
     def _end_unfinished(self) -> bytes:
         """The server calls that started and never finished (the run stopped), ended, one
@@ -264,10 +273,10 @@ class ResponsesStream(EventStream):
             data += self._finish_call(ended.pop(self._shown))  # shown, never finished: failed
         return data
 
-    async def finish(self, closing: bytes, response: dict[str, Any]) -> None:
+    async def finish(self, closing: list[bytes], response: dict[str, Any]) -> None:
         """Sends `closing` and `response.completed` (or `.incomplete`) with `response`."""
         kind = "response.incomplete" if response["status"] == "incomplete" else "response.completed"
-        await self._write(closing + self._event(kind, {"response": response}), last=True)
+        await self._write(*closing, self._event(kind, {"response": response}), last=True)
 
     def _client_call(self, item: dict[str, Any]) -> bytes:
         custom = item["type"] == "custom_tool_call"
@@ -290,14 +299,15 @@ class ResponsesStream(EventStream):
             + self._event("response.output_item.done", {"output_index": index, "item": item})
         )
 
-    async def fail(self, response: dict[str, Any], closing: bytes = b"") -> None:
+    async def fail(self, response: dict[str, Any], closing: list[bytes] | None = None) -> None:
         """A failure after the first byte: the items open ended (the text so far, calls cut
         short; or as `closing`, made and not sent, ended them), then `response.failed` with
         the error, the `loop` report and every item at the index it was streamed at, in
         `response` (SPEC §12.3)."""
-        data = closing or (
-            self._opening() + self._close_message("incomplete") + self._end_unfinished()
-        )
+        parts = closing or [
+            self._opening(),
+            *self._close_message("incomplete"),
+            self._end_unfinished(),
+        ]
         response["output"] = self.output
-        data += self._event("response.failed", {"response": response})
-        await self._write(data, last=True)
+        await self._write(*parts, self._event("response.failed", {"response": response}), last=True)

@@ -9,7 +9,7 @@ import hashlib
 import orjson
 import pytest
 
-from proxy.api.json_digest import PIECE, JsonDigest, without_nulls
+from proxy.api.json_digest import HASHED_AWAY, PIECE, JsonDigest, without_nulls
 
 VALUES = [{"b": 1, "a": [None, {"c": "é"}]}, "x", 2, [], {}, None]
 
@@ -65,3 +65,11 @@ async def test_a_long_array_is_hashed_a_piece_at_a_time_with_the_loop_given_betw
     assert turns - before >= 10
     expected = hashlib.sha256(orjson.dumps(without_nulls(values))).hexdigest()
     assert digest.hexdigest() == expected
+
+
+def test_a_long_piece_hashed_on_a_thread_gives_the_digest_of_the_whole_array() -> None:
+    long = "é" * HASHED_AWAY
+    values = [1, {"a": long}, "x", [long, 2], None]
+    digest = asyncio.run(JsonDigest().extended(values[:2]))
+    asyncio.run(digest.extended(values[2:], form=lambda piece: piece))
+    assert digest.hexdigest() == hashlib.sha256(orjson.dumps(values)).hexdigest()

@@ -1,0 +1,92 @@
+"""A long text's closing events: whole in each event that carries it, its text encoded once, and
+sent in slices of at most `WRITE_SLICE`, the loop given to others between them (SPEC §12.3: the
+done events and the final response each carry the whole text)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+from typing import Any
+
+import pytest
+from starlette.types import Message
+
+from proxy.api.event_stream import WRITE_SLICE
+from proxy.api.responses_stream import TEXT, ResponsesStream
+from tests.response_events import checked, parse_events, stream_text
+
+BASE = {"id": "resp_1", "object": "response", "status": "in_progress", "model": "m", "output": []}
+PIECE = "é" * 499 + "\n"  # escaped and multi-byte: the encoded text is no copy of the str
+PIECES = 6_000  # ~6 MiB of UTF-8
+
+
+class Client:
+    """An ASGI `send` that keeps each body message, and counts the turns a task beside the
+    stream gets while its bodies are sent."""
+
+    def __init__(self) -> None:
+        self.bodies: list[bytes] = []
+        self.turns_between: list[int] = []
+        self.turns = 0
+
+    async def send(self, message: Message) -> None:
+        if message["type"] == "http.response.body":
+            self.bodies.append(message["body"])
+            self.turns_between.append(self.turns)
+
+    async def beside(self) -> None:
+        while True:
+            self.turns += 1
+            await asyncio.sleep(0)
+
+    def events(self) -> list[dict[str, Any]]:
+        return parse_events(b"".join(self.bodies).decode())
+
+
+async def streamed(end: str) -> Client:
+    client = Client()
+    ticker = asyncio.create_task(client.beside())
+    await asyncio.sleep(0)  # it runs
+    stream = ResponsesStream(client.send, dict(BASE), {}, None, "p")
+    for _ in range(PIECES):
+        await stream.content(PIECE)
+    text = PIECE * PIECES
+    if end == "finish":
+        closing = stream.closing(None, [])
+        output = [{**item} for item in stream.output]
+        await stream.finish(closing, {**BASE, "status": "completed", "output": output})
+    else:
+        await stream.fail({**BASE, "status": "failed", "error": {"code": "x", "message": "y"}})
+    ticker.cancel()
+    events = client.events()
+    assert stream_text(events) == text
+    return client
+
+
+@pytest.mark.parametrize("end", ["finish", "fail"])
+async def test_a_long_text_is_whole_in_every_event_that_carries_it(end: str) -> None:
+    client = await streamed(end)
+    events = client.events()
+    final = checked(events)
+    text = PIECE * PIECES
+    done = {e["type"]: e for e in events}
+    assert done["response.output_text.done"]["text"] == text
+    assert done["response.content_part.done"]["part"]["text"] == text
+    assert done["response.output_item.done"]["item"]["content"][0]["text"] == text
+    assert final["output"][0]["content"][0]["text"] == text
+    status = "completed" if end == "finish" else "incomplete"
+    assert done["response.output_item.done"]["item"]["status"] == status
+    assert TEXT.encode() not in b"".join(client.bodies)  # what stood for it, nowhere
+    assert json.dumps(TEXT)[1:-1].encode() not in b"".join(client.bodies)
+
+
+@pytest.mark.parametrize("end", ["finish", "fail"])
+async def test_a_long_text_s_events_go_in_slices_with_turns_for_others_between(end: str) -> None:
+    client = await streamed(end)
+    assert max(len(body) for body in client.bodies) <= WRITE_SLICE + 64 * 1024
+    ends = [i for i, body in enumerate(client.bodies) if b"output_text.done" in body]
+    last = client.bodies[ends[0] :]
+    assert sum(len(body) for body in last) > 3 * len((PIECE * PIECES).encode())
+    turns = client.turns_between[ends[0] :]
+    assert all(later > earlier for earlier, later in itertools.pairwise(turns))
