@@ -10,6 +10,7 @@ import httpx
 from proxy import exact_json
 from proxy.engine.values import ToolContext
 from proxy.http_body import declared_length, read_up_to
+from proxy.json_values import holds_over
 from proxy.redaction import origin
 from proxy.throttled_log import ThrottledWarnings, described
 from proxy.tools.base import Invoke, ToolFailed, output_too_large
@@ -17,6 +18,9 @@ from proxy.tools.base import Invoke, ToolFailed, output_too_large
 log = logging.getLogger(__name__)
 
 ERROR_SNIPPET_BYTES = 500  # of a non-2xx body, in the error the model reads
+# A JSON answer of more values goes to the model as it came: rewriting it compact would hold
+# the event loop (a mebibyte of small objects: ~0.1 s, parsed and written on it).
+MAX_REWRITTEN_VALUES = 50_000
 
 
 def http_invoke(
@@ -70,7 +74,9 @@ def http_invoke(
             raise ToolFailed(f"tool server answered HTTP {response.status_code}: {snippet}")
         if more:
             raise output_too_large(max_output_bytes)
-        if "json" in response.headers.get("content-type", ""):
+        if "json" in response.headers.get("content-type", "") and not await holds_over(
+            body, MAX_REWRITTEN_VALUES
+        ):
             try:  # compact, its numbers exact
                 return exact_json.dumps(exact_json.loads(body)).decode()
             except (ValueError, RecursionError):  # no JSON, or too deep to rewrite: as it came

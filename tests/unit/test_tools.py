@@ -26,6 +26,7 @@ from proxy.demo.runner import free_port
 from proxy.engine.values import ToolCall, ToolContext
 from proxy.tools.base import BadArguments, Tool
 from proxy.tools.building import build_tool, referenced_tools
+from proxy.tools.http_tool import MAX_REWRITTEN_VALUES
 from proxy.tools.registry import ToolRegistry
 from proxy.tools.schema import SchemaCheck, check_schema, schema_validator
 from proxy.tools.schema_budget import PATTERNS_S, WORK_S, work_limit_s
@@ -733,3 +734,27 @@ def test_the_tools_an_agent_names_are_found_in_nested_conditions_and_rules() -> 
         "docs_negated",
         "docs_limited",
     }
+
+
+async def test_an_http_tool_s_json_is_made_compact_up_to_a_bound_and_past_it_comes_as_it_came() -> (
+    None
+):
+    """Rewriting a JSON answer holds the event loop as long as its values take to parse: one of
+    more than MAX_REWRITTEN_VALUES goes to the model as its server wrote it."""
+    small = b'{"a": [1, 2,  3], "big": 123456789012345678901}'
+    large = b"[" + b", ".join([b"1"] * (MAX_REWRITTEN_VALUES + 1)) + b"]"
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = small if request.url.path == "/small" else large
+        return httpx.Response(200, content=body, headers={"content-type": "application/json"})
+
+    client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+    tools = {
+        name: build_tool(name, ToolConfig(kind="http", url=f"http://t/{name}"), client, THREADS)
+        for name in ("small", "large")
+    }
+    reg = ToolRegistry(tools)
+    assert (await reg.execute(ToolCall("c1", "small", "{}"), CTX)).output == (
+        '{"a":[1,2,3],"big":123456789012345678901}'
+    )
+    assert (await reg.execute(ToolCall("c2", "large", "{}"), CTX)).output == large.decode()
