@@ -13,7 +13,7 @@ import orjson
 from pydantic import ValidationError
 from starlette.types import Receive, Scope, Send
 
-from proxy.api.asgi import bearer_token, send_error, send_json
+from proxy.api.asgi import bearer_token, send_json
 from proxy.api.auth import Caller
 from proxy.api.chat_request import name
 from proxy.api.completion import loop_report
@@ -27,7 +27,7 @@ from proxy.api.context_owners import (
     visible,
 )
 from proxy.api.failures import drain_end_answer, failed, send_failure
-from proxy.api.headers import not_replayed, run_headers, with_stop_reason
+from proxy.api.headers import run_headers, with_stop_reason
 from proxy.api.json_body import json_object, read_json
 from proxy.api.planning import Plan
 from proxy.api.run_request import UNSAFE_NAME, RunRequest, parse_loop
@@ -285,17 +285,15 @@ class ContextRuns:
         if failed(result):
             await send_failure(send, result, report, headers)
             return
-        if refused is not None:
-            not_replayed(headers, result)
-            await send_error(send, refused, headers, {"loop": report})
-            return
         human = messages[-1:] if body.get("message") is not None else []
         reply = {
             "response": result.message.get("content") or "",
-            "saved_ai_messages": True,
+            "saved_ai_messages": refused is None,
             "generated_messages": generated_messages(human + added),
             "loop": report,
         }
+        if refused is not None:  # the answer is the client's still: why it was not saved told
+            reply["save_error"] = refused.body()["error"]
         await send_json(send, 200, reply, headers)
 
 

@@ -685,17 +685,24 @@ async def test_a_message_that_would_overfill_its_context_is_a_413(
     assert len(stored["messages"]) == 2  # the upstream was not asked; nothing was saved
 
 
-async def test_a_run_whose_messages_would_overfill_its_context_saves_nothing(
+async def test_a_run_whose_messages_would_overfill_its_context_saves_nothing_and_answers(
     proxy_for: ProxyFactory,
 ) -> None:
+    """The run ended: its answer is the client's, with what it generated, though nothing was
+    saved (`saved_ai_messages: false`, and why in `save_error`)."""
     async with proxy_for(SMALL) as proxy:
         proxy.upstream.script(call("get_weather", city="Oslo"), say("y" * 2000))
         body = {"context_id": "small", "agent": "reporter", "message": "Oslo?"}
         r = await proxy.client.post("/chat", json=body)
         missing = await proxy.client.get("/v1/contexts/small")
-    assert r.status_code == 413
-    assert r.json()["error"]["code"] == "context_too_large"
-    assert "nothing was saved" in r.json()["error"]["message"]
-    assert r.json()["loop"]["tool_calls"] == 1
-    assert r.headers["x-should-retry"] == "false"
+    assert r.status_code == 200
+    reply = r.json()
+    assert (reply["response"], reply["saved_ai_messages"]) == ("y" * 2000, False)
+    assert reply["save_error"]["code"] == "context_too_large"
+    assert reply["save_error"]["param"] == "context_id"
+    assert "nothing was saved" in reply["save_error"]["message"]
+    kinds = [m.get("sender") or m.get("type") for m in reply["generated_messages"]]
+    assert kinds == ["human", "tool_call", "tool_response", "ai"]
+    assert reply["loop"]["tool_calls"] == 1
+    assert reply["loop"]["stop_reason"] == "completed"
     assert missing.status_code == 404
