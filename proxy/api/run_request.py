@@ -16,16 +16,14 @@ from proxy.engine.options import (
     UNSAFE_IN_NAMES,
     Name,
     PolicyOptions,
+    SafeName,
     problems,
 )
 from proxy.errors import InvalidRequest, PolicyInvalid
 
 # The most server tools a request's `loop.tools` may name (an MCP source may expose 4,096).
 MAX_LOOP_TOOLS = 4096
-# A thread's name, as it is stored, logged and put on spans: nothing `UNSAFE_IN_NAMES`.
-THREAD_NAME = f"^[^{UNSAFE_IN_NAMES}]+$"
-ThreadName = Annotated[Name, Field(pattern=THREAD_NAME)]
-# The same characters, found in a name checked by hand (a model's, a context's, a header's).
+# The characters no `SafeName` holds, found in a name checked by hand (a model's, a header's).
 UNSAFE_NAME = re.compile(f"[{UNSAFE_IN_NAMES}]")
 
 
@@ -34,7 +32,7 @@ class LoopOptions(PolicyOptions):
 
     agent: Name | None = None
     tools: Annotated[list[Name], Field(max_length=MAX_LOOP_TOOLS)] = []
-    thread_id: ThreadName | None = None
+    thread_id: SafeName | None = None
     include_messages: StrictBool = False
     include_loop_events: StrictBool = False
 

@@ -38,6 +38,8 @@ Name = Annotated[str, StringConstraints(min_length=1, max_length=MAX_NAME_CHARS)
 # and paragraph separators, and the marks that turn the direction of the text around them (a
 # log line or a label read backwards).
 UNSAFE_IN_NAMES = r"\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069"
+# A name stored, logged and put on spans (a thread's, a stop condition's `id`): nothing unsafe.
+SafeName = Annotated[Name, Field(pattern=f"^[^{UNSAFE_IN_NAMES}]+$")]
 NonEmptyNames = Annotated[list[Name], Field(min_length=1, max_length=256)]
 
 DEFAULT_NUDGE = (
@@ -59,7 +61,7 @@ class Options(BaseModel):
 
 
 class _Condition(Options):
-    id: str | None = None
+    id: SafeName | None = None
 
 
 class StepCountIs(_Condition):

@@ -29,6 +29,11 @@ def expr(source: str) -> dict[str, Any]:
     return {"model": "scripted", "messages": USER, "loop": {"stop_when": [{"expr": source}]}}
 
 
+def stop_id(name: str) -> dict[str, Any]:
+    """A stop condition named `name`: its id is stored, logged and put on spans."""
+    return {"step_count_is": 3, "id": name}
+
+
 def comprehensions(depth: int) -> str:
     """`depth` nested `exists` over the run's steps: exponential to evaluate."""
     body = "true"
@@ -232,6 +237,14 @@ def comprehensions(depth: int) -> str:
         (
             {"model": "scripted", "messages": USER, "loop": {"tools": ["get_weather"] * 4097}},
             "loop.tools",
+        ),
+        (
+            {"model": "scripted", "messages": USER, "loop": {"stop_when": [stop_id("x" * 257)]}},
+            "loop.stop_when[0].id",
+        ),
+        (
+            {"model": "scripted", "messages": USER, "loop": {"stop_when": [stop_id("a\u202eb")]}},
+            "loop.stop_when[0].id",
         ),
         (
             {"model": "scripted", "messages": USER, "loop": {"stop_when": [nested("not", 100)]}},
