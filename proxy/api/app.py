@@ -150,7 +150,8 @@ def create_app(
         tools_network = transport or tools_transport(config.server.tool_connections)
         timeout = httpx.Timeout(120.0, connect=10.0)
         try:
-            state = store or open_store(config.state, state_file)
+            lost = telemetry.metrics.state_data_lost.inc
+            state = store or open_store(config.state, state_file, on_data_lost=lost)
         except ValueError as exc:  # (a sqlite file another process keeps in another mode)
             log.error("start-up failed:\n%s", exc)
             app.start_up_told = True  # type: ignore[attr-defined]

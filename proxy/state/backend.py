@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 
 from proxy.config.environment import setting
@@ -36,9 +37,14 @@ def state_file(config: StateConfig) -> FileIdentity | None:
     return file_identity(config.path)
 
 
-def open_store(config: StateConfig, opened: FileIdentity | None = None) -> StateStore:
+def open_store(
+    config: StateConfig,
+    opened: FileIdentity | None = None,
+    on_data_lost: Callable[[], None] = lambda: None,
+) -> StateStore:
     """Raises ValueError when the backend cannot be set up from the config. `opened`: the
-    sqlite file the server started with (`state_file`): when it is gone, it is not made anew."""
+    sqlite file the server started with (`state_file`): when it is gone, it is not made anew.
+    `on_data_lost`: told when redis is found to have lost the proxy's data."""
     if config.backend == "memory":
         from proxy.state.memory import MemoryStore
 
@@ -68,4 +74,5 @@ def open_store(config: StateConfig, opened: FileIdentity | None = None) -> State
         context_ttl_s=config.context_ttl_s,
         timeout_s=config.timeout_s,
         lock_lease_s=config.lock_lease_s,
+        on_data_lost=on_data_lost,
     )

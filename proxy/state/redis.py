@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import NamedTuple
 
@@ -136,7 +136,9 @@ class RedisStore:
         context_ttl_s: float | None = None,
         timeout_s: float = 5.0,
         lock_lease_s: float = 30.0,
+        on_data_lost: Callable[[], None] = lambda: None,
     ) -> None:
+        """`on_data_lost`: told each time redis is found to have lost the proxy's data."""
         self._redis = connected(url, timeout_s)
         self._prefix = prefix
         self._ttl = context_ttl_s
@@ -159,7 +161,7 @@ class RedisStore:
         self._sending = False
         self._puts: list[tuple[_Write, asyncio.Future[int]]] = []
         self._writer: asyncio.Task[None] | None = None
-        self._epoch = Epoch(self._redis, f"{prefix}epoch")  # redis losing its data is told
+        self._epoch = Epoch(self._redis, f"{prefix}epoch", on_data_lost)  # its data lost: told
 
     def _thread(self, thread_id: str) -> str:
         return f"{self._prefix}thread:{thread_id}"

@@ -2,8 +2,9 @@
 flushed or evicting keys loses thread counts, contexts and stored responses, and the limits
 start again from zero. Each process reads one key of the proxy's (its epoch: a random value
 the first process to miss it sets) as calls are made, at most every CHECK_S, and at each
-readiness check; an epoch gone or changed since it last read it is told in the log. Redis
-evicting keys (`maxmemory-policy` other than `noeviction`) is told at the first check."""
+readiness check; an epoch gone or changed since it last read it is told in the log and to
+`on_lost` (the metrics count it). Redis evicting keys (`maxmemory-policy` other than
+`noeviction`) is told at the first check."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import contextlib
 import logging
 import secrets
 import time
+from collections.abc import Callable
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -23,9 +25,12 @@ CHECK_S = 5.0
 
 
 class Epoch:
-    def __init__(self, redis: aioredis.Redis, key: str) -> None:
+    def __init__(
+        self, redis: aioredis.Redis, key: str, on_lost: Callable[[], None] = lambda: None
+    ) -> None:
         self.redis = redis
         self.key = key
+        self.on_lost = on_lost
         self.seen: bytes | str | None = None  # the epoch last read
         self.due_at = 0.0  # monotonic
         self.checking: asyncio.Task[None] | None = None
@@ -65,6 +70,7 @@ class Epoch:
                 "persistence, flushed, or evicting keys): tool call limits count again from "
                 "zero, and the contexts and stored responses it held are gone"
             )
+            self.on_lost()
         self.seen = found
 
     async def _policy(self) -> None:

@@ -144,6 +144,12 @@ class Metrics:
             "Wall time of a run minus its upstream and tool time.", ["route"],
             buckets=OVERHEAD_BUCKETS, registry=registry,
         )  # fmt: skip
+        self.state_data_lost = Counter(
+            "loopwarden_state_data_lost",
+            "Times redis was found to have lost the proxy's data (restarted empty, flushed, "
+            "evicting): thread counts, contexts and stored responses began again.",
+            registry=registry,
+        )
         self.build_info = Gauge(
             "loopwarden_build_info",
             "The running version.",

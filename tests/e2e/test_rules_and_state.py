@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+import redis
 from openai import OpenAI
 
 from tests.bodies import loop_of, offered
@@ -225,6 +226,29 @@ def test_contexts_are_shared_between_processes(
     ]
     assert httpx.delete(f"{first}/v1/contexts/{cid}").json()["deleted"] is True
     assert httpx.get(f"{second}/v1/contexts/{cid}").status_code == 404
+
+
+def test_redis_losing_the_proxy_s_data_is_counted_for_the_alerts(
+    redis_proxies: tuple[str, str], redis_url: str
+) -> None:
+    """Redis restarted empty, flushed or evicting: thread limits count again from zero. Each
+    process that finds it counts it in `loopwarden_state_data_lost_total` (an alert reads it),
+    besides its log line; `/readyz` stays 200, redis itself being fine."""
+    base = redis_proxies[0]
+    assert httpx.get(f"{base}/readyz").status_code == 200  # the epoch read
+    before = lost_count(base)
+    admin = redis.Redis.from_url(redis_url)
+    admin.delete("e2e:epoch")  # (as a flush would drop it, with every other key)
+    admin.close()
+    assert httpx.get(f"{base}/readyz").status_code == 200
+    assert lost_count(base) == before + 1
+
+
+def lost_count(base: str) -> float:
+    for line in httpx.get(f"{base}/metrics").text.splitlines():
+        if line.startswith("loopwarden_state_data_lost_total "):
+            return float(line.split()[1])
+    raise AssertionError("no loopwarden_state_data_lost_total")
 
 
 def test_sqlite_thread_counts_survive_a_restart(

@@ -648,7 +648,8 @@ async def test_redis_losing_the_proxy_s_data_is_told(
     with redis_process(tmp_path) as (url, _):
         admin = aioredis.Redis.from_url(url)
         await admin.config_set("maxmemory-policy", "allkeys-lru")
-        store = RedisStore(url, prefix="lost:")
+        lost: list[bool] = []
+        store = RedisStore(url, prefix="lost:", on_data_lost=lambda: lost.append(True))
         with caplog.at_level(logging.WARNING, logger="proxy.state.redis_epoch"):
             await store.ping()
             assert "maxmemory-policy allkeys-lru" in caplog.text
@@ -662,6 +663,7 @@ async def test_redis_losing_the_proxy_s_data_is_told(
             await admin.flushall()
             await put_record(store, "run", "r1", b"kept", 60)  # (a write's too)
             await asyncio.wait_for(_told(caplog, 3), 5)
+            assert len(lost) == 3  # and counted (`loopwarden_state_data_lost_total`)
         await admin.config_set("maxmemory-policy", "noeviction")
         await admin.config_set("maxmemory", "1")
         with pytest.raises(StateUnavailable):
