@@ -43,7 +43,7 @@ class ReplyLimits:
     max_event_bytes: int = 8 * 1024 * 1024
     max_tool_calls: int = 128
     reports_cost: bool = False
-    max_values: int = 2_000_000
+    max_values: int = 500_000
 
 
 # The most one reply may cost: a larger `usage.cost` is no cost an upstream can mean (added up,

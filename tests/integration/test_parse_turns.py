@@ -10,8 +10,9 @@ from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 
 import httpx
+import pytest
 
-from proxy.parse_turns import LARGE_TEXT, parse_turn
+from proxy.parse_turns import LARGE_TEXT, PAUSE_AFTER, parse_turn
 from tests.integration.conftest import Proxy
 from tests.integration.test_http1_transport import eventually
 from tests.integration.test_responses_state import respond
@@ -113,3 +114,27 @@ async def test_a_large_upstream_reply_is_parsed_in_the_turn(proxy: Proxy) -> Non
         assert not large.done()
     r = await asyncio.wait_for(large, 10)
     assert r.json()["choices"][0]["message"]["content"] == LARGE
+
+
+@pytest.mark.parametrize(("size", "order"), [
+    (PAUSE_AFTER, ["parsed", "other", "went on"]),
+    (PAUSE_AFTER - 1, ["parsed", "went on", "other"]),
+    (LARGE_TEXT - 1, ["parsed", "went on", "other"]),
+])  # fmt: skip
+async def test_a_task_goes_on_with_a_long_text_after_the_tasks_waiting_meanwhile(
+    size: int, order: list[str]
+) -> None:
+    """A long parse held every other request; what comes after it (the checks of what it read,
+    an answer written) would hold them longer still: they are served first."""
+    seen: list[str] = []
+
+    async def parser() -> None:
+        async with parse_turn(size):
+            seen.append("parsed")
+        seen.append("went on")
+
+    async def other() -> None:
+        seen.append("other")
+
+    await asyncio.gather(parser(), other())
+    assert seen == order
