@@ -24,11 +24,22 @@ class EventStream:
         self.headers = headers
         self.started = False  # the HTTP response has begun
         self.last_write = time.monotonic()
+        # A write in slices under way (set as it ends): others' writes wait for it, since
+        # theirs would land in its events; and whether one was cut short (a cancellation
+        # between two slices): the stream says no more, whatever followed would be read as the
+        # rest of its event.
+        self._slicing: asyncio.Event | None = None
+        self.cut = False
 
     async def _write(self, *parts: bytes, last: bool = False) -> None:
         """Sends `parts`; `last`: as the response's end, in the same message. A part longer
         than WRITE_SLICE (a long text's events) goes in slices, each of them a turn for the
-        others: the server copies what it sends, and waits between them for a slow reader."""
+        others: the server copies what it sends, and waits between them for a slow reader.
+        Raises ClientDisconnected once a write was cut short in the middle of an event."""
+        while self._slicing is not None:
+            await self._slicing.wait()
+        if self.cut:
+            raise ClientDisconnected("the stream was cut short in the middle of an event")
         try:
             if not self.started:
                 self.started = True
@@ -39,27 +50,37 @@ class EventStream:
                     *header_list(self.headers),
                 ]
                 await self.send({"type": "http.response.start", "status": 200, "headers": raw})
-            data = parts[0] if len(parts) == 1 else b""
-            if len(parts) > 1 or len(data) > WRITE_SLICE:
-                data = await self._send_long(parts)
-            await self.send({"type": "http.response.body", "body": data, "more_body": not last})
+            if len(parts) == 1 and len(parts[0]) <= WRITE_SLICE:
+                await self.send(
+                    {"type": "http.response.body", "body": parts[0], "more_body": not last}
+                )
+            else:
+                await self._write_long(parts, last)
         except OSError as exc:
             raise ClientDisconnected(str(exc)) from None
         self.last_write = time.monotonic()
 
-    async def _send_long(self, parts: tuple[bytes, ...]) -> bytes:
-        """Sends `parts` but what follows the last long one, which it returns."""
-        short: list[bytes] = []
-        for part in parts:
-            if len(part) <= WRITE_SLICE:
-                short.append(part)
-                continue
-            for at in range(0, len(part), WRITE_SLICE):
-                body = b"".join((*short, part[at : at + WRITE_SLICE]))
-                short = []
-                await self.send({"type": "http.response.body", "body": body, "more_body": True})
-                await asyncio.sleep(0)
-        return b"".join(short)
+    async def _write_long(self, parts: tuple[bytes, ...], last: bool) -> None:
+        ended = self._slicing = asyncio.Event()
+        try:
+            short: list[bytes] = []
+            for part in parts:
+                if len(part) <= WRITE_SLICE:
+                    short.append(part)
+                    continue
+                for at in range(0, len(part), WRITE_SLICE):
+                    body = b"".join((*short, part[at : at + WRITE_SLICE]))
+                    short = []
+                    self.cut = True  # until the rest is sent
+                    await self.send({"type": "http.response.body", "body": body, "more_body": True})
+                    self.last_write = time.monotonic()
+                    await asyncio.sleep(0)
+            body = b"".join(short)
+            await self.send({"type": "http.response.body", "body": body, "more_body": not last})
+            self.cut = False
+        finally:
+            self._slicing = None
+            ended.set()
 
     def heard(self, head: Mapping[str, str]) -> None:
         """What an upstream's answer carries beside its text: a stream may show it."""

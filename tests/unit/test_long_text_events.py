@@ -14,6 +14,7 @@ from starlette.types import Message
 
 from proxy.api.event_stream import WRITE_SLICE
 from proxy.api.responses_stream import TEXT, ResponsesStream
+from proxy.errors import ClientDisconnected
 from tests.response_events import checked, parse_events, stream_text
 
 BASE = {"id": "resp_1", "object": "response", "status": "in_progress", "model": "m", "output": []}
@@ -90,3 +91,61 @@ async def test_a_long_text_s_events_go_in_slices_with_turns_for_others_between(e
     assert sum(len(body) for body in last) > 3 * len((PIECE * PIECES).encode())
     turns = client.turns_between[ends[0] :]
     assert all(later > earlier for earlier, later in itertools.pairwise(turns))
+
+
+class HeldClient:
+    """An ASGI `send` that holds its second body message until let go (a slow reader)."""
+
+    def __init__(self) -> None:
+        self.bodies: list[bytes] = []
+        self.holding = asyncio.Event()
+        self.let_go = asyncio.Event()
+
+    async def send(self, message: Message) -> None:
+        if message["type"] != "http.response.body":
+            return
+        if len(self.bodies) == 1:
+            self.holding.set()
+            await self.let_go.wait()
+        self.bodies.append(message["body"])
+
+
+LONG_EVENT = b"data: " + b'{"text": "' + b"x" * (2 * WRITE_SLICE) + b'"}\n\n'
+
+
+async def test_a_write_beside_a_write_in_slices_goes_after_it_whole() -> None:
+    """A keep-alive comment (or a server call's event, from a call's task) written while a long
+    write waited for its reader landed in the middle of its event."""
+    client = HeldClient()
+    stream = ResponsesStream(client.send, dict(BASE), {}, None, "p")
+    long = asyncio.create_task(stream._write(b"data: {}\n\n", LONG_EVENT))
+    await client.holding.wait()
+    beside = asyncio.create_task(stream.comment())
+    other = asyncio.create_task(stream._write(b'data: {"other": 1}\n\n'))
+    await asyncio.sleep(0.01)
+    client.let_go.set()
+    await asyncio.gather(long, beside, other)
+    sent = b"".join(client.bodies)
+    assert sent.startswith(b"data: {}\n\n" + LONG_EVENT)
+    assert sorted(sent[len(b"data: {}\n\n" + LONG_EVENT) :].split(b"\n\n")) == [
+        b"",
+        b": keep-alive",
+        b'data: {"other": 1}',
+    ]
+
+
+async def test_a_write_cut_between_its_slices_ends_the_stream() -> None:
+    """Cancelled (a time budget, the drain's end) while its reader was slow, a long write left
+    half an event, and the stream's end was written on after it, as the rest of that event."""
+    client = HeldClient()
+    stream = ResponsesStream(client.send, dict(BASE), {}, None, "p")
+    long = asyncio.create_task(stream._write(LONG_EVENT))
+    await client.holding.wait()
+    long.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await long
+    client.let_go.set()
+    with pytest.raises(ClientDisconnected):
+        await stream._write(b"data: {}\n\n", last=True)
+    await stream.comment()  # (a keep-alive says nothing either)
+    assert b"".join(client.bodies) == LONG_EVENT[:WRITE_SLICE]
