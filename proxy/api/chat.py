@@ -60,9 +60,10 @@ class ChatCompletions:
                 headers,
                 req.run.loop.include_loop_events,
             )
-            await self._stream(Run(spec, deps, writer), writer, req, receive, sv, owner, caller)
+            run = Run(spec, deps, writer, keep=sv.keep_held(spec, caller))
+            await self._stream(run, writer, req, receive, sv, owner, caller)
             return
-        run = Run(spec, deps)
+        run = Run(spec, deps, keep=sv.keep_held(spec, caller))
         reported = partial(loop_report, include_messages=include)
         ended = await sv.execute(run, receive)
         drain_end = drain_end_answer(send, headers, reported)

@@ -4,6 +4,7 @@ key's namespace under the id of the first client call they came with: an id of t
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -27,6 +28,21 @@ def record(result: RunResult, caller: Caller | None) -> Record | None:
     if first is None:
         return None
     return Record(HELD_RECORD, _key(caller, first), orjson.dumps(result.held))
+
+
+def keeper(
+    store: StateStore, ttl_s: float, caller: Caller | None
+) -> Callable[[RunResult], Awaitable[None]]:
+    """A run's keep that writes the server calls it held back, if any, before its answer: its
+    client's next request needs them (the model would not see what ran, and may run it again).
+    A backend that fails raises StateUnavailable: the run ends `state_unavailable`."""
+
+    async def keep(result: RunResult) -> None:
+        held = record(result, caller)
+        if held is not None:
+            await store.put_records([held], ttl_s)
+
+    return keep
 
 
 async def restore(

@@ -3,11 +3,9 @@ is slow or down then delays an answer that long, no longer (a pass-through reque
 `state.timeout_s` on a paused redis); the write goes on in the background.
 
 Written first, a report is read at once from any replica; one still being written is waited
-for by `GET /v1/runs/{id}` in the process writing it. The server calls a run held back from the
-client (SPEC §5.1.6) are written before the answer whatever it takes: the client's next request
-needs them. At most `max_pending` reports are written in the background; past them, a run's
-answer waits for its own, as held calls do (a backend that does not answer cannot pile up
-reports without end).
+for by `GET /v1/runs/{id}` in the process writing it. At most `max_pending` reports are written
+in the background; past them, a run's answer waits for its own (a backend that does not answer
+cannot pile up reports without end).
 """
 
 from __future__ import annotations
@@ -43,16 +41,16 @@ class ReportWrites:
         self._records: dict[str, Sequence[Record]] = {}  # what each pending write writes
         self._unkept = ThrottledWarnings(log)  # a backend down fails every run's: once a second
 
-    async def keep(self, run_id: str, records: Sequence[Record], before_answer: bool) -> None:
-        """Writes `records`, the run's: to its end when `before_answer` (or when too many are
-        being written), else for `wait_s` at most, then in the background. A backend that fails
-        is logged. A write of the run still going on in the background is the one asked for
-        again (its first try cut short), or goes first (an earlier report: this one is last)."""
+    async def keep(self, run_id: str, records: Sequence[Record]) -> None:
+        """Writes `records`, the run's: for `wait_s` at most, then in the background (to its end
+        when too many are being written). A backend that fails is logged. A write of the run
+        still going on in the background is the one asked for again (its first try cut short),
+        or goes first (an earlier report: this one is last)."""
         earlier = self._pending.get(run_id)
         if earlier is not None and self._records.get(run_id) == records:
             return
         write = self._write(run_id, records, earlier)
-        if before_answer or len(self._pending) >= self.max_pending:
+        if len(self._pending) >= self.max_pending:
             await write
             return
         task = asyncio.ensure_future(write)

@@ -49,7 +49,7 @@ from proxy.api.response_store import (
 )
 from proxy.api.responses_request import ResponsesRequest, parse_responses_request
 from proxy.api.responses_stream import ResponsesStream
-from proxy.api.services import Services
+from proxy.api.services import Services, in_turn
 from proxy.api.stored_reads import StoredReads
 from proxy.api.upstream_param import ClientTerms
 from proxy.engine.run import Run
@@ -119,16 +119,17 @@ class Responses:
             calls,
             spec.model,
         )
+        # The server calls held back, then the response stored (`store`): kept as the run ends.
+        keep = in_turn(sv.keep_held(spec, caller), creation.keep if req.store else None)
         if req.stream:
             base = response_object(spec.run_id, created, spec.model, req.echo, "in_progress", [])
             writer = ResponsesStream(send, base, headers, calls, prefix)
             creation.writer = writer
-            keep = creation.keep if req.store else None
             await self._stream(Run(spec, deps, writer, keep=keep), writer, creation, receive)
             return
         if calls is not None:
             deps.observers = [*deps.observers, calls]
-        running = Run(spec, deps, keep=creation.keep if req.store else None)
+        running = Run(spec, deps, keep=keep)
         ended = await sv.execute(running, receive)
         drain_end = drain_end_answer(send, headers, creation.report)
         result = await sv.answerable(

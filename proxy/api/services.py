@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +28,7 @@ from proxy.deadline import within
 from proxy.engine.policy import compile_expressions, expressions
 from proxy.engine.ports import RunObserver
 from proxy.engine.run import Run
-from proxy.engine.run_spec import Deps, RunResult
+from proxy.engine.run_spec import Deps, RunResult, RunSpec
 from proxy.engine.stop import StopReason
 from proxy.errors import ShuttingDown
 from proxy.pricing import PriceTable
@@ -53,6 +53,22 @@ COMPILE_IN_THREAD_PAST_CHARS = 256
 # for this long, a write of its answer it cut is done again within it; within the time the
 # server gives the requests it stopped (`server.SETTLE_S`).
 GRACE_S = 3.0
+
+
+Keep = Callable[[RunResult], Awaitable[None]]
+
+
+def in_turn(*keeps: Keep | None) -> Keep | None:
+    """A run's keep doing `keeps` (those given) one after another."""
+    given = [keep for keep in keeps if keep is not None]
+    if len(given) < 2:
+        return given[0] if given else None
+
+    async def keep(result: RunResult) -> None:
+        for each in given:
+            await each(result)
+
+    return keep
 
 
 @dataclass(slots=True)
@@ -87,16 +103,15 @@ class Services:
         *,
         in_keep: bool = False,
     ) -> None:
-        """Keeps what later requests may ask for, for `state.run_ttl_s`: the run's report
-        (`GET /v1/runs/{id}`, for the key that ran it, with the agent or model that `owner`
-        names) and the server calls it held back from the client (SPEC §5.1.6), in the key's
-        own namespace. A backend that fails is logged: the run's answer does not depend on it,
-        and waits for it only when there are held calls (`ReportWrites`). `in_keep`: in a run's
-        keep (its own time given at the drain's end), not its answer."""
+        """Keeps the run's report for `state.run_ttl_s` (`GET /v1/runs/{id}`, for the key that
+        ran it, with the agent or model that `owner` names). A backend that fails is logged:
+        the run's answer does not depend on it (`ReportWrites`); the server calls it held back
+        from its client were kept as it ended (`keep_held`). `in_keep`: in a run's keep (its
+        own time given at the drain's end), not its answer."""
         records = self.run_records(result, report, owner, caller)
-        run_id, held = result.run_id, len(records) > 1
+        run_id = result.run_id
         try:
-            await self.reports.keep(run_id, records, before_answer=held)
+            await self.reports.keep(run_id, records)
         except asyncio.CancelledError:
             # The drain's end stops runs, not the answers of runs that ended: a write it cut
             # is done again, within GRACE_S, past which the request is answered `ShuttingDown`
@@ -104,7 +119,7 @@ class Services:
             if in_keep or not self.shutdown.stopped(asyncio.current_task()):
                 raise
             try:
-                await within(self.reports.keep(run_id, records, before_answer=held), GRACE_S)
+                await within(self.reports.keep(run_id, records), GRACE_S)
             except TimeoutError:
                 raise shutting_down(result) from None
 
@@ -115,10 +130,7 @@ class Services:
         """What `remember` keeps of a run."""
         key = caller.name if caller is not None else None
         kept = orjson.dumps({"owner": owner, "key": key, "loop": report})
-        records = [Record(RUN_RECORD, result.run_id, kept)]
-        if (held := held_calls.record(result, caller)) is not None:
-            records.append(held)
-        return records
+        return [Record(RUN_RECORD, result.run_id, kept)]
 
     async def plan(self, req: RunRequest, caller: Caller | None) -> Plan:
         """The planner's plan of `req`; the `expr` conditions of its `loop`, when they are
@@ -176,6 +188,14 @@ class Services:
             if isinstance(ended, ShuttingDown):
                 await drain_end(ended, run.result)
         return None
+
+    def keep_held(self, spec: RunSpec, caller: Caller | None) -> Keep | None:
+        """The keep of a run that may hold server calls back from its client (it has server
+        and client tools, SPEC §5.1.6): those calls written as the run ends, a backend that
+        fails ending it `state_unavailable` (its client answered as if they were kept)."""
+        if not (spec.policy.tools and spec.client_tools):
+            return None
+        return held_calls.keeper(self.store, self.config.state.run_ttl_s, caller)
 
     async def restore(
         self, messages: list[dict[str, Any]], caller: Caller | None = None

@@ -324,7 +324,7 @@ async def test_held_calls_come_back_after_an_earlier_client_call_with_the_same_u
     assert results[-1] == "yes"
 
 
-async def test_a_run_s_report_and_the_calls_it_held_back_are_one_write(
+async def test_the_calls_a_run_held_back_are_kept_as_it_ends_then_its_report(
     proxy_for: ProxyFactory,
 ) -> None:
     store = CountedStore()
@@ -335,7 +335,7 @@ async def test_a_run_s_report_and_the_calls_it_held_back_are_one_write(
         ask_user = {"type": "function", "function": {"name": "ask_user", "parameters": {}}}
         r = await proxy.chat(model="weather", tools=[ask_user])
     assert r.json()["loop"]["stop_reason"] == "client_tool_call"
-    assert store.writes == [(["run", "held"], None)]
+    assert store.writes == [(["held"], None), (["run"], None)]
 
 
 async def test_the_calls_held_back_in_a_history_are_looked_up_in_one_read(

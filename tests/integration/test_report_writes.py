@@ -1,7 +1,8 @@
 """A run's report is written before its answer, for a moment at most (`proxy.api.report_writes`):
 a state backend that does not answer delays no answer longer, a report still being written is
 read by `GET /v1/runs/{id}` once written, and the server calls a run held back from its client
-are written before the answer whatever it takes (the client's next request needs them)."""
+are written as the run ends, before its answer, whatever it takes (the client's next request
+needs them): a backend that fails them ends the run `state_unavailable`."""
 
 from __future__ import annotations
 
@@ -71,12 +72,44 @@ async def test_held_server_calls_are_written_before_the_answer(proxy_for: ProxyF
     assert r.json()["loop"]["stop_reason"] == "client_tool_call"
 
 
+@pytest.mark.parametrize(
+    ("path", "stream"),
+    [("/v1/chat/completions", False), ("/v1/chat/completions", True), ("/v1/responses", False)],
+)
+async def test_held_server_calls_a_backend_fails_to_keep_fail_their_run(
+    proxy_for: ProxyFactory, path: str, stream: bool
+) -> None:
+    """They were answered 200 (`client_tool_call`), a log line the only trace: the client's
+    next request went upstream without them, and the model, not seeing its server call had
+    run (a booking, say), could run it again."""
+    async with proxy_for(store=ForgetfulStore()) as proxy:
+        proxy.upstream.script(
+            calls(call("get_weather", city="Oslo"), call("ask_user", question="Coat?"))
+        )
+        if path.endswith("completions"):
+            r = await proxy.chat(model="weather", tools=[ASK_USER], stream=stream)
+        else:
+            tool = {"type": "function", "name": "ask_user", "parameters": {}}
+            body = {"model": "weather", "input": "hi", "tools": [tool], "store": False}
+            r = await proxy.client.post(path, json=body)
+        scraped = (await proxy.client.get("/metrics")).text
+    if stream:
+        assert r.status_code == 200  # the stream began with the run's first text or call
+        assert '"state_unavailable"' in r.text
+    else:
+        assert r.status_code == 503, r.text
+        assert r.json()["error"]["code"] == "state_unavailable"
+        assert r.json()["loop"]["stop_reason"] == "state_unavailable"
+        assert r.headers["x-should-retry"] == "false"  # its server call ran
+    assert 'stop_reason="state_unavailable"} 1.0' in scraped
+
+
 async def test_past_its_bound_a_report_is_written_before_the_answer() -> None:
     store = StalledWrites()
     reports = ReportWrites(store, 60, max_pending=2)
 
     def keep(n: int) -> Awaitable[None]:
-        return reports.keep(f"run_{n}", [Record("run", f"run_{n}", b"{}")], before_answer=False)
+        return reports.keep(f"run_{n}", [Record("run", f"run_{n}", b"{}")])
 
     for n in range(2):
         await asyncio.wait_for(keep(n), 1)
@@ -92,7 +125,7 @@ async def test_past_its_bound_a_report_is_written_before_the_answer() -> None:
 
 async def test_a_report_the_backend_refuses_is_logged(caplog: pytest.LogCaptureFixture) -> None:
     reports = ReportWrites(ForgetfulStore(), 60)
-    await reports.keep("run_1", [Record("run", "run_1", b"{}")], False)
+    await reports.keep("run_1", [Record("run", "run_1", b"{}")])
     await reports.written("run_1")
     assert "run run_1 was not kept: the state backend is unreachable" in caplog.text
 
@@ -104,7 +137,7 @@ async def test_reports_left_unwritten_at_shutdown_are_counted_in_the_log(
     were lost with a single line for the first of them."""
     reports = ReportWrites(StalledWrites(), 60, wait_s=0)
     for n in range(20):
-        await reports.keep(f"run_{n}", [Record("run", f"run_{n}", b"{}")], before_answer=False)
+        await reports.keep(f"run_{n}", [Record("run", f"run_{n}", b"{}")])
     await reports.drain(0.1)
     assert "20 run reports were not kept: still being written at shutdown" in caplog.text
     assert reports.pending == 0
@@ -117,10 +150,10 @@ async def test_a_run_s_later_report_is_written_last_and_one_asked_again_once() -
     store = StalledWrites()
     writes = ReportWrites(store, 60, wait_s=0.01)
     first = [Record(RUN_RECORD, "r1", b"completed")]
-    await writes.keep("r1", first, before_answer=False)
-    await writes.keep("r1", list(first), before_answer=False)
+    await writes.keep("r1", first)
+    await writes.keep("r1", list(first))
     assert store.waiting == 1
-    await writes.keep("r1", [Record(RUN_RECORD, "r1", b"cancelled")], before_answer=False)
+    await writes.keep("r1", [Record(RUN_RECORD, "r1", b"cancelled")])
     store.go.set()
     await asyncio.wait_for(writes.written("r1"), 5)
     assert await store.get_record(RUN_RECORD, "r1") == b"cancelled"
