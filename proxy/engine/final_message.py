@@ -102,8 +102,10 @@ async def final_message(
                 return Ending(stop, message, FINISH_REASONS[stop.reason])
             stop = replace(stop, details={**stop.details, "final_answer": False})
         text = run.text
-        if stop.reason is StopReason.TOOL_CALL_LIMIT or not text:  # a 200 reply is never empty
-            stated = stated_stop(stop)  # after the text so far, as the stream says it
+        # A 200 reply is never empty; a limit's stop is stated after the text so far, as the
+        # stream says it, but after a document (`one_document`): it is the answer alone.
+        if not text or (stop.reason is StopReason.TOOL_CALL_LIMIT and not run.one_document):
+            stated = stated_stop(stop)
             await say(stated)
             run.generated.append({"role": "assistant", "content": stated})
             text = f"{text}\n\n{stated}" if text else stated

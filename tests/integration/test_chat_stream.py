@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 import httpx
+import pytest
 
 from tests.bodies import user
 from tests.integration.conftest import Proxy, ProxyFactory
@@ -212,3 +213,26 @@ async def test_logprobs_are_the_reply_s_when_the_run_s_text_is_its_alone(proxy: 
     assert two.json()["choices"][0]["logprobs"] is None  # the first step's are not kept
     assert streamed.status_code == 400
     assert streamed.json()["error"]["param"] == "logprobs"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_limit_that_ends_a_structured_run_leaves_its_document_alone(
+    proxy: Proxy, stream: bool
+) -> None:
+    """A tool call limit's `end` put its sentence after the model's JSON document: no SDK's
+    `parse()` could read it. The stop is in the `loop` report and the header."""
+    schema = {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "object"}}}
+    proxy.upstream.script(
+        call("get_weather", city="Paris").replace(content='{"n": 1}'),
+        call("get_weather", city="Lima").replace(content='{"n": 2}'),
+    )
+    limits = [{"run_limit": 1, "exit_behavior": "end"}]
+    r = await proxy.chat(
+        model="weather", response_format=schema, stream=stream, loop={"tool_call_limits": limits}
+    )
+    if stream:
+        text = content([c for c in events(r.text) if isinstance(c, dict) and c.get("choices")])
+    else:
+        text = r.json()["choices"][0]["message"]["content"]
+        assert r.headers["x-loopwarden-stop-reason"] == "tool_call_limit"
+    assert json.loads(text) == {"n": 2}
