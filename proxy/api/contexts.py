@@ -34,6 +34,7 @@ from proxy.api.run_request import UNSAFE_NAME, RunRequest, parse_loop
 from proxy.api.services import Services
 from proxy.engine.options import TerminatingOptions, problems
 from proxy.engine.run import Run
+from proxy.engine.run_spec import RunResult
 from proxy.errors import (
     BodyTooLarge,
     InvalidRequest,
@@ -269,8 +270,15 @@ class ContextRuns:
         end = ContextEnd(sv, holding, context, messages, owner, caller)
         run = Run(plan.spec, deps, keep=end.save)
         reported = partial(loop_report, include_messages=False)
+        human = messages[-1:] if body.get("message") is not None else []
+
+        def unsaved(result: RunResult) -> dict[str, Any]:
+            """What a failed run's answer gives of it: nothing of it was saved."""
+            added = generated_messages(human + kept_messages(result))
+            return {"saved_ai_messages": False, "generated_messages": added}
+
         ended = await sv.execute(run, receive)
-        drain_end = drain_end_answer(send, run_headers(plan.spec.run_id), reported)
+        drain_end = drain_end_answer(send, run_headers(plan.spec.run_id), reported, unsaved)
         result = await sv.answerable(run, ended, reported, owner, caller, drain_end=drain_end)
         if result is None:
             return
@@ -282,10 +290,9 @@ class ContextRuns:
         refused, added = end.refused, kept_messages(result)
         headers = run_headers(result.run_id)
         with_stop_reason(headers, result)
-        if failed(result):
-            await send_failure(send, result, report, headers)
+        if failed(result):  # what it made is the client's: told, though not saved
+            await send_failure(send, result, report, headers, extra=unsaved(result))
             return
-        human = messages[-1:] if body.get("message") is not None else []
         reply = {
             "response": result.message.get("content") or "",
             "saved_ai_messages": refused is None,

@@ -72,26 +72,34 @@ async def send_failure(
     report: dict[str, Any],
     headers: dict[str, str],
     terms: ClientTerms | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> None:
-    """A failed run's response: its error (`failure_error`) with the `loop` report, and the
-    upstream's retry headers when its error answer is relayed."""
+    """A failed run's response: its error (`failure_error`) with the `loop` report (and
+    `extra`, what the route's answer also gives of it), and the upstream's retry headers when
+    its error answer is relayed."""
     not_replayed(headers, result)
     error = failure_error(result, terms)
     if isinstance(error, UpstreamStatusError) and error.retry_headers:
         headers = {**error.retry_headers, **headers}
-    await send_error(send, error, headers, {"loop": report})
+    await send_error(send, error, headers, {**(extra or {}), "loop": report})
 
 
 def drain_end_answer(
-    send: Send, headers: dict[str, str], report: Callable[[RunResult], dict[str, Any]]
+    send: Send,
+    headers: dict[str, str],
+    report: Callable[[RunResult], dict[str, Any]],
+    extra: Callable[[RunResult], dict[str, Any]] | None = None,
 ) -> Failing:
     """How a run the end of the server's drain stopped is answered before any of it was sent:
     the error (503 `shutting_down`, not to be sent again once tools ran) with the `loop`
-    report."""
+    report (and `extra` of the run)."""
 
     async def answer(error: ShuttingDown, result: RunResult) -> None:
         with_stop_reason(headers, result)
-        await send_error(send, error, {**headers, **error.headers}, {"loop": report(result)})
+        given = extra(result) if extra is not None else {}
+        await send_error(
+            send, error, {**headers, **error.headers}, {**given, "loop": report(result)}
+        )
 
     return answer
 

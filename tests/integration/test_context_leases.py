@@ -110,6 +110,13 @@ async def test_a_run_that_lost_its_lease_fails_instead_of_overwriting_the_next(
     assert lost.json()["loop"]["stop_reason"] == "state_unavailable"
     assert lost.headers["x-loopwarden-stop-reason"] == "state_unavailable"
     assert lost.headers["x-should-retry"] == "false"  # its tool ran
+    # What it made is the client's still: its answer named what ran, and what it said.
+    assert lost.json()["saved_ai_messages"] is False
+    made = lost.json()["generated_messages"]
+    assert [m.get("sender") or m["type"] for m in made] == [
+        "human", "tool_call", "tool_response", "ai"
+    ]  # fmt: skip
+    assert made[-1]["message"] == "Late."
     assert kept.json()["stop_reason"] == "state_unavailable"  # the run is kept all the same
     # One stop reason everywhere: its span and metrics said `completed` (the save came after).
     labels = {"agent": "gated", "model": "scripted"}

@@ -19,7 +19,7 @@ from proxy.state.sqlite import SqliteStore
 from proxy.state.store import StateStore, StoredContext
 from tests.integration.conftest import Proxy, ProxyFactory
 from tests.integration.counted_store import ForgetfulStore
-from tests.scripted_upstream import call, each_run, keep, say, say_tool_result
+from tests.scripted_upstream import call, each_run, fail, keep, say, say_tool_result
 
 REPORTER = {
     "agents": {
@@ -136,6 +136,24 @@ async def test_a_failed_run_saves_nothing(proxy_for: ProxyFactory) -> None:
     assert r.json()["error"]["code"] == "max_consecutive_nudges_exceeded"
     assert r.json()["loop"]["stop_reason"] == "nudges_exhausted"
     assert [m["content"] for m in stored["messages"]] == ["hello", "Hello there."]
+
+
+async def test_a_failed_run_tells_what_it_made_though_nothing_is_saved(
+    proxy_for: ProxyFactory,
+) -> None:
+    """Its tool had acted, and its answer gave the loop report alone: `GET /v1/runs/{id}`
+    neither, and `include_messages` is no option of a context's."""
+    async with proxy_for(REPORTER) as proxy:
+        proxy.upstream.script(call("get_weather", city="Oslo"), fail(500))
+        r = await post(proxy, "/chat", context_id="c-f", agent="reporter", message="Oslo?")
+        missing = await proxy.client.get("/v1/contexts/c-f")
+    assert r.status_code == 502, r.text
+    assert r.json()["loop"]["stop_reason"] == "upstream_error"
+    assert r.json()["saved_ai_messages"] is False
+    made = r.json()["generated_messages"]
+    assert [m.get("sender") or m["type"] for m in made] == ["human", "tool_call", "tool_response"]
+    assert "Oslo" in made[2]["tool_output"]
+    assert missing.status_code == 404
 
 
 async def test_a_context_is_the_thread_of_its_limits(proxy_for: ProxyFactory) -> None:
