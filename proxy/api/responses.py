@@ -38,6 +38,7 @@ from proxy.api.response_history import History, request_history
 from proxy.api.response_items import (
     ServerCalls,
     client_items,
+    message_item,
     output_items,
     refusal_of,
 )
@@ -131,7 +132,7 @@ class Responses:
             deps.observers = [*deps.observers, calls]
         running = Run(spec, deps, keep=keep)
         ended = await sv.execute(running, receive)
-        drain_end = drain_end_answer(send, headers, creation.report)
+        drain_end = drain_end_answer(send, headers, creation.report, creation.shown_failed)
         result = await sv.answerable(
             running, ended, creation.report, owner, caller, drain_end=drain_end
         )
@@ -141,7 +142,8 @@ class Responses:
         report = creation.report(result)
         if failed(result):
             await sv.remember(result, report, owner, caller)
-            await send_failure(send, result, report, headers, creation.terms)
+            made = {"response": creation.failed_json(result, report)}
+            await send_failure(send, result, report, headers, creation.terms, made)
             return
         body = await creation.answered(result, report)
         await send_json(send, 200, body, headers)
@@ -169,7 +171,10 @@ class Responses:
             if failed(result):
                 await sv.remember(result, report, creation.owner, creation.caller)
                 if not writer.started:
-                    await send_failure(writer.send, result, report, writer.headers, creation.terms)
+                    made = {"response": creation.failed_json(result, report)}
+                    await send_failure(
+                        writer.send, result, report, writer.headers, creation.terms, made
+                    )
                     return
                 failure = creation.failed_response(result, writer.base, report)
                 await writer.fail(failure, creation.closing)
@@ -240,6 +245,25 @@ class _ResponseCreation:
         body["error"] = {"code": error.code or error.type, "message": error.message}
         body["loop"] = report
         return body
+
+    def failed_json(self, result: RunResult, report: dict[str, Any]) -> dict[str, Any]:
+        """A failed run's response, in its JSON answer's error body, as a stream's
+        `response.failed` shows it: the server calls that ran and what the model said (its
+        tools may have acted, and it was answered with the `loop` report alone)."""
+        calls = self.calls
+        if calls is not None:
+            calls.unfinished()
+        output = list(calls.items) if calls is not None else []
+        if result.text:
+            output.append(message_item(f"msg_{self.prefix}", result.text, "incomplete"))
+        base = response_object(
+            result.run_id, self.created, self.model, self.req.echo, "failed", output
+        )
+        return self.failed_response(result, base, report)
+
+    def shown_failed(self, result: RunResult) -> dict[str, Any]:
+        """What a JSON answer's error body gives of a failed run besides its report."""
+        return {"response": self.failed_json(result, self.report(result))}
 
     async def keep(self, result: RunResult) -> None:
         """The run's `keep` when the response is stored (`store`, the default): the response

@@ -85,6 +85,7 @@ class RunResult:
     error: BaseException | None = None
     held: dict[str, Any] | None = None  # see `RunState.held`
     last_request: ModelRequest | None = None  # see `RunState.last_request`
+    text: str = ""  # what the model said, every step's (`RunState.text`)
 
     @classmethod
     def of(cls, run: RunState, ending: Ending, error: BaseException | None) -> RunResult:
@@ -103,4 +104,5 @@ class RunResult:
             error,
             run.held,
             run.last_request,
+            run.text,
         )

@@ -11,7 +11,7 @@ import httpx
 from proxy.engine import events as ev
 from tests.bodies import offered
 from tests.integration.conftest import Proxy, ProxyFactory
-from tests.scripted_upstream import call, calls, say, say_tool_result
+from tests.scripted_upstream import call, calls, fail, say, say_tool_result
 
 WEATHER = "What is the weather in Paris in Fahrenheit?"
 FUNCTION = {
@@ -542,3 +542,22 @@ async def test_a_loop_failure_is_a_422_with_the_loop_report(proxy_for: ProxyFact
         assert r.headers["x-should-retry"] == "false"
         response_id = "resp_" + r.json()["loop"]["run_id"].removeprefix("run_")
         assert (await proxy.client.get(f"/v1/responses/{response_id}")).status_code == 404
+
+
+async def test_a_run_that_fails_after_its_tools_ran_shows_what_ran_in_its_error(
+    proxy: Proxy,
+) -> None:
+    """A stream's `response.failed` carries the server calls and the text: a JSON client got
+    the `loop` report alone, its tools having acted."""
+    proxy.upstream.script(
+        replace(call("get_weather", city="Oslo"), content="Looking."), fail(500, "down")
+    )
+    r = await respond(proxy, model="weather", input="Oslo?")
+    assert r.status_code == 502, r.text
+    assert r.headers["x-should-retry"] == "false"
+    shown = r.json()["response"]
+    assert (shown["status"], shown["error"]["code"]) == ("failed", "upstream_error")
+    mcp, message = shown["output"]
+    assert (mcp["type"], mcp["status"]) == ("mcp_call", "completed")
+    assert "Oslo" in mcp["output"]
+    assert (message["status"], message["content"][0]["text"]) == ("incomplete", "Looking.")

@@ -714,6 +714,16 @@ async def test_a_response_that_cannot_be_stored_fails_its_run_state_unavailable(
             assert first.json()["error"]["code"] == "state_unavailable"
             assert first.json()["loop"]["stop_reason"] == "state_unavailable"
             response_id = response_id_of(first.headers["x-loopwarden-run-id"])
+            # What ran and what the model said, as a stream's `response.failed` shows them.
+            shown = first.json()["response"]
+            assert (shown["id"], shown["status"]) == (response_id, "failed")
+            mcp, message = shown["output"]
+            assert (mcp["type"], mcp["name"], mcp["status"]) == (
+                "mcp_call",
+                "get_weather",
+                "completed",
+            )
+            assert message["content"][0]["text"] == "Sunny."
         again = await respond(proxy, model="capped", previous_response_id=response_id)
         assert (again.status_code, again.json()["error"]["param"]) == (
             404,
