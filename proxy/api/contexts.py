@@ -40,6 +40,7 @@ from proxy.errors import (
     InvalidRequest,
     NotFound,
     PolicyInvalid,
+    ProxyError,
 )
 from proxy.json_values import nests_too_deep
 from proxy.state.store import Holding, StoredContext
@@ -272,7 +273,7 @@ class ContextRuns:
         reported = partial(loop_report, include_messages=False)
         human = messages[-1:] if body.get("message") is not None else []
 
-        def unsaved(result: RunResult) -> dict[str, Any]:
+        def unsaved(result: RunResult, error: ProxyError | None = None) -> dict[str, Any]:
             """What a failed run's answer gives of it: nothing of it was saved."""
             added = generated_messages(human + kept_messages(result))
             return {"saved_ai_messages": False, "generated_messages": added}

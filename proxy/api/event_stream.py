@@ -16,6 +16,7 @@ from proxy.errors import ClientDisconnected
 
 KEEPALIVE = b": keep-alive\n\n"
 WRITE_SLICE = 1 << 20
+FINISH_S = 3.0  # what a write in slices cancelled midway gets to end its events
 
 
 class EventStream:
@@ -30,6 +31,7 @@ class EventStream:
         # rest of its event.
         self._slicing: asyncio.Event | None = None
         self.cut = False
+        self.finish_s = FINISH_S
 
     async def _write(self, *parts: bytes, last: bool = False) -> None:
         """Sends `parts`; `last`: as the response's end, in the same message. A part longer
@@ -61,26 +63,40 @@ class EventStream:
         self.last_write = time.monotonic()
 
     async def _write_long(self, parts: tuple[bytes, ...], last: bool) -> None:
+        """Sends `parts` in slices. Cancelled meanwhile (a time budget, the drain's end), it
+        goes on for `finish_s` at most, so that its events end whole and the stream can still
+        say how the run ended; then it is cut."""
         ended = self._slicing = asyncio.Event()
+        sending = asyncio.ensure_future(self._slices(parts, last))
         try:
-            short: list[bytes] = []
-            for part in parts:
-                if len(part) <= WRITE_SLICE:
-                    short.append(part)
-                    continue
-                for at in range(0, len(part), WRITE_SLICE):
-                    body = b"".join((*short, part[at : at + WRITE_SLICE]))
-                    short = []
-                    self.cut = True  # until the rest is sent
-                    await self.send({"type": "http.response.body", "body": body, "more_body": True})
-                    self.last_write = time.monotonic()
-                    await asyncio.sleep(0)
-            body = b"".join(short)
-            await self.send({"type": "http.response.body", "body": body, "more_body": not last})
-            self.cut = False
+            await asyncio.shield(sending)
+        except asyncio.CancelledError:
+            try:
+                await asyncio.wait((sending,), timeout=self.finish_s)
+            finally:
+                if not sending.done():
+                    sending.cancel()
+            raise
         finally:
             self._slicing = None
             ended.set()
+
+    async def _slices(self, parts: tuple[bytes, ...], last: bool) -> None:
+        short: list[bytes] = []
+        for part in parts:
+            if len(part) <= WRITE_SLICE:
+                short.append(part)
+                continue
+            for at in range(0, len(part), WRITE_SLICE):
+                body = b"".join((*short, part[at : at + WRITE_SLICE]))
+                short = []
+                self.cut = True  # until the rest is sent
+                await self.send({"type": "http.response.body", "body": body, "more_body": True})
+                self.last_write = time.monotonic()
+                await asyncio.sleep(0)
+        body = b"".join(short)
+        await self.send({"type": "http.response.body", "body": body, "more_body": not last})
+        self.cut = False
 
     def heard(self, head: Mapping[str, str]) -> None:
         """What an upstream's answer carries beside its text: a stream may show it."""

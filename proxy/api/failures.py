@@ -28,6 +28,8 @@ from proxy.errors import (
 
 # How a route answers a run the end of the server's drain stopped (`Services.execute`).
 Failing = Callable[[ShuttingDown, RunResult], Awaitable[None]]
+# What a route's failure answer gives of the run besides its report (its error the answer's).
+Failed = Callable[[RunResult, ProxyError], dict[str, Any]]
 
 
 def failed(result: RunResult) -> bool:
@@ -88,7 +90,7 @@ def drain_end_answer(
     send: Send,
     headers: dict[str, str],
     report: Callable[[RunResult], dict[str, Any]],
-    extra: Callable[[RunResult], dict[str, Any]] | None = None,
+    extra: Failed | None = None,
 ) -> Failing:
     """How a run the end of the server's drain stopped is answered before any of it was sent:
     the error (503 `shutting_down`, not to be sent again once tools ran) with the `loop`
@@ -96,7 +98,7 @@ def drain_end_answer(
 
     async def answer(error: ShuttingDown, result: RunResult) -> None:
         with_stop_reason(headers, result)
-        given = extra(result) if extra is not None else {}
+        given = extra(result, error) if extra is not None else {}
         await send_error(
             send, error, {**headers, **error.headers}, {**given, "loop": report(result)}
         )
@@ -105,10 +107,13 @@ def drain_end_answer(
 
 
 def stream_drain_end(
-    writer: EventStream, event: Failing, report: Callable[[RunResult], dict[str, Any]]
+    writer: EventStream,
+    event: Failing,
+    report: Callable[[RunResult], dict[str, Any]],
+    extra: Failed | None = None,
 ) -> Failing:
     """`drain_end_answer` for a stream: one that began ends with `event`'s failure event."""
-    unstarted = drain_end_answer(writer.send, writer.headers, report)
+    unstarted = drain_end_answer(writer.send, writer.headers, report, extra)
 
     async def answer(error: ShuttingDown, result: RunResult) -> None:
         await (event if writer.started else unstarted)(error, result)

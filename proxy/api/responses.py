@@ -159,7 +159,7 @@ class Responses:
             await writer.fail(failure, creation.closing)  # (made, if its keep was cut)
 
         ended = await sv.execute_streamed(run, writer, receive)
-        drain_end = stream_drain_end(writer, fail, creation.report)
+        drain_end = stream_drain_end(writer, fail, creation.report, creation.shown_failed)
         result = await sv.answerable(
             run, ended, creation.report, creation.owner, creation.caller, drain_end=drain_end
         )
@@ -246,7 +246,9 @@ class _ResponseCreation:
         body["loop"] = report
         return body
 
-    def failed_json(self, result: RunResult, report: dict[str, Any]) -> dict[str, Any]:
+    def failed_json(
+        self, result: RunResult, report: dict[str, Any], error: ProxyError | None = None
+    ) -> dict[str, Any]:
         """A failed run's response, in its JSON answer's error body, as a stream's
         `response.failed` shows it: the server calls that ran and what the model said (its
         tools may have acted, and it was answered with the `loop` report alone)."""
@@ -259,11 +261,12 @@ class _ResponseCreation:
         base = response_object(
             result.run_id, self.created, self.model, self.req.echo, "failed", output
         )
-        return self.failed_response(result, base, report)
+        return self.failed_response(result, base, report, error)
 
-    def shown_failed(self, result: RunResult) -> dict[str, Any]:
-        """What a JSON answer's error body gives of a failed run besides its report."""
-        return {"response": self.failed_json(result, self.report(result))}
+    def shown_failed(self, result: RunResult, error: ProxyError) -> dict[str, Any]:
+        """What a JSON answer's error body gives of a failed run, `error` its answer's,
+        besides its report."""
+        return {"response": self.failed_json(result, self.report(result), error)}
 
     async def keep(self, result: RunResult) -> None:
         """The run's `keep` when the response is stored (`store`, the default): the response
@@ -314,9 +317,10 @@ class _ResponseCreation:
     ) -> None:
         """Stores the response when asked (`store`): its body, the conversation through it
         for `previous_response_id` and its input items (SPEC §12.4). That record also answers
-        `GET /v1/runs/{id}`, so the run's own is written only without it, for the server calls
-        it held back (`Services.remember`), or when responses are kept for less than
-        `run_ttl_s`. Raises StateUnavailable when the backend fails to store it."""
+        `GET /v1/runs/{id}`, so the run's own is written only without it, or when responses
+        are kept for less than `run_ttl_s` (the server calls it held back were kept as the run
+        ended: `Services.keep_held`). Raises StateUnavailable when the backend fails to store
+        it."""
         if self.req.store:
             generated = [m for m in result.generated if m.get("role") != "system"]
             key = self.caller.name if self.caller is not None else None
@@ -334,7 +338,7 @@ class _ResponseCreation:
                 history.lineage,
             )
             state = self.sv.config.state
-            if result.held is None and state.response_ttl_s >= state.run_ttl_s:
+            if state.response_ttl_s >= state.run_ttl_s:
                 return
         await self.sv.remember(result, report, self.owner, self.caller, in_keep=in_keep)
 

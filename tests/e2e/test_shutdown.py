@@ -340,6 +340,14 @@ async def test_a_run_past_the_drain_is_answered_with_its_report_and_kept(
         report = body["loop"]
         assert report["stop_reason"] == "cancelled"
         assert answer.headers["x-loopwarden-run-id"] == report["run_id"]
+        if route == "/v1/responses":  # the failed response, as `response.failed` shows it
+            assert body["response"]["error"]["code"] == "shutting_down"
+            assert body["response"]["output"][0]["type"] == "mcp_call"
+        if route == "/chat":  # what it made, nothing of it saved
+            assert body["saved_ai_messages"] is False
+            assert [m.get("sender") or m["type"] for m in body["generated_messages"]] == [
+                "human", "tool_call", "tool_response"  # (the call the drain cut)
+            ]  # fmt: skip
         async with (
             serving(tmp_path, upstream_url, drain_s=0.5, state=state) as (base, proc),
             httpx.AsyncClient(base_url=base, timeout=30) as client,

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import replace
 from typing import Any
 
 import httpx
 import pytest
+from starlette.types import Message
 
+from proxy.engine import events as ev
+from tests.direct_asgi import body_then_stay, post_scope
 from tests.integration.conftest import Proxy, ProxyFactory
 from tests.response_events import checked, parse_events, stream_text
 from tests.scripted_upstream import call, calls, fail, say, say_tool_result
@@ -273,3 +277,40 @@ async def test_a_chain_keeps_a_reply_of_server_and_client_calls_as_the_model_gav
         assert names == ["get_weather", "lookup_order"]
         assert "Paris" in sent[2]["content"]
         assert (sent[3]["tool_call_id"], sent[3]["content"]) == (fc["call_id"], "shipped")
+
+
+async def test_a_time_budget_due_while_a_slow_reader_takes_a_long_event_ends_the_run_so(
+    proxy_for: ProxyFactory,
+) -> None:
+    """Its deadline cancelled the write between two slices: the stream was cut, and the run
+    told as `cancelled` (its client never left). The write ends its events, then the run its
+    stream, `time_budget`."""
+    bodies: list[bytes] = []
+    ended = asyncio.Event()
+
+    async def send(message: Message) -> None:  # a slow reader: its second body waits
+        if message["type"] != "http.response.body":
+            return
+        if len(bodies) == 1:
+            await asyncio.sleep(0.5)
+        bodies.append(message["body"])
+        if not message.get("more_body", False):
+            ended.set()
+
+    async with proxy_for({"server": {"max_tool_output_bytes": 8 << 20}}) as proxy:
+        proxy.upstream.script(call("search_notes", query="x" * 1_500_000), say("done"))
+        body = {
+            "model": "scripted",
+            "input": "go",
+            "stream": True,
+            "loop": {"tools": ["search_notes"], "stop_when": [{"max_duration_s": 0.2}]},
+        }
+        app = proxy.client._transport.app  # type: ignore[attr-defined]
+        received = body_then_stay(json.dumps(body).encode())
+        await asyncio.wait_for(app(post_scope("/v1/responses"), received, send), 20)
+        [finished] = proxy.observer.of(ev.RunFinished)
+    assert finished.stop.reason.value == "time_budget"
+    assert ended.is_set()
+    events = parse_events(b"".join(bodies).decode())
+    assert events[-1]["type"] == "response.completed"
+    assert events[-1]["response"]["loop"]["stop_reason"] == "time_budget"

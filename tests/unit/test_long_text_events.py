@@ -134,17 +134,29 @@ async def test_a_write_beside_a_write_in_slices_goes_after_it_whole() -> None:
     ]
 
 
-async def test_a_write_cut_between_its_slices_ends_the_stream() -> None:
+@pytest.mark.parametrize("reads", [True, False])
+async def test_a_write_cancelled_between_its_slices_ends_its_events_or_the_stream(
+    reads: bool,
+) -> None:
     """Cancelled (a time budget, the drain's end) while its reader was slow, a long write left
-    half an event, and the stream's end was written on after it, as the rest of that event."""
+    half an event, and the stream's end was written on after it, as the rest of that event.
+    It goes on for `finish_s`, so that the stream can still say how the run ended; a reader that
+    takes nothing meanwhile has it cut, and the stream says no more."""
     client = HeldClient()
     stream = ResponsesStream(client.send, dict(BASE), {}, None, "p")
+    stream.finish_s = 5.0 if reads else 0.05
     long = asyncio.create_task(stream._write(LONG_EVENT))
     await client.holding.wait()
     long.cancel()
+    if reads:
+        client.let_go.set()
     with pytest.raises(asyncio.CancelledError):
         await long
     client.let_go.set()
+    if reads:
+        await stream._write(b"data: {}\n\n", last=True)
+        assert b"".join(client.bodies) == LONG_EVENT + b"data: {}\n\n"
+        return
     with pytest.raises(ClientDisconnected):
         await stream._write(b"data: {}\n\n", last=True)
     await stream.comment()  # (a keep-alive says nothing either)
