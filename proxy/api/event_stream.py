@@ -76,6 +76,8 @@ class EventStream:
             finally:
                 if not sending.done():
                     sending.cancel()
+                elif not sending.cancelled():
+                    sending.exception()  # (a client gone meanwhile: the cancellation goes on)
             raise
         finally:
             self._slicing = None

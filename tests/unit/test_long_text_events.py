@@ -5,6 +5,7 @@ done events and the final response each carry the whole text)."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import itertools
 import json
 from typing import Any
@@ -161,3 +162,28 @@ async def test_a_write_cancelled_between_its_slices_ends_its_events_or_the_strea
         await stream._write(b"data: {}\n\n", last=True)
     await stream.comment()  # (a keep-alive says nothing either)
     assert b"".join(client.bodies) == LONG_EVENT[:WRITE_SLICE]
+
+
+async def test_a_client_gone_while_a_cancelled_write_ends_its_events_is_no_unread_error() -> None:
+    """The sending task's error, once the request's task was cancelled, was left unread: the
+    event loop logged "Task exception was never retrieved" for every such stream."""
+    client = HeldClient()
+    told: list[dict[str, Any]] = []
+    asyncio.get_running_loop().set_exception_handler(lambda _, context: told.append(context))
+
+    async def gone(message: Message) -> None:
+        await client.send(message)
+        if len(client.bodies) > 1:
+            raise OSError("the client went away")
+
+    stream = ResponsesStream(gone, dict(BASE), {}, None, "p")
+    long = asyncio.create_task(stream._write(LONG_EVENT))
+    await client.holding.wait()
+    long.cancel()
+    client.let_go.set()
+    with pytest.raises(asyncio.CancelledError):
+        await long
+    del long
+    gc.collect()
+    await asyncio.sleep(0)
+    assert told == []
