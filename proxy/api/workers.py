@@ -70,9 +70,20 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-def supervise(workers: int, sock: socket.socket, work: Callable[[socket.socket], bool]) -> int:
+def restart_wait_s(tries: int) -> float:
+    """How long a replacement waits after `tries` replacements in a row that did not start."""
+    return min(2.0**tries, MAX_RESTART_WAIT_S)
+
+
+def supervise(
+    workers: int,
+    sock: socket.socket,
+    work: Callable[[socket.socket], bool],
+    waits: Callable[[int], float] = restart_wait_s,
+) -> int:
     """Forks `workers` processes that each run `work(sock)` (False: it did not start), replaces
-    any that dies, and stops them all on SIGTERM or SIGINT. Returns the exit status."""
+    any that dies (one that cannot start after `waits(tries)`), and stops them all on SIGTERM
+    or SIGINT. Returns the exit status."""
     folder = metrics_directory()
     supervisor = os.getpid()
     children: dict[int, int] = {}  # pid -> worker number
@@ -147,7 +158,7 @@ def supervise(workers: int, sock: socket.socket, work: Callable[[socket.socket],
                     stop(signal.SIGTERM, None)
                     continue
                 if tries:  # the others serve: it is tried again, less often
-                    after_s = min(2.0**tries, MAX_RESTART_WAIT_S)
+                    after_s = waits(tries)
                     said = "worker %d could not start again; another tries in %g s"
                     log.error(said, number, after_s)
                     start(number, after_s)

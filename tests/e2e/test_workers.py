@@ -21,6 +21,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from proxy.api.workers import MAX_START_TRIES
 from proxy.demo.runner import free_port
 from tests.e2e.conftest import ROOT, McpHttpServer, wait_healthy
 from tests.mcp_config import http_entry
@@ -346,3 +347,42 @@ def test_a_stopping_server_takes_no_connection_while_its_workers_drain(
             answered = asking.result(timeout=30)
         assert proc.wait(timeout=30) == 0
     assert answered.status_code == 200  # the run in flight drained
+
+
+SUPERVISED = """
+import sys
+from pathlib import Path
+from proxy.api.workers import listen, supervise
+
+tries = Path(sys.argv[1])
+
+
+def work(sock):
+    tries.write_text(tries.read_text() + "x")  # (one worker: one writer at a time)
+    return len(tries.read_text()) == 1  # the first starts and ends; the rest cannot start
+
+
+sys.exit(supervise(1, listen("127.0.0.1", 0), work, waits=lambda _: 0.01))
+"""
+
+
+def test_a_worker_whose_replacements_cannot_start_stops_the_server_after_its_tries(
+    tmp_path: Path,
+) -> None:
+    """The others serve while a replacement that cannot start is tried again, less and less
+    often (2 to 30 s); after MAX_START_TRIES in a row (90 s) the server stops, the orchestrator
+    told by its exit status."""
+    tries = tmp_path / "tries"
+    tries.write_text("")
+    done = subprocess.run(
+        [sys.executable, "-c", SUPERVISED, str(tries)],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1, done.stderr
+    # The first served; its replacement, then MAX_START_TRIES more, could not start.
+    assert len(tries.read_text()) == 1 + 1 + MAX_START_TRIES
+    assert done.stderr.count("could not start again; another tries in 0.01 s") == MAX_START_TRIES
+    assert f"worker 0 could not start ({MAX_START_TRIES + 1} in a row); stopping" in done.stderr
