@@ -273,8 +273,11 @@ class ContextRuns:
         reported = partial(loop_report, include_messages=False)
         human = messages[-1:] if body.get("message") is not None else []
 
-        def unsaved(result: RunResult, error: ProxyError | None = None) -> dict[str, Any]:
-            """What a failed run's answer gives of it: nothing of it was saved."""
+        def unsaved(
+            result: RunResult, _report: object = None, _error: ProxyError | None = None
+        ) -> dict[str, Any]:
+            """What a failed run's answer gives of it besides its report, whatever its error:
+            what it made, nothing of it saved."""
             added = generated_messages(human + kept_messages(result))
             return {"saved_ai_messages": False, "generated_messages": added}
 

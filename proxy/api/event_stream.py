@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Iterator, Mapping
 
@@ -13,6 +14,9 @@ from starlette.types import Send
 
 from proxy.api.asgi import header_list
 from proxy.errors import ClientDisconnected
+from proxy.telemetry.http import CUT_ON_PURPOSE
+
+log = logging.getLogger(__name__)
 
 KEEPALIVE = b": keep-alive\n\n"
 WRITE_SLICE = 1 << 20
@@ -26,9 +30,9 @@ class EventStream:
         self.started = False  # the HTTP response has begun
         self.last_write = time.monotonic()
         # A write in slices under way (set as it ends): others' writes wait for it, since
-        # theirs would land in its events; and whether one was cut short (a cancellation
-        # between two slices): the stream says no more, whatever followed would be read as the
-        # rest of its event.
+        # theirs would land in its events; and whether one stopped midway (its send failed, or
+        # it was cancelled and did not end within `finish_s`): the stream says no more, since
+        # whatever followed would be read as the rest of its event.
         self._slicing: asyncio.Event | None = None
         self.cut = False
         self.finish_s = FINISH_S
@@ -68,6 +72,7 @@ class EventStream:
         say how the run ended; then it is cut."""
         ended = self._slicing = asyncio.Event()
         sending = asyncio.ensure_future(self._slices(parts, last))
+        sending.add_done_callback(_read)
         try:
             await asyncio.shield(sending)
         except asyncio.CancelledError:
@@ -76,8 +81,12 @@ class EventStream:
             finally:
                 if not sending.done():
                     sending.cancel()
-                elif not sending.cancelled():
-                    sending.exception()  # (a client gone meanwhile: the cancellation goes on)
+                    CUT_ON_PURPOSE.set(True)  # (told here: the server need not say it again)
+                    log.warning(
+                        "a stream was cut in the middle of an event: its reader took nothing "
+                        "for %g s once its run was stopped",
+                        self.finish_s,
+                    )
             raise
         finally:
             self._slicing = None
@@ -153,3 +162,10 @@ class _KeepAlive:
         self.timer.cancel()
         if self.writing is not None:
             self.writing.cancel()
+
+
+def _read(task: asyncio.Future[None]) -> None:
+    """Reads how a write's sending task ended: once its request's task was cancelled, nothing
+    else does, and the loop would log "Task exception was never retrieved"."""
+    if not task.cancelled():
+        task.exception()

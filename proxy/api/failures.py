@@ -28,8 +28,9 @@ from proxy.errors import (
 
 # How a route answers a run the end of the server's drain stopped (`Services.execute`).
 Failing = Callable[[ShuttingDown, RunResult], Awaitable[None]]
-# What a route's failure answer gives of the run besides its report (its error the answer's).
-Failed = Callable[[RunResult, ProxyError], dict[str, Any]]
+# What a route's failure answer gives of the run besides its report (given too), for the error
+# the answer carries.
+FailureExtra = Callable[[RunResult, dict[str, Any], ProxyError], dict[str, Any]]
 
 
 def failed(result: RunResult) -> bool:
@@ -90,7 +91,7 @@ def drain_end_answer(
     send: Send,
     headers: dict[str, str],
     report: Callable[[RunResult], dict[str, Any]],
-    extra: Failed | None = None,
+    extra: FailureExtra | None = None,
 ) -> Failing:
     """How a run the end of the server's drain stopped is answered before any of it was sent:
     the error (503 `shutting_down`, not to be sent again once tools ran) with the `loop`
@@ -98,10 +99,9 @@ def drain_end_answer(
 
     async def answer(error: ShuttingDown, result: RunResult) -> None:
         with_stop_reason(headers, result)
-        given = extra(result, error) if extra is not None else {}
-        await send_error(
-            send, error, {**headers, **error.headers}, {**given, "loop": report(result)}
-        )
+        reported = report(result)
+        given = extra(result, reported, error) if extra is not None else {}
+        await send_error(send, error, {**headers, **error.headers}, {**given, "loop": reported})
 
     return answer
 
@@ -110,7 +110,7 @@ def stream_drain_end(
     writer: EventStream,
     event: Failing,
     report: Callable[[RunResult], dict[str, Any]],
-    extra: Failed | None = None,
+    extra: FailureExtra | None = None,
 ) -> Failing:
     """`drain_end_answer` for a stream: one that began ends with `event`'s failure event."""
     unstarted = drain_end_answer(writer.send, writer.headers, report, extra)

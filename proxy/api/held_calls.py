@@ -4,14 +4,13 @@ key's namespace under the id of the first client call they came with: an id of t
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
 
 from proxy.api.auth import Caller
 from proxy.engine.held_calls import call_ids, first_call_id, restore_held_calls
-from proxy.engine.run_spec import RunResult
+from proxy.engine.run_spec import Keep, RunResult
 from proxy.state.store import Record, StateStore
 
 HELD_RECORD = "held"
@@ -30,9 +29,7 @@ def record(result: RunResult, caller: Caller | None) -> Record | None:
     return Record(HELD_RECORD, _key(caller, first), orjson.dumps(result.held))
 
 
-def keeper(
-    store: StateStore, ttl_s: float, caller: Caller | None
-) -> Callable[[RunResult], Awaitable[None]]:
+def keeper(store: StateStore, ttl_s: float, caller: Caller | None) -> Keep:
     """A run's keep that writes the server calls it held back, if any, before its answer: its
     client's next request needs them (the model would not see what ran, and may run it again).
     A backend that fails raises StateUnavailable: the run ends `state_unavailable`."""

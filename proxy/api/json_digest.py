@@ -27,11 +27,11 @@ class JsonDigest:
     def extend(self, values: list[Any]) -> JsonDigest:
         """Adds `values` at the end; gives itself."""
         if values:
-            self._hashing.update(self._joined(values))
+            self._hashing.update(self._next_text(values))
         return self
 
-    def _joined(self, values: list[Any]) -> memoryview:
-        """The text `values` (some) add to the array, the comma before them hashed."""
+    def _next_text(self, values: list[Any]) -> memoryview:
+        """Hashes the comma before `values` (some), and gives their text, to hash next."""
         if not self._empty:
             self._hashing.update(b",")
         self._empty = False
@@ -47,11 +47,11 @@ class JsonDigest:
                 await asyncio.sleep(0)
             piece = form(values[at : at + PIECE])
             if piece:
-                joined = self._joined(piece)
-                if len(joined) > HASHED_AWAY:  # hashlib lets go of the GIL as it hashes
-                    await asyncio.to_thread(self._hashing.update, joined)
+                text = self._next_text(piece)
+                if len(text) > HASHED_AWAY:  # hashlib lets go of the GIL as it hashes
+                    await asyncio.to_thread(self._hashing.update, text)
                 else:
-                    self._hashing.update(joined)
+                    self._hashing.update(text)
         return self
 
     def copy(self) -> JsonDigest:

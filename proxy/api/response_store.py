@@ -215,7 +215,7 @@ class ResponseStore:
             output = stored.response.get("output") or []
             outputs = StoredOutputs(output, stored.owner, stored.key)
             records.append(Record(OUTPUTS_RECORD, response_id, outputs.dumps()))
-            await asyncio.sleep(0)
+            await asyncio.sleep(0)  # (the fingerprint's hashing in a turn of its own)
             if lineage is not None:
                 made = await fingerprint(response_id, conversation, parts, messages, continued)
                 marked = StoredFingerprint(made, lineage, stored.thread, stored.key)

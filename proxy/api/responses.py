@@ -50,7 +50,7 @@ from proxy.api.response_store import (
 )
 from proxy.api.responses_request import ResponsesRequest, parse_responses_request
 from proxy.api.responses_stream import ResponsesStream
-from proxy.api.services import Services, in_turn
+from proxy.api.services import Services, one_after_another
 from proxy.api.stored_reads import StoredReads
 from proxy.api.upstream_param import ClientTerms
 from proxy.engine.run import Run
@@ -121,7 +121,7 @@ class Responses:
             spec.model,
         )
         # The server calls held back, then the response stored (`store`): kept as the run ends.
-        keep = in_turn(sv.keep_held(spec, caller), creation.keep if req.store else None)
+        keep = one_after_another(sv.keep_held(spec, caller), creation.keep if req.store else None)
         if req.stream:
             base = response_object(spec.run_id, created, spec.model, req.echo, "in_progress", [])
             writer = ResponsesStream(send, base, headers, calls, prefix)
@@ -142,7 +142,7 @@ class Responses:
         report = creation.report(result)
         if failed(result):
             await sv.remember(result, report, owner, caller)
-            made = {"response": creation.failed_json(result, report)}
+            made = creation.shown_failed(result, report)
             await send_failure(send, result, report, headers, creation.terms, made)
             return
         body = await creation.answered(result, report)
@@ -171,7 +171,7 @@ class Responses:
             if failed(result):
                 await sv.remember(result, report, creation.owner, creation.caller)
                 if not writer.started:
-                    made = {"response": creation.failed_json(result, report)}
+                    made = creation.shown_failed(result, report)
                     await send_failure(
                         writer.send, result, report, writer.headers, creation.terms, made
                     )
@@ -246,32 +246,32 @@ class _ResponseCreation:
         body["loop"] = report
         return body
 
-    def failed_json(
+    def shown_failed(
         self, result: RunResult, report: dict[str, Any], error: ProxyError | None = None
     ) -> dict[str, Any]:
-        """A failed run's response, in its JSON answer's error body, as a stream's
-        `response.failed` shows it: the server calls that ran and what the model said (its
-        tools may have acted, and it was answered with the `loop` report alone)."""
-        calls = self.calls
-        if calls is not None:
-            calls.unfinished()
-        output = list(calls.items) if calls is not None else []
+        """What the error body of a failed run's answer gives besides its `report`: the
+        failed response (`error` its answer's, else the run's failure), as a stream's
+        `response.failed` shows it, with the server calls that ran and what the model said."""
+        output = self._call_items()
         if result.text:
             output.append(message_item(f"msg_{self.prefix}", result.text, "incomplete"))
         base = response_object(
             result.run_id, self.created, self.model, self.req.echo, "failed", output
         )
-        return self.failed_response(result, base, report, error)
+        return {"response": self.failed_response(result, base, report, error)}
 
-    def shown_failed(self, result: RunResult, error: ProxyError) -> dict[str, Any]:
-        """What a JSON answer's error body gives of a failed run, `error` its answer's,
-        besides its report."""
-        return {"response": self.failed_json(result, self.report(result), error)}
+    def _call_items(self) -> list[dict[str, Any]]:
+        """The server calls shown as items, those still unfinished ended (failed)."""
+        calls = self.calls
+        if calls is None:
+            return []
+        calls.unfinished()
+        return list(calls.items)
 
     async def keep(self, result: RunResult) -> None:
         """The run's `keep` when the response is stored (`store`, the default): the response
         made and stored as the run ends. A backend that fails ends the run
-        `state_unavailable` (answered 200, the response was lost)."""
+        `state_unavailable`: answered 200, the response would be found by nothing after."""
         if result.stop.fails_run:
             return
         report = self.report(result)
@@ -292,10 +292,7 @@ class _ResponseCreation:
         """The response of a run that ended; a stream's closing events made with it."""
         writer, req = self.writer, self.req
         if writer is None:
-            calls = self.calls
-            if calls is not None:
-                calls.unfinished()
-            items = calls.items if calls else []
+            items = self._call_items()
             output = output_items(result, self.prefix, req.names, items, req.max_output_tokens)
             return self.response(result, self.model, output, report)
         text = result.message.get("content")

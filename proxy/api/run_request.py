@@ -23,7 +23,8 @@ from proxy.errors import InvalidRequest, PolicyInvalid
 
 # The most server tools a request's `loop.tools` may name (an MCP source may expose 4,096).
 MAX_LOOP_TOOLS = 4096
-# The characters no `SafeName` holds, found in a name checked by hand (a model's, a header's).
+# The characters no `SafeName` holds, found in a name checked by hand (a model's, a context
+# id's, a header's).
 UNSAFE_NAME = re.compile(f"[{UNSAFE_IN_NAMES}]")
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +28,7 @@ from proxy.deadline import within
 from proxy.engine.policy import compile_expressions, expressions
 from proxy.engine.ports import RunObserver
 from proxy.engine.run import Run
-from proxy.engine.run_spec import Deps, RunResult, RunSpec
+from proxy.engine.run_spec import Deps, Keep, RunResult, RunSpec
 from proxy.engine.stop import StopReason
 from proxy.errors import ShuttingDown
 from proxy.pricing import PriceTable
@@ -55,10 +55,7 @@ COMPILE_IN_THREAD_PAST_CHARS = 256
 GRACE_S = 3.0
 
 
-Keep = Callable[[RunResult], Awaitable[None]]
-
-
-def in_turn(*keeps: Keep | None) -> Keep | None:
+def one_after_another(*keeps: Keep | None) -> Keep | None:
     """A run's keep doing `keeps` (those given) one after another."""
     given = [keep for keep in keeps if keep is not None]
     if len(given) < 2:

@@ -8,6 +8,11 @@ from pydantic import Field, field_validator
 from proxy.config.environment import EnvName
 from proxy.config.model import ConfigModel, http_url
 
+# The JSON values one whole (not streamed) reply may hold, counted before it is parsed: its
+# parse holds the event loop ~0.1-0.2 us a value (a reply with `top_logprobs` for 16,000 tokens
+# holds ~2 million: 0.25-0.4 s); 500,000 is ~4,000 tokens with 20 top logprobs.
+MAX_RESPONSE_VALUES = 500_000
+
 
 class UpstreamConfig(ConfigModel):
     base_url: str
@@ -26,10 +31,7 @@ class UpstreamConfig(ConfigModel):
     max_response_bytes: int = Field(32 * 1024 * 1024, ge=1024)
     max_event_bytes: int = Field(8 * 1024 * 1024, ge=1024)
     max_tool_calls_per_reply: int = Field(128, ge=1)
-    # The JSON values one whole (not streamed) reply may hold, counted before it is parsed: its
-    # parse holds the event loop ~0.1-0.2 us a value (a reply with `top_logprobs` for 16,000
-    # tokens holds ~2 million: 0.25-0.4 s); 500,000 is ~4,000 tokens with 20 top logprobs.
-    max_response_values: int = Field(500_000, ge=1000)
+    max_response_values: int = Field(MAX_RESPONSE_VALUES, ge=1000)
     reports_cost: bool = False
     forward_client_key: bool = False  # send the client's Authorization header upstream
     provider: str | None = None  # gen_ai.provider.name; guessed from base_url when unset

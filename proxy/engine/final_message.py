@@ -102,8 +102,8 @@ async def final_message(
                 return Ending(stop, message, FINISH_REASONS[stop.reason])
             stop = replace(stop, details={**stop.details, "final_answer": False})
         text = run.text
-        # A 200 reply is never empty; a limit's stop is stated after the text so far, as the
-        # stream says it, but after a document (`one_document`): it is the answer alone.
+        # A 200 reply is never empty; a tool call limit's stop is stated after the text so far,
+        # as the stream says it, never after a document (`one_document`): that is the answer.
         if not text or (stop.reason is StopReason.TOOL_CALL_LIMIT and not run.one_document):
             stated = stated_stop(stop)
             await say(stated)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
 
@@ -20,7 +19,7 @@ from proxy.engine.policies.base import Nudge, StepPlan
 from proxy.engine.policies.stop_conditions import Condition
 from proxy.engine.policies.terminal import terminal_hint
 from proxy.engine.ports import RunStream
-from proxy.engine.run_spec import Deps, RunResult, RunSpec
+from proxy.engine.run_spec import Deps, Keep, RunResult, RunSpec
 from proxy.engine.state import RunState
 from proxy.engine.stop import Stop, StopReason
 from proxy.engine.tool_calls import CallsEnded, ReplyCalls
@@ -40,7 +39,7 @@ class Run:
         spec: RunSpec,
         deps: Deps,
         stream: RunStream | None = None,
-        keep: Callable[[RunResult], Awaitable[None]] | None = None,
+        keep: Keep | None = None,
     ) -> None:
         self.spec = spec
         self.deps = deps

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -106,3 +106,8 @@ class RunResult:
             run.last_request,
             run.text,
         )
+
+
+# What a run's caller keeps of it as it ends (a stored context's save, a stored response, the
+# server calls it held back), awaited before the run is told as ended.
+Keep = Callable[[RunResult], Awaitable[None]]

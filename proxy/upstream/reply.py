@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from proxy.config.upstreams import MAX_RESPONSE_VALUES
 from proxy.engine.usage import Usage
 from proxy.engine.values import ModelReply, ToolCall
 from proxy.json_values import MAX_DEPTH, too_deep
@@ -43,7 +44,7 @@ class ReplyLimits:
     max_event_bytes: int = 8 * 1024 * 1024
     max_tool_calls: int = 128
     reports_cost: bool = False
-    max_values: int = 500_000
+    max_values: int = MAX_RESPONSE_VALUES
 
 
 # The most one reply may cost: a larger `usage.cost` is no cost an upstream can mean (added up,

@@ -369,14 +369,16 @@ sys.exit(supervise(1, listen("127.0.0.1", 0), work, waits=lambda _: 0.01))
 def test_a_worker_whose_replacements_cannot_start_stops_the_server_after_its_tries(
     tmp_path: Path,
 ) -> None:
-    """The others serve while a replacement that cannot start is tried again, less and less
-    often (2 to 30 s); after MAX_START_TRIES in a row (90 s) the server stops, the orchestrator
-    told by its exit status."""
+    """A replacement that cannot start is tried again, less and less often (2 to 30 s, the
+    other workers serving); after MAX_START_TRIES in a row (90 s) the server stops, the
+    orchestrator told by its exit status."""
     tries = tmp_path / "tries"
     tries.write_text("")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)  # (the supervisor empties the one it is given)
     done = subprocess.run(
         [sys.executable, "-c", SUPERVISED, str(tries)],
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env=env,
         capture_output=True,
         text=True,
         timeout=60,

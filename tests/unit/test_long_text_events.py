@@ -137,7 +137,7 @@ async def test_a_write_beside_a_write_in_slices_goes_after_it_whole() -> None:
 
 @pytest.mark.parametrize("reads", [True, False])
 async def test_a_write_cancelled_between_its_slices_ends_its_events_or_the_stream(
-    reads: bool,
+    reads: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Cancelled (a time budget, the drain's end) while its reader was slow, a long write left
     half an event, and the stream's end was written on after it, as the rest of that event.
@@ -162,6 +162,8 @@ async def test_a_write_cancelled_between_its_slices_ends_its_events_or_the_strea
         await stream._write(b"data: {}\n\n", last=True)
     await stream.comment()  # (a keep-alive says nothing either)
     assert b"".join(client.bodies) == LONG_EVENT[:WRITE_SLICE]
+    assert "a stream was cut in the middle of an event" in caplog.text  # (the server's own
+    # "returned without completing response" not said again: CUT_ON_PURPOSE)
 
 
 async def test_a_client_gone_while_a_cancelled_write_ends_its_events_is_no_unread_error() -> None:
