@@ -10,7 +10,7 @@ from proxy.config.model import ConfigModel, http_url
 
 # The JSON values one whole (not streamed) reply may hold, counted before it is parsed: its
 # parse holds the event loop ~0.1-0.2 us a value (a reply with `top_logprobs` for 16,000 tokens
-# holds ~2 million: 0.25-0.4 s); 500,000 is ~4,000 tokens with 20 top logprobs.
+# holds ~2 million: 0.25-0.4 s); 500,000 is 2,000-3,000 tokens with 20 top logprobs.
 MAX_RESPONSE_VALUES = 500_000
 
 
