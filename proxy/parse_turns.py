@@ -1,4 +1,5 @@
-"""Large JSON texts are parsed one at a time in a process.
+"""Large JSON texts are parsed one at a time in a process: request bodies, stored records,
+upstream replies and an upstream stream's events.
 
 Parsing holds the event loop: orjson takes ~2 ms a MiB of prose and far longer for many small
 values, and counting a text's values first (`proxy.json_values`) takes a thread the GIL. Each

@@ -35,15 +35,21 @@ class EventStream:
         # whatever followed would be read as the rest of its event.
         self._slicing: asyncio.Event | None = None
         self.cut = False
+        # Cut by the proxy itself (a write cancelled midway that did not end in `finish_s`):
+        # what follows is not sent, though the run goes on to its end (its stop as it was).
+        self.silenced = False
         self.finish_s = FINISH_S
 
     async def _write(self, *parts: bytes, last: bool = False) -> None:
         """Sends `parts`; `last`: as the response's end, in the same message. A part longer
         than WRITE_SLICE (a long text's events) goes in slices, each of them a turn for the
         others: the server copies what it sends, and waits between them for a slow reader.
-        Raises ClientDisconnected once a write was cut short in the middle of an event."""
+        Raises ClientDisconnected once a write was cut short in the middle of an event (the
+        client gone); once the proxy cut it (`silenced`), nothing is sent."""
         while self._slicing is not None:
             await self._slicing.wait()
+        if self.silenced:
+            return
         if self.cut:
             raise ClientDisconnected("the stream was cut short in the middle of an event")
         try:
@@ -81,10 +87,11 @@ class EventStream:
             finally:
                 if not sending.done():
                     sending.cancel()
+                    self.silenced = True
                     CUT_ON_PURPOSE.set(True)  # (told here: the server need not say it again)
                     log.warning(
-                        "a stream was cut in the middle of an event: its reader took nothing "
-                        "for %g s once its run was stopped",
+                        "a stream was cut in the middle of an event: its reader did not take "
+                        "the rest of it within %g s once its run was stopped",
                         self.finish_s,
                     )
             raise
@@ -106,6 +113,8 @@ class EventStream:
                 self.last_write = time.monotonic()
                 await asyncio.sleep(0)
         body = b"".join(short)
+        if not body:  # the events ended with the last slice: whole
+            self.cut = False
         await self.send({"type": "http.response.body", "body": body, "more_body": not last})
         self.cut = False
 

@@ -258,7 +258,9 @@ class _ResponseCreation:
         base = response_object(
             result.run_id, self.created, self.model, self.req.echo, "failed", output
         )
-        return {"response": self.failed_response(result, base, report, error)}
+        failed = self.failed_response(result, base, report, error)
+        del failed["loop"]  # the error body's own: its messages once (`include_messages`)
+        return {"response": failed}
 
     def _call_items(self) -> list[dict[str, Any]]:
         """The server calls shown as items, those still unfinished ended (failed)."""

@@ -17,6 +17,7 @@ import orjson
 from proxy.engine.values import DeltaSink, ModelReply
 from proxy.errors import UpstreamBadReply
 from proxy.json_values import MAX_DEPTH, nests_too_deep
+from proxy.parse_turns import LARGE_TEXT, parse_turn
 from proxy.upstream.error_body import mid_stream_message
 from proxy.upstream.reply import ChunkAccumulator, MalformedReply, ReplyLimits, reply_from_body
 from proxy.upstream.sse import ErrorEvent, EventTooLarge, SSEDecoder
@@ -96,7 +97,12 @@ class ReplyReader:
                             await asyncio.sleep(0)  # (a megabyte of empty events: 80 ms)
                         piece = raw[at : at + READ_SLICE] if len(raw) > READ_SLICE else raw
                         for data in decoder.feed(piece):
-                            if delta := self._add(acc, data):
+                            if len(data) < LARGE_TEXT:
+                                delta = self._add(acc, data)
+                            else:  # one at a time a process, as whole replies are
+                                async with parse_turn(len(data)):
+                                    delta = self._add(acc, data)
+                            if delta:
                                 deltas.append(delta)
                             sound = True
                         if decoder.done:

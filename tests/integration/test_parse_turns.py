@@ -16,7 +16,7 @@ from proxy.parse_turns import LARGE_TEXT, PAUSE_AFTER, parse_turn
 from tests.integration.conftest import Proxy
 from tests.integration.test_http1_transport import eventually
 from tests.integration.test_responses_state import respond
-from tests.scripted_upstream import keep, say
+from tests.scripted_upstream import call, keep, say
 
 LARGE = "x" * LARGE_TEXT
 
@@ -103,17 +103,28 @@ async def test_a_large_stored_conversation_is_read_in_the_turn(proxy: Proxy) -> 
     assert sent == [LARGE, "Noted.", "More."]
 
 
-async def test_a_large_upstream_reply_is_parsed_in_the_turn(proxy: Proxy) -> None:
-    proxy.upstream.script(say(LARGE), keep(say("Short.")))
+ASK_USER = {"type": "function", "function": {"name": "ask_user", "parameters": {}}}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_large_upstream_reply_is_parsed_in_the_turn(proxy: Proxy, stream: bool) -> None:
+    """A stream's large event too (a call's arguments come in one): 50 streams of one 6 MiB
+    event each held the loop 0.5-0.9 s."""
+    large_reply = call("ask_user", question=LARGE) if stream else say(LARGE)
+    proxy.upstream.script(large_reply, keep(say("Short.")))
     async with turn_held():
-        large = asyncio.create_task(proxy.chat(model="scripted"))
+        asked = {"tools": [ASK_USER]} if stream else {}
+        large = asyncio.create_task(proxy.chat(model="scripted", stream=stream, **asked))
         await eventually(lambda: bool(proxy.upstream.bodies))  # the large reply is its own
         small = await proxy.chat(model="scripted")
         assert small.json()["choices"][0]["message"]["content"] == "Short."
         await asyncio.sleep(0.3)
         assert not large.done()
     r = await asyncio.wait_for(large, 10)
-    assert r.json()["choices"][0]["message"]["content"] == LARGE
+    if stream:
+        assert LARGE in r.text
+    else:
+        assert r.json()["choices"][0]["message"]["content"] == LARGE
 
 
 @pytest.mark.parametrize(("size", "order"), [

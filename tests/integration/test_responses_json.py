@@ -561,3 +561,4 @@ async def test_a_run_that_fails_after_its_tools_ran_shows_what_ran_in_its_error(
     assert (mcp["type"], mcp["status"]) == ("mcp_call", "completed")
     assert "Oslo" in mcp["output"]
     assert (message["status"], message["content"][0]["text"]) == ("incomplete", "Looking.")
+    assert "loop" not in shown  # the body's own `loop` has the report (and any messages) once

@@ -279,12 +279,14 @@ async def test_a_chain_keeps_a_reply_of_server_and_client_calls_as_the_model_gav
         assert (sent[3]["tool_call_id"], sent[3]["content"]) == (fc["call_id"], "shipped")
 
 
+@pytest.mark.parametrize("takes_the_rest", [True, False])
 async def test_a_time_budget_due_while_a_slow_reader_takes_a_long_event_ends_the_run_so(
-    proxy_for: ProxyFactory,
+    proxy_for: ProxyFactory, takes_the_rest: bool
 ) -> None:
     """Its deadline cancelled the write between two slices: the stream was cut, and the run
     told as `cancelled` (its client never left). The write ends its events, then the run its
-    stream, `time_budget`."""
+    stream, `time_budget`; a reader that does not take the rest within 3 s has the stream cut
+    there, the run ending `time_budget` all the same."""
     bodies: list[bytes] = []
     ended = asyncio.Event()
 
@@ -292,7 +294,7 @@ async def test_a_time_budget_due_while_a_slow_reader_takes_a_long_event_ends_the
         if message["type"] != "http.response.body":
             return
         if len(bodies) == 1:
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(0.5 if takes_the_rest else 3.5)
         bodies.append(message["body"])
         if not message.get("more_body", False):
             ended.set()
@@ -310,6 +312,9 @@ async def test_a_time_budget_due_while_a_slow_reader_takes_a_long_event_ends_the
         await asyncio.wait_for(app(post_scope("/v1/responses"), received, send), 20)
         [finished] = proxy.observer.of(ev.RunFinished)
     assert finished.stop.reason.value == "time_budget"
+    if not takes_the_rest:
+        assert not ended.is_set()  # cut: nothing after the slices sent
+        return
     assert ended.is_set()
     events = parse_events(b"".join(bodies).decode())
     assert events[-1]["type"] == "response.completed"

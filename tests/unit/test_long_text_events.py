@@ -142,7 +142,7 @@ async def test_a_write_cancelled_between_its_slices_ends_its_events_or_the_strea
     """Cancelled (a time budget, the drain's end) while its reader was slow, a long write left
     half an event, and the stream's end was written on after it, as the rest of that event.
     It goes on for `finish_s`, so that the stream can still say how the run ended; a reader that
-    takes nothing meanwhile has it cut, and the stream says no more."""
+    does not take the rest meanwhile has it cut, and the stream says no more."""
     client = HeldClient()
     stream = ResponsesStream(client.send, dict(BASE), {}, None, "p")
     stream.finish_s = 5.0 if reads else 0.05
@@ -158,9 +158,8 @@ async def test_a_write_cancelled_between_its_slices_ends_its_events_or_the_strea
         await stream._write(b"data: {}\n\n", last=True)
         assert b"".join(client.bodies) == LONG_EVENT + b"data: {}\n\n"
         return
-    with pytest.raises(ClientDisconnected):
-        await stream._write(b"data: {}\n\n", last=True)
-    await stream.comment()  # (a keep-alive says nothing either)
+    await stream._write(b"data: {}\n\n", last=True)  # nothing more is sent: the run ends
+    await stream.comment()  # as it would (its stop as it was), a keep-alive says nothing
     assert b"".join(client.bodies) == LONG_EVENT[:WRITE_SLICE]
     assert "a stream was cut in the middle of an event" in caplog.text  # (the server's own
     # "returned without completing response" not said again: CUT_ON_PURPOSE)
@@ -189,3 +188,21 @@ async def test_a_client_gone_while_a_cancelled_write_ends_its_events_is_no_unrea
     gc.collect()
     await asyncio.sleep(0)
     assert told == []
+
+
+async def test_a_client_gone_in_the_middle_of_an_event_ends_the_run_as_cancelled() -> None:
+    """Its send fails between two slices: the run is told (ClientDisconnected), and so is any
+    later write, whatever would follow being read as the rest of that event."""
+    client = HeldClient()
+
+    async def gone(message: Message) -> None:
+        await client.send(message)
+        if len(client.bodies) > 1:
+            raise OSError("the client went away")
+
+    stream = ResponsesStream(gone, dict(BASE), {}, None, "p")
+    client.let_go.set()
+    with pytest.raises(ClientDisconnected):
+        await stream._write(LONG_EVENT)
+    with pytest.raises(ClientDisconnected):
+        await stream._write(b"data: {}\n\n", last=True)
