@@ -34,6 +34,12 @@ class SSEDecoder:
         self.done = False
         self.failure: EventTooLarge | ErrorEvent | None = None
 
+    @property
+    def held(self) -> int:
+        """The bytes of an event begun and not ended: with the next read's, the most an event
+        that read ends may hold."""
+        return self._pieces_size + self._data_size
+
     def feed(self, chunk: bytes) -> list[bytes]:
         events: list[bytes] = []
         if self.done:

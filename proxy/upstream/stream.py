@@ -96,8 +96,9 @@ class ReplyReader:
                         if at:  # a long read is decoded in slices, the event loop free between
                             await asyncio.sleep(0)  # (a megabyte of empty events: 80 ms)
                         piece = raw[at : at + READ_SLICE] if len(raw) > READ_SLICE else raw
+                        small = len(piece) + decoder.held < LARGE_TEXT  # its events, all
                         for data in decoder.feed(piece):
-                            if len(data) < LARGE_TEXT:
+                            if small or len(data) < LARGE_TEXT:
                                 delta = self._add(acc, data)
                             else:  # one at a time a process, as whole replies are
                                 async with parse_turn(len(data)):
