@@ -34,6 +34,7 @@ from proxy.errors import ShuttingDown
 from proxy.pricing import PriceTable
 from proxy.state.expiring_threads import ExpiringThreads
 from proxy.state.store import Record, StateStore
+from proxy.telemetry.http import CUT_ON_PURPOSE
 from proxy.tools.building import build_registry
 from proxy.tools.mcp_tool import CallHook
 from proxy.tools.registry import ToolRegistry
@@ -160,9 +161,14 @@ class Services:
             RUN_ENDED.set(run.result)
 
     async def execute_streamed(self, run: Run, writer: EventStream, receive: Receive) -> Ended:
-        """`execute`, `writer` kept alive meanwhile."""
-        with writer.kept_alive(self.config.server.keepalive_interval_s):
-            return await self.execute(run, receive)
+        """`execute`, `writer` kept alive meanwhile. A stream the proxy cut (a call's task may
+        have: its own context) is told to the server as left unfinished on purpose."""
+        try:
+            with writer.kept_alive(self.config.server.keepalive_interval_s):
+                return await self.execute(run, receive)
+        finally:
+            if writer.silenced:
+                CUT_ON_PURPOSE.set(True)
 
     async def answerable(
         self,

@@ -99,7 +99,7 @@ class SSEDecoder:
                 value = line[5:]
                 value = value[1:] if value.startswith(b" ") else value
                 self._data.append(value)
-                self._data_size += len(value)
+                self._data_size += len(value) + 1  # (with the line break that joins it)
                 self._check()
             elif line.startswith(b"event:"):
                 self._error = line[6:].strip() == b"error"

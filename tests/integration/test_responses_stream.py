@@ -12,6 +12,7 @@ import pytest
 from starlette.types import Message
 
 from proxy.engine import events as ev
+from proxy.telemetry.http import CUT_ON_PURPOSE
 from tests.direct_asgi import body_then_stay, post_scope
 from tests.integration.conftest import Proxy, ProxyFactory
 from tests.response_events import checked, parse_events, stream_text
@@ -319,3 +320,38 @@ async def test_a_time_budget_due_while_a_slow_reader_takes_a_long_event_ends_the
     events = parse_events(b"".join(bodies).decode())
     assert events[-1]["type"] == "response.completed"
     assert events[-1]["response"]["loop"]["stop_reason"] == "time_budget"
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+async def test_a_stream_the_proxy_cut_is_told_to_the_server_as_cut_on_purpose(
+    proxy_for: ProxyFactory, parallel: bool
+) -> None:
+    """Cut in a parallel call's task (its own context), it was not: the server logged "ASGI
+    callable returned without completing response" and the span was not failed `cut_short`."""
+    bodies: list[bytes] = []
+
+    async def send(message: Message) -> None:
+        if message["type"] != "http.response.body":
+            return
+        if len(bodies) == 1:
+            await asyncio.sleep(3.5)  # the rest not taken within 3 s
+        bodies.append(message["body"])
+
+    async with proxy_for({"server": {"max_tool_output_bytes": 8 << 20}}) as proxy:
+        big = call("search_notes", query="x" * 1_500_000)
+        reply = calls(big, call("search_notes", query="y")) if parallel else big
+        proxy.upstream.script(reply, say("done"))
+        loop = {"tools": ["search_notes"], "parallel_tool_calls": parallel,
+                "stop_when": [{"max_duration_s": 0.2}]}  # fmt: skip
+        body = {"model": "scripted", "input": "go", "stream": True, "loop": loop}
+        app = proxy.client._transport.app  # type: ignore[attr-defined]
+        received = body_then_stay(json.dumps(body).encode())
+
+        async def served() -> bool:  # as the server's request task: its context after the app
+            await app(post_scope("/v1/responses"), received, send)
+            return CUT_ON_PURPOSE.get()
+
+        told = await asyncio.wait_for(served(), 20)
+        [finished] = proxy.observer.of(ev.RunFinished)
+    assert finished.stop.reason.value == "time_budget"
+    assert told

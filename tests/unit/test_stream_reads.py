@@ -12,6 +12,7 @@ import pytest
 
 from proxy.errors import UpstreamBadReply
 from proxy.upstream.reply import ReplyLimits
+from proxy.upstream.sse import EventTooLarge, SSEDecoder
 from proxy.upstream.stream import READ_SLICE, ReplyReader
 
 
@@ -55,3 +56,19 @@ async def test_a_streamed_finish_reason_longer_than_a_word_is_no_reply() -> None
     reader = ReplyReader("up", ReplyLimits(), [])
     with pytest.raises(UpstreamBadReply, match="finish_reason is not a string of at most 64"):
         await reader.stream(one_read(data), None, time.monotonic())
+
+
+def test_an_event_of_many_data_lines_is_held_with_its_line_breaks() -> None:
+    """`held` bounds what a read may end (a stream's large events are parsed in their turn) and
+    `max_event_bytes` is checked against it: empty `data:` lines counted nothing, so an event
+    of 200,010 bytes was held as 6, and 600 KB of them passed a bound of 1,000."""
+    decoder = SSEDecoder(max_event_bytes=1 << 20)
+    decoder.feed(b'data: {"a":[\n')
+    for _ in range(20):
+        decoder.feed(b"data:\n" * 10_000)
+    held = decoder.held
+    [event] = decoder.feed(b"data: 0]}\n\n")
+    assert held + len(b"data: 0]}\n\n") >= len(event)
+    bounded = SSEDecoder(max_event_bytes=1000)
+    bounded.feed(b"data:\n" * 10_000)
+    assert isinstance(bounded.failure, EventTooLarge)
