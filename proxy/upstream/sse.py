@@ -98,8 +98,8 @@ class SSEDecoder:
             elif line.startswith(b"data:"):
                 value = line[5:]
                 value = value[1:] if value.startswith(b" ") else value
-                self._data.append(value)
-                self._data_size += len(value) + 1  # (with the line break that joins it)
+                self._data_size += len(value) + (1 if self._data else 0)  # (the line break
+                self._data.append(value)  # that joins it to the one before, when there is one)
                 self._check()
             elif line.startswith(b"event:"):
                 self._error = line[6:].strip() == b"error"
