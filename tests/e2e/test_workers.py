@@ -56,14 +56,22 @@ def config_file(folder: Path, state: dict[str, Any]) -> Path:
 
 @contextmanager
 def serving(
-    path: Path, port: int, workers: int, *more: str, metrics_dir: Path | None = None
+    path: Path,
+    port: int,
+    workers: int,
+    *more: str,
+    metrics_dir: Path | None = None,
+    log: Path | None = None,
 ) -> Iterator[subprocess.Popen[bytes]]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
     if metrics_dir is not None:
         env["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
     args = ["-m", "proxy", "serve", "--config", str(path), "--port", str(port), *more]
-    proc = subprocess.Popen([sys.executable, *args, "--workers", str(workers)], env=env)
+    with log.open("wb") if log else contextlib.nullcontext() as out:
+        proc = subprocess.Popen(
+            [sys.executable, *args, "--workers", str(workers)], env=env, stderr=out
+        )
     try:
         wait_healthy(f"http://127.0.0.1:{port}/healthz", proc)
         yield proc
@@ -280,9 +288,11 @@ def test_a_worker_that_replaces_another_and_cannot_start_is_tried_again(
     document["tools"]["web"] = http_entry(mcp.url, required=True, connect_timeout_s=1)
     path.write_text(yaml.safe_dump(document))
     port = free_port()
+    log = tmp_path / "serve.log"
     try:
-        with serving(path, port, workers=2) as proc:
-            until(lambda: len(workers_of(proc.pid)) == 2)
+        with serving(path, port, workers=2, log=log) as proc:
+            # Both workers started (one still starting as the source goes fails at the start).
+            until(lambda: log.read_text().count("connected: 15 tools") == 2)
             mcp.stop()
             victim = min(workers_of(proc.pid))
             os.kill(victim, signal.SIGKILL)
