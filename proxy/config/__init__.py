@@ -13,7 +13,7 @@ from proxy.config.agents import AgentConfig, ConditionConfig
 from proxy.config.auth import AuthConfig
 from proxy.config.document import BadDocument, read_document
 from proxy.config.model import ConfigModel
-from proxy.config.references import reference_problems
+from proxy.config.references import expression_problems, reference_problems
 from proxy.config.server import ServerConfig
 from proxy.config.state import StateConfig
 from proxy.config.telemetry import TelemetryConfig
@@ -83,7 +83,7 @@ def parse_config(data: Any) -> Config:
     try:
         config = Config.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(problems(exc) + found) from None
+        raise ConfigError(problems(exc) + found + expression_problems(data)) from None
     if found:
         raise ConfigError(found)
     return config

@@ -1,10 +1,15 @@
-"""The names a config document uses but does not define, read from the document itself."""
+"""What a config document gets wrong that its schema cannot tell (names it uses but does not
+define, expressions that do not compile), read from the document itself."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from pydantic import ValidationError
+
 from proxy.config.tools import could_expose
+from proxy.engine.options import PolicyOptions
+from proxy.engine.policy import condition_problems
 
 
 def _entries(data: dict[str, Any], section: str) -> dict[str, Any]:
@@ -91,3 +96,18 @@ def _key_problems(
     if auth.get("metrics_key") is True and not readers:
         errors.append(("auth.metrics_key", "no key has metrics: true, so none could read /metrics"))
     return errors
+
+
+def expression_problems(data: dict[str, Any]) -> list[tuple[str, str]]:
+    """The problems of the stop conditions of each agent whose `stop_when` has its shape (an
+    `expr` that does not compile), for a document the schema fails elsewhere: else they were
+    told only once the rest was mended (the wiring that compiles them needs a whole config)."""
+    problems: list[tuple[str, str]] = []
+    for name, agent in _entries(data, "agents").items():
+        entries = agent.get("stop_when") if isinstance(agent, dict) else None
+        try:
+            options = PolicyOptions.model_validate({"stop_when": entries or []})
+        except ValidationError:  # the schema's errors tell it
+            continue
+        problems += condition_problems(options, f"agents.{name}.")
+    return problems

@@ -215,6 +215,14 @@ def expressions(options: PolicyOptions) -> list[str]:
     return expressions_of(options.stop_when)
 
 
+def condition_problems(options: PolicyOptions, path: str) -> list[tuple[str, str]]:
+    """What `compile_policy` finds wrong in the stop conditions alone (expressions that do not
+    compile, or too many of them), each at its path under `path` (`"agents.a."`)."""
+    problems: list[tuple[str, str]] = []
+    compile_conditions(options.stop_when, f"{path}stop_when", problems)
+    return problems
+
+
 def compile_expressions(sources: list[str]) -> None:
     """Compiles `sources` ahead of `compile_policy`, which then finds them compiled: meant for
     a thread, the event loop going on meanwhile."""

@@ -57,6 +57,26 @@ def test_check_reports_every_wiring_error_of_an_agent_at_once(check_config: Chec
         assert any(line.startswith(told) for line in lines), (told, lines)
 
 
+def test_check_reports_an_expression_that_does_not_compile_with_the_shape_errors(
+    check_config: CheckConfig,
+) -> None:
+    """An `expr` is compiled by the wiring, which needs the whole config: beside a shape error
+    elsewhere it was told only once that was mended."""
+    status, _, err = check_config(
+        "agents:\n"
+        "  a: {model: m, stop_when: [{expr: 'steps.size() >'}, {step_count_is: 3}]}\n"
+        "  b: {model: m, bogus: 1}\n"
+        "  c: {model: m, stop_when: [{expr: 'nope'}, {max_steps: 2}]}\n"
+    )
+    assert status == 1
+    lines = err.strip().splitlines()
+    assert "agents.b.bogus: unknown field" in lines
+    assert any(line.startswith("agents.a.stop_when[0].expr: invalid CEL") for line in lines)
+    assert any(line.startswith("agents.c.stop_when[1].max_steps: unknown") for line in lines)
+    assert not any(line.startswith("agents.c.stop_when[0]") for line in lines), lines
+    assert len(lines) == 3, lines
+
+
 def test_check_rejects_unknown_keys(check_config: CheckConfig) -> None:
     status, _, err = check_config("server: {port: 8080, colour: blue}\n")
     assert status == 1
