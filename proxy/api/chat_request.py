@@ -48,8 +48,11 @@ def parse_chat_request(raw: bytes, thread_header: str | None = None) -> ChatRequ
             raise InvalidRequest("must be an object", param="stream_options")
         include_usage = boolean(options.get("include_usage", False), "stream_options.include_usage")
     tools = _tools(body.get("tools"))
-    cap = positive_int(body.get("max_completion_tokens"), "max_completion_tokens")
-    positive_int(body.get("max_tokens"), "max_tokens")
+    caps = [
+        positive_int(body.get("max_completion_tokens"), "max_completion_tokens"),
+        positive_int(body.get("max_tokens"), "max_tokens"),
+    ]
+    cap = min((given for given in caps if given is not None), default=None)
     if (positive_int(body.get("n"), "n") or 1) > 1 and stream:
         raise InvalidRequest("n must be 1 for a stream: the proxy streams one answer", param="n")
     if body.get("logprobs") and stream:  # (they were dropped: every chunk's were null)

@@ -108,10 +108,11 @@ class Upstream:
             for key in TOOL_FIELDS:
                 body.pop(key, None)
         cap = request.max_completion_tokens
-        if cap is not None:
-            body["max_completion_tokens"] = cap
+        if cap is not None:  # in the client's own field: OpenAI refuses the two at once
             if isinstance(body.get("max_tokens"), int):
                 body["max_tokens"] = min(body["max_tokens"], cap)
+            else:
+                body["max_completion_tokens"] = cap
         if request.stream:
             body["stream"] = True
             body["stream_options"] = {"include_usage": True}

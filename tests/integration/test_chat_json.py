@@ -154,6 +154,26 @@ async def test_token_budget_holds_through_http(proxy: Proxy) -> None:
     assert all("max_completion_tokens" in sent for sent in proxy.upstream.bodies)
 
 
+async def test_a_budget_keeps_the_client_s_own_max_tokens(proxy: Proxy) -> None:
+    """A budget's cap went out as `max_completion_tokens` beside the client's `max_tokens`:
+    above the client's own cap (an upstream reading the newer field gave a longer reply), and
+    the two at once, which OpenAI refuses."""
+    proxy.upstream.script(call("search_notes", query="Lima"), say("x" * 3000))
+    r = await proxy.chat(
+        model="scripted",
+        messages=user("Research Lima."),
+        max_tokens=10,
+        loop={"tools": ["search_notes"], "stop_when": [{"max_tokens_used": 900}]},
+    )
+    body = r.json()
+    assert body["usage"]["completion_tokens"] <= 10 + 10  # each step cut at 10
+    assert body["loop"]["stop_reason"] == "completed"  # the client's cap: no budget's doing
+    assert body["choices"][0]["finish_reason"] == "length"
+    for sent in proxy.upstream.bodies:
+        assert sent["max_tokens"] == 10
+        assert "max_completion_tokens" not in sent
+
+
 async def test_cost_budget_holds_with_config_prices(proxy: Proxy) -> None:
     proxy.upstream.script(keep(call("search_notes", query="Lima")))
     r = await proxy.chat(
