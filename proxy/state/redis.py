@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import NamedTuple
@@ -52,16 +53,23 @@ table.insert(counts, 1, ok)
 return counts
 """
 
-# KEYS[1]: the thread's hash; ARGV: key1, n1, key2, n2...: n taken from each, none below 0.
+# KEYS[1]: the thread's hash, KEYS[2]: this release's own key; ARGV[1]: that key's TTL in ms,
+# then key1, n1, key2, n2...: n taken from each, none below 0. Once only: a release sent again
+# (its reply lost, `connected` sends a command once more) finds its key and takes nothing; a
+# release taken twice would let a thread run more calls than its limit.
 _RELEASE = """
-for i = 1, #ARGV, 2 do
+if not redis.call('SET', KEYS[2], 1, 'NX', 'PX', ARGV[1]) then return 0 end
+for i = 2, #ARGV, 2 do
   local count = tonumber(redis.call('HGET', KEYS[1], ARGV[i]) or '0')
   if count > 0 then
     redis.call('HSET', KEYS[1], ARGV[i], math.max(0, count - tonumber(ARGV[i + 1])))
   end
 end
-return 0
+return 1
 """
+
+# How long a release's own key stays: past any resend of it.
+RELEASED_MS = 60_000
 
 # A context saved by compare-and-set: 1 when saved, 0 otherwise.
 _SAVE = COMPARE_AND_SET + "return 1"
@@ -114,7 +122,7 @@ def connected(url: str, timeout_s: float) -> aioredis.Redis:
     once more on a new one: after the server restarts (or fails over) every pooled connection
     is closed, and each would fail a request though the server got none of them. (Were a reply
     lost after the server ran the command, a reservation would count twice or a save meet a
-    conflict: a strict answer, never a lost write.)"""
+    conflict: a strict answer, never a lost write; a release is made to be taken once.)"""
     pool = aioredis.BlockingConnectionPool.from_url(
         url,
         max_connections=MAX_CONNECTIONS,
@@ -182,9 +190,11 @@ class RedisStore:
         return bool(reply[0]), {key: int(n) for key, n in zip(keys, reply[1:], strict=True)}
 
     async def release(self, thread_id: str, counts: Mapping[str, int]) -> None:
-        args = [v for key, n in counts.items() for v in (key, n)]
+        args: list[str | int] = [RELEASED_MS]
+        args += [v for key, n in counts.items() for v in (key, n)]
+        once = f"{self._prefix}released:{secrets.token_hex(12)}"
         with reached():
-            await self._release(keys=[self._thread(thread_id)], args=args)
+            await self._release(keys=[self._thread(thread_id), once], args=args)
 
     async def thread_counts(self, thread_id: str) -> dict[str, int]:
         with reached():

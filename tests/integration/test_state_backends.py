@@ -351,6 +351,55 @@ async def test_redis_calls_after_a_restart_find_the_server_again(tmp_path: Path)
         await store.close()
 
 
+async def test_a_redis_release_sent_again_is_taken_once(redis_url: str) -> None:
+    """A release whose reply was lost (a failover, a cut link) is sent again on a new
+    connection: it was taken twice, and the thread ran more calls than its limit."""
+    target = redis_url.removeprefix("redis://").split("/")[0].split(":")
+    dropping = {"armed": False}
+
+    async def forward(client: asyncio.StreamReader, server_writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError):
+            while data := await client.read(65536):
+                server_writer.write(data)
+                await server_writer.drain()
+        server_writer.close()  # (redis then closes its side: `answer` ends)
+
+    async def answer(server: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError):
+            while data := await server.read(65536):
+                if dropping["armed"]:  # the command ran; its reply is lost with the link
+                    dropping["armed"] = False
+                    client_writer.transport.abort()
+                    return
+                client_writer.write(data)
+                await client_writer.drain()
+        client_writer.close()
+
+    async def link(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        server_reader, server_writer = await asyncio.open_connection(target[0], int(target[1]))
+        await asyncio.gather(forward(reader, server_writer), answer(server_reader, writer))
+        for each in (writer, server_writer):
+            each.close()
+            with contextlib.suppress(ConnectionError):
+                await each.wait_closed()
+
+    cut = await asyncio.start_server(link, "127.0.0.1", 0)
+    port = cut.sockets[0].getsockname()[1]
+    store = RedisStore(f"redis://127.0.0.1:{port}/0", prefix=f"once-{secrets.token_hex(4)}:")
+    try:
+        for _ in range(5):
+            await store.reserve("t", {"calls": 100})
+        await store.release("other", {"calls": 1})  # the script known to redis
+        dropping["armed"] = True
+        await store.release("t", {"calls": 1})
+        assert not dropping["armed"]  # a reply was lost
+        assert await store.thread_counts("t") == {"calls": 4}
+    finally:
+        await store.close()
+        cut.close()
+        await cut.wait_closed()
+
+
 def test_open_store_names_a_missing_redis_url() -> None:
     with pytest.raises(ValueError, match=r"state\.url_env: environment variable NO_SUCH_URL"):
         open_store(StateConfig(backend="redis", url_env="NO_SUCH_URL"))
