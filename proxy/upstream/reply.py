@@ -15,6 +15,7 @@ import math
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any
 
 from proxy.config.upstreams import MAX_RESPONSE_VALUES
@@ -54,6 +55,10 @@ MAX_REPORTED_COST_USD = 10_000.0
 # one reply; a count past it is taken as this many (2**63 in two steps overflowed every writer
 # of the run's usage: a 500, a stream cut short, a cost counter at 3e13 dollars).
 MAX_REPORTED_TOKENS = 1_000_000_000
+# The keys of a usage looked at, and the entries of its `*_details` kept, and how deep: OpenAI's
+# have a dozen entries a level down (240,000 were summed every step, held the loop 190 ms).
+MAX_USAGE_ENTRIES = 64
+MAX_USAGE_DEPTH = 2
 
 
 def reply_from_body(body: dict[str, Any], limits: ReplyLimits = ReplyLimits()) -> ModelReply:
@@ -257,9 +262,10 @@ def reported_usage(raw: Any, path: str) -> tuple[Usage, float | None]:
     prompt = _tokens(raw, "prompt_tokens", path)
     completion = _tokens(raw, "completion_tokens", path)
     total = _tokens(raw, "total_tokens", path) or prompt + completion
+    room = [MAX_USAGE_ENTRIES]
     details = {
-        name: _sane_details(value, f"{path}.{name}")
-        for name, value in raw.items()
+        name: _sane_details(value, f"{path}.{name}", room)
+        for name, value in islice(raw.items(), MAX_USAGE_ENTRIES)
         if name.endswith("_details") and isinstance(value, dict)
     }
     cost = raw.get("cost")
@@ -341,11 +347,25 @@ def _too_many(limits: ReplyLimits) -> MalformedReply:
     return MalformedReply(f"more than {limit} tool calls in one reply (max_tool_calls_per_reply)")
 
 
-def _sane_details(details: dict[str, Any], path: str) -> dict[str, Any]:
+def _sane_details(
+    details: dict[str, Any], path: str, room: list[int], depth: int = 1
+) -> dict[str, Any]:
+    """A usage's `*_details` object, its counts believed; `room`: the entries the usage may
+    still have (MAX_USAGE_ENTRIES in all: each is summed over the run's steps and sent on)."""
     sane: dict[str, Any] = {}
     for key, value in details.items():
+        room[0] -= 1
+        if room[0] < 0 or depth > MAX_USAGE_DEPTH:
+            doubted_counts.warning(
+                "upstream reported a usage of more than %d entries or %d levels; the rest of %s"
+                " dropped",
+                MAX_USAGE_ENTRIES,
+                MAX_USAGE_DEPTH,
+                path,
+            )
+            return sane
         if isinstance(value, dict):
-            sane[key] = _sane_details(value, f"{path}.{key}")
+            sane[key] = _sane_details(value, f"{path}.{key}", room, depth + 1)
         elif _number(value) and not (
             _finite_and_not_negative(value) and value <= MAX_REPORTED_TOKENS
         ):

@@ -16,7 +16,7 @@ import orjson
 
 from proxy.engine.values import DeltaSink, ModelReply
 from proxy.errors import UpstreamBadReply
-from proxy.json_values import MAX_DEPTH, nests_too_deep
+from proxy.json_values import MAX_DEPTH, holds_over, nests_too_deep
 from proxy.parse_turns import LARGE_TEXT, parse_turn
 from proxy.upstream.error_body import mid_stream_message
 from proxy.upstream.reply import ChunkAccumulator, MalformedReply, ReplyLimits, reply_from_body
@@ -102,6 +102,7 @@ class ReplyReader:
                                 delta = self._add(acc, data)
                             else:  # one at a time a process, as whole replies are
                                 async with parse_turn(len(data)):
+                                    await self._bounded(data)
                                     delta = self._add(acc, data)
                             if delta:
                                 deltas.append(delta)
@@ -139,6 +140,15 @@ class ReplyReader:
             raise self._malformed(exc) from None
         reply.first_chunk_s = first_chunk_s
         return reply
+
+    async def _bounded(self, data: bytes) -> None:
+        """An event's values are bounded as a whole reply's are (`max_response_values`): 8 MiB
+        of `[],` in one event held the event loop 1.2 s."""
+        if await holds_over(data, self.limits.max_values):
+            raise UpstreamBadReply(
+                f"upstream {self.name} sent an event of more than {self.limits.max_values} "
+                "JSON values (max_response_values)"
+            )
 
     def _add(self, acc: ChunkAccumulator, data: bytes) -> str | None:
         try:  # as `_json` does, without a call more for every event of every stream

@@ -410,6 +410,32 @@ async def test_a_reply_of_more_json_values_than_its_bound_is_a_502_before_it_is_
     assert within.status_code == 200, within.text
 
 
+async def test_a_streamed_event_of_more_json_values_than_its_bound_fails_the_stream(
+    proxy_for: ProxyFactory,
+) -> None:
+    """An event's values are counted before it is parsed, as a whole reply's are: one event of
+    8 MiB of `[],` held the event loop 1.2 s. The text before it goes on; then the error."""
+    wide = b'{"id":"x","choices":[],"x":[' + b"0," * 40_000 + b"0]}"
+    end = {"id": "x", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+    stream = sse(chunk({"role": "assistant", "content": "Hi"}), wide, end)
+    bounded = {"upstreams": {"main": {"base_url": UPSTREAM, "max_response_values": 30_000}}}
+    roomy = {"upstreams": {"main": {"base_url": UPSTREAM, "max_response_values": 50_000}}}
+    async with proxy_for(
+        bounded, handler=answering(stream, content_type="text/event-stream")
+    ) as proxy:
+        over = await proxy.chat(model="weather", messages=WEATHER, stream=True)
+    async with proxy_for(
+        roomy, handler=answering(stream, content_type="text/event-stream")
+    ) as proxy:
+        within = await proxy.chat(model="weather", messages=WEATHER, stream=True)
+    first, *_, failed, done = events(over.text)
+    assert first["choices"][0]["delta"]["content"] == "Hi"
+    assert failed["error"]["code"] == "upstream_error"
+    assert "an event of more than 30000 JSON values (max_response_values)" in str(failed)
+    assert (failed["loop"]["stop_reason"], done) == ("upstream_error", "[DONE]")
+    assert events(within.text)[-2]["loop"]["stop_reason"] == "completed"
+
+
 def _for(path: str, body: dict[str, Any]) -> dict[str, Any]:
     """The fields of `body` that `path` takes."""
     fields = {

@@ -27,6 +27,7 @@ from proxy.upstream.error_body import (
 )
 from proxy.upstream.httpx_transport import HttpxTransport
 from proxy.upstream.reply import (
+    MAX_USAGE_ENTRIES,
     ChunkAccumulator,
     MalformedReply,
     ReplyLimits,
@@ -342,6 +343,26 @@ def test_usage_details_below_zero_are_dropped() -> None:
     raw = {"prompt_tokens": 10, "prompt_tokens_details": {"cached_tokens": -50, "audio_tokens": 2}}
     read, _ = reported_usage(raw, "usage")
     assert read.details == {"prompt_tokens_details": {"audio_tokens": 2}}
+
+
+def test_usage_details_are_bounded_in_entries_and_depth(caplog: pytest.LogCaptureFixture) -> None:
+    """240,000 entries were kept, summed over every step and sent to the client (190 ms of the
+    event loop a run): a usage's first MAX_USAGE_ENTRIES are, to MAX_USAGE_DEPTH levels."""
+    many = {f"k{i}": 1 for i in range(240_000)}
+    raw = {
+        "prompt_tokens": 10,
+        "prompt_tokens_details": {"cached_tokens": 4, **many},
+        "completion_tokens_details": {"reasoning_tokens": 2},
+    }
+    read, _ = reported_usage(raw, "usage")
+    kept = read.details["prompt_tokens_details"]
+    assert kept["cached_tokens"] == 4
+    assert len(kept) == MAX_USAGE_ENTRIES
+    assert read.details["completion_tokens_details"] == {}  # no room left
+    assert "the rest of usage.prompt_tokens_details dropped" in caplog.text
+    deep = {"prompt_tokens_details": {"a": {"b": {"c": 1}, "d": 2}, "cached_tokens": 1}}
+    read, _ = reported_usage(deep, "usage")
+    assert read.details == {"prompt_tokens_details": {"a": {"b": {}, "d": 2}, "cached_tokens": 1}}
 
 
 # Retry-After
