@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import ValidationError, ValidationInfo, field_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator
 
 from proxy.config.agents import AgentConfig, ConditionConfig
 from proxy.config.auth import AuthConfig
@@ -21,6 +21,9 @@ from proxy.config.tools import ToolConfig, check_tool_names
 from proxy.config.upstreams import ModelAlias, Price, UpstreamConfig
 from proxy.engine.options import problems
 
+# The server tools a config may define (each its schema checked as the server starts, ~2 ms).
+MAX_TOOLS = 4096
+
 
 class Config(ConfigModel):
     server: ServerConfig = ServerConfig()
@@ -31,7 +34,7 @@ class Config(ConfigModel):
     default_upstream: str = "openai"
     models: dict[str, ModelAlias] = {}
     pricing: dict[str, Price] = {}
-    tools: dict[str, ToolConfig] = {}
+    tools: Annotated[dict[str, ToolConfig], Field(max_length=MAX_TOOLS)] = {}
     conditions: dict[str, ConditionConfig] = {}
     agents: dict[str, AgentConfig] = {}
     state: StateConfig = StateConfig()

@@ -208,3 +208,17 @@ _UniqueKeys.add_implicit_resolver(
     re.compile(r"^[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+$"),
     list("-+.0123456789"),
 )
+
+
+def _int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> Any:
+    """An integer, as YAML reads it; one past Python's digits (4,300) named at its place,
+    not a traceback."""
+    try:
+        return yaml.SafeLoader.construct_yaml_int(loader, node)
+    except ValueError:
+        raise yaml.constructor.ConstructorError(
+            None, None, "an integer of too many digits", node.start_mark
+        ) from None
+
+
+_UniqueKeys.add_constructor("tag:yaml.org,2002:int", _int)

@@ -251,9 +251,14 @@ class ParentLastTool(_Rule):
     children: NonEmptyNames
 
 
+# A tool output a `conditional` rule matches (its whole output, compared as it is).
+MAX_MATCHED_OUTPUT_CHARS = 4096
+MatchedOutput = Annotated[str, StringConstraints(max_length=MAX_MATCHED_OUTPUT_CHARS)]
+
+
 class Conditional(_Rule):
     type: Literal["conditional", "ConditionalToolRule"]
-    child_output_mapping: Annotated[dict[str, Name], Field(min_length=1, max_length=256)]
+    child_output_mapping: Annotated[dict[MatchedOutput, Name], Field(min_length=1, max_length=256)]
     default_child: Name | None = None
     require_output_mapping: StrictBool = False
 
@@ -411,8 +416,17 @@ def json_path(loc: tuple[int | str, ...], prefix: str = "") -> str:
         elif part.startswith((_CONDITION_TAG, _RULE_TAG, "function-", "model-")):
             continue
         else:
-            out += f".{part}" if out else part
+            out += f".{shortened(part)}" if out else shortened(part)
     return out
+
+
+# A key of the document named in an error: told in full up to this many characters.
+MAX_KEY_SHOWN = 64
+
+
+def shortened(key: str) -> str:
+    """A key as an error names it: a long one (a client's, of any length) cut, marked so."""
+    return key if len(key) <= MAX_KEY_SHOWN else f"{key[:MAX_KEY_SHOWN]}…"
 
 
 def problems(exc: ValidationError, prefix: str = "") -> list[tuple[str, str]]:
@@ -427,7 +441,8 @@ def problems(exc: ValidationError, prefix: str = "") -> list[tuple[str, str]]:
             tags = [p for p in loc if isinstance(p, str) and p.startswith(_CONDITION_TAG)]
             if tags and tags[-1] == _CONDITION_TAG + "unknown":
                 message = (
-                    f"unknown stop condition {last!r}; expected one of {', '.join(CONDITION_KINDS)}"
+                    f"unknown stop condition {shortened(last)!r}; expected one of "
+                    f"{', '.join(CONDITION_KINDS)}"
                 )
             elif tags and last in CONDITION_KINDS:
                 message = "a stop condition has exactly one kind"
@@ -442,9 +457,12 @@ def problems(exc: ValidationError, prefix: str = "") -> list[tuple[str, str]]:
             message = _FRIENDLY[kind]
         elif kind == "literal_error":
             message = message.replace("Input should be", "must be")
+        elif kind == "too_long":  # (pydantic's: "List should have at most 256 items after ...")
+            message = f"must have at most {err.get('ctx', {}).get('max_length')} entries"
         elif kind == "string_pattern_mismatch":
             message = f"must match {err.get('ctx', {}).get('pattern')} (is {err.get('input')!r})"
         else:
             message = message.replace("Input should be", "must be")
+            message = message.replace("String should have", "must have")
         found.append((json_path(loc, prefix) or prefix.rstrip(".") or "(root)", message))
     return found

@@ -13,10 +13,12 @@ takes longer are refused, as arguments that do not match are.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import orjson
 from jsonschema import (
     Draft4Validator,
     Draft6Validator,
@@ -82,13 +84,35 @@ _NOWHERE: Registry[Any] = Registry()
 
 
 def check_schema(schema: dict[str, Any]) -> None:
-    """Raises ValueError for a schema that is not valid JSON Schema."""
+    """Raises ValueError for a schema that is not valid JSON Schema. A schema met before is
+    not checked again (1.7 ms a tool: a config's tools share schemas, an MCP server's list is
+    read again each time it changes)."""
+    try:
+        encoded = orjson.dumps(schema, option=orjson.OPT_SORT_KEYS)
+    except (TypeError, orjson.JSONEncodeError):  # (not JSON: no schema is, the check says)
+        problem = _problem(schema)
+    else:  # (the long ones not kept: what the cache holds stays small)
+        problem = _known_problem(encoded) if len(encoded) <= KEPT_SCHEMA_BYTES else _problem(schema)
+    if problem is not None:
+        raise ValueError(problem)
+
+
+KEPT_SCHEMA_BYTES = 16 * 1024
+
+
+@functools.lru_cache(maxsize=1024)
+def _known_problem(encoded: bytes) -> str | None:
+    return _problem(orjson.loads(encoded))
+
+
+def _problem(schema: dict[str, Any]) -> str | None:
     try:
         _draft(schema).check_schema(schema)
     except SchemaError as exc:
-        raise ValueError(f"not a valid JSON schema: {exc.message}") from None
+        return f"not a valid JSON schema: {exc.message}"
     except RecursionError:  # nested deeper than the checker goes (150 `not`s do)
-        raise ValueError("not a JSON schema that can be checked: nested too deeply") from None
+        return "not a JSON schema that can be checked: nested too deeply"
+    return None
 
 
 class SchemaCheck:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 COLON = ord(":")  # a line that begins with it is a comment
+BOM = b"\xef\xbb\xbf"  # a stream may begin with it: no part of its first line
 
 
 class EventTooLarge(ValueError):
@@ -33,6 +34,7 @@ class SSEDecoder:
         self.max_event_bytes = max_event_bytes
         self.done = False
         self.failure: EventTooLarge | ErrorEvent | None = None
+        self._begun = False  # bytes came: a BOM is looked for in the first
 
     @property
     def held(self) -> int:
@@ -44,6 +46,9 @@ class SSEDecoder:
         events: list[bytes] = []
         if self.done:
             return events
+        if not self._begun and chunk:
+            self._begun = True
+            chunk = chunk.removeprefix(BOM)  # (its first event was dropped as no `data:` line)
         try:
             self._feed(chunk, events)
         except (EventTooLarge, ErrorEvent) as exc:

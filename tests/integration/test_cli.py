@@ -157,6 +157,10 @@ def aliased_depth(levels: int) -> str:
         (merge_chain(3000), "its merge keys (<<) copy more than 500,000 pairs"),
         # (1,400: past the merge bound, not its own: 2.6 s of merging before the alias bound)
         (merge_chain(1400), "its merge keys (<<) copy more than 500,000 pairs"),
+        (
+            "server:\n  port: 1" + "0" * 5000 + "\n",
+            "integer of too many digits\n  at line 2, column 9",
+        ),
     ],
 )
 def test_check_refuses_what_yaml_would_take_but_the_config_should_not(
@@ -166,6 +170,15 @@ def test_check_refuses_what_yaml_would_take_but_the_config_should_not(
     assert status == 1
     assert says in err
     assert "Traceback" not in err
+
+
+def test_check_bounds_the_server_tools_of_a_config(check_config: CheckConfig) -> None:
+    """Each tool's schema is checked as the server starts (50,000 tools took 50 s)."""
+    entries = "".join(f"  t{i}: {{kind: builtin, builtin: final_answer}}\n" for i in range(4097))
+    status, _, err = check_config("tools:\n" + entries)
+    assert (status, err.strip()) == (1, "tools: must have at most 4096 entries")
+    status, out, _ = check_config("tools:\n" + entries.split("  t4096")[0])
+    assert (status, out.strip()) == (0, "config OK")
 
 
 def test_check_names_a_config_file_it_cannot_take(

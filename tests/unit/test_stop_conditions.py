@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from proxy.engine import events as ev
-from proxy.engine.options import PolicyOptions
+from proxy.engine.options import CONDITION_KINDS, PolicyOptions
 from proxy.engine.stop import StopReason
 from proxy.engine.values import Prices
 from tests.fakes import FakeChecks, reply
@@ -285,6 +285,20 @@ async def test_limit_stop_without_final_answer_returns_last_text() -> None:
 )
 def test_bad_conditions_name_their_path(raw: Any, param: str) -> None:
     assert problem({"stop_when": [raw]})[0] == param
+
+
+def test_a_long_key_is_named_cut_short() -> None:
+    """A client's key of any length was echoed whole in the error (and a `conditional` rule's
+    outputs had no bound: 1 MB was taken)."""
+    assert problem({"stop_when": [{"y" * 5000: 1}]}) == (
+        "stop_when[0]." + "y" * 64 + "…",
+        "unknown stop condition '" + "y" * 64 + "…'; expected one of " + ", ".join(CONDITION_KINDS),
+    )
+    rule = {"type": "conditional", "tool_name": "t", "child_output_mapping": {"x" * 4097: "u"}}
+    assert problem({"tool_rules": [rule]}) == (
+        "tool_rules[0].child_output_mapping." + "x" * 64 + "….[key]",
+        "must have at most 4096 characters",
+    )
 
 
 def test_a_policy_holds_at_most_1024_conditions_however_nested() -> None:

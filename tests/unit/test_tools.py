@@ -340,6 +340,19 @@ def test_a_schema_naming_no_draft_by_a_string_is_no_valid_schema(named: Any) -> 
         check_schema({"$schema": named, "type": "object"})
 
 
+def test_a_schema_met_again_is_told_as_it_was_checked() -> None:
+    """Schemas are checked once each (a config's tools share them): a bad one stays bad,
+    however its keys are ordered, and one that is no JSON is still checked."""
+    for _ in range(2):
+        with pytest.raises(ValueError, match="not a valid JSON schema: 5 is not of type"):
+            check_schema({"type": "object", "properties": 5})
+        with pytest.raises(ValueError, match="not a valid JSON schema: 5 is not of type"):
+            check_schema({"properties": 5, "type": "object"})
+        check_schema({"type": "object", "properties": {"a": {"type": "string"}}})
+        with pytest.raises(ValueError, match="not a valid JSON schema"):
+            check_schema({"type": "object", "properties": {"a": {1, 2}}})
+
+
 async def test_arguments_longer_than_any_model_writes_are_refused_before_parsing() -> None:
     """30 MB of arguments from an upstream (digits: the long-number scan and the standard
     library's parse) held the event loop 2.7 s; a megabyte is more than any model writes."""

@@ -174,6 +174,13 @@ def test_upstream_body_caps_tokens_and_drops_tool_fields_without_tools() -> None
 # Bounds and faults of the SSE decoder
 
 
+def test_sse_a_stream_s_leading_byte_order_mark_is_no_part_of_its_first_line() -> None:
+    """The SSE format lets a stream begin with one: its first event was dropped unsaid."""
+    d = SSEDecoder()
+    assert d.feed(b'\xef\xbb\xbfdata: {"a":1}\n\ndata: {"b":2}\n\n') == [b'{"a":1}', b'{"b":2}']
+    assert SSEDecoder().feed(b'data: {"a":1}\n\n\xef\xbb\xbfdata: 2\n\n') == [b'{"a":1}']
+
+
 def test_sse_an_event_over_the_cap_is_refused_before_it_ends() -> None:
     decoder = SSEDecoder(max_event_bytes=100)
     assert decoder.feed(b"data: " + b"a" * 60 + b"\n") == []
