@@ -129,6 +129,18 @@ async def test_any_reports_the_entry_that_held() -> None:
     assert result.stop.details["id"] == "fetched"
 
 
+async def test_any_gives_its_own_id_to_an_entry_that_has_none() -> None:
+    """SPEC §6: every entry may carry `id` for reporting: an `any`'s was never told."""
+    named = {"id": "limits", "any": [{"step_count_is": 9}, {"has_tool_call": "fetch"}]}
+    both = {"id": "limits", "any": [{"has_tool_call": "fetch", "id": "fetched"}]}
+    for cond, told in [(named, "limits"), (both, "fetched")]:
+        h = Harness([reply(calls=[("fetch", "{}")]), *looping()], TOOLS, stop_when=[cond])
+        result = await h.run()
+        assert result.stop.reason is StopReason.TOOL_CALLED
+        assert result.stop.details["condition"] == f"stop_when[0].any[{len(cond['any']) - 1}]"
+        assert result.stop.details["id"] == told
+
+
 async def test_all_needs_every_entry_and_is_a_custom_condition() -> None:
     cond = {"all": [{"step_count_is": 2}, {"has_tool_call": "fetch"}]}
     script = [*looping(2), reply(calls=[("fetch", "{}")]), *looping()]

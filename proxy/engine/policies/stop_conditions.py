@@ -154,11 +154,14 @@ class Condition:
         failed: FailureSink,
         budget: Budget | None,
     ) -> Held | Unknown | None:
-        """The first entry that holds; else UNKNOWN when one could not be evaluated."""
+        """The first entry that holds, with this one's `id` when it has none of its own; else
+        UNKNOWN when one could not be evaluated."""
         unknown = False
         for child in self.value:
             found = await child._evaluate(run, checks, failed, budget)
             if isinstance(found, Held):
+                if self.id is not None and "id" not in found.details:
+                    return Held(found.reason, {**found.details, "id": self.id})
                 return found
             unknown = unknown or found is UNKNOWN
         return UNKNOWN if unknown else None
