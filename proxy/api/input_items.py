@@ -124,7 +124,7 @@ YIELD_EVERY = 4096  # items a listing walks between turns of other requests
 
 
 async def _segments(
-    store: ResponseStore, response_id: str, budget: ReadBudget
+    store: ResponseStore, response_id: str, budget: ReadBudget, max_chain: int = MAX_CHAIN
 ) -> AsyncGenerator[list[Entry]]:
     """The chain's items, newest first in runs (a response's input items, the output of the
     response it continued, that one's input items...), each run in its own order. The walk
@@ -140,7 +140,7 @@ async def _segments(
                 param="response_id",
             )
 
-    for _ in range(MAX_CHAIN):
+    for _ in range(max_chain):
         inputs = await store.input(current, charge)
         if inputs is None:
             return
@@ -152,7 +152,7 @@ async def _segments(
         current = inputs.previous
         await asyncio.sleep(0)  # a chain read from memory: other requests' turn between reads
     raise InvalidRequest(
-        f"response {response_id[:64]!r} continues a chain of more than {MAX_CHAIN} responses: "
+        f"response {response_id[:64]!r} continues a chain of more than {max_chain} responses: "
         "its input items are not listed",
         param="response_id",
     )

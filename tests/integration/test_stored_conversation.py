@@ -516,21 +516,6 @@ async def test_a_resent_conversation_s_input_chain_is_bounded(
     assert len(listed.json()["data"]) == 19
 
 
-async def test_a_listing_walks_no_chain_longer_than_its_bound(
-    proxy_for: ProxyFactory, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A chain longer than MAX_CHAIN (stored before the bound was lowered) is not walked past
-    it: the listing says so."""
-    store = MemoryStore()
-    async with proxy_for(store=store) as proxy:
-        proxy.upstream.script(keep(say("Noted.")))
-        ids, _ = await resend(proxy, 6, whole=True)
-        monkeypatch.setattr(input_items, "MAX_CHAIN", 4)
-        listed = await proxy.client.get(f"/v1/responses/{ids[-1]}/input_items?order=asc")
-    assert listed.status_code == 400, listed.text
-    assert "continues a chain of more than 4 responses" in listed.json()["error"]["message"]
-
-
 ASK = {
     "type": "function",
     "name": "ask_user",
