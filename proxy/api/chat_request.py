@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from proxy.api.body_fields import boolean, name, positive_int
 from proxy.api.chat_params import check_params
-from proxy.api.json_body import json_object, positive_int
-from proxy.api.run_request import NO_LOOP, UNSAFE_NAME, RunRequest, parse_loop, thread_of
+from proxy.api.json_body import json_object
+from proxy.api.run_request import NO_LOOP, RunRequest, parse_loop, thread_of
 from proxy.engine.options import MAX_NAME_CHARS
 from proxy.errors import InvalidRequest
 
@@ -78,25 +79,6 @@ def parse_chat_request(raw: bytes, thread_header: str | None = None) -> ChatRequ
         client_thread=True,
     )
     return ChatRequest(run, stream, include_usage)
-
-
-def name(value: Any, param: str) -> str:
-    """A model, thread or context name: a non-empty string of at most MAX_NAME_CHARS."""
-    if not isinstance(value, str) or not value:
-        raise InvalidRequest(f"{param} is required and must be a string", param=param)
-    if len(value) > MAX_NAME_CHARS:
-        raise InvalidRequest(f"{param} is longer than {MAX_NAME_CHARS} characters", param=param)
-    if UNSAFE_NAME.search(value):
-        raise InvalidRequest(
-            f"{param} must not contain control or text direction characters", param=param
-        )
-    return value
-
-
-def boolean(value: Any, param: str) -> bool:
-    if not isinstance(value, bool):
-        raise InvalidRequest("must be a boolean", param=param)
-    return value
 
 
 def _tool_choice(value: Any) -> Any:

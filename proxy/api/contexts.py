@@ -15,7 +15,7 @@ from starlette.types import Receive, Scope, Send
 
 from proxy.api.asgi import bearer_token, send_json
 from proxy.api.auth import Caller
-from proxy.api.chat_request import name
+from proxy.api.body_fields import UNSAFE_NAME, name, text
 from proxy.api.completion import loop_report
 from proxy.api.context_end import ContextEnd, kept_messages, messages_size
 from proxy.api.context_owners import (
@@ -30,7 +30,7 @@ from proxy.api.failures import drain_end_answer, failed, send_failure
 from proxy.api.headers import run_headers, with_stop_reason
 from proxy.api.json_body import json_object, read_json
 from proxy.api.planning import Plan
-from proxy.api.run_request import UNSAFE_NAME, RunRequest, parse_loop
+from proxy.api.run_request import RunRequest, parse_loop
 from proxy.api.services import Services
 from proxy.engine.options import TerminatingOptions, problems
 from proxy.engine.run import Run
@@ -68,28 +68,23 @@ def _body(raw: bytes, path: str, max_id_chars: int) -> dict[str, Any]:
     for key in body:
         if key not in fields:
             raise InvalidRequest(f"unknown field; expected one of {', '.join(fields)}", param=key)
-    _text(body.get("context_id"), "context_id")
+    text(body.get("context_id"), "context_id")
     check_context_id(body["context_id"], max_id_chars)
     if path == "/chat":
-        _text(body.get("message"), "message")
+        text(body.get("message"), "message")
     for key in ("agent", "model"):
         if body.get(key) is not None:
             name(body[key], key)
     if body.get("agent") is not None and body.get("model") is not None:
         raise InvalidRequest("give `agent` or `model`, not both", param="model")
     if body.get("prompt") is not None:
-        _text(body["prompt"], "prompt")
+        text(body["prompt"], "prompt")
     return body
 
 
 def _made_with(context: StoredContext) -> str:
     """The field a context's agent or model was given by."""
     return "agent" if context.agent is not None else "model"
-
-
-def _text(value: Any, param: str) -> None:
-    if not isinstance(value, str) or not value:
-        raise InvalidRequest("must be a non-empty string", param=param)
 
 
 def check_context_id(context_id: str, max_chars: int) -> None:

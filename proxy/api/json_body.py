@@ -17,7 +17,6 @@ from starlette.types import Receive, Scope
 
 from proxy.api.asgi import read_body
 from proxy.config.server import ServerConfig
-from proxy.engine.options import MAX_COUNT
 from proxy.errors import BodyTooLarge, InvalidRequest
 from proxy.json_values import MAX_DEPTH, holds_over, nests_too_deep
 from proxy.parse_turns import parse_turn
@@ -53,13 +52,3 @@ def json_object(raw: bytes) -> dict[str, Any]:
     if nests_too_deep(raw, body):
         raise InvalidRequest(f"the body nests deeper than {MAX_DEPTH} levels")
     return body
-
-
-def positive_int(value: Any, param: str) -> int | None:
-    """A body's optional count: None when absent, else an integer of at least 1 (a 400 naming
-    `param` otherwise)."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_COUNT:
-        raise InvalidRequest(f"must be a positive integer of at most {MAX_COUNT}", param=param)
-    return value

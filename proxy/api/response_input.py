@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.api.chat_request import name
+from proxy.api.body_fields import name, object_field, string
 from proxy.errors import InvalidRequest
 
 ROLES = frozenset({"user", "system", "developer", "assistant"})
@@ -50,18 +50,6 @@ ITEM_TYPES = frozenset(
 )
 
 
-def string_param(value: Any, param: str) -> str:
-    if not isinstance(value, str):
-        raise InvalidRequest("must be a string", param=param)
-    return value
-
-
-def json_object_param(value: Any, param: str) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise InvalidRequest("must be an object", param=param)
-    return value
-
-
 def checked_input(value: Any, has_previous: bool) -> list[dict[str, Any]]:
     if value is None:
         if has_previous:
@@ -80,7 +68,7 @@ def checked_input(value: Any, has_previous: bool) -> list[dict[str, Any]]:
 
 def _item(item: Any, path: str) -> None:
     """Checks what the proxy reads of an item; the rest of it is not sent anywhere."""
-    item = json_object_param(item, path)
+    item = object_field(item, path)
     kind = item.get("type")
     if kind is None and "role" in item:
         kind = "message"
@@ -96,22 +84,22 @@ def _item(item: Any, path: str) -> None:
         name(item.get("id"), f"{path}.id")
     elif kind == "mcp_call":
         for key in ("id", "name", "arguments"):
-            string_param(item.get(key), f"{path}.{key}")
+            string(item.get(key), f"{path}.{key}")
         if item.get("output") is not None:
-            string_param(item["output"], f"{path}.output")
+            string(item["output"], f"{path}.output")
     else:
         name(item.get("call_id"), f"{path}.call_id")
         if kind == "function_call":
-            string_param(item.get("name"), f"{path}.name")
-            string_param(item.get("arguments"), f"{path}.arguments")
+            string(item.get("name"), f"{path}.name")
+            string(item.get("arguments"), f"{path}.arguments")
         elif kind == "custom_tool_call":
-            string_param(item.get("name"), f"{path}.name")
-            string_param(item.get("input"), f"{path}.input")
+            string(item.get("name"), f"{path}.name")
+            string(item.get("input"), f"{path}.input")
         else:
             _content(item.get("output"), f"{path}.output")
         namespace = item.get("namespace")
         if namespace is not None:
-            string_param(namespace, f"{path}.namespace")
+            string(namespace, f"{path}.namespace")
 
 
 def _message(item: dict[str, Any], path: str) -> None:
@@ -130,14 +118,14 @@ def _content(content: Any, path: str) -> None:
         raise InvalidRequest("must be a string or a list of parts", param=path)
     for j, part in enumerate(content):
         where = f"{path}[{j}]"
-        part = json_object_param(part, where)
+        part = object_field(part, where)
         kind = part.get("type")
         if not isinstance(kind, str) or kind not in PART_TYPES:
             raise InvalidRequest(
                 f"type must be one of {', '.join(sorted(PART_TYPES))}", param=f"{where}.type"
             )
         if kind in TEXT_PARTS:
-            string_param(part.get("text"), f"{where}.text")
+            string(part.get("text"), f"{where}.text")
         elif kind == "input_image":
             _image(part, where)
 

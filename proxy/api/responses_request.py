@@ -8,9 +8,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.api.chat_request import MAX_CLIENT_TOOLS, boolean, name
-from proxy.api.json_body import json_object, positive_int
-from proxy.api.response_input import checked_input, json_object_param, string_param
+from proxy.api.body_fields import (
+    boolean,
+    name,
+    number,
+    object_field,
+    optional,
+    positive_int,
+    string,
+)
+from proxy.api.chat_request import MAX_CLIENT_TOOLS
+from proxy.api.json_body import json_object
+from proxy.api.response_input import checked_input
 from proxy.api.response_items import CUSTOM_PARAMETERS, ClientTool, upstream_name
 from proxy.api.run_request import NO_LOOP, LoopOptions, RunRequest, parse_loop, thread_of
 from proxy.engine.options import ToolCallLimitOptions
@@ -52,9 +61,9 @@ def parse_responses_request(raw: bytes, thread_header: str | None = None) -> Res
     if previous is not None:
         previous = name(previous, "previous_response_id")
     items = checked_input(body.get("input"), previous is not None)
-    instructions = _optional(body, "instructions", str, "a string")
-    stream = _optional(body, "stream", bool, "a boolean") or False
-    store = _optional(body, "store", bool, "a boolean")
+    instructions = optional(body, "instructions", str, "a string")
+    stream = optional(body, "stream", bool, "a boolean") or False
+    store = optional(body, "store", bool, "a boolean")
     store = True if store is None else store
     tools, names, ignored, tool_params = _tools(body.get("tools"))
     params = _params(body)
@@ -112,20 +121,6 @@ def parse_responses_request(raw: bytes, thread_header: str | None = None) -> Res
     )
 
 
-def _optional(body: dict[str, Any], key: str, kind: type, what: str) -> Any:
-    value = body.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
-        raise InvalidRequest(f"{key} must be {what}", param=key)
-    return value
-
-
-def _number(value: Any, param: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidRequest("must be a number", param=param)
-
-
 # -- fields with an upstream meaning --------------------------------------------------------
 
 
@@ -137,16 +132,16 @@ def _params(body: dict[str, Any]) -> dict[str, Any]:
         if value is None:
             continue
         if key in ("temperature", "top_p"):
-            _number(value, key)
+            number(value, key)
         else:
-            string_param(value, key)
+            string(value, key)
         params[key] = value
     if body.get("parallel_tool_calls") is not None:
-        params["parallel_tool_calls"] = _optional(body, "parallel_tool_calls", bool, "a boolean")
+        params["parallel_tool_calls"] = optional(body, "parallel_tool_calls", bool, "a boolean")
     if body.get("service_tier") is not None:
-        params["service_tier"] = string_param(body["service_tier"], "service_tier")
+        params["service_tier"] = string(body["service_tier"], "service_tier")
     if body.get("metadata") is not None:
-        metadata = json_object_param(body["metadata"], "metadata")
+        metadata = object_field(body["metadata"], "metadata")
         if len(metadata) > MAX_METADATA_PAIRS:
             raise InvalidRequest(f"has more than {MAX_METADATA_PAIRS} pairs", param="metadata")
         for key, value in metadata.items():
@@ -154,7 +149,7 @@ def _params(body: dict[str, Any]) -> dict[str, Any]:
                 raise InvalidRequest(
                     f"a key is longer than {MAX_METADATA_KEY_CHARS} characters", param="metadata"
                 )
-            string_param(value, f"metadata.{key}")
+            string(value, f"metadata.{key}")
             if len(value) > MAX_METADATA_VALUE_CHARS:
                 raise InvalidRequest(
                     f"longer than {MAX_METADATA_VALUE_CHARS} characters", param=f"metadata.{key}"
@@ -164,22 +159,22 @@ def _params(body: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(include, list):
             raise InvalidRequest("must be a list", param="include")
         for i, item in enumerate(include):
-            string_param(item, f"include[{i}]")
+            string(item, f"include[{i}]")
     for key in ("truncation",):
         if body.get(key) is not None:
-            string_param(body[key], key)
+            string(body[key], key)
     for key in ("client_metadata", "stream_options"):
         if body.get(key) is not None:
-            json_object_param(body[key], key)
+            object_field(body[key], key)
     text = body.get("text")
     if text is not None:
-        text = json_object_param(text, "text")
+        text = object_field(text, "text")
         if text.get("format") is not None:
-            response_format = _format(json_object_param(text["format"], "text.format"))
+            response_format = _format(object_field(text["format"], "text.format"))
             if response_format is not None:
                 params["response_format"] = response_format
         if text.get("verbosity") is not None:
-            verbosity = string_param(text["verbosity"], "text.verbosity")
+            verbosity = string(text["verbosity"], "text.verbosity")
             if verbosity not in VERBOSITIES:
                 raise InvalidRequest(
                     f"must be one of {', '.join(VERBOSITIES)}", param="text.verbosity"
@@ -187,11 +182,11 @@ def _params(body: dict[str, Any]) -> dict[str, Any]:
             params["verbosity"] = verbosity
     reasoning = body.get("reasoning")
     if reasoning is not None:
-        reasoning = json_object_param(reasoning, "reasoning")
+        reasoning = object_field(reasoning, "reasoning")
         if reasoning.get("effort") is not None:
-            params["reasoning_effort"] = string_param(reasoning["effort"], "reasoning.effort")
+            params["reasoning_effort"] = string(reasoning["effort"], "reasoning.effort")
         if reasoning.get("summary") is not None:
-            string_param(reasoning["summary"], "reasoning.summary")
+            string(reasoning["summary"], "reasoning.summary")
     return params
 
 
@@ -229,11 +224,11 @@ def _format(fmt: dict[str, Any]) -> dict[str, Any] | None:
         return {"type": "json_object"}
     schema: dict[str, Any] = {"name": name(fmt.get("name"), "text.format.name")}
     if fmt.get("schema") is not None:
-        schema["schema"] = json_object_param(fmt["schema"], "text.format.schema")
+        schema["schema"] = object_field(fmt["schema"], "text.format.schema")
     if fmt.get("strict") is not None:
         schema["strict"] = boolean(fmt["strict"], "text.format.strict")
     if fmt.get("description") is not None:
-        schema["description"] = string_param(fmt["description"], "text.format.description")
+        schema["description"] = string(fmt["description"], "text.format.description")
     return {"type": "json_schema", "json_schema": schema}
 
 
@@ -264,7 +259,7 @@ def _tools(
     seen: set[str] = set()
     for i, tool in enumerate(value):
         path = f"tools[{i}]"
-        tool = json_object_param(tool, path)
+        tool = object_field(tool, path)
         kind = tool.get("type")
         if not isinstance(kind, str):
             raise InvalidRequest("type must be a string", param=f"{path}.type")
@@ -277,7 +272,7 @@ def _tools(
                 raise InvalidRequest(f"more than {MAX_CLIENT_TOOLS} tools", param="tools")
             for j, member in enumerate(inner):
                 where = f"{path}.tools[{j}]"
-                member = json_object_param(member, where)
+                member = object_field(member, where)
                 if member.get("type") not in ("function", "custom"):
                     raise InvalidRequest(
                         "a namespace holds function and custom tools", param=f"{where}.type"
@@ -309,7 +304,7 @@ def _add(
     function: dict[str, Any] = {"name": flat}
     description = tool.get("description")
     if description is not None:
-        function["description"] = string_param(description, f"{path}.description")
+        function["description"] = string(description, f"{path}.description")
     if kind == "custom":
         fmt = tool.get("format")
         if isinstance(fmt, dict) and isinstance(fmt.get("definition"), str):
@@ -321,7 +316,7 @@ def _add(
     else:
         parameters = tool.get("parameters")
         function["parameters"] = (
-            json_object_param(parameters, f"{path}.parameters")
+            object_field(parameters, f"{path}.parameters")
             if parameters is not None
             else {"type": "object", "properties": {}}
         )
@@ -342,7 +337,7 @@ def _tool_choice(value: Any) -> Any:
                 param="tool_choice",
             )
         return value
-    choice = json_object_param(value, "tool_choice")
+    choice = object_field(value, "tool_choice")
     kind = choice.get("type")
     if not isinstance(kind, str):
         raise InvalidRequest("type must be a string", param="tool_choice.type")
@@ -358,7 +353,7 @@ def _chosen(tool: dict[str, Any], path: str) -> str:
     own = name(tool.get("name"), f"{path}.name")
     namespace = tool.get("namespace")
     if namespace is not None:
-        string_param(namespace, f"{path}.namespace")
+        string(namespace, f"{path}.namespace")
     return upstream_name(own, namespace)
 
 
@@ -366,7 +361,7 @@ def _allowed_tools(choice: dict[str, Any]) -> Any:
     """Chat Completions' `allowed_tools` of the tools the choice lists: the model may call
     those alone, of all the tools offered (hosted tools are not offered: left out; a list of
     hosted tools alone, the proxy's own `mcp` label among them, is its mode)."""
-    mode = string_param(choice.get("mode", "auto"), "tool_choice.mode")
+    mode = string(choice.get("mode", "auto"), "tool_choice.mode")
     if mode not in ("auto", "required"):
         raise InvalidRequest("must be auto or required", param="tool_choice.mode")
     listed = choice.get("tools")
@@ -375,7 +370,7 @@ def _allowed_tools(choice: dict[str, Any]) -> Any:
     tools = []
     for i, tool in enumerate(listed):
         path = f"tool_choice.tools[{i}]"
-        kind = json_object_param(tool, path).get("type")
+        kind = object_field(tool, path).get("type")
         if kind in ("function", "custom"):
             tools.append({"type": "function", "function": {"name": _chosen(tool, path)}})
     if not tools:

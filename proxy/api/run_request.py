@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import contextlib
-import re
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 from pydantic import Field, StrictBool, ValidationError
 
+from proxy.api.body_fields import UNSAFE_NAME
 from proxy.api.headers import THREAD_HEADER
 from proxy.engine.options import (
     MAX_ENTRIES,
     MAX_NAME_CHARS,
-    UNSAFE_IN_NAMES,
     Name,
     PolicyOptions,
     SafeName,
@@ -23,9 +22,6 @@ from proxy.errors import InvalidRequest, PolicyInvalid
 
 # The most server tools a request's `loop.tools` may name (an MCP source may expose 4,096).
 MAX_LOOP_TOOLS = 4096
-# The characters no `SafeName` holds, found in a name checked by hand (a model's, a context
-# id's, a header's).
-UNSAFE_NAME = re.compile(f"[{UNSAFE_IN_NAMES}]")
 
 
 class LoopOptions(PolicyOptions):
