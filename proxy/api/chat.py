@@ -11,7 +11,7 @@ from starlette.types import Receive, Scope, Send
 from proxy.api.asgi import bearer_token, header, send_json
 from proxy.api.auth import Caller
 from proxy.api.chat_request import ChatRequest, parse_chat_request
-from proxy.api.completion import completion_body, completion_id, loop_report
+from proxy.api.completion import completion_body, completion_id
 from proxy.api.failures import (
     drain_end_answer,
     failed,
@@ -21,6 +21,7 @@ from proxy.api.failures import (
 )
 from proxy.api.headers import THREAD_HEADER, run_headers, with_stop_reason
 from proxy.api.json_body import read_json
+from proxy.api.loop_report import loop_report
 from proxy.api.services import Services
 from proxy.api.sse import SSEWriter
 from proxy.api.upstream_param import ClientTerms

@@ -1,4 +1,4 @@
-"""The chat completion a run answers with, and its `loop` report (SPEC §4.2)."""
+"""The chat completion a run answers with (SPEC §4.2)."""
 
 from __future__ import annotations
 
@@ -12,21 +12,6 @@ from proxy.engine.stop import StopReason
 def completion_id(run_id: str) -> str:
     """The `id` of a run's completion (and of all its chunks)."""
     return f"chatcmpl-{run_id.removeprefix('run_')}"
-
-
-def loop_report(result: RunResult, include_messages: bool) -> dict[str, Any]:
-    report: dict[str, Any] = {
-        "run_id": result.run_id,
-        "stop_reason": result.stop.reason.value,
-        "steps": result.steps,
-        "tool_calls": result.tool_calls,
-        "cost_usd": round(result.cost_usd, 10) if result.cost_usd is not None else None,
-    }
-    if result.stop.details:
-        report["stop_details"] = result.stop.details
-    if include_messages:
-        report["messages"] = result.generated
-    return report
 
 
 def completion_body(

@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 
 from proxy.api.auth import Caller
-from proxy.api.completion import loop_report
+from proxy.api.loop_report import loop_report
 from proxy.api.services import Services
 from proxy.engine.run_spec import RunResult
 from proxy.errors import BodyTooLarge, ProxyError, StateUnavailable

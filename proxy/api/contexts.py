@@ -16,7 +16,6 @@ from starlette.types import Receive, Scope, Send
 from proxy.api.asgi import bearer_token, send_json
 from proxy.api.auth import Caller
 from proxy.api.body_fields import UNSAFE_NAME, name, text
-from proxy.api.completion import loop_report
 from proxy.api.context_end import ContextEnd, kept_messages, messages_size
 from proxy.api.context_owners import (
     drop_quietly,
@@ -29,6 +28,7 @@ from proxy.api.context_owners import (
 from proxy.api.failures import drain_end_answer, failed, send_failure
 from proxy.api.headers import run_headers, with_stop_reason
 from proxy.api.json_body import json_object, read_json
+from proxy.api.loop_report import loop_report
 from proxy.api.planning import Plan
 from proxy.api.run_request import RunRequest, parse_loop
 from proxy.api.services import Services

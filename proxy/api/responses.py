@@ -15,7 +15,6 @@ from starlette.types import Receive, Scope, Send
 
 from proxy.api.asgi import bearer_token, header, send_json
 from proxy.api.auth import Caller
-from proxy.api.completion import loop_report
 from proxy.api.failures import (
     drain_end_answer,
     failed,
@@ -25,6 +24,7 @@ from proxy.api.failures import (
 )
 from proxy.api.headers import THREAD_HEADER, run_headers, with_stop_reason
 from proxy.api.json_body import read_json
+from proxy.api.loop_report import loop_report
 from proxy.api.planning import Plan
 from proxy.api.response_body import (
     cut_short,

@@ -12,7 +12,7 @@ import httpx
 import orjson
 from starlette.types import Receive
 
-from proxy.api import held_calls
+from proxy.api import held_call_records
 from proxy.api.asgi import RUN_ENDED, Shutdown, run_or_cancel, shutting_down
 from proxy.api.auth import Caller, KeyRing
 from proxy.api.event_stream import EventStream
@@ -198,13 +198,13 @@ class Services:
         fails ending it `state_unavailable` (its client answered as if they were kept)."""
         if not (spec.policy.tools and spec.client_tools):
             return None
-        return held_calls.keeper(self.store, self.config.state.run_ttl_s, caller)
+        return held_call_records.keeper(self.store, self.config.state.run_ttl_s, caller)
 
     async def restore(
         self, messages: list[dict[str, Any]], caller: Caller | None = None
     ) -> list[dict[str, Any]]:
         """`messages` with the server calls held back from the client put back in place."""
-        return await held_calls.restore(self.store, messages, caller)
+        return await held_call_records.restore(self.store, messages, caller)
 
     async def open_sources(self) -> None:
         """Connects the MCP sources and plans with the tools they expose; from then on a change
