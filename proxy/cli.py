@@ -75,7 +75,7 @@ def _wiring_problems(config: Config, unset: Sequence[tuple[str, str]] = ()) -> l
     that cannot be imported, a schema that is none), as lines; as if the `unset` variables
     were set, so that every problem is told in one go. The state backend is not opened:
     `serve` does (and `/readyz` checks it)."""
-    from proxy.api.services import build_services
+    from proxy.api.wiring import build_services
     from proxy.state.memory import MemoryStore
     from proxy.upstream.http1_transport import Http1Transport
 

@@ -28,7 +28,8 @@ from proxy.api.probes import Probes
 from proxy.api.responses import Responses, StoredResponses
 from proxy.api.route_errors import EXCEPTION_HANDLERS
 from proxy.api.runs import RunReports
-from proxy.api.services import Services, build_services
+from proxy.api.services import Services
+from proxy.api.wiring import build_services
 from proxy.config import Config
 from proxy.engine.ports import RunObserver
 from proxy.pricing import PriceTable

@@ -11,7 +11,7 @@ import httpx
 import pytest
 from pydantic import AfterValidator
 
-from proxy.api.services import build_services
+from proxy.api.wiring import build_services
 from proxy.config import ConfigError, parse_config
 from proxy.engine import events as ev
 from proxy.engine.options import MAX_NAME_CHARS
