@@ -64,6 +64,8 @@ def parse_chat_request(raw: bytes, thread_header: str | None = None) -> ChatRequ
         )
     check_params(body)
     params = {k: v for k, v in body.items() if k not in OWN_FIELDS}
+    if caps[0] is not None or params.get("max_tokens") is None:  # the cap goes in the newer
+        params.pop("max_tokens", None)  # field when sent (OpenAI refuses the two at once)
     has_loop = body.get("loop") is not None
     loop = parse_loop(body["loop"]) if has_loop else NO_LOOP
     run = RunRequest(

@@ -147,7 +147,7 @@ def _refuse_repeated_keys(root: yaml.Node) -> list[yaml.MappingNode]:
                     raise yaml.constructor.ConstructorError(
                         "while reading a mapping",
                         node.start_mark,
-                        f"found the key {key_node.value!r} twice",
+                        f"found the key {_shown(key_node.value)!r} twice",
                         key_node.start_mark,
                     )
                 keys.add(key)
@@ -214,11 +214,23 @@ def _int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> Any:
     """An integer, as YAML reads it; one past Python's digits (4,300) named at its place,
     not a traceback."""
     try:
-        return yaml.SafeLoader.construct_yaml_int(loader, node)
-    except ValueError:
+        value = yaml.SafeLoader.construct_yaml_int(loader, node)
+    except ValueError:  # (decimal digits past Python's bound)
+        value = None
+    if value is None or value.bit_length() > MAX_INT_BITS:  # (hex, octal: no bound of theirs)
         raise yaml.constructor.ConstructorError(
             None, None, "an integer of too many digits", node.start_mark
-        ) from None
+        )
+    return value
+
+
+# As many as Python's 4,300 decimal digits hold.
+MAX_INT_BITS = 14_000
 
 
 _UniqueKeys.add_constructor("tag:yaml.org,2002:int", _int)
+
+
+def _shown(key: str) -> str:
+    """A key as a message names it: a long one cut."""
+    return key if len(key) <= 256 else f"{key[:256]}…"

@@ -420,8 +420,8 @@ def json_path(loc: tuple[int | str, ...], prefix: str = "") -> str:
     return out
 
 
-# A key of the document named in an error: told in full up to this many characters.
-MAX_KEY_SHOWN = 64
+# A key of the document named in an error: told in full up to this many characters (a name's).
+MAX_KEY_SHOWN = MAX_NAME_CHARS
 
 
 def shortened(key: str) -> str:

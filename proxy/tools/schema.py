@@ -13,12 +13,11 @@ takes longer are refused, as arguments that do not match are.
 from __future__ import annotations
 
 import asyncio
-import functools
+import json
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import orjson
 from jsonschema import (
     Draft4Validator,
     Draft6Validator,
@@ -87,22 +86,26 @@ def check_schema(schema: dict[str, Any]) -> None:
     """Raises ValueError for a schema that is not valid JSON Schema. A schema met before is
     not checked again (1.7 ms a tool: a config's tools share schemas, an MCP server's list is
     read again each time it changes)."""
-    try:
-        encoded = orjson.dumps(schema, option=orjson.OPT_SORT_KEYS)
-    except (TypeError, orjson.JSONEncodeError):  # (not JSON: no schema is, the check says)
+    try:  # (the standard library's JSON: `Infinity` is not `null`, as orjson writes it)
+        key = json.dumps(schema, sort_keys=True)
+    except (TypeError, ValueError, RecursionError):  # not JSON: checked, not kept
+        key = None
+    if key is not None and len(key) <= KEPT_SCHEMA_CHARS and key in _checked:
+        problem = _checked[key]
+    else:
         problem = _problem(schema)
-    else:  # (the long ones not kept: what the cache holds stays small)
-        problem = _known_problem(encoded) if len(encoded) <= KEPT_SCHEMA_BYTES else _problem(schema)
+        if key is not None and len(key) <= KEPT_SCHEMA_CHARS:  # what is kept stays small
+            if len(_checked) >= KEPT_SCHEMAS:
+                _checked.clear()
+            _checked[key] = problem
     if problem is not None:
         raise ValueError(problem)
 
 
-KEPT_SCHEMA_BYTES = 16 * 1024
-
-
-@functools.lru_cache(maxsize=1024)
-def _known_problem(encoded: bytes) -> str | None:
-    return _problem(orjson.loads(encoded))
+# The schemas checked, by their JSON with sorted keys: each one's problem, or None.
+KEPT_SCHEMAS = 1024
+KEPT_SCHEMA_CHARS = 16 * 1024
+_checked: dict[str, str | None] = {}
 
 
 def _problem(schema: dict[str, Any]) -> str | None:

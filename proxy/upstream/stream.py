@@ -142,8 +142,9 @@ class ReplyReader:
         return reply
 
     async def _bounded(self, data: bytes) -> None:
-        """An event's values are bounded as a whole reply's are (`max_response_values`): 8 MiB
-        of `[],` in one event held the event loop 1.2 s."""
+        """A large event's values are bounded before it is parsed, each as a whole reply's
+        are (`max_response_values`): 8 MiB of `[],` in one event held the event loop 1.2 s.
+        (A small one is parsed in no time; a reply's events are read a slice at a time.)"""
         if await holds_over(data, self.limits.max_values):
             raise UpstreamBadReply(
                 f"upstream {self.name} sent an event of more than {self.limits.max_values} "

@@ -6,6 +6,7 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import httpx
 import pytest
@@ -172,6 +173,32 @@ async def test_a_budget_keeps_the_client_s_own_max_tokens(proxy: Proxy) -> None:
     for sent in proxy.upstream.bodies:
         assert sent["max_tokens"] == 10
         assert "max_completion_tokens" not in sent
+
+
+@pytest.mark.parametrize(
+    ("given", "sent"),
+    [
+        ({"max_completion_tokens": 100, "max_tokens": 200}, {"max_completion_tokens": 100}),
+        ({"max_completion_tokens": 300, "max_tokens": 200}, {"max_completion_tokens": 200}),
+        ({"max_tokens": None}, {"max_completion_tokens": "the budget's"}),
+        ({"max_tokens": 40}, {"max_tokens": 40}),
+        ({}, {"max_completion_tokens": "the budget's"}),
+    ],
+)
+async def test_one_token_cap_goes_upstream_in_the_field_the_client_chose(
+    proxy: Proxy, given: dict[str, Any], sent: dict[str, Any]
+) -> None:
+    """The newer field when the client sent it (models that refuse `max_tokens` take it), the
+    older one when it sent that alone: never both, which OpenAI refuses."""
+    proxy.upstream.script(say("Hi."))
+    budget = {"stop_when": [{"max_tokens_used": 1000}]}
+    r = await proxy.chat(model="scripted", messages=user("Hi"), loop=budget, **given)
+    assert r.status_code == 200, r.text
+    (body,) = proxy.upstream.bodies
+    caps = {k: v for k, v in body.items() if k.startswith("max_")}
+    assert caps.keys() == sent.keys()
+    for field, value in sent.items():
+        assert caps[field] == value if isinstance(value, int) else 900 < caps[field] < 1000
 
 
 async def test_cost_budget_holds_with_config_prices(proxy: Proxy) -> None:

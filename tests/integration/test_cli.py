@@ -161,6 +161,11 @@ def aliased_depth(levels: int) -> str:
             "server:\n  port: 1" + "0" * 5000 + "\n",
             "integer of too many digits\n  at line 2, column 9",
         ),
+        ("default_upstream: 0x" + "f" * 20_000 + "\n", "integer of too many digits\n  at line 1"),
+        (
+            "a:\n  ? " + "k" * 2000 + "\n  : 1\n  ? " + "k" * 2000 + "\n  : 2\n",
+            "k" * 256 + "…' twice",
+        ),
     ],
 )
 def test_check_refuses_what_yaml_would_take_but_the_config_should_not(

@@ -55,6 +55,18 @@ async def test_token_budget_caps_the_completion_and_never_passes() -> None:
     assert all(c is not None for c in caps)
 
 
+async def test_a_budget_in_an_any_is_reported_with_its_id() -> None:
+    """SPEC §6: every entry may carry `id`: a budget's stop in an `any` lost the `any`'s."""
+    named = {"id": "limits", "any": [{"max_tokens_used": 200}, {"step_count_is": 99}]}
+    h = Harness([honouring(20, 60)] * 20, TOOLS, stop_when=[named])
+    result = await h.run()
+    assert result.stop.reason is StopReason.TOKEN_BUDGET
+    assert (result.stop.details["condition"], result.stop.details["id"]) == (
+        "stop_when[0].any[0]",
+        "limits",
+    )
+
+
 async def test_budget_stop_before_a_step_it_cannot_afford_makes_no_call() -> None:
     h = Harness(
         [reply(calls=[("search", "{}")], prompt=90, completion=5)] * 3,

@@ -303,12 +303,15 @@ def test_a_long_key_is_named_cut_short() -> None:
     """A client's key of any length was echoed whole in the error (and a `conditional` rule's
     outputs had no bound: 1 MB was taken)."""
     assert problem({"stop_when": [{"y" * 5000: 1}]}) == (
-        "stop_when[0]." + "y" * 64 + "…",
-        "unknown stop condition '" + "y" * 64 + "…'; expected one of " + ", ".join(CONDITION_KINDS),
+        "stop_when[0]." + "y" * 256 + "…",
+        "unknown stop condition '"
+        + "y" * 256
+        + "…'; expected one of "
+        + ", ".join(CONDITION_KINDS),
     )
     rule = {"type": "conditional", "tool_name": "t", "child_output_mapping": {"x" * 4097: "u"}}
     assert problem({"tool_rules": [rule]}) == (
-        "tool_rules[0].child_output_mapping." + "x" * 64 + "….[key]",
+        "tool_rules[0].child_output_mapping." + "x" * 256 + "….[key]",
         "must have at most 4096 characters",
     )
 

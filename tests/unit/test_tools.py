@@ -6,6 +6,7 @@ import asyncio
 import datetime
 import functools
 import json
+import math
 import os
 import socket
 import time
@@ -351,6 +352,9 @@ def test_a_schema_met_again_is_told_as_it_was_checked() -> None:
         check_schema({"type": "object", "properties": {"a": {"type": "string"}}})
         with pytest.raises(ValueError, match="not a valid JSON schema"):
             check_schema({"type": "object", "properties": {"a": {1, 2}}})
+        check_schema({"type": "number", "maximum": math.inf})  # YAML's `.inf`: no `null`
+        with pytest.raises(ValueError, match="None is not of type 'number'"):
+            check_schema({"type": "number", "maximum": None})
 
 
 async def test_arguments_longer_than_any_model_writes_are_refused_before_parsing() -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from proxy.engine.expressions import (
@@ -196,10 +196,14 @@ class Condition:
         return self.held(StopReason.CUSTOM_CONDITION, True, run) if result else None
 
     def walk_any(self) -> list[Condition]:
-        """This condition and, through `any`, the entries that hold on their own."""
-        if self.kind == "any":
-            return [leaf for child in self.value for leaf in child.walk_any()]
-        return [self]
+        """This condition and, through `any`, the entries that hold on their own (a budget's,
+        a time budget's), each with the `id` of the `any` it is in when it has none."""
+        if self.kind != "any":
+            return [self]
+        leaves = [leaf for child in self.value for leaf in child.walk_any()]
+        if self.id is None:
+            return leaves
+        return [leaf if leaf.id is not None else replace(leaf, id=self.id) for leaf in leaves]
 
 
 class Unknown:
