@@ -49,11 +49,11 @@ def parse_chat_request(raw: bytes, thread_header: str | None = None) -> ChatRequ
             raise InvalidRequest("must be an object", param="stream_options")
         include_usage = boolean(options.get("include_usage", False), "stream_options.include_usage")
     tools = _tools(body.get("tools"))
-    caps = [
-        positive_int(body.get("max_completion_tokens"), "max_completion_tokens"),
-        positive_int(body.get("max_tokens"), "max_tokens"),
-    ]
-    cap = min((given for given in caps if given is not None), default=None)
+    cap = positive_int(body.get("max_completion_tokens"), "max_completion_tokens")
+    legacy = positive_int(body.get("max_tokens"), "max_tokens")
+    newer = cap is not None
+    if legacy is not None and (cap is None or legacy < cap):  # one cap: the lower
+        cap = legacy
     if (positive_int(body.get("n"), "n") or 1) > 1 and stream:
         raise InvalidRequest("n must be 1 for a stream: the proxy streams one answer", param="n")
     if body.get("logprobs") and stream:  # (they were dropped: every chunk's were null)
@@ -64,8 +64,8 @@ def parse_chat_request(raw: bytes, thread_header: str | None = None) -> ChatRequ
         )
     check_params(body)
     params = {k: v for k, v in body.items() if k not in OWN_FIELDS}
-    if caps[0] is not None or params.get("max_tokens") is None:  # the cap goes in the newer
-        params.pop("max_tokens", None)  # field when sent (OpenAI refuses the two at once)
+    if newer or legacy is None:  # the cap goes in the newer field when it was sent (OpenAI
+        params.pop("max_tokens", None)  # refuses the two at once), or a null `max_tokens`
     has_loop = body.get("loop") is not None
     loop = parse_loop(body["loop"]) if has_loop else NO_LOOP
     run = RunRequest(
