@@ -9,14 +9,12 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-import orjson
-from pydantic import ValidationError
 from starlette.types import Receive, Scope, Send
 
 from proxy.api.asgi import bearer_token, send_json
 from proxy.api.auth import Caller
-from proxy.api.body_fields import UNSAFE_NAME, name, text
 from proxy.api.context_end import ContextEnd, kept_messages, messages_size
+from proxy.api.context_messages import generated_messages
 from proxy.api.context_owners import (
     drop_quietly,
     held,
@@ -25,124 +23,28 @@ from proxy.api.context_owners import (
     stored_id,
     visible,
 )
+from proxy.api.context_request import context_body, context_request, planned
 from proxy.api.failures import drain_end_answer, failed, send_failure
 from proxy.api.headers import run_headers, with_stop_reason
-from proxy.api.json_body import json_object, read_json
+from proxy.api.json_body import read_json
 from proxy.api.loop_report import loop_report
-from proxy.api.planning import Plan
-from proxy.api.run_request import RunRequest, parse_loop
 from proxy.api.services import Services
-from proxy.engine.options import TerminatingOptions, problems
 from proxy.engine.run import Run
 from proxy.engine.run_spec import RunResult
 from proxy.errors import (
     BodyTooLarge,
     InvalidRequest,
     NotFound,
-    PolicyInvalid,
     ProxyError,
 )
-from proxy.json_values import nests_too_deep
 from proxy.state.store import Holding, StoredContext
 
 log = logging.getLogger(__name__)
-
-# Each endpoint and the fields its body takes.
-MODES: dict[str, tuple[str, ...]] = {
-    "/chat": ("context_id", "message", "agent", "model", "terminating_config", "loop"),
-    "/chat/invoke": ("context_id", "agent", "model", "terminating_config", "loop"),
-    "/chat/add-ai-message": (
-        "context_id",
-        "prompt",
-        "agent",
-        "model",
-        "terminating_config",
-        "loop",
-    ),
-}
-
-
-def _body(raw: bytes, path: str, max_id_chars: int) -> dict[str, Any]:
-    body = json_object(raw)
-    fields = MODES[path]
-    for key in body:
-        if key not in fields:
-            raise InvalidRequest(f"unknown field; expected one of {', '.join(fields)}", param=key)
-    text(body.get("context_id"), "context_id")
-    check_context_id(body["context_id"], max_id_chars)
-    if path == "/chat":
-        text(body.get("message"), "message")
-    for key in ("agent", "model"):
-        if body.get(key) is not None:
-            name(body[key], key)
-    if body.get("agent") is not None and body.get("model") is not None:
-        raise InvalidRequest("give `agent` or `model`, not both", param="model")
-    if body.get("prompt") is not None:
-        text(body["prompt"], "prompt")
-    return body
 
 
 def _made_with(context: StoredContext) -> str:
     """The field a context's agent or model was given by."""
     return "agent" if context.agent is not None else "model"
-
-
-def check_context_id(context_id: str, max_chars: int) -> None:
-    """Refuses an id that `/v1/contexts/{id}` could not address (SPEC §10)."""
-    if len(context_id) > max_chars:
-        raise InvalidRequest(
-            f"must be at most {max_chars} characters (state.max_context_id_chars)",
-            param="context_id",
-        )
-    if "/" in context_id or context_id in (".", ".."):
-        raise InvalidRequest(
-            "must not contain '/' or be '.' or '..': GET /v1/contexts/{id} could not name it",
-            param="context_id",
-        )
-    if UNSAFE_NAME.search(context_id):
-        raise InvalidRequest(
-            "must not contain control or text direction characters", param="context_id"
-        )
-
-
-async def _plan(sv: Services, body: dict[str, Any], req: RunRequest, caller: Caller | None) -> Plan:
-    """The run's plan; a problem in a top-level `terminating_config`, which goes into the run's
-    `loop`, is reported where the client put it."""
-    try:
-        return await sv.plan(req, caller)
-    except PolicyInvalid as exc:
-        if body.get("terminating_config") is None:
-            raise
-        moved = "loop.terminating_config"
-        problems = [
-            (path.removeprefix("loop.") if path.startswith(moved) else path, message)
-            for path, message in exc.problems
-        ]
-        raise PolicyInvalid(problems, code=exc.code) from None
-
-
-def _request(body: dict[str, Any], context: StoredContext, messages: list[Any]) -> RunRequest:
-    loop = parse_loop(body["loop"] if body.get("loop") is not None else {})
-    if loop.agent is not None:
-        raise InvalidRequest("a context's agent is set by `agent`", param="loop.agent")
-    if loop.thread_id is not None:
-        raise InvalidRequest("a context is its own thread", param="loop.thread_id")
-    if loop.include_messages:
-        raise InvalidRequest(
-            "a context's answer has its generated_messages", param="loop.include_messages"
-        )
-    if body.get("terminating_config") is not None:
-        if loop.terminating_config is not None:
-            raise InvalidRequest(
-                "set terminating_config once, here or in loop", param="terminating_config"
-            )
-        try:
-            terminating = TerminatingOptions.model_validate(body["terminating_config"])
-        except ValidationError as exc:
-            raise PolicyInvalid(problems(exc, "terminating_config")) from None
-        loop = loop.model_copy(update={"terminating_config": terminating})
-    model = context.agent or context.model or ""
-    return RunRequest(model, messages, loop, has_loop=True, thread_id=context.thread_id)
 
 
 def _open(
@@ -171,48 +73,6 @@ def _open(
     return found
 
 
-def generated_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """A run's messages in the shape of SPEC §10."""
-    out: list[dict[str, Any]] = []
-    for message in messages:
-        role = message.get("role")
-        if role == "user":
-            out.append({"sender": "human", "message": message.get("content")})
-        elif role == "tool":
-            out.append(
-                {
-                    "type": "tool_response",
-                    "tool_call_id": message.get("tool_call_id"),
-                    "tool_output": message.get("content"),
-                }
-            )
-        elif role == "assistant":
-            if message.get("content"):
-                out.append({"sender": "ai", "message": message["content"]})
-            for call in message.get("tool_calls") or []:
-                function = call.get("function") or {}
-                out.append(
-                    {
-                        "type": "tool_call",
-                        "tool_call_id": call.get("id"),
-                        "tool_name": function.get("name"),
-                        "tool_input": _arguments(function.get("arguments")),
-                    }
-                )
-    return out
-
-
-def _arguments(raw: Any) -> Any:
-    """A call's arguments, parsed when they are JSON an answer can hold, else as they came."""
-    if not isinstance(raw, str):
-        return raw
-    try:
-        parsed = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return raw
-    return raw if nests_too_deep(raw, parsed) else parsed
-
-
 class ContextRuns:
     """`POST /chat`, `/chat/invoke` and `/chat/add-ai-message` as one raw ASGI app."""
 
@@ -225,7 +85,7 @@ class ContextRuns:
         caller = sv.keys.caller(bearer)
         path, max_chars = scope["path"], sv.config.state.max_context_id_chars
         body = await read_json(
-            receive, scope, sv.config.server, lambda raw: _body(raw, path, max_chars)
+            receive, scope, sv.config.server, lambda raw: context_body(raw, path, max_chars)
         )
         context_id = body["context_id"]
         async with held(sv.store, stored_id(context_id, caller), receive) as holding:
@@ -260,7 +120,7 @@ class ContextRuns:
         context = _opened(sv, body, holding.context or moved, caller)
         cap = sv.config.state.max_context_bytes
         messages, run_messages = _messages(body, context, cap)
-        plan = await _plan(sv, body, _request(body, context, run_messages), caller)
+        plan = await planned(sv, body, context_request(body, context, run_messages), caller)
         deps = sv.deps(plan.upstream, bearer, scope["path"])
         owner = plan.agent or context.model or ""
         end = ContextEnd(sv, holding, context, messages, owner, caller)
