@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 SERVER = Path(__file__).with_name("mcp_server.py")
+NOISY = Path(__file__).with_name("mcp_noisy_stdio.py")  # a stdio server hostile by hand
 
 
 def stdio_entry(**extra: Any) -> dict[str, Any]:

@@ -142,9 +142,9 @@ def build(wordy: bool = False, dotted: bool = False, extra: bool = False) -> MCP
         return value
 
     @server.tool(structured_output=False)
-    def refuse(message: str = "quota exceeded for this tool") -> str:
+    def refuse(message: str = "quota exceeded for this tool", code: int = INVALID_REQUEST) -> str:
         """Answers the call with a JSON-RPC error of its own (not a tool error)."""
-        raise MCPError(code=INVALID_REQUEST, message=message)
+        raise MCPError(code=code, message=message)
 
     @server.tool(structured_output=False)
     def picture() -> Image:

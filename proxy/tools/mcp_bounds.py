@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import codecs
 import logging
-import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from itertools import chain
 
@@ -17,12 +16,7 @@ from httpx2._sse import _SSEParser  # what the SDK's EventSource parses with: th
 from proxy.json_values import holds_over
 from proxy.throttled_log import ThrottledWarnings, described
 from proxy.tools.mcp_exchanges import EVENT_IDS
-from proxy.tools.mcp_stdio import too_large, too_many_values
-
-# Events of one stream: at most this many a second, after a burst of EVENT_BURST (a server
-# sending notifications without end held a core).
-EVENTS_PER_S = 200
-EVENT_BURST = 1000
+from proxy.tools.mcp_stdio import MessageRate, too_frequent, too_large, too_many_values
 
 
 class AnswerTooLarge(httpx2.StreamError):
@@ -157,8 +151,7 @@ class _BoundedEvents(httpx2.AsyncByteStream):
         self.values = values
         self.encoding = encoding
         self.on_id = on_id  # told each event's id
-        self.allowed = float(EVENT_BURST)  # events it may send now
-        self.at = time.monotonic()
+        self.rate = MessageRate()
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         text = codecs.getincrementaldecoder(self.encoding)(errors="replace")
@@ -174,13 +167,8 @@ class _BoundedEvents(httpx2.AsyncByteStream):
             parsed = list(events)
         except httpx2.SSEError:
             raise EventTooLarge(too_large(self.limit)) from None
-        if parsed:
-            now = time.monotonic()
-            self.allowed = min(EVENT_BURST, self.allowed + (now - self.at) * EVENTS_PER_S)
-            self.at = now
-            self.allowed -= len(parsed)
-            if self.allowed < 0:
-                raise EventTooLarge(f"the server sent more than {EVENTS_PER_S} events a second")
+        if parsed and self.rate.over(len(parsed)):
+            raise EventTooLarge(too_frequent())
         for event in parsed:
             if await holds_over(event.data.encode(), self.values):
                 raise EventTooLarge(too_many_values(self.values))

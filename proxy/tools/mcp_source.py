@@ -61,8 +61,24 @@ SESSION_GONE = re.compile(r"session (?:id )?(?:not found|terminated)|(?:unknown|
 # ending a long call): that call fails; an ended transport is seen where it ends (`on_end`).
 
 
+# What the SDK itself says of a connection that closed: the code alone (-32000) is also what
+# servers send for any failure of theirs ("rate limited"), which ended the session.
+SDK_CLOSED = "Connection closed"
+# The most of a server's own text (an error's message) kept, logged and told: 12 MB of one
+# held the event loop 1.6 s a call (its secrets looked for), in `/readyz` and the log whole.
+MAX_SERVER_TEXT = 1024
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def said(text: str) -> str:
+    """A server's own text as the proxy keeps and tells it: cut, no control characters."""
+    if len(text) > MAX_SERVER_TEXT:
+        text = text[:MAX_SERVER_TEXT] + "…"
+    return _CONTROL.sub("\ufffd", text)
+
+
 def _session_gone(error: mcp_types.ErrorData, over_http: bool) -> bool:
-    if error.code == mcp_types.CONNECTION_CLOSED:
+    if error.code == mcp_types.CONNECTION_CLOSED and error.message == SDK_CLOSED:
         return not over_http
     if not over_http or error.code not in SESSION_GONE_CODES:
         return False
@@ -189,14 +205,13 @@ class McpSource:
                     raise ToolFailed(self.not_connected())
                 return await client.call_tool(tool, arguments)
         except MCPError as exc:
+            text = said(exc.error.message)
             if _session_gone(exc.error, self.cfg.url is not None):
                 cause = self.error if self._dropped.is_set() else None  # why, if known
-                self._drop(f"the session dropped during the call: {exc.error.message}")
-                message = (
-                    f"{self.describe()} dropped the call: {self._told(cause or exc.error.message)}"
-                )
+                self._drop(f"the session dropped during the call: {text}")
+                message = f"{self.describe()} dropped the call: {self._told(cause or text)}"
                 raise ToolFailed(message) from None
-            raise ToolFailed(f"{self.describe()} refused the call: {exc.error.message}") from None
+            raise ToolFailed(f"{self.describe()} refused the call: {text}") from None
         except DROPPED_ERRORS as exc:
             self._drop(f"the connection failed during the call: {type(exc).__name__}")
             raise ToolFailed(f"{self.describe()} is unreachable: {type(exc).__name__}") from None
@@ -406,10 +421,10 @@ async def _first(waits: Sequence[Awaitable[Any]]) -> None:
 
 def _reason(exc: BaseException) -> str:
     if isinstance(exc, MCPError):
-        return exc.error.message
+        return said(exc.error.message)
     if isinstance(exc, ValidationError):
         return _invalid(exc)
-    text = str(exc)
+    text = said(str(exc))
     name = type(exc).__name__
     if isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         return _reason(exc.exceptions[0])

@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import re
+import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
@@ -53,6 +54,34 @@ def too_many_values(limit: int) -> str:
     return (
         f"the server sent a message holding more than {limit} JSON values (server.max_body_values)"
     )
+
+
+# Messages one stream of a server's may bring (a stdio child's lines, an HTTP session's
+# events): at most MESSAGES_PER_S a second after a burst of MESSAGE_BURST (a server sending
+# notifications or other lines without end held a core).
+MESSAGES_PER_S = 200
+MESSAGE_BURST = 1000
+
+
+def too_frequent() -> str:
+    return f"the server sent more than {MESSAGES_PER_S} messages a second"
+
+
+class MessageRate:
+    """Whether a stream's messages come faster than MESSAGES_PER_S, past its burst."""
+
+    __slots__ = ("allowed", "at")
+
+    def __init__(self) -> None:
+        self.allowed = float(MESSAGE_BURST)  # messages it may send now
+        self.at = time.monotonic()
+
+    def over(self, count: int = 1) -> bool:
+        now = time.monotonic()
+        self.allowed = min(MESSAGE_BURST, self.allowed + (now - self.at) * MESSAGES_PER_S)
+        self.at = now
+        self.allowed -= count
+        return self.allowed < 0
 
 
 async def lines(stream: ByteReceiveStream, limit: int) -> AsyncIterator[bytes]:
@@ -206,7 +235,11 @@ async def stdio_client(
     notices = LineNotices(os.path.basename(command[0]))
 
     async def relay() -> None:
+        rate = MessageRate()
         async for line in lines(stdout, max_message_bytes):
+            if rate.over():
+                on_end(too_frequent())
+                return
             if await holds_over(line, max_values):
                 on_end(too_many_values(max_values))
                 return

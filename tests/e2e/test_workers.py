@@ -292,7 +292,7 @@ def test_a_worker_that_replaces_another_and_cannot_start_is_tried_again(
     try:
         with serving(path, port, workers=2, log=log) as proc:
             # Both workers started (one still starting as the source goes fails at the start).
-            until(lambda: log.read_text().count("connected: 15 tools") == 2)
+            until(lambda: log.read_text().count(") connected: ") == 2)
             mcp.stop()
             victim = min(workers_of(proc.pid))
             os.kill(victim, signal.SIGKILL)
