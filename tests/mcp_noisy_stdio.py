@@ -1,11 +1,16 @@
 """A stdio MCP server that speaks the protocol by hand, to be hostile where the SDK would not
 let it: its one tool, `noise`, writes `lines` lines before its answer (notifications, or no
-message at all with `junk`)."""
+message at all with `junk`). `hang PATH`: it writes its pid to PATH and never answers
+`initialize`, whatever it is sent (its stdin closed, SIGTERM)."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
+import time
+from pathlib import Path
 
 
 def send(message: dict[str, object]) -> None:
@@ -14,6 +19,11 @@ def send(message: dict[str, object]) -> None:
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["hang"]:
+        Path(sys.argv[2]).write_text(str(os.getpid()))
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        while True:
+            time.sleep(1)
     tool = {"name": "noise", "inputSchema": {"type": "object"}}
     for line in sys.stdin:
         request = json.loads(line)

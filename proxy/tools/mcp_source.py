@@ -183,16 +183,23 @@ class McpSource:
         await self._attempted.wait()
 
     async def close(self) -> None:
-        """Ends the session (a stdio child is stopped) and stops reconnecting."""
+        """Ends the session (a stdio child is stopped) and stops reconnecting. One still
+        connecting is cancelled at once: its handshake may never end (within
+        `connect_timeout_s`), and the proxy may exit before its child was stopped."""
         self._closing.set()
         task, self._task = self._task, None
         if task is not None:
+            if self.state == "connecting":
+                task.cancel()
             try:
                 await asyncio.wait_for(asyncio.shield(task), CLOSE_TIMEOUT_S)
             except TimeoutError:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            except asyncio.CancelledError:
+                if not task.cancelled():  # (this close itself was cancelled)
+                    raise
         self.state = "closed"
 
     async def call(self, tool: str, arguments: dict[str, Any]) -> mcp_types.CallToolResult:

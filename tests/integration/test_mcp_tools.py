@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import subprocess
 import sys
 import time
@@ -180,6 +181,29 @@ async def test_a_stdio_server_sending_lines_without_end_is_ended(
     (told,) = tool_messages(proxy, 1)
     assert "the server sent more than 200 messages a second" in told, told
     assert took < 4  # not its timeout_s
+
+
+async def test_a_source_still_connecting_is_cancelled_at_shutdown_and_its_child_stopped(
+    proxy_for: ProxyFactory, tmp_path: Path
+) -> None:
+    """A child hanging in `initialize` held the shutdown CLOSE_TIMEOUT_S, and could outlive
+    the proxy: a source still connecting is cancelled at once, its child stopped."""
+    pid_file = tmp_path / "pid"
+    command = [sys.executable, str(NOISY), "hang", str(pid_file)]
+    hanging = {"kind": "mcp", "command": command, "connect_timeout_s": 1.5}
+    agents = {"noise": {"model": "scripted", "tools": ["noisy"]}}
+    async with proxy_for({"tools": {"noisy": hanging}, "agents": agents}) as proxy:
+        source = proxy_registry(proxy).sources["noisy"]
+        await wait_for(lambda: source.state == "disconnected")  # its first try timed out
+        pid_file.unlink()
+        await wait_for(lambda: source.state == "connecting")  # and it tries again
+        await wait_for(pid_file.exists)  # its second child
+        pid = int(pid_file.read_text())
+        started = time.monotonic()
+    took = time.monotonic() - started
+    assert took < mcp_source.CLOSE_TIMEOUT_S / 2, took  # the child's stop: a few seconds at most
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
 
 
 async def test_a_server_s_long_error_is_told_cut_and_without_control_characters(
