@@ -18,7 +18,6 @@ from proxy.engine.ports import ToolExecutor
 from proxy.engine.state import RunState
 from proxy.engine.stop import Stop, StopReason
 from proxy.engine.values import (
-    MAX_ARGUMENT_CHARS,
     ModelReply,
     ToolCall,
     ToolContext,
@@ -133,7 +132,7 @@ class ReplyCalls:
         if not calls.answered:
             return
         message = dict(reply.message)
-        message["tool_calls"] = [_kept(c) for c in calls.answered]
+        message["tool_calls"] = [c.to_openai() for c in calls.answered]
         run.append(message)
         outputs = calls.outputs
         for call in calls.answered:
@@ -302,13 +301,3 @@ class ReplyCalls:
         ended = result.outcome if given is not result else None
         await self.emit(ev.ToolExecuted(run.run_id, run.step_count, call, given, elapsed, ended))
         return given
-
-
-def _kept(call: ToolCall) -> dict[str, Any]:
-    """A call as the run's history keeps it: arguments over MAX_ARGUMENT_CHARS (refused, its
-    output says so) as none, else each step would send them upstream again (4 MB a step made
-    requests of 100 MB by step 25)."""
-    kept = call.to_openai()
-    if len(call.arguments) > MAX_ARGUMENT_CHARS:
-        kept["function"]["arguments"] = "{}"
-    return kept

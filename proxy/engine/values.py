@@ -13,10 +13,6 @@ from proxy.engine.usage import Usage
 
 # The blank line between the texts of a run's steps in its reply (SPEC §4.3).
 PART_BREAK = "\n\n"
-# The most characters a call's arguments may hold: more than any model writes in one reply
-# (~250,000 tokens), and what the event loop parses in some 25 ms at worst. A call of more is
-# refused, and its arguments are not kept in the run's history.
-MAX_ARGUMENT_CHARS = 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,14 +19,7 @@ from proxy.config.tools import (
     offered_prefix,
 )
 from proxy.deadline import within
-from proxy.engine.values import (
-    MAX_ARGUMENT_CHARS,
-    ToolCall,
-    ToolContext,
-    ToolOutcome,
-    ToolResult,
-    ToolSpec,
-)
+from proxy.engine.values import ToolCall, ToolContext, ToolOutcome, ToolResult, ToolSpec
 from proxy.json_values import MAX_DEPTH, holds_over, nests_too_deep
 from proxy.redaction import redacted
 from proxy.throttled_log import ThrottledWarnings
@@ -242,6 +235,11 @@ class ToolRegistry:
             told = self._failures[name] = ThrottledWarnings(log)
         told.warning("tool %s failed: %s", name, result.output[:300].replace("\n", " "))
         return result
+
+
+# The most characters a call's arguments may hold: more than any model writes in one reply
+# (~250,000 tokens), and what the event loop parses in some 25 ms at worst.
+MAX_ARGUMENT_CHARS = 1024 * 1024
 
 
 async def _checked_arguments(tool: Tool, call: ToolCall, max_values: int) -> dict[str, Any] | str:

@@ -12,7 +12,7 @@ import pytest
 
 from proxy.engine import events as ev
 from proxy.engine.stop import StopReason
-from proxy.engine.values import MAX_ARGUMENT_CHARS, ToolCall, ToolContext, ToolResult
+from proxy.engine.values import ToolCall, ToolContext, ToolResult
 from proxy.errors import UpstreamUnavailable
 from tests.fakes import FakeTools, ManualClock, reply
 from tests.unit.harness import Harness
@@ -337,15 +337,3 @@ async def test_a_batch_cut_short_counts_its_time_while_a_call_lets_go() -> None:
         await running
     (finished,) = h.observer.of(ev.RunFinished)
     assert finished.tools_s == 3600
-
-
-async def test_arguments_too_long_to_run_are_not_kept_in_the_run_s_history() -> None:
-    """A call's arguments over MAX_ARGUMENT_CHARS are refused; kept, each later step sent them
-    upstream again (an upstream repeating 4 MB calls made requests of 100 MB by step 25)."""
-    long = json.dumps({"q": "x" * MAX_ARGUMENT_CHARS})
-    script = [reply(calls=[("search", long), ("search", '{"q": "ok"}')]), reply("done")]
-    h = Harness(script, {"search": lambda _: "found"})
-    result = await h.run()
-    assert result.stop.reason is StopReason.COMPLETED
-    sent = h.model.requests[1].messages[-3]["tool_calls"]
-    assert [call["function"]["arguments"] for call in sent] == ["{}", '{"q": "ok"}']
