@@ -24,6 +24,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
 from proxy.config.tools import ToolConfig
+from proxy.engine.options import UNSAFE_IN_NAMES
 from proxy.redaction import REDACTED, origin, redacted
 from proxy.tools.base import ToolFailed
 from proxy.tools.mcp_schemas import Schemas, checked_listing
@@ -67,14 +68,19 @@ SDK_CLOSED = "Connection closed"
 # The most of a server's own text (an error's message) kept, logged and told: 12 MB of one
 # held the event loop 1.6 s a call (its secrets looked for), in `/readyz` and the log whole.
 MAX_SERVER_TEXT = 1024
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+_UNSAFE = re.compile(
+    f"[{UNSAFE_IN_NAMES}]"
+)  # control characters (line breaks too), direction marks
 
 
 def said(text: str) -> str:
-    """A server's own text as the proxy keeps and tells it: cut, no control characters."""
+    """A server's own text as the proxy keeps and tells it: what looks like a secret left out
+    (looked for in a few times the text kept, before the cut, so that no cut hides one from
+    the search), cut, and on one line of safe characters."""
+    text = redacted(text[: 4 * MAX_SERVER_TEXT])
     if len(text) > MAX_SERVER_TEXT:
         text = text[:MAX_SERVER_TEXT] + "…"
-    return _CONTROL.sub("\ufffd", text)
+    return _UNSAFE.sub("\ufffd", text)
 
 
 def _session_gone(error: mcp_types.ErrorData, over_http: bool) -> bool:
