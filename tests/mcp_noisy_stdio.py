@@ -1,7 +1,8 @@
 """A stdio MCP server that speaks the protocol by hand, to be hostile where the SDK would not
 let it: its one tool, `noise`, writes `lines` lines before its answer (notifications, or no
-message at all with `junk`). `hang PATH`: it writes its pid to PATH and never answers
-`initialize`, whatever it is sent (its stdin closed, SIGTERM)."""
+message at all with `junk`), or its answer `lines` times (`answers`). `hang PATH`: it writes
+its pid to PATH and never answers `initialize`, whatever it is sent (its stdin closed,
+SIGTERM)."""
 
 from __future__ import annotations
 
@@ -37,13 +38,20 @@ def main() -> None:
             send({"jsonrpc": "2.0", "id": request_id, "result": {"tools": [tool]}})
         elif method == "tools/call":
             arguments = request["params"].get("arguments") or {}
+            content = [{"type": "text", "text": "done"}]
+            if arguments.get("answers"):  # its answer, again and again
+                answer = json.dumps(
+                    {"jsonrpc": "2.0", "id": request_id, "result": {"content": content}}
+                )
+                sys.stdout.write((answer + "\n") * int(arguments.get("lines", 5000)))
+                sys.stdout.flush()
+                continue
             for i in range(int(arguments.get("lines", 5000))):
                 if arguments.get("junk"):
                     sys.stdout.write(f"noise {i}\n")
                 else:
                     params = {"level": "info", "data": f"noise {i}"}
                     send({"jsonrpc": "2.0", "method": "notifications/message", "params": params})
-            content = [{"type": "text", "text": "done"}]
             send({"jsonrpc": "2.0", "id": request_id, "result": {"content": content}})
         elif request_id is not None:
             send({"jsonrpc": "2.0", "id": request_id, "result": {}})

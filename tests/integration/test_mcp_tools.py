@@ -183,6 +183,25 @@ async def test_a_stdio_server_sending_lines_without_end_is_ended(
     assert took < 5  # not its timeout_s
 
 
+async def test_a_stdio_child_s_answers_are_not_bounded_in_rate(proxy_for: ProxyFactory) -> None:
+    """Its answers are the calls': counted with its other lines, they capped a stdio source
+    at a few hundred calls a second (1,500 at once: 300 failed, the session ended). A server
+    answering 40,000 times at once (all but the first dropped) keeps its session."""
+    noisy = {"kind": "mcp", "command": [sys.executable, str(NOISY)], "timeout_s": 5}
+    agents = {"noise": {"model": "scripted", "tools": ["noisy"]}}
+    async with proxy_for({"tools": {"noisy": noisy}, "agents": agents}) as proxy:
+        proxy.upstream.script(
+            call("noise", lines=40_000, answers=True),
+            call("noise", lines=0),  # answered after the others: all read by then
+            say("ok"),
+        )
+        answered = await proxy.chat(model="noise", messages=user("answers"))
+        source = proxy_registry(proxy).sources["noisy"]
+        assert source.connected
+    assert answered.status_code == 200
+    assert tool_messages(proxy, 2) == ["done", "done"]
+
+
 async def test_a_source_still_connecting_is_cancelled_at_shutdown_and_its_child_stopped(
     proxy_for: ProxyFactory, tmp_path: Path
 ) -> None:
