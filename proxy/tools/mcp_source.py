@@ -9,13 +9,11 @@ import contextlib
 import logging
 import math
 import os
-import re
 import shutil
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import anyio
-import httpx2
 import mcp_types
 from mcp import Client
 from mcp.client.subscriptions import ListenNotSupportedError, SubscriptionLost
@@ -24,9 +22,9 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
 from proxy.config.tools import ToolConfig
-from proxy.engine.options import UNSAFE_IN_NAMES
 from proxy.redaction import REDACTED, origin, redacted
 from proxy.tools.base import ToolFailed
+from proxy.tools.mcp_failures import DROPPED_ERRORS, invalid, reason, said, session_gone
 from proxy.tools.mcp_schemas import Schemas, checked_listing
 from proxy.tools.mcp_transport import (
     CONNECTION_ENDED,
@@ -44,61 +42,11 @@ FIRST_RETRY_S = 0.5  # the first wait before a reconnect; it doubles up to recon
 # A session that lasted this long waits FIRST_RETRY_S again once dropped; a shorter one does
 # not (a server dropping each session at once made one, its tools listed, every second).
 STEADY_S = 30.0
-MAX_LOC_CHARS = 200  # of where an invalid message went wrong, in a tool error
 MAX_LIST_PAGES = 64  # of one tools/list walk
 # The tools one walk reads: past them it stops (each is held, named and checked at every change
 # of the list; 224,000 tiny ones kept a proxy from answering for minutes).
 MAX_LISTED_TOOLS = 10_000
 CLOSE_TIMEOUT_S = 10.0  # for a session to end on shutdown (a stdio child gets 4 s to exit)
-# Errors after which the session is taken for dropped: the SDK's own for a closed connection,
-# and what a streamable HTTP server's 404 for a session it no longer knows (a restarted server)
-# becomes: -32600 "Session terminated" (the SDK's), or the server's own error, "Session not
-# found" (-32600 from Python servers, -32001 from TypeScript ones). Another -32600 is a server's
-# answer to one call (a quota, an OAuth session of its own that expired), and any over stdio,
-# which has no sessions: that call fails, the session stays.
-SESSION_GONE_CODES = frozenset({mcp_types.INVALID_REQUEST, -32001})
-SESSION_GONE = re.compile(r"session (?:id )?(?:not found|terminated)|(?:unknown|invalid) session")
-# Over streamable HTTP, the SDK's closed connection is one call's answer cut short (a balancer
-# ending a long call): that call fails; an ended transport is seen where it ends (`on_end`).
-
-
-# What the SDK itself says of a connection that closed: the code alone (-32000) is also what
-# servers send for any failure of theirs ("rate limited"), which ended the session.
-SDK_CLOSED = "Connection closed"
-# The most of a server's own text (an error's message) kept, logged and told: 12 MB of one
-# held the event loop 1.6 s a call (its secrets looked for), in `/readyz` and the log whole.
-MAX_SERVER_TEXT = 1024
-_UNSAFE = re.compile(
-    f"[{UNSAFE_IN_NAMES}]"
-)  # control characters (line breaks too), direction marks
-
-
-def said(text: str) -> str:
-    """A server's own text as the proxy keeps and tells it: what looks like a secret left out
-    (looked for in a few times the text kept, before the cut, so that no cut hides one from
-    the search), cut, and on one line of safe characters."""
-    text = redacted(text[: 4 * MAX_SERVER_TEXT])
-    if len(text) > MAX_SERVER_TEXT:
-        text = text[:MAX_SERVER_TEXT] + "…"
-    return _UNSAFE.sub("\ufffd", text)
-
-
-def _session_gone(error: mcp_types.ErrorData, over_http: bool) -> bool:
-    if error.code == mcp_types.CONNECTION_CLOSED and error.message == SDK_CLOSED:
-        return not over_http
-    if not over_http or error.code not in SESSION_GONE_CODES:
-        return False
-    return SESSION_GONE.search(error.message.lower()) is not None
-
-
-DROPPED_ERRORS = (
-    anyio.ClosedResourceError,
-    anyio.BrokenResourceError,
-    anyio.EndOfStream,
-    OSError,
-    httpx2.TransportError,
-)
-
 CLIENT_INFO = mcp_types.Implementation(name="loopwarden", version="1")
 
 State = Literal["connecting", "connected", "disconnected", "closed"]
@@ -219,7 +167,7 @@ class McpSource:
                 return await client.call_tool(tool, arguments)
         except MCPError as exc:
             text = said(exc.error.message)
-            if _session_gone(exc.error, self.cfg.url is not None):
+            if session_gone(exc.error, self.cfg.url is not None):
                 cause = self.error if self._dropped.is_set() else None  # why, if known
                 self._drop(f"the session dropped during the call: {text}")
                 message = f"{self.describe()} dropped the call: {self._told(cause or text)}"
@@ -229,7 +177,7 @@ class McpSource:
             self._drop(f"the connection failed during the call: {type(exc).__name__}")
             raise ToolFailed(f"{self.describe()} is unreachable: {type(exc).__name__}") from None
         except ValidationError as exc:
-            raise ToolFailed(f"{self.describe()} answered: {_invalid(exc)}") from None
+            raise ToolFailed(f"{self.describe()} answered: {invalid(exc)}") from None
 
     def _drop(self, reason: str) -> None:
         """Ends the session; the first reason given is the one kept."""
@@ -244,7 +192,7 @@ class McpSource:
             try:
                 await self._session()
             except Exception as exc:  # any failure (to connect, or of the session) is retried
-                self.error = self._ended or _reason(exc)
+                self.error = self._ended or reason(exc)
             finally:
                 self._client = None
                 if self.state != "closed":
@@ -332,7 +280,7 @@ class McpSource:
                     "%s: its changed tool list could not be read again: %s; the tools stay as "
                     "last listed",
                     self.located(),
-                    _reason(exc),
+                    reason(exc),
                 )
                 continue
             log.info("%s changed its tools: %d tools", self.located(), len(self.tools))
@@ -384,7 +332,7 @@ class McpSource:
                 async for _ in events:
                     self._relist.set()
         except (SubscriptionLost, MCPError, *DROPPED_ERRORS) as exc:
-            self._drop(f"the server's event stream ended: {_reason(exc)}")
+            self._drop(f"the server's event stream ended: {reason(exc)}")
             return
         except ListenNotSupportedError:
             return
@@ -430,25 +378,3 @@ async def _first(waits: Sequence[Awaitable[Any]]) -> None:
     finally:
         for task in tasks:
             task.cancel()
-
-
-def _reason(exc: BaseException) -> str:
-    if isinstance(exc, MCPError):
-        return said(exc.error.message)
-    if isinstance(exc, ValidationError):
-        return _invalid(exc)
-    text = said(str(exc))
-    name = type(exc).__name__
-    if isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        return _reason(exc.exceptions[0])
-    return f"{name}: {text}" if text else name
-
-
-def _invalid(exc: ValidationError) -> str:
-    """What a message the SDK could not read as MCP got wrong, in a line: pydantic's own text
-    holds every error (65,000 of them: 66 KB for the model), with links and the values sent."""
-    first = exc.errors(include_url=False, include_input=False)[0]
-    where = ".".join(str(part) for part in first["loc"])[:MAX_LOC_CHARS]
-    count = exc.error_count()
-    more = f" (and {count - 1} more)" if count > 1 else ""
-    return f"not a valid MCP {exc.title[:64]}: {where}: {first['msg'][:200]}{more}"
