@@ -11,6 +11,8 @@ from typing import Any
 
 import yaml
 
+from proxy.engine.options import shortened
+
 MAX_CONFIG_BYTES = 4 * 1024 * 1024
 MAX_CONFIG_DEPTH = 64
 # Values of the document with its aliases expanded: what the proxy will walk and send (a tool's
@@ -147,7 +149,7 @@ def _refuse_repeated_keys(root: yaml.Node) -> list[yaml.MappingNode]:
                     raise yaml.constructor.ConstructorError(
                         "while reading a mapping",
                         node.start_mark,
-                        f"found the key {_shown(key_node.value)!r} twice",
+                        f"found the key {shortened(key_node.value)!r} twice",
                         key_node.start_mark,
                     )
                 keys.add(key)
@@ -229,8 +231,3 @@ MAX_INT_BITS = 14_000
 
 
 _UniqueKeys.add_constructor("tag:yaml.org,2002:int", _int)
-
-
-def _shown(key: str) -> str:
-    """A key as a message names it: a long one cut."""
-    return key if len(key) <= 256 else f"{key[:256]}…"

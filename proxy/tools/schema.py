@@ -87,17 +87,17 @@ def check_schema(schema: dict[str, Any]) -> None:
     not checked again (1.7 ms a tool: a config's tools share schemas, an MCP server's list is
     read again each time it changes)."""
     try:  # (the standard library's JSON: `Infinity` is not `null`, as orjson writes it)
-        key = json.dumps(schema, sort_keys=True)
+        key: str | None = json.dumps(schema, sort_keys=True)
     except (TypeError, ValueError, RecursionError):  # not JSON: checked, not kept
         key = None
-    if key is not None and len(key) <= KEPT_SCHEMA_CHARS and key in _checked:
+    if key is None or len(key) > KEPT_SCHEMA_CHARS:  # what is kept stays small
+        problem = _problem(schema)
+    elif key in _checked:
         problem = _checked[key]
     else:
-        problem = _problem(schema)
-        if key is not None and len(key) <= KEPT_SCHEMA_CHARS:  # what is kept stays small
-            if len(_checked) >= KEPT_SCHEMAS:
-                _checked.clear()
-            _checked[key] = problem
+        problem = _checked[key] = _problem(schema)
+        if len(_checked) > KEPT_SCHEMAS:
+            _checked.clear()
     if problem is not None:
         raise ValueError(problem)
 
