@@ -13,7 +13,8 @@ from proxy.api.json_body import json_object
 from proxy.api.planning import Plan
 from proxy.api.run_request import RunRequest, parse_loop
 from proxy.api.services import Services
-from proxy.engine.options import TerminatingOptions, problems
+from proxy.engine.option_errors import problems
+from proxy.engine.options import TerminatingOptions
 from proxy.errors import InvalidRequest, PolicyInvalid
 from proxy.state.store import StoredContext
 

@@ -10,13 +10,13 @@ from pydantic import Field, StrictBool, ValidationError
 
 from proxy.api.body_fields import UNSAFE_NAME
 from proxy.api.headers import THREAD_HEADER
+from proxy.engine.option_errors import problems
 from proxy.engine.options import (
     MAX_ENTRIES,
     MAX_NAME_CHARS,
     Name,
     PolicyOptions,
     SafeName,
-    problems,
 )
 from proxy.errors import InvalidRequest, PolicyInvalid
 

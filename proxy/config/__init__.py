@@ -19,7 +19,7 @@ from proxy.config.state import StateConfig
 from proxy.config.telemetry import TelemetryConfig
 from proxy.config.tools import ToolConfig, check_tool_names
 from proxy.config.upstreams import ModelAlias, Price, UpstreamConfig
-from proxy.engine.options import problems
+from proxy.engine.option_errors import problems
 
 # The server tools a config may define (each its schema checked as the server starts, ~2 ms).
 MAX_TOOLS = 4096

@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from proxy.engine.options import shortened
+from proxy.engine.option_errors import shortened
 
 MAX_CONFIG_BYTES = 4 * 1024 * 1024
 MAX_CONFIG_DEPTH = 64

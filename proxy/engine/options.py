@@ -18,7 +18,6 @@ from pydantic import (
     StrictBool,
     StringConstraints,
     Tag,
-    ValidationError,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -142,34 +141,34 @@ CONDITION_KINDS: dict[str, type[_Condition]] = {
     "webhook": Webhook,
     "python": PythonCheck,
 }
-_CONDITION_TAG = "condition:"
+CONDITION_TAG = "condition:"
 
 
 def _condition_kind(value: Any) -> str | None:
     if isinstance(value, _Condition):
-        return _CONDITION_TAG + kind_of(value)
+        return CONDITION_TAG + kind_of(value)
     if not isinstance(value, dict):
         return None
     for key in value:
         if isinstance(key, str) and key in CONDITION_KINDS:
-            return _CONDITION_TAG + key
-    return _CONDITION_TAG + "unknown"
+            return CONDITION_TAG + key
+    return CONDITION_TAG + "unknown"
 
 
 ConditionOptions = Annotated[
-    Annotated[StepCountIs, Tag(_CONDITION_TAG + "step_count_is")]
-    | Annotated[HasToolCall, Tag(_CONDITION_TAG + "has_tool_call")]
-    | Annotated[MaxTokensUsed, Tag(_CONDITION_TAG + "max_tokens_used")]
-    | Annotated[MaxCost, Tag(_CONDITION_TAG + "max_cost")]
-    | Annotated[FinishReasonIs, Tag(_CONDITION_TAG + "finish_reason_is")]
-    | Annotated[MaxDuration, Tag(_CONDITION_TAG + "max_duration_s")]
-    | Annotated[AnyOf, Tag(_CONDITION_TAG + "any")]
-    | Annotated[AllOf, Tag(_CONDITION_TAG + "all")]
-    | Annotated[NotOf, Tag(_CONDITION_TAG + "not")]
-    | Annotated[Expr, Tag(_CONDITION_TAG + "expr")]
-    | Annotated[Webhook, Tag(_CONDITION_TAG + "webhook")]
-    | Annotated[PythonCheck, Tag(_CONDITION_TAG + "python")]
-    | Annotated[_UnknownCondition, Tag(_CONDITION_TAG + "unknown")],
+    Annotated[StepCountIs, Tag(CONDITION_TAG + "step_count_is")]
+    | Annotated[HasToolCall, Tag(CONDITION_TAG + "has_tool_call")]
+    | Annotated[MaxTokensUsed, Tag(CONDITION_TAG + "max_tokens_used")]
+    | Annotated[MaxCost, Tag(CONDITION_TAG + "max_cost")]
+    | Annotated[FinishReasonIs, Tag(CONDITION_TAG + "finish_reason_is")]
+    | Annotated[MaxDuration, Tag(CONDITION_TAG + "max_duration_s")]
+    | Annotated[AnyOf, Tag(CONDITION_TAG + "any")]
+    | Annotated[AllOf, Tag(CONDITION_TAG + "all")]
+    | Annotated[NotOf, Tag(CONDITION_TAG + "not")]
+    | Annotated[Expr, Tag(CONDITION_TAG + "expr")]
+    | Annotated[Webhook, Tag(CONDITION_TAG + "webhook")]
+    | Annotated[PythonCheck, Tag(CONDITION_TAG + "python")]
+    | Annotated[_UnknownCondition, Tag(CONDITION_TAG + "unknown")],
     Discriminator(
         _condition_kind,
         custom_error_type="condition_type",
@@ -216,7 +215,7 @@ RULE_ALIASES = {
     "MaxCountPerStepToolRule": "max_count_per_step",
     "RequiredBeforeExitToolRule": "required_before_exit",
 }
-_RULE_TAG = "rule:"
+RULE_TAG = "rule:"
 
 
 class _Rule(Options):
@@ -289,18 +288,18 @@ def _rule_type(value: Any) -> str | None:
     if not isinstance(kind, str):
         return None
     kind = RULE_ALIASES.get(kind, kind)
-    return _RULE_TAG + kind if kind in RULE_TYPES else None
+    return RULE_TAG + kind if kind in RULE_TYPES else None
 
 
 RuleOptions = Annotated[
-    Annotated[RunFirst, Tag(_RULE_TAG + "run_first")]
-    | Annotated[ExitLoop, Tag(_RULE_TAG + "exit_loop")]
-    | Annotated[ContinueLoop, Tag(_RULE_TAG + "continue_loop")]
-    | Annotated[ConstrainChildTools, Tag(_RULE_TAG + "constrain_child_tools")]
-    | Annotated[ParentLastTool, Tag(_RULE_TAG + "parent_last_tool")]
-    | Annotated[Conditional, Tag(_RULE_TAG + "conditional")]
-    | Annotated[MaxCountPerStep, Tag(_RULE_TAG + "max_count_per_step")]
-    | Annotated[RequiredBeforeExit, Tag(_RULE_TAG + "required_before_exit")],
+    Annotated[RunFirst, Tag(RULE_TAG + "run_first")]
+    | Annotated[ExitLoop, Tag(RULE_TAG + "exit_loop")]
+    | Annotated[ContinueLoop, Tag(RULE_TAG + "continue_loop")]
+    | Annotated[ConstrainChildTools, Tag(RULE_TAG + "constrain_child_tools")]
+    | Annotated[ParentLastTool, Tag(RULE_TAG + "parent_last_tool")]
+    | Annotated[Conditional, Tag(RULE_TAG + "conditional")]
+    | Annotated[MaxCountPerStep, Tag(RULE_TAG + "max_count_per_step")]
+    | Annotated[RequiredBeforeExit, Tag(RULE_TAG + "required_before_exit")],
     Discriminator(
         _rule_type,
         custom_error_type="rule_type",
@@ -384,85 +383,3 @@ def _children(entry: Any) -> list[Any]:
         return []
     inner = [c for key in ("any", "all") if isinstance(entry.get(key), list) for c in entry[key]]
     return [*inner, entry["not"]] if isinstance(entry.get("not"), dict) else inner
-
-
-# -- errors with JSON paths (SPEC §4.4) -----------------------------------------------------------
-
-_FRIENDLY = {
-    "extra_forbidden": "unknown field",
-    "missing": "is required",
-    "int_type": "must be an integer",
-    "bool_type": "must be a boolean",
-    "float_type": "must be a number",
-    "string_type": "must be a string",
-    "list_type": "must be a list",
-    "dict_type": "must be an object",
-    "model_type": "must be an object",
-    "model_attributes_type": "must be an object",
-    "too_short": "must not be empty",
-    "string_too_short": "must be a non-empty string",
-}
-
-
-def json_path(loc: tuple[int | str, ...], prefix: str = "") -> str:
-    """`("stop_when", 0, "condition:max_cost", "max_cost")` -> `stop_when[0].max_cost`.
-
-    Union tags and pydantic's validator markers are not part of the document, so they are
-    left out."""
-    out = prefix
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif part.startswith((_CONDITION_TAG, _RULE_TAG, "function-", "model-")):
-            continue
-        else:
-            out += f".{shortened(part)}" if out else shortened(part)
-    return out
-
-
-# A key of the document named in an error: told in full up to this many characters (a name's).
-MAX_KEY_SHOWN = MAX_NAME_CHARS
-
-
-def shortened(key: str) -> str:
-    """A key as an error names it: a long one (a client's, of any length) cut, marked so."""
-    return key if len(key) <= MAX_KEY_SHOWN else f"{key[:MAX_KEY_SHOWN]}…"
-
-
-def problems(exc: ValidationError, prefix: str = "") -> list[tuple[str, str]]:
-    """Every error of a validation, as (JSON path, message), in document order."""
-    found: list[tuple[str, str]] = []
-    for err in exc.errors(include_url=False):
-        loc = tuple(err["loc"])
-        message = err["msg"].removeprefix("Value error, ")
-        kind = err["type"]
-        last = loc[-1] if loc else None
-        if kind == "extra_forbidden" and isinstance(last, str):
-            tags = [p for p in loc if isinstance(p, str) and p.startswith(_CONDITION_TAG)]
-            if tags and tags[-1] == _CONDITION_TAG + "unknown":
-                message = (
-                    f"unknown stop condition {shortened(last)!r}; expected one of "
-                    f"{', '.join(CONDITION_KINDS)}"
-                )
-            elif tags and last in CONDITION_KINDS:
-                message = "a stop condition has exactly one kind"
-            else:
-                message = _FRIENDLY[kind]
-        elif kind == "rule_type":
-            if isinstance(err.get("input"), dict):
-                loc = (*loc, "type")
-            else:
-                message = "a rule must be an object"
-        elif kind in _FRIENDLY:
-            message = _FRIENDLY[kind]
-        elif kind == "literal_error":
-            message = message.replace("Input should be", "must be")
-        elif kind == "too_long":  # (pydantic's: "List should have at most 256 items after ...")
-            message = f"must have at most {err.get('ctx', {}).get('max_length')} entries"
-        elif kind == "string_pattern_mismatch":
-            message = f"must match {err.get('ctx', {}).get('pattern')} (is {err.get('input')!r})"
-        else:
-            message = message.replace("Input should be", "must be")
-            message = message.replace("String should have", "must have")
-        found.append((json_path(loc, prefix) or prefix.rstrip(".") or "(root)", message))
-    return found

@@ -7,7 +7,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from proxy.engine.options import PolicyOptions, problems
+from proxy.engine.option_errors import problems
+from proxy.engine.options import PolicyOptions
 from proxy.engine.policy import Catalog, check_references, compile_policy
 from proxy.engine.ports import ConditionChecks, RunStream, ThreadCounters
 from proxy.engine.run import Run
